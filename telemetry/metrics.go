@@ -1,0 +1,310 @@
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/metric/noop"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+)
+
+// ScopeName is the instrumentation scope of every Switchboard instrument.
+const ScopeName = "github.com/switchboard-gw/switchboard/telemetry"
+
+// Version is the instrumentation scope version.
+const Version = "0.1.0"
+
+// Instrument names. They are a public contract: dashboards and alerts
+// depend on them (shared/DESIGN.md, "Telemetry contract").
+const (
+	ActiveRequestsName    = "switchboard.engine.active_requests"
+	TimeToFirstTokenName  = "switchboard.engine.time_to_first_token"
+	InterTokenLatencyName = "switchboard.engine.inter_token_latency"
+	RequestDurationName   = "switchboard.engine.request.duration"
+	ParseErrorsName       = "switchboard.engine.stream.parse_errors"
+
+	// GenAI semantic-convention metrics
+	// (https://opentelemetry.io/docs/specs/semconv/gen-ai/gen-ai-metrics/).
+	GenAIServerRequestDurationName    = "gen_ai.server.request.duration"
+	GenAIServerTimeToFirstTokenName   = "gen_ai.server.time_to_first_token"
+	GenAIServerTimePerOutputTokenName = "gen_ai.server.time_per_output_token"
+	GenAIClientTokenUsageName         = "gen_ai.client.token.usage"
+)
+
+// Attribute keys used on Switchboard instruments and spans.
+const (
+	AttrEngine    = attribute.Key("engine")
+	AttrPhase     = attribute.Key("phase")
+	AttrModel     = attribute.Key("model")
+	AttrErrorType = semconv.ErrorTypeKey
+	// The GenAI keys are spelled out: semconv v1.43.0 (the version
+	// otelhttp uses) no longer carries the gen_ai namespace.
+	AttrGenAIOp         = attribute.Key("gen_ai.operation.name")
+	AttrGenAIReqModel   = attribute.Key("gen_ai.request.model")
+	AttrGenAITokType    = attribute.Key("gen_ai.token.type")
+	AttrGenAIResponseID = attribute.Key("gen_ai.response.id")
+	AttrGenAIInputTok   = attribute.Key("gen_ai.usage.input_tokens")
+	AttrGenAIOutputTok  = attribute.Key("gen_ai.usage.output_tokens")
+	AttrGenAIFinish     = attribute.Key("gen_ai.response.finish_reasons")
+	AttrGenAIMaxTokens  = attribute.Key("gen_ai.request.max_tokens")
+	AttrRequestID       = attribute.Key("switchboard.request_id")
+)
+
+// Histogram bucket boundaries, in seconds unless noted.
+var (
+	// TTFTBuckets spans 1 ms to 60 s (vLLM's own TTFT histogram reaches
+	// 2560 s for huge prompts; a gateway timeout cuts it far earlier).
+	TTFTBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 60}
+	// ITLBuckets spans 1 ms to 2.5 s, dense where decode steps live
+	// (10-100 ms).
+	ITLBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5}
+	// DurationBuckets spans 10 ms to 30 min, past the longest default
+	// request timeout.
+	DurationBuckets = []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120, 300, 600, 1200, 1800}
+	// GenAIDurationBuckets are the semconv-advised boundaries for
+	// gen_ai.server.request.duration.
+	GenAIDurationBuckets = []float64{0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92}
+	// GenAITTFTBuckets are the semconv-advised boundaries for
+	// gen_ai.server.time_to_first_token.
+	GenAITTFTBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0}
+	// GenAITPOTBuckets are the semconv-advised boundaries for
+	// gen_ai.server.time_per_output_token.
+	GenAITPOTBuckets = []float64{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5}
+	// TokenBuckets (in tokens) are the semconv-advised boundaries for
+	// gen_ai.client.token.usage.
+	TokenBuckets = []float64{1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864}
+)
+
+// Metrics holds every Switchboard instrument. Create it once with
+// [NewMetrics] and pass it to the gateway. All methods are safe for
+// concurrent use; recording honours no context cancellation (OpenTelemetry
+// records even after the client has gone, by contract).
+type Metrics struct {
+	meter metric.Meter
+
+	activeRequests metric.Int64ObservableUpDownCounter
+	ttft           metric.Float64Histogram
+	itl            metric.Float64Histogram
+	duration       metric.Float64Histogram
+	parseErrors    metric.Int64Counter
+
+	genaiDuration metric.Float64Histogram
+	genaiTTFT     metric.Float64Histogram
+	genaiTPOT     metric.Float64Histogram
+	tokenUsage    metric.Int64Histogram
+
+	phasePrefill attribute.KeyValue
+	phaseDecode  attribute.KeyValue
+}
+
+// NewMetrics creates every instrument under a meter scoped to [ScopeName].
+// A nil mp uses a no-op provider. On error it still returns a usable
+// *Metrics (failed instruments fall back to no-ops) together with the
+// errors.Join of every failure, as the OpenTelemetry Go guidelines advise.
+func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
+	if mp == nil {
+		mp = noop.NewMeterProvider()
+	}
+	m := &Metrics{
+		meter:        mp.Meter(ScopeName, metric.WithInstrumentationVersion(Version)),
+		phasePrefill: AttrPhase.String("prefill"),
+		phaseDecode:  AttrPhase.String("decode"),
+	}
+	var errs []error
+	fh := func(name, unit, desc string, bounds []float64) metric.Float64Histogram {
+		h, err := m.meter.Float64Histogram(name, metric.WithUnit(unit), metric.WithDescription(desc), metric.WithExplicitBucketBoundaries(bounds...))
+		if err != nil {
+			errs = append(errs, err)
+			h, _ = noop.NewMeterProvider().Meter("").Float64Histogram(name)
+		}
+		return h
+	}
+	m.ttft = fh(TimeToFirstTokenName, "s", "Time from sending the request to an engine to the first generated token (streaming requests only).", TTFTBuckets)
+	m.itl = fh(InterTokenLatencyName, "s", "Time between consecutive content-bearing stream events from an engine.", ITLBuckets)
+	m.duration = fh(RequestDurationName, "s", "Duration of one engine attempt, from span start to span end.", DurationBuckets)
+	m.genaiDuration = fh(GenAIServerRequestDurationName, "s", "GenAI server request duration (time to last byte).", GenAIDurationBuckets)
+	m.genaiTTFT = fh(GenAIServerTimeToFirstTokenName, "s", "Time to generate the first token for successful responses.", GenAITTFTBuckets)
+	m.genaiTPOT = fh(GenAIServerTimePerOutputTokenName, "s", "Time per output token generated after the first token for successful responses.", GenAITPOTBuckets)
+
+	var err error
+	if m.tokenUsage, err = m.meter.Int64Histogram(GenAIClientTokenUsageName, metric.WithUnit("{token}"),
+		metric.WithDescription("Number of input and output tokens used."), metric.WithExplicitBucketBoundaries(TokenBuckets...)); err != nil {
+		errs = append(errs, err)
+		m.tokenUsage, _ = noop.NewMeterProvider().Meter("").Int64Histogram(GenAIClientTokenUsageName)
+	}
+	if m.parseErrors, err = m.meter.Int64Counter(ParseErrorsName, metric.WithUnit("{event}"),
+		metric.WithDescription("Stream events from an engine whose JSON could not be parsed (still forwarded).")); err != nil {
+		errs = append(errs, err)
+		m.parseErrors, _ = noop.NewMeterProvider().Meter("").Int64Counter(ParseErrorsName)
+	}
+	if m.activeRequests, err = m.meter.Int64ObservableUpDownCounter(ActiveRequestsName, metric.WithUnit("{request}"),
+		metric.WithDescription("Requests in flight on each engine, by phase (prefill: no generated token yet; decode: generating).")); err != nil {
+		errs = append(errs, err)
+		m.activeRequests, _ = noop.NewMeterProvider().Meter("").Int64ObservableUpDownCounter(ActiveRequestsName)
+	}
+	return m, errors.Join(errs...)
+}
+
+// InFlightFunc reports the in-flight counts of every engine that has any,
+// or is configured, by calling report once per engine. It is called on each
+// metric collection.
+type InFlightFunc func(report func(e *Engine, prefill, decode int64))
+
+// ObserveInFlight registers fn as the source of
+// switchboard.engine.active_requests. The counts are read from the
+// engines' own atomic counters at collection time, so the gauge can never
+// drift from what the router sees. Unregister the returned registration on
+// shutdown.
+func (m *Metrics) ObserveInFlight(fn InFlightFunc) (metric.Registration, error) {
+	return m.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		fn(func(e *Engine, prefill, decode int64) {
+			o.ObserveInt64(m.activeRequests, prefill, metric.WithAttributeSet(e.prefillSet))
+			o.ObserveInt64(m.activeRequests, decode, metric.WithAttributeSet(e.decodeSet))
+		})
+		return nil
+	}, m.activeRequests)
+}
+
+// Engine holds the pre-built attribute sets of one engine. Create it with
+// [Metrics.Engine] when the engine is configured; it is safe for concurrent
+// use.
+type Engine struct {
+	name       string
+	prefillSet attribute.Set
+	decodeSet  attribute.Set
+
+	mu    sync.Mutex
+	attrs atomic.Pointer[map[attrsKey]*Attrs] // copy-on-write
+}
+
+type attrsKey struct {
+	model string
+	op    string
+}
+
+// Engine returns the attribute holder for the engine called name.
+func (m *Metrics) Engine(name string) *Engine {
+	e := &Engine{
+		name:       name,
+		prefillSet: attribute.NewSet(AttrEngine.String(name), m.phasePrefill),
+		decodeSet:  attribute.NewSet(AttrEngine.String(name), m.phaseDecode),
+	}
+	empty := map[attrsKey]*Attrs{}
+	e.attrs.Store(&empty)
+	return e
+}
+
+// Name returns the engine name.
+func (e *Engine) Name() string { return e.name }
+
+// Attrs are the attribute sets recorded for one (engine, model, operation).
+// The model must come from a bounded set (a model the engines serve), never
+// straight from a request.
+type Attrs struct {
+	engineModel attribute.Set // engine, model
+	genai       attribute.Set // gen_ai.operation.name, gen_ai.request.model
+	genaiIn     attribute.Set // + gen_ai.token.type=input
+	genaiOut    attribute.Set // + gen_ai.token.type=output
+	kvs         []attribute.KeyValue
+	genaiKVs    []attribute.KeyValue
+	spanName    string
+}
+
+// SpanName returns the GenAI span name "{operation} {model}".
+func (a *Attrs) SpanName() string { return a.spanName }
+
+// Attrs returns the cached attribute sets for model and GenAI operation op
+// ("chat", "text_completion", "embeddings"). The first call for a pair
+// builds them; later calls do not allocate.
+func (e *Engine) Attrs(model, op string) *Attrs {
+	k := attrsKey{model, op}
+	if a, ok := (*e.attrs.Load())[k]; ok {
+		return a
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	cur := *e.attrs.Load()
+	if a, ok := cur[k]; ok {
+		return a
+	}
+	kvs := []attribute.KeyValue{AttrEngine.String(e.name), AttrModel.String(model)}
+	gkvs := []attribute.KeyValue{AttrGenAIOp.String(op), AttrGenAIReqModel.String(model)}
+	a := &Attrs{
+		engineModel: attribute.NewSet(kvs...),
+		genai:       attribute.NewSet(gkvs...),
+		genaiIn:     attribute.NewSet(append(gkvs[:2:2], AttrGenAITokType.String("input"))...),
+		genaiOut:    attribute.NewSet(append(gkvs[:2:2], AttrGenAITokType.String("output"))...),
+		kvs:         kvs,
+		genaiKVs:    gkvs,
+		spanName:    op + " " + model,
+	}
+	next := make(map[attrsKey]*Attrs, len(cur)+1)
+	for kk, v := range cur {
+		next[kk] = v
+	}
+	next[k] = a
+	e.attrs.Store(&next)
+	return a
+}
+
+// RecordFirstToken records one time-to-first-token sample, in seconds.
+func (m *Metrics) RecordFirstToken(ctx context.Context, a *Attrs, seconds float64) {
+	m.ttft.Record(ctx, seconds, metric.WithAttributeSet(a.engineModel))
+	m.genaiTTFT.Record(ctx, seconds, metric.WithAttributeSet(a.genai))
+}
+
+// RecordInterToken records one inter-token latency sample, in seconds.
+func (m *Metrics) RecordInterToken(ctx context.Context, a *Attrs, seconds float64) {
+	m.itl.Record(ctx, seconds, metric.WithAttributeSet(a.engineModel))
+}
+
+// RecordParseError counts one stream event whose JSON did not parse.
+func (m *Metrics) RecordParseError(ctx context.Context, a *Attrs) {
+	m.parseErrors.Add(ctx, 1, metric.WithAttributeSet(a.engineModel))
+}
+
+// Outcome is what an engine attempt ended with.
+type Outcome struct {
+	// Seconds is the attempt's duration, span start to span end.
+	Seconds float64
+	// ErrorType is "" on success, else a low-cardinality error class (an
+	// HTTP status code such as "503", or a name such as "client_cancelled").
+	ErrorType string
+	// TPOT is the mean time per output token after the first, in seconds;
+	// 0 when not observable (non-streaming, or fewer than two tokens).
+	TPOT float64
+	// InputTokens and OutputTokens come from the engine's usage report;
+	// negative when the engine reported none.
+	InputTokens, OutputTokens int64
+}
+
+// RecordEnd records the end of an engine attempt: its duration (with
+// error.type on failure), the GenAI duration, TPOT and token usage.
+func (m *Metrics) RecordEnd(ctx context.Context, a *Attrs, o Outcome) {
+	if o.ErrorType == "" {
+		m.duration.Record(ctx, o.Seconds, metric.WithAttributeSet(a.engineModel))
+		m.genaiDuration.Record(ctx, o.Seconds, metric.WithAttributeSet(a.genai))
+		if o.TPOT > 0 {
+			m.genaiTPOT.Record(ctx, o.TPOT, metric.WithAttributeSet(a.genai))
+		}
+	} else {
+		// The failure path builds its sets on the fly; error types are a
+		// small fixed vocabulary, so cardinality stays bounded.
+		if m.duration.Enabled(ctx) {
+			m.duration.Record(ctx, o.Seconds, metric.WithAttributes(append(a.kvs[:len(a.kvs):len(a.kvs)], AttrErrorType.String(o.ErrorType))...))
+		}
+		if m.genaiDuration.Enabled(ctx) {
+			m.genaiDuration.Record(ctx, o.Seconds, metric.WithAttributes(append(a.genaiKVs[:len(a.genaiKVs):len(a.genaiKVs)], AttrErrorType.String(o.ErrorType))...))
+		}
+	}
+	if o.InputTokens >= 0 {
+		m.tokenUsage.Record(ctx, o.InputTokens, metric.WithAttributeSet(a.genaiIn))
+	}
+	if o.OutputTokens >= 0 {
+		m.tokenUsage.Record(ctx, o.OutputTokens, metric.WithAttributeSet(a.genaiOut))
+	}
+}

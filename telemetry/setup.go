@@ -1,0 +1,161 @@
+package telemetry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"os"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/contrib/exporters/autoexport"
+	promexporter "go.opentelemetry.io/otel/exporters/prometheus"
+	"go.opentelemetry.io/otel/propagation"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+)
+
+// Config is the `telemetry` section of the gateway configuration. OTLP
+// endpoints, protocols, headers and the sampler are not here: they come from
+// the standard OTEL_* environment variables.
+type Config struct {
+	// ServiceName is the default service.name resource attribute;
+	// OTEL_SERVICE_NAME overrides it. Default "switchboard".
+	ServiceName string `koanf:"service_name"`
+	// CardinalityLimit caps the attribute sets kept per instrument (a
+	// backstop against unbounded labels). Default 2000.
+	CardinalityLimit int `koanf:"cardinality_limit"`
+}
+
+// DefaultConfig returns the telemetry defaults.
+func DefaultConfig() Config {
+	return Config{ServiceName: "switchboard", CardinalityLimit: 2000}
+}
+
+// Validate reports every problem with c, joined.
+func (c Config) Validate() error {
+	var errs []error
+	if c.ServiceName == "" {
+		errs = append(errs, errors.New("telemetry.service_name must not be empty"))
+	}
+	if c.CardinalityLimit < 0 {
+		errs = append(errs, fmt.Errorf("telemetry.cardinality_limit must be >= 0, got %d", c.CardinalityLimit))
+	}
+	return errors.Join(errs...)
+}
+
+// Providers are the OpenTelemetry providers built by [Setup].
+type Providers struct {
+	TracerProvider *sdktrace.TracerProvider
+	MeterProvider  *sdkmetric.MeterProvider
+	// Propagator is W3C trace context plus baggage.
+	Propagator propagation.TextMapPropagator
+	// Prometheus serves the OTel metrics in the Prometheus exposition
+	// format, plus Go runtime and process collectors.
+	Prometheus http.Handler
+	// OTLPTraces and OTLPMetrics report whether an OTLP (or other
+	// autoexport) exporter was configured from the environment.
+	OTLPTraces, OTLPMetrics bool
+}
+
+// Setup builds the tracer and meter providers from cfg and the OTEL_*
+// environment. It returns a shutdown function that flushes and stops every
+// exporter (join its error), or an error if an exporter is misconfigured
+// (for example an unknown OTEL_EXPORTER_OTLP_PROTOCOL). With no OTLP
+// variables set it logs one line saying metrics are served on Prometheus
+// only.
+func Setup(ctx context.Context, cfg Config, log *slog.Logger) (*Providers, func(context.Context) error, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	res, err := resource.New(ctx,
+		resource.WithAttributes(semconv.ServiceName(cfg.ServiceName)),
+		resource.WithFromEnv(), // OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES win
+		resource.WithTelemetrySDK(),
+		resource.WithHost(),
+	)
+	if err != nil && res == nil {
+		return nil, nil, fmt.Errorf("telemetry resource: %w", err)
+	}
+
+	p := &Providers{Propagator: propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})}
+	var shutdowns []func(context.Context) error
+	shutdown := func(ctx context.Context) error {
+		var errs []error
+		for i := len(shutdowns) - 1; i >= 0; i-- {
+			errs = append(errs, shutdowns[i](ctx))
+		}
+		return errors.Join(errs...)
+	}
+
+	// Traces. The SDK reads OTEL_TRACES_SAMPLER(_ARG) itself.
+	tpOpts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
+	if signalConfigured("TRACES") {
+		exp, err := autoexport.NewSpanExporter(ctx)
+		if err != nil {
+			return nil, nil, fmt.Errorf("trace exporter: %w", err)
+		}
+		if !autoexport.IsNoneSpanExporter(exp) {
+			// The batch processor drops spans when its queue is full
+			// rather than blocking the request path.
+			tpOpts = append(tpOpts, sdktrace.WithBatcher(exp))
+			p.OTLPTraces = true
+		}
+	}
+	p.TracerProvider = sdktrace.NewTracerProvider(tpOpts...)
+	shutdowns = append(shutdowns, p.TracerProvider.Shutdown)
+
+	// Metrics: always the Prometheus reader; OTLP when configured.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	promExp, err := promexporter.New(promexporter.WithRegisterer(reg), promexporter.WithoutScopeInfo())
+	if err != nil {
+		_ = shutdown(ctx)
+		return nil, nil, fmt.Errorf("prometheus exporter: %w", err)
+	}
+	p.Prometheus = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	mpOpts := []sdkmetric.Option{sdkmetric.WithResource(res), sdkmetric.WithReader(promExp)}
+	if cfg.CardinalityLimit > 0 {
+		mpOpts = append(mpOpts, sdkmetric.WithCardinalityLimit(cfg.CardinalityLimit))
+	}
+	if os.Getenv("OTEL_METRICS_EXPORTER") == "prometheus" {
+		log.Info("OTEL_METRICS_EXPORTER=prometheus: metrics are already served on the admin listener's /metrics; no second Prometheus server started")
+	} else if signalConfigured("METRICS") {
+		r, err := autoexport.NewMetricReader(ctx)
+		if err != nil {
+			_ = shutdown(ctx)
+			return nil, nil, fmt.Errorf("metric reader: %w", err)
+		}
+		if !autoexport.IsNoneMetricReader(r) {
+			mpOpts = append(mpOpts, sdkmetric.WithReader(r))
+			p.OTLPMetrics = true
+		}
+	}
+	p.MeterProvider = sdkmetric.NewMeterProvider(mpOpts...)
+	shutdowns = append(shutdowns, p.MeterProvider.Shutdown)
+
+	if !p.OTLPTraces && !p.OTLPMetrics {
+		log.Info("no OTLP exporter configured (set OTEL_EXPORTER_OTLP_ENDPOINT to export traces and metrics); metrics are served on the admin /metrics endpoint only")
+	} else {
+		log.Info("telemetry export configured", "traces", p.OTLPTraces, "metrics", p.OTLPMetrics)
+	}
+	return p, shutdown, nil
+}
+
+// signalConfigured reports whether the environment asks for an exporter for
+// signal ("TRACES" or "METRICS"): OTEL_<SIGNAL>_EXPORTER, or an OTLP
+// endpoint (general or per signal). Without one, autoexport would default to
+// OTLP on localhost and log export errors forever; we export nothing instead.
+func signalConfigured(signal string) bool {
+	for _, k := range []string{"OTEL_" + signal + "_EXPORTER", "OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_" + signal + "_ENDPOINT"} {
+		if os.Getenv(k) != "" {
+			return true
+		}
+	}
+	return false
+}
