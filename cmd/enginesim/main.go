@@ -1,0 +1,121 @@
+// Command enginesim serves one simulated vLLM engine (see package internal/enginesim) over
+// HTTP, for demos, tests and benchmarks without a GPU.
+//
+//	enginesim --listen 127.0.0.1:8001 --model llama-8b,qwen-7b --ttft 50ms --itl 20ms
+//
+// It stops on SIGINT or SIGTERM, draining in-flight requests for up to 5 s.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/switchboard-gw/switchboard/internal/enginesim"
+)
+
+// shutdownTimeout bounds the graceful drain on SIGINT/SIGTERM.
+const shutdownTimeout = 5 * time.Second
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "enginesim:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	return serve(ctx, os.Args[1:], os.Stderr, log, nil)
+}
+
+// options is the parsed command line.
+type options struct {
+	listen string
+	cfg    enginesim.Config
+}
+
+// parseFlags parses args; usage and flag errors go to out. It returns pflag.ErrHelp for -h.
+func parseFlags(args []string, out io.Writer) (options, error) {
+	var o options
+	fs := pflag.NewFlagSet("enginesim", pflag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.StringVar(&o.listen, "listen", "127.0.0.1:8001", "address to listen on (host:port)")
+	fs.StringVar(&o.cfg.Name, "name", enginesim.DefaultName, "engine name, for logs")
+	fs.StringSliceVar(&o.cfg.Models, "model", []string{enginesim.DefaultModel}, "served model name (repeatable or comma-separated)")
+	fs.DurationVar(&o.cfg.TTFT, "ttft", enginesim.DefaultTTFT, "base time to first token (prefill)")
+	fs.DurationVar(&o.cfg.TTFTPerPromptToken, "ttft-per-token", 0, "time to first token added per uncached prompt token")
+	fs.DurationVar(&o.cfg.ITL, "itl", enginesim.DefaultITL, "inter-token latency (one decode step)")
+	fs.IntVar(&o.cfg.OutputTokens, "output-tokens", enginesim.DefaultOutputTokens, "tokens generated when a request sets no max_tokens")
+	fs.IntVar(&o.cfg.MaxOutputTokens, "max-output-tokens", enginesim.DefaultMaxOutputTokens, "cap on a request's max_tokens")
+	fs.IntVar(&o.cfg.MaxNumSeqs, "max-num-seqs", enginesim.DefaultMaxNumSeqs, "maximum running sequences; more requests wait in a FIFO queue")
+	fs.IntVar(&o.cfg.KVCacheBlocks, "kv-cache-blocks", enginesim.DefaultKVCacheBlocks, "simulated KV cache capacity, in blocks")
+	fs.IntVar(&o.cfg.BlockSize, "block-size", enginesim.DefaultBlockSize, "tokens per KV cache block")
+	fs.IntVar(&o.cfg.EmbeddingDim, "embedding-dim", enginesim.DefaultEmbeddingDim, "length of embedding vectors")
+	fs.StringVar(&o.cfg.Fault, "fault", "", "default fault spec for requests without an X-Enginesim-Fault header, e.g. close-after=3")
+	if err := fs.Parse(args); err != nil {
+		return o, err
+	}
+	if fs.NArg() > 0 {
+		return o, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	return o, nil
+}
+
+// serve runs the engine on the address from args until ctx is done, then shuts the server
+// down gracefully. ready, if not nil, is called with the listening address once the server
+// accepts connections.
+func serve(ctx context.Context, args []string, out io.Writer, log *slog.Logger, ready func(net.Addr)) error {
+	o, err := parseFlags(args, out)
+	if errors.Is(err, pflag.ErrHelp) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	e, err := enginesim.New(o.cfg)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return err
+	}
+	// No WriteTimeout: streams and stall faults run for as long as the client stays.
+	srv := &http.Server{Handler: e.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	log.Info("enginesim listening", "addr", ln.Addr().String(), "name", o.cfg.Name, "models", o.cfg.Models,
+		"ttft", o.cfg.TTFT, "itl", o.cfg.ITL, "max_num_seqs", o.cfg.MaxNumSeqs, "fault", o.cfg.Fault)
+	if ready != nil {
+		ready(ln.Addr())
+	}
+
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+	defer cancel()
+	if err = srv.Shutdown(sctx); err != nil {
+		// Requests still running (a stall fault, a slow client): cut them off.
+		err = errors.Join(fmt.Errorf("shutdown: %w", err), srv.Close())
+	}
+	if serr := <-errc; !errors.Is(serr, http.ErrServerClosed) {
+		err = errors.Join(err, serr)
+	}
+	return err
+}

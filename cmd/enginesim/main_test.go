@@ -1,0 +1,158 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/spf13/pflag"
+	"go.uber.org/goleak"
+
+	"github.com/switchboard-gw/switchboard/internal/enginesim"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func TestParseFlags(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		listen  string
+		cfg     enginesim.Config
+		wantErr bool
+	}{
+		{
+			name:   "defaults",
+			listen: "127.0.0.1:8001",
+			cfg: enginesim.Config{
+				Name: "enginesim", Models: []string{"sim-model"}, TTFT: 20 * time.Millisecond, ITL: 10 * time.Millisecond,
+				OutputTokens: 16, MaxOutputTokens: 4096, MaxNumSeqs: 256, KVCacheBlocks: 1024, BlockSize: 16, EmbeddingDim: 16,
+			},
+		},
+		{
+			name: "all",
+			args: []string{
+				"--listen", ":9000", "--name", "e1", "--model", "a,b", "--model", "c", "--ttft", "1s",
+				"--ttft-per-token", "2ms", "--itl=30ms", "--output-tokens", "5", "--max-output-tokens", "50",
+				"--max-num-seqs", "2", "--kv-cache-blocks", "64", "--block-size", "8", "--embedding-dim", "4",
+				"--fault", "status=503",
+			},
+			listen: ":9000",
+			cfg: enginesim.Config{
+				Name: "e1", Models: []string{"a", "b", "c"}, TTFT: time.Second, TTFTPerPromptToken: 2 * time.Millisecond,
+				ITL: 30 * time.Millisecond, OutputTokens: 5, MaxOutputTokens: 50, MaxNumSeqs: 2, KVCacheBlocks: 64,
+				BlockSize: 8, EmbeddingDim: 4, Fault: "status=503",
+			},
+		},
+		{name: "unknown flag", args: []string{"--nope"}, wantErr: true},
+		{name: "bad duration", args: []string{"--ttft", "fast"}, wantErr: true},
+		{name: "stray argument", args: []string{"extra"}, wantErr: true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			o, err := parseFlags(tc.args, io.Discard)
+			if tc.wantErr {
+				if err == nil {
+					t.Errorf("parseFlags(%q) = nil error", tc.args)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o.listen != tc.listen || !reflect.DeepEqual(o.cfg, tc.cfg) {
+				t.Errorf("got %q %+v\nwant %q %+v", o.listen, o.cfg, tc.listen, tc.cfg)
+			}
+		})
+	}
+	if _, err := parseFlags([]string{"-h"}, io.Discard); !errors.Is(err, pflag.ErrHelp) {
+		t.Errorf("-h: %v", err)
+	}
+}
+
+func TestServe(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	addrc := make(chan net.Addr, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- serve(ctx, []string{"--listen", "127.0.0.1:0", "--model", "m", "--ttft", "1ms", "--itl", "1ms"},
+			io.Discard, log, func(a net.Addr) { addrc <- a })
+	}()
+	var addr net.Addr
+	select {
+	case addr = <-addrc:
+	case err := <-done:
+		t.Fatalf("serve returned early: %v", err)
+	}
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+
+	resp, err := client.Get("http://" + addr.String() + "/health")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("/health: %d", resp.StatusCode)
+	}
+	resp, err = client.Post("http://"+addr.String()+"/v1/completions", "application/json",
+		strings.NewReader(`{"model":"m","prompt":"hi","max_tokens":2}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(b), `"text":"tok0 tok1 "`) {
+		t.Errorf("completion: %d %s", resp.StatusCode, b)
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("serve did not return after cancellation")
+	}
+	if n := strings.Count(logs.String(), "\n"); n != 1 || !strings.Contains(logs.String(), "enginesim listening") {
+		t.Errorf("logs = %q, want one start line", logs.String())
+	}
+}
+
+func TestServeErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		want string
+	}{
+		{"invalid config", []string{"--itl", "-1s", "--listen", "127.0.0.1:0"}, "itl must not be negative"},
+		{"bad fault", []string{"--fault", "explode", "--listen", "127.0.0.1:0"}, "unknown fault"},
+		{"bad listen", []string{"--listen", "127.0.0.1:-5"}, "invalid port"},
+		{"bad flag", []string{"--bogus"}, "unknown flag"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			err := serve(context.Background(), tc.args, io.Discard, slog.New(slog.DiscardHandler), nil)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("serve(%q) = %v, want error containing %q", tc.args, err, tc.want)
+			}
+		})
+	}
+	if err := serve(context.Background(), []string{"--help"}, io.Discard, slog.New(slog.DiscardHandler), nil); err != nil {
+		t.Errorf("--help: %v", err)
+	}
+}

@@ -1,0 +1,192 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/knadh/koanf/parsers/yaml"
+	"github.com/knadh/koanf/providers/confmap"
+	"github.com/knadh/koanf/providers/env/v2"
+	"github.com/knadh/koanf/providers/file"
+	"github.com/knadh/koanf/providers/posflag"
+	"github.com/knadh/koanf/v2"
+	"github.com/spf13/pflag"
+
+	"github.com/switchboard-gw/switchboard/gateway"
+	"github.com/switchboard-gw/switchboard/routing"
+	"github.com/switchboard-gw/switchboard/telemetry"
+)
+
+// envPrefix starts every environment override. A double underscore
+// separates levels: SWITCHBOARD_SERVER__LISTEN sets server.listen,
+// SWITCHBOARD_ROUTING__POLICY sets routing.policy.
+const envPrefix = "SWITCHBOARD_"
+
+// Config is the whole gateway configuration; configs/gateway.yaml documents
+// every key. Precedence: defaults < YAML file (--config) < SWITCHBOARD_*
+// environment < flags.
+type Config struct {
+	Server    ServerConfig           `koanf:"server"`
+	Admin     AdminConfig            `koanf:"admin"`
+	Engines   []gateway.EngineConfig `koanf:"engines"`
+	Routing   routing.Config         `koanf:"routing"`
+	Telemetry telemetry.Config       `koanf:"telemetry"`
+	Log       LogConfig              `koanf:"log"`
+	Simulate  SimulateConfig         `koanf:"simulate"`
+}
+
+// ServerConfig is the public listener plus the gateway's request handling.
+type ServerConfig struct {
+	// Listen is the public address, host:port.
+	Listen string `koanf:"listen"`
+	// ShutdownTimeout bounds the drain of in-flight requests (streams
+	// included) on SIGINT/SIGTERM.
+	ShutdownTimeout time.Duration `koanf:"shutdown_timeout"`
+	// ReadHeaderTimeout bounds reading a client's request headers.
+	ReadHeaderTimeout time.Duration `koanf:"read_header_timeout"`
+	gateway.Config    `koanf:",squash"`
+}
+
+// AdminConfig is the private admin listener (/metrics, /admin/engines,
+// /debug/pprof).
+type AdminConfig struct {
+	Listen string `koanf:"listen"` // "" disables the admin listener
+}
+
+// LogConfig selects the log level and format.
+type LogConfig struct {
+	Level  string `koanf:"level"`  // debug, info, warn, error
+	Format string `koanf:"format"` // text or json
+}
+
+// SimulateConfig starts in-process simulated engines (demo and tests); they
+// are added to the engine list with their models discovered over HTTP.
+type SimulateConfig struct {
+	Engines      int           `koanf:"engines"`       // how many; 0 = none
+	Models       []string      `koanf:"models"`        // served by every simulated engine
+	TTFT         time.Duration `koanf:"ttft"`          // base time to first token
+	ITL          time.Duration `koanf:"itl"`           // inter-token latency
+	OutputTokens int           `koanf:"output_tokens"` // tokens when max_tokens is absent
+	MaxNumSeqs   int           `koanf:"max_num_seqs"`  // concurrent sequences per engine
+}
+
+func defaults() Config {
+	return Config{
+		Server: ServerConfig{
+			Listen:            "127.0.0.1:8080",
+			ShutdownTimeout:   30 * time.Second,
+			ReadHeaderTimeout: 10 * time.Second,
+			Config:            gateway.DefaultConfig(),
+		},
+		Admin:     AdminConfig{Listen: "127.0.0.1:9464"},
+		Routing:   routing.DefaultConfig(),
+		Telemetry: telemetry.DefaultConfig(),
+		Log:       LogConfig{Level: "info", Format: "text"},
+		Simulate:  SimulateConfig{TTFT: 150 * time.Millisecond, ITL: 40 * time.Millisecond, OutputTokens: 24, MaxNumSeqs: 64},
+	}
+}
+
+// Validate reports every problem outside the gateway section (which
+// gateway.New validates once the simulated engines are added).
+func (c Config) Validate() error {
+	var errs []error
+	if c.Server.Listen == "" {
+		errs = append(errs, errors.New("server.listen must not be empty"))
+	}
+	if c.Server.ShutdownTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("server.shutdown_timeout must be > 0, got %s", c.Server.ShutdownTimeout))
+	}
+	if c.Simulate.Engines < 0 {
+		errs = append(errs, fmt.Errorf("simulate.engines must be >= 0, got %d", c.Simulate.Engines))
+	}
+	if c.Simulate.Engines > 0 && len(c.Simulate.Models) == 0 {
+		errs = append(errs, errors.New("simulate.models must name at least one model"))
+	}
+	if _, err := parseLevel(c.Log.Level); err != nil {
+		errs = append(errs, err)
+	}
+	if c.Log.Format != "text" && c.Log.Format != "json" {
+		errs = append(errs, fmt.Errorf("log.format must be text or json, got %q", c.Log.Format))
+	}
+	if len(c.Engines) == 0 && c.Simulate.Engines == 0 {
+		errs = append(errs, errors.New("no engines: configure `engines` or `simulate.engines`"))
+	}
+	errs = append(errs, c.Routing.Validate(), c.Telemetry.Validate())
+	return errors.Join(errs...)
+}
+
+func parseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("log.level: %w", err)
+	}
+	return l, nil
+}
+
+// flags maps each command-line flag to its config key.
+var flagKeys = map[string]string{
+	"listen":       "server.listen",
+	"admin-listen": "admin.listen",
+	"policy":       "routing.policy",
+	"log-level":    "log.level",
+}
+
+func newFlagSet() *pflag.FlagSet {
+	fs := pflag.NewFlagSet("switchboard", pflag.ContinueOnError)
+	fs.String("config", "", "YAML config file (see configs/gateway.yaml)")
+	fs.String("listen", "", "public listen address (server.listen)")
+	fs.String("admin-listen", "", "admin listen address (admin.listen); /metrics lives here")
+	fs.String("policy", "", "routing policy: "+strings.Join(routing.Names(), ", "))
+	fs.String("log-level", "", "log level: debug, info, warn, error")
+	return fs
+}
+
+// loadConfig layers defaults, the YAML file, the environment and the flags.
+func loadConfig(args []string, environ func() []string) (Config, error) {
+	fs := newFlagSet()
+	if err := fs.Parse(args); err != nil {
+		return Config{}, err
+	}
+	k := koanf.New(".")
+	if err := k.Load(confmap.Provider(map[string]any{}, "."), nil); err != nil {
+		return Config{}, err
+	}
+	if path, _ := fs.GetString("config"); path != "" {
+		if err := k.Load(file.Provider(path), yaml.Parser()); err != nil {
+			return Config{}, fmt.Errorf("config file %s: %w", path, err)
+		}
+	}
+	if err := k.Load(env.Provider(".", env.Opt{
+		Prefix:      envPrefix,
+		EnvironFunc: environ,
+		TransformFunc: func(key, v string) (string, any) {
+			key = strings.ToLower(strings.TrimPrefix(key, envPrefix))
+			return strings.ReplaceAll(key, "__", "."), v
+		},
+	}), nil); err != nil {
+		return Config{}, fmt.Errorf("environment: %w", err)
+	}
+	if err := k.Load(posflag.ProviderWithFlag(fs, ".", nil, func(f *pflag.Flag) (string, any) {
+		key, ok := flagKeys[f.Name]
+		if !ok || !f.Changed {
+			return "", nil
+		}
+		return key, posflag.FlagVal(fs, f)
+	}), nil); err != nil {
+		return Config{}, fmt.Errorf("flags: %w", err)
+	}
+	// Defaults hold no slices: decoding into a non-empty slice would merge
+	// element by element instead of replacing it.
+	cfg := defaults()
+	if err := k.UnmarshalWithConf("", &cfg, koanf.UnmarshalConf{Tag: "koanf"}); err != nil {
+		return Config{}, fmt.Errorf("config: %w", err)
+	}
+	if cfg.Simulate.Engines > 0 && len(cfg.Simulate.Models) == 0 {
+		cfg.Simulate.Models = []string{"demo-model"}
+	}
+	return cfg, cfg.Validate()
+}
+

@@ -1,0 +1,174 @@
+// Command gateway runs Switchboard, the OpenAI-compatible gateway in front
+// of vLLM-style engines.
+//
+//	gateway --config configs/gateway.yaml
+//	gateway --config configs/demo.yaml   # two in-process simulated engines
+//
+// See configs/gateway.yaml for every key and README.md for telemetry set-up.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/switchboard-gw/switchboard/gateway"
+	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/routing"
+	"github.com/switchboard-gw/switchboard/telemetry"
+)
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "switchboard:", err)
+		os.Exit(1)
+	}
+}
+
+// run wires config -> telemetry -> engines -> policy -> gateway -> serve,
+// then drains on SIGINT/SIGTERM.
+func run(args []string) (err error) {
+	cfg, err := loadConfig(args, os.Environ)
+	if err != nil {
+		return err
+	}
+	level, _ := parseLevel(cfg.Log.Level)
+	var h slog.Handler = slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})
+	if cfg.Log.Format == "json" {
+		h = slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level})
+	}
+	log := slog.New(h)
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+
+	providers, shutdownTelemetry, err := telemetry.Setup(ctx, cfg.Telemetry, log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		err = errors.Join(err, shutdownTelemetry(sctx))
+	}()
+	metrics, err := telemetry.NewMetrics(providers.MeterProvider)
+	if err != nil {
+		return err
+	}
+
+	engines := cfg.Engines
+	sims, err := startSimulated(cfg.Simulate, log)
+	defer func() {
+		for _, s := range sims {
+			_ = s.Close()
+		}
+	}()
+	if err != nil {
+		return err
+	}
+	for _, s := range sims {
+		engines = append(engines, s.engine)
+	}
+
+	policy, err := routing.NewPolicy(cfg.Routing)
+	if err != nil {
+		return err
+	}
+	gcfg := cfg.Server.Config
+	gcfg.Engines = engines
+	gw, err := gateway.New(gcfg, policy, metrics,
+		gateway.WithTracerProvider(providers.TracerProvider),
+		gateway.WithMeterProvider(providers.MeterProvider),
+		gateway.WithPropagator(providers.Propagator),
+		gateway.WithLogger(log),
+	)
+	if err != nil {
+		return err
+	}
+	defer func() { err = errors.Join(err, gw.Close()) }()
+	gw.Start()
+
+	public := &http.Server{Addr: cfg.Server.Listen, Handler: gw.Handler(), ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout,
+		ErrorLog: slog.NewLogLogger(h, slog.LevelWarn)}
+	ln, err := net.Listen("tcp", cfg.Server.Listen)
+	if err != nil {
+		return err
+	}
+	errc := make(chan error, 2)
+	go func() { errc <- public.Serve(ln) }()
+	var admin *http.Server
+	if cfg.Admin.Listen != "" {
+		aln, err := net.Listen("tcp", cfg.Admin.Listen)
+		if err != nil {
+			_ = public.Close()
+			return err
+		}
+		admin = &http.Server{Handler: gw.AdminHandler(providers.Prometheus), ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout}
+		go func() { errc <- admin.Serve(aln) }()
+		log.Info("admin listening", "addr", aln.Addr().String(), "metrics", "http://"+aln.Addr().String()+"/metrics")
+	}
+	log.Info("switchboard listening", "addr", ln.Addr().String(), "policy", cfg.Routing.Policy, "engines", gw.Pool().String())
+
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down: draining in-flight requests", "timeout", cfg.Server.ShutdownTimeout)
+	case err := <-errc:
+		return fmt.Errorf("serve: %w", err)
+	}
+	// Stop readiness first, then refuse new connections and let streams
+	// finish under the deadline. The servers' BaseContext is not the
+	// signal context, so SIGTERM does not cut streams off.
+	gw.Drain()
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.Server.ShutdownTimeout)
+	defer cancel()
+	serr := public.Shutdown(sctx)
+	if admin != nil {
+		serr = errors.Join(serr, admin.Shutdown(sctx))
+	}
+	if errors.Is(serr, context.DeadlineExceeded) {
+		log.Warn("shutdown deadline passed; closing remaining connections")
+		_ = public.Close()
+		serr = nil
+	}
+	return serr
+}
+
+// simulated is one in-process simulated engine.
+type simulated struct {
+	engine gateway.EngineConfig
+	srv    *http.Server
+}
+
+func (s *simulated) Close() error { return s.srv.Close() }
+
+// startSimulated starts cfg.Engines simulated engines on loopback ports.
+// Their models are left out of the engine config on purpose, so the demo
+// exercises model discovery through GET /v1/models.
+func startSimulated(cfg SimulateConfig, log *slog.Logger) ([]*simulated, error) {
+	var out []*simulated
+	for i := range cfg.Engines {
+		name := fmt.Sprintf("sim-%d", i+1)
+		e, err := enginesim.New(enginesim.Config{Name: name, Models: cfg.Models, TTFT: cfg.TTFT, ITL: cfg.ITL,
+			OutputTokens: cfg.OutputTokens, MaxNumSeqs: cfg.MaxNumSeqs})
+		if err != nil {
+			return out, err
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return out, err
+		}
+		srv := &http.Server{Handler: e.Handler(), ReadHeaderTimeout: 10 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		url := "http://" + ln.Addr().String()
+		out = append(out, &simulated{engine: gateway.EngineConfig{Name: name, URL: url}, srv: srv})
+		log.Info("simulated engine started", "engine", name, "url", url, "models", cfg.Models)
+	}
+	return out, nil
+}

@@ -1,0 +1,150 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net"
+	"net/http"
+	"strconv"
+
+	"github.com/switchboard-gw/switchboard/routing"
+)
+
+// OpenAI error types, as the OpenAI API uses them in the error object's
+// "type" field.
+const (
+	TypeInvalidRequest = "invalid_request_error"
+	TypeServer         = "server_error"
+	TypeTimeout        = "timeout_error"
+	TypeUnavailable    = "service_unavailable_error"
+)
+
+// StatusClientClosedRequest is the non-standard status (nginx's 499)
+// recorded when the client goes away before the response is complete. It
+// is never written to the client, which is gone; it only labels the
+// request in telemetry and logs.
+const StatusClientClosedRequest = 499
+
+// APIError is an error the gateway itself answers with an OpenAI error
+// object: {"error":{"message","type","param","code"}} and Status.
+type APIError struct {
+	Status  int    // HTTP status code
+	Type    string // OpenAI error type, e.g. invalid_request_error
+	Code    string // machine-readable code, e.g. model_not_found; "" is null
+	Param   string // the offending request parameter; "" is null
+	Message string // lower-case, no trailing period
+	Err     error  // the cause, if any
+}
+
+// Error returns the message and the cause.
+func (e *APIError) Error() string {
+	if e.Err != nil {
+		return e.Message + ": " + e.Err.Error()
+	}
+	return e.Message
+}
+
+// Unwrap returns the cause.
+func (e *APIError) Unwrap() error { return e.Err }
+
+// openAIError is the wire shape of the error object.
+type openAIError struct {
+	Error openAIErrorBody `json:"error"`
+}
+
+type openAIErrorBody struct {
+	Message string  `json:"message"`
+	Type    string  `json:"type"`
+	Param   *string `json:"param"`
+	Code    *string `json:"code"`
+}
+
+func nullable(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+// errorBody returns the JSON error object for e.
+func (e *APIError) body() []byte {
+	b, _ := json.Marshal(openAIError{Error: openAIErrorBody{
+		Message: e.Message, Type: e.Type, Param: nullable(e.Param), Code: nullable(e.Code),
+	}})
+	return b
+}
+
+// apiErrorFor maps any error to the APIError answered for it:
+//   - an *APIError anywhere in the chain: itself
+//   - routing.ErrNoEndpoint: 503 with Retry-After
+//   - a timeout (net.Error Timeout, context.DeadlineExceeded): 504
+//   - anything else reaching an engine: 502
+func apiErrorFor(err error) *APIError {
+	var ae *APIError
+	if errors.As(err, &ae) {
+		return ae
+	}
+	if errors.Is(err, routing.ErrNoEndpoint) {
+		return &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "no_healthy_engine", Message: "no healthy engine is available for this model", Err: err}
+	}
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout()) {
+		return &APIError{Status: http.StatusGatewayTimeout, Type: TypeTimeout, Code: "engine_timeout", Message: "the engine did not answer in time", Err: err}
+	}
+	return &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: "engine_unreachable", Message: "the engine could not be reached", Err: err}
+}
+
+// writeError writes err as an OpenAI error object. It writes nothing when
+// the client has gone (context.Canceled): nobody is there to read it.
+func writeError(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
+		return
+	}
+	ae := apiErrorFor(err)
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Cache-Control", "no-store")
+	if ae.Status == http.StatusServiceUnavailable {
+		h.Set("Retry-After", "1")
+	}
+	b := ae.body()
+	h.Set("Content-Length", strconv.Itoa(len(b)))
+	markHeaderWritten(r)
+	w.WriteHeader(ae.Status)
+	_, _ = w.Write(b)
+}
+
+// Errors for the request path. Their messages are what the client reads.
+var (
+	errBodyEmpty = &APIError{Status: http.StatusBadRequest, Type: TypeInvalidRequest, Message: "request body is empty"}
+)
+
+func errBadRequest(param, msg string) *APIError {
+	return &APIError{Status: http.StatusBadRequest, Type: TypeInvalidRequest, Param: param, Message: msg}
+}
+
+func errModelNotFound(model string) *APIError {
+	return &APIError{Status: http.StatusNotFound, Type: TypeInvalidRequest, Param: "model", Code: "model_not_found",
+		Message: "the model `" + model + "` does not exist or is not served by any engine"}
+}
+
+func errBodyTooLarge(limit int64) *APIError {
+	return &APIError{Status: http.StatusRequestEntityTooLarge, Type: TypeInvalidRequest, Code: "request_too_large",
+		Message: "request body is larger than " + strconv.FormatInt(limit, 10) + " bytes"}
+}
+
+// Engine-facing error types (the error.type attribute). The vocabulary is
+// fixed so metric cardinality stays bounded; an engine's HTTP error status
+// is recorded as its decimal code ("503").
+const (
+	ErrTypeClientCancelled  = "client_cancelled"
+	ErrTypeConnect          = "connect_error"
+	ErrTypeEngineDisconnect = "engine_disconnect"
+	ErrTypeHeaderTimeout    = "header_timeout"
+	ErrTypeIdleTimeout      = "idle_timeout"
+	ErrTypeRequestTimeout   = "request_timeout"
+	ErrTypeStreamError      = "stream_error"
+	ErrTypePanic            = "panic"
+	ErrTypeInternal         = "_OTHER"
+)

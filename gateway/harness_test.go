@@ -1,0 +1,356 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.uber.org/goleak"
+
+	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/routing"
+	"github.com/switchboard-gw/switchboard/telemetry"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// harness is a gateway under test with a manual metric reader and a span
+// recorder, served on a real loopback listener.
+type harness struct {
+	t       *testing.T
+	gw      *Server
+	srv     *httptest.Server
+	reader  *sdkmetric.ManualReader
+	spans   *tracetest.SpanRecorder
+	metrics *telemetry.Metrics
+	client  *http.Client
+}
+
+type harnessOpts struct {
+	sampler sdktrace.Sampler
+	policy  routing.Policy
+	noStart bool
+}
+
+type harnessOpt func(*harnessOpts)
+
+func withSampler(s sdktrace.Sampler) harnessOpt { return func(o *harnessOpts) { o.sampler = s } }
+func withPolicy(p routing.Policy) harnessOpt    { return func(o *harnessOpts) { o.policy = p } }
+func withoutStart() harnessOpt                  { return func(o *harnessOpts) { o.noStart = true } }
+
+// testConfig returns a gateway config for tests: fast health checks, given
+// engines.
+func testConfig(engines ...EngineConfig) Config {
+	cfg := DefaultConfig()
+	cfg.Engines = engines
+	cfg.Health.Interval = time.Hour // tests call ProbeNow when they need a probe
+	cfg.Health.Timeout = time.Second
+	cfg.Health.UnhealthyAfter = 1
+	cfg.Timeouts.Connect = time.Second
+	return cfg
+}
+
+func newHarness(t *testing.T, cfg Config, opts ...harnessOpt) *harness {
+	t.Helper()
+	o := harnessOpts{sampler: sdktrace.AlwaysSample(), policy: routing.NewRoundRobin()}
+	for _, f := range opts {
+		f(&o)
+	}
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans), sdktrace.WithSampler(o.sampler))
+	m, err := telemetry.NewMetrics(mp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	gw, err := New(cfg, o.policy, m, WithTracerProvider(tp), WithMeterProvider(mp), WithLogger(log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !o.noStart {
+		gw.Start()
+	}
+	h := &harness{t: t, gw: gw, reader: reader, spans: spans, metrics: m}
+	h.srv = httptest.NewServer(gw.Handler())
+	h.client = h.srv.Client()
+	t.Cleanup(func() {
+		h.srv.CloseClientConnections()
+		h.srv.Close()
+		_ = gw.Close()
+		_ = tp.Shutdown(context.Background())
+		_ = mp.Shutdown(context.Background())
+	})
+	return h
+}
+
+// sim starts a simulated engine on a loopback listener.
+func sim(t *testing.T, cfg enginesim.Config) (*enginesim.Engine, *httptest.Server) {
+	t.Helper()
+	if cfg.TTFT == 0 {
+		cfg.TTFT = 2 * time.Millisecond
+	}
+	if cfg.ITL == 0 {
+		cfg.ITL = time.Millisecond
+	}
+	e, err := enginesim.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(e.Handler())
+	t.Cleanup(func() {
+		srv.CloseClientConnections()
+		srv.Close()
+	})
+	return e, srv
+}
+
+func (h *harness) collect() metricdata.ResourceMetrics {
+	h.t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := h.reader.Collect(context.Background(), &rm); err != nil {
+		h.t.Fatal(err)
+	}
+	return rm
+}
+
+func findMetric(rm metricdata.ResourceMetrics, name string) (metricdata.Metrics, bool) {
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name == name {
+				return m, true
+			}
+		}
+	}
+	return metricdata.Metrics{}, false
+}
+
+// gauges returns switchboard.engine.active_requests per "engine/phase".
+func (h *harness) gauges() map[string]int64 {
+	h.t.Helper()
+	out := map[string]int64{}
+	m, ok := findMetric(h.collect(), telemetry.ActiveRequestsName)
+	if !ok {
+		return out
+	}
+	sum, ok := m.Data.(metricdata.Sum[int64])
+	if !ok {
+		h.t.Fatalf("%s is %T, want Sum[int64]", telemetry.ActiveRequestsName, m.Data)
+	}
+	for _, dp := range sum.DataPoints {
+		e, _ := dp.Attributes.Value(telemetry.AttrEngine)
+		p, _ := dp.Attributes.Value(telemetry.AttrPhase)
+		out[e.AsString()+"/"+p.AsString()] = dp.Value
+	}
+	return out
+}
+
+// assertIdle fails unless every gauge reads exactly 0 and no attempt is live.
+func (h *harness) assertIdle() {
+	h.t.Helper()
+	for k, v := range h.gauges() {
+		if v != 0 {
+			h.t.Errorf("gauge %s = %d, want 0", k, v)
+		}
+	}
+	if n := h.gw.LiveAttempts(); n != 0 {
+		h.t.Errorf("live attempts = %d, want 0", n)
+	}
+}
+
+// waitIdle waits (bounded) for in-flight requests to settle, then asserts.
+func (h *harness) waitIdle() {
+	h.t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	for time.Now().Before(deadline) && h.gw.LiveAttempts() != 0 {
+		time.Sleep(2 * time.Millisecond)
+	}
+	h.assertIdle()
+}
+
+// histCount sums the count of histogram name over data points whose
+// attributes include every kv in match.
+func (h *harness) histCount(name string, match ...attribute.KeyValue) uint64 {
+	h.t.Helper()
+	m, ok := findMetric(h.collect(), name)
+	if !ok {
+		return 0
+	}
+	hist, ok := m.Data.(metricdata.Histogram[float64])
+	if !ok {
+		h.t.Fatalf("%s is %T", name, m.Data)
+	}
+	var n uint64
+	for _, dp := range hist.DataPoints {
+		if hasAll(dp.Attributes, match) {
+			n += dp.Count
+		}
+	}
+	return n
+}
+
+// histSum is like histCount for the sum of the samples.
+func (h *harness) histSum(name string, match ...attribute.KeyValue) float64 {
+	h.t.Helper()
+	m, ok := findMetric(h.collect(), name)
+	if !ok {
+		return 0
+	}
+	var s float64
+	for _, dp := range m.Data.(metricdata.Histogram[float64]).DataPoints {
+		if hasAll(dp.Attributes, match) {
+			s += dp.Sum
+		}
+	}
+	return s
+}
+
+// errorTypes returns the request.duration count per error.type ("" for
+// success).
+func (h *harness) errorTypes() map[string]uint64 {
+	h.t.Helper()
+	out := map[string]uint64{}
+	m, ok := findMetric(h.collect(), telemetry.RequestDurationName)
+	if !ok {
+		return out
+	}
+	for _, dp := range m.Data.(metricdata.Histogram[float64]).DataPoints {
+		v, _ := dp.Attributes.Value(telemetry.AttrErrorType)
+		out[v.AsString()] += dp.Count
+	}
+	return out
+}
+
+func hasAll(set attribute.Set, match []attribute.KeyValue) bool {
+	for _, kv := range match {
+		v, ok := set.Value(kv.Key)
+		if !ok || v != kv.Value {
+			return false
+		}
+	}
+	return true
+}
+
+// post sends a JSON body to path on the gateway.
+func (h *harness) post(path, body string, hdr ...string) *http.Response {
+	h.t.Helper()
+	req, err := http.NewRequest(http.MethodPost, h.srv.URL+path, strings.NewReader(body))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := h.client.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return resp
+}
+
+// apiErr is the decoded OpenAI error object.
+type apiErr struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Param   *string `json:"param"`
+		Code    *string `json:"code"`
+	} `json:"error"`
+}
+
+func decodeErr(t *testing.T, resp *http.Response) apiErr {
+	t.Helper()
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var e apiErr
+	if err := json.Unmarshal(b, &e); err != nil || e.Error.Message == "" {
+		t.Fatalf("body %q is not an OpenAI error object: %v", b, err)
+	}
+	return e
+}
+
+// fakeEngine is an httptest server with a handler the test writes; it
+// also answers /health and /v1/models for the given models.
+func fakeEngine(t *testing.T, models []string, h http.HandlerFunc) *httptest.Server {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /health", func(w http.ResponseWriter, r *http.Request) {})
+	mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) {
+		var data []map[string]string
+		for _, m := range models {
+			data = append(data, map[string]string{"id": m, "object": "model"})
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
+	})
+	mux.HandleFunc("/v1/", h)
+	srv := httptest.NewServer(mux)
+	t.Cleanup(func() {
+		srv.CloseClientConnections()
+		srv.Close()
+	})
+	return srv
+}
+
+// recorder collects what a fake engine received.
+type recorder struct {
+	mu   sync.Mutex
+	reqs []*http.Request
+	body []string
+}
+
+func (r *recorder) add(req *http.Request) {
+	b, _ := io.ReadAll(req.Body)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.reqs = append(r.reqs, req)
+	r.body = append(r.body, string(b))
+}
+
+func (r *recorder) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.reqs)
+}
+
+func (r *recorder) last() *http.Request {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.reqs[len(r.reqs)-1]
+}
+
+// sseWriter writes SSE events with a flush after each.
+type sseWriter struct {
+	w http.ResponseWriter
+	f *http.ResponseController
+}
+
+func newSSE(w http.ResponseWriter) *sseWriter {
+	w.Header().Set("Content-Type", "text/event-stream")
+	w.WriteHeader(http.StatusOK)
+	s := &sseWriter{w: w, f: http.NewResponseController(w)}
+	_ = s.f.Flush()
+	return s
+}
+
+func (s *sseWriter) raw(str string) {
+	_, _ = io.WriteString(s.w, str)
+	_ = s.f.Flush()
+}
+
+func (s *sseWriter) data(str string) { s.raw("data: " + str + "\n\n") }

@@ -1,0 +1,468 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/switchboard-gw/switchboard/internal/oai"
+	"github.com/switchboard-gw/switchboard/routing"
+	"github.com/switchboard-gw/switchboard/telemetry"
+)
+
+// engine is one incarnation of a configured engine. Removing an engine and
+// adding it again under the same name creates a new incarnation with its own
+// routing.Endpoint, so slots held on the old one are released there
+// (shared/cases L03).
+type engine struct {
+	cfg    EngineConfig
+	ep     *routing.Endpoint
+	tel    *telemetry.Engine
+	opURL  [4]string // by oai.Operation
+	static bool        // models come from config
+
+	models  atomic.Pointer[[]string] // sorted; nil until known
+	lastErr atomic.Pointer[string]
+
+	// Probe state, touched only by the probing goroutine.
+	fails        int
+	lastDiscover time.Time
+}
+
+func (e *engine) knownModels() []string {
+	if p := e.models.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// route is the candidate list for one model: parallel slices, so a policy
+// gets []*routing.Endpoint without a per-request copy.
+type route struct {
+	eps  []*routing.Endpoint
+	engs []*engine
+}
+
+func (rt *route) engineFor(ep *routing.Endpoint) *engine {
+	for i, e := range rt.eps {
+		if e == ep {
+			return rt.engs[i]
+		}
+	}
+	return nil
+}
+
+// snapshot is an immutable view of the pool used by the request path.
+type snapshot struct {
+	routes     map[string]*route // healthy engines per model
+	known      map[string]bool   // every model of every engine with known models
+	pending    bool              // some engine has not reported its models yet
+	modelsBody []byte            // GET /v1/models body; nil when no healthy engine has reported models
+}
+
+// Pool is the set of engines, their health and their models. The request
+// path reads an immutable snapshot through an atomic pointer; changes
+// (health verdicts, discovery, Add, Remove) build a new one. All methods are
+// safe for concurrent use.
+type Pool struct {
+	cfg     HealthConfig
+	metrics *telemetry.Metrics
+	client  *http.Client
+	log     *slog.Logger
+
+	mu        sync.Mutex
+	engines   []*engine
+	retired   []*engine // removed, still holding slots; reported until drained
+	telByName map[string]*telemetry.Engine
+
+	snap atomic.Pointer[snapshot]
+
+	startOnce sync.Once
+	ctx       context.Context // cancelled by Close
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+}
+
+// newPool builds a pool from configs (already validated).
+func newPool(cfg HealthConfig, engines []EngineConfig, m *telemetry.Metrics, rt http.RoundTripper, log *slog.Logger) (*Pool, error) {
+	p := &Pool{
+		cfg:       cfg,
+		metrics:   m,
+		client:    &http.Client{Transport: rt, Timeout: cfg.Timeout},
+		log:       log,
+		telByName: map[string]*telemetry.Engine{},
+	}
+	p.ctx, p.cancel = context.WithCancel(context.Background())
+	for _, ec := range engines {
+		e, err := p.newEngine(ec)
+		if err != nil {
+			return nil, err
+		}
+		p.engines = append(p.engines, e)
+	}
+	p.rebuild()
+	return p, nil
+}
+
+func (p *Pool) newEngine(ec EngineConfig) (*engine, error) {
+	if err := ec.Validate(); err != nil {
+		return nil, err
+	}
+	base, _ := url.Parse(ec.URL)
+	tel, ok := p.telByName[ec.Name]
+	if !ok {
+		tel = p.metrics.Engine(ec.Name)
+		p.telByName[ec.Name] = tel
+	}
+	e := &engine{cfg: ec, ep: routing.NewEndpoint(ec.Name, base), tel: tel}
+	for op, path := range map[oai.Operation]string{oai.OpChat: "/v1/chat/completions", oai.OpCompletion: "/v1/completions", oai.OpEmbeddings: "/v1/embeddings"} {
+		e.opURL[op] = base.JoinPath(path).String()
+	}
+	if len(ec.Models) > 0 {
+		ms := slices.Clone(ec.Models)
+		sort.Strings(ms)
+		e.models.Store(&ms)
+		e.static = true
+	}
+	return e, nil
+}
+
+// Add adds an engine. It fails if the config is invalid or the name is
+// taken. The engine starts healthy; its models, if not configured, are
+// learned at its first probe.
+func (p *Pool) Add(ec EngineConfig) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, e := range p.engines {
+		if e.cfg.Name == ec.Name {
+			return fmt.Errorf("%w: engine %q already in the pool", ErrInvalidConfig, ec.Name)
+		}
+	}
+	e, err := p.newEngine(ec)
+	if err != nil {
+		return err
+	}
+	p.engines = append(p.engines, e)
+	p.rebuildLocked()
+	return nil
+}
+
+// Remove takes the named engine out of routing. Requests in flight on it
+// finish normally and release their slots on it; its gauges drain to 0 and
+// then stop being reported. It reports whether the engine was present.
+func (p *Pool) Remove(name string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	i := slices.IndexFunc(p.engines, func(e *engine) bool { return e.cfg.Name == name })
+	if i < 0 {
+		return false
+	}
+	p.retired = append(p.retired, p.engines[i])
+	p.engines = slices.Delete(p.engines, i, i+1)
+	p.rebuildLocked()
+	return true
+}
+
+func (p *Pool) rebuild() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.rebuildLocked()
+}
+
+// modelObject is one entry of GET /v1/models.
+type modelObject struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+func (p *Pool) rebuildLocked() {
+	s := &snapshot{routes: map[string]*route{}, known: map[string]bool{}}
+	served := map[string]bool{}
+	for _, e := range p.engines {
+		ms := e.knownModels()
+		if ms == nil {
+			s.pending = true
+			continue
+		}
+		for _, m := range ms {
+			s.known[m] = true
+			if !e.ep.Healthy() {
+				continue
+			}
+			served[m] = true
+			rt := s.routes[m]
+			if rt == nil {
+				rt = &route{}
+				s.routes[m] = rt
+			}
+			rt.eps = append(rt.eps, e.ep)
+			rt.engs = append(rt.engs, e)
+		}
+	}
+	if len(served) > 0 {
+		names := make([]string, 0, len(served))
+		for m := range served {
+			names = append(names, m)
+		}
+		sort.Strings(names)
+		list := struct {
+			Object string        `json:"object"`
+			Data   []modelObject `json:"data"`
+		}{Object: "list", Data: make([]modelObject, len(names))}
+		for i, n := range names {
+			list.Data[i] = modelObject{ID: n, Object: "model", OwnedBy: "switchboard"}
+		}
+		s.modelsBody, _ = json.Marshal(list)
+	}
+	p.snap.Store(s)
+}
+
+// lookup returns the route for model, or the APIError to answer:
+// 404 model_not_found, or 503 when the model is known but no engine serving
+// it is healthy (or discovery is still pending).
+func (p *Pool) lookup(model string) (*route, error) {
+	s := p.snap.Load()
+	if rt, ok := s.routes[model]; ok {
+		return rt, nil
+	}
+	if s.known[model] || s.pending {
+		return nil, routing.ErrNoEndpoint
+	}
+	return nil, errModelNotFound(model)
+}
+
+// markFailed records a passive failure (the engine refused a connection):
+// the engine leaves routing until a probe succeeds.
+func (p *Pool) markFailed(e *engine, err error) {
+	msg := err.Error()
+	e.lastErr.Store(&msg)
+	if e.ep.Healthy() {
+		e.ep.SetHealthy(false)
+		p.log.Warn("engine marked unhealthy", "engine", e.cfg.Name, "error", err)
+		p.rebuild()
+	}
+}
+
+// observeInFlight reports the in-flight counts of every engine name, summing
+// the incarnations that share a name, plus retired engines until they have
+// drained and been reported at zero once.
+func (p *Pool) observeInFlight(report func(e *telemetry.Engine, prefill, decode int64)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	type sum struct{ pf, dc int64 }
+	sums := make(map[*telemetry.Engine]*sum, len(p.engines)+len(p.retired))
+	order := make([]*telemetry.Engine, 0, len(p.engines)+len(p.retired))
+	add := func(e *engine) {
+		pf, dc := e.ep.InFlight()
+		s := sums[e.tel]
+		if s == nil {
+			s = &sum{}
+			sums[e.tel] = s
+			order = append(order, e.tel)
+		}
+		s.pf += pf
+		s.dc += dc
+	}
+	for _, e := range p.engines {
+		add(e)
+	}
+	keep := p.retired[:0]
+	for _, e := range p.retired {
+		add(e)
+		if pf, dc := e.ep.InFlight(); pf != 0 || dc != 0 {
+			keep = append(keep, e)
+		}
+	}
+	clear(p.retired[len(keep):])
+	p.retired = keep
+	for _, t := range order {
+		s := sums[t]
+		report(t, s.pf, s.dc)
+	}
+}
+
+// EngineStatus is one engine's state as shown on GET /admin/engines.
+type EngineStatus struct {
+	Name      string   `json:"name"`
+	URL       string   `json:"url"`
+	Healthy   bool     `json:"healthy"`
+	Models    []string `json:"models"`
+	Static    bool     `json:"models_configured"`
+	Prefill   int64    `json:"prefill"`
+	Decode    int64    `json:"decode"`
+	Retired   bool     `json:"retired,omitempty"`
+	LastError string   `json:"last_error,omitempty"`
+}
+
+// Status returns every engine's state, configured engines first (in config
+// order) then retired ones still draining.
+func (p *Pool) Status() []EngineStatus {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make([]EngineStatus, 0, len(p.engines)+len(p.retired))
+	st := func(e *engine, retired bool) EngineStatus {
+		pf, dc := e.ep.InFlight()
+		s := EngineStatus{Name: e.cfg.Name, URL: e.cfg.URL, Healthy: e.ep.Healthy(), Models: e.knownModels(),
+			Static: e.static, Prefill: pf, Decode: dc, Retired: retired}
+		if s.Models == nil {
+			s.Models = []string{}
+		}
+		if le := e.lastErr.Load(); le != nil {
+			s.LastError = *le
+		}
+		return s
+	}
+	for _, e := range p.engines {
+		out = append(out, st(e, false))
+	}
+	for _, e := range p.retired {
+		out = append(out, st(e, true))
+	}
+	return out
+}
+
+// Ready reports whether at least one healthy engine has reported models.
+func (p *Pool) Ready() bool { return p.snap.Load().modelsBody != nil }
+
+// Start runs the first probe round synchronously (each probe bounded by the
+// probe timeout), then probes every HealthConfig.Interval until Close.
+func (p *Pool) Start() {
+	p.startOnce.Do(func() {
+		p.ProbeNow(p.ctx)
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			t := time.NewTicker(p.cfg.Interval)
+			defer t.Stop()
+			for {
+				select {
+				case <-p.ctx.Done():
+					return
+				case <-t.C:
+					p.ProbeNow(p.ctx)
+				}
+			}
+		}()
+	})
+}
+
+// Close stops probing and waits for the probe goroutine. It does not touch
+// requests in flight.
+func (p *Pool) Close() {
+	p.cancel()
+	p.wg.Wait()
+	p.client.CloseIdleConnections()
+}
+
+// ProbeNow probes every engine once, concurrently, and rebuilds the
+// snapshot. Health probes never touch the in-flight counters
+// (shared/cases L02).
+func (p *Pool) ProbeNow(ctx context.Context) {
+	p.mu.Lock()
+	engines := slices.Clone(p.engines)
+	p.mu.Unlock()
+	var wg sync.WaitGroup
+	for _, e := range engines {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.probe(ctx, e)
+		}()
+	}
+	wg.Wait()
+	p.rebuild()
+}
+
+func (p *Pool) probe(ctx context.Context, e *engine) {
+	err := p.get(ctx, e, "/health", nil)
+	if err == nil && (!e.static && (e.models.Load() == nil || time.Since(e.lastDiscover) >= p.cfg.DiscoveryInterval)) {
+		var list struct {
+			Data []struct {
+				ID string `json:"id"`
+			} `json:"data"`
+		}
+		if err = p.get(ctx, e, "/v1/models", &list); err == nil {
+			ms := make([]string, 0, len(list.Data))
+			for _, d := range list.Data {
+				if d.ID != "" && !slices.Contains(ms, d.ID) {
+					ms = append(ms, d.ID)
+				}
+			}
+			sort.Strings(ms)
+			e.models.Store(&ms)
+			e.lastDiscover = time.Now()
+		}
+	}
+	if err != nil {
+		msg := err.Error()
+		e.lastErr.Store(&msg)
+		e.fails++
+		if e.fails >= p.cfg.UnhealthyAfter && e.ep.Healthy() {
+			e.ep.SetHealthy(false)
+			p.log.Warn("engine unhealthy", "engine", e.cfg.Name, "error", err)
+		}
+		return
+	}
+	e.fails = 0
+	e.lastErr.Store(nil)
+	if !e.ep.Healthy() {
+		e.ep.SetHealthy(true)
+		p.log.Info("engine healthy", "engine", e.cfg.Name)
+	}
+}
+
+var errProbeStatus = errors.New("unexpected status")
+
+func (p *Pool) get(ctx context.Context, e *engine, path string, into any) error {
+	// JoinPath on a base with an empty path yields a relative path: go
+	// through String, which restores the leading slash.
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.ep.URL().JoinPath(path).String(), nil)
+	if err != nil {
+		return err
+	}
+	if e.cfg.APIKey != "" {
+		req.Header.Set("Authorization", "Bearer "+e.cfg.APIKey)
+	}
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return fmt.Errorf("GET %s: %w %d", path, errProbeStatus, resp.StatusCode)
+	}
+	if into == nil {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		return nil
+	}
+	if err := json.NewDecoder(io.LimitReader(resp.Body, 4<<20)).Decode(into); err != nil {
+		return fmt.Errorf("GET %s: %w", path, err)
+	}
+	return nil
+}
+
+// String summarises the pool for logs.
+func (p *Pool) String() string {
+	var b strings.Builder
+	for i, s := range p.Status() {
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s(%s healthy=%t models=%v)", s.Name, s.URL, s.Healthy, s.Models)
+	}
+	return b.String()
+}

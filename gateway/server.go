@@ -1,0 +1,311 @@
+package gateway
+
+import (
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/switchboard-gw/switchboard/internal/oai"
+	"github.com/switchboard-gw/switchboard/routing"
+	"github.com/switchboard-gw/switchboard/telemetry"
+)
+
+// Server is the OpenAI-compatible gateway: the public handler, the admin
+// handler, the engine pool and the per-request engine lifecycle. Create it
+// with [New], call [Server.Start], serve [Server.Handler] and
+// [Server.AdminHandler], and [Server.Close] it after the HTTP servers have
+// shut down. All methods are safe for concurrent use.
+type Server struct {
+	cfg     Config
+	pool    *Pool
+	policy  routing.Policy
+	metrics *telemetry.Metrics
+	tracer  trace.Tracer
+	tp      trace.TracerProvider
+	mp      metric.MeterProvider
+	prop    propagation.TextMapPropagator
+	client  *http.Client
+	log     *slog.Logger
+	reg     metric.Registration
+
+	// live counts engine attempts that have started and not ended. It is
+	// the gateway's only per-request state outside the handler goroutines,
+	// and it must read 0 whenever no request is in flight.
+	live     atomic.Int64
+	draining atomic.Bool
+	closeMu  sync.Once
+}
+
+type config struct {
+	tp        trace.TracerProvider
+	mp        metric.MeterProvider
+	prop      propagation.TextMapPropagator
+	transport http.RoundTripper
+	log       *slog.Logger
+}
+
+// Option configures what a test or embedder injects into [New].
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+// WithTracerProvider sets the tracer provider for the server and engine
+// spans. Default: a no-op provider. A nil argument is ignored.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return optionFunc(func(c *config) {
+		if tp != nil {
+			c.tp = tp
+		}
+	})
+}
+
+// WithMeterProvider sets the meter provider for otelhttp's HTTP server
+// metrics (Switchboard's own instruments come from the *telemetry.Metrics).
+// A nil argument is ignored.
+func WithMeterProvider(mp metric.MeterProvider) Option {
+	return optionFunc(func(c *config) {
+		if mp != nil {
+			c.mp = mp
+		}
+	})
+}
+
+// WithPropagator sets the propagator used to extract the client's trace
+// context and inject it into engine requests. Default: W3C trace context
+// and baggage. A nil argument is ignored.
+func WithPropagator(p propagation.TextMapPropagator) Option {
+	return optionFunc(func(c *config) {
+		if p != nil {
+			c.prop = p
+		}
+	})
+}
+
+// WithTransport sets the round tripper used for engine requests and probes.
+// Default: a tuned *http.Transport honouring Config.Timeouts.Connect. A nil
+// argument is ignored.
+func WithTransport(rt http.RoundTripper) Option {
+	return optionFunc(func(c *config) {
+		if rt != nil {
+			c.transport = rt
+		}
+	})
+}
+
+// WithLogger sets the logger. Default: slog.Default(). A nil argument is
+// ignored.
+func WithLogger(l *slog.Logger) Option {
+	return optionFunc(func(c *config) {
+		if l != nil {
+			c.log = l
+		}
+	})
+}
+
+// NewTransport returns the engine transport: keep-alive pools sized for a
+// gateway, the connect timeout, no transparent compression (SSE must pass
+// through byte for byte), and no proxy from the environment (engines are
+// addressed directly).
+func NewTransport(connectTimeout time.Duration) *http.Transport {
+	return &http.Transport{
+		DialContext:           (&net.Dialer{Timeout: connectTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		MaxIdleConns:          1024,
+		MaxIdleConnsPerHost:   256,
+		IdleConnTimeout:       90 * time.Second,
+		TLSHandshakeTimeout:   connectTimeout,
+		ExpectContinueTimeout: time.Second,
+		DisableCompression:    true,
+		ForceAttemptHTTP2:     false,
+	}
+}
+
+// New validates cfg and builds a server. m must not be nil (use
+// telemetry.NewMetrics(nil) for no-op metrics). Errors wrap
+// ErrInvalidConfig.
+func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option) (*Server, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if policy == nil {
+		return nil, fmt.Errorf("%w: nil routing policy", ErrInvalidConfig)
+	}
+	if m == nil {
+		return nil, fmt.Errorf("%w: nil metrics", ErrInvalidConfig)
+	}
+	c := config{
+		tp:   tracenoop.NewTracerProvider(),
+		prop: propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}),
+		log:  slog.Default(),
+	}
+	for _, o := range opts {
+		o.apply(&c)
+	}
+	if c.transport == nil {
+		c.transport = NewTransport(cfg.Timeouts.Connect)
+	}
+	pool, err := newPool(cfg.Health, cfg.Engines, m, c.transport, c.log)
+	if err != nil {
+		return nil, err
+	}
+	s := &Server{
+		cfg:     cfg,
+		pool:    pool,
+		policy:  policy,
+		metrics: m,
+		tp:      c.tp,
+		mp:      c.mp,
+		tracer:  c.tp.Tracer(telemetry.ScopeName, trace.WithInstrumentationVersion(telemetry.Version)),
+		prop:    c.prop,
+		client:  &http.Client{Transport: c.transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
+		log:     c.log,
+	}
+	s.reg, err = m.ObserveInFlight(pool.observeInFlight)
+	if err != nil {
+		return nil, fmt.Errorf("register in-flight gauge: %w", err)
+	}
+	return s, nil
+}
+
+// Pool returns the engine pool (to add or remove engines at run time).
+func (s *Server) Pool() *Pool { return s.pool }
+
+// LiveAttempts returns the number of engine attempts started and not yet
+// ended. It is 0 whenever no request is in flight; tests assert it.
+func (s *Server) LiveAttempts() int64 { return s.live.Load() }
+
+// Start probes every engine once (discovering models) and starts the
+// periodic health checks.
+func (s *Server) Start() { s.pool.Start() }
+
+// Drain makes /ready answer 503 so load balancers stop sending traffic;
+// call it before http.Server.Shutdown.
+func (s *Server) Drain() { s.draining.Store(true) }
+
+// Close stops health checks, unregisters the gauge callback and closes
+// idle engine connections. Call it after the HTTP servers have shut down.
+func (s *Server) Close() error {
+	var err error
+	s.closeMu.Do(func() {
+		s.pool.Close()
+		if s.reg != nil {
+			err = s.reg.Unregister()
+		}
+		s.client.CloseIdleConnections()
+	})
+	return err
+}
+
+// Handler returns the public OpenAI-compatible handler:
+//
+//	POST /v1/chat/completions, /v1/completions, /v1/embeddings  proxied to an engine
+//	GET  /v1/models  the sorted union of the healthy engines' models
+//	GET  /health     liveness (always 200 while the process serves)
+//	GET  /ready      200 when at least one healthy engine has reported models
+//
+// The middleware order is: request id, otelhttp server span (inside chi,
+// so http.route is the route pattern), panic recovery (inside the span, so
+// a recovered panic is recorded as a 500). No middleware buffers or
+// compresses responses: SSE is flushed event by event.
+func (s *Server) Handler() http.Handler {
+	r := chi.NewRouter()
+	r.Use(requestID)
+	var oopts []otelhttp.Option
+	oopts = append(oopts,
+		otelhttp.WithTracerProvider(s.tp),
+		otelhttp.WithPropagators(s.prop),
+		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string {
+			if r.Pattern != "" {
+				return r.Method + " " + r.Pattern
+			}
+			return r.Method
+		}),
+	)
+	if s.mp != nil {
+		oopts = append(oopts, otelhttp.WithMeterProvider(s.mp))
+	}
+	r.Use(otelhttp.NewMiddleware("switchboard", oopts...))
+	r.Use(s.recoverer)
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, r, &APIError{Status: http.StatusNotFound, Type: TypeInvalidRequest, Code: "not_found", Message: "no route for " + r.Method + " " + r.URL.Path})
+	})
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, r, &APIError{Status: http.StatusMethodNotAllowed, Type: TypeInvalidRequest, Code: "method_not_allowed", Message: "method " + r.Method + " is not allowed on " + r.URL.Path})
+	})
+	r.Post("/v1/chat/completions", s.proxyHandler(oai.OpChat))
+	r.Post("/v1/completions", s.proxyHandler(oai.OpCompletion))
+	r.Post("/v1/embeddings", s.proxyHandler(oai.OpEmbeddings))
+	r.Get("/v1/models", s.models)
+	r.Get("/health", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	r.Get("/ready", s.ready)
+	return r
+}
+
+func (s *Server) models(w http.ResponseWriter, r *http.Request) {
+	body := s.pool.snap.Load().modelsBody
+	if body == nil {
+		writeError(w, r, &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "no_models",
+			Message: "no healthy engine has reported its models yet"})
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(body)
+}
+
+func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
+	switch {
+	case s.draining.Load():
+		writeError(w, r, &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "draining", Message: "the gateway is shutting down"})
+	case !s.pool.Ready():
+		writeError(w, r, &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "no_ready_engine", Message: "no healthy engine has reported its models yet"})
+	default:
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ready\n"))
+	}
+}
+
+// AdminHandler returns the admin handler:
+//
+//	GET /metrics         prom (the Prometheus exposition of the OTel metrics); 404 when nil
+//	GET /admin/engines   JSON: every engine's models, health and in-flight prefill/decode
+//	GET /debug/pprof/*   the runtime profiles
+//
+// Serve it on a separate, private listener.
+func (s *Server) AdminHandler(prom http.Handler) http.Handler {
+	r := chi.NewRouter()
+	if prom != nil {
+		r.Method(http.MethodGet, "/metrics", prom)
+	}
+	r.Get("/admin/engines", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(struct {
+			Engines      []EngineStatus `json:"engines"`
+			LiveAttempts int64          `json:"live_attempts"`
+		}{s.pool.Status(), s.live.Load()})
+	})
+	r.HandleFunc("/debug/pprof/", pprof.Index)
+	r.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	r.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	r.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	r.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	r.Handle("/debug/pprof/{name}", http.HandlerFunc(pprof.Index))
+	return r
+}
+

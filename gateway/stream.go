@@ -1,0 +1,228 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/switchboard-gw/switchboard/internal/oai"
+	"github.com/switchboard-gw/switchboard/internal/sse"
+)
+
+// copyBufSize is the read buffer for engine bodies (Caddy's reverse proxy
+// uses 32 KiB too).
+const copyBufSize = 32 << 10
+
+var (
+	copyBufPool = sync.Pool{New: func() any { b := make([]byte, copyBufSize); return &b }}
+	scannerPool = sync.Pool{New: func() any { return sse.NewScanner(0) }}
+)
+
+// streamState is what the stream loop learns from the events it forwards.
+type streamState struct {
+	a        *attempt
+	now      time.Time
+	done     bool // saw data: [DONE]
+	errEvent bool // the engine sent an error event
+}
+
+func (st *streamState) onEvent(ev sse.Event) {
+	if ev.Comment || ev.Data == nil {
+		return // keep-alives and comments never count as tokens (L08, L10)
+	}
+	if sse.IsDone(ev.Data) {
+		st.done = true
+		return
+	}
+	a := st.a
+	ch, err := oai.InspectChunk(ev.Data)
+	if err != nil {
+		// Forwarded anyway; an unparsable event never becomes a 5xx
+		// mid-stream (shared/cases L07).
+		a.s.metrics.RecordParseError(a.ctx, a.attrs)
+		return
+	}
+	if ch.Error {
+		st.errEvent = true
+	}
+	if a.respID == "" && len(ch.ID) > 0 {
+		a.respID = string(ch.ID)
+	}
+	if ch.HasUsage {
+		a.usage, a.hasUsage = ch.Usage, true
+	}
+	if ch.Content {
+		a.onContent(st.now)
+	}
+}
+
+// stream forwards an SSE response event by event: every read is scanned,
+// the complete events in it are written and flushed at once, and a partial
+// event waits for its end. When the engine fails mid-stream the client gets
+// a final `data: {"error":...}` event and no [DONE], because the OpenAI
+// clients take a bare EOF for success.
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Response, a *attempt, actx context.Context, cancel context.CancelCauseFunc) {
+	h := w.Header()
+	copyResponseHeaders(h, resp.Header, true)
+	h.Set("X-Accel-Buffering", "no") // ask any nginx in front not to buffer
+	markHeaderWritten(r)
+	w.WriteHeader(resp.StatusCode)
+	rc := http.NewResponseController(w)
+	if err := rc.Flush(); err != nil {
+		a.fail(ErrTypeClientCancelled)
+		return
+	}
+
+	sc := scannerPool.Get().(*sse.Scanner)
+	sc.Reset()
+	defer scannerPool.Put(sc)
+	bufp := copyBufPool.Get().(*[]byte)
+	defer copyBufPool.Put(bufp)
+	buf := *bufp
+
+	idle := s.cfg.Timeouts.Idle
+	var idleTimer *time.Timer
+	if idle > 0 {
+		idleTimer = time.AfterFunc(idle, func() { cancel(errIdleTimeout) })
+		defer idleTimer.Stop()
+	}
+	st := streamState{a: a}
+	onEvent := st.onEvent
+	for {
+		n, rerr := resp.Body.Read(buf)
+		if n > 0 {
+			if idleTimer != nil {
+				idleTimer.Reset(idle)
+			}
+			st.now = time.Now()
+			if out := sc.Push(buf[:n], onEvent); len(out) > 0 {
+				if _, err := w.Write(out); err != nil {
+					a.fail(ErrTypeClientCancelled)
+					return
+				}
+				if err := rc.Flush(); err != nil {
+					a.fail(ErrTypeClientCancelled)
+					return
+				}
+			}
+		}
+		if rerr == nil {
+			continue
+		}
+		if rerr == io.EOF && st.done {
+			if st.errEvent {
+				a.fail(ErrTypeStreamError)
+			}
+			return
+		}
+		var et string
+		var ae *APIError
+		if rerr == io.EOF {
+			et, ae = ErrTypeEngineDisconnect, &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: ErrTypeEngineDisconnect, Message: "the engine closed the stream before it was complete"}
+		} else {
+			et, ae = s.classify(r, actx, rerr)
+		}
+		a.fail(et)
+		if et != ErrTypeClientCancelled {
+			writeStreamError(w, rc, ae)
+		}
+		return
+	}
+}
+
+// writeStreamError ends a broken stream with an OpenAI error event. A
+// partial event the engine left unfinished is dropped (it was never
+// forwarded), so the error event starts on a clean boundary.
+func writeStreamError(w http.ResponseWriter, rc *http.ResponseController, ae *APIError) {
+	var b bytes.Buffer
+	b.WriteString("data: ")
+	b.Write(ae.body())
+	b.WriteString("\n\n")
+	if _, err := w.Write(b.Bytes()); err == nil {
+		_ = rc.Flush()
+	}
+}
+
+// maxUsageCapture caps how much of a non-streaming body is kept to read its
+// usage; larger bodies (big embedding batches) are forwarded without it.
+const maxUsageCapture = 1 << 20
+
+// copyBody forwards a non-streaming response. The body is teed into a
+// capped buffer to read id and usage when it ends. Bodies of unknown length
+// are flushed after every write (shared/cases L04). A failure after the
+// headers went out aborts the client connection: a cut body must not look
+// complete.
+func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Response, a *attempt, actx context.Context, cancel context.CancelCauseFunc) {
+	h := w.Header()
+	copyResponseHeaders(h, resp.Header, false)
+	markHeaderWritten(r)
+	w.WriteHeader(resp.StatusCode)
+	rc := http.NewResponseController(w)
+	flush := resp.ContentLength < 0
+
+	capBuf := bodyPool.Get().(*bytes.Buffer)
+	capBuf.Reset()
+	defer func() {
+		if capBuf.Cap() <= maxUsageCapture {
+			bodyPool.Put(capBuf)
+		}
+	}()
+	bufp := copyBufPool.Get().(*[]byte)
+	defer copyBufPool.Put(bufp)
+	buf := *bufp
+
+	idle := s.cfg.Timeouts.Idle
+	var idleTimer *time.Timer
+	if idle > 0 {
+		idleTimer = time.AfterFunc(idle, func() { cancel(errIdleTimeout) })
+		defer idleTimer.Stop()
+	}
+	capturing := true
+	for {
+		n, rerr := resp.Body.Read(buf)
+		if n > 0 {
+			if idleTimer != nil {
+				idleTimer.Reset(idle)
+			}
+			if capturing {
+				if capBuf.Len()+n > maxUsageCapture {
+					capturing = false
+				} else {
+					capBuf.Write(buf[:n])
+				}
+			}
+			if _, err := w.Write(buf[:n]); err != nil {
+				a.fail(ErrTypeClientCancelled)
+				return
+			}
+			if flush {
+				if err := rc.Flush(); err != nil {
+					a.fail(ErrTypeClientCancelled)
+					return
+				}
+			}
+		}
+		if rerr == nil {
+			continue
+		}
+		if rerr == io.EOF {
+			if capturing {
+				if id, u, ok := oai.ParseResponse(capBuf.Bytes()); ok {
+					a.respID, a.usage, a.hasUsage = id, u, u != (oai.Usage{})
+				}
+			}
+			return
+		}
+		et, _ := s.classify(r, actx, rerr)
+		a.fail(et)
+		if et == ErrTypeClientCancelled {
+			return
+		}
+		// finish keeps the recorded cause for this panic.
+		panic(http.ErrAbortHandler)
+	}
+}
+

@@ -1,0 +1,330 @@
+package enginesim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// errClientGone is returned by every wait and write once the client has disconnected or
+// cancelled the request.
+var errClientGone = errors.New("client went away")
+
+// outcome is how a validated request ended; each request has exactly one.
+type outcome int
+
+const (
+	outcomeNone outcome = iota
+	outcomeCompleted
+	outcomeAborted
+	outcomeFaulted
+)
+
+// malformedEvent is the invalid SSE event emitted by the malformed fault.
+const malformedEvent = "data: {\"id\":\"bad\", \"choices\": [\n\n"
+
+// malformedBody is the invalid JSON body returned by the malformed fault on non-stream
+// requests.
+const malformedBody = `{"id":"bad", "choices": [`
+
+// call is the state of one validated request on its handler goroutine: the sequence it holds
+// in the scheduler and KV cache, its faults, and how it ended. It is not shared.
+type call struct {
+	e      *Engine
+	m      *modelState
+	f      *faults
+	w      http.ResponseWriter
+	rc     *http.ResponseController
+	ctx    context.Context
+	start  time.Time
+	stream bool // the response is an SSE stream (keep-alive comments allowed)
+
+	outcome      outcome
+	finishReason string
+	settled      bool
+
+	t      *ticket // nil until admitted, and again after release
+	kvHeld int64   // KV blocks held by this sequence
+}
+
+func (e *Engine) newCall(w http.ResponseWriter, r *http.Request, m *modelState, f *faults, stream bool) *call {
+	return &call{
+		e: e, m: m, f: f, w: w, rc: http.NewResponseController(w), ctx: r.Context(),
+		start: time.Now(), stream: stream,
+	}
+}
+
+// end releases the sequence and accounts the outcome, unless settle already did; err is
+// the error that ended the request early, if any (always the client going away). Handlers
+// defer it, so it also runs when a fault aborts the connection with
+// panic(http.ErrAbortHandler).
+func (c *call) end(err *error) {
+	if c.outcome == outcomeNone && (*err != nil || c.ctx.Err() != nil) {
+		c.outcome = outcomeAborted
+	}
+	c.settle(c.outcome, c.finishReason)
+}
+
+// settle ends the request as o (once; later calls only release again): it frees the running
+// slot and KV blocks and counts the outcome. The engine settles a request before it writes
+// the response's last bytes (or closes the connection), so a client that has seen the end
+// of a response also sees it in Stats and /metrics, as in vLLM, where a request finishes in
+// the engine before its response is sent.
+func (c *call) settle(o outcome, reason string) {
+	c.release()
+	if c.settled || o == outcomeNone {
+		return
+	}
+	c.settled = true
+	c.outcome, c.finishReason = o, reason
+	e := c.e
+	switch o {
+	case outcomeCompleted:
+		e.completed.Add(1)
+		if reason == finishLength {
+			c.m.successLen.Inc()
+		} else {
+			c.m.successStop.Inc()
+		}
+	case outcomeAborted:
+		e.aborted.Add(1)
+		c.m.aborted.Inc()
+		slog.Debug("aborted request", "engine", e.cfg.Name, "model", c.m.name, "after", time.Since(c.start))
+	case outcomeFaulted:
+		e.faulted.Add(1)
+		c.m.faulted.Inc()
+		slog.Debug("faulted request", "engine", e.cfg.Name, "model", c.m.name, "fault", c.f.spec)
+	}
+}
+
+// admit queues the sequence for a running slot and waits for it (emitting keep-alives on
+// streams). Once running, it looks the prompt up in the prefix cache when cacheable and takes
+// KV blocks for the prompt. It returns the number of cached prompt tokens.
+func (c *call) admit(words []string, cacheable bool) (cached int, err error) {
+	c.t = c.e.sched.enqueue(&c.m.counts)
+	select {
+	case <-c.t.ready:
+	default:
+		if err := c.wait(-1, c.t.ready, true); err != nil {
+			return 0, err
+		}
+	}
+	p := promptTokens(words)
+	if cacheable {
+		cached = c.e.cache.lookupAndInsert(c.m.name, words)
+		c.e.pcQueries.Add(int64(p))
+		c.e.pcHits.Add(int64(cached))
+		c.m.pcQueries.Add(float64(p))
+		c.m.pcHits.Add(float64(cached))
+	}
+	c.setKVTokens(p)
+	return cached, nil
+}
+
+// setKVTokens sets the number of tokens (prompt + generated) the sequence holds in the KV
+// cache, taking or freeing whole blocks.
+func (c *call) setKVTokens(tokens int) {
+	bs := c.e.cfg.BlockSize
+	blocks := int64((tokens + bs - 1) / bs)
+	c.e.kvBlocks.Add(blocks - c.kvHeld)
+	c.kvHeld = blocks
+}
+
+// release gives back the running slot (or the queue place) and the KV blocks. Idempotent.
+func (c *call) release() {
+	if c.t != nil {
+		c.e.sched.done(c.t)
+		c.t = nil
+	}
+	c.e.kvBlocks.Add(-c.kvHeld)
+	c.kvHeld = 0
+}
+
+// wait blocks until d elapses (d < 0: never), ready is closed (nil: never) or the client
+// goes away (errClientGone). With keepAlive on a stream whose faults include keepalive, it
+// first writes a keep-alive comment, then one every keepalive interval if one was given.
+func (c *call) wait(d time.Duration, ready <-chan struct{}, keepAlive bool) error {
+	if c.ctx.Err() != nil {
+		return errClientGone
+	}
+	keepAlive = keepAlive && c.stream && c.f.keepAlive
+	if keepAlive {
+		if err := c.write([]byte(": keep-alive\n\n")); err != nil {
+			return err
+		}
+	}
+	if d == 0 && ready == nil {
+		return nil
+	}
+	var timeout <-chan time.Time
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		timeout = t.C
+	}
+	var tick <-chan time.Time
+	if keepAlive && c.f.keepAliveEvery > 0 {
+		t := time.NewTicker(c.f.keepAliveEvery)
+		defer t.Stop()
+		tick = t.C
+	}
+	for {
+		select {
+		case <-c.ctx.Done():
+			return errClientGone
+		case <-timeout:
+			return nil
+		case <-ready:
+			return nil
+		case <-tick:
+			if err := c.write([]byte(": keep-alive\n\n")); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// sleep waits d (d < 0: until the client goes away) without keep-alives.
+func (c *call) sleep(d time.Duration) error { return c.wait(d, nil, false) }
+
+// write sends b to the client and flushes it. Under the trickle fault it writes one byte at a
+// time, flushing and pausing after each, so events arrive split across many reads.
+func (c *call) write(b []byte) error {
+	if c.f.trickle < 0 {
+		if _, err := c.w.Write(b); err != nil {
+			return errClientGone
+		}
+		return c.flush()
+	}
+	for i := range b {
+		if _, err := c.w.Write(b[i : i+1]); err != nil {
+			return errClientGone
+		}
+		if err := c.flush(); err != nil {
+			return err
+		}
+		if err := c.sleep(c.f.trickle); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// flush pushes buffered bytes to the client. A writer that cannot flush is tolerated.
+func (c *call) flush() error {
+	if err := c.rc.Flush(); err != nil && !errors.Is(err, http.ErrNotSupported) {
+		return errClientGone
+	}
+	return nil
+}
+
+// event writes v as one SSE data event.
+func (c *call) event(v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 0, len(b)+8)
+	buf = append(buf, "data: "...)
+	buf = append(buf, b...)
+	buf = append(buf, "\n\n"...)
+	return c.write(buf)
+}
+
+// preHeaders applies the faults that act before any response byte: slow-headers,
+// stall-before-headers, close-before-headers and status. handled reports that the response is
+// finished (or the connection gone) and the handler must return.
+func (c *call) preHeaders() (handled bool, err error) {
+	if d := c.f.slowHeaders; d > 0 {
+		if err := c.sleep(d); err != nil {
+			return true, err
+		}
+	}
+	if c.f.stallBeforeHeaders {
+		d := c.f.stallBeforeFor
+		if d == 0 {
+			d = -1
+		}
+		if err := c.sleep(d); err != nil {
+			return true, err
+		}
+	}
+	if c.f.closeBeforeHeaders {
+		c.closeConn()
+		return true, nil
+	}
+	if c.f.status != 0 {
+		c.settle(outcomeFaulted, "")
+		writeError(c.w, c.f.status, "enginesim: injected fault status="+strconv.Itoa(c.f.status))
+		return true, nil
+	}
+	return false, nil
+}
+
+// closeConn closes the connection without writing a response (close-before-headers). It
+// hijacks the connection when it can (HTTP/1.x) and otherwise aborts the handler.
+func (c *call) closeConn() {
+	c.settle(outcomeFaulted, "")
+	if conn, _, err := c.rc.Hijack(); err == nil {
+		_ = conn.Close()
+		return
+	}
+	panic(http.ErrAbortHandler)
+}
+
+// abortConn flushes what was written and aborts the connection mid-response: net/http closes
+// it without finishing the body, so the client sees an unexpected EOF.
+func (c *call) abortConn() {
+	_ = c.flush()
+	c.settle(outcomeFaulted, "")
+	panic(http.ErrAbortHandler)
+}
+
+// writeBody writes a non-stream JSON response body, applying the body faults: malformed
+// (invalid JSON, Faulted), close-after (half the body, then abort), stall-after (half the
+// body, then block until the client leaves) and trickle (no Content-Length, one byte at a
+// time). Otherwise the request is settled as completed with reason just before the write.
+func (c *call) writeBody(b []byte, reason string) error {
+	h := c.w.Header()
+	h.Set("Content-Type", "application/json")
+	if c.f.closeAfter >= 0 || c.f.stallAfter >= 0 {
+		c.w.WriteHeader(http.StatusOK)
+		if err := c.write(b[:len(b)/2]); err != nil {
+			return err
+		}
+		if c.f.closeAfter >= 0 {
+			c.abortConn()
+		}
+		return c.sleep(-1)
+	}
+	if c.f.malformed {
+		b = []byte(malformedBody)
+		c.settle(outcomeFaulted, "")
+	} else {
+		c.settle(outcomeCompleted, reason)
+	}
+	if c.f.trickle < 0 {
+		h.Set("Content-Length", strconv.Itoa(len(b)))
+	}
+	c.w.WriteHeader(http.StatusOK)
+	return c.write(b)
+}
+
+// readBody reads the whole request body, capped at maxBodyBytes. On failure it returns the
+// status to answer with.
+func readBody(w http.ResponseWriter, r *http.Request) ([]byte, int, error) {
+	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return nil, http.StatusRequestEntityTooLarge, err
+		}
+		return nil, http.StatusBadRequest, err
+	}
+	return b, 0, nil
+}

@@ -1,0 +1,159 @@
+package enginesim
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Defaults applied by [New] to zero-valued [Config] fields.
+const (
+	// DefaultName is the engine name used when Config.Name is empty.
+	DefaultName = "enginesim"
+	// DefaultModel is the served model name used when Config.Models is empty.
+	DefaultModel = "sim-model"
+	// DefaultTTFT is the base time to first token (prefill time).
+	DefaultTTFT = 20 * time.Millisecond
+	// DefaultITL is the inter-token latency (one decode step).
+	DefaultITL = 10 * time.Millisecond
+	// DefaultOutputTokens is the number of tokens generated when a request sets no max_tokens.
+	DefaultOutputTokens = 16
+	// DefaultMaxOutputTokens is the cap applied to a request's max_tokens, in tokens.
+	DefaultMaxOutputTokens = 4096
+	// DefaultMaxNumSeqs is the number of sequences that may run at once (vLLM max_num_seqs).
+	DefaultMaxNumSeqs = 256
+	// DefaultKVCacheBlocks is the simulated KV cache capacity, in blocks.
+	DefaultKVCacheBlocks = 1024
+	// DefaultBlockSize is the number of tokens per KV cache block (vLLM's default).
+	DefaultBlockSize = 16
+	// DefaultEmbeddingDim is the length of embedding vectors, in float elements.
+	DefaultEmbeddingDim = 16
+	// MaxModelLen is the max_model_len reported by /v1/models, in tokens. It is informational:
+	// the simulator does not reject longer prompts.
+	MaxModelLen = 8192
+)
+
+// Config configures one simulated engine. Zero values get the documented defaults; negative
+// values are rejected by [Config.Validate].
+type Config struct {
+	// Name is the engine name used in logs. Default [DefaultName].
+	Name string
+	// Models lists the served model names; the first one is also the model used when a request
+	// names none. Default [DefaultModel].
+	Models []string
+	// TTFT is the base time to first token (prefill), before any per-token cost. Default
+	// [DefaultTTFT]; since zero selects the default, use 1ns for an (almost) instant prefill.
+	TTFT time.Duration
+	// TTFTPerPromptToken is added to TTFT for every prompt token not found in the prefix cache.
+	// Default 0.
+	TTFTPerPromptToken time.Duration
+	// ITL is the inter-token latency: the time between two generated tokens (one decode step).
+	// Default [DefaultITL]; use 1ns for (almost) none.
+	ITL time.Duration
+	// OutputTokens is the number of tokens generated when the request sets no max_tokens; such
+	// requests finish with finish_reason "stop". Default [DefaultOutputTokens].
+	OutputTokens int
+	// MaxOutputTokens caps a request's max_tokens / max_completion_tokens, in tokens. Default
+	// [DefaultMaxOutputTokens].
+	MaxOutputTokens int
+	// MaxNumSeqs is the maximum number of sequences running at once (vLLM max_num_seqs); further
+	// requests wait in a FIFO queue. Default [DefaultMaxNumSeqs].
+	MaxNumSeqs int
+	// KVCacheBlocks is the simulated KV cache capacity in blocks. It bounds the prefix cache
+	// (LRU) and is the denominator of vllm:kv_cache_usage_perc. Default [DefaultKVCacheBlocks].
+	KVCacheBlocks int
+	// BlockSize is the number of tokens per KV cache block. Default [DefaultBlockSize].
+	BlockSize int
+	// EmbeddingDim is the length of the vectors returned by /v1/embeddings. Default
+	// [DefaultEmbeddingDim].
+	EmbeddingDim int
+	// Fault is the fault spec applied to requests that carry no X-Enginesim-Fault header, in
+	// the same syntax as the header (see the package documentation). Default "" (no fault).
+	Fault string
+}
+
+// Validate reports every problem in c, joined with [errors.Join]; nil means c is usable. Zero
+// values are valid (they select defaults).
+func (c Config) Validate() error {
+	var errs []error
+	durations := []struct {
+		name string
+		v    time.Duration
+	}{
+		{"ttft", c.TTFT},
+		{"ttft per prompt token", c.TTFTPerPromptToken},
+		{"itl", c.ITL},
+	}
+	for _, d := range durations {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("enginesim: %s must not be negative, got %v", d.name, d.v))
+		}
+	}
+	counts := []struct {
+		name string
+		v    int
+	}{
+		{"output tokens", c.OutputTokens},
+		{"max output tokens", c.MaxOutputTokens},
+		{"max num seqs", c.MaxNumSeqs},
+		{"kv cache blocks", c.KVCacheBlocks},
+		{"block size", c.BlockSize},
+		{"embedding dim", c.EmbeddingDim},
+	}
+	for _, n := range counts {
+		if n.v < 0 {
+			errs = append(errs, fmt.Errorf("enginesim: %s must not be negative, got %d", n.name, n.v))
+		}
+	}
+	seen := make(map[string]bool, len(c.Models))
+	for i, m := range c.Models {
+		switch {
+		case m == "":
+			errs = append(errs, fmt.Errorf("enginesim: model %d has an empty name", i))
+		case seen[m]:
+			errs = append(errs, fmt.Errorf("enginesim: model %q listed twice", m))
+		}
+		seen[m] = true
+	}
+	if _, err := parseFaults(c.Fault); err != nil {
+		errs = append(errs, fmt.Errorf("enginesim: default fault: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// withDefaults returns c with every zero field replaced by its default.
+func (c Config) withDefaults() Config {
+	if c.Name == "" {
+		c.Name = DefaultName
+	}
+	if len(c.Models) == 0 {
+		c.Models = []string{DefaultModel}
+	} else {
+		c.Models = append([]string(nil), c.Models...)
+	}
+	if c.TTFT == 0 {
+		c.TTFT = DefaultTTFT
+	}
+	if c.ITL == 0 {
+		c.ITL = DefaultITL
+	}
+	if c.OutputTokens == 0 {
+		c.OutputTokens = DefaultOutputTokens
+	}
+	if c.MaxOutputTokens == 0 {
+		c.MaxOutputTokens = DefaultMaxOutputTokens
+	}
+	if c.MaxNumSeqs == 0 {
+		c.MaxNumSeqs = DefaultMaxNumSeqs
+	}
+	if c.KVCacheBlocks == 0 {
+		c.KVCacheBlocks = DefaultKVCacheBlocks
+	}
+	if c.BlockSize == 0 {
+		c.BlockSize = DefaultBlockSize
+	}
+	if c.EmbeddingDim == 0 {
+		c.EmbeddingDim = DefaultEmbeddingDim
+	}
+	return c
+}

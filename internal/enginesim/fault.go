@@ -1,0 +1,167 @@
+package enginesim
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// FaultHeader is the request header that selects the faults for one request. When present
+// (even empty) it replaces the engine's default fault; see the package documentation for the
+// syntax.
+const FaultHeader = "X-Enginesim-Fault"
+
+// ErrBadFault is wrapped by every fault spec parse error.
+var ErrBadFault = errors.New("invalid fault spec")
+
+// defaultTrickle is the pause after each byte for a bare "trickle" fault.
+const defaultTrickle = time.Millisecond
+
+// faults is one parsed fault spec. The zero value injects nothing. Counts use -1 for "not set".
+type faults struct {
+	spec string
+
+	status             int           // status=CODE; 0 = none
+	closeBeforeHeaders bool          // close-before-headers
+	closeAfterHeaders  bool          // close-after-headers
+	closeAfter         int           // close-after=N; -1 = none
+	stallBeforeHeaders bool          // stall-before-headers[=DUR]
+	stallBeforeFor     time.Duration // DUR of stall-before-headers; 0 = until the client leaves
+	stallAfter         int           // stall-after=N; -1 = none
+	slowHeaders        time.Duration // slow-headers=DUR
+	malformed          bool          // malformed
+	trickle            time.Duration // trickle[=DUR]; -1 = off
+	keepAlive          bool          // keepalive[=DUR]
+	keepAliveEvery     time.Duration // DUR of keepalive; 0 = once per wait
+	noContent          bool          // no-content
+	reasoning          int           // reasoning=N; 0 = none
+	toolCall           bool          // tool-call
+}
+
+// noFaults is the parsed empty spec.
+var noFaults = &faults{closeAfter: -1, stallAfter: -1, trickle: -1}
+
+// parseFaults parses a comma-separated fault spec such as "close-after=3,trickle=2ms".
+// Whitespace around items is ignored; unknown keys, missing or extra values and out-of-range
+// values are errors wrapping [ErrBadFault].
+func parseFaults(spec string) (*faults, error) {
+	spec = strings.TrimSpace(spec)
+	if spec == "" {
+		return noFaults, nil
+	}
+	f := *noFaults
+	f.spec = spec
+	var errs []error
+	for item := range strings.SplitSeq(spec, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		key, val, hasVal := strings.Cut(item, "=")
+		key, val = strings.TrimSpace(key), strings.TrimSpace(val)
+		if err := f.set(key, val, hasVal); err != nil {
+			errs = append(errs, fmt.Errorf("%w: %q: %w", ErrBadFault, item, err))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return &f, nil
+}
+
+// set applies one key[=value] item to f.
+func (f *faults) set(key, val string, hasVal bool) error {
+	needVal := func() error {
+		if !hasVal || val == "" {
+			return errors.New("needs a value")
+		}
+		return nil
+	}
+	noVal := func() error {
+		if hasVal {
+			return errors.New("takes no value")
+		}
+		return nil
+	}
+	var err error
+	switch key {
+	case "status":
+		if err = needVal(); err == nil {
+			f.status, err = strconv.Atoi(val)
+			if err == nil && (f.status < 400 || f.status > 599) {
+				err = errors.New("status must be 400..599")
+			}
+		}
+	case "close-before-headers":
+		f.closeBeforeHeaders, err = true, noVal()
+	case "close-after-headers":
+		f.closeAfterHeaders, err = true, noVal()
+	case "close-after":
+		if err = needVal(); err == nil {
+			f.closeAfter, err = parseCount(val)
+		}
+	case "stall-before-headers":
+		f.stallBeforeHeaders = true
+		if hasVal {
+			f.stallBeforeFor, err = parseDur(val)
+		}
+	case "stall-after":
+		if err = needVal(); err == nil {
+			f.stallAfter, err = parseCount(val)
+		}
+	case "slow-headers":
+		if err = needVal(); err == nil {
+			f.slowHeaders, err = parseDur(val)
+		}
+	case "malformed":
+		f.malformed, err = true, noVal()
+	case "trickle":
+		f.trickle = defaultTrickle
+		if hasVal {
+			f.trickle, err = parseDur(val)
+		}
+	case "keepalive":
+		f.keepAlive = true
+		if hasVal {
+			f.keepAliveEvery, err = parseDur(val)
+			if err == nil && f.keepAliveEvery == 0 {
+				err = errors.New("interval must be positive")
+			}
+		}
+	case "no-content":
+		f.noContent, err = true, noVal()
+	case "reasoning":
+		if err = needVal(); err == nil {
+			f.reasoning, err = parseCount(val)
+		}
+	case "tool-call":
+		f.toolCall, err = true, noVal()
+	default:
+		err = errors.New("unknown fault")
+	}
+	return err
+}
+
+func parseCount(s string) (int, error) {
+	n, err := strconv.Atoi(s)
+	if err != nil {
+		return 0, errors.New("not an integer")
+	}
+	if n < 0 {
+		return 0, errors.New("must not be negative")
+	}
+	return n, nil
+}
+
+func parseDur(s string) (time.Duration, error) {
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, errors.New("not a duration (e.g. 250ms)")
+	}
+	if d < 0 {
+		return 0, errors.New("must not be negative")
+	}
+	return d, nil
+}

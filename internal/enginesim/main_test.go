@@ -1,0 +1,162 @@
+package enginesim
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// fastConfig is a small, fast engine configuration for tests.
+func fastConfig() Config {
+	return Config{
+		Models: []string{"m1", "m2"},
+		TTFT:   2 * time.Millisecond,
+		ITL:    time.Millisecond,
+	}
+}
+
+// startEngine serves a new engine for cfg on a real TCP listener, closed at test cleanup.
+func startEngine(t *testing.T, cfg Config) (*Engine, *httptest.Server) {
+	t.Helper()
+	e, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	srv := httptest.NewServer(e.Handler())
+	t.Cleanup(srv.Close)
+	return e, srv
+}
+
+// send posts body to path with the given headers (a nil ctx means a background one).
+func send(t *testing.T, ctx context.Context, srv *httptest.Server, method, path, body string, hdr map[string]string) (*http.Response, error) {
+	t.Helper()
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	req, err := http.NewRequestWithContext(ctx, method, srv.URL+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	return srv.Client().Do(req)
+}
+
+// mustSend is send that fails the test on a transport error.
+func mustSend(t *testing.T, srv *httptest.Server, method, path, body string, hdr map[string]string) *http.Response {
+	t.Helper()
+	resp, err := send(t, nil, srv, method, path, body, hdr)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	t.Cleanup(func() { _ = resp.Body.Close() })
+	return resp
+}
+
+// fault returns the header map selecting spec.
+func fault(spec string) map[string]string { return map[string]string{FaultHeader: spec} }
+
+// sseEvent is one parsed SSE event: a data payload or a comment line.
+type sseEvent struct {
+	data    string
+	comment string
+}
+
+// readEvents parses an SSE body until EOF (returned as nil) or a read error (returned with
+// the events read so far).
+func readEvents(r io.Reader) ([]sseEvent, error) {
+	br := bufio.NewReader(r)
+	var evs []sseEvent
+	var data []string
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			if err == io.EOF && line == "" {
+				return evs, nil
+			}
+			if err == io.EOF {
+				err = io.ErrUnexpectedEOF
+			}
+			return evs, err
+		}
+		line = strings.TrimSuffix(line, "\n")
+		switch {
+		case line == "":
+			if data != nil {
+				evs = append(evs, sseEvent{data: strings.Join(data, "\n")})
+				data = nil
+			}
+		case strings.HasPrefix(line, ":"):
+			evs = append(evs, sseEvent{comment: line})
+		case strings.HasPrefix(line, "data: "):
+			data = append(data, strings.TrimPrefix(line, "data: "))
+		}
+	}
+}
+
+// dataEvents returns the data payloads of evs, skipping comments.
+func dataEvents(evs []sseEvent) []string {
+	var out []string
+	for _, e := range evs {
+		if e.comment == "" {
+			out = append(out, e.data)
+		}
+	}
+	return out
+}
+
+// chunkHead returns the id and created fields of a JSON chunk.
+func chunkHead(t *testing.T, data string) (string, int64) {
+	t.Helper()
+	var h struct {
+		ID      string `json:"id"`
+		Created int64  `json:"created"`
+	}
+	if err := json.Unmarshal([]byte(data), &h); err != nil {
+		t.Fatalf("chunk %q: %v", data, err)
+	}
+	return h.ID, h.Created
+}
+
+// eventually polls cond every millisecond until it holds or within elapses.
+func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", within, what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// waitIdle waits until e has no running or waiting sequences and checks that every received
+// request was accounted for exactly once.
+func waitIdle(t *testing.T, e *Engine, rejected int64) Stats {
+	t.Helper()
+	var s Stats
+	eventually(t, 2*time.Second, "engine idle", func() bool {
+		s = e.Stats()
+		return s.Running == 0 && s.Waiting == 0 && s.Completed+s.Aborted+s.Faulted+rejected == s.Received
+	})
+	if got := e.kvBlocks.Load(); got != 0 {
+		t.Errorf("KV blocks held when idle = %d, want 0", got)
+	}
+	return s
+}

@@ -1,0 +1,172 @@
+package enginesim
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// Finish reasons, as in vLLM.
+const (
+	finishStop   = "stop"
+	finishLength = "length"
+)
+
+// genRequest holds the fields the simulator reads from a chat or completions request. Other
+// fields are accepted and ignored (n is always 1).
+type genRequest struct {
+	Model               string          `json:"model"`
+	Messages            []chatMessage   `json:"messages"`
+	Prompt              json.RawMessage `json:"prompt"`
+	MaxTokens           *int            `json:"max_tokens"`
+	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	Stream              bool            `json:"stream"`
+	StreamOptions       *struct {
+		IncludeUsage bool `json:"include_usage"`
+	} `json:"stream_options"`
+}
+
+// chatMessage is one chat message; content is a string, an array of parts, or null.
+type chatMessage struct {
+	Role    string          `json:"role"`
+	Content json.RawMessage `json:"content"`
+}
+
+// contentPart is one element of an array-valued message content. Only "text" parts count.
+type contentPart struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
+}
+
+// embeddingRequest holds the fields the simulator reads from an embeddings request.
+type embeddingRequest struct {
+	Model          string          `json:"model"`
+	Input          json.RawMessage `json:"input"`
+	EncodingFormat string          `json:"encoding_format"` // "float" (default) or "base64"
+}
+
+// badRequestf returns a client error, answered with 400 and its text as the message.
+func badRequestf(format string, args ...any) error {
+	return fmt.Errorf(format, args...)
+}
+
+// decodeJSON decodes body into v, reporting every failure as a client error.
+func decodeJSON(body []byte, v any) error {
+	if len(bytes.TrimSpace(body)) == 0 {
+		return badRequestf("request body is empty; expected a JSON object")
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		return badRequestf("invalid JSON body: %v", err)
+	}
+	return nil
+}
+
+// isNull reports whether raw is absent or JSON null.
+func isNull(raw json.RawMessage) bool {
+	t := bytes.TrimSpace(raw)
+	return len(t) == 0 || bytes.Equal(t, []byte("null"))
+}
+
+// chatPromptWords returns the whitespace-separated words of all message text: string
+// contents and the text of {"type":"text"} parts (other part types are ignored).
+func chatPromptWords(msgs []chatMessage) ([]string, error) {
+	if len(msgs) == 0 {
+		return nil, badRequestf("messages must be a non-empty array")
+	}
+	var words []string
+	for i, m := range msgs {
+		if isNull(m.Content) {
+			continue
+		}
+		var s string
+		if err := json.Unmarshal(m.Content, &s); err == nil {
+			words = append(words, strings.Fields(s)...)
+			continue
+		}
+		var parts []contentPart
+		if err := json.Unmarshal(m.Content, &parts); err != nil {
+			return nil, badRequestf("messages[%d].content must be a string or an array of content parts", i)
+		}
+		for _, p := range parts {
+			if p.Type == "text" {
+				words = append(words, strings.Fields(p.Text)...)
+			}
+		}
+	}
+	return words, nil
+}
+
+// inputItems decodes a completions prompt or an embeddings input: a string, an array of
+// strings, an array of token ids, or an array of arrays of token ids. It returns one word list
+// per item (a token id counts as one word, its decimal form) and a key per item that
+// identifies its content.
+func inputItems(raw json.RawMessage, field string) (items [][]string, keys []string, err error) {
+	if isNull(raw) {
+		return nil, nil, badRequestf("%s is required", field)
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return [][]string{strings.Fields(s)}, []string{"s:" + s}, nil
+	}
+	var ss []string
+	if json.Unmarshal(raw, &ss) == nil {
+		for _, s := range ss {
+			items = append(items, strings.Fields(s))
+			keys = append(keys, "s:"+s)
+		}
+		return nonEmpty(items, keys, field)
+	}
+	idsKey := func(ids []int) ([]string, string) {
+		words := make([]string, len(ids))
+		for i, id := range ids {
+			words[i] = strconv.Itoa(id)
+		}
+		return words, "t:" + strings.Join(words, ",")
+	}
+	var ids []int
+	if json.Unmarshal(raw, &ids) == nil {
+		words, key := idsKey(ids)
+		return nonEmpty([][]string{words}, []string{key}, field)
+	}
+	var idss [][]int
+	if json.Unmarshal(raw, &idss) == nil {
+		for _, ids := range idss {
+			words, key := idsKey(ids)
+			items = append(items, words)
+			keys = append(keys, key)
+		}
+		return nonEmpty(items, keys, field)
+	}
+	return nil, nil, badRequestf("%s must be a string, an array of strings, an array of token ids or an array of arrays of token ids", field)
+}
+
+func nonEmpty(items [][]string, keys []string, field string) ([][]string, []string, error) {
+	if len(items) == 0 {
+		return nil, nil, badRequestf("%s must not be empty", field)
+	}
+	return items, keys, nil
+}
+
+// promptTokens is the simulator's token count for words: one token per word, at least 1.
+func promptTokens(words []string) int {
+	return max(1, len(words))
+}
+
+// outputTokens returns the number of tokens to generate and the finish reason for req.
+// max_completion_tokens wins over max_tokens, as in vLLM.
+func (e *Engine) outputTokens(req *genRequest) (int, string, error) {
+	limit := req.MaxCompletionTokens
+	name := "max_completion_tokens"
+	if limit == nil {
+		limit, name = req.MaxTokens, "max_tokens"
+	}
+	if limit == nil {
+		return min(e.cfg.OutputTokens, e.cfg.MaxOutputTokens), finishStop, nil
+	}
+	if *limit < 1 {
+		return 0, "", badRequestf("%s must be at least 1, got %d", name, *limit)
+	}
+	return min(*limit, e.cfg.MaxOutputTokens), finishLength, nil
+}

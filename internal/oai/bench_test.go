@@ -1,0 +1,99 @@
+package oai
+
+import (
+	"encoding/json"
+	"testing"
+)
+
+// chatBody is a typical chat request of about 1 KiB.
+const chatBody = `{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[` +
+	`{"role":"system","content":"You are a helpful assistant. Answer concisely and cite the documentation when you can."},` +
+	`{"role":"user","content":"What does the gateway do when an engine dies in the middle of a streamed response? I am seeing clients hang."},` +
+	`{"role":"assistant","content":"It sends a final SSE event with an error object, so the client does not mistake a bare EOF for success."},` +
+	`{"role":"user","content":[{"type":"text","text":"And how is time to first token measured? Is it the first byte or the first content chunk? Please explain the difference for reasoning models too."}]}],` +
+	`"stream":true,"stream_options":{"include_usage":true},"max_tokens":512,"temperature":0.7,"top_p":0.95,"user":"session-42",` +
+	`"tools":[{"type":"function","function":{"name":"search_docs","description":"Search the documentation","parameters":{"type":"object","properties":{"query":{"type":"string"}},"required":["query"]}}}]}`
+
+func BenchmarkInspectChunk(b *testing.B) {
+	for _, bc := range []struct{ name, data string }{
+		{"content", vllmContentChunk},
+		{"role", roleChunk},
+		{"finish", finishChunk},
+		{"usage", usageChunk},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			data := []byte(bc.data)
+			b.SetBytes(int64(len(data)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := InspectChunk(data); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkInspectChunkEncodingJSON is the baseline that motivated the
+// single-pass decoder: the same fields decoded by encoding/json into structs
+// whose leaves record raw bytes without copying.
+func BenchmarkInspectChunkEncodingJSON(b *testing.B) {
+	type delta struct {
+		Content          rawValue `json:"content"`
+		ReasoningContent rawValue `json:"reasoning_content"`
+		Reasoning        rawValue `json:"reasoning"`
+		ToolCalls        rawValue `json:"tool_calls"`
+	}
+	type choice struct {
+		Delta        delta    `json:"delta"`
+		Text         rawValue `json:"text"`
+		FinishReason rawValue `json:"finish_reason"`
+	}
+	type chunk struct {
+		ID      rawValue `json:"id"`
+		Choices []choice `json:"choices"`
+		Usage   *struct {
+			PromptTokens     int64 `json:"prompt_tokens"`
+			CompletionTokens int64 `json:"completion_tokens"`
+			TotalTokens      int64 `json:"total_tokens"`
+		} `json:"usage"`
+		Error rawValue `json:"error"`
+	}
+	data := []byte(vllmContentChunk)
+	b.SetBytes(int64(len(data)))
+	b.ReportAllocs()
+	for b.Loop() {
+		var c chunk
+		if err := json.Unmarshal(data, &c); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// rawValue records a value's bytes; encoding/json passes a sub-slice of its
+// input.
+type rawValue []byte
+
+func (r *rawValue) UnmarshalJSON(b []byte) error { *r = b; return nil }
+
+func BenchmarkParseRequest(b *testing.B) {
+	body := []byte(chatBody)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := ParseRequest(OpChat, body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkParseResponse(b *testing.B) {
+	body := []byte(`{"id":"chatcmpl-9","object":"chat.completion","created":1735689600,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[{"index":0,"message":{"role":"assistant","content":"It sends a final SSE event with an error object.","tool_calls":[]},"logprobs":null,"finish_reason":"stop","stop_reason":null}],"usage":{"prompt_tokens":96,"total_tokens":108,"completion_tokens":12,"prompt_tokens_details":null},"prompt_logprobs":null}`)
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, _, ok := ParseResponse(body); !ok {
+			b.Fatal("not ok")
+		}
+	}
+}

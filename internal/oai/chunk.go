@@ -1,0 +1,219 @@
+package oai
+
+import (
+	"encoding/json"
+	"errors"
+)
+
+// Usage is the OpenAI usage object in tokens.
+type Usage struct {
+	PromptTokens, CompletionTokens, TotalTokens int64
+}
+
+// Chunk is what the gateway needs from one streamed chunk (the data field of
+// one SSE event).
+type Chunk struct {
+	// ID is the "id" string's raw bytes (without quotes, escape sequences
+	// undecoded), aliasing the input; nil if absent or not a string.
+	ID []byte
+	// Content says the chunk carries generated output: some choice has a
+	// non-empty delta.content, delta.reasoning_content, delta.reasoning,
+	// non-empty delta.tool_calls, or (completions) a non-empty "text". The
+	// first Content chunk of a stream is its first token (TTFT).
+	//
+	// The role-only prelude (delta {"role":"assistant","content":""}),
+	// usage-only chunks ("choices":[]), and finish chunks with an empty
+	// delta or "content":null are not Content.
+	Content bool
+	// Finish says some choice has a non-null finish_reason.
+	Finish bool
+	// HasUsage says a non-null "usage" object is present.
+	HasUsage bool
+	// Usage is the usage object when HasUsage; fields that are absent or not
+	// numbers are 0, and fractions are truncated.
+	Usage Usage
+	// Error says the chunk is an error object: it has a non-null top-level
+	// "error" (vLLM's and OpenAI's in-stream error event) or is a top-level
+	// error response ("object":"error").
+	Error bool
+}
+
+// errNotObject is the error of InspectChunk for valid JSON that is not an
+// object.
+var errNotObject = errors.New("oai: chunk is not a json object")
+
+// InspectChunk parses one chunk; returns an error for invalid JSON (the
+// caller counts it and forwards the event anyway).
+//
+// It validates data completely in a single pass and does not allocate for a
+// valid chunk. Valid JSON that is not an object is also an error. Keys match
+// exactly and, for duplicates, the last one wins. Safe for concurrent use.
+func InspectChunk(data []byte) (Chunk, error) {
+	var c Chunk
+	var errorKey, errorObject bool
+	d := decoder{b: data}
+	if !d.open('{') {
+		return Chunk{}, chunkError(data)
+	}
+	for n := 0; d.more('}', &n); {
+		switch string(d.key()) {
+		case "id":
+			c.ID = nil
+			if d.peek() == '"' {
+				c.ID, _ = d.str()
+			} else {
+				d.skip()
+			}
+		case "choices":
+			c.Content, c.Finish = d.choices()
+		case "usage":
+			c.Usage, c.HasUsage = d.usage()
+		case "error":
+			errorKey = !d.isNull()
+			if errorKey {
+				d.skip()
+			}
+		case "object":
+			errorObject = false
+			if d.peek() == '"' {
+				s, _ := d.str()
+				errorObject = string(s) == "error"
+			} else {
+				d.skip()
+			}
+		default:
+			d.skip()
+		}
+	}
+	c.Error = errorKey || errorObject
+	d.end()
+	if d.bad {
+		return Chunk{}, chunkError(data)
+	}
+	return c, nil
+}
+
+// chunkError describes why data is not a JSON object. It runs only on the
+// error path, so it may allocate.
+func chunkError(data []byte) error {
+	var v json.RawMessage
+	if err := json.Unmarshal(data, &v); err != nil {
+		return err
+	}
+	return errNotObject
+}
+
+// choices reads the "choices" array of a chunk. Within a choice, as within
+// the chunk, the last of duplicate keys wins.
+func (d *decoder) choices() (content, finish bool) {
+	if d.peek() != '[' {
+		d.skip()
+		return false, false
+	}
+	d.open('[')
+	for i := 0; d.more(']', &i); {
+		if d.peek() != '{' {
+			d.skip()
+			continue
+		}
+		var delta, text, fin bool
+		d.open('{')
+		for j := 0; d.more('}', &j); {
+			switch string(d.key()) {
+			case "delta":
+				delta = d.delta()
+			case "text":
+				text = d.nonEmptyString()
+			case "finish_reason":
+				fin = !d.isNull()
+				if fin {
+					d.skip()
+				}
+			default:
+				d.skip()
+			}
+		}
+		content = content || delta || text
+		finish = finish || fin
+	}
+	return content, finish
+}
+
+// delta reads a choice's delta and reports whether it carries output.
+func (d *decoder) delta() bool {
+	if d.peek() != '{' {
+		d.skip()
+		return false
+	}
+	var content, reasoningContent, reasoning, toolCalls bool
+	d.open('{')
+	for n := 0; d.more('}', &n); {
+		switch string(d.key()) {
+		case "content":
+			content = d.nonEmptyString()
+		case "reasoning_content":
+			reasoningContent = d.nonEmptyString()
+		case "reasoning":
+			reasoning = d.nonEmptyString()
+		case "tool_calls":
+			toolCalls = d.nonEmptyArray()
+		default:
+			d.skip()
+		}
+	}
+	return content || reasoningContent || reasoning || toolCalls
+}
+
+// usage reads a usage value; ok is false unless it is an object.
+func (d *decoder) usage() (u Usage, ok bool) {
+	if d.peek() != '{' {
+		d.skip()
+		return Usage{}, false
+	}
+	d.open('{')
+	for n := 0; d.more('}', &n); {
+		switch string(d.key()) {
+		case "prompt_tokens":
+			u.PromptTokens, _ = d.int()
+		case "completion_tokens":
+			u.CompletionTokens, _ = d.int()
+		case "total_tokens":
+			u.TotalTokens, _ = d.int()
+		default:
+			d.skip()
+		}
+	}
+	return u, true
+}
+
+// ParseResponse extracts id and usage from a non-streaming response body
+// (chat, completion or embeddings); ok=false when the body is not a JSON
+// object.
+//
+// An invalid JSON body is not an object either. id is "" when absent or not a
+// string; usage is zero when absent, null or not an object.
+func ParseResponse(body []byte) (id string, usage Usage, ok bool) {
+	d := decoder{b: body}
+	if !d.open('{') {
+		return "", Usage{}, false
+	}
+	var rawID []byte
+	for n := 0; d.more('}', &n); {
+		switch string(d.key()) {
+		case "id":
+			rawID = d.value()
+		case "usage":
+			usage, _ = d.usage()
+		default:
+			d.skip()
+		}
+	}
+	d.end()
+	if d.bad {
+		return "", Usage{}, false
+	}
+	if len(rawID) > 0 && rawID[0] == '"' {
+		id, _ = stringField("id", rawID, false)
+	}
+	return id, usage, true
+}

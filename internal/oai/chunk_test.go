@@ -1,0 +1,153 @@
+package oai
+
+import (
+	"bytes"
+	"math"
+	"testing"
+)
+
+// L10 chunks as vLLM streams them.
+const (
+	roleChunk      = `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`
+	contentChunk   = `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"Hi"},"logprobs":null,"finish_reason":null}]}`
+	reasoningChunk = `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"reasoning_content":"Let me think"},"logprobs":null,"finish_reason":null}]}`
+	toolChunk      = `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"call_1","type":"function","function":{"name":"get_weather","arguments":""}}]},"logprobs":null,"finish_reason":null}]}`
+	finishChunk    = `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop","stop_reason":null}]}`
+	usageChunk     = `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":9,"total_tokens":15,"completion_tokens":6}}`
+	// vllmContentChunk is a typical ~220-byte vLLM content chunk.
+	vllmContentChunk = `{"id":"chatcmpl-4f3b2a1c9e8d7f6a","object":"chat.completion.chunk","created":1735689600,"model":"meta-llama/Llama-3.1-8B-Instruct","choices":[{"index":0,"delta":{"content":" token"},"logprobs":null,"finish_reason":null}]}`
+	l07Data          = `{"id":"c1","choices":[{"index":0,"delta":{"content":"hello"}}]}`
+)
+
+func TestInspectChunk(t *testing.T) {
+	id := []byte("chatcmpl-1")
+	tests := []struct {
+		name string
+		data string
+		want Chunk
+	}{
+		{"role-only prelude", roleChunk, Chunk{ID: id}},
+		{"content", contentChunk, Chunk{ID: id, Content: true}},
+		{"typical vllm content", vllmContentChunk, Chunk{ID: []byte("chatcmpl-4f3b2a1c9e8d7f6a"), Content: true}},
+		{"l07 event data", l07Data, Chunk{ID: []byte("c1"), Content: true}},
+		{"reasoning_content first", reasoningChunk, Chunk{ID: id, Content: true}},
+		{"reasoning", `{"choices":[{"delta":{"reasoning":"hmm"}}]}`, Chunk{Content: true}},
+		{"empty reasoning", `{"choices":[{"delta":{"reasoning_content":"","reasoning":null}}]}`, Chunk{}},
+		{"tool_calls first", toolChunk, Chunk{ID: id, Content: true}},
+		{"empty tool_calls", `{"choices":[{"delta":{"tool_calls":[]}}]}`, Chunk{}},
+		{"null tool_calls", `{"choices":[{"delta":{"tool_calls":null,"content":null}}]}`, Chunk{}},
+		{"finish with empty delta", finishChunk, Chunk{ID: id, Finish: true}},
+		{"finish with null content", `{"id":"x","choices":[{"index":0,"delta":{"content":null},"finish_reason":"length"}]}`, Chunk{ID: []byte("x"), Finish: true}},
+		{"finish with content", `{"choices":[{"delta":{"content":"."},"finish_reason":"stop"}]}`, Chunk{Content: true, Finish: true}},
+		{"usage-only", usageChunk, Chunk{ID: id, HasUsage: true, Usage: Usage{PromptTokens: 9, CompletionTokens: 6, TotalTokens: 15}}},
+		{"usage null", `{"choices":[{"delta":{"content":"a"}}],"usage":null}`, Chunk{Content: true}},
+		{"usage with details", `{"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3,"prompt_tokens_details":{"cached_tokens":1}}}`, Chunk{HasUsage: true, Usage: Usage{1, 2, 3}}},
+		{"usage odd values", `{"usage":{"prompt_tokens":1.9,"completion_tokens":"2","total_tokens":1e30}}`, Chunk{HasUsage: true, Usage: Usage{1, 0, math.MaxInt64}}},
+		{"usage not an object", `{"usage":5}`, Chunk{}},
+		{"completions text", `{"id":"cmpl-1","object":"text_completion","choices":[{"index":0,"text":" Hi","logprobs":null,"finish_reason":null}]}`, Chunk{ID: []byte("cmpl-1"), Content: true}},
+		{"completions empty text", `{"choices":[{"index":0,"text":"","finish_reason":"stop"}]}`, Chunk{Finish: true}},
+		{"second choice has content", `{"choices":[{"index":0,"delta":{}},{"index":1,"delta":{"content":"x"}}]}`, Chunk{Content: true}},
+		{"escaped content", `{"choices":[{"delta":{"content":"\n"}}]}`, Chunk{Content: true}},
+		{"escaped id kept raw", `{"id":"a\"b"}`, Chunk{ID: []byte(`a\"b`)}},
+		{"empty id", `{"id":""}`, Chunk{ID: []byte{}}},
+		{"null id", `{"id":null}`, Chunk{}},
+		{"number id", `{"id":1}`, Chunk{}},
+		{"error event", `{"error":{"object":"error","message":"boom","type":"InternalServerError","code":500}}`, Chunk{Error: true}},
+		{"error response", `{"object":"error","message":"bad","type":"BadRequestError","param":null,"code":400}`, Chunk{Error: true}},
+		{"null error", `{"error":null,"choices":[]}`, Chunk{}},
+		{"last duplicate wins", `{"choices":[{"delta":{"content":"a"}}],"choices":[],"id":"a","id":"b"}`, Chunk{ID: []byte("b")}},
+		{"duplicate finish_reason", `{"choices":[{"finish_reason":"stop","finish_reason":null}]}`, Chunk{}},
+		{"case variant keys ignored", `{"Choices":[{"delta":{"content":"a"}}],"ID":"x"}`, Chunk{}},
+		{"escaped key", `{"choice\u0073":[{"delta":{"content":"a"}}]}`, Chunk{Content: true}},
+		{"odd shapes", `{"choices":[1,null,{"delta":"x"},{"delta":{"content":5,"tool_calls":{}}}]}`, Chunk{}},
+		{"empty object", ` {} `, Chunk{}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := InspectChunk([]byte(tt.data))
+			if err != nil {
+				t.Fatalf("InspectChunk() error = %v", err)
+			}
+			if !chunkEqual(got, tt.want) {
+				t.Errorf("InspectChunk() = %s\nwant %s", fmtChunk(got), fmtChunk(tt.want))
+			}
+			if ref, ok := refInspectChunk([]byte(tt.data)); !ok || !chunkEqual(ref, got) {
+				t.Errorf("reference = %s, %v", fmtChunk(ref), ok)
+			}
+		})
+	}
+}
+
+func TestInspectChunkErrors(t *testing.T) {
+	for _, data := range []string{
+		"", "[DONE]", " [DONE]", ": ping", `{"id":"c1","choices":[{"index":0,"delta":{"content":"hel`,
+		`[1]`, `null`, `"x"`, `{"a":1,}`, `{"a":1}}`, `{"a":01}`, `{"a":"\x"}`, "{\"a\":\"\x01\"}",
+		`{"a":tru}`, `{"a":1.}`, `{"a":-}`, `{"a":1e}`, `{"a":"\u12g4"}`,
+	} {
+		if c, err := InspectChunk([]byte(data)); err == nil {
+			t.Errorf("InspectChunk(%q) = %s, nil; want an error", data, fmtChunk(c))
+		}
+	}
+}
+
+func TestParseResponse(t *testing.T) {
+	tests := []struct {
+		name  string
+		body  string
+		id    string
+		usage Usage
+		ok    bool
+	}{
+		{"chat", `{"id":"chatcmpl-9","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":9,"total_tokens":10,"completion_tokens":1}}`,
+			"chatcmpl-9", Usage{9, 1, 10}, true},
+		{"completion", `{"id":"cmpl-2","object":"text_completion","choices":[{"text":"x"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`,
+			"cmpl-2", Usage{3, 1, 4}, true},
+		{"embeddings", `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.1,-0.2,3e-5]}],"model":"e","usage":{"prompt_tokens":5,"total_tokens":5}}`,
+			"", Usage{PromptTokens: 5, TotalTokens: 5}, true},
+		{"escaped id", `{"id":"a\u00e9"}`, "a\u00e9", Usage{}, true},
+		{"no usage", `{"id":"x","usage":null}`, "x", Usage{}, true},
+		{"invalid", `{"id":"x"`, "", Usage{}, false},
+		{"array", `[{"id":"x"}]`, "", Usage{}, false},
+		{"empty", ``, "", Usage{}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			id, u, ok := ParseResponse([]byte(tt.body))
+			if id != tt.id || u != tt.usage || ok != tt.ok {
+				t.Errorf("ParseResponse() = %q, %+v, %v; want %q, %+v, %v", id, u, ok, tt.id, tt.usage, tt.ok)
+			}
+			rid, ru, rok := refParseResponse([]byte(tt.body))
+			if rid != id || ru != u || rok != ok {
+				t.Errorf("reference = %q, %+v, %v", rid, ru, rok)
+			}
+		})
+	}
+}
+
+func TestInspectChunkAllocs(t *testing.T) {
+	for _, data := range []string{vllmContentChunk, roleChunk, usageChunk, finishChunk, toolChunk} {
+		b := []byte(data)
+		if a := testing.AllocsPerRun(100, func() { _, _ = InspectChunk(b) }); a != 0 {
+			t.Errorf("InspectChunk(%.40q...) allocations = %v, want 0", data, a)
+		}
+	}
+}
+
+func chunkEqual(a, b Chunk) bool {
+	return bytes.Equal(a.ID, b.ID) && (a.ID == nil) == (b.ID == nil) &&
+		a.Content == b.Content && a.Finish == b.Finish && a.HasUsage == b.HasUsage &&
+		a.Usage == b.Usage && a.Error == b.Error
+}
+
+func fmtChunk(c Chunk) string {
+	id := "<nil>"
+	if c.ID != nil {
+		id = `"` + string(c.ID) + `"`
+	}
+	type plain struct {
+		Content, Finish, HasUsage bool
+		Usage                     Usage
+		Error                     bool
+	}
+	return "{ID:" + id + " " + sprint(plain{c.Content, c.Finish, c.HasUsage, c.Usage, c.Error}) + "}"
+}

@@ -1,0 +1,434 @@
+package oai
+
+import (
+	"encoding/json"
+	"math"
+	"strconv"
+	"unicode/utf8"
+)
+
+// Operation is the OpenAI API operation of a request; String() gives the
+// GenAI semantic-convention operation name.
+type Operation uint8
+
+// The operations the gateway serves.
+const (
+	// OpChat is POST /v1/chat/completions ("chat").
+	OpChat Operation = iota + 1
+	// OpCompletion is POST /v1/completions ("text_completion").
+	OpCompletion
+	// OpEmbeddings is POST /v1/embeddings ("embeddings").
+	OpEmbeddings
+)
+
+// String returns the GenAI semantic-convention operation name
+// (gen_ai.operation.name): "chat", "text_completion" or "embeddings", and
+// "Operation(n)" for a value that is none of them.
+func (o Operation) String() string {
+	switch o {
+	case OpChat:
+		return "chat"
+	case OpCompletion:
+		return "text_completion"
+	case OpEmbeddings:
+		return "embeddings"
+	}
+	return "Operation(" + strconv.Itoa(int(o)) + ")"
+}
+
+// tokenBytes is what PromptBytes counts for one token id of a pre-tokenized
+// prompt: roughly the bytes of text per token of common BPE vocabularies.
+const tokenBytes = 4
+
+// Request holds the fields of a request body that the gateway routes and
+// accounts on.
+type Request struct {
+	// Model is the "model" field, never empty in a parsed Request.
+	Model string
+	// Stream is the "stream" field; always false for OpEmbeddings.
+	Stream bool
+	// IncludeUsage is stream_options.include_usage.
+	IncludeUsage bool
+	// User is the "user" field (a session-affinity key candidate), "" if
+	// absent.
+	User string
+	// MaxTokens is max_completion_tokens when it is set and non-zero,
+	// otherwise max_tokens (the precedence vLLM applies); 0 if absent.
+	MaxTokens int64
+	// PromptBytes is the total bytes of prompt text (messages[].content
+	// strings and text parts, or prompt, or input strings) for later
+	// prefix-aware routing. It is approximate: strings are counted as
+	// written in the body, escape sequences included, and a token id of a
+	// pre-tokenized prompt or input counts as 4 bytes.
+	PromptBytes int
+}
+
+// RequestError says why a body was rejected: the OpenAI error "param" (may
+// be "") and a lower-case message. The gateway answers it with 400 and an
+// invalid_request_error.
+type RequestError struct {
+	Param, Message string
+}
+
+// Error returns the message.
+func (e *RequestError) Error() string { return e.Message }
+
+func reqErr(param, msg string) error { return &RequestError{Param: param, Message: msg} }
+
+// ParseRequest decodes the routing fields of body for op. Errors (always
+// *RequestError): empty body ("request body is empty"), invalid JSON
+// (message names the JSON error, param ""), body not a JSON object, "model"
+// missing/empty/not a string (param "model"), "stream" not a bool (param
+// "stream"), stream_options not an object, max_tokens not an integer >= 0.
+// For OpChat: "messages" missing or not a non-empty array (param
+// "messages"). For OpCompletion: "prompt" missing (param "prompt"). For
+// OpEmbeddings: "input" missing (param "input"); stream is ignored for
+// embeddings. Never panics on any input.
+//
+// Every field the gateway reads must have its OpenAI type, so "user" must be
+// a string and stream_options.include_usage a bool (param
+// "stream_options.include_usage"), and max_completion_tokens is checked
+// like max_tokens. stream, stream_options and max_tokens are generation
+// parameters, not read for OpEmbeddings. A null field is treated as absent.
+// Other fields are not validated: the engine does that.
+//
+// Keys match exactly, after decoding escapes, and the last of duplicate keys
+// wins, as in the engine's own JSON parser, so the gateway routes on the
+// same model the engine will see: {"model":"a","Model":"b"} is model "a".
+// An invalid op is rejected with the message "unsupported operation".
+//
+// ParseRequest reads body in one pass and does not retain it; Model and
+// User are copies.
+func ParseRequest(op Operation, body []byte) (Request, error) {
+	if op < OpChat || op > OpEmbeddings {
+		return Request{}, reqErr("", "unsupported operation")
+	}
+	d := decoder{b: body}
+	switch d.peek() {
+	case 0:
+		if d.i == len(body) {
+			return Request{}, reqErr("", "request body is empty")
+		}
+		return Request{}, invalidJSON(body)
+	case '{':
+	default:
+		d.skip()
+		d.end()
+		if d.bad {
+			return Request{}, invalidJSON(body)
+		}
+		return Request{}, reqErr("", "request body must be a json object")
+	}
+
+	// Raw values of the fields, nil when absent; the last duplicate wins.
+	var model, stream, streamOpts, user, maxTokens, maxCompletion, required []byte
+	var r Request
+	d.open('{')
+	for n := 0; d.more('}', &n); {
+		k := d.key()
+		switch string(k) {
+		case "model":
+			model = d.value()
+		case "user":
+			user = d.value()
+		case "stream":
+			stream = d.value()
+		case "stream_options":
+			streamOpts = d.value()
+		case "max_tokens":
+			maxTokens = d.value()
+		case "max_completion_tokens":
+			maxCompletion = d.value()
+		case requiredField(op):
+			d.peek()
+			start := d.i
+			r.PromptBytes = d.prompt(op)
+			required = d.b[start:d.i]
+		default:
+			d.skip()
+		}
+	}
+	d.end()
+	if d.bad {
+		return Request{}, invalidJSON(body)
+	}
+
+	var err error
+	if r.Model, err = stringField("model", model, true); err != nil {
+		return Request{}, err
+	}
+	if err := checkRequired(op, required); err != nil {
+		return Request{}, err
+	}
+	if op != OpEmbeddings {
+		if r.Stream, err = boolField("stream", stream); err != nil {
+			return Request{}, err
+		}
+		if r.IncludeUsage, err = streamOptions(streamOpts); err != nil {
+			return Request{}, err
+		}
+		mt, err := intField("max_tokens", maxTokens)
+		if err != nil {
+			return Request{}, err
+		}
+		mct, err := intField("max_completion_tokens", maxCompletion)
+		if err != nil {
+			return Request{}, err
+		}
+		r.MaxTokens = mt
+		if mct != 0 {
+			r.MaxTokens = mct
+		}
+	}
+	if r.User, err = stringField("user", user, false); err != nil {
+		return Request{}, err
+	}
+	return r, nil
+}
+
+// invalidJSON returns the error for a body that is not valid JSON, with
+// encoding/json's description of the problem.
+func invalidJSON(body []byte) error {
+	var v json.RawMessage
+	if err := json.Unmarshal(body, &v); err != nil {
+		return reqErr("", "invalid json: "+err.Error())
+	}
+	return reqErr("", "invalid json") // unreachable: decoder agrees with json.Valid
+}
+
+// requiredField is the name of op's required prompt field.
+func requiredField(op Operation) string {
+	switch op {
+	case OpChat:
+		return "messages"
+	case OpCompletion:
+		return "prompt"
+	default:
+		return "input"
+	}
+}
+
+// checkRequired checks op's required prompt field, whose raw value is raw.
+func checkRequired(op Operation, raw []byte) error {
+	name := requiredField(op)
+	if len(raw) == 0 || raw[0] == 'n' {
+		return reqErr(name, name+" is required")
+	}
+	if op == OpChat && (raw[0] != '[' || isEmptyArray(raw)) {
+		return reqErr(name, "messages must be a non-empty array")
+	}
+	return nil
+}
+
+// isEmptyArray reports whether the valid JSON array raw has no elements.
+func isEmptyArray(raw []byte) bool {
+	d := decoder{b: raw[1:]}
+	return d.peek() == ']'
+}
+
+// prompt reads op's prompt field and returns its approximate text bytes.
+func (d *decoder) prompt(op Operation) int {
+	switch d.peek() {
+	case '"':
+		s, _ := d.str()
+		return len(s)
+	case '[':
+	default:
+		d.skip()
+		return 0
+	}
+	if op == OpChat {
+		return d.messages()
+	}
+	// A string, or an array of strings, token ids or arrays of token ids.
+	n := 0
+	d.open('[')
+	for i := 0; d.more(']', &i); {
+		switch c := d.peek(); {
+		case c == '"':
+			s, _ := d.str()
+			n += len(s)
+		case c == '[':
+			d.open('[')
+			for j := 0; d.more(']', &j); {
+				d.skip()
+				n += tokenBytes
+			}
+		case c == '-' || isDigit(c):
+			d.num()
+			n += tokenBytes
+		default:
+			d.skip()
+		}
+	}
+	return n
+}
+
+// messages reads a chat messages array and returns the bytes of its text:
+// string contents and the "text" of content parts.
+func (d *decoder) messages() int {
+	n := 0
+	d.open('[')
+	for i := 0; d.more(']', &i); {
+		if d.peek() != '{' {
+			d.skip()
+			continue
+		}
+		content := 0 // of the last "content" key, as the engine sees it
+		d.open('{')
+		for j := 0; d.more('}', &j); {
+			if string(d.key()) != "content" {
+				d.skip()
+				continue
+			}
+			switch d.peek() {
+			case '"':
+				s, _ := d.str()
+				content = len(s)
+			case '[':
+				content = d.contentParts()
+			default:
+				content = 0
+				d.skip()
+			}
+		}
+		n += content
+	}
+	return n
+}
+
+// contentParts reads an array of content parts and returns the bytes of
+// their "text" strings.
+func (d *decoder) contentParts() int {
+	n := 0
+	d.open('[')
+	for i := 0; d.more(']', &i); {
+		if d.peek() != '{' {
+			d.skip()
+			continue
+		}
+		text := 0
+		d.open('{')
+		for j := 0; d.more('}', &j); {
+			if string(d.key()) != "text" {
+				d.skip()
+				continue
+			}
+			text = 0
+			if d.peek() == '"' {
+				s, _ := d.str()
+				text = len(s)
+			} else {
+				d.skip()
+			}
+		}
+		n += text
+	}
+	return n
+}
+
+// stringField decodes the string field name from its raw value.
+func stringField(name string, raw []byte, required bool) (string, error) {
+	if len(raw) == 0 || raw[0] == 'n' {
+		if required {
+			return "", reqErr(name, name+" is required")
+		}
+		return "", nil
+	}
+	if raw[0] != '"' {
+		return "", reqErr(name, name+" must be a string")
+	}
+	d := decoder{b: raw}
+	v, esc := d.str()
+	s := string(v)
+	if esc || !utf8.Valid(v) {
+		s = unescape(raw) // also replaces invalid UTF-8 with U+FFFD, as encoding/json does
+	}
+	if s == "" && required {
+		return "", reqErr(name, name+" must not be empty")
+	}
+	return s, nil
+}
+
+// unescape decodes the valid JSON string raw, quotes included. Escapes and
+// invalid UTF-8 are rare in the fields read here, so encoding/json does it.
+func unescape(raw []byte) string {
+	var s string
+	_ = json.Unmarshal(raw, &s) // cannot fail: raw is a valid string
+	return s
+}
+
+// boolField decodes the bool field name from its raw value.
+func boolField(name string, raw []byte) (bool, error) {
+	switch string(raw) {
+	case "", "null", "false":
+		return false, nil
+	case "true":
+		return true, nil
+	}
+	return false, reqErr(name, name+" must be a boolean")
+}
+
+// streamOptions decodes stream_options.include_usage from the raw value of
+// stream_options.
+func streamOptions(raw []byte) (bool, error) {
+	if len(raw) == 0 || raw[0] == 'n' {
+		return false, nil
+	}
+	if raw[0] != '{' {
+		return false, reqErr("stream_options", "stream_options must be an object")
+	}
+	var include []byte
+	d := decoder{b: raw}
+	d.open('{')
+	for n := 0; d.more('}', &n); {
+		if string(d.key()) == "include_usage" {
+			include = d.value()
+			continue
+		}
+		d.skip()
+	}
+	v, err := boolField("include_usage", include)
+	if err != nil {
+		return false, reqErr("stream_options.include_usage", "stream_options.include_usage must be a boolean")
+	}
+	return v, nil
+}
+
+// intField decodes the non-negative integer field name from its raw value.
+// A number with a zero fraction, such as 100.0 or 1e3, is an integer; one too
+// large for int64 saturates.
+func intField(name string, raw []byte) (int64, error) {
+	if len(raw) == 0 || raw[0] == 'n' {
+		return 0, nil
+	}
+	if raw[0] != '-' && !isDigit(raw[0]) {
+		return 0, reqErr(name, name+" must be a non-negative integer")
+	}
+	d := decoder{b: raw}
+	text, integer := d.num()
+	if !integer {
+		f, err := strconv.ParseFloat(string(text), 64)
+		if err != nil && f < math.MaxInt64 || f != math.Trunc(f) {
+			return 0, reqErr(name, name+" must be a non-negative integer")
+		}
+	}
+	v := parseInt(text, integer)
+	if v < 0 || v == 0 && text[0] == '-' && !isZero(text) {
+		return 0, reqErr(name, name+" must be a non-negative integer")
+	}
+	return v, nil
+}
+
+// isZero reports whether the JSON number text is zero ("-0", "0.0e5").
+func isZero(text []byte) bool {
+	for _, c := range text {
+		if '1' <= c && c <= '9' {
+			return false
+		}
+		if c == 'e' || c == 'E' {
+			break
+		}
+	}
+	return true
+}
