@@ -30,7 +30,7 @@ type engine struct {
 	ep     *routing.Endpoint
 	tel    *telemetry.Engine
 	opURL  [4]string // by oai.Operation
-	static bool        // models come from config
+	static bool      // models come from config
 
 	models  atomic.Pointer[[]string] // sorted; nil until known
 	lastErr atomic.Pointer[string]

@@ -308,4 +308,3 @@ func (s *Server) AdminHandler(prom http.Handler) http.Handler {
 	r.Handle("/debug/pprof/{name}", http.HandlerFunc(pprof.Index))
 	return r
 }
-

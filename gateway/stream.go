@@ -225,4 +225,3 @@ func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Res
 		panic(http.ErrAbortHandler)
 	}
 }
-

@@ -189,4 +189,3 @@ func loadConfig(args []string, environ func() []string) (Config, error) {
 	}
 	return cfg, cfg.Validate()
 }
-
