@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -270,8 +271,19 @@ type apiErr struct {
 		Message string  `json:"message"`
 		Type    string  `json:"type"`
 		Param   *string `json:"param"`
-		Code    *string `json:"code"`
+		Code    any     `json:"code"` // a string from the gateway; vLLM sends its status as a number
 	} `json:"error"`
+}
+
+// code returns the error code as a string ("" when null).
+func (e apiErr) code() string {
+	switch c := e.Error.Code.(type) {
+	case string:
+		return c
+	case float64:
+		return strconv.Itoa(int(c))
+	}
+	return ""
 }
 
 func decodeErr(t *testing.T, resp *http.Response) apiErr {

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
+	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
@@ -246,16 +247,34 @@ func (s *Server) Handler() http.Handler {
 	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, &APIError{Status: http.StatusMethodNotAllowed, Type: TypeInvalidRequest, Code: "method_not_allowed", Message: "method " + r.Method + " is not allowed on " + r.URL.Path})
 	})
-	r.Post("/v1/chat/completions", s.proxyHandler(oai.OpChat))
-	r.Post("/v1/completions", s.proxyHandler(oai.OpCompletion))
-	r.Post("/v1/embeddings", s.proxyHandler(oai.OpEmbeddings))
-	r.Get("/v1/models", s.models)
-	r.Get("/health", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		_, _ = w.Write([]byte("ok\n"))
+	// Group middlewares run after chi has matched the route, so the
+	// pattern is known: put it on the server span (otelhttp only learns it
+	// after the handler returns, for the span name and metrics).
+	r.Group(func(r chi.Router) {
+		r.Use(routeAttr)
+		r.Post("/v1/chat/completions", s.proxyHandler(oai.OpChat))
+		r.Post("/v1/completions", s.proxyHandler(oai.OpCompletion))
+		r.Post("/v1/embeddings", s.proxyHandler(oai.OpEmbeddings))
+		r.Get("/v1/models", s.models)
+		r.Get("/health", func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+			_, _ = w.Write([]byte("ok\n"))
+		})
+		r.Get("/ready", s.ready)
 	})
-	r.Get("/ready", s.ready)
 	return r
+}
+
+// routeAttr sets http.route on the server span from chi's matched pattern.
+func routeAttr(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if span := trace.SpanFromContext(r.Context()); span.IsRecording() {
+			if rc := chi.RouteContext(r.Context()); rc != nil {
+				span.SetAttributes(semconv.HTTPRoute(rc.RoutePattern()))
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 func (s *Server) models(w http.ResponseWriter, r *http.Request) {

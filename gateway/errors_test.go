@@ -1,0 +1,177 @@
+package gateway
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/telemetry"
+)
+
+func ptr(s string) *string { return &s }
+
+// TestCaseL15ErrorStatuses: every error the gateway produces is an OpenAI
+// error object with the right status; bad input never reaches an engine,
+// never takes a slot and records no engine metric.
+func TestCaseL15ErrorStatuses(t *testing.T) {
+	engine, s1 := sim(t, enginesim.Config{Models: []string{"m", "down-model"}})
+	_, sDown := sim(t, enginesim.Config{Models: []string{"down-model"}})
+	// A port with nothing listening: connection refused.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadURL := "http://" + ln.Addr().String()
+	ln.Close()
+
+	cfg := testConfig(
+		EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}},
+		EngineConfig{Name: "down", URL: sDown.URL, Models: []string{"down-model"}},
+		EngineConfig{Name: "dead", URL: deadURL, Models: []string{"dead-model"}},
+	)
+	cfg.MaxBodyBytes = 1024
+	cfg.Timeouts.ResponseHeader = 150 * time.Millisecond
+	h := newHarness(t, cfg)
+	// Mark "down" unhealthy the way a failed probe does, and "dead"
+	// healthy: it died after its last probe.
+	for _, e := range h.gw.pool.engines {
+		switch e.cfg.Name {
+		case "down":
+			e.ep.SetHealthy(false)
+		case "dead":
+			e.ep.SetHealthy(true)
+		}
+	}
+	h.gw.pool.rebuild()
+
+	chat := func(model, extra string) string {
+		return `{"model":"` + model + `","messages":[{"role":"user","content":"hi"}]` + extra + `}`
+	}
+	tests := []struct {
+		name       string
+		path, body string
+		hdr        []string
+		status     int
+		typ        string
+		code       *string
+		param      *string
+		engineHits int64 // requests e1 must have received
+	}{
+		{name: "malformed json", body: `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true, x}`, status: 400, typ: "invalid_request_error"},
+		{name: "empty body", body: ``, status: 400, typ: "invalid_request_error"},
+		{name: "missing model", body: `{"messages":[{"role":"user","content":"hi"}]}`, status: 400, typ: "invalid_request_error", param: ptr("model")},
+		{name: "model not a string", body: `{"model":7,"messages":[]}`, status: 400, typ: "invalid_request_error", param: ptr("model")},
+		{name: "text/plain malformed", body: `{"model":"m", x}`, hdr: []string{"Content-Type", "text/plain"}, status: 400, typ: "invalid_request_error"},
+		{name: "unknown model", body: chat("nope", ""), status: 404, typ: "invalid_request_error", code: ptr("model_not_found"), param: ptr("model")},
+		{name: "no healthy engine", body: chat("down-model", ""), status: 503, typ: "service_unavailable_error", code: ptr("no_healthy_engine")},
+		{name: "engine unreachable", body: chat("dead-model", ""), status: 502, typ: "server_error", code: ptr("engine_unreachable")},
+		{name: "body too large", body: chat("m", `,"pad":"`+strings.Repeat("x", 2000)+`"`), status: 413, typ: "invalid_request_error", code: ptr("request_too_large")},
+		{name: "engine timeout", body: chat("m", `,"stream":true`), hdr: []string{"X-Enginesim-Fault", "stall-before-headers"}, status: 504, typ: "timeout_error", code: ptr("header_timeout"), engineHits: 1},
+		{name: "engine 400 passes through", body: chat("m", ""), hdr: []string{"X-Enginesim-Fault", "status=400"}, status: 400, engineHits: 1},
+		{name: "engine 401 passes through", body: chat("m", ""), hdr: []string{"X-Enginesim-Fault", "status=401"}, status: 401, engineHits: 1},
+		{name: "engine 503 passes through", body: chat("m", `,"stream":true`), hdr: []string{"X-Enginesim-Fault", "status=503"}, status: 503, engineHits: 1},
+		{name: "wrong method", path: "GET /v1/chat/completions", status: 405, typ: "invalid_request_error"},
+		{name: "unknown route", path: "POST /v2/nothing", body: chat("m", ""), status: 404, typ: "invalid_request_error"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			before := engine.Stats().Received
+			durBefore := h.histCount(telemetry.RequestDurationName)
+			method, path := "POST", "/v1/chat/completions"
+			if tt.path != "" {
+				method, path, _ = strings.Cut(tt.path, " ")
+			}
+			req, _ := http.NewRequest(method, h.srv.URL+path, strings.NewReader(tt.body))
+			req.Header.Set("Content-Type", "application/json")
+			for i := 0; i+1 < len(tt.hdr); i += 2 {
+				req.Header.Set(tt.hdr[i], tt.hdr[i+1])
+			}
+			resp, err := h.client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != tt.status {
+				b, _ := io.ReadAll(resp.Body)
+				t.Fatalf("status %d, want %d (body %s)", resp.StatusCode, tt.status, b)
+			}
+			if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
+				t.Errorf("Content-Type %q, want application/json", ct)
+			}
+			e := decodeErr(t, resp)
+			if tt.typ != "" && e.Error.Type != tt.typ {
+				t.Errorf("type %q, want %q", e.Error.Type, tt.typ)
+			}
+			if tt.code != nil && e.code() != *tt.code {
+				t.Errorf("code %v, want %q", e.Error.Code, *tt.code)
+			}
+			if tt.param != nil && (e.Error.Param == nil || *e.Error.Param != *tt.param) {
+				t.Errorf("param %v, want %q", e.Error.Param, *tt.param)
+			}
+			if got := engine.Stats().Received - before; got != tt.engineHits {
+				t.Errorf("engine received %d requests, want %d", got, tt.engineHits)
+			}
+			if tt.status == 400 && tt.engineHits == 0 || tt.status == 404 || tt.status == 413 || tt.status == 405 {
+				if d := h.histCount(telemetry.RequestDurationName) - durBefore; d != 0 {
+					t.Errorf("bad input recorded %d engine durations, want 0", d)
+				}
+			}
+			h.waitIdle()
+		})
+	}
+	if et := h.errorTypes(); et["connect_error"] != 1 || et["header_timeout"] != 1 || et["400"] != 1 || et["401"] != 1 || et["503"] != 1 {
+		t.Errorf("error types %v", et)
+	}
+}
+
+// TestEngineErrorEnvelope: an engine error body already in the OpenAI
+// envelope passes byte for byte; another shape (vLLM's older
+// {"object":"error",...} or plain text) is wrapped, status unchanged.
+func TestEngineErrorEnvelope(t *testing.T) {
+	const openaiBody = `{"error":{"message":"bad thing","type":"BadRequestError","param":"messages","code":400}}`
+	eng := fakeEngine(t, []string{"m"}, func(w http.ResponseWriter, r *http.Request) {
+		switch r.Header.Get("X-Shape") {
+		case "openai":
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(400)
+			_, _ = io.WriteString(w, openaiBody)
+		case "vllm-old":
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(422)
+			_, _ = io.WriteString(w, `{"object":"error","message":"max_tokens is too large","type":"BadRequestError","param":null,"code":422}`)
+		default:
+			w.WriteHeader(502)
+			_, _ = io.WriteString(w, "upstream exploded\n")
+		}
+	})
+	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: eng.URL}))
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+
+	resp := h.post("/v1/chat/completions", body, "X-Shape", "openai")
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 400 || string(b) != openaiBody {
+		t.Errorf("openai shape: %d %s", resp.StatusCode, b)
+	}
+	resp = h.post("/v1/chat/completions", body, "X-Shape", "vllm-old")
+	if resp.StatusCode != 422 {
+		t.Errorf("vllm-old status %d, want 422", resp.StatusCode)
+	}
+	if e := decodeErr(t, resp); e.Error.Message != "max_tokens is too large" || e.Error.Type != "invalid_request_error" {
+		t.Errorf("vllm-old wrapped as %+v", e.Error)
+	}
+	resp = h.post("/v1/chat/completions", body, "X-Shape", "text")
+	if resp.StatusCode != 502 {
+		t.Errorf("text status %d, want 502", resp.StatusCode)
+	}
+	if e := decodeErr(t, resp); e.Error.Message != "upstream exploded" || e.Error.Type != "server_error" {
+		t.Errorf("text wrapped as %+v", e.Error)
+	}
+	h.waitIdle()
+	if et := h.errorTypes(); et["400"] != 1 || et["422"] != 1 || et["502"] != 1 {
+		t.Errorf("error types %v", et)
+	}
+}

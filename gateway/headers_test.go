@@ -1,0 +1,205 @@
+package gateway
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// TestCaseL19HeaderHygiene: the client's credentials and hop-by-hop headers
+// never reach the engine; the engine's configured key does; X-Request-Id is
+// reused, forwarded, echoed and put on the spans; Content-Length matches
+// what is forwarded.
+func TestCaseL19HeaderHygiene(t *testing.T) {
+	var rec recorder
+	handler := func(w http.ResponseWriter, r *http.Request) {
+		rec.add(r)
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Connection", "X-Engine-Private")
+		w.Header().Set("X-Engine-Private", "secret")
+		_, _ = io.WriteString(w, `{"id":"r1","object":"chat.completion","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)
+	}
+	withKey := fakeEngine(t, []string{"keyed"}, handler)
+	noKey := fakeEngine(t, []string{"open"}, handler)
+	h := newHarness(t, testConfig(
+		EngineConfig{Name: "keyed", URL: withKey.URL, APIKey: "engine-key"},
+		EngineConfig{Name: "open", URL: noKey.URL},
+	))
+	for _, tc := range []struct{ model, wantAuth string }{{"keyed", "Bearer engine-key"}, {"open", ""}} {
+		t.Run(tc.model, func(t *testing.T) {
+			body := `{"model":"` + tc.model + `","messages":[{"role":"user","content":"hi"}]}`
+			req, _ := http.NewRequest(http.MethodPost, h.srv.URL+"/v1/chat/completions", strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			req.Header.Set("Authorization", "Bearer K_gw")
+			req.Header.Set("Proxy-Authorization", "x")
+			req.Header.Set("Connection", "keep-alive, X-Foo")
+			req.Header.Set("X-Foo", "1")
+			req.Header.Set("TE", "trailers")
+			req.Header.Set("Upgrade", "h2c")
+			req.Header.Set("Cookie", "session=abc")
+			req.Header.Set("X-Request-Id", "req-abc")
+			req.Header.Set("X-Custom", "kept")
+			resp, err := h.client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			got := rec.last()
+			if a := got.Header.Get("Authorization"); a != tc.wantAuth {
+				t.Errorf("engine saw Authorization %q, want %q", a, tc.wantAuth)
+			}
+			for _, k := range []string{"Proxy-Authorization", "X-Foo", "Te", "Upgrade", "Cookie", "Keep-Alive"} {
+				if v := got.Header.Get(k); v != "" {
+					t.Errorf("engine saw hop-by-hop/credential header %s: %q", k, v)
+				}
+			}
+			if c := got.Header.Get("Connection"); strings.Contains(c, "X-Foo") {
+				t.Errorf("engine saw Connection %q", c)
+			}
+			if v := got.Header.Get("X-Custom"); v != "kept" {
+				t.Errorf("end-to-end header X-Custom = %q, want kept", v)
+			}
+			if id := got.Header.Get("X-Request-Id"); id != "req-abc" {
+				t.Errorf("engine saw X-Request-Id %q, want req-abc", id)
+			}
+			if got.ContentLength != int64(len(body)) {
+				t.Errorf("engine saw Content-Length %d, want %d", got.ContentLength, len(body))
+			}
+			if id := resp.Header.Get("X-Request-Id"); id != "req-abc" {
+				t.Errorf("client got X-Request-Id %q, want req-abc", id)
+			}
+			if v := resp.Header.Get("X-Engine-Private"); v != "" {
+				t.Errorf("client got the engine's Connection-listed header: %q", v)
+			}
+			if !strings.HasPrefix(got.Header.Get("Traceparent"), "00-") {
+				t.Errorf("engine saw no W3C traceparent: %q", got.Header.Get("Traceparent"))
+			}
+		})
+	}
+	var found int
+	for _, s := range h.spans.Ended() {
+		for _, kv := range s.Attributes() {
+			if kv.Key == "switchboard.request_id" && kv.Value.AsString() == "req-abc" && s.SpanKind() == trace.SpanKindClient {
+				found++
+			}
+		}
+	}
+	if found != 2 {
+		t.Errorf("%d engine spans carry switchboard.request_id=req-abc, want 2", found)
+	}
+	h.waitIdle()
+}
+
+func TestRequestIDGeneratedAndCapped(t *testing.T) {
+	var rec recorder
+	eng := fakeEngine(t, []string{"m"}, func(w http.ResponseWriter, r *http.Request) {
+		rec.add(r)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{}`)
+	})
+	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: eng.URL}))
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+	for _, tc := range []struct{ sent, wantLen int }{{0, 32}, {500, MaxRequestIDLen}} {
+		var hdr []string
+		if tc.sent > 0 {
+			hdr = []string{"X-Request-Id", strings.Repeat("a", tc.sent)}
+		}
+		resp := h.post("/v1/chat/completions", body, hdr...)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		id := resp.Header.Get("X-Request-Id")
+		if len(id) != tc.wantLen || rec.last().Header.Get("X-Request-Id") != id {
+			t.Errorf("sent %d bytes: client id %q (len %d, want %d), engine id %q", tc.sent, id, len(id), tc.wantLen, rec.last().Header.Get("X-Request-Id"))
+		}
+	}
+	h.waitIdle()
+}
+
+// TestTracing: the server span is named by chi's route pattern with
+// http.route set; the engine span is its CLIENT child named
+// "{operation} {model}" with GenAI attributes; the engine receives the
+// engine span's context in traceparent.
+func TestTracing(t *testing.T) {
+	var rec recorder
+	eng := fakeEngine(t, []string{"m"}, func(w http.ResponseWriter, r *http.Request) {
+		rec.add(r)
+		s := newSSE(w)
+		s.data(`{"id":"chatcmpl-42","choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}`)
+		s.data(`{"id":"chatcmpl-42","choices":[{"index":0,"delta":{"content":"hi"}}]}`)
+		s.data(`{"id":"chatcmpl-42","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":1,"total_tokens":8}}`)
+		s.data("[DONE]")
+	})
+	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: eng.URL}))
+	resp := h.post("/v1/chat/completions", `{"model":"m","stream":true,"max_tokens":9,"messages":[{"role":"user","content":"hi"}]}`)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	h.waitIdle()
+
+	var server, client []attribute.KeyValue
+	var serverName, clientName string
+	var serverSC, clientParent, clientSC trace.SpanContext
+	var events []string
+	for _, s := range h.spans.Ended() {
+		switch s.SpanKind() {
+		case trace.SpanKindServer:
+			server, serverName, serverSC = s.Attributes(), s.Name(), s.SpanContext()
+		case trace.SpanKindClient:
+			client, clientName, clientParent, clientSC = s.Attributes(), s.Name(), s.Parent(), s.SpanContext()
+			for _, ev := range s.Events() {
+				events = append(events, ev.Name)
+			}
+		}
+	}
+	if serverName != "POST /v1/chat/completions" {
+		t.Errorf("server span name %q", serverName)
+	}
+	if v := attrValue(server, "http.route"); v != "/v1/chat/completions" {
+		t.Errorf("http.route = %q", v)
+	}
+	if clientName != "chat m" {
+		t.Errorf("engine span name %q, want %q", clientName, "chat m")
+	}
+	if clientParent.SpanID() != serverSC.SpanID() {
+		t.Errorf("engine span parent %s, want server span %s", clientParent.SpanID(), serverSC.SpanID())
+	}
+	want := map[string]string{
+		"gen_ai.operation.name":      "chat",
+		"gen_ai.request.model":       "m",
+		"gen_ai.response.id":         "chatcmpl-42",
+		"gen_ai.usage.input_tokens":  "7",
+		"gen_ai.usage.output_tokens": "1",
+		"gen_ai.request.max_tokens":  "9",
+		"server.address":             "127.0.0.1",
+		"switchboard.engine":         "e1",
+		"switchboard.released_phase": "decode",
+	}
+	for k, v := range want {
+		if got := attrValue(client, k); got != v {
+			t.Errorf("engine span %s = %q, want %q", k, got, v)
+		}
+	}
+	if len(events) != 1 || events[0] != "first_token" {
+		t.Errorf("engine span events %v, want [first_token]", events)
+	}
+	tp := rec.last().Header.Get("Traceparent")
+	if !strings.Contains(tp, clientSC.TraceID().String()) || !strings.Contains(tp, clientSC.SpanID().String()) {
+		t.Errorf("engine got traceparent %q, want trace %s span %s", tp, clientSC.TraceID(), clientSC.SpanID())
+	}
+}
+
+func attrValue(kvs []attribute.KeyValue, key string) string {
+	for _, kv := range kvs {
+		if string(kv.Key) == key {
+			return kv.Value.Emit()
+		}
+	}
+	return ""
+}
