@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
 

@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -26,28 +27,37 @@ import (
 )
 
 func main() {
-	if err := run(os.Args[1:]); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Environ, os.Stderr, nil)
+	stop()
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "switchboard:", err)
 		os.Exit(1)
 	}
 }
 
 // run wires config -> telemetry -> engines -> policy -> gateway -> serve,
-// then drains on SIGINT/SIGTERM.
-func run(args []string) (err error) {
-	cfg, err := loadConfig(args, os.Environ)
+// then drains in-flight requests once ctx is done (main cancels it on
+// SIGINT/SIGTERM) and returns.
+//
+// args are the command-line arguments without the program name; environ
+// supplies the SWITCHBOARD_* overrides (os.Environ in main); logs go to
+// logw. The OTEL_* variables are read from the process environment by the
+// OpenTelemetry SDK itself. When ready is not nil it is called once both
+// listeners are bound, with their actual addresses (so ":0" works); admin
+// is "" when the admin listener is disabled. run returns nil after a clean
+// drain, even when the drain deadline passed and connections were closed.
+func run(ctx context.Context, args []string, environ func() []string, logw io.Writer, ready func(public, admin string)) (err error) {
+	cfg, err := loadConfig(args, environ)
 	if err != nil {
 		return err
 	}
 	level, _ := parseLevel(cfg.Log.Level)
-	var h slog.Handler = slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level})
+	var h slog.Handler = slog.NewTextHandler(logw, &slog.HandlerOptions{Level: level})
 	if cfg.Log.Format == "json" {
-		h = slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level})
+		h = slog.NewJSONHandler(logw, &slog.HandlerOptions{Level: level})
 	}
 	log := slog.New(h)
-
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 
 	providers, shutdownTelemetry, err := telemetry.Setup(ctx, cfg.Telemetry, log)
 	if err != nil {
@@ -95,7 +105,7 @@ func run(args []string) (err error) {
 	defer func() { err = errors.Join(err, gw.Close()) }()
 	gw.Start()
 
-	public := &http.Server{Addr: cfg.Server.Listen, Handler: gw.Handler(), ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout,
+	public := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout,
 		ErrorLog: slog.NewLogLogger(h, slog.LevelWarn)}
 	ln, err := net.Listen("tcp", cfg.Server.Listen)
 	if err != nil {
@@ -104,22 +114,35 @@ func run(args []string) (err error) {
 	errc := make(chan error, 2)
 	go func() { errc <- public.Serve(ln) }()
 	var admin *http.Server
+	adminAddr := ""
 	if cfg.Admin.Listen != "" {
 		aln, err := net.Listen("tcp", cfg.Admin.Listen)
 		if err != nil {
 			_ = public.Close()
 			return err
 		}
-		admin = &http.Server{Handler: gw.AdminHandler(providers.Prometheus), ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout}
+		admin = &http.Server{Handler: gw.AdminHandler(providers.Prometheus), ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout,
+			ErrorLog: slog.NewLogLogger(h, slog.LevelWarn)}
 		go func() { errc <- admin.Serve(aln) }()
-		log.Info("admin listening", "addr", aln.Addr().String(), "metrics", "http://"+aln.Addr().String()+"/metrics")
+		adminAddr = aln.Addr().String()
+		log.Info("admin listening", "addr", adminAddr, "metrics", "http://"+adminAddr+"/metrics")
+	}
+	closeAll := func() {
+		_ = public.Close()
+		if admin != nil {
+			_ = admin.Close()
+		}
 	}
 	log.Info("switchboard listening", "addr", ln.Addr().String(), "policy", cfg.Routing.Policy, "engines", gw.Pool().String())
+	if ready != nil {
+		ready(ln.Addr().String(), adminAddr)
+	}
 
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down: draining in-flight requests", "timeout", cfg.Server.ShutdownTimeout)
 	case err := <-errc:
+		closeAll()
 		return fmt.Errorf("serve: %w", err)
 	}
 	// Stop readiness first, then refuse new connections and let streams
@@ -134,7 +157,7 @@ func run(args []string) (err error) {
 	}
 	if errors.Is(serr, context.DeadlineExceeded) {
 		log.Warn("shutdown deadline passed; closing remaining connections")
-		_ = public.Close()
+		closeAll()
 		serr = nil
 	}
 	return serr

@@ -407,6 +407,9 @@ func intField(name string, raw []byte) (int64, error) {
 	}
 	d := decoder{b: raw}
 	text, integer := d.num()
+	if d.bad {
+		return 0, reqErr(name, name+" must be a non-negative integer")
+	}
 	if !integer {
 		f, err := strconv.ParseFloat(string(text), 64)
 		if err != nil && f < math.MaxInt64 || f != math.Trunc(f) {

@@ -42,7 +42,7 @@ type Event struct {
 // Scanner splits a byte stream into complete SSE events. Not safe for
 // concurrent use; reusable via Reset.
 //
-// The zero value is not usable; create Scanners with NewScanner.
+// The zero value is ready to use, with the default limit.
 type Scanner struct {
 	// buf holds buf[:done], the bytes returned by the previous Push (kept
 	// until the next call so the returned slice stays valid), followed by
@@ -102,6 +102,9 @@ func NewScanner(maxEvent int) *Scanner {
 // "\r" ended the previous Push, and the bytes of events longer than the
 // limit (see Overflows). fn may be nil when only framing is needed.
 func (s *Scanner) Push(p []byte, fn func(Event)) []byte {
+	if s.max <= 0 {
+		s.max = DefaultMaxEvent
+	}
 	s.compact()
 	s.buf = append(s.buf, p...)
 	b := s.buf
@@ -273,6 +276,9 @@ func (s *Scanner) dispatch(raw []byte, n int, first bool, fn func(Event)) {
 		case "event":
 			e.Name = value
 		}
+	}
+	if !fields && !comments {
+		return // only a byte order mark: the spec sees a blank line
 	}
 	if ndata > 1 {
 		e.Data = s.scratch

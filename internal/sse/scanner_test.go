@@ -184,6 +184,8 @@ func TestScannerPush(t *testing.T) {
 			want: []ev{{Raw: "\xef\xbb\xbf" + dataEvent("x"), Data: str("x")}}},
 		{name: "byte order mark split", chunks: []string{"\xef", "\xbb", "\xbfdata: x\n\n"},
 			want: []ev{{Raw: "\xef\xbb\xbf" + dataEvent("x"), Data: str("x")}}},
+		{name: "byte order mark alone is a blank line", chunks: []string{"\xef\xbb\xbf\n\n" + dataEvent("x")},
+			want: []ev{{Raw: dataEvent("x"), Data: str("x")}}},
 		{name: "byte order mark later is data", chunks: []string{dataEvent("x") + "\xef\xbb\xbf" + dataEvent("y")},
 			want: []ev{{Raw: dataEvent("x"), Data: str("x")}, {Raw: "\xef\xbb\xbf" + dataEvent("y")}}},
 
@@ -288,6 +290,14 @@ func TestScannerReset(t *testing.T) {
 	}
 }
 
+func TestScannerZeroValue(t *testing.T) {
+	var s Scanner
+	out, evs := run(&s, l07Event[:10], l07Event[10:])
+	if out != l07Event || fmt.Sprint(evs) != fmt.Sprint([]ev{{Raw: l07Event, Data: str(l07Data)}}) {
+		t.Errorf("zero Scanner: output %q, events %v", out, evs)
+	}
+}
+
 func TestScannerPushOutputValidUntilNextCall(t *testing.T) {
 	s := NewScanner(0)
 	p := []byte(dataEvent("a") + "data: b")
@@ -376,8 +386,6 @@ func checkSplits(input []byte, maxEvent int, at []int) string {
 	if whole.Overflows() != s.Overflows() {
 		return fmt.Sprintf("Overflows() whole %d, split %d", whole.Overflows(), s.Overflows())
 	}
-	// The split output may lag the whole output only by a pending "\n" ...
-	// never: both forward every complete event, and pending is identical.
 	if string(whole.Pending()) != string(s.Pending()) {
 		return fmt.Sprintf("Pending() whole %q, split %q", whole.Pending(), s.Pending())
 	}
