@@ -131,6 +131,9 @@ func (a *attempt) end() {
 	}
 	a.ended = true
 	phase := a.slot.Release()
+	if a.s.onRelease != nil {
+		a.s.onRelease(a.eng.cfg.Name, phase)
+	}
 	now := time.Now()
 	o := telemetry.Outcome{Seconds: now.Sub(a.start).Seconds(), ErrorType: a.errType, InputTokens: -1, OutputTokens: -1}
 	if a.hasUsage {

@@ -47,6 +47,9 @@ type Server struct {
 	// and it must read 0 whenever no request is in flight.
 	live     atomic.Int64
 	draining atomic.Bool
+	// onRelease, when set (tests only), is told the phase each attempt
+	// released its slot from.
+	onRelease func(engine string, p routing.Phase)
 	closeMu  sync.Once
 }
 

@@ -65,15 +65,18 @@ func (st *streamState) onEvent(ev sse.Event) {
 // a final `data: {"error":...}` event and no [DONE], because the OpenAI
 // clients take a bare EOF for success.
 func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Response, a *attempt, actx context.Context, cancel context.CancelCauseFunc) {
-	h := w.Header()
-	copyResponseHeaders(h, resp.Header, true)
-	h.Set("X-Accel-Buffering", "no") // ask any nginx in front not to buffer
-	markHeaderWritten(r)
-	w.WriteHeader(resp.StatusCode)
 	rc := http.NewResponseController(w)
-	if err := rc.Flush(); err != nil {
-		a.fail(ErrTypeClientCancelled)
-		return
+	// The response starts with the first complete event (vLLM sends its
+	// role chunk at once), so an engine that dies before sending any event
+	// still gets a clean JSON error with a proper status.
+	started := false
+	start := func() {
+		started = true
+		h := w.Header()
+		copyResponseHeaders(h, resp.Header, true)
+		h.Set("X-Accel-Buffering", "no") // ask any nginx in front not to buffer
+		markHeaderWritten(r)
+		w.WriteHeader(resp.StatusCode)
 	}
 
 	sc := scannerPool.Get().(*sse.Scanner)
@@ -99,6 +102,9 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 			}
 			st.now = time.Now()
 			if out := sc.Push(buf[:n], onEvent); len(out) > 0 {
+				if !started {
+					start()
+				}
 				if _, err := w.Write(out); err != nil {
 					a.fail(ErrTypeClientCancelled)
 					return
@@ -116,6 +122,9 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 			if st.errEvent {
 				a.fail(ErrTypeStreamError)
 			}
+			if !started {
+				start()
+			}
 			return
 		}
 		var et string
@@ -126,7 +135,11 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 			et, ae = s.classify(r, actx, rerr)
 		}
 		a.fail(et)
-		if et != ErrTypeClientCancelled {
+		switch {
+		case et == ErrTypeClientCancelled:
+		case !started:
+			writeError(w, r, ae)
+		default:
 			writeStreamError(w, rc, ae)
 		}
 		return
@@ -153,15 +166,21 @@ const maxUsageCapture = 1 << 20
 // copyBody forwards a non-streaming response. The body is teed into a
 // capped buffer to read id and usage when it ends. Bodies of unknown length
 // are flushed after every write (shared/cases L04). A failure after the
-// headers went out aborts the client connection: a cut body must not look
-// complete.
+// first bytes went out aborts the client connection: a cut body must not
+// look complete.
 func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Response, a *attempt, actx context.Context, cancel context.CancelCauseFunc) {
-	h := w.Header()
-	copyResponseHeaders(h, resp.Header, false)
-	markHeaderWritten(r)
-	w.WriteHeader(resp.StatusCode)
 	rc := http.NewResponseController(w)
 	flush := resp.ContentLength < 0
+	// Headers go out with the first body bytes: vLLM sends a non-streaming
+	// response whole, so nothing is delayed, and an engine that dies before
+	// its body still gets a clean JSON error.
+	started := false
+	start := func() {
+		started = true
+		copyResponseHeaders(w.Header(), resp.Header, false)
+		markHeaderWritten(r)
+		w.WriteHeader(resp.StatusCode)
+	}
 
 	capBuf := bodyPool.Get().(*bytes.Buffer)
 	capBuf.Reset()
@@ -194,6 +213,9 @@ func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Res
 					capBuf.Write(buf[:n])
 				}
 			}
+			if !started {
+				start()
+			}
 			if _, err := w.Write(buf[:n]); err != nil {
 				a.fail(ErrTypeClientCancelled)
 				return
@@ -209,6 +231,9 @@ func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Res
 			continue
 		}
 		if rerr == io.EOF {
+			if !started {
+				start()
+			}
 			if capturing {
 				if id, u, ok := oai.ParseResponse(capBuf.Bytes()); ok {
 					a.respID, a.usage, a.hasUsage = id, u, u != (oai.Usage{})
@@ -216,9 +241,13 @@ func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Res
 			}
 			return
 		}
-		et, _ := s.classify(r, actx, rerr)
+		et, ae := s.classify(r, actx, rerr)
 		a.fail(et)
 		if et == ErrTypeClientCancelled {
+			return
+		}
+		if !started {
+			writeError(w, r, ae)
 			return
 		}
 		// finish keeps the recorded cause for this panic.
