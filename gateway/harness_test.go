@@ -67,6 +67,12 @@ func testConfig(engines ...EngineConfig) Config {
 
 func newHarness(t *testing.T, cfg Config, opts ...harnessOpt) *harness {
 	t.Helper()
+	return newHarnessWith(t, cfg, nil, opts...)
+}
+
+// newHarnessWith is newHarness with extra gateway options.
+func newHarnessWith(t *testing.T, cfg Config, gwOpts []Option, opts ...harnessOpt) *harness {
+	t.Helper()
 	o := harnessOpts{sampler: sdktrace.AlwaysSample(), policy: routing.NewRoundRobin()}
 	for _, f := range opts {
 		f(&o)
@@ -80,7 +86,7 @@ func newHarness(t *testing.T, cfg Config, opts ...harnessOpt) *harness {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	gw, err := New(cfg, o.policy, m, WithTracerProvider(tp), WithMeterProvider(mp), WithLogger(log))
+	gw, err := New(cfg, o.policy, m, append([]Option{WithTracerProvider(tp), WithMeterProvider(mp), WithLogger(log)}, gwOpts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -219,6 +225,20 @@ func (h *harness) histSum(name string, match ...attribute.KeyValue) float64 {
 		}
 	}
 	return s
+}
+
+// counter returns the total of an Int64 counter.
+func (h *harness) counter(name string) int64 {
+	h.t.Helper()
+	m, ok := findMetric(h.collect(), name)
+	if !ok {
+		return 0
+	}
+	var n int64
+	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+		n += dp.Value
+	}
+	return n
 }
 
 // errorTypes returns the request.duration count per error.type ("" for

@@ -212,6 +212,15 @@ type Attrs struct {
 	kvs         []attribute.KeyValue
 	genaiKVs    []attribute.KeyValue
 	spanName    string
+
+	// Pre-built options for the sets above. Building an option on each
+	// call costs two allocations (the boxed option and the variadic
+	// slice); passing a stored slice with ... costs none.
+	engineModelRec []metric.RecordOption
+	engineModelAdd []metric.AddOption
+	genaiRec       []metric.RecordOption
+	genaiInRec     []metric.RecordOption
+	genaiOutRec    []metric.RecordOption
 }
 
 // SpanName returns the GenAI span name "{operation} {model}".
@@ -242,6 +251,11 @@ func (e *Engine) Attrs(model, op string) *Attrs {
 		genaiKVs:    gkvs,
 		spanName:    op + " " + model,
 	}
+	a.engineModelRec = []metric.RecordOption{metric.WithAttributeSet(a.engineModel)}
+	a.engineModelAdd = []metric.AddOption{metric.WithAttributeSet(a.engineModel)}
+	a.genaiRec = []metric.RecordOption{metric.WithAttributeSet(a.genai)}
+	a.genaiInRec = []metric.RecordOption{metric.WithAttributeSet(a.genaiIn)}
+	a.genaiOutRec = []metric.RecordOption{metric.WithAttributeSet(a.genaiOut)}
 	next := make(map[attrsKey]*Attrs, len(cur)+1)
 	for kk, v := range cur {
 		next[kk] = v
@@ -253,18 +267,18 @@ func (e *Engine) Attrs(model, op string) *Attrs {
 
 // RecordFirstToken records one time-to-first-token sample, in seconds.
 func (m *Metrics) RecordFirstToken(ctx context.Context, a *Attrs, seconds float64) {
-	m.ttft.Record(ctx, seconds, metric.WithAttributeSet(a.engineModel))
-	m.genaiTTFT.Record(ctx, seconds, metric.WithAttributeSet(a.genai))
+	m.ttft.Record(ctx, seconds, a.engineModelRec...)
+	m.genaiTTFT.Record(ctx, seconds, a.genaiRec...)
 }
 
 // RecordInterToken records one inter-token latency sample, in seconds.
 func (m *Metrics) RecordInterToken(ctx context.Context, a *Attrs, seconds float64) {
-	m.itl.Record(ctx, seconds, metric.WithAttributeSet(a.engineModel))
+	m.itl.Record(ctx, seconds, a.engineModelRec...)
 }
 
 // RecordParseError counts one stream event whose JSON did not parse.
 func (m *Metrics) RecordParseError(ctx context.Context, a *Attrs) {
-	m.parseErrors.Add(ctx, 1, metric.WithAttributeSet(a.engineModel))
+	m.parseErrors.Add(ctx, 1, a.engineModelAdd...)
 }
 
 // Outcome is what an engine attempt ended with.
@@ -286,10 +300,10 @@ type Outcome struct {
 // error.type on failure), the GenAI duration, TPOT and token usage.
 func (m *Metrics) RecordEnd(ctx context.Context, a *Attrs, o Outcome) {
 	if o.ErrorType == "" {
-		m.duration.Record(ctx, o.Seconds, metric.WithAttributeSet(a.engineModel))
-		m.genaiDuration.Record(ctx, o.Seconds, metric.WithAttributeSet(a.genai))
+		m.duration.Record(ctx, o.Seconds, a.engineModelRec...)
+		m.genaiDuration.Record(ctx, o.Seconds, a.genaiRec...)
 		if o.TPOT > 0 {
-			m.genaiTPOT.Record(ctx, o.TPOT, metric.WithAttributeSet(a.genai))
+			m.genaiTPOT.Record(ctx, o.TPOT, a.genaiRec...)
 		}
 	} else {
 		// The failure path builds its sets on the fly; error types are a
@@ -302,9 +316,9 @@ func (m *Metrics) RecordEnd(ctx context.Context, a *Attrs, o Outcome) {
 		}
 	}
 	if o.InputTokens >= 0 {
-		m.tokenUsage.Record(ctx, o.InputTokens, metric.WithAttributeSet(a.genaiIn))
+		m.tokenUsage.Record(ctx, o.InputTokens, a.genaiInRec...)
 	}
 	if o.OutputTokens >= 0 {
-		m.tokenUsage.Record(ctx, o.OutputTokens, metric.WithAttributeSet(a.genaiOut))
+		m.tokenUsage.Record(ctx, o.OutputTokens, a.genaiOutRec...)
 	}
 }

@@ -27,9 +27,10 @@
 //
 // InspectChunk does not allocate for a valid chunk; [Chunk.ID] aliases the
 // input. ParseRequest allocates only the Model and User strings, and
-// ParseResponse only the id. Decoding a typical 220-byte vLLM chunk takes
-// about 0.35 µs, against about 3.5 µs and 10 allocations with encoding/json
-// decoding into structs with raw-recording leaves (BenchmarkInspectChunk and
+// ParseResponse only the id. Inspecting a typical 220-byte vLLM chunk takes
+// about 0.35 µs on a 2-core Xeon, against about 3 µs and 10 allocations for
+// encoding/json decoding into structs with raw-recording leaves, the approach
+// this replaced (BenchmarkInspectChunk and
 // BenchmarkInspectChunkEncodingJSON).
 //
 // All functions are safe for concurrent use and never panic.

@@ -1,0 +1,406 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.uber.org/goleak"
+
+	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/routing"
+	"github.com/switchboard-gw/switchboard/telemetry"
+)
+
+// clientMode is what the test client does with its request.
+type clientMode int
+
+const (
+	readAll          clientMode = iota
+	cancelInPrefill             // go away once the engine's prefill gauge reads 1
+	cancelAfterFirst            // go away after the first content event
+	cancelMidStream             // go away after three content events
+	slowReader                  // read 64 bytes every 5 ms
+)
+
+// engineSetup is how the case's engine misbehaves at the transport level.
+type engineSetup int
+
+const (
+	simEngine     engineSetup = iota
+	deadEngine                // nothing listens: connection refused
+	panicEngine               // the gateway's transport panics after the slot is taken
+	blackholeDial             // the dial never completes: connect timeout
+)
+
+type faultCase struct {
+	name      string
+	stream    []bool // the modes the case runs in
+	setup     engineSetup
+	fault     string // X-Enginesim-Fault
+	maxTokens int
+	client    clientMode
+
+	// Expectations; per-mode values are indexed [non-stream, stream].
+	status    [2]int // 0: not checked (the client left)
+	errType   [2]string
+	phase     [2]routing.Phase
+	errEvent  bool // stream mode: ends with a data: {"error"} event, no [DONE]
+	bodyErr   bool // non-stream mode: the body is cut (connection aborted)
+	aborted   bool // the engine saw the request abort (within 1 s)
+	observe   bool // the phase lasts long enough for the gauge watcher to see it
+	parseErrs int64
+}
+
+var both = []bool{false, true}
+var streamOnly = []bool{true}
+
+func idx(stream bool) int {
+	if stream {
+		return 1
+	}
+	return 0
+}
+
+// faultMatrix is every fault the gateway must account for exactly.
+var faultMatrix = []faultCase{
+	{name: "success", stream: both, status: [2]int{200, 200}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhaseDecode}, observe: true},
+	{name: "connection refused", stream: both, setup: deadEngine, status: [2]int{502, 502}, errType: [2]string{ErrTypeConnect, ErrTypeConnect}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhasePrefill}},
+	{name: "connect timeout", stream: both, setup: blackholeDial, status: [2]int{504, 504}, errType: [2]string{ErrTypeConnect, ErrTypeConnect}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhasePrefill}, observe: true},
+	{name: "engine 500", stream: both, fault: "status=500", status: [2]int{500, 500}, errType: [2]string{"500", "500"}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhasePrefill}},
+	{name: "engine 429", stream: both, fault: "status=429", status: [2]int{429, 429}, errType: [2]string{"429", "429"}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhasePrefill}},
+	{name: "close before headers", stream: both, fault: "close-before-headers", status: [2]int{502, 502}, errType: [2]string{ErrTypeEngineDisconnect, ErrTypeEngineDisconnect}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhasePrefill}},
+	{name: "close after headers", stream: both, fault: "close-after-headers", status: [2]int{502, 502}, errType: [2]string{ErrTypeEngineDisconnect, ErrTypeEngineDisconnect}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhasePrefill}},
+	{name: "close mid-stream", stream: both, fault: "close-after=3", status: [2]int{200, 200}, errType: [2]string{ErrTypeEngineDisconnect, ErrTypeEngineDisconnect}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhaseDecode}, errEvent: true, bodyErr: true, observe: true},
+	{name: "stall before headers", stream: both, fault: "stall-before-headers", status: [2]int{504, 504}, errType: [2]string{ErrTypeRequestTimeout, ErrTypeHeaderTimeout}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhasePrefill}, aborted: true, observe: true},
+	{name: "stall mid-stream", stream: both, fault: "stall-after=2", status: [2]int{200, 200}, errType: [2]string{ErrTypeIdleTimeout, ErrTypeIdleTimeout}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhaseDecode}, errEvent: true, bodyErr: true, aborted: true, observe: true},
+	{name: "slow headers", stream: both, fault: "slow-headers=100ms", status: [2]int{200, 200}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhaseDecode}, observe: true},
+	{name: "malformed event", stream: streamOnly, fault: "malformed", status: [2]int{0, 200}, phase: [2]routing.Phase{0, routing.PhaseDecode}, parseErrs: 1},
+	{name: "trickle", stream: both, fault: "trickle=200us", maxTokens: 3, status: [2]int{200, 200}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhaseDecode}, observe: true},
+	{name: "keep-alive comments", stream: streamOnly, fault: "keepalive", status: [2]int{0, 200}, phase: [2]routing.Phase{0, routing.PhaseDecode}},
+	{name: "client gone before engine headers", stream: both, fault: "stall-before-headers", client: cancelInPrefill, errType: [2]string{ErrTypeClientCancelled, ErrTypeClientCancelled}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhasePrefill}, aborted: true, observe: true},
+	{name: "client gone while generating", stream: []bool{false}, maxTokens: 400, client: cancelInPrefill, errType: [2]string{ErrTypeClientCancelled}, phase: [2]routing.Phase{routing.PhasePrefill}, aborted: true, observe: true},
+	{name: "client gone after first token", stream: streamOnly, maxTokens: 400, client: cancelAfterFirst, errType: [2]string{"", ErrTypeClientCancelled}, phase: [2]routing.Phase{0, routing.PhaseDecode}, aborted: true, observe: true},
+	{name: "client gone mid-stream", stream: streamOnly, maxTokens: 400, client: cancelMidStream, errType: [2]string{"", ErrTypeClientCancelled}, phase: [2]routing.Phase{0, routing.PhaseDecode}, aborted: true, observe: true},
+	{name: "slow reader", stream: both, maxTokens: 30, client: slowReader, status: [2]int{200, 200}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhaseDecode}},
+	{name: "panic after slot taken", stream: both, setup: panicEngine, status: [2]int{500, 500}, errType: [2]string{ErrTypePanic, ErrTypePanic}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhasePrefill}},
+}
+
+// panicTransport panics on engine requests (after the attempt has taken its
+// slot) and passes probes through.
+type panicTransport struct{ next http.RoundTripper }
+
+func (p panicTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method == http.MethodPost {
+		panic("injected transport panic")
+	}
+	return p.next.RoundTrip(r)
+}
+
+// blackholeTransport's dials never complete before the connect timeout.
+func blackholeTransport(timeout time.Duration) *http.Transport {
+	t := NewTransport(timeout)
+	real := t.DialContext
+	t.DialContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if ctx.Value(probeKey{}) != nil {
+			return real(ctx, network, addr)
+		}
+		select {
+		case <-time.After(timeout):
+			return nil, &net.OpError{Op: "dial", Net: network, Err: os.ErrDeadlineExceeded}
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	return t
+}
+
+type probeKey struct{}
+
+// TestFaultMatrix runs every fault, streaming and non-streaming, with the
+// sampler on and off. After each case: both phase gauges of every engine
+// are exactly 0 and were never observed below 0; the slot was released from
+// the phase the request was in (prefill before its first token, decode
+// after), as observed on the gauges while it was in flight and as reported
+// by the release; no attempt is live; goroutines are back to their baseline;
+// and the duration histogram went up by exactly one, with the right
+// error.type.
+func TestFaultMatrix(t *testing.T) {
+	for _, sc := range []struct {
+		name    string
+		sampler sdktrace.Sampler
+	}{{"sampled", sdktrace.AlwaysSample()}, {"sampler-off", sdktrace.NeverSample()}} {
+		for _, fc := range faultMatrix {
+			for _, stream := range fc.stream {
+				mode := "non-stream"
+				if stream {
+					mode = "stream"
+				}
+				base := goleak.IgnoreCurrent()
+				t.Run(sc.name+"/"+fc.name+"/"+mode, func(t *testing.T) {
+					runFaultCase(t, fc, stream, sc.sampler)
+				})
+				if err := goleak.Find(base); err != nil {
+					t.Errorf("%s/%s/%s: goroutines left behind: %v", sc.name, fc.name, mode, err)
+				}
+			}
+		}
+	}
+}
+
+func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Sampler) {
+	i := idx(stream)
+	simEng, simSrv := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: 30 * time.Millisecond, ITL: 15 * time.Millisecond, OutputTokens: 8})
+	url := simSrv.URL
+	var opts []Option
+	switch fc.setup {
+	case deadEngine:
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		url = "http://" + ln.Addr().String()
+		ln.Close()
+	case panicEngine:
+		tr := NewTransport(time.Second)
+		t.Cleanup(tr.CloseIdleConnections)
+		opts = append(opts, WithTransport(panicTransport{tr}))
+	case blackholeDial:
+		tr := blackholeTransport(150 * time.Millisecond)
+		t.Cleanup(tr.CloseIdleConnections)
+		opts = append(opts, WithTransport(tr))
+	}
+	cfg := testConfig(EngineConfig{Name: "e1", URL: url, Models: []string{"m"}})
+	cfg.Timeouts.ResponseHeader = 300 * time.Millisecond
+	cfg.Timeouts.Idle = 300 * time.Millisecond
+	cfg.Timeouts.Request = 1500 * time.Millisecond
+	cfg.MaxAttempts = 1
+	h := newHarnessWith(t, cfg, opts, withSampler(sampler), withoutStart())
+
+	var relMu sync.Mutex
+	var released []routing.Phase
+	h.gw.onRelease = func(_ string, p routing.Phase) {
+		relMu.Lock()
+		released = append(released, p)
+		relMu.Unlock()
+	}
+
+	// The watcher reads the gauges through the ManualReader all along.
+	var maxPrefill, maxDecode int64
+	var negative []string
+	stop := make(chan struct{})
+	watched := make(chan struct{})
+	var gaugeMu sync.Mutex
+	go func() {
+		defer close(watched)
+		for {
+			g := h.gauges()
+			gaugeMu.Lock()
+			for k, v := range g {
+				if v < 0 {
+					negative = append(negative, fmt.Sprintf("%s=%d", k, v))
+				}
+			}
+			maxPrefill = max(maxPrefill, g["e1/prefill"])
+			maxDecode = max(maxDecode, g["e1/decode"])
+			gaugeMu.Unlock()
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}()
+	prefillSeen := func() bool {
+		gaugeMu.Lock()
+		defer gaugeMu.Unlock()
+		return maxPrefill >= 1
+	}
+
+	maxTokens := fc.maxTokens
+	if maxTokens == 0 {
+		maxTokens = 6
+	}
+	body := fmt.Sprintf(`{"model":"m","stream":%t,"max_tokens":%d,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"a b c"}]}`, stream, maxTokens)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.srv.URL+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if fc.fault != "" {
+		req.Header.Set(enginesim.FaultHeader, fc.fault)
+	}
+	abortedBefore := simEng.Stats().Aborted
+	var cancelledAt time.Time
+	goAway := func() {
+		cancelledAt = time.Now()
+		cancel()
+	}
+	if fc.client == cancelInPrefill {
+		go func() {
+			deadline := time.Now().Add(3 * time.Second)
+			for !prefillSeen() && time.Now().Before(deadline) {
+				time.Sleep(time.Millisecond)
+			}
+			time.Sleep(20 * time.Millisecond)
+			goAway()
+		}()
+	}
+	resp, err := h.client.Do(req)
+	var got bytes.Buffer
+	var readErr error
+	if err == nil {
+		readErr = readClient(resp, fc.client, &got, goAway)
+		resp.Body.Close()
+	}
+	switch {
+	case fc.client == readAll || fc.client == slowReader:
+		if err != nil {
+			t.Fatalf("request failed: %v", err)
+		}
+		if resp.StatusCode != fc.status[i] {
+			t.Fatalf("status %d, want %d (body %q)", resp.StatusCode, fc.status[i], got.String())
+		}
+	case err == nil && !errors.Is(readErr, context.Canceled) && fc.client != cancelInPrefill:
+		t.Fatalf("client did not go away: read error %v", readErr)
+	}
+
+	// What the client saw.
+	if fc.client == readAll && stream && fc.status[i] == 200 {
+		ends := strings.HasSuffix(got.String(), "data: [DONE]\n\n")
+		hasErr := strings.Contains(got.String(), "data: {\"error\":")
+		if fc.errEvent && (ends || !hasErr || !strings.HasSuffix(got.String(), "}}\n\n")) {
+			t.Errorf("want a final error event and no [DONE], got %q", tail(got.String()))
+		}
+		if !fc.errEvent && (!ends || hasErr) {
+			t.Errorf("want a clean stream ending in [DONE], got %q", tail(got.String()))
+		}
+	}
+	if fc.client == readAll && !stream && fc.status[i] == 200 {
+		if fc.bodyErr && readErr == nil {
+			t.Errorf("non-stream body was cut but the client saw a clean end: %q", got.String())
+		}
+		if !fc.bodyErr && readErr != nil {
+			t.Errorf("body read error %v", readErr)
+		}
+	}
+	if fc.client == readAll && fc.status[i] >= 400 {
+		var e apiErr
+		if json := got.Bytes(); !bytes.Contains(json, []byte(`{"error":{`)) {
+			t.Errorf("error body is not an OpenAI error object: %q", json)
+		}
+		_ = e
+	}
+
+	// The engine saw the request go away, within 1 s.
+	if fc.aborted {
+		start := time.Now()
+		for simEng.Stats().Aborted == abortedBefore && time.Since(start) < 2*time.Second {
+			time.Sleep(time.Millisecond)
+		}
+		if simEng.Stats().Aborted != abortedBefore+1 {
+			t.Errorf("engine aborted %d requests, want 1", simEng.Stats().Aborted-abortedBefore)
+		} else if !cancelledAt.IsZero() {
+			if d := time.Since(cancelledAt); d > time.Second {
+				t.Errorf("engine saw the cancellation %v after the client left, want < 1s", d)
+			}
+		}
+	}
+
+	h.waitIdle()
+	close(stop)
+	<-watched
+	if len(negative) > 0 {
+		t.Errorf("gauges observed below zero: %v", negative)
+	}
+	relMu.Lock()
+	if len(released) != 1 || released[0] != fc.phase[i] {
+		t.Errorf("released from %v, want exactly one release from %v", released, fc.phase[i])
+	}
+	relMu.Unlock()
+	if fc.observe {
+		switch fc.phase[i] {
+		case routing.PhasePrefill:
+			if maxPrefill != 1 || maxDecode != 0 {
+				t.Errorf("observed max prefill %d, decode %d; want 1 and 0", maxPrefill, maxDecode)
+			}
+		case routing.PhaseDecode:
+			if maxDecode != 1 {
+				t.Errorf("observed max decode %d, want 1", maxDecode)
+			}
+		}
+	}
+	et := h.errorTypes()
+	if len(et) != 1 || et[fc.errType[i]] != 1 {
+		t.Errorf("request.duration by error.type %v, want exactly one %q", et, fc.errType[i])
+	}
+	if fc.parseErrs > 0 {
+		if n := h.counter(telemetry.ParseErrorsName); n != fc.parseErrs {
+			t.Errorf("parse errors %d, want %d", n, fc.parseErrs)
+		}
+	}
+	if fc.errType[i] == ErrTypeClientCancelled && simEng.Stats().Received != 1 {
+		t.Errorf("engine received %d requests, want 1 (no retry after the client left)", simEng.Stats().Received)
+	}
+}
+
+// readClient reads the response as the case's client would.
+func readClient(resp *http.Response, mode clientMode, out *bytes.Buffer, goAway func()) error {
+	switch mode {
+	case cancelAfterFirst, cancelMidStream:
+		want := 1
+		if mode == cancelMidStream {
+			want = 3
+		}
+		br := bufio.NewReader(resp.Body)
+		seen := 0
+		for {
+			line, err := br.ReadString('\n')
+			out.WriteString(line)
+			if strings.Contains(line, `"content":"tok`) {
+				seen++
+				if seen == want {
+					time.Sleep(30 * time.Millisecond) // let the watcher see decode
+					goAway()
+					_, err = io.Copy(out, br)
+					return err
+				}
+			}
+			if err != nil {
+				return err
+			}
+		}
+	case slowReader:
+		buf := make([]byte, 64)
+		for {
+			n, err := resp.Body.Read(buf)
+			out.Write(buf[:n])
+			if err == io.EOF {
+				return nil
+			}
+			if err != nil {
+				return err
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	_, err := io.Copy(out, resp.Body)
+	return err
+}
+
+func tail(s string) string {
+	if len(s) > 300 {
+		return "..." + s[len(s)-300:]
+	}
+	return s
+}

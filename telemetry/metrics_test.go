@@ -1,0 +1,397 @@
+package telemetry
+
+import (
+	"context"
+	"slices"
+	"sync"
+	"testing"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/sdk/instrumentation"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata/metricdatatest"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// newTestMetrics returns Metrics recording into a manual reader.
+func newTestMetrics(t *testing.T) (*Metrics, *sdkmetric.ManualReader) {
+	t.Helper()
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	m, err := NewMetrics(mp)
+	if err != nil {
+		t.Fatalf("NewMetrics: %v", err)
+	}
+	return m, reader
+}
+
+// collectScope collects rd and returns Switchboard's scope.
+func collectScope(t *testing.T, rd sdkmetric.Reader) metricdata.ScopeMetrics {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	if err := rd.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	for _, sm := range rm.ScopeMetrics {
+		if sm.Scope.Name == ScopeName {
+			return sm
+		}
+	}
+	t.Fatalf("no scope %q in %+v", ScopeName, rm.ScopeMetrics)
+	return metricdata.ScopeMetrics{}
+}
+
+// hdp is the cumulative histogram data point that recording values under
+// attrs produces: explicit bounds, upper-inclusive buckets.
+func hdp[N int64 | float64](attrs attribute.Set, bounds []float64, values ...N) metricdata.HistogramDataPoint[N] {
+	dp := metricdata.HistogramDataPoint[N]{Attributes: attrs, Bounds: bounds, BucketCounts: make([]uint64, len(bounds)+1)}
+	var lo, hi N
+	for i, v := range values {
+		b := len(bounds)
+		for j, ub := range bounds {
+			if float64(v) <= ub {
+				b = j
+				break
+			}
+		}
+		dp.BucketCounts[b]++
+		dp.Count++
+		dp.Sum += v
+		if i == 0 || v < lo {
+			lo = v
+		}
+		if i == 0 || v > hi {
+			hi = v
+		}
+	}
+	if len(values) > 0 {
+		dp.Min, dp.Max = metricdata.NewExtrema(lo), metricdata.NewExtrema(hi)
+	}
+	return dp
+}
+
+func hist[N int64 | float64](dps ...metricdata.HistogramDataPoint[N]) metricdata.Histogram[N] {
+	return metricdata.Histogram[N]{Temporality: metricdata.CumulativeTemporality, DataPoints: dps}
+}
+
+func set(kvs ...attribute.KeyValue) attribute.Set { return attribute.NewSet(kvs...) }
+
+// TestMetricsRecord records through every method and compares the whole
+// collected scope: names, units, bucket boundaries, attributes and values.
+func TestMetricsRecord(t *testing.T) {
+	m, reader := newTestMetrics(t)
+	ctx := context.Background()
+	e1, e2 := m.Engine("e1"), m.Engine("e2")
+	chat := e1.Attrs("m1", "chat")
+	text := e2.Attrs("m1", "text_completion")
+
+	m.RecordFirstToken(ctx, chat, 0.05)
+	m.RecordFirstToken(ctx, text, 0.3)
+	m.RecordInterToken(ctx, chat, 0.012)
+	m.RecordInterToken(ctx, chat, 0.033)
+	m.RecordEnd(ctx, chat, Outcome{Seconds: 1.5, TPOT: 0.02, InputTokens: 10, OutputTokens: 20})
+	m.RecordEnd(ctx, chat, Outcome{Seconds: 0.3, ErrorType: "503", InputTokens: -1, OutputTokens: -1})
+	m.RecordEnd(ctx, text, Outcome{Seconds: 2, InputTokens: 7, OutputTokens: -1}) // no TPOT, no output usage
+	m.RecordParseError(ctx, chat)
+	m.RecordParseError(ctx, chat)
+	reg, err := m.ObserveInFlight(func(report func(e *Engine, prefill, decode int64)) {
+		report(e1, 2, 3)
+		report(e2, 0, 1)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = reg.Unregister() }()
+
+	e1m1 := []attribute.KeyValue{AttrEngine.String("e1"), AttrModel.String("m1")}
+	e2m1 := []attribute.KeyValue{AttrEngine.String("e2"), AttrModel.String("m1")}
+	gChat := []attribute.KeyValue{AttrGenAIOp.String("chat"), AttrGenAIReqModel.String("m1")}
+	gText := []attribute.KeyValue{AttrGenAIOp.String("text_completion"), AttrGenAIReqModel.String("m1")}
+	with := func(kvs []attribute.KeyValue, more ...attribute.KeyValue) attribute.Set {
+		return set(append(slices.Clone(kvs), more...)...)
+	}
+	errType := AttrErrorType.String("503")
+
+	want := metricdata.ScopeMetrics{
+		Scope: instrumentation.Scope{Name: ScopeName, Version: Version},
+		Metrics: []metricdata.Metrics{
+			{
+				Name: ActiveRequestsName, Unit: "{request}",
+				Data: metricdata.Sum[int64]{Temporality: metricdata.CumulativeTemporality, IsMonotonic: false,
+					DataPoints: []metricdata.DataPoint[int64]{
+						{Attributes: set(AttrEngine.String("e1"), AttrPhase.String("prefill")), Value: 2},
+						{Attributes: set(AttrEngine.String("e1"), AttrPhase.String("decode")), Value: 3},
+						{Attributes: set(AttrEngine.String("e2"), AttrPhase.String("prefill")), Value: 0},
+						{Attributes: set(AttrEngine.String("e2"), AttrPhase.String("decode")), Value: 1},
+					}},
+			},
+			{
+				Name: TimeToFirstTokenName, Unit: "s",
+				Data: hist(hdp(set(e1m1...), TTFTBuckets, 0.05), hdp(set(e2m1...), TTFTBuckets, 0.3)),
+			},
+			{
+				Name: InterTokenLatencyName, Unit: "s",
+				Data: hist(hdp(set(e1m1...), ITLBuckets, 0.012, 0.033)),
+			},
+			{
+				Name: RequestDurationName, Unit: "s",
+				Data: hist(
+					hdp(set(e1m1...), DurationBuckets, 1.5),
+					hdp(with(e1m1, errType), DurationBuckets, 0.3),
+					hdp(set(e2m1...), DurationBuckets, 2.0),
+				),
+			},
+			{
+				Name: ParseErrorsName, Unit: "{event}",
+				Data: metricdata.Sum[int64]{Temporality: metricdata.CumulativeTemporality, IsMonotonic: true,
+					DataPoints: []metricdata.DataPoint[int64]{{Attributes: set(e1m1...), Value: 2}}},
+			},
+			{
+				Name: GenAIServerRequestDurationName, Unit: "s",
+				Data: hist(
+					hdp(set(gChat...), GenAIDurationBuckets, 1.5),
+					hdp(with(gChat, errType), GenAIDurationBuckets, 0.3),
+					hdp(set(gText...), GenAIDurationBuckets, 2.0),
+				),
+			},
+			{
+				Name: GenAIServerTimeToFirstTokenName, Unit: "s",
+				Data: hist(hdp(set(gChat...), GenAITTFTBuckets, 0.05), hdp(set(gText...), GenAITTFTBuckets, 0.3)),
+			},
+			{
+				Name: GenAIServerTimePerOutputTokenName, Unit: "s",
+				Data: hist(hdp(set(gChat...), GenAITPOTBuckets, 0.02)),
+			},
+			{
+				Name: GenAIClientTokenUsageName, Unit: "{token}",
+				Data: hist(
+					hdp(with(gChat, AttrGenAITokType.String("input")), TokenBuckets, int64(10)),
+					hdp(with(gChat, AttrGenAITokType.String("output")), TokenBuckets, int64(20)),
+					hdp(with(gText, AttrGenAITokType.String("input")), TokenBuckets, int64(7)),
+				),
+			},
+		},
+	}
+
+	got := collectScope(t, reader)
+	// Descriptions are prose, not part of the contract: require one, then
+	// take it from what was collected.
+	desc := map[string]string{}
+	for _, mt := range got.Metrics {
+		if mt.Description == "" {
+			t.Errorf("%s has no description", mt.Name)
+		}
+		desc[mt.Name] = mt.Description
+	}
+	for i := range want.Metrics {
+		want.Metrics[i].Description = desc[want.Metrics[i].Name]
+	}
+	metricdatatest.AssertEqual(t, want, got, metricdatatest.IgnoreTimestamp())
+}
+
+// TestMetricsErrorTypeOnlyOnFailure checks the success and failure paths
+// separately: error.type never appears on a successful attempt.
+func TestMetricsErrorTypeOnlyOnFailure(t *testing.T) {
+	m, reader := newTestMetrics(t)
+	a := m.Engine("e1").Attrs("m1", "chat")
+	m.RecordEnd(context.Background(), a, Outcome{Seconds: 0.2, InputTokens: -1, OutputTokens: -1})
+	for _, mt := range collectScope(t, reader).Metrics {
+		h, ok := mt.Data.(metricdata.Histogram[float64])
+		if !ok {
+			continue
+		}
+		for _, dp := range h.DataPoints {
+			if dp.Attributes.HasValue(AttrErrorType) {
+				t.Errorf("%s: error.type on a success: %v", mt.Name, dp.Attributes.ToSlice())
+			}
+		}
+	}
+
+	m.RecordEnd(context.Background(), a, Outcome{Seconds: 0.4, ErrorType: "client_cancelled", InputTokens: -1, OutputTokens: -1})
+	var failures int
+	for _, mt := range collectScope(t, reader).Metrics {
+		h, ok := mt.Data.(metricdata.Histogram[float64])
+		if !ok {
+			continue
+		}
+		for _, dp := range h.DataPoints {
+			if v, ok := dp.Attributes.Value(AttrErrorType); ok {
+				failures++
+				if v.AsString() != "client_cancelled" || dp.Count != 1 || dp.Sum != 0.4 {
+					t.Errorf("%s failure point: %v count %d sum %v", mt.Name, dp.Attributes.ToSlice(), dp.Count, dp.Sum)
+				}
+			}
+		}
+	}
+	if failures != 2 { // switchboard.engine.request.duration and gen_ai.server.request.duration
+		t.Errorf("%d failure data points, want 2", failures)
+	}
+}
+
+func TestObserveInFlightUnregister(t *testing.T) {
+	m, reader := newTestMetrics(t)
+	e := m.Engine("e1")
+	calls := 0
+	reg, err := m.ObserveInFlight(func(report func(*Engine, int64, int64)) {
+		calls++
+		report(e, 1, 0)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	collectScope(t, reader)
+	if calls != 1 {
+		t.Fatalf("callback ran %d times on one collection, want 1", calls)
+	}
+	if err := reg.Unregister(); err != nil {
+		t.Fatal(err)
+	}
+	var rm metricdata.ResourceMetrics
+	if err := reader.Collect(context.Background(), &rm); err != nil {
+		t.Fatal(err)
+	}
+	if calls != 1 {
+		t.Errorf("callback ran after Unregister")
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for _, mt := range sm.Metrics {
+			if mt.Name == ActiveRequestsName {
+				if s := mt.Data.(metricdata.Sum[int64]); len(s.DataPoints) != 0 {
+					t.Errorf("active requests still reported after Unregister: %+v", s.DataPoints)
+				}
+			}
+		}
+	}
+}
+
+func TestNewMetricsNilProvider(t *testing.T) {
+	m, err := NewMetrics(nil)
+	if err != nil || m == nil {
+		t.Fatalf("NewMetrics(nil) = %v, %v; want usable no-op metrics", m, err)
+	}
+	// Every method works on the no-op instruments.
+	a := m.Engine("e1").Attrs("m1", "chat")
+	ctx := context.Background()
+	m.RecordFirstToken(ctx, a, 1)
+	m.RecordInterToken(ctx, a, 1)
+	m.RecordParseError(ctx, a)
+	m.RecordEnd(ctx, a, Outcome{Seconds: 1, ErrorType: "500"})
+	reg, err := m.ObserveInFlight(func(func(*Engine, int64, int64)) {})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := reg.Unregister(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestEngineAttrsCached(t *testing.T) {
+	m, _ := newTestMetrics(t)
+	e := m.Engine("e1")
+	if e.Name() != "e1" {
+		t.Errorf("Name() = %q", e.Name())
+	}
+	a := e.Attrs("m1", "chat")
+	if b := e.Attrs("m1", "chat"); a != b {
+		t.Errorf("Attrs(m1, chat) returned %p then %p, want the cached pointer", a, b)
+	}
+	if a.SpanName() != "chat m1" {
+		t.Errorf("SpanName() = %q, want %q", a.SpanName(), "chat m1")
+	}
+	others := map[string]*Attrs{
+		"other model":  e.Attrs("m2", "chat"),
+		"other op":     e.Attrs("m1", "embeddings"),
+		"other engine": m.Engine("e2").Attrs("m1", "chat"),
+	}
+	for name, o := range others {
+		if o == a {
+			t.Errorf("%s: got the (m1, chat) attrs of e1", name)
+		}
+	}
+	if got := others["other op"].SpanName(); got != "embeddings m1" {
+		t.Errorf("SpanName() = %q, want %q", got, "embeddings m1")
+	}
+	// Adding a pair keeps the earlier ones (copy-on-write map).
+	if b := e.Attrs("m1", "chat"); a != b {
+		t.Error("Attrs(m1, chat) changed after other pairs were added")
+	}
+	if n := testing.AllocsPerRun(100, func() { e.Attrs("m1", "chat") }); n != 0 {
+		t.Errorf("cached Attrs lookup allocates %v times, want 0", n)
+	}
+}
+
+func TestEngineAttrsConcurrentSafe(t *testing.T) {
+	m, _ := newTestMetrics(t)
+	e := m.Engine("e1")
+	const workers = 8
+	models := []string{"a", "b", "c", "d"}
+	got := make([][]*Attrs, workers)
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for _, md := range models {
+				got[w] = append(got[w], e.Attrs(md, "chat"))
+			}
+		}()
+	}
+	wg.Wait()
+	for w := 1; w < workers; w++ {
+		for i := range models {
+			if got[w][i] != got[0][i] {
+				t.Errorf("worker %d got a different *Attrs for %q", w, models[i])
+			}
+		}
+	}
+}
+
+// TestRecordSuccessPathNoAllocs records through a real SDK meter provider:
+// the per-token and per-request success paths must not allocate.
+func TestRecordSuccessPathNoAllocs(t *testing.T) {
+	m, _ := newTestMetrics(t)
+	a := m.Engine("e1").Attrs("m1", "chat")
+	ctx := context.Background()
+	ok := Outcome{Seconds: 1.2, TPOT: 0.03, InputTokens: 12, OutputTokens: 40}
+	// The first measurement of a series creates its aggregation state.
+	m.RecordFirstToken(ctx, a, 0.1)
+	m.RecordInterToken(ctx, a, 0.02)
+	m.RecordEnd(ctx, a, ok)
+	m.RecordParseError(ctx, a)
+
+	for _, tc := range []struct {
+		name string
+		fn   func()
+	}{
+		{"RecordFirstToken", func() { m.RecordFirstToken(ctx, a, 0.1) }},
+		{"RecordInterToken", func() { m.RecordInterToken(ctx, a, 0.02) }},
+		{"RecordEnd", func() { m.RecordEnd(ctx, a, ok) }},
+		{"RecordParseError", func() { m.RecordParseError(ctx, a) }},
+	} {
+		if n := testing.AllocsPerRun(1000, tc.fn); n != 0 {
+			t.Errorf("%s: %v allocations per call, want 0", tc.name, n)
+		}
+	}
+}
+
+func BenchmarkRecordInterToken(b *testing.B) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer func() { _ = mp.Shutdown(context.Background()) }()
+	m, err := NewMetrics(mp)
+	if err != nil {
+		b.Fatal(err)
+	}
+	a := m.Engine("e1").Attrs("m1", "chat")
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		m.RecordInterToken(ctx, a, 0.02)
+	}
+}
