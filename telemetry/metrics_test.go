@@ -11,6 +11,7 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata/metricdatatest"
+	"go.opentelemetry.io/otel/trace"
 	"go.uber.org/goleak"
 )
 
@@ -357,7 +358,10 @@ func TestEngineAttrsConcurrentSafe(t *testing.T) {
 func TestRecordSuccessPathNoAllocs(t *testing.T) {
 	m, _ := newTestMetrics(t)
 	a := m.Engine("e1").Attrs("m1", "chat")
-	ctx := context.Background()
+	// The gateway records with the request context, which carries a
+	// sampled span: exemplars are offered too.
+	ctx := trace.ContextWithSpanContext(context.Background(), trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID: trace.TraceID{1}, SpanID: trace.SpanID{1}, TraceFlags: trace.FlagsSampled}))
 	ok := Outcome{Seconds: 1.2, TPOT: 0.03, InputTokens: 12, OutputTokens: 40}
 	// The first measurement of a series creates its aggregation state.
 	m.RecordFirstToken(ctx, a, 0.1)
