@@ -289,7 +289,7 @@ func TestCaseL07SplitEventsByteIdentical(t *testing.T) {
 		"split between \\n":   {ev[:len(ev)-1], ev[len(ev)-1:]},
 		"two events one read": {ev + ev},
 		"utf-8 split":         {ev[:strings.Index(ev, "✓")+1], ev[strings.Index(ev, "✓")+1:]},
-		"crlf": {strings.ReplaceAll(ev, "\n", "\r\n")[:40], strings.ReplaceAll(ev, "\n", "\r\n")[40:]},
+		"crlf":                {strings.ReplaceAll(ev, "\n", "\r\n")[:40], strings.ReplaceAll(ev, "\n", "\r\n")[40:]},
 	}
 	for name, writes := range variants {
 		t.Run(name, func(t *testing.T) {

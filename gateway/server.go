@@ -50,7 +50,7 @@ type Server struct {
 	// onRelease, when set (tests only), is told the phase each attempt
 	// released its slot from.
 	onRelease func(engine string, p routing.Phase)
-	closeMu  sync.Once
+	closeMu   sync.Once
 }
 
 type config struct {
