@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
@@ -394,6 +396,19 @@ func TestCaseL09ClientCancelPropagates(t *testing.T) {
 			}
 			if eng.Stats().Received != 1 {
 				t.Errorf("engine received %d, want 1 (not retried)", eng.Stats().Received)
+			}
+			if !stream {
+				// The client left before any byte: the server span says 499,
+				// not 200.
+				var status string
+				for _, sp := range h.spans.Ended() {
+					if sp.SpanKind() == trace.SpanKindServer {
+						status = attrValue(sp.Attributes(), "http.response.status_code")
+					}
+				}
+				if status != "499" {
+					t.Errorf("server span status %q, want 499", status)
+				}
 			}
 		})
 	}

@@ -95,10 +95,14 @@ func apiErrorFor(err error) *APIError {
 	return &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: "engine_unreachable", Message: "the engine could not be reached", Err: err}
 }
 
-// writeError writes err as an OpenAI error object. It writes nothing when
-// the client has gone (context.Canceled): nobody is there to read it.
+// writeError writes err as an OpenAI error object. When the client has gone
+// (context.Canceled) it only sets status 499, without a body: nobody is
+// there to read it, but the server span and HTTP metrics record the
+// request as client-closed rather than 200.
 func writeError(w http.ResponseWriter, r *http.Request, err error) {
 	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
+		markHeaderWritten(r)
+		w.WriteHeader(StatusClientClosedRequest)
 		return
 	}
 	ae := apiErrorFor(err)

@@ -34,6 +34,7 @@ var notToEngine = map[string]bool{
 	"Tracestate":      true,
 	"Baggage":         true,
 	"X-Request-Id":    true,
+	"Expect":          true, // the body is already read; no 100-continue round trip
 }
 
 // connectionListed reports whether the Connection header values of h name

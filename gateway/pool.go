@@ -88,6 +88,7 @@ type Pool struct {
 
 	snap atomic.Pointer[snapshot]
 
+	probeMu   sync.Mutex // one probe round at a time
 	startOnce sync.Once
 	ctx       context.Context // cancelled by Close
 	cancel    context.CancelFunc
@@ -371,6 +372,8 @@ func (p *Pool) Close() {
 // snapshot. Health probes never touch the in-flight counters
 // (shared/cases L02).
 func (p *Pool) ProbeNow(ctx context.Context) {
+	p.probeMu.Lock()
+	defer p.probeMu.Unlock()
 	p.mu.Lock()
 	engines := slices.Clone(p.engines)
 	p.mu.Unlock()

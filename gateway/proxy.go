@@ -168,9 +168,7 @@ func (s *Server) attempt(ctx context.Context, w http.ResponseWriter, r *http.Req
 			s.pool.markFailed(eng, err)
 			return ae
 		}
-		if et != ErrTypeClientCancelled {
-			writeError(w, r, ae)
-		}
+		writeError(w, r, ae)
 		return nil
 	}
 	defer resp.Body.Close()

@@ -115,6 +115,11 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 				}
 			}
 		}
+		if st.done && rerr == nil {
+			// [DONE] is the end: do not wait on an engine that keeps the
+			// connection open after it.
+			rerr = io.EOF
+		}
 		if rerr == nil {
 			continue
 		}
@@ -136,10 +141,9 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 		}
 		a.fail(et)
 		switch {
-		case et == ErrTypeClientCancelled:
 		case !started:
 			writeError(w, r, ae)
-		default:
+		case et != ErrTypeClientCancelled:
 			writeStreamError(w, rc, ae)
 		}
 		return
@@ -243,11 +247,11 @@ func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Res
 		}
 		et, ae := s.classify(r, actx, rerr)
 		a.fail(et)
-		if et == ErrTypeClientCancelled {
-			return
-		}
 		if !started {
 			writeError(w, r, ae)
+			return
+		}
+		if et == ErrTypeClientCancelled {
 			return
 		}
 		// finish keeps the recorded cause for this panic.
