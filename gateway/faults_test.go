@@ -42,6 +42,7 @@ const (
 	deadEngine                // nothing listens: connection refused
 	panicEngine               // the gateway's transport panics after the slot is taken
 	blackholeDial             // the dial never completes: connect timeout
+	unhealthy                 // the only engine for the model failed its probe
 )
 
 type faultCase struct {
@@ -49,6 +50,7 @@ type faultCase struct {
 	stream    []bool // the modes the case runs in
 	setup     engineSetup
 	fault     string // X-Enginesim-Fault
+	body      string // replaces the request body (bad input)
 	maxTokens int
 	client    clientMode
 
@@ -61,6 +63,7 @@ type faultCase struct {
 	aborted   bool // the engine saw the request abort (within 1 s)
 	observe   bool // the phase lasts long enough for the gauge watcher to see it
 	parseErrs int64
+	noSlot    bool // rejected before routing: no slot taken, no engine metric
 }
 
 var both = []bool{false, true}
@@ -94,6 +97,10 @@ var faultMatrix = []faultCase{
 	{name: "client gone after first token", stream: streamOnly, maxTokens: 400, client: cancelAfterFirst, errType: [2]string{"", ErrTypeClientCancelled}, phase: [2]routing.Phase{0, routing.PhaseDecode}, aborted: true, observe: true},
 	{name: "client gone mid-stream", stream: streamOnly, maxTokens: 400, client: cancelMidStream, errType: [2]string{"", ErrTypeClientCancelled}, phase: [2]routing.Phase{0, routing.PhaseDecode}, aborted: true, observe: true},
 	{name: "slow reader", stream: both, maxTokens: 30, client: slowReader, status: [2]int{200, 200}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhaseDecode}},
+	{name: "invalid json", stream: both, body: `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":%t, x}`, status: [2]int{400, 400}, noSlot: true},
+	{name: "missing model", stream: both, body: `{"stream":%t,"messages":[{"role":"user","content":"hi"}]}`, status: [2]int{400, 400}, noSlot: true},
+	{name: "unknown model", stream: both, body: `{"model":"nope","stream":%t,"messages":[{"role":"user","content":"hi"}]}`, status: [2]int{404, 404}, noSlot: true},
+	{name: "no healthy engine", stream: both, setup: unhealthy, status: [2]int{503, 503}, noSlot: true},
 	{name: "panic after slot taken", stream: both, setup: panicEngine, status: [2]int{500, 500}, errType: [2]string{ErrTypePanic, ErrTypePanic}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhasePrefill}},
 }
 
@@ -187,6 +194,10 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 	cfg.Timeouts.Request = 1500 * time.Millisecond
 	cfg.MaxAttempts = 1
 	h := newHarnessWith(t, cfg, opts, withSampler(sampler), withoutStart())
+	if fc.setup == unhealthy {
+		h.gw.pool.engines[0].ep.SetHealthy(false)
+		h.gw.pool.rebuild()
+	}
 
 	var relMu sync.Mutex
 	var released []routing.Phase
@@ -233,6 +244,9 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 		maxTokens = 6
 	}
 	body := fmt.Sprintf(`{"model":"m","stream":%t,"max_tokens":%d,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"a b c"}]}`, stream, maxTokens)
+	if fc.body != "" {
+		body = fmt.Sprintf(fc.body, stream)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.srv.URL+"/v1/chat/completions", strings.NewReader(body))
@@ -322,6 +336,20 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 	<-watched
 	if len(negative) > 0 {
 		t.Errorf("gauges observed below zero: %v", negative)
+	}
+	if fc.noSlot {
+		relMu.Lock()
+		defer relMu.Unlock()
+		if len(released) != 0 || maxPrefill != 0 || maxDecode != 0 {
+			t.Errorf("bad input took a slot: releases %v, max prefill %d, decode %d", released, maxPrefill, maxDecode)
+		}
+		if et := h.errorTypes(); len(et) != 0 {
+			t.Errorf("bad input recorded engine durations %v", et)
+		}
+		if n := simEng.Stats().Received; n != 0 {
+			t.Errorf("bad input reached the engine (%d requests)", n)
+		}
+		return
 	}
 	relMu.Lock()
 	if len(released) != 1 || released[0] != fc.phase[i] {

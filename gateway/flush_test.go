@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // TestCaseL04L05L06EventsFlushedAsSent: each event reaches a real TCP
@@ -79,6 +81,19 @@ func TestCaseL04L05L06EventsFlushedAsSent(t *testing.T) {
 				if d := arrivals[i].Sub(arrivals[i-1]); d < gap/2 {
 					t.Errorf("events %d and %d arrived %v apart, want about %v (buffered)", i-1, i, d, gap)
 				}
+			}
+			h.waitIdle()
+			if l := h.serverLog.String(); strings.Contains(l, "superfluous") {
+				t.Errorf("net/http complained: %s", l)
+			}
+			var statuses []string
+			for _, sp := range h.spans.Ended() {
+				if sp.SpanKind() == trace.SpanKindServer {
+					statuses = append(statuses, attrValue(sp.Attributes(), "http.response.status_code"))
+				}
+			}
+			if len(statuses) != 1 || statuses[0] != "200" {
+				t.Errorf("server span statuses %v, want exactly [200]", statuses)
 			}
 		})
 	}

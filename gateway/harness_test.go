@@ -1,9 +1,11 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
+	stdlog "log"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -39,6 +41,26 @@ type harness struct {
 	spans   *tracetest.SpanRecorder
 	metrics *telemetry.Metrics
 	client  *http.Client
+	// serverLog collects what net/http logs about the gateway's handler.
+	serverLog syncBuffer
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent writers.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
 
 type harnessOpts struct {
@@ -94,7 +116,11 @@ func newHarnessWith(t *testing.T, cfg Config, gwOpts []Option, opts ...harnessOp
 		gw.Start()
 	}
 	h := &harness{t: t, gw: gw, reader: reader, spans: spans, metrics: m}
-	h.srv = httptest.NewServer(gw.Handler())
+	h.srv = httptest.NewUnstartedServer(gw.Handler())
+	// net/http's own complaints (such as "superfluous response.WriteHeader
+	// call") are kept so tests can assert there are none (shared/cases L05).
+	h.srv.Config.ErrorLog = stdlog.New(&h.serverLog, "", 0)
+	h.srv.Start()
 	h.client = h.srv.Client()
 	t.Cleanup(func() {
 		h.srv.CloseClientConnections()

@@ -95,6 +95,15 @@ func TestCaseL19HeaderHygiene(t *testing.T) {
 	if found != 2 {
 		t.Errorf("%d engine spans carry switchboard.request_id=req-abc, want 2", found)
 	}
+	var onServer int
+	for _, s := range h.spans.Ended() {
+		if s.SpanKind() == trace.SpanKindServer && attrValue(s.Attributes(), "switchboard.request_id") == "req-abc" {
+			onServer++
+		}
+	}
+	if onServer != 2 {
+		t.Errorf("%d server spans carry switchboard.request_id=req-abc, want 2", onServer)
+	}
 	h.waitIdle()
 }
 

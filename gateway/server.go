@@ -268,13 +268,15 @@ func (s *Server) Handler() http.Handler {
 	return r
 }
 
-// routeAttr sets http.route on the server span from chi's matched pattern.
+// routeAttr sets http.route (chi's matched pattern) and the request id on
+// the server span.
 func routeAttr(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if span := trace.SpanFromContext(r.Context()); span.IsRecording() {
 			if rc := chi.RouteContext(r.Context()); rc != nil {
 				span.SetAttributes(semconv.HTTPRoute(rc.RoutePattern()))
 			}
+			span.SetAttributes(telemetry.AttrRequestID.String(RequestIDFrom(r.Context())))
 		}
 		next.ServeHTTP(w, r)
 	})

@@ -38,12 +38,12 @@ import (
 type soakOutcome int
 
 const (
-	outDone       soakOutcome = iota // 200 stream ending in data: [DONE]
-	outErrEvent                      // 200 stream ending in a data: {"error":...} event
-	outStreamCut                     // 200 stream ending otherwise (read error, bare EOF)
-	outOK                            // 200 non-stream, whole body
-	outCut                           // 200 non-stream, body cut (read error)
-	outCancelled                     // the client cancelled after the first content event
+	outDone      soakOutcome = iota // 200 stream ending in data: [DONE]
+	outErrEvent                     // 200 stream ending in a data: {"error":...} event
+	outStreamCut                    // 200 stream ending otherwise (read error, bare EOF)
+	outOK                           // 200 non-stream, whole body
+	outCut                          // 200 non-stream, body cut (read error)
+	outCancelled                    // the client cancelled after the first content event
 	out400
 	out404
 	out429
@@ -220,7 +220,7 @@ func (h *soakHarness) collect() metricdata.ResourceMetrics {
 	return rm
 }
 
-// gauges returns switchboard.engine.active_requests per "engine/phase".
+// soakGauges returns switchboard.engine.active_requests per "engine/phase".
 func soakGauges(rm metricdata.ResourceMetrics) map[string]int64 {
 	out := map[string]int64{}
 	m, ok := findMetric(rm, telemetry.ActiveRequestsName)
@@ -236,8 +236,8 @@ func soakGauges(rm metricdata.ResourceMetrics) map[string]int64 {
 	return out
 }
 
-// errorTypes returns the count of histogram name per error.type ("" for
-// success).
+// soakErrorTypes returns the count of histogram name per error.type (""
+// for success).
 func soakErrorTypes(rm metricdata.ResourceMetrics, name string) map[string]uint64 {
 	out := map[string]uint64{}
 	m, ok := findMetric(rm, name)
@@ -286,16 +286,51 @@ func (h *soakHarness) waitLive(d time.Duration) int64 {
 	return h.gw.LiveAttempts()
 }
 
+// memSample is the process's memory after a forced GC.
+type memSample struct {
+	heapInuse  uint64 // runtime.MemStats.HeapInuse
+	heapAlloc  uint64 // runtime.MemStats.HeapAlloc (the live heap)
+	rss        uint64 // VmRSS, bytes
+	goroutines int
+}
+
+// readMem forces a GC and reads the memory figures. Two collections: the
+// first moves sync.Pool contents to the victim cache, the second frees
+// them, so pooled buffers do not count.
+func readMem() memSample {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return memSample{heapInuse: ms.HeapInuse, heapAlloc: ms.HeapAlloc, rss: procStatus("VmRSS"), goroutines: runtime.NumGoroutine()}
+}
+
 // soakSample is one checkpoint.
 type soakSample struct {
-	requests   int64
-	heapInuse  uint64 // runtime.MemStats.HeapInuse after a forced GC
-	heapAlloc  uint64 // runtime.MemStats.HeapAlloc after a forced GC (live heap)
-	rss        uint64 // VmRSS, bytes
-	hwm        uint64 // VmHWM (peak RSS), bytes
-	goroutines int
-	series     int // metric data points across every instrument
-	elapsed    time.Duration
+	requests int64
+	// warm is measured as the process stands, keep-alive connections (and
+	// their buffers and goroutines) included; quiet after every idle
+	// connection was closed, which removes the connection-pool noise (how
+	// many connections are idle depends on the fault mix's timing) and
+	// leaves what requests may have left behind.
+	warm, quiet memSample
+	hwm         uint64 // VmHWM (peak RSS), bytes
+	series      int    // metric data points across every instrument
+	elapsed     time.Duration
+}
+
+// settleGoroutines waits (bounded) until the goroutine count stops falling
+// (connection goroutines exit asynchronously after a close).
+func settleGoroutines() {
+	prev := runtime.NumGoroutine()
+	for range 100 {
+		time.Sleep(20 * time.Millisecond)
+		n := runtime.NumGoroutine()
+		if n == prev {
+			return
+		}
+		prev = n
+	}
 }
 
 // procStatus returns a "VmXXX:" field of /proc/self/status in bytes (0 when
@@ -570,17 +605,12 @@ func BenchmarkSoak(b *testing.B) {
 				b.Fatalf("at %d requests: gauge %s = %d, want 0", cp, k, v)
 			}
 		}
-		// Two collections: the first moves sync.Pool contents to the victim
-		// cache, the second frees them, so pooled buffers do not count.
-		runtime.GC()
-		runtime.GC()
-		var ms runtime.MemStats
-		runtime.ReadMemStats(&ms)
-		samples = append(samples, soakSample{
-			requests: cp, heapInuse: ms.HeapInuse, heapAlloc: ms.HeapAlloc,
-			rss: procStatus("VmRSS"), hwm: procStatus("VmHWM"), goroutines: runtime.NumGoroutine(),
-			series: seriesCount(rm), elapsed: time.Since(start),
-		})
+		warm := readMem()
+		tr.CloseIdleConnections()
+		h.gw.client.CloseIdleConnections() // the engine transport (requests and probes)
+		settleGoroutines()
+		samples = append(samples, soakSample{requests: cp, warm: warm, quiet: readMem(),
+			hwm: procStatus("VmHWM"), series: seriesCount(rm), elapsed: time.Since(start)})
 		b.StartTimer()
 	}
 	wall := time.Since(start)
@@ -592,11 +622,13 @@ func BenchmarkSoak(b *testing.B) {
 	var tbl strings.Builder
 	fmt.Fprintf(&tbl, "soak: %d requests, %d workers, %d engines, sample ratio %g, wall %v (%.0f req/s), GOMAXPROCS %d\n",
 		total, conc, nEngines, sampleRatio, wall.Round(time.Millisecond), float64(total)/wall.Seconds(), runtime.GOMAXPROCS(0))
-	fmt.Fprintf(&tbl, "| requests | heap in use (after GC) | heap alloc (after GC) | RSS | peak RSS | goroutines | metric series | elapsed |\n")
-	fmt.Fprintf(&tbl, "|---:|---:|---:|---:|---:|---:|---:|---:|\n")
+	fmt.Fprintf(&tbl, "| requests | heap in use | heap alloc | RSS | goroutines | heap in use, conns closed | heap alloc, conns closed | RSS, conns closed | goroutines, conns closed | peak RSS | metric series | elapsed |\n")
+	fmt.Fprintf(&tbl, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, s := range samples {
-		fmt.Fprintf(&tbl, "| %d | %s | %s | %s | %s | %d | %d | %v |\n", s.requests, mib(s.heapInuse), mib(s.heapAlloc),
-			mib(s.rss), mib(s.hwm), s.goroutines, s.series, s.elapsed.Round(time.Millisecond))
+		fmt.Fprintf(&tbl, "| %d | %s | %s | %s | %d | %s | %s | %s | %d | %s | %d | %v |\n", s.requests,
+			mib(s.warm.heapInuse), mib(s.warm.heapAlloc), mib(s.warm.rss), s.warm.goroutines,
+			mib(s.quiet.heapInuse), mib(s.quiet.heapAlloc), mib(s.quiet.rss), s.quiet.goroutines,
+			mib(s.hwm), s.series, s.elapsed.Round(time.Millisecond))
 	}
 
 	// Every request accounted for, per kind and outcome.
@@ -672,7 +704,7 @@ func BenchmarkSoak(b *testing.B) {
 		received += st.Received
 		perEngine = append(perEngine, fmt.Sprintf("e%d received %d (completed %d, aborted %d, faulted %d)", i+1, st.Received, st.Completed, st.Aborted, st.Faulted))
 	}
-	parseErrs := h.counterTotal(rm, telemetry.ParseErrorsName)
+	parseErrs := counterTotal(rm, telemetry.ParseErrorsName)
 	fmt.Fprintf(&tbl, "\nengines: %s\nrequest.duration count %d; engine requests %d; requests that reach an engine %d; parse errors %d (expected %d); lowest gauge seen %d\n",
 		strings.Join(perEngine, "; "), recorded, received, sent-noEngine, parseErrs, wantParseErrs, minGauge.Load())
 	b.Log("\n" + tbl.String())
@@ -705,10 +737,11 @@ func BenchmarkSoak(b *testing.B) {
 	}
 
 	last := samples[len(samples)-1]
-	b.ReportMetric(float64(last.heapInuse), "heap-inuse-B")
-	b.ReportMetric(float64(last.heapAlloc), "heap-alloc-B")
-	b.ReportMetric(float64(last.rss), "rss-B")
-	b.ReportMetric(float64(last.goroutines), "goroutines")
+	b.ReportMetric(float64(last.warm.heapInuse), "heap-inuse-B")
+	b.ReportMetric(float64(last.warm.heapAlloc), "heap-alloc-B")
+	b.ReportMetric(float64(last.warm.rss), "rss-B")
+	b.ReportMetric(float64(last.warm.goroutines), "goroutines")
+	b.ReportMetric(float64(last.quiet.heapInuse), "heap-inuse-quiet-B")
 	b.ReportMetric(float64(total)/wall.Seconds(), "req/s")
 	var base *soakSample
 	for i := range samples {
@@ -721,18 +754,28 @@ func BenchmarkSoak(b *testing.B) {
 			if s.requests < 1_000_000 {
 				continue
 			}
-			ratio := float64(s.heapInuse) / float64(base.heapInuse)
-			b.ReportMetric(ratio, "heap-1M/100k")
-			b.Logf("heap in use after GC at %d / at 100k = %.3f (heap alloc %.3f)", s.requests, ratio, float64(s.heapAlloc)/float64(base.heapAlloc))
-			if ratio > 1.10 {
-				b.Fatalf("heap in use after GC grew from %s at 100k to %s at %d (x%.3f, limit 1.10)", mib(base.heapInuse), mib(s.heapInuse), s.requests, ratio)
+			ratio := func(f func(m memSample) uint64) float64 { return float64(f(s.warm)) / float64(f(base.warm)) }
+			qratio := func(f func(m memSample) uint64) float64 { return float64(f(s.quiet)) / float64(f(base.quiet)) }
+			inuse := func(m memSample) uint64 { return m.heapInuse }
+			alloc := func(m memSample) uint64 { return m.heapAlloc }
+			b.ReportMetric(ratio(inuse), "heap-1M/100k")
+			b.ReportMetric(qratio(inuse), "heap-quiet-1M/100k")
+			b.Logf("at %d / at 100k: heap in use x%.3f, heap alloc x%.3f; with connections closed: heap in use x%.3f, heap alloc x%.3f",
+				s.requests, ratio(inuse), ratio(alloc), qratio(inuse), qratio(alloc))
+			if r := qratio(inuse); r > 1.10 {
+				b.Fatalf("heap in use after GC (connections closed) grew from %s at 100k to %s at %d (x%.3f, limit 1.10)",
+					mib(base.quiet.heapInuse), mib(s.quiet.heapInuse), s.requests, r)
+			}
+			if r := ratio(inuse); r > 1.10 {
+				b.Fatalf("heap in use after GC grew from %s at 100k to %s at %d (x%.3f, limit 1.10)",
+					mib(base.warm.heapInuse), mib(s.warm.heapInuse), s.requests, r)
 			}
 		}
 	}
 }
 
 // counterTotal returns the total of an Int64 counter.
-func (h *soakHarness) counterTotal(rm metricdata.ResourceMetrics, name string) int64 {
+func counterTotal(rm metricdata.ResourceMetrics, name string) int64 {
 	m, ok := findMetric(rm, name)
 	if !ok {
 		return 0
