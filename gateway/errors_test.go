@@ -101,6 +101,9 @@ func TestCaseL15ErrorStatuses(t *testing.T) {
 			if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
 				t.Errorf("Content-Type %q, want application/json", ct)
 			}
+			if tt.status == 405 && resp.Header.Get("Allow") != "POST" {
+				t.Errorf("405 with Allow %q, want POST", resp.Header.Get("Allow"))
+			}
 			e := decodeErr(t, resp)
 			if tt.typ != "" && e.Error.Type != tt.typ {
 				t.Errorf("type %q, want %q", e.Error.Type, tt.typ)

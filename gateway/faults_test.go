@@ -64,6 +64,8 @@ type faultCase struct {
 	observe   bool // the phase lasts long enough for the gauge watcher to see it
 	parseErrs int64
 	noSlot    bool // rejected before routing: no slot taken, no engine metric
+
+	requestTimeout time.Duration // the gateway's total request timeout; default 5 s
 }
 
 var both = []bool{false, true}
@@ -86,7 +88,7 @@ var faultMatrix = []faultCase{
 	{name: "close before headers", stream: both, fault: "close-before-headers", status: [2]int{502, 502}, errType: [2]string{ErrTypeEngineDisconnect, ErrTypeEngineDisconnect}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhasePrefill}},
 	{name: "close after headers", stream: both, fault: "close-after-headers", status: [2]int{502, 502}, errType: [2]string{ErrTypeEngineDisconnect, ErrTypeEngineDisconnect}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhasePrefill}},
 	{name: "close mid-stream", stream: both, fault: "close-after=3", status: [2]int{200, 200}, errType: [2]string{ErrTypeEngineDisconnect, ErrTypeEngineDisconnect}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhaseDecode}, errEvent: true, bodyErr: true, observe: true},
-	{name: "stall before headers", stream: both, fault: "stall-before-headers", status: [2]int{504, 504}, errType: [2]string{ErrTypeRequestTimeout, ErrTypeHeaderTimeout}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhasePrefill}, aborted: true, observe: true},
+	{name: "stall before headers", stream: both, fault: "stall-before-headers", requestTimeout: 1500 * time.Millisecond, status: [2]int{504, 504}, errType: [2]string{ErrTypeRequestTimeout, ErrTypeHeaderTimeout}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhasePrefill}, aborted: true, observe: true},
 	{name: "stall mid-stream", stream: both, fault: "stall-after=2", status: [2]int{200, 200}, errType: [2]string{ErrTypeIdleTimeout, ErrTypeIdleTimeout}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhaseDecode}, errEvent: true, bodyErr: true, aborted: true, observe: true},
 	{name: "slow headers", stream: both, fault: "slow-headers=100ms", status: [2]int{200, 200}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhaseDecode}, observe: true},
 	{name: "malformed event", stream: streamOnly, fault: "malformed", status: [2]int{0, 200}, phase: [2]routing.Phase{0, routing.PhaseDecode}, parseErrs: 1},
@@ -191,7 +193,10 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 	cfg := testConfig(EngineConfig{Name: "e1", URL: url, Models: []string{"m"}})
 	cfg.Timeouts.ResponseHeader = 300 * time.Millisecond
 	cfg.Timeouts.Idle = 300 * time.Millisecond
-	cfg.Timeouts.Request = 1500 * time.Millisecond
+	cfg.Timeouts.Request = 5 * time.Second
+	if fc.requestTimeout > 0 {
+		cfg.Timeouts.Request = fc.requestTimeout
+	}
 	cfg.MaxAttempts = 1
 	h := newHarnessWith(t, cfg, opts, withSampler(sampler), withoutStart())
 	if fc.setup == unhealthy {

@@ -35,8 +35,9 @@ type engine struct {
 	models  atomic.Pointer[[]string] // sorted; nil until known
 	lastErr atomic.Pointer[string]
 
-	// Probe state, touched only by the probing goroutine.
+	// Probe state, touched only under Pool.probeMu.
 	fails        int
+	probed       bool // a probe has answered at least once
 	lastDiscover time.Time
 }
 
@@ -409,11 +410,15 @@ func (p *Pool) probe(ctx context.Context, e *engine) {
 			e.lastDiscover = time.Now()
 		}
 	}
+	first := !e.probed
+	e.probed = true
 	if err != nil {
 		msg := err.Error()
 		e.lastErr.Store(&msg)
 		e.fails++
-		if e.fails >= p.cfg.UnhealthyAfter && e.ep.Healthy() {
+		// The first verdict is taken at once: an engine that has never
+		// answered is not presumed healthy for UnhealthyAfter rounds.
+		if (first || e.fails >= p.cfg.UnhealthyAfter) && e.ep.Healthy() {
 			e.ep.SetHealthy(false)
 			p.log.Warn("engine unhealthy", "engine", e.cfg.Name, "error", err)
 		}

@@ -247,7 +247,14 @@ func (s *Server) Handler() http.Handler {
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, &APIError{Status: http.StatusNotFound, Type: TypeInvalidRequest, Code: "not_found", Message: "no route for " + r.Method + " " + r.URL.Path})
 	})
-	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) {
+	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
+		// chi only sets Allow in its default handler; RFC 9110 requires it.
+		for _, m := range []string{http.MethodGet, http.MethodPost} {
+			if r.Match(chi.NewRouteContext(), m, req.URL.Path) {
+				w.Header().Add("Allow", m)
+			}
+		}
+		r := req
 		writeError(w, r, &APIError{Status: http.StatusMethodNotAllowed, Type: TypeInvalidRequest, Code: "method_not_allowed", Message: "method " + r.Method + " is not allowed on " + r.URL.Path})
 	})
 	// Group middlewares run after chi has matched the route, so the

@@ -7,11 +7,13 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/contrib/exporters/autoexport"
+	"go.opentelemetry.io/otel"
 	promexporter "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/propagation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
@@ -83,6 +85,13 @@ func Setup(ctx context.Context, cfg Config, log *slog.Logger) (*Providers, func(
 		return nil, nil, fmt.Errorf("telemetry resource: %w", err)
 	}
 
+	// Exporter and SDK errors (a collector that is down, say) go to the
+	// gateway's structured log instead of the standard logger.
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+		log.Warn("opentelemetry export error", "error", err)
+	}))
+	disabled := strings.EqualFold(strings.TrimSpace(os.Getenv("OTEL_SDK_DISABLED")), "true")
+
 	p := &Providers{Propagator: propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})}
 	var shutdowns []func(context.Context) error
 	shutdown := func(ctx context.Context) error {
@@ -95,7 +104,11 @@ func Setup(ctx context.Context, cfg Config, log *slog.Logger) (*Providers, func(
 
 	// Traces. The SDK reads OTEL_TRACES_SAMPLER(_ARG) itself.
 	tpOpts := []sdktrace.TracerProviderOption{sdktrace.WithResource(res)}
-	if signalConfigured("TRACES") {
+	if disabled {
+		// OTEL_SDK_DISABLED: no spans, no OTLP. The Prometheus endpoint
+		// stays: it is the gateway's own metrics surface.
+		tpOpts = append(tpOpts, sdktrace.WithSampler(sdktrace.NeverSample()))
+	} else if signalConfigured("TRACES") {
 		exp, err := autoexport.NewSpanExporter(ctx)
 		if err != nil {
 			return nil, nil, fmt.Errorf("trace exporter: %w", err)
@@ -125,7 +138,7 @@ func Setup(ctx context.Context, cfg Config, log *slog.Logger) (*Providers, func(
 	}
 	if os.Getenv("OTEL_METRICS_EXPORTER") == "prometheus" {
 		log.Info("OTEL_METRICS_EXPORTER=prometheus: metrics are already served on the admin listener's /metrics; no second Prometheus server started")
-	} else if signalConfigured("METRICS") {
+	} else if !disabled && signalConfigured("METRICS") {
 		r, err := autoexport.NewMetricReader(ctx)
 		if err != nil {
 			_ = shutdown(ctx)
@@ -139,7 +152,9 @@ func Setup(ctx context.Context, cfg Config, log *slog.Logger) (*Providers, func(
 	p.MeterProvider = sdkmetric.NewMeterProvider(mpOpts...)
 	shutdowns = append(shutdowns, p.MeterProvider.Shutdown)
 
-	if !p.OTLPTraces && !p.OTLPMetrics {
+	if disabled {
+		log.Info("OTEL_SDK_DISABLED=true: no spans and no OTLP export; metrics are served on the admin /metrics endpoint only")
+	} else if !p.OTLPTraces && !p.OTLPMetrics {
 		log.Info("no OTLP exporter configured (set OTEL_EXPORTER_OTLP_ENDPOINT to export traces and metrics); metrics are served on the admin /metrics endpoint only")
 	} else {
 		log.Info("telemetry export configured", "traces", p.OTLPTraces, "metrics", p.OTLPMetrics)

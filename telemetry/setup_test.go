@@ -430,6 +430,12 @@ func TestSetupExporterSelection(t *testing.T) {
 			notLogged: "no OTLP exporter configured",
 		},
 		{
+			name:      "OTEL_SDK_DISABLED wins over an endpoint",
+			env:       map[string]string{"OTEL_SDK_DISABLED": "true", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"},
+			logged:    "OTEL_SDK_DISABLED=true",
+			notLogged: "telemetry export configured",
+		},
+		{
 			name:    "unknown protocol",
 			env:     map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1", "OTEL_EXPORTER_OTLP_PROTOCOL": "carrier-pigeon"},
 			wantErr: true,

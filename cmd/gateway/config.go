@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-viper/mapstructure/v2"
 	"github.com/knadh/koanf/parsers/yaml"
 	"github.com/knadh/koanf/providers/confmap"
 	"github.com/knadh/koanf/providers/env/v2"
@@ -181,7 +182,17 @@ func loadConfig(args []string, environ func() []string) (Config, error) {
 	// Defaults hold no slices: decoding into a non-empty slice would merge
 	// element by element instead of replacing it.
 	cfg := defaults()
-	if err := k.UnmarshalWithConf("", &cfg, koanf.UnmarshalConf{Tag: "koanf"}); err != nil {
+	// Unknown keys are errors, not silently ignored: a misspelled YAML key
+	// or SWITCHBOARD_* variable must not leave a default in place.
+	dc := &mapstructure.DecoderConfig{
+		DecodeHook: mapstructure.ComposeDecodeHookFunc(
+			mapstructure.StringToTimeDurationHookFunc(),
+			mapstructure.StringToSliceHookFunc(","),
+			mapstructure.TextUnmarshallerHookFunc()),
+		WeaklyTypedInput: true,
+		ErrorUnused:      true,
+	}
+	if err := k.UnmarshalWithConf("", &cfg, koanf.UnmarshalConf{Tag: "koanf", DecoderConfig: dc}); err != nil {
 		return Config{}, fmt.Errorf("config: %w", err)
 	}
 	if cfg.Simulate.Engines > 0 && len(cfg.Simulate.Models) == 0 {

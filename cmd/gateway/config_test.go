@@ -272,6 +272,16 @@ func TestLoadConfigErrors(t *testing.T) {
 			want: []string{"config file", "switchboard-does-not-exist.yaml"},
 		},
 		{
+			name: "misspelled yaml key",
+			yaml: "simulate:\n  engines: 1\nroutng:\n  policy: least-loaded\n",
+			want: []string{"config:", "routng"},
+		},
+		{
+			name: "misspelled env variable",
+			env:  []string{"SWITCHBOARD_SIMULATE__ENGINES=1", "SWITCHBOARD_ROUTING_POLICY=least-loaded"},
+			want: []string{"config:", "routing_policy"},
+		},
+		{
 			name: "unknown flag",
 			args: []string{"--nope"},
 			want: []string{"unknown flag", "--nope"},

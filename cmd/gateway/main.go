@@ -20,6 +20,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/spf13/pflag"
+
 	"github.com/switchboard-gw/switchboard/gateway"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/routing"
@@ -28,8 +30,17 @@ import (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		// After the first signal, restore the default behaviour: a second
+		// Ctrl-C ends the process at once instead of waiting for the drain.
+		<-ctx.Done()
+		stop()
+	}()
 	err := run(ctx, os.Args[1:], os.Environ, os.Stderr, nil)
 	stop()
+	if errors.Is(err, pflag.ErrHelp) {
+		return
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "switchboard:", err)
 		os.Exit(1)
@@ -64,9 +75,13 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 		return err
 	}
 	defer func() {
+		// A collector that is down at exit loses the last export; that is
+		// worth a warning, not a failed exit.
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		err = errors.Join(err, shutdownTelemetry(sctx))
+		if terr := shutdownTelemetry(sctx); terr != nil {
+			log.Warn("telemetry shutdown: final export failed", "error", terr)
+		}
 	}()
 	metrics, err := telemetry.NewMetrics(providers.MeterProvider)
 	if err != nil {
@@ -140,7 +155,7 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 
 	select {
 	case <-ctx.Done():
-		log.Info("shutting down: draining in-flight requests", "timeout", cfg.Server.ShutdownTimeout)
+		log.Info("shutting down: draining in-flight requests (a second Ctrl-C exits at once)", "timeout", cfg.Server.ShutdownTimeout)
 	case err := <-errc:
 		closeAll()
 		return fmt.Errorf("serve: %w", err)
@@ -159,6 +174,9 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 		log.Warn("shutdown deadline passed; closing remaining connections")
 		closeAll()
 		serr = nil
+	}
+	if serr == nil {
+		log.Info("stopped")
 	}
 	return serr
 }

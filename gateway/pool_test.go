@@ -1,0 +1,132 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"testing"
+
+	"github.com/switchboard-gw/switchboard/internal/enginesim"
+)
+
+// TestHealthProbes: an engine that fails its very first probe is out of
+// routing at once; after that, UnhealthyAfter consecutive failures take it
+// out and one success brings it back; /ready follows.
+func TestHealthProbes(t *testing.T) {
+	good, sGood := sim(t, enginesim.Config{Models: []string{"m"}})
+	bad, sBad := sim(t, enginesim.Config{Models: []string{"m"}})
+	bad.SetHealthy(false)
+	cfg := testConfig(EngineConfig{Name: "good", URL: sGood.URL}, EngineConfig{Name: "bad", URL: sBad.URL})
+	cfg.Health.UnhealthyAfter = 2
+	h := newHarness(t, cfg)
+	status := func() map[string]bool {
+		out := map[string]bool{}
+		for _, s := range h.gw.Pool().Status() {
+			out[s.Name] = s.Healthy
+		}
+		return out
+	}
+	if st := status(); !st["good"] || st["bad"] {
+		t.Fatalf("after the first probe: %v, want good healthy and bad not", st)
+	}
+	bad.SetHealthy(true)
+	h.gw.Pool().ProbeNow(context.Background())
+	if st := status(); !st["bad"] {
+		t.Fatalf("bad recovered but still unhealthy: %v", st)
+	}
+	good.SetHealthy(false)
+	h.gw.Pool().ProbeNow(context.Background())
+	if st := status(); !st["good"] {
+		t.Fatalf("one failed probe (of UnhealthyAfter=2) took good out: %v", st)
+	}
+	h.gw.Pool().ProbeNow(context.Background())
+	if st := status(); st["good"] {
+		t.Fatalf("two failed probes left good in: %v", st)
+	}
+	// Only "bad" serves "m" now.
+	for range 4 {
+		resp := h.post("/v1/completions", `{"model":"m","prompt":"a","max_tokens":1}`)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if e := resp.Header.Get("X-Switchboard-Engine"); e != "bad" {
+			t.Fatalf("routed to %q, want bad", e)
+		}
+	}
+	bad.SetHealthy(false)
+	h.gw.Pool().ProbeNow(context.Background())
+	h.gw.Pool().ProbeNow(context.Background())
+	resp, err := h.client.Get(h.srv.URL + "/ready")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("/ready with no healthy engine: %d, want 503", resp.StatusCode)
+	}
+	h.gw.Drain()
+	good.SetHealthy(true)
+	h.gw.Pool().ProbeNow(context.Background())
+	resp, _ = h.client.Get(h.srv.URL + "/ready")
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable {
+		t.Errorf("/ready while draining: %d, want 503", resp.StatusCode)
+	}
+}
+
+func TestPoolAddRemove(t *testing.T) {
+	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
+	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: s1.URL}))
+	if err := h.gw.Pool().Add(EngineConfig{Name: "e1", URL: s1.URL}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("Add of a duplicate name: %v, want ErrInvalidConfig", err)
+	}
+	if err := h.gw.Pool().Add(EngineConfig{Name: "e2", URL: "ftp://x"}); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("Add of a bad URL: %v, want ErrInvalidConfig", err)
+	}
+	if h.gw.Pool().Remove("nope") {
+		t.Error("Remove of an unknown engine returned true")
+	}
+	if !h.gw.Pool().Remove("e1") {
+		t.Fatal("Remove(e1) = false")
+	}
+	resp := h.post("/v1/completions", `{"model":"m","prompt":"a"}`)
+	if resp.StatusCode != http.StatusNotFound {
+		t.Errorf("model of a removed engine: %d, want 404", resp.StatusCode)
+	}
+	resp.Body.Close()
+}
+
+func TestConfigValidate(t *testing.T) {
+	ok := EngineConfig{Name: "e", URL: "http://127.0.0.1:1"}
+	tests := []struct {
+		name string
+		mut  func(*Config)
+		ok   bool
+	}{
+		{"defaults with one engine", func(*Config) {}, true},
+		{"no engines", func(c *Config) { c.Engines = nil }, false},
+		{"duplicate names", func(c *Config) { c.Engines = []EngineConfig{ok, ok} }, false},
+		{"bad scheme", func(c *Config) { c.Engines = []EngineConfig{{Name: "e", URL: "ftp://h"}} }, false},
+		{"no host", func(c *Config) { c.Engines = []EngineConfig{{Name: "e", URL: "http://"}} }, false},
+		{"empty name", func(c *Config) { c.Engines = []EngineConfig{{URL: "http://h"}} }, false},
+		{"empty model", func(c *Config) { c.Engines = []EngineConfig{{Name: "e", URL: "http://h", Models: []string{" "}}} }, false},
+		{"zero body limit", func(c *Config) { c.MaxBodyBytes = 0 }, false},
+		{"zero attempts", func(c *Config) { c.MaxAttempts = 0 }, false},
+		{"negative timeout", func(c *Config) { c.Timeouts.Idle = -1 }, false},
+		{"zero health interval", func(c *Config) { c.Health.Interval = 0 }, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := DefaultConfig()
+			c.Engines = []EngineConfig{ok}
+			tt.mut(&c)
+			err := c.Validate()
+			if (err == nil) != tt.ok {
+				t.Fatalf("Validate() = %v, want ok=%v", err, tt.ok)
+			}
+			if err != nil && !errors.Is(err, ErrInvalidConfig) {
+				t.Errorf("error %v does not wrap ErrInvalidConfig", err)
+			}
+		})
+	}
+}
