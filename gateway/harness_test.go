@@ -34,7 +34,7 @@ func TestMain(m *testing.M) {
 // harness is a gateway under test with a manual metric reader and a span
 // recorder, served on a real loopback listener.
 type harness struct {
-	t       *testing.T
+	t       testing.TB
 	gw      *Server
 	srv     *httptest.Server
 	reader  *sdkmetric.ManualReader
@@ -87,13 +87,13 @@ func testConfig(engines ...EngineConfig) Config {
 	return cfg
 }
 
-func newHarness(t *testing.T, cfg Config, opts ...harnessOpt) *harness {
+func newHarness(t testing.TB, cfg Config, opts ...harnessOpt) *harness {
 	t.Helper()
 	return newHarnessWith(t, cfg, nil, opts...)
 }
 
 // newHarnessWith is newHarness with extra gateway options.
-func newHarnessWith(t *testing.T, cfg Config, gwOpts []Option, opts ...harnessOpt) *harness {
+func newHarnessWith(t testing.TB, cfg Config, gwOpts []Option, opts ...harnessOpt) *harness {
 	t.Helper()
 	o := harnessOpts{sampler: sdktrace.AlwaysSample(), policy: routing.NewRoundRobin()}
 	for _, f := range opts {
@@ -133,7 +133,7 @@ func newHarnessWith(t *testing.T, cfg Config, gwOpts []Option, opts ...harnessOp
 }
 
 // sim starts a simulated engine on a loopback listener.
-func sim(t *testing.T, cfg enginesim.Config) (*enginesim.Engine, *httptest.Server) {
+func sim(t testing.TB, cfg enginesim.Config) (*enginesim.Engine, *httptest.Server) {
 	t.Helper()
 	if cfg.TTFT == 0 {
 		cfg.TTFT = 2 * time.Millisecond
