@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/propagation"
@@ -97,8 +96,6 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op oai.Operation)
 		candidates = rest
 	}
 }
-
-var bodyPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
 
 // readBody reads the whole body under the size limit. The bytes are kept
 // for forwarding (and re-sending on fail-over).

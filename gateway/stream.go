@@ -17,8 +17,9 @@ import (
 const copyBufSize = 32 << 10
 
 var (
-	copyBufPool = sync.Pool{New: func() any { b := make([]byte, copyBufSize); return &b }}
-	scannerPool = sync.Pool{New: func() any { return sse.NewScanner(0) }}
+	captureBufPool = sync.Pool{New: func() any { return new(bytes.Buffer) }}
+	copyBufPool    = sync.Pool{New: func() any { b := make([]byte, copyBufSize); return &b }}
+	scannerPool    = sync.Pool{New: func() any { return sse.NewScanner(0) }}
 )
 
 // streamState is what the stream loop learns from the events it forwards.
@@ -105,11 +106,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 				if !started {
 					start()
 				}
-				if _, err := w.Write(out); err != nil {
-					a.fail(ErrTypeClientCancelled)
-					return
-				}
-				if err := rc.Flush(); err != nil {
+				if err := writeOut(w, rc, out, idleTimer, idle, true); err != nil {
 					a.fail(ErrTypeClientCancelled)
 					return
 				}
@@ -150,10 +147,33 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 	}
 }
 
+// writeOut writes p to the client (and flushes it when flush is set). The
+// engine idle timer is paused meanwhile: a slow client is not a silent
+// engine. The client gets its own bound instead: a write deadline of one
+// idle period (Caddy's idle write deadline), so a client that stops reading
+// cannot hold an engine slot forever. Any error means the client is gone.
+func writeOut(w http.ResponseWriter, rc *http.ResponseController, p []byte, idleTimer *time.Timer, idle time.Duration, flush bool) error {
+	if idleTimer != nil {
+		idleTimer.Stop()
+		_ = rc.SetWriteDeadline(time.Now().Add(idle))
+	}
+	_, err := w.Write(p)
+	if err == nil && flush {
+		err = rc.Flush()
+	}
+	if idleTimer != nil {
+		_ = rc.SetWriteDeadline(time.Time{})
+		idleTimer.Reset(idle)
+	}
+	return err
+}
+
 // writeStreamError ends a broken stream with an OpenAI error event. A
 // partial event the engine left unfinished is dropped (it was never
 // forwarded), so the error event starts on a clean boundary.
 func writeStreamError(w http.ResponseWriter, rc *http.ResponseController, ae *APIError) {
+	// Bounded: a client that stopped reading must not hold the handler.
+	_ = rc.SetWriteDeadline(time.Now().Add(5 * time.Second))
 	var b bytes.Buffer
 	b.WriteString("data: ")
 	b.Write(ae.body())
@@ -186,11 +206,11 @@ func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Res
 		w.WriteHeader(resp.StatusCode)
 	}
 
-	capBuf := bodyPool.Get().(*bytes.Buffer)
+	capBuf := captureBufPool.Get().(*bytes.Buffer)
 	capBuf.Reset()
 	defer func() {
 		if capBuf.Cap() <= maxUsageCapture {
-			bodyPool.Put(capBuf)
+			captureBufPool.Put(capBuf)
 		}
 	}()
 	bufp := copyBufPool.Get().(*[]byte)
@@ -220,15 +240,9 @@ func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Res
 			if !started {
 				start()
 			}
-			if _, err := w.Write(buf[:n]); err != nil {
+			if err := writeOut(w, rc, buf[:n], idleTimer, idle, flush); err != nil {
 				a.fail(ErrTypeClientCancelled)
 				return
-			}
-			if flush {
-				if err := rc.Flush(); err != nil {
-					a.fail(ErrTypeClientCancelled)
-					return
-				}
 			}
 		}
 		if rerr == nil {
