@@ -88,11 +88,8 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 	buf := *bufp
 
 	idle := s.cfg.Timeouts.Idle
-	var idleTimer *time.Timer
-	if idle > 0 {
-		idleTimer = time.AfterFunc(idle, func() { cancel(errIdleTimeout) })
-		defer idleTimer.Stop()
-	}
+	idleTimer := startIdleTimer(idle, cancel)
+	defer stopTimer(idleTimer)
 	st := streamState{a: a}
 	onEvent := st.onEvent
 	for {
@@ -144,6 +141,21 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 			writeStreamError(w, rc, ae)
 		}
 		return
+	}
+}
+
+// startIdleTimer returns a timer that cancels the attempt with
+// errIdleTimeout after idle without activity, or nil when idle is 0.
+func startIdleTimer(idle time.Duration, cancel context.CancelCauseFunc) *time.Timer {
+	if idle <= 0 {
+		return nil
+	}
+	return time.AfterFunc(idle, func() { cancel(errIdleTimeout) })
+}
+
+func stopTimer(t *time.Timer) {
+	if t != nil {
+		t.Stop()
 	}
 }
 
@@ -218,11 +230,8 @@ func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Res
 	buf := *bufp
 
 	idle := s.cfg.Timeouts.Idle
-	var idleTimer *time.Timer
-	if idle > 0 {
-		idleTimer = time.AfterFunc(idle, func() { cancel(errIdleTimeout) })
-		defer idleTimer.Stop()
-	}
+	idleTimer := startIdleTimer(idle, cancel)
+	defer stopTimer(idleTimer)
 	capturing := true
 	for {
 		n, rerr := resp.Body.Read(buf)

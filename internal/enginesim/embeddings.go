@@ -13,26 +13,9 @@ import (
 
 // serveEmbeddings serves POST /v1/embeddings.
 func (e *Engine) serveEmbeddings(w http.ResponseWriter, r *http.Request) {
-	e.received.Add(1)
-	echoRequestID(w, r)
-	f, err := e.faultsFor(r)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	}
-	body, status, err := readBody(w, r)
-	if err != nil {
-		writeError(w, status, "failed to read request body: "+err.Error())
-		return
-	}
 	var req embeddingRequest
-	if err := decodeJSON(body, &req); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	}
-	m, ok := e.model(req.Model)
+	f, m, ok := admit(e, w, r, &req, func(q *embeddingRequest) string { return q.Model })
 	if !ok {
-		writeError(w, http.StatusNotFound, modelNotFound(req.Model))
 		return
 	}
 	items, keys, err := inputItems(req.Input, "input")

@@ -33,29 +33,15 @@ type generation struct {
 
 // serveGenerate serves POST /v1/chat/completions (k == kindChat) and /v1/completions.
 func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, k kind) {
-	e.received.Add(1)
-	echoRequestID(w, r)
-	f, err := e.faultsFor(r)
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	}
-	body, status, err := readBody(w, r)
-	if err != nil {
-		writeError(w, status, "failed to read request body: "+err.Error())
-		return
-	}
 	var req genRequest
-	if err := decodeJSON(body, &req); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	}
-	m, ok := e.model(req.Model)
+	f, m, ok := admit(e, w, r, &req, func(q *genRequest) string { return q.Model })
 	if !ok {
-		writeError(w, http.StatusNotFound, modelNotFound(req.Model))
 		return
 	}
-	var words []string
+	var (
+		words []string
+		err   error
+	)
 	if k == kindChat {
 		words, err = chatPromptWords(req.Messages)
 	} else {

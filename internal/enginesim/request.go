@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"strconv"
 	"strings"
 )
@@ -169,4 +170,33 @@ func (e *Engine) outputTokens(req *genRequest) (int, string, error) {
 		return 0, "", badRequestf("%s must be at least 1, got %d", name, *limit)
 	}
 	return min(*limit, e.cfg.MaxOutputTokens), finishLength, nil
+}
+
+// admit does what every generation endpoint does first: count the request,
+// echo its id, parse its faults and its body into req, and resolve the model
+// model(req) names. On failure it writes the error (400, 404 or the body
+// reader's status) and returns ok=false.
+func admit[T any](e *Engine, w http.ResponseWriter, r *http.Request, req *T, model func(*T) string) (*faults, *modelState, bool) {
+	e.received.Add(1)
+	echoRequestID(w, r)
+	f, err := e.faultsFor(r)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return nil, nil, false
+	}
+	body, status, err := readBody(w, r)
+	if err != nil {
+		writeError(w, status, "failed to read request body: "+err.Error())
+		return nil, nil, false
+	}
+	if err := decodeJSON(body, req); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return nil, nil, false
+	}
+	m, ok := e.model(model(req))
+	if !ok {
+		writeError(w, http.StatusNotFound, modelNotFound(model(req)))
+		return nil, nil, false
+	}
+	return f, m, true
 }
