@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	stdlog "log"
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
@@ -183,6 +184,32 @@ type soakHarness struct {
 	gw     *Server
 	srv    *httptest.Server
 	reader *sdkmetric.ManualReader
+	// serverLog counts what net/http logs about the gateway's handler.
+	serverLog countingLog
+}
+
+// countingLog counts log lines and keeps the first few: a million requests
+// must not grow a buffer (it would show in the heap figures).
+type countingLog struct {
+	mu    sync.Mutex
+	n     int
+	first []string
+}
+
+func (c *countingLog) Write(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.n++
+	if len(c.first) < 5 {
+		c.first = append(c.first, strings.TrimSpace(string(p)))
+	}
+	return len(p), nil
+}
+
+func (c *countingLog) get() (int, []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n, append([]string(nil), c.first...)
 }
 
 func newSoakHarness(tb testing.TB, cfg Config, policy routing.Policy, sampler sdktrace.Sampler) *soakHarness {
@@ -201,7 +228,12 @@ func newSoakHarness(tb testing.TB, cfg Config, policy routing.Policy, sampler sd
 	}
 	gw.Start()
 	h := &soakHarness{tb: tb, gw: gw, reader: reader}
-	h.srv = httptest.NewServer(gw.Handler())
+	h.srv = httptest.NewUnstartedServer(gw.Handler())
+	// net/http's own complaints about the gateway's handler (such as
+	// "superfluous response.WriteHeader call", shared/cases L05) are
+	// counted, as the unit harness collects them.
+	h.srv.Config.ErrorLog = stdlog.New(&h.serverLog, "", 0)
+	h.srv.Start()
 	tb.Cleanup(func() {
 		h.srv.CloseClientConnections()
 		h.srv.Close()
@@ -707,6 +739,8 @@ func BenchmarkSoak(b *testing.B) {
 	parseErrs := counterTotal(rm, telemetry.ParseErrorsName)
 	fmt.Fprintf(&tbl, "\nengines: %s\nrequest.duration count %d; engine requests %d; requests that reach an engine %d; parse errors %d (expected %d); lowest gauge seen %d\n",
 		strings.Join(perEngine, "; "), recorded, received, sent-noEngine, parseErrs, wantParseErrs, minGauge.Load())
+	nLog, firstLogs := h.serverLog.get()
+	fmt.Fprintf(&tbl, "net/http server log lines about the gateway: %d %q\n", nLog, firstLogs)
 	b.Log("\n" + tbl.String())
 
 	// The verdict.
@@ -720,6 +754,9 @@ func BenchmarkSoak(b *testing.B) {
 		if v != 0 {
 			b.Fatalf("gauge %s = %d, want 0", k, v)
 		}
+	}
+	if nLog > 0 {
+		b.Fatalf("net/http logged %d lines about the gateway's handler, first %q", nLog, firstLogs)
 	}
 	if m := minGauge.Load(); m < 0 {
 		b.Fatalf("a gauge was observed at %d", m)

@@ -240,7 +240,7 @@ func TestGatewayBinaryExportsOTLP(t *testing.T) {
 		"OTEL_BSP_SCHEDULE_DELAY=100",
 		"OTEL_SERVICE_NAME=switchboard-it",
 	}
-	if extra := os.Getenv("SWITCHBOARD_IT_GATEWAY_ENV"); extra != "" {
+	if extra := os.Getenv("IT_GATEWAY_ENV"); extra != "" {
 		env = append(env, strings.Split(extra, ",")...)
 	}
 	gw := start(t, env, gwBin, "--config", cfgPath)

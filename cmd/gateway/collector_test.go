@@ -83,7 +83,7 @@ func TestCollectorConfig(t *testing.T) {
 	}
 	type want struct{ receivers, processors, exporters []string }
 	wantPipelines := map[string]want{
-		"traces":  {[]string{"otlp"}, []string{"memory_limiter", "batch"}, []string{"otlp/jaeger"}},
+		"traces":  {[]string{"otlp"}, []string{"memory_limiter", "batch"}, []string{"otlp_grpc/jaeger"}},
 		"metrics": {[]string{"otlp"}, []string{"memory_limiter", "batch"}, []string{"prometheus"}},
 	}
 	if len(cfg.Service.Pipelines) != len(wantPipelines) {
@@ -115,10 +115,10 @@ func TestCollectorConfig(t *testing.T) {
 	}{
 		{"receivers.otlp.protocols.grpc.endpoint", lookup(cfg.Receivers["otlp"], "protocols.grpc.endpoint"), "0.0.0.0:4317"},
 		{"receivers.otlp.protocols.http.endpoint", lookup(cfg.Receivers["otlp"], "protocols.http.endpoint"), "0.0.0.0:4318"},
-		{"exporters.otlp/jaeger.endpoint", lookup(cfg.Exporters["otlp/jaeger"], "endpoint"), "${env:JAEGER_OTLP_ENDPOINT:-127.0.0.1:14317}"},
-		{"exporters.otlp/jaeger.tls.insecure", lookup(cfg.Exporters["otlp/jaeger"], "tls.insecure"), true},
+		{"exporters.otlp_grpc/jaeger.endpoint", lookup(cfg.Exporters["otlp_grpc/jaeger"], "endpoint"), "${env:JAEGER_OTLP_ENDPOINT:-127.0.0.1:14317}"},
+		{"exporters.otlp_grpc/jaeger.tls.insecure", lookup(cfg.Exporters["otlp_grpc/jaeger"], "tls.insecure"), true},
 		{"exporters.prometheus.endpoint", lookup(cfg.Exporters["prometheus"], "endpoint"), "0.0.0.0:8889"},
-		{"exporters.prometheus.resource_to_telemetry_conversion.enabled", lookup(cfg.Exporters["prometheus"], "resource_to_telemetry_conversion.enabled"), true},
+		{"exporters.prometheus.metric_expiration", lookup(cfg.Exporters["prometheus"], "metric_expiration"), "5m"},
 	}
 	for _, v := range values {
 		if v.got != v.want {
