@@ -106,10 +106,11 @@ func TestCaseL01FailedRequestsReleaseFromPrefill(t *testing.T) {
 // health probe succeeding meanwhile never resets the gauges; least-loaded
 // keeps spreading afterwards.
 func TestCaseL02DisconnectsBeforeHeadersRelease(t *testing.T) {
-	engB, sB := sim(t, enginesim.Config{Models: []string{"b-only"}})
-	// B is the only engine for "b-only" (C serves "m"): every request waits on B.
+	engB, sB := sim(t, enginesim.Config{Models: []string{"b-only", "m"}})
+	// B is the only engine for "b-only": every request waits on B. Both
+	// serve "m", for the spreading check afterwards.
 	_, sC := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: time.Nanosecond, ITL: time.Nanosecond})
-	cfg := testConfig(EngineConfig{Name: "B", URL: sB.URL, Models: []string{"b-only"}}, EngineConfig{Name: "C", URL: sC.URL, Models: []string{"m"}})
+	cfg := testConfig(EngineConfig{Name: "B", URL: sB.URL, Models: []string{"b-only", "m"}}, EngineConfig{Name: "C", URL: sC.URL, Models: []string{"m"}})
 	h := newHarness(t, cfg, withPolicy(routing.NewLeastLoaded(2)))
 	const n = 50
 	var wg sync.WaitGroup
@@ -159,6 +160,18 @@ func TestCaseL02DisconnectsBeforeHeadersRelease(t *testing.T) {
 	}
 	if et := h.errorTypes(); et[ErrTypeClientCancelled] != n || len(et) != 1 {
 		t.Errorf("error types %v, want %d client_cancelled", et, n)
+	}
+	// B is not left looking busy: least-loaded still spreads "m" over both
+	// (with equal load every pick is a fair coin).
+	servedBy := map[string]int{}
+	for range 40 {
+		resp := h.post("/v1/completions", `{"model":"m","prompt":"a","max_tokens":1}`)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		servedBy[resp.Header.Get("X-Switchboard-Engine")]++
+	}
+	if servedBy["B"] < 8 || servedBy["C"] < 8 {
+		t.Errorf("least-loaded split %v after the disconnects, want both engines used", servedBy)
 	}
 }
 

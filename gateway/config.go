@@ -75,8 +75,14 @@ type EngineConfig struct {
 	// engine's GET /v1/models and refreshed every DiscoveryInterval.
 	Models []string `koanf:"models"`
 	// APIKey, when set, is sent to the engine as `Authorization: Bearer`.
+	// Prefer APIKeyEnv, which keeps the secret out of the file.
 	// The client's own Authorization header is never forwarded.
 	APIKey string `koanf:"api_key"`
+	// APIKeyEnv names an environment variable holding the engine's key.
+	// The engine then needs a key: if the variable is unset or empty the
+	// gateway refuses to start rather than send requests without it (fail
+	// closed, shared/cases L19).
+	APIKeyEnv string `koanf:"api_key_env"`
 }
 
 // DefaultConfig returns the gateway defaults documented on each field.
@@ -171,6 +177,9 @@ func (e EngineConfig) Validate() error {
 		bad("engine %q: url scheme must be http or https, got %q", e.Name, u.Scheme)
 	case u.Host == "":
 		bad("engine %q: url has no host", e.Name)
+	}
+	if e.APIKey != "" && e.APIKeyEnv != "" {
+		bad("engine %q: set api_key or api_key_env, not both", e.Name)
 	}
 	for _, m := range e.Models {
 		if strings.TrimSpace(m) == "" {

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -8,6 +9,9 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/switchboard-gw/switchboard/routing"
+	"github.com/switchboard-gw/switchboard/telemetry"
 )
 
 // TestCaseL19HeaderHygiene: the client's credentials and hop-by-hop headers
@@ -103,6 +107,38 @@ func TestCaseL19HeaderHygiene(t *testing.T) {
 	}
 	if onServer != 2 {
 		t.Errorf("%d server spans carry switchboard.request_id=req-abc, want 2", onServer)
+	}
+	h.waitIdle()
+}
+
+// TestCaseL19EngineKeyFailsClosed: an engine whose key comes from an
+// environment variable that is not set makes the gateway refuse to start,
+// instead of sending requests without the key; when it is set, the engine
+// gets it.
+func TestCaseL19EngineKeyFailsClosed(t *testing.T) {
+	var rec recorder
+	eng := fakeEngine(t, []string{"m"}, func(w http.ResponseWriter, r *http.Request) {
+		rec.add(r)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{}`)
+	})
+	cfg := testConfig(EngineConfig{Name: "e1", URL: eng.URL, APIKeyEnv: "SWITCHBOARD_TEST_ENGINE_KEY"})
+	t.Setenv("SWITCHBOARD_TEST_ENGINE_KEY", "")
+	m, _ := telemetry.NewMetrics(nil)
+	if _, err := New(cfg, routing.NewRoundRobin(), m); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "SWITCHBOARD_TEST_ENGINE_KEY") {
+		t.Fatalf("New with the key variable unset: %v, want an ErrInvalidConfig naming it", err)
+	}
+	t.Setenv("SWITCHBOARD_TEST_ENGINE_KEY", "from-env")
+	h := newHarness(t, cfg)
+	resp := h.post("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, "Authorization", "Bearer K_gw")
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if got := rec.last().Header.Get("Authorization"); got != "Bearer from-env" {
+		t.Errorf("engine saw Authorization %q, want the key from the environment", got)
+	}
+	bad := EngineConfig{Name: "e2", URL: eng.URL, APIKey: "k", APIKeyEnv: "X"}
+	if err := bad.Validate(); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("api_key and api_key_env together: %v, want ErrInvalidConfig", err)
 	}
 	h.waitIdle()
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/url"
+	"os"
 	"slices"
 	"sort"
 	"strings"
@@ -31,6 +32,7 @@ type engine struct {
 	tel    *telemetry.Engine
 	opURL  [4]string // by oai.Operation
 	static bool      // models come from config
+	auth   string    // "Bearer <key>", or "" when the engine takes none
 
 	models  atomic.Pointer[[]string] // sorted; nil until known
 	lastErr atomic.Pointer[string]
@@ -122,12 +124,21 @@ func (p *Pool) newEngine(ec EngineConfig) (*engine, error) {
 		return nil, err
 	}
 	base, _ := url.Parse(ec.URL)
+	key := ec.APIKey
+	if ec.APIKeyEnv != "" {
+		if key = os.Getenv(ec.APIKeyEnv); key == "" {
+			return nil, fmt.Errorf("%w: engine %q needs a key but %s is not set", ErrInvalidConfig, ec.Name, ec.APIKeyEnv)
+		}
+	}
 	tel, ok := p.telByName[ec.Name]
 	if !ok {
 		tel = p.metrics.Engine(ec.Name)
 		p.telByName[ec.Name] = tel
 	}
 	e := &engine{cfg: ec, ep: routing.NewEndpoint(ec.Name, base), tel: tel}
+	if key != "" {
+		e.auth = "Bearer " + key
+	}
 	for op, path := range map[oai.Operation]string{oai.OpChat: "/v1/chat/completions", oai.OpCompletion: "/v1/completions", oai.OpEmbeddings: "/v1/embeddings"} {
 		e.opURL[op] = base.JoinPath(path).String()
 	}
@@ -441,8 +452,8 @@ func (p *Pool) get(ctx context.Context, e *engine, path string, into any) error 
 	if err != nil {
 		return err
 	}
-	if e.cfg.APIKey != "" {
-		req.Header.Set("Authorization", "Bearer "+e.cfg.APIKey)
+	if e.auth != "" {
+		req.Header.Set("Authorization", e.auth)
 	}
 	resp, err := p.client.Do(req)
 	if err != nil {

@@ -145,8 +145,8 @@ func (s *Server) attempt(ctx context.Context, w http.ResponseWriter, r *http.Req
 	copyRequestHeaders(ureq.Header, r.Header)
 	ureq.Header.Set("Content-Type", "application/json")
 	ureq.Header.Set(RequestIDHeader, RequestIDFrom(r.Context()))
-	if eng.cfg.APIKey != "" {
-		ureq.Header.Set("Authorization", "Bearer "+eng.cfg.APIKey)
+	if eng.auth != "" {
+		ureq.Header.Set("Authorization", eng.auth)
 	}
 	s.prop.Inject(actx, propagation.HeaderCarrier(ureq.Header))
 
