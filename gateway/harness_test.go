@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -42,31 +41,46 @@ type harness struct {
 	metrics *telemetry.Metrics
 	client  *http.Client
 	// serverLog collects what net/http logs about the gateway's handler.
-	serverLog syncBuffer
+	serverLog serverLog
 }
 
-// syncBuffer is a bytes.Buffer safe for concurrent writers.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+// serverLog counts the lines net/http logs about the gateway's handler and
+// keeps the first few: it is safe for concurrent writers and bounded, so a
+// soak of a million requests can use it too.
+type serverLog struct {
+	mu    sync.Mutex
+	n     int
+	first []string
 }
 
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
+func (l *serverLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.n++
+	if len(l.first) < 5 {
+		l.first = append(l.first, strings.TrimSpace(string(p)))
+	}
+	return len(p), nil
 }
 
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+// lines returns how many lines were logged and the first few.
+func (l *serverLog) lines() (int, []string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.n, append([]string(nil), l.first...)
+}
+
+// String returns the first lines, joined.
+func (l *serverLog) String() string {
+	_, first := l.lines()
+	return strings.Join(first, "\n")
 }
 
 type harnessOpts struct {
 	sampler sdktrace.Sampler
 	policy  routing.Policy
 	noStart bool
+	spans   sdktrace.SpanProcessor // replaces the span recorder (h.spans is then nil)
 }
 
 type harnessOpt func(*harnessOpts)
@@ -74,6 +88,12 @@ type harnessOpt func(*harnessOpts)
 func withSampler(s sdktrace.Sampler) harnessOpt { return func(o *harnessOpts) { o.sampler = s } }
 func withPolicy(p routing.Policy) harnessOpt    { return func(o *harnessOpts) { o.policy = p } }
 func withoutStart() harnessOpt                  { return func(o *harnessOpts) { o.noStart = true } }
+
+// withSpanProcessor replaces the span recorder, which keeps every ended
+// span (a soak must not).
+func withSpanProcessor(sp sdktrace.SpanProcessor) harnessOpt {
+	return func(o *harnessOpts) { o.spans = sp }
+}
 
 // testConfig returns a gateway config for tests: fast health checks, given
 // engines.
@@ -101,8 +121,13 @@ func newHarnessWith(t testing.TB, cfg Config, gwOpts []Option, opts ...harnessOp
 	}
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	spans := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans), sdktrace.WithSampler(o.sampler))
+	var spans *tracetest.SpanRecorder
+	var sp sdktrace.SpanProcessor = o.spans
+	if sp == nil {
+		spans = tracetest.NewSpanRecorder()
+		sp = spans
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sp), sdktrace.WithSampler(o.sampler))
 	m, err := telemetry.NewMetrics(mp)
 	if err != nil {
 		t.Fatal(err)
@@ -176,15 +201,18 @@ func findMetric(rm metricdata.ResourceMetrics, name string) (metricdata.Metrics,
 // gauges returns switchboard.engine.active_requests per "engine/phase".
 func (h *harness) gauges() map[string]int64 {
 	h.t.Helper()
+	return gaugesOf(h.collect())
+}
+
+// gaugesOf returns switchboard.engine.active_requests per "engine/phase"
+// from one collection.
+func gaugesOf(rm metricdata.ResourceMetrics) map[string]int64 {
 	out := map[string]int64{}
-	m, ok := findMetric(h.collect(), telemetry.ActiveRequestsName)
+	m, ok := findMetric(rm, telemetry.ActiveRequestsName)
 	if !ok {
 		return out
 	}
-	sum, ok := m.Data.(metricdata.Sum[int64])
-	if !ok {
-		h.t.Fatalf("%s is %T, want Sum[int64]", telemetry.ActiveRequestsName, m.Data)
-	}
+	sum, _ := m.Data.(metricdata.Sum[int64])
 	for _, dp := range sum.DataPoints {
 		e, _ := dp.Attributes.Value(telemetry.AttrEngine)
 		p, _ := dp.Attributes.Value(telemetry.AttrPhase)
@@ -271,12 +299,19 @@ func (h *harness) counter(name string) int64 {
 // success).
 func (h *harness) errorTypes() map[string]uint64 {
 	h.t.Helper()
+	return errorTypesOf(h.collect(), telemetry.RequestDurationName)
+}
+
+// errorTypesOf returns the count of histogram name per error.type ("" for
+// success) from one collection.
+func errorTypesOf(rm metricdata.ResourceMetrics, name string) map[string]uint64 {
 	out := map[string]uint64{}
-	m, ok := findMetric(h.collect(), telemetry.RequestDurationName)
+	m, ok := findMetric(rm, name)
 	if !ok {
 		return out
 	}
-	for _, dp := range m.Data.(metricdata.Histogram[float64]).DataPoints {
+	hist, _ := m.Data.(metricdata.Histogram[float64])
+	for _, dp := range hist.DataPoints {
 		v, _ := dp.Attributes.Value(telemetry.AttrErrorType)
 		out[v.AsString()] += dp.Count
 	}

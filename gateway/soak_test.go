@@ -6,8 +6,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	stdlog "log"
-	"log/slog"
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
@@ -21,7 +19,6 @@ import (
 	"testing"
 	"time"
 
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
@@ -174,116 +171,6 @@ func (discardSpans) OnEnd(sdktrace.ReadOnlySpan)                     {}
 func (discardSpans) Shutdown(context.Context) error                  { return nil }
 func (discardSpans) ForceFlush(context.Context) error                { return nil }
 
-// soakHarness is newHarnessWith for a benchmark: the same gateway
-// construction (ManualReader meter provider, SDK tracer provider,
-// telemetry.NewMetrics, New with the same options, Start, an httptest
-// server on loopback), except that newHarness takes a *testing.T and keeps
-// spans in a recorder (see discardSpans).
-type soakHarness struct {
-	tb     testing.TB
-	gw     *Server
-	srv    *httptest.Server
-	reader *sdkmetric.ManualReader
-	// serverLog counts what net/http logs about the gateway's handler.
-	serverLog countingLog
-}
-
-// countingLog counts log lines and keeps the first few: a million requests
-// must not grow a buffer (it would show in the heap figures).
-type countingLog struct {
-	mu    sync.Mutex
-	n     int
-	first []string
-}
-
-func (c *countingLog) Write(p []byte) (int, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.n++
-	if len(c.first) < 5 {
-		c.first = append(c.first, strings.TrimSpace(string(p)))
-	}
-	return len(p), nil
-}
-
-func (c *countingLog) get() (int, []string) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.n, append([]string(nil), c.first...)
-}
-
-func newSoakHarness(tb testing.TB, cfg Config, policy routing.Policy, sampler sdktrace.Sampler) *soakHarness {
-	tb.Helper()
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(discardSpans{}), sdktrace.WithSampler(sampler))
-	m, err := telemetry.NewMetrics(mp)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	gw, err := New(cfg, policy, m, WithTracerProvider(tp), WithMeterProvider(mp), WithLogger(log))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	gw.Start()
-	h := &soakHarness{tb: tb, gw: gw, reader: reader}
-	h.srv = httptest.NewUnstartedServer(gw.Handler())
-	// net/http's own complaints about the gateway's handler (such as
-	// "superfluous response.WriteHeader call", shared/cases L05) are
-	// counted, as the unit harness collects them.
-	h.srv.Config.ErrorLog = stdlog.New(&h.serverLog, "", 0)
-	h.srv.Start()
-	tb.Cleanup(func() {
-		h.srv.CloseClientConnections()
-		h.srv.Close()
-		_ = gw.Close()
-		_ = tp.Shutdown(context.Background())
-		_ = mp.Shutdown(context.Background())
-	})
-	return h
-}
-
-func (h *soakHarness) collect() metricdata.ResourceMetrics {
-	var rm metricdata.ResourceMetrics
-	if err := h.reader.Collect(context.Background(), &rm); err != nil {
-		h.tb.Fatal(err)
-	}
-	return rm
-}
-
-// soakGauges returns switchboard.engine.active_requests per "engine/phase".
-func soakGauges(rm metricdata.ResourceMetrics) map[string]int64 {
-	out := map[string]int64{}
-	m, ok := findMetric(rm, telemetry.ActiveRequestsName)
-	if !ok {
-		return out
-	}
-	sum, _ := m.Data.(metricdata.Sum[int64])
-	for _, dp := range sum.DataPoints {
-		e, _ := dp.Attributes.Value(telemetry.AttrEngine)
-		p, _ := dp.Attributes.Value(telemetry.AttrPhase)
-		out[e.AsString()+"/"+p.AsString()] = dp.Value
-	}
-	return out
-}
-
-// soakErrorTypes returns the count of histogram name per error.type (""
-// for success).
-func soakErrorTypes(rm metricdata.ResourceMetrics, name string) map[string]uint64 {
-	out := map[string]uint64{}
-	m, ok := findMetric(rm, name)
-	if !ok {
-		return out
-	}
-	hist, _ := m.Data.(metricdata.Histogram[float64])
-	for _, dp := range hist.DataPoints {
-		v, _ := dp.Attributes.Value(telemetry.AttrErrorType)
-		out[v.AsString()] += dp.Count
-	}
-	return out
-}
-
 // seriesCount is the number of data points (attribute sets) of every
 // instrument: it must stay bounded whatever the volume.
 func seriesCount(rm metricdata.ResourceMetrics) int {
@@ -310,7 +197,7 @@ func seriesCount(rm metricdata.ResourceMetrics) int {
 }
 
 // waitLive waits (bounded) until no engine attempt is live.
-func (h *soakHarness) waitLive(d time.Duration) int64 {
+func waitLive(h *harness, d time.Duration) int64 {
 	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) && h.gw.LiveAttempts() != 0 {
 		time.Sleep(2 * time.Millisecond)
@@ -536,7 +423,7 @@ func BenchmarkSoak(b *testing.B) {
 	cfg.Health.Interval = time.Second
 	// Least-loaded routing reads the in-flight counters on every pick: a
 	// leaked count would visibly skew traffic away from an engine.
-	h := newSoakHarness(b, cfg, routing.NewLeastLoaded(2), sdktrace.TraceIDRatioBased(sampleRatio))
+	h := newHarness(b, cfg, withPolicy(routing.NewLeastLoaded(2)), withSampler(sdktrace.TraceIDRatioBased(sampleRatio)), withSpanProcessor(discardSpans{}))
 
 	tr := h.srv.Client().Transport.(*http.Transport).Clone()
 	tr.MaxIdleConns = 4 * conc
@@ -578,7 +465,7 @@ func BenchmarkSoak(b *testing.B) {
 			if err := h.reader.Collect(context.Background(), &rm); err != nil {
 				continue
 			}
-			for _, v := range soakGauges(rm) {
+			for _, v := range gaugesOf(rm) {
 				if v < minGauge.Load() {
 					minGauge.Store(v)
 				}
@@ -628,11 +515,11 @@ func BenchmarkSoak(b *testing.B) {
 		// (a cancelled client leaves before its handler does), then check
 		// the gauges and measure.
 		b.StopTimer()
-		if n := h.waitLive(5 * time.Second); n != 0 {
+		if n := waitLive(h, 5*time.Second); n != 0 {
 			b.Fatalf("at %d requests: %d attempts still live", cp, n)
 		}
 		rm := h.collect()
-		for k, v := range soakGauges(rm) {
+		for k, v := range gaugesOf(rm) {
 			if v != 0 {
 				b.Fatalf("at %d requests: gauge %s = %d, want 0", cp, k, v)
 			}
@@ -706,7 +593,7 @@ func BenchmarkSoak(b *testing.B) {
 
 	// The gateway's view: request.duration per error.type, engine counts.
 	rm := h.collect()
-	gotTypes := soakErrorTypes(rm, telemetry.RequestDurationName)
+	gotTypes := errorTypesOf(rm, telemetry.RequestDurationName)
 	var recorded uint64
 	keys := map[string]bool{}
 	for k, v := range gotTypes {
@@ -739,7 +626,7 @@ func BenchmarkSoak(b *testing.B) {
 	parseErrs := counterTotal(rm, telemetry.ParseErrorsName)
 	fmt.Fprintf(&tbl, "\nengines: %s\nrequest.duration count %d; engine requests %d; requests that reach an engine %d; parse errors %d (expected %d); lowest gauge seen %d\n",
 		strings.Join(perEngine, "; "), recorded, received, sent-noEngine, parseErrs, wantParseErrs, minGauge.Load())
-	nLog, firstLogs := h.serverLog.get()
+	nLog, firstLogs := h.serverLog.lines()
 	fmt.Fprintf(&tbl, "net/http server log lines about the gateway: %d %q\n", nLog, firstLogs)
 	b.Log("\n" + tbl.String())
 
@@ -747,10 +634,10 @@ func BenchmarkSoak(b *testing.B) {
 	if sent != total {
 		b.Fatalf("accounted %d requests, sent %d", sent, total)
 	}
-	if n := h.waitLive(5 * time.Second); n != 0 {
+	if n := waitLive(h, 5*time.Second); n != 0 {
 		b.Fatalf("%d attempts still live", n)
 	}
-	for k, v := range soakGauges(h.collect()) {
+	for k, v := range gaugesOf(h.collect()) {
 		if v != 0 {
 			b.Fatalf("gauge %s = %d, want 0", k, v)
 		}
