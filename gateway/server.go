@@ -50,7 +50,7 @@ type Server struct {
 	// onRelease, when set (tests only), is told the phase each attempt
 	// released its slot from.
 	onRelease func(engine string, p routing.Phase)
-	closeMu   sync.Once
+	closeOnce sync.Once
 }
 
 type config struct {
@@ -204,7 +204,7 @@ func (s *Server) Drain() { s.draining.Store(true) }
 // idle engine connections. Call it after the HTTP servers have shut down.
 func (s *Server) Close() error {
 	var err error
-	s.closeMu.Do(func() {
+	s.closeOnce.Do(func() {
 		s.pool.Close()
 		if s.reg != nil {
 			err = s.reg.Unregister()

@@ -187,6 +187,7 @@ type simulated struct {
 	srv    *http.Server
 }
 
+// Close stops the simulated engine's server.
 func (s *simulated) Close() error { return s.srv.Close() }
 
 // startSimulated starts cfg.Engines simulated engines on loopback ports.
