@@ -27,6 +27,11 @@ type Config struct {
 	// EngineHeader, when true (the default), names the engine that served a
 	// request in the X-Switchboard-Engine response header.
 	EngineHeader bool `koanf:"engine_header"`
+	// InjectUsage, when true (the default), asks the engine for the usage
+	// chunk (stream_options.include_usage) on streamed requests whose
+	// client did not, so token usage and TPOT are recorded for every
+	// stream; the extra chunk is not forwarded to that client.
+	InjectUsage bool `koanf:"inject_usage"`
 	// Engines is the static engine list (the top-level `engines` section;
 	// the loader fills it in).
 	Engines []EngineConfig `koanf:"-"`
@@ -91,6 +96,7 @@ func DefaultConfig() Config {
 		MaxBodyBytes: 16 << 20,
 		MaxAttempts:  2,
 		EngineHeader: true,
+		InjectUsage:  true,
 		Timeouts: Timeouts{
 			Connect:        5 * time.Second,
 			ResponseHeader: 60 * time.Second,

@@ -8,8 +8,10 @@ import (
 	"testing"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
@@ -247,4 +249,97 @@ func attrValue(kvs []attribute.KeyValue, key string) string {
 		}
 	}
 	return ""
+}
+
+// TestUsageInjection (shared/cases L19, body rewrite): a stream whose client
+// set no stream_options is sent to the engine with include_usage added and
+// a Content-Length that matches the rewritten body; the usage chunk is
+// recorded (token usage, span attributes) but not forwarded, so the client
+// sees exactly the stream it asked for. A client that asked for usage gets
+// the chunk; one that set stream_options itself is left alone.
+func TestUsageInjection(t *testing.T) {
+	_, simSrv := sim(t, enginesim.Config{Models: []string{"m"}})
+	var rec recorder
+	proxy := fakeEngine(t, []string{"m"}, func(w http.ResponseWriter, r *http.Request) {
+		rec.add(r)
+		// Forward to the simulator with the body the gateway sent.
+		rec.mu.Lock()
+		body := rec.body[len(rec.body)-1]
+		rec.mu.Unlock()
+		req, _ := http.NewRequest(http.MethodPost, simSrv.URL+r.URL.Path, strings.NewReader(body))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			w.WriteHeader(502)
+			return
+		}
+		defer resp.Body.Close()
+		w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
+		rc := http.NewResponseController(w)
+		buf := make([]byte, 512)
+		for {
+			n, err := resp.Body.Read(buf)
+			_, _ = w.Write(buf[:n])
+			_ = rc.Flush()
+			if err != nil {
+				return
+			}
+		}
+	})
+	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: proxy.URL}))
+	for _, tc := range []struct {
+		name, opts string
+		wantInjected, wantChunk bool
+	}{
+		{"no stream_options", ``, true, false},
+		{"include_usage true", `,"stream_options":{"include_usage":true}`, false, true},
+		{"include_usage false", `,"stream_options":{"include_usage":false}`, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			body := `{"model":"m","stream":true,"max_tokens":3,"messages":[{"role":"user","content":"a b c d"}]` + tc.opts + "}\n"
+			resp := h.post("/v1/chat/completions", body)
+			b, err := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if err != nil || !strings.HasSuffix(string(b), "data: [DONE]\n\n") {
+				t.Fatalf("stream: %v %q", err, b)
+			}
+			sent := rec.last()
+			rec.mu.Lock()
+			got := rec.body[len(rec.body)-1]
+			rec.mu.Unlock()
+			switch {
+			case tc.wantInjected && got != strings.TrimSuffix(body, "}\n")+`,"stream_options":{"include_usage":true}}`:
+				t.Errorf("engine got body %q, want include_usage injected", got)
+			case !tc.wantInjected && got != body:
+				t.Errorf("body was rewritten although the client set stream_options: %q", got)
+			}
+			if sent.ContentLength != int64(len(got)) {
+				t.Errorf("engine saw Content-Length %d for a %d-byte body", sent.ContentLength, len(got))
+			}
+			if chunk := strings.Contains(string(b), `"choices":[],"usage"`); chunk != tc.wantChunk {
+				t.Errorf("client saw the usage chunk: %v, want %v\n%s", chunk, tc.wantChunk, b)
+			}
+			if c := strings.Count(string(b), `"content":"tok`); c != 3 {
+				t.Errorf("%d content events, want 3", c)
+			}
+		})
+	}
+	h.waitIdle()
+	// Usage was recorded for the two streams that carried it to the
+	// gateway (injected, and asked for by the client), not the third.
+	m, ok := findMetric(h.collect(), telemetry.GenAIClientTokenUsageName)
+	if !ok {
+		t.Fatal("no token usage metric")
+	}
+	var outputSamples uint64
+	for _, dp := range m.Data.(metricdata.Histogram[int64]).DataPoints {
+		if v, _ := dp.Attributes.Value(telemetry.AttrGenAITokType); v.AsString() == "output" {
+			outputSamples += dp.Count
+			if dp.Sum != 6 {
+				t.Errorf("output tokens sum %d, want 6 (3 per stream)", dp.Sum)
+			}
+		}
+	}
+	if outputSamples != 2 {
+		t.Errorf("output token samples %d, want 2", outputSamples)
+	}
 }

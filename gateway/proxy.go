@@ -60,6 +60,12 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op oai.Operation)
 		ctx, cancel = context.WithTimeoutCause(ctx, d, errRequestTimeout)
 		defer cancel()
 	}
+	// Token accounting: have the engine report usage on every stream; the
+	// chunk the client did not ask for is dropped on the way back.
+	injected := false
+	if s.cfg.InjectUsage && req.Stream && !req.IncludeUsage && !req.HasStreamOptions {
+		body, injected = withUsageOption(body), true
+	}
 	rreq := routing.Request{Model: req.Model, Stream: req.Stream, SessionKey: req.User, PromptBytes: req.PromptBytes}
 	candidates := rt.eps
 	for n := 1; ; n++ {
@@ -73,7 +79,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op oai.Operation)
 			writeError(w, r, &APIError{Status: http.StatusInternalServerError, Type: TypeServer, Code: "internal_error", Message: "routing policy returned an unknown engine"})
 			return
 		}
-		retryErr := s.attempt(ctx, w, r, op, &req, body, eng)
+		retryErr := s.attempt(ctx, w, r, op, &req, body, injected, eng)
 		if retryErr == nil {
 			return
 		}
@@ -129,7 +135,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 // failure may be retried on another engine (the connection was never
 // established) and nothing has been written; every other outcome is written
 // to w (or dropped, when the client has gone) here.
-func (s *Server) attempt(ctx context.Context, w http.ResponseWriter, r *http.Request, op oai.Operation, req *oai.Request, body []byte, eng *engine) (retryErr error) {
+func (s *Server) attempt(ctx context.Context, w http.ResponseWriter, r *http.Request, op oai.Operation, req *oai.Request, body []byte, injected bool, eng *engine) (retryErr error) {
 	ctx, a := s.startAttempt(ctx, eng, op, req)
 	defer a.finish()
 
@@ -179,11 +185,29 @@ func (s *Server) attempt(ctx context.Context, w http.ResponseWriter, r *http.Req
 		w.Header().Set("X-Switchboard-Engine", eng.cfg.Name)
 	}
 	if req.Stream && !isJSON(resp.Header.Get("Content-Type")) {
-		s.stream(w, r, resp, a, actx, cancel)
+		s.stream(w, r, resp, a, actx, cancel, injected)
 	} else {
 		s.copyBody(w, r, resp, a, actx, cancel)
 	}
 	return nil
+}
+
+// usageOption is appended to a streamed request body whose client set no
+// stream_options.
+const usageOption = `,"stream_options":{"include_usage":true}}`
+
+// withUsageOption returns body (a JSON object without stream_options, as
+// ParseRequest has checked) with stream_options.include_usage=true added
+// before its closing brace. A null stream_options stays in front of the new
+// one, and the last duplicate key wins in every JSON parser engines use.
+func withUsageOption(body []byte) []byte {
+	end := len(body)
+	for end > 0 && (body[end-1] == ' ' || body[end-1] == '\n' || body[end-1] == '\r' || body[end-1] == '\t') {
+		end--
+	}
+	out := make([]byte, 0, end-1+len(usageOption))
+	out = append(out, body[:end-1]...) // without the closing brace
+	return append(out, usageOption...)
 }
 
 // classify maps an engine round-trip or body-read error to its error.type

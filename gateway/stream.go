@@ -28,6 +28,12 @@ type streamState struct {
 	now      time.Time
 	done     bool // saw data: [DONE]
 	errEvent bool // the engine sent an error event
+	// injected is set when the gateway asked for the usage chunk on the
+	// client's behalf; that chunk is then recorded but not forwarded.
+	injected bool
+	// drop is the [offset, end) of an event in the current Push output
+	// that must not be forwarded; end is 0 when there is none.
+	dropFrom, dropTo int
 }
 
 func (st *streamState) onEvent(ev sse.Event) {
@@ -54,6 +60,9 @@ func (st *streamState) onEvent(ev sse.Event) {
 	}
 	if ch.HasUsage {
 		a.usage, a.hasUsage = ch.Usage, true
+		if st.injected && !ch.Content && !ch.Finish {
+			st.dropFrom, st.dropTo = ev.Offset, ev.Offset+len(ev.Raw)
+		}
 	}
 	if ch.Content {
 		a.onContent(st.now)
@@ -65,7 +74,7 @@ func (st *streamState) onEvent(ev sse.Event) {
 // event waits for its end. When the engine fails mid-stream the client gets
 // a final `data: {"error":...}` event and no [DONE], because the OpenAI
 // clients take a bare EOF for success.
-func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Response, a *attempt, actx context.Context, cancel context.CancelCauseFunc) {
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Response, a *attempt, actx context.Context, cancel context.CancelCauseFunc, injected bool) {
 	rc := http.NewResponseController(w)
 	// The response starts with the first complete event (vLLM sends its
 	// role chunk at once), so an engine that dies before sending any event
@@ -90,7 +99,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 	idle := s.cfg.Timeouts.Idle
 	idleTimer := startIdleTimer(idle, cancel)
 	defer stopTimer(idleTimer)
-	st := streamState{a: a}
+	st := streamState{a: a, injected: injected}
 	onEvent := st.onEvent
 	for {
 		n, rerr := resp.Body.Read(buf)
@@ -99,7 +108,23 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 				idleTimer.Reset(idle)
 			}
 			st.now = time.Now()
-			if out := sc.Push(buf[:n], onEvent); len(out) > 0 {
+			st.dropTo = 0
+			out := sc.Push(buf[:n], onEvent)
+			if st.dropTo > 0 {
+				// Forward around the usage chunk the client did not ask for.
+				rest := out[st.dropTo:]
+				if st.dropFrom > 0 {
+					if !started {
+						start()
+					}
+					if err := writeOut(w, rc, out[:st.dropFrom], idleTimer, idle, len(rest) == 0); err != nil {
+						a.fail(ErrTypeClientCancelled)
+						return
+					}
+				}
+				out = rest
+			}
+			if len(out) > 0 {
 				if !started {
 					start()
 				}

@@ -198,6 +198,8 @@ func refParseRequest(op Operation, body []byte) (Request, error) {
 		if r.IncludeUsage, err = streamOptions(m["stream_options"]); err != nil {
 			return Request{}, err
 		}
+		so := m["stream_options"]
+		r.HasStreamOptions = len(so) > 0 && string(so) != "null"
 		mt, err := intField("max_tokens", m["max_tokens"])
 		if err != nil {
 			return Request{}, err

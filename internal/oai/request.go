@@ -49,6 +49,8 @@ type Request struct {
 	Stream bool
 	// IncludeUsage is stream_options.include_usage.
 	IncludeUsage bool
+	// HasStreamOptions is true when stream_options is present and not null.
+	HasStreamOptions bool
 	// User is the "user" field (a session-affinity key candidate), "" if
 	// absent.
 	User string
@@ -167,6 +169,7 @@ func ParseRequest(op Operation, body []byte) (Request, error) {
 		if r.IncludeUsage, err = streamOptions(streamOpts); err != nil {
 			return Request{}, err
 		}
+		r.HasStreamOptions = len(streamOpts) > 0 && streamOpts[0] != 'n'
 		mt, err := intField("max_tokens", maxTokens)
 		if err != nil {
 			return Request{}, err

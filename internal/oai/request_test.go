@@ -104,10 +104,10 @@ func TestParseRequest(t *testing.T) {
 			],
 			"stream": true, "stream_options": {"include_usage": true},
 			"max_tokens": 100, "temperature": 0.2, "user": "session-7"
-		}`, Request{Model: "meta-llama/Llama-3.1-8B-Instruct", Stream: true, IncludeUsage: true, User: "session-7", MaxTokens: 100, PromptBytes: 13}},
-		{"stream false", OpChat, `{"model":"m",` + chatMsgs + `,"stream":false,"stream_options":{"include_usage":false}}`, Request{Model: "m", PromptBytes: 2}},
+		}`, Request{Model: "meta-llama/Llama-3.1-8B-Instruct", Stream: true, IncludeUsage: true, HasStreamOptions: true, User: "session-7", MaxTokens: 100, PromptBytes: 13}},
+		{"stream false", OpChat, `{"model":"m",` + chatMsgs + `,"stream":false,"stream_options":{"include_usage":false}}`, Request{Model: "m", HasStreamOptions: true, PromptBytes: 2}},
 		{"nulls are absent", OpChat, `{"model":"m",` + chatMsgs + `,"stream":null,"stream_options":null,"max_tokens":null,"user":null}`, Request{Model: "m", PromptBytes: 2}},
-		{"include_usage null", OpChat, `{"model":"m",` + chatMsgs + `,"stream_options":{"include_usage":null,"x":[1]}}`, Request{Model: "m", PromptBytes: 2}},
+		{"include_usage null", OpChat, `{"model":"m",` + chatMsgs + `,"stream_options":{"include_usage":null,"x":[1]}}`, Request{Model: "m", HasStreamOptions: true, PromptBytes: 2}},
 		{"max_completion_tokens wins", OpChat, `{"model":"m",` + chatMsgs + `,"max_tokens":10,"max_completion_tokens":20}`, Request{Model: "m", MaxTokens: 20, PromptBytes: 2}},
 		{"zero max_completion_tokens falls back", OpChat, `{"model":"m",` + chatMsgs + `,"max_tokens":10,"max_completion_tokens":0}`, Request{Model: "m", MaxTokens: 10, PromptBytes: 2}},
 		{"max_tokens zero fraction", OpChat, `{"model":"m",` + chatMsgs + `,"max_tokens":100.0}`, Request{Model: "m", MaxTokens: 100, PromptBytes: 2}},

@@ -37,6 +37,9 @@ type Event struct {
 	// field lines, such as ": keep-alive". An event that mixes comments and
 	// fields is not a Comment; its comment lines are ignored.
 	Comment bool
+	// Offset is where Raw starts within the slice the same Push call
+	// returns, so a caller can forward that slice minus some events.
+	Offset int
 }
 
 // Scanner splits a byte stream into complete SSE events. Not safe for
@@ -148,7 +151,7 @@ func (s *Scanner) Push(p []byte, fn func(Event)) []byte {
 		}
 		if t == i { // blank line: the event ends here
 			if i > ev {
-				s.dispatch(b[ev:end], i-ev, !s.started && ev == 0, fn)
+				s.dispatch(b[ev:end], ev, i-ev, !s.started && ev == 0, fn)
 			}
 			ev = end
 			out = end
@@ -225,7 +228,7 @@ func (s *Scanner) discard(i int) int {
 // dispatch parses the complete event raw, whose lines before the blank line
 // span raw[:n], and calls fn with it unless n is over the limit. first says raw
 // starts the stream, where a byte order mark is ignored.
-func (s *Scanner) dispatch(raw []byte, n int, first bool, fn func(Event)) {
+func (s *Scanner) dispatch(raw []byte, offset, n int, first bool, fn func(Event)) {
 	if n > s.max {
 		s.overflows++
 		return
@@ -237,7 +240,7 @@ func (s *Scanner) dispatch(raw []byte, n int, first bool, fn func(Event)) {
 	if fn == nil {
 		return
 	}
-	e := Event{Raw: raw}
+	e := Event{Raw: raw, Offset: offset}
 	fields, comments, ndata := false, false, 0
 	f := finder{b: lines, lf: -1, cr: -1}
 	for i := 0; i < len(lines); {

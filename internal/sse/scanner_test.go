@@ -520,3 +520,24 @@ func BenchmarkScannerPush(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/203, "ns/event")
 }
+
+// TestEventOffset: every event's Raw sits at Offset in the slice that the
+// same Push returns, however the stream is split.
+func TestEventOffset(t *testing.T) {
+	stream := []byte(": ping\n\ndata: a\n\nevent: x\ndata: b\r\n\r\ndata: [DONE]\n\n")
+	for split := 1; split < len(stream); split++ {
+		s := NewScanner(0)
+		for _, part := range [][]byte{stream[:split], stream[split:]} {
+			var evs []Event
+			out := s.Push(part, func(e Event) {
+				e.Raw = append([]byte(nil), e.Raw...)
+				evs = append(evs, e)
+			})
+			for _, e := range evs {
+				if e.Offset < 0 || e.Offset+len(e.Raw) > len(out) || string(out[e.Offset:e.Offset+len(e.Raw)]) != string(e.Raw) {
+					t.Fatalf("split %d: event %q at offset %d not found in output %q", split, e.Raw, e.Offset, out)
+				}
+			}
+		}
+	}
+}
