@@ -287,7 +287,7 @@ func TestUsageInjection(t *testing.T) {
 	})
 	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: proxy.URL}))
 	for _, tc := range []struct {
-		name, opts string
+		name, opts              string
 		wantInjected, wantChunk bool
 	}{
 		{"no stream_options", ``, true, false},
