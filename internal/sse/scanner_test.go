@@ -48,7 +48,20 @@ func run(s *Scanner, chunks ...string) (string, []ev) {
 	var out strings.Builder
 	var evs []ev
 	for _, c := range chunks {
-		out.Write(s.Push([]byte(c), func(e Event) { evs = append(evs, copyEvent(e)) }))
+		var offsets [][2]int
+		var raws []string
+		o := s.Push([]byte(c), func(e Event) {
+			evs = append(evs, copyEvent(e))
+			offsets = append(offsets, [2]int{e.Offset, e.Offset + len(e.Raw)})
+			raws = append(raws, string(e.Raw))
+		})
+		// Every event's Raw sits at its Offset in this Push's output.
+		for i, r := range offsets {
+			if r[0] < 0 || r[1] > len(o) || string(o[r[0]:r[1]]) != raws[i] {
+				panic(fmt.Sprintf("event %q at offset %d is not in the output %q", raws[i], r[0], o))
+			}
+		}
+		out.Write(o)
 	}
 	return out.String(), evs
 }
@@ -371,7 +384,22 @@ func checkSplits(input []byte, maxEvent int, at []int) string {
 	var out []byte
 	prev := 0
 	for _, a := range append(at, len(input)) {
-		out = append(out, s.Push(input[prev:a], func(e Event) { sevs = append(sevs, copyEvent(e)) })...)
+		var offErr string
+		var raws []string
+		var offs []int
+		o := s.Push(input[prev:a], func(e Event) {
+			sevs = append(sevs, copyEvent(e))
+			raws, offs = append(raws, string(e.Raw)), append(offs, e.Offset)
+		})
+		for i, r := range raws {
+			if offs[i] < 0 || offs[i]+len(r) > len(o) || string(o[offs[i]:offs[i]+len(r)]) != r {
+				offErr = fmt.Sprintf("event %q at offset %d is not in the output %q", r, offs[i], o)
+			}
+		}
+		if offErr != "" {
+			return offErr
+		}
+		out = append(out, o...)
 		prev = a
 	}
 	if !bytes.HasPrefix(input, out) {
