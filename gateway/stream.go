@@ -31,8 +31,8 @@ type streamState struct {
 	// injected is set when the gateway asked for the usage chunk on the
 	// client's behalf; that chunk is then recorded but not forwarded.
 	injected bool
-	// drop is the [offset, end) of an event in the current Push output
-	// that must not be forwarded; end is 0 when there is none.
+	// dropFrom and dropTo bound an event in the current Push output
+	// that must not be forwarded; dropTo is 0 when there is none.
 	dropFrom, dropTo int
 }
 
