@@ -46,6 +46,11 @@ type ServerConfig struct {
 	// ShutdownTimeout bounds the drain of in-flight requests (streams
 	// included) on SIGINT/SIGTERM.
 	ShutdownTimeout time.Duration `koanf:"shutdown_timeout"`
+	// DrainDelay is how long, after SIGINT/SIGTERM, the gateway keeps
+	// accepting requests while /ready answers 503, so a load balancer
+	// polling readiness stops sending traffic before the listener closes
+	// (a Kubernetes rollout wants a few seconds). Default 0.
+	DrainDelay time.Duration `koanf:"drain_delay"`
 	// ReadHeaderTimeout bounds reading a client's request headers.
 	ReadHeaderTimeout time.Duration `koanf:"read_header_timeout"`
 	gateway.Config    `koanf:",squash"`
@@ -96,6 +101,9 @@ func (c Config) Validate() error {
 	var errs []error
 	if c.Server.Listen == "" {
 		errs = append(errs, errors.New("server.listen must not be empty"))
+	}
+	if c.Server.DrainDelay < 0 {
+		errs = append(errs, fmt.Errorf("server.drain_delay must be >= 0, got %s", c.Server.DrainDelay))
 	}
 	if c.Server.ShutdownTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("server.shutdown_timeout must be > 0, got %s", c.Server.ShutdownTimeout))
@@ -193,6 +201,9 @@ func loadConfig(args []string, environ func() []string) (Config, error) {
 		ErrorUnused:      true,
 	}
 	if err := k.UnmarshalWithConf("", &cfg, koanf.UnmarshalConf{Tag: "koanf", DecoderConfig: dc}); err != nil {
+		if strings.Contains(err.Error(), "invalid keys") {
+			return Config{}, fmt.Errorf("config: %w (keys come from the YAML file and from %s* variables, whose levels are joined by a double underscore: %sROUTING__POLICY is routing.policy)", err, envPrefix, envPrefix)
+		}
 		return Config{}, fmt.Errorf("config: %w", err)
 	}
 	if cfg.Simulate.Engines > 0 && len(cfg.Simulate.Models) == 0 {

@@ -164,6 +164,10 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 	// finish under the deadline. The servers' BaseContext is not the
 	// signal context, so SIGTERM does not cut streams off.
 	gw.Drain()
+	if d := cfg.Server.DrainDelay; d > 0 {
+		log.Info("readiness failing; still accepting requests before closing the listener", "drain_delay", d)
+		time.Sleep(d)
+	}
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.Server.ShutdownTimeout)
 	defer cancel()
 	serr := public.Shutdown(sctx)

@@ -547,3 +547,49 @@ func TestRunShutdownDeadline(t *testing.T) {
 		t.Errorf("no deadline warning logged:\n%s", p.logs)
 	}
 }
+
+// TestRunDrainDelay: after the signal, /ready answers 503 while requests are
+// still served for server.drain_delay; then the listener closes.
+func TestRunDrainDelay(t *testing.T) {
+	unsetOTEL(t)
+	p := startRun(t, demoArgs, []string{
+		"SWITCHBOARD_SIMULATE__TTFT=1ms",
+		"SWITCHBOARD_SIMULATE__ITL=1ms",
+		"SWITCHBOARD_SERVER__DRAIN_DELAY=1500ms",
+	})
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	status := func(path string) int {
+		resp, err := client.Get(p.public + path)
+		if err != nil {
+			return 0
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if s := status("/ready"); s != http.StatusOK {
+		t.Fatalf("/ready before the signal: %d", s)
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.stop(t, 10*time.Second) }()
+	deadline := time.Now().Add(time.Second)
+	for status("/ready") != http.StatusServiceUnavailable && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if s := status("/ready"); s != http.StatusServiceUnavailable {
+		t.Fatalf("/ready during the drain delay: %d, want 503", s)
+	}
+	resp := postChat(t, client, p.public, 3)
+	evs, err := readSSE(resp.Body, nil)
+	resp.Body.Close()
+	if err != nil || len(evs) == 0 || evs[len(evs)-1].data != "[DONE]" {
+		t.Errorf("a request during the drain delay was not served: %v", err)
+	}
+	if err := <-done; err != nil {
+		t.Errorf("run = %v", err)
+	}
+	if s := status("/ready"); s != 0 {
+		t.Errorf("listener still answering after the drain: %d", s)
+	}
+}
