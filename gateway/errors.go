@@ -143,6 +143,7 @@ func errBodyTooLarge(limit int64) *APIError {
 // is recorded as its decimal code ("503").
 const (
 	ErrTypeClientCancelled  = "client_cancelled"
+	ErrTypeClientStalled    = "client_stalled" // stopped reading for a whole idle period
 	ErrTypeConnect          = "connect_error"
 	ErrTypeEngineDisconnect = "engine_disconnect"
 	ErrTypeHeaderTimeout    = "header_timeout"

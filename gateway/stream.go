@@ -3,8 +3,10 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net/http"
+	"os"
 	"sync"
 	"time"
 
@@ -118,7 +120,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 						start()
 					}
 					if err := writeOut(w, rc, out[:st.dropFrom], idleTimer, idle, len(rest) == 0); err != nil {
-						a.fail(ErrTypeClientCancelled)
+						a.fail(clientWriteErrType(err))
 						return
 					}
 				}
@@ -129,7 +131,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 					start()
 				}
 				if err := writeOut(w, rc, out, idleTimer, idle, true); err != nil {
-					a.fail(ErrTypeClientCancelled)
+					a.fail(clientWriteErrType(err))
 					return
 				}
 			}
@@ -167,6 +169,16 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 		}
 		return
 	}
+}
+
+// clientWriteErrType classifies a failed write to the client: a client
+// that stopped reading for a whole idle period (the write deadline) is
+// client_stalled; any other failure means it went away.
+func clientWriteErrType(err error) string {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return ErrTypeClientStalled
+	}
+	return ErrTypeClientCancelled
 }
 
 // startIdleTimer returns a timer that cancels the attempt with
@@ -275,7 +287,7 @@ func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Res
 				start()
 			}
 			if err := writeOut(w, rc, buf[:n], idleTimer, idle, flush); err != nil {
-				a.fail(ErrTypeClientCancelled)
+				a.fail(clientWriteErrType(err))
 				return
 			}
 		}

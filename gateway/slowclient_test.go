@@ -1,0 +1,71 @@
+package gateway
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+
+	"github.com/switchboard-gw/switchboard/internal/enginesim"
+)
+
+// smallBufListener gives every accepted connection a small send buffer, so
+// a client that stops reading blocks the gateway's writes quickly.
+type smallBufListener struct{ net.Listener }
+
+func (l smallBufListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if tc, ok := c.(*net.TCPConn); ok {
+		_ = tc.SetWriteBuffer(4096)
+	}
+	return c, err
+}
+
+// TestClientStopsReading: a client that stops reading mid-stream cannot
+// hold an engine slot: the gateway's write deadline (one idle period)
+// fires, the attempt ends as client_stalled, its slot is released and the
+// engine request is cancelled.
+func TestClientStopsReading(t *testing.T) {
+	eng, simSrv := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: time.Millisecond, ITL: time.Nanosecond, MaxOutputTokens: 100000})
+	cfg := testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
+	cfg.Timeouts.Idle = 300 * time.Millisecond
+	h := newHarness(t, cfg)
+	srv := httptest.NewUnstartedServer(h.gw.Handler())
+	srv.Listener = smallBufListener{srv.Listener}
+	srv.Start()
+	defer srv.Close()
+
+	conn, err := net.Dial("tcp", srv.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.(*net.TCPConn).SetReadBuffer(4096)
+	body := `{"model":"m","stream":true,"max_tokens":100000,"messages":[{"role":"user","content":"x"}]}`
+	fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
+	resp, err := http.ReadResponse(bufio.NewReaderSize(conn, 1024), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	// Stop reading. The slot must come back without the client's help.
+	deadline := time.Now().Add(5 * time.Second)
+	for h.gw.LiveAttempts() != 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	h.assertIdle()
+	if et := h.errorTypes(); et[ErrTypeClientStalled] != 1 || len(et) != 1 {
+		t.Errorf("error types %v, want one client_stalled", et)
+	}
+	for eng.Stats().Aborted != 1 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if a := eng.Stats().Aborted; a != 1 {
+		t.Errorf("engine aborted %d requests, want 1 (the generation must stop)", a)
+	}
+}
