@@ -176,13 +176,13 @@ func (s *Server) attempt(ctx context.Context, w http.ResponseWriter, r *http.Req
 	}
 	defer resp.Body.Close()
 	a.status = resp.StatusCode
+	if s.cfg.EngineHeader {
+		w.Header().Set("X-Switchboard-Engine", eng.cfg.Name)
+	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		a.fail(strconv.Itoa(resp.StatusCode))
 		s.passError(w, r, resp)
 		return nil
-	}
-	if s.cfg.EngineHeader {
-		w.Header().Set("X-Switchboard-Engine", eng.cfg.Name)
 	}
 	if req.Stream && !isJSON(resp.Header.Get("Content-Type")) {
 		s.stream(w, r, resp, a, actx, cancel, injected)
