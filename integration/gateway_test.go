@@ -168,7 +168,7 @@ func (w lockedWriter) Write(p []byte) (int, error) {
 func start(t *testing.T, env []string, bin string, args ...string) *proc {
 	t.Helper()
 	p := &proc{cmd: exec.Command(bin, args...), out: &bytes.Buffer{}, mu: &sync.Mutex{}}
-	p.cmd.Env = append(os.Environ(), env...)
+	p.cmd.Env = append(cleanEnv(), env...)
 	p.cmd.Stdout = lockedWriter{p.mu, p.out}
 	p.cmd.Stderr = lockedWriter{p.mu, p.out}
 	if err := p.cmd.Start(); err != nil {
@@ -184,6 +184,19 @@ func start(t *testing.T, env []string, bin string, args ...string) *proc {
 		}
 	})
 	return p
+}
+
+// cleanEnv is the test's environment without OTEL_* and SWITCHBOARD_*
+// variables: a child process sees only the ones a test sets.
+func cleanEnv() []string {
+	var out []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "OTEL_") || strings.HasPrefix(kv, "SWITCHBOARD_") {
+			continue
+		}
+		out = append(out, kv)
+	}
+	return out
 }
 
 func (p *proc) output() string {
