@@ -31,6 +31,11 @@
 // No middleware buffers or compresses. If the engine fails mid-stream the
 // client receives a final `data: {"error":...}` event and no [DONE].
 //
+// So that token usage and TPOT are known for every stream, a streamed
+// request whose client set no stream_options is sent to the engine with
+// stream_options.include_usage added (Config.InjectUsage); the usage chunk
+// that comes back is recorded and not forwarded to that client.
+//
 // # Cancellation and timeouts
 //
 // The engine request is derived from the client's request context, so a
@@ -38,7 +43,8 @@
 // aborts the sequence and frees its KV cache). Such requests are recorded
 // with error.type client_cancelled (status 499) and never retried. Timeouts:
 // connect, response headers (streaming), idle time between stream reads,
-// and the whole request. Only a failed connection is retried on another
+// and the whole request. A client that stops reading for a whole idle
+// period is cut off by a write deadline (error.type client_stalled). Only a failed connection is retried on another
 // engine, never after the engine received the request.
 //
 // # Errors
