@@ -44,8 +44,9 @@
 // with error.type client_cancelled (status 499) and never retried. Timeouts:
 // connect, response headers (streaming), idle time between stream reads,
 // and the whole request. A client that stops reading for a whole idle
-// period is cut off by a write deadline (error.type client_stalled). Only a failed connection is retried on another
-// engine, never after the engine received the request.
+// period is cut off by a write deadline (error.type client_stalled). Only a
+// failed connection is retried on another engine, never after the engine
+// received the request.
 //
 // # Errors
 //
