@@ -71,55 +71,112 @@ func (st *streamState) onEvent(ev sse.Event) {
 	}
 }
 
+// relay moves one engine response body to the client: a pooled read
+// buffer, the engine idle timer, the client's write deadline, and the start
+// of the response, which waits for the first bytes worth forwarding so that
+// an engine dying before any still gets a clean JSON error with a status.
+// It lives on the handler's stack; close releases what it holds.
+type relay struct {
+	w       http.ResponseWriter
+	r       *http.Request
+	rc      *http.ResponseController
+	resp    *http.Response
+	sse     bool // an event stream: re-framed (no Content-Length), never buffered by a proxy in front
+	started bool
+	bufp    *[]byte
+	idle    time.Duration
+	timer   *time.Timer // cancels the attempt with errIdleTimeout; nil when idle is 0
+}
+
+func (s *Server) newRelay(w http.ResponseWriter, r *http.Request, resp *http.Response, cancel context.CancelCauseFunc, sse bool) relay {
+	rl := relay{w: w, r: r, rc: http.NewResponseController(w), resp: resp, sse: sse,
+		bufp: copyBufPool.Get().(*[]byte), idle: s.cfg.Timeouts.Idle}
+	if rl.idle > 0 {
+		rl.timer = time.AfterFunc(rl.idle, func() { cancel(errIdleTimeout) })
+	}
+	return rl
+}
+
+func (rl *relay) close() {
+	if rl.timer != nil {
+		rl.timer.Stop()
+	}
+	copyBufPool.Put(rl.bufp)
+}
+
+// read returns the next bytes of the engine body (valid until the next
+// read); any bytes restart the idle timer.
+func (rl *relay) read() ([]byte, error) {
+	n, err := rl.resp.Body.Read(*rl.bufp)
+	if n > 0 && rl.timer != nil {
+		rl.timer.Reset(rl.idle)
+	}
+	return (*rl.bufp)[:n], err
+}
+
+// start commits the engine's status and headers to the client, once.
+func (rl *relay) start() {
+	if rl.started {
+		return
+	}
+	rl.started = true
+	h := rl.w.Header()
+	copyResponseHeaders(h, rl.resp.Header, rl.sse)
+	if rl.sse {
+		h.Set("X-Accel-Buffering", "no") // ask any nginx in front not to buffer
+	}
+	markHeaderWritten(rl.r)
+	rl.w.WriteHeader(rl.resp.StatusCode)
+}
+
+// write starts the response if needed and writes p to the client, flushing
+// it when flush is set. The engine idle timer is paused meanwhile: a slow
+// client is not a silent engine. The client gets its own bound instead, a
+// write deadline of one idle period (Caddy's idle write deadline), so a
+// client that stops reading cannot hold an engine slot forever. Classify
+// an error with clientWriteErrType.
+func (rl *relay) write(p []byte, flush bool) error {
+	rl.start()
+	if rl.timer != nil {
+		rl.timer.Stop()
+		_ = rl.rc.SetWriteDeadline(time.Now().Add(rl.idle))
+	}
+	_, err := rl.w.Write(p)
+	if err == nil && flush {
+		err = rl.rc.Flush()
+	}
+	if rl.timer != nil {
+		_ = rl.rc.SetWriteDeadline(time.Time{})
+		rl.timer.Reset(rl.idle)
+	}
+	return err
+}
+
 // stream forwards an SSE response event by event: every read is scanned,
 // the complete events in it are written and flushed at once, and a partial
 // event waits for its end. When the engine fails mid-stream the client gets
 // a final `data: {"error":...}` event and no [DONE], because the OpenAI
 // clients take a bare EOF for success.
 func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Response, a *attempt, actx context.Context, cancel context.CancelCauseFunc, injected bool) {
-	rc := http.NewResponseController(w)
-	// The response starts with the first complete event (vLLM sends its
-	// role chunk at once), so an engine that dies before sending any event
-	// still gets a clean JSON error with a proper status.
-	started := false
-	start := func() {
-		started = true
-		h := w.Header()
-		copyResponseHeaders(h, resp.Header, true)
-		h.Set("X-Accel-Buffering", "no") // ask any nginx in front not to buffer
-		markHeaderWritten(r)
-		w.WriteHeader(resp.StatusCode)
-	}
-
+	rl := s.newRelay(w, r, resp, cancel, true)
+	defer rl.close()
 	sc := scannerPool.Get().(*sse.Scanner)
 	sc.Reset()
 	defer scannerPool.Put(sc)
-	bufp := copyBufPool.Get().(*[]byte)
-	defer copyBufPool.Put(bufp)
-	buf := *bufp
 
-	idle := s.cfg.Timeouts.Idle
-	idleTimer := startIdleTimer(idle, cancel)
-	defer stopTimer(idleTimer)
 	st := streamState{a: a, injected: injected}
 	onEvent := st.onEvent
 	for {
-		n, rerr := resp.Body.Read(buf)
-		if n > 0 {
-			if idleTimer != nil {
-				idleTimer.Reset(idle)
-			}
+		p, rerr := rl.read()
+		if len(p) > 0 {
 			st.now = time.Now()
 			st.dropTo = 0
-			out := sc.Push(buf[:n], onEvent)
+			out := sc.Push(p, onEvent)
 			if st.dropTo > 0 {
 				// Forward around the usage chunk the client did not ask for.
 				rest := out[st.dropTo:]
 				if st.dropFrom > 0 {
-					if !started {
-						start()
-					}
-					if err := writeOut(w, rc, out[:st.dropFrom], idleTimer, idle, len(rest) == 0); err != nil {
+					if err := rl.write(out[:st.dropFrom], len(rest) == 0); err != nil {
 						a.fail(clientWriteErrType(err))
 						return
 					}
@@ -127,10 +184,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 				out = rest
 			}
 			if len(out) > 0 {
-				if !started {
-					start()
-				}
-				if err := writeOut(w, rc, out, idleTimer, idle, true); err != nil {
+				if err := rl.write(out, true); err != nil {
 					a.fail(clientWriteErrType(err))
 					return
 				}
@@ -148,9 +202,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 			if st.errEvent {
 				a.fail(ErrTypeStreamError)
 			}
-			if !started {
-				start()
-			}
+			rl.start()
 			return
 		}
 		var et string
@@ -162,10 +214,10 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 		}
 		a.fail(et)
 		switch {
-		case !started:
+		case !rl.started:
 			writeError(w, r, ae)
 		case et != ErrTypeClientCancelled:
-			writeStreamError(w, rc, ae)
+			writeStreamError(w, rl.rc, ae)
 		}
 		return
 	}
@@ -179,42 +231,6 @@ func clientWriteErrType(err error) string {
 		return ErrTypeClientStalled
 	}
 	return ErrTypeClientCancelled
-}
-
-// startIdleTimer returns a timer that cancels the attempt with
-// errIdleTimeout after idle without activity, or nil when idle is 0.
-func startIdleTimer(idle time.Duration, cancel context.CancelCauseFunc) *time.Timer {
-	if idle <= 0 {
-		return nil
-	}
-	return time.AfterFunc(idle, func() { cancel(errIdleTimeout) })
-}
-
-func stopTimer(t *time.Timer) {
-	if t != nil {
-		t.Stop()
-	}
-}
-
-// writeOut writes p to the client (and flushes it when flush is set). The
-// engine idle timer is paused meanwhile: a slow client is not a silent
-// engine. The client gets its own bound instead: a write deadline of one
-// idle period (Caddy's idle write deadline), so a client that stops reading
-// cannot hold an engine slot forever. Any error means the client is gone.
-func writeOut(w http.ResponseWriter, rc *http.ResponseController, p []byte, idleTimer *time.Timer, idle time.Duration, flush bool) error {
-	if idleTimer != nil {
-		idleTimer.Stop()
-		_ = rc.SetWriteDeadline(time.Now().Add(idle))
-	}
-	_, err := w.Write(p)
-	if err == nil && flush {
-		err = rc.Flush()
-	}
-	if idleTimer != nil {
-		_ = rc.SetWriteDeadline(time.Time{})
-		idleTimer.Reset(idle)
-	}
-	return err
 }
 
 // writeStreamError ends a broken stream with an OpenAI error event. A
@@ -238,22 +254,14 @@ const maxUsageCapture = 1 << 20
 
 // copyBody forwards a non-streaming response. The body is teed into a
 // capped buffer to read id and usage when it ends. Bodies of unknown length
-// are flushed after every write (shared/cases L04). A failure after the
-// first bytes went out aborts the client connection: a cut body must not
-// look complete.
+// are flushed after every write (shared/cases L04). Nothing is sent before
+// the first body bytes (vLLM sends a non-streaming response whole, so
+// nothing is delayed). A failure after they went out aborts the client
+// connection: a cut body must not look complete.
 func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Response, a *attempt, actx context.Context, cancel context.CancelCauseFunc) {
-	rc := http.NewResponseController(w)
+	rl := s.newRelay(w, r, resp, cancel, false)
+	defer rl.close()
 	flush := resp.ContentLength < 0
-	// Headers go out with the first body bytes: vLLM sends a non-streaming
-	// response whole, so nothing is delayed, and an engine that dies before
-	// its body still gets a clean JSON error.
-	started := false
-	start := func() {
-		started = true
-		copyResponseHeaders(w.Header(), resp.Header, false)
-		markHeaderWritten(r)
-		w.WriteHeader(resp.StatusCode)
-	}
 
 	capBuf := captureBufPool.Get().(*bytes.Buffer)
 	capBuf.Reset()
@@ -262,31 +270,18 @@ func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Res
 			captureBufPool.Put(capBuf)
 		}
 	}()
-	bufp := copyBufPool.Get().(*[]byte)
-	defer copyBufPool.Put(bufp)
-	buf := *bufp
-
-	idle := s.cfg.Timeouts.Idle
-	idleTimer := startIdleTimer(idle, cancel)
-	defer stopTimer(idleTimer)
 	capturing := true
 	for {
-		n, rerr := resp.Body.Read(buf)
-		if n > 0 {
-			if idleTimer != nil {
-				idleTimer.Reset(idle)
-			}
+		p, rerr := rl.read()
+		if len(p) > 0 {
 			if capturing {
-				if capBuf.Len()+n > maxUsageCapture {
+				if capBuf.Len()+len(p) > maxUsageCapture {
 					capturing = false
 				} else {
-					capBuf.Write(buf[:n])
+					capBuf.Write(p)
 				}
 			}
-			if !started {
-				start()
-			}
-			if err := writeOut(w, rc, buf[:n], idleTimer, idle, flush); err != nil {
+			if err := rl.write(p, flush); err != nil {
 				a.fail(clientWriteErrType(err))
 				return
 			}
@@ -295,9 +290,7 @@ func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Res
 			continue
 		}
 		if rerr == io.EOF {
-			if !started {
-				start()
-			}
+			rl.start()
 			if capturing {
 				if id, u, ok := oai.ParseResponse(capBuf.Bytes()); ok {
 					a.respID, a.usage, a.hasUsage = id, u, u != (oai.Usage{})
@@ -307,7 +300,7 @@ func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Res
 		}
 		et, ae := s.classify(r, actx, rerr)
 		a.fail(et)
-		if !started {
+		if !rl.started {
 			writeError(w, r, ae)
 			return
 		}
