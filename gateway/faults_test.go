@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -315,10 +316,9 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 	}
 	if fc.client == readAll && fc.status[i] >= 400 {
 		var e apiErr
-		if json := got.Bytes(); !bytes.Contains(json, []byte(`{"error":{`)) {
-			t.Errorf("error body is not an OpenAI error object: %q", json)
+		if err := json.Unmarshal(got.Bytes(), &e); err != nil || e.Error.Message == "" || e.Error.Type == "" {
+			t.Errorf("error body is not an OpenAI error object: %q", got.Bytes())
 		}
-		_ = e
 	}
 
 	// The engine saw the request go away, within 1 s.

@@ -244,40 +244,38 @@ func (h *harness) waitIdle() {
 	h.assertIdle()
 }
 
-// histCount sums the count of histogram name over data points whose
-// attributes include every kv in match.
-func (h *harness) histCount(name string, match ...attribute.KeyValue) uint64 {
+// hist sums the count and the sum of histogram name over the data points
+// whose attributes include every kv in match.
+func (h *harness) hist(name string, match ...attribute.KeyValue) (count uint64, sum float64) {
 	h.t.Helper()
 	m, ok := findMetric(h.collect(), name)
 	if !ok {
-		return 0
+		return 0, 0
 	}
-	hist, ok := m.Data.(metricdata.Histogram[float64])
+	hd, ok := m.Data.(metricdata.Histogram[float64])
 	if !ok {
 		h.t.Fatalf("%s is %T", name, m.Data)
 	}
-	var n uint64
-	for _, dp := range hist.DataPoints {
+	for _, dp := range hd.DataPoints {
 		if hasAll(dp.Attributes, match) {
-			n += dp.Count
+			count += dp.Count
+			sum += dp.Sum
 		}
 	}
+	return count, sum
+}
+
+// histCount is the count part of hist.
+func (h *harness) histCount(name string, match ...attribute.KeyValue) uint64 {
+	h.t.Helper()
+	n, _ := h.hist(name, match...)
 	return n
 }
 
-// histSum is like histCount for the sum of the samples.
+// histSum is the sum part of hist.
 func (h *harness) histSum(name string, match ...attribute.KeyValue) float64 {
 	h.t.Helper()
-	m, ok := findMetric(h.collect(), name)
-	if !ok {
-		return 0
-	}
-	var s float64
-	for _, dp := range m.Data.(metricdata.Histogram[float64]).DataPoints {
-		if hasAll(dp.Attributes, match) {
-			s += dp.Sum
-		}
-	}
+	_, s := h.hist(name, match...)
 	return s
 }
 
