@@ -122,7 +122,7 @@ func newHarnessWith(t testing.TB, cfg Config, gwOpts []Option, opts ...harnessOp
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	var spans *tracetest.SpanRecorder
-	var sp sdktrace.SpanProcessor = o.spans
+	sp := o.spans
 	if sp == nil {
 		spans = tracetest.NewSpanRecorder()
 		sp = spans
@@ -411,12 +411,6 @@ func (r *recorder) add(req *http.Request) {
 	defer r.mu.Unlock()
 	r.reqs = append(r.reqs, req)
 	r.body = append(r.body, string(b))
-}
-
-func (r *recorder) count() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return len(r.reqs)
 }
 
 func (r *recorder) last() *http.Request {

@@ -245,7 +245,7 @@ func TestTracing(t *testing.T) {
 func attrValue(kvs []attribute.KeyValue, key string) string {
 	for _, kv := range kvs {
 		if string(kv.Key) == key {
-			return kv.Value.Emit()
+			return kv.Value.String()
 		}
 	}
 	return ""

@@ -49,7 +49,6 @@ const (
 	AttrGenAIResponseID = attribute.Key("gen_ai.response.id")
 	AttrGenAIInputTok   = attribute.Key("gen_ai.usage.input_tokens")
 	AttrGenAIOutputTok  = attribute.Key("gen_ai.usage.output_tokens")
-	AttrGenAIFinish     = attribute.Key("gen_ai.response.finish_reasons")
 	AttrGenAIMaxTokens  = attribute.Key("gen_ai.request.max_tokens")
 	AttrRequestID       = attribute.Key("switchboard.request_id")
 )

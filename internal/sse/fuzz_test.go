@@ -22,9 +22,7 @@ func FuzzScanner(f *testing.F) {
 		dataEvent(reasoningChunk), dataEvent(toolChunk), dataEvent(finishChunk),
 		"\xef\xbb\xbfdata: x\n\n", "\n\r\n\r", "data: " + strings.Repeat("y", 300) + "\r\n\r\ndata: ok\n\n",
 	}
-	for _, s := range shapes {
-		seeds = append(seeds, s)
-	}
+	seeds = append(seeds, shapes...)
 	for i, s := range seeds {
 		f.Add([]byte(s), uint16(len(s)/2), uint16(i*37%300))
 	}
