@@ -1,7 +1,6 @@
 package telemetry
 
 import (
-	"bytes"
 	"compress/gzip"
 	"context"
 	"errors"
@@ -9,7 +8,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -23,46 +21,15 @@ import (
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	resourcepb "go.opentelemetry.io/proto/otlp/resource/v1"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
-
-// unsetOTEL removes every OTEL_* variable from the process environment for
-// the duration of the test, so Setup sees only what the test sets.
-func unsetOTEL(t *testing.T) {
-	t.Helper()
-	for _, kv := range os.Environ() {
-		k, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, "OTEL_") {
-			t.Setenv(k, "") // restores the original value on cleanup
-			if err := os.Unsetenv(k); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-}
-
-// lockedBuffer collects log output written from any goroutine.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // setup calls Setup with cfg, logging into the returned buffer, and shuts
 // the providers down at the end of the test unless the test did.
-func setup(t *testing.T, cfg Config) (*Providers, func(context.Context) error, *lockedBuffer) {
+func setup(t *testing.T, cfg Config) (*Providers, func(context.Context) error, *testutil.LockedBuffer) {
 	t.Helper()
-	logs := &lockedBuffer{}
+	logs := &testutil.LockedBuffer{}
 	p, shutdown, err := Setup(context.Background(), cfg, slog.New(slog.NewTextHandler(logs, nil)))
 	if err != nil {
 		t.Fatalf("Setup: %v", err)
@@ -102,7 +69,7 @@ func promLabel(m *dto.Metric, name string) string {
 }
 
 func TestSetupWithoutOTLP(t *testing.T) {
-	unsetOTEL(t)
+	testutil.UnsetOTEL(t)
 	cfg := DefaultConfig()
 	cfg.ServiceName = "sb-prom-test"
 	p, shutdown, logs := setup(t, cfg)
@@ -171,7 +138,7 @@ func equalFloats(a, b []float64) bool {
 // TestSetupCardinalityLimit checks the configured limit reaches the meter
 // provider: past it, new attribute sets fold into the overflow series.
 func TestSetupCardinalityLimit(t *testing.T) {
-	unsetOTEL(t)
+	testutil.UnsetOTEL(t)
 	cfg := DefaultConfig()
 	cfg.CardinalityLimit = 3
 	p, _, _ := setup(t, cfg)
@@ -282,7 +249,7 @@ func attrString(kvs []*commonpb.KeyValue, key string) string {
 // receiver and checks a span and a metric recorded through the providers
 // arrive, flushed by shutdown, under OTEL_SERVICE_NAME.
 func TestSetupOTLPExport(t *testing.T) {
-	unsetOTEL(t)
+	testutil.UnsetOTEL(t)
 	rc := &otlpReceiver{}
 	srv := httptest.NewServer(rc)
 	defer srv.Close()
@@ -389,7 +356,7 @@ func TestSetupSampler(t *testing.T) {
 		{"always_on", true},
 	} {
 		t.Run("sampler="+tc.sampler, func(t *testing.T) {
-			unsetOTEL(t)
+			testutil.UnsetOTEL(t)
 			if tc.sampler != "" {
 				t.Setenv("OTEL_TRACES_SAMPLER", tc.sampler)
 			}
@@ -442,11 +409,11 @@ func TestSetupExporterSelection(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			unsetOTEL(t)
+			testutil.UnsetOTEL(t)
 			for k, v := range tc.env {
 				t.Setenv(k, v)
 			}
-			logs := &lockedBuffer{}
+			logs := &testutil.LockedBuffer{}
 			p, shutdown, err := Setup(context.Background(), DefaultConfig(), slog.New(slog.NewTextHandler(logs, nil)))
 			if tc.wantErr {
 				if err == nil {

@@ -2,14 +2,12 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -21,44 +19,12 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"go.uber.org/goleak"
+
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
-}
-
-// syncBuffer is a bytes.Buffer safe for the logger's concurrent writes
-// and the test's reads.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// unsetOTEL removes every OTEL_* variable from the process environment for
-// the duration of the test (the OpenTelemetry SDK reads them from there).
-func unsetOTEL(t *testing.T) {
-	t.Helper()
-	for _, kv := range os.Environ() {
-		k, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(k, "OTEL_") {
-			t.Setenv(k, "") // restores the original value on cleanup
-			if err := os.Unsetenv(k); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
 }
 
 // gatewayProc is run executing in a goroutine.
@@ -66,7 +32,7 @@ type gatewayProc struct {
 	public, admin string
 	cancel        context.CancelFunc
 	done          chan error
-	logs          *syncBuffer
+	logs          *testutil.LockedBuffer
 }
 
 // startRun starts run with args and env and waits until it reports its
@@ -74,7 +40,7 @@ type gatewayProc struct {
 func startRun(t *testing.T, args, env []string) *gatewayProc {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	p := &gatewayProc{cancel: cancel, done: make(chan error, 1), logs: &syncBuffer{}}
+	p := &gatewayProc{cancel: cancel, done: make(chan error, 1), logs: &testutil.LockedBuffer{}}
 	addrs := make(chan [2]string, 1)
 	go func() {
 		p.done <- run(ctx, args, environ(env...), p.logs, func(public, admin string) { addrs <- [2]string{public, admin} })
@@ -289,7 +255,7 @@ var demoArgs = []string{"--config", "../../configs/demo.yaml", "--listen", "127.
 // two simulated engines, the public and admin listeners, and a graceful
 // drain when the context is cancelled.
 func TestRunSmoke(t *testing.T) {
-	unsetOTEL(t)
+	testutil.UnsetOTEL(t)
 	const (
 		itl       = 20 * time.Millisecond
 		maxTokens = 8
@@ -460,7 +426,7 @@ func mapsEqual(a, b map[string]float64) bool {
 // TestRunNoOTLPLogLine checks that, with no OTEL_* variable set, run says
 // exactly once that nothing is exported over OTLP.
 func TestRunNoOTLPLogLine(t *testing.T) {
-	unsetOTEL(t)
+	testutil.UnsetOTEL(t)
 	p := startRun(t, []string{"--listen", "127.0.0.1:0", "--admin-listen", ""},
 		[]string{"SWITCHBOARD_SIMULATE__ENGINES=1", "SWITCHBOARD_LOG__FORMAT=json"})
 	if p.admin != "http://" {
@@ -487,7 +453,7 @@ func TestRunNoOTLPLogLine(t *testing.T) {
 }
 
 func TestRunErrors(t *testing.T) {
-	unsetOTEL(t)
+	testutil.UnsetOTEL(t)
 	t.Run("config", func(t *testing.T) {
 		err := run(context.Background(), []string{"--policy", "nope"}, environ(), io.Discard, func(string, string) {
 			t.Error("ready called for an invalid config")
@@ -519,7 +485,7 @@ func TestRunErrors(t *testing.T) {
 // server.shutdown_timeout is cut off when the deadline passes and that run
 // still returns nil, promptly.
 func TestRunShutdownDeadline(t *testing.T) {
-	unsetOTEL(t)
+	testutil.UnsetOTEL(t)
 	const timeout = 300 * time.Millisecond
 	p := startRun(t, demoArgs, []string{
 		"SWITCHBOARD_SIMULATE__TTFT=1ms",
@@ -551,7 +517,7 @@ func TestRunShutdownDeadline(t *testing.T) {
 // TestRunDrainDelay: after the signal, /ready answers 503 while requests are
 // still served for server.drain_delay; then the listener closes.
 func TestRunDrainDelay(t *testing.T) {
-	unsetOTEL(t)
+	testutil.UnsetOTEL(t)
 	p := startRun(t, demoArgs, []string{
 		"SWITCHBOARD_SIMULATE__TTFT=1ms",
 		"SWITCHBOARD_SIMULATE__ITL=1ms",
