@@ -39,45 +39,45 @@ type collector struct {
 func newCollector(t *testing.T) *collector {
 	c := &collector{}
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /v1/traces", func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		var req colltrace.ExportTraceServiceRequest
-		if err := proto.Unmarshal(b, &req); err != nil {
-			http.Error(w, err.Error(), 400)
-			return
-		}
-		c.mu.Lock()
+	mux.HandleFunc("POST /v1/traces", otlpHandler(&colltrace.ExportTraceServiceResponse{}, func(req *colltrace.ExportTraceServiceRequest) {
 		for _, rs := range req.ResourceSpans {
 			for _, ss := range rs.ScopeSpans {
 				c.spans = append(c.spans, ss.Spans...)
 			}
 		}
-		c.mu.Unlock()
-		w.Header().Set("Content-Type", "application/x-protobuf")
-		out, _ := proto.Marshal(&colltrace.ExportTraceServiceResponse{})
-		_, _ = w.Write(out)
-	})
-	mux.HandleFunc("POST /v1/metrics", func(w http.ResponseWriter, r *http.Request) {
-		b, _ := io.ReadAll(r.Body)
-		var req collmetrics.ExportMetricsServiceRequest
-		if err := proto.Unmarshal(b, &req); err != nil {
-			http.Error(w, err.Error(), 400)
-			return
-		}
-		c.mu.Lock()
+	}, &c.mu))
+	mux.HandleFunc("POST /v1/metrics", otlpHandler(&collmetrics.ExportMetricsServiceResponse{}, func(req *collmetrics.ExportMetricsServiceRequest) {
 		for _, rm := range req.ResourceMetrics {
 			for _, sm := range rm.ScopeMetrics {
 				c.metrics = append(c.metrics, sm.Metrics...)
 			}
 		}
-		c.mu.Unlock()
-		w.Header().Set("Content-Type", "application/x-protobuf")
-		out, _ := proto.Marshal(&collmetrics.ExportMetricsServiceResponse{})
-		_, _ = w.Write(out)
-	})
+	}, &c.mu))
 	c.srv = httptest.NewServer(mux)
 	t.Cleanup(c.srv.Close)
 	return c
+}
+
+// otlpHandler serves one OTLP/HTTP protobuf export endpoint: it decodes the
+// request into a new Req, hands it to keep under mu, and answers resp.
+func otlpHandler[Req any, PReq interface {
+	*Req
+	proto.Message
+}](resp proto.Message, keep func(PReq), mu *sync.Mutex) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		req := PReq(new(Req))
+		if err := proto.Unmarshal(b, req); err != nil {
+			http.Error(w, err.Error(), 400)
+			return
+		}
+		mu.Lock()
+		keep(req)
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/x-protobuf")
+		out, _ := proto.Marshal(resp)
+		_, _ = w.Write(out)
+	}
 }
 
 // lastGauge returns the latest exported value of active_requests for
