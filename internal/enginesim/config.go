@@ -1,6 +1,7 @@
 package enginesim
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"time"
@@ -123,37 +124,19 @@ func (c Config) Validate() error {
 
 // withDefaults returns c with every zero field replaced by its default.
 func (c Config) withDefaults() Config {
-	if c.Name == "" {
-		c.Name = DefaultName
-	}
+	c.Name = cmp.Or(c.Name, DefaultName)
 	if len(c.Models) == 0 {
 		c.Models = []string{DefaultModel}
 	} else {
 		c.Models = append([]string(nil), c.Models...)
 	}
-	if c.TTFT == 0 {
-		c.TTFT = DefaultTTFT
-	}
-	if c.ITL == 0 {
-		c.ITL = DefaultITL
-	}
-	if c.OutputTokens == 0 {
-		c.OutputTokens = DefaultOutputTokens
-	}
-	if c.MaxOutputTokens == 0 {
-		c.MaxOutputTokens = DefaultMaxOutputTokens
-	}
-	if c.MaxNumSeqs == 0 {
-		c.MaxNumSeqs = DefaultMaxNumSeqs
-	}
-	if c.KVCacheBlocks == 0 {
-		c.KVCacheBlocks = DefaultKVCacheBlocks
-	}
-	if c.BlockSize == 0 {
-		c.BlockSize = DefaultBlockSize
-	}
-	if c.EmbeddingDim == 0 {
-		c.EmbeddingDim = DefaultEmbeddingDim
-	}
+	c.TTFT = cmp.Or(c.TTFT, DefaultTTFT)
+	c.ITL = cmp.Or(c.ITL, DefaultITL)
+	c.OutputTokens = cmp.Or(c.OutputTokens, DefaultOutputTokens)
+	c.MaxOutputTokens = cmp.Or(c.MaxOutputTokens, DefaultMaxOutputTokens)
+	c.MaxNumSeqs = cmp.Or(c.MaxNumSeqs, DefaultMaxNumSeqs)
+	c.KVCacheBlocks = cmp.Or(c.KVCacheBlocks, DefaultKVCacheBlocks)
+	c.BlockSize = cmp.Or(c.BlockSize, DefaultBlockSize)
+	c.EmbeddingDim = cmp.Or(c.EmbeddingDim, DefaultEmbeddingDim)
 	return c
 }
