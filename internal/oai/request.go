@@ -269,40 +269,38 @@ func (d *decoder) prompt(op Operation) int {
 
 // messages reads a chat messages array and returns the bytes of its text:
 // string contents and the "text" of content parts.
-func (d *decoder) messages() int {
-	n := 0
-	d.open('[')
-	for i := 0; d.more(']', &i); {
-		if d.peek() != '{' {
-			d.skip()
-			continue
-		}
-		content := 0 // of the last "content" key, as the engine sees it
-		d.open('{')
-		for j := 0; d.more('}', &j); {
-			if string(d.key()) != "content" {
-				d.skip()
-				continue
-			}
-			switch d.peek() {
-			case '"':
-				s, _ := d.str()
-				content = len(s)
-			case '[':
-				content = d.contentParts()
-			default:
-				content = 0
-				d.skip()
-			}
-		}
-		n += content
-	}
-	return n
-}
+func (d *decoder) messages() int { return d.sumLastKey("content", true) }
 
 // contentParts reads an array of content parts and returns the bytes of
 // their "text" strings.
-func (d *decoder) contentParts() int {
+func (d *decoder) contentParts() int { return d.sumLastKey("text", false) }
+
+// contentBytes reads a message's content: a string, an array of parts, or
+// anything else (0 bytes).
+func (d *decoder) contentBytes() int {
+	if d.peek() == '[' {
+		return d.contentParts()
+	}
+	return d.stringBytes()
+}
+
+// stringBytes reads a value and returns its length if it is a string, 0
+// otherwise.
+func (d *decoder) stringBytes() int {
+	if d.peek() != '"' {
+		d.skip()
+		return 0
+	}
+	s, _ := d.str()
+	return len(s)
+}
+
+// sumLastKey reads an array and returns the sum, over its object elements,
+// of the bytes of key's value (the last one, when the key repeats, as the
+// engine's parser sees it): contentBytes when content is set, else
+// stringBytes. Other elements count 0. (A bool, not a func value: passing
+// d to an indirect call would move the decoder to the heap.)
+func (d *decoder) sumLastKey(key string, content bool) int {
 	n := 0
 	d.open('[')
 	for i := 0; d.more(']', &i); {
@@ -310,22 +308,20 @@ func (d *decoder) contentParts() int {
 			d.skip()
 			continue
 		}
-		text := 0
+		last := 0
 		d.open('{')
 		for j := 0; d.more('}', &j); {
-			if string(d.key()) != "text" {
+			if string(d.key()) != key {
 				d.skip()
 				continue
 			}
-			text = 0
-			if d.peek() == '"' {
-				s, _ := d.str()
-				text = len(s)
+			if content {
+				last = d.contentBytes()
 			} else {
-				d.skip()
+				last = d.stringBytes()
 			}
 		}
-		n += text
+		n += last
 	}
 	return n
 }
