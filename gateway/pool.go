@@ -32,7 +32,7 @@ type engine struct {
 	tel    *telemetry.Engine
 	opURL  [4]string // by oai.Operation
 	static bool      // models come from config
-	auth   string    // "Bearer <key>", or "" when the engine takes none
+	auth   []string  // the Authorization header value "Bearer <key>", or nil when the engine takes none
 
 	models  atomic.Pointer[[]string] // sorted; nil until known
 	lastErr atomic.Pointer[string]
@@ -137,7 +137,7 @@ func (p *Pool) newEngine(ec EngineConfig) (*engine, error) {
 	}
 	e := &engine{cfg: ec, ep: routing.NewEndpoint(ec.Name, base), tel: tel}
 	if key != "" {
-		e.auth = "Bearer " + key
+		e.auth = []string{"Bearer " + key}
 	}
 	for op, path := range map[oai.Operation]string{oai.OpChat: "/v1/chat/completions", oai.OpCompletion: "/v1/completions", oai.OpEmbeddings: "/v1/embeddings"} {
 		e.opURL[op] = base.JoinPath(path).String()
@@ -452,8 +452,8 @@ func (p *Pool) get(ctx context.Context, e *engine, path string, into any) error 
 	if err != nil {
 		return err
 	}
-	if e.auth != "" {
-		req.Header.Set("Authorization", e.auth)
+	if e.auth != nil {
+		req.Header["Authorization"] = e.auth
 	}
 	resp, err := p.client.Do(req)
 	if err != nil {

@@ -110,12 +110,16 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 		return nil, errBodyTooLarge(s.cfg.MaxBodyBytes)
 	}
 	rd := http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
-	n := r.ContentLength
-	if n < 0 {
-		n = 512
+	var body []byte
+	var err error
+	if r.ContentLength >= 0 {
+		// One exact allocation; net/http ends the body at Content-Length.
+		body = make([]byte, r.ContentLength)
+		_, err = io.ReadFull(rd, body)
+	} else {
+		body, err = io.ReadAll(rd)
 	}
-	buf := bytes.NewBuffer(make([]byte, 0, n+1))
-	if _, err := buf.ReadFrom(rd); err != nil {
+	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			return nil, errBodyTooLarge(s.cfg.MaxBodyBytes)
@@ -125,10 +129,10 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error
 		}
 		return nil, errBadRequest("", "could not read the request body: "+err.Error())
 	}
-	if buf.Len() == 0 {
+	if len(body) == 0 {
 		return nil, errBodyEmpty
 	}
-	return buf.Bytes(), nil
+	return body, nil
 }
 
 // attempt runs the request on eng. It returns a non-nil error only when the
@@ -149,10 +153,10 @@ func (s *Server) attempt(ctx context.Context, w http.ResponseWriter, r *http.Req
 		return nil
 	}
 	copyRequestHeaders(ureq.Header, r.Header)
-	ureq.Header.Set("Content-Type", "application/json")
+	ureq.Header["Content-Type"] = jsonContentType // shared: no one mutates it
 	ureq.Header.Set(RequestIDHeader, RequestIDFrom(r.Context()))
-	if eng.auth != "" {
-		ureq.Header.Set("Authorization", eng.auth)
+	if eng.auth != nil {
+		ureq.Header["Authorization"] = eng.auth
 	}
 	s.prop.Inject(actx, propagation.HeaderCarrier(ureq.Header))
 
@@ -191,6 +195,10 @@ func (s *Server) attempt(ctx context.Context, w http.ResponseWriter, r *http.Req
 	}
 	return nil
 }
+
+// jsonContentType is the Content-Type value of every engine request: the
+// body has been checked to be a JSON object, whatever the client declared.
+var jsonContentType = []string{"application/json"}
 
 // usageOption is appended to a streamed request body whose client set no
 // stream_options.
