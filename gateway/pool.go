@@ -309,14 +309,14 @@ func (p *Pool) observeInFlight(report func(e *telemetry.Engine, prefill, decode 
 
 // EngineStatus is one engine's state as shown on GET /admin/engines.
 type EngineStatus struct {
-	Name      string   `json:"name"`
-	URL       string   `json:"url"`
-	Healthy   bool     `json:"healthy"`
-	Models    []string `json:"models"`
-	Static    bool     `json:"models_configured"`
-	Prefill   int64    `json:"prefill"`
-	Decode    int64    `json:"decode"`
-	Retired   bool     `json:"retired,omitempty"`
+	Name      string   `json:"name"`              // configured engine name
+	URL       string   `json:"url"`               // base URL
+	Healthy   bool     `json:"healthy"`           // last health verdict
+	Models    []string `json:"models"`            // sorted; empty until discovered
+	Static    bool     `json:"models_configured"` // models come from config, not discovery
+	Prefill   int64    `json:"prefill"`           // requests in prefill now
+	Decode    int64    `json:"decode"`            // requests in decode now
+	Retired   bool     `json:"retired,omitempty"` // removed, still draining its requests
 	LastError string   `json:"last_error,omitempty"`
 }
 

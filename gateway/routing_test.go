@@ -79,7 +79,8 @@ func TestCaseL13ModelAwareRouting(t *testing.T) {
 }
 
 // TestRoutingSpreadsAcrossEngines: round-robin alternates between the two
-// engines serving a model; least-loaded spreads concurrent requests.
+// engines serving a model (least-loaded spreading is checked in
+// TestCaseL02DisconnectsBeforeHeadersRelease).
 func TestRoutingSpreadsAcrossEngines(t *testing.T) {
 	e1, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
 	e2, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
