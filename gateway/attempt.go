@@ -3,7 +3,6 @@ package gateway
 import (
 	"context"
 	"net/http"
-	"strconv"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -50,27 +49,20 @@ type attempt struct {
 	ended              bool
 }
 
+// clientSpan are the start options of every engine span, built once.
+var clientSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
+
 // startAttempt starts the engine span and takes a prefill slot on eng. The
 // caller must `defer a.finish()` immediately.
 func (s *Server) startAttempt(ctx context.Context, eng *engine, op oai.Operation, req *oai.Request) (context.Context, *attempt) {
 	a := &attempt{s: s, eng: eng, attrs: eng.tel.Attrs(req.Model, op.String())}
-	ctx, a.span = s.tracer.Start(ctx, a.attrs.SpanName(), trace.WithSpanKind(trace.SpanKindClient))
+	ctx, a.span = s.tracer.Start(ctx, a.attrs.SpanName(), clientSpan...)
 	a.ctx = ctx
 	if a.span.IsRecording() {
-		u := eng.ep.URL()
-		port, _ := strconv.Atoi(u.Port())
-		if port == 0 {
-			port = 80
-			if u.Scheme == "https" {
-				port = 443
-			}
-		}
+		a.span.SetAttributes(eng.spanAttrs...)
 		a.span.SetAttributes(
 			telemetry.AttrGenAIOp.String(op.String()),
 			telemetry.AttrGenAIReqModel.String(req.Model),
-			attribute.String("server.address", u.Hostname()),
-			attribute.Int("server.port", port),
-			attribute.String("switchboard.engine", eng.cfg.Name),
 			attribute.Bool("switchboard.stream", req.Stream),
 			telemetry.AttrRequestID.String(RequestIDFrom(ctx)),
 		)

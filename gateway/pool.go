@@ -12,10 +12,13 @@ import (
 	"os"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/switchboard-gw/switchboard/internal/oai"
 	"github.com/switchboard-gw/switchboard/routing"
@@ -33,6 +36,10 @@ type engine struct {
 	opURL  [4]string // by oai.Operation
 	static bool      // models come from config
 	auth   []string  // the Authorization header value "Bearer <key>", or nil when the engine takes none
+
+	// spanAttrs are the engine span attributes that never change:
+	// server.address, server.port, switchboard.engine.
+	spanAttrs []attribute.KeyValue
 
 	models  atomic.Pointer[[]string] // sorted; nil until known
 	lastErr atomic.Pointer[string]
@@ -136,6 +143,18 @@ func (p *Pool) newEngine(ec EngineConfig) (*engine, error) {
 		p.telByName[ec.Name] = tel
 	}
 	e := &engine{cfg: ec, ep: routing.NewEndpoint(ec.Name, base), tel: tel}
+	port, _ := strconv.Atoi(base.Port())
+	if port == 0 {
+		port = 80
+		if base.Scheme == "https" {
+			port = 443
+		}
+	}
+	e.spanAttrs = []attribute.KeyValue{
+		attribute.String("server.address", base.Hostname()),
+		attribute.Int("server.port", port),
+		attribute.String("switchboard.engine", ec.Name),
+	}
 	if key != "" {
 		e.auth = []string{"Bearer " + key}
 	}
