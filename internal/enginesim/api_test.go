@@ -363,3 +363,53 @@ func TestErrors(t *testing.T) {
 		t.Errorf("rejected requests were accounted as outcomes: %+v", s)
 	}
 }
+
+func TestServerHeader(t *testing.T) {
+	e, srv := startEngine(t, fastConfig())
+	tests := []struct {
+		name, method, path, body string
+		hdr                      map[string]string
+		status                   int
+	}{
+		{"models", "GET", "/v1/models", "", nil, 200},
+		{"health", "GET", "/health", "", nil, 200},
+		{"health HEAD", "HEAD", "/health", "", nil, 200},
+		{"metrics", "GET", "/metrics", "", nil, 200},
+		{"chat stream", "POST", "/v1/chat/completions", chatStreamBody, nil, 200},
+		{"chat unary", "POST", "/v1/chat/completions", chatUnaryBody, nil, 200},
+		{"completions", "POST", "/v1/completions", `{"model":"m2","prompt":"x y","max_tokens":2}`, nil, 200},
+		{"embeddings", "POST", "/v1/embeddings", embedBody, nil, 200},
+		{"unknown path", "GET", "/v2/nope", "", nil, 404},
+		{"wrong method", "GET", "/v1/chat/completions", "", nil, 405},
+		{"invalid JSON", "POST", "/v1/chat/completions", `{"model":`, nil, 400},
+		{"unknown model", "POST", "/v1/embeddings", `{"model":"zz","input":"a"}`, nil, 404},
+		{"too large", "POST", "/v1/completions", strings.Repeat(" ", maxBodyBytes+1), nil, 413},
+		{"bad fault spec", "POST", "/v1/chat/completions", chatUnaryBody, fault("error-body=html"), 400},
+		{"status fault", "POST", "/v1/chat/completions", chatUnaryBody, fault("status=503"), 503},
+		{"html error body", "POST", "/v1/completions", `{"prompt":"a"}`, fault("status=502,error-body=html"), 502},
+		{"empty error body", "POST", "/v1/embeddings", embedBody, fault("status=500,error-body=empty"), 500},
+		{"close-after-headers", "POST", "/v1/chat/completions", chatStreamBody, fault("close-after-headers"), 200},
+		{"truncate", "POST", "/v1/chat/completions", chatUnaryBody, fault("truncate"), 200},
+		{"malformed", "POST", "/v1/embeddings", embedBody, fault("malformed"), 200},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			resp := mustSend(t, srv, tc.method, tc.path, tc.body, tc.hdr)
+			_, _ = io.Copy(io.Discard, resp.Body) // some faults end the body with an error
+			if resp.StatusCode != tc.status {
+				t.Errorf("status %d, want %d", resp.StatusCode, tc.status)
+			}
+			if got := resp.Header.Values("Server"); len(got) != 1 || got[0] != "uvicorn" {
+				t.Errorf("Server = %q, want [uvicorn]", got)
+			}
+			if v, ok := resp.Header["X-Powered-By"]; ok {
+				t.Errorf("X-Powered-By %q without the powered-by fault", v)
+			}
+		})
+	}
+	e.SetHealthy(false)
+	resp := mustSend(t, srv, "GET", "/health", "", nil)
+	if resp.StatusCode != 503 || resp.Header.Get("Server") != "uvicorn" {
+		t.Errorf("unhealthy: %d Server %q", resp.StatusCode, resp.Header.Get("Server"))
+	}
+}

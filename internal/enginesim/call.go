@@ -25,6 +25,9 @@ const (
 	outcomeFaulted
 )
 
+// poweredBy is the X-Powered-By value sent under the powered-by fault.
+const poweredBy = "enginesim"
+
 // malformedEvent is the invalid SSE event emitted by the malformed fault.
 const malformedEvent = "data: {\"id\":\"bad\", \"choices\": [\n\n"
 
@@ -53,6 +56,9 @@ type call struct {
 }
 
 func (e *Engine) newCall(w http.ResponseWriter, r *http.Request, m *modelState, f *faults, stream bool) *call {
+	if f.poweredBy {
+		w.Header().Set("X-Powered-By", poweredBy)
+	}
 	return &call{
 		e: e, m: m, f: f, w: w, rc: http.NewResponseController(w), ctx: r.Context(),
 		start: time.Now(), stream: stream,
@@ -260,7 +266,7 @@ func (c *call) preHeaders() (handled bool, err error) {
 	}
 	if c.f.status != 0 {
 		c.settle(outcomeFaulted, "")
-		writeError(c.w, c.f.status, "enginesim: injected fault status="+strconv.Itoa(c.f.status))
+		writeFaultError(c.w, c.f)
 		return true, nil
 	}
 	return false, nil
@@ -287,8 +293,9 @@ func (c *call) abortConn() {
 
 // writeBody writes a non-stream JSON response body, applying the body faults: malformed
 // (invalid JSON, Faulted), close-after (half the body, then abort), stall-after (half the
-// body, then block until the client leaves) and trickle (no Content-Length, one byte at a
-// time). Otherwise the request is settled as completed with reason just before the write.
+// body, then block until the client leaves), truncate (the full body's Content-Length, half
+// the body, then abort) and trickle (no Content-Length, one byte at a time). Otherwise the
+// request is settled as completed with reason just before the write.
 func (c *call) writeBody(b []byte, reason string) error {
 	h := c.w.Header()
 	h.Set("Content-Type", "application/json")
@@ -304,6 +311,17 @@ func (c *call) writeBody(b []byte, reason string) error {
 	}
 	if c.f.malformed {
 		b = []byte(malformedBody)
+	}
+	if c.f.truncate {
+		// Declare the whole body, even under trickle, so the client sees a short body.
+		h.Set("Content-Length", strconv.Itoa(len(b)))
+		c.w.WriteHeader(http.StatusOK)
+		if err := c.write(b[:len(b)/2]); err != nil {
+			return err
+		}
+		c.abortConn()
+	}
+	if c.f.malformed {
 		c.settle(outcomeFaulted, "")
 	} else {
 		c.settle(outcomeCompleted, reason)

@@ -36,7 +36,9 @@
 // "base64" of little-endian float32s); they take a running slot and one TTFT wait, and do
 // not use the prefix cache.
 //
-// A request's X-Request-Id header is echoed in the response.
+// A request's X-Request-Id header is echoed in the response. Every response the engine
+// writes, on every path and errors included, carries "Server: uvicorn", as vLLM's uvicorn
+// server sends, so a gateway in front can be tested for hiding engine-identifying headers.
 //
 // # Scheduling
 //
@@ -75,7 +77,20 @@
 // syntax (250ms, 2s). Faults act after the request is validated; they apply to the chat,
 // completions and embeddings endpoints only.
 //
-//   - status=CODE: answer CODE (400..599) with the error JSON instead of generating. Faulted.
+//   - status=CODE: answer CODE (400..599) instead of generating, with the body chosen by
+//     error-body (default the error JSON, message "enginesim: injected fault status=CODE")
+//     and Content-Length. Faulted.
+//   - error-body=KIND, with status: the body of the status response. json: the error JSON
+//     (application/json). html: a small error page such as a reverse proxy or a crashed
+//     worker returns (text/html; charset=utf-8), titled "CODE Reason" (for example "502 Bad
+//     Gateway") with a Python traceback in a <pre>. text: that traceback alone
+//     (text/plain; charset=utf-8). empty: no body and no Content-Type (Content-Length 0).
+//     The traceback names the internal path [InternalPath] ("/srv/vllm/worker.py", line 42),
+//     so a gateway test can assert it never reaches a client. Without status it is a spec
+//     error (400, "needs status=CODE").
+//   - retry-after=SECONDS, with status: also send "Retry-After: SECONDS" (an integer, 0 or
+//     more) on the status response. Without status it is a spec error.
+//   - powered-by: also send "X-Powered-By: enginesim" on the response, whatever it is.
 //   - close-before-headers: read the request, then close the TCP connection without any
 //     response (hijacked; on HTTP/2 the stream is reset instead). Faulted.
 //   - close-after-headers: send 200 headers (text/event-stream or application/json, as the
@@ -90,7 +105,22 @@
 //     the client goes away (Aborted), or for DUR and then proceed normally.
 //   - stall-after=N: stream: after N token events, block until the client goes away.
 //     Non-stream and embeddings: send the headers and half of the body, then block. Aborted
-//     when the client leaves.
+//     when the client leaves. The stall itself sends nothing, not even keep-alives.
+//     stall-after=0 on a stream models vLLM's silence after the headers while a request
+//     waits in the queue or in prefill: the client gets 200 with text/event-stream and, for
+//     chat, the role chunk (plus the tool-call delta under tool-call), for completions only
+//     the headers, and then nothing at all however long it waits (under keepalive, only the
+//     keep-alives of the queue and first-token waits, which come before the stall), while
+//     the engine holds a running slot (Stats.Running) until the client leaves.
+//   - truncate: non-stream and embeddings: after generating, send 200 with the
+//     Content-Length of the full JSON body (even under trickle), write its first half
+//     (len/2 bytes), flush and abort the connection: the client sees an unexpected EOF short
+//     of the declared length. Combined with malformed, the malformed body is the one
+//     truncated. Stream: send the whole stream (role chunk, tokens, finish chunk, usage chunk
+//     if asked) except the final "data: [DONE]", then end the response cleanly (the chunked
+//     terminator on HTTP/1.1), like an engine that ends a stream without its terminator.
+//     Faulted in both cases; a stream is counted after its last event is written and before
+//     the response ends. close-after and stall-after act first.
 //   - slow-headers=DUR: sleep DUR before anything else, then proceed normally. Not a fault.
 //     Combined with status or close-before-headers it delays them.
 //   - malformed: stream: right after the role chunk, emit the invalid event

@@ -52,8 +52,8 @@ type Stats struct {
 	// Aborted counts requests whose client disconnected or cancelled before the response
 	// finished (vLLM's "Aborted request"), including those ended by a stall fault.
 	Aborted int64
-	// Faulted counts requests ended by an injected fault (status, close-*, non-stream
-	// malformed).
+	// Faulted counts requests ended by an injected fault (status, close-*, truncate,
+	// non-stream malformed).
 	Faulted int64
 	// PrefixCacheQueries counts prompt tokens looked up in the prefix cache, in tokens.
 	PrefixCacheQueries int64
@@ -92,8 +92,20 @@ func New(cfg Config) (*Engine, error) {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
 	})
-	e.handler = mux
+	e.handler = serverHeader(mux)
 	return e, nil
+}
+
+// serverName is the Server header of every response: vLLM runs under uvicorn, which sends
+// "server: uvicorn".
+const serverName = "uvicorn"
+
+// serverHeader sets the Server header that uvicorn sends on every response, then calls h.
+func serverHeader(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Server", serverName)
+		h.ServeHTTP(w, r)
+	})
 }
 
 // allow restricts h to method (GET also allows HEAD), answering others with a 405 JSON error.

@@ -38,10 +38,22 @@ type faults struct {
 	noContent          bool          // no-content
 	reasoning          int           // reasoning=N; 0 = none
 	toolCall           bool          // tool-call
+	errorBody          string        // error-body=KIND: one of the errorBody* kinds; "" = json
+	retryAfter         int           // retry-after=SECONDS; -1 = none
+	truncate           bool          // truncate
+	poweredBy          bool          // powered-by
 }
 
+// Error body kinds of the error-body fault.
+const (
+	errorBodyJSON  = "json"  // vLLM's error JSON (the default)
+	errorBodyHTML  = "html"  // a reverse proxy's or crashed worker's HTML error page
+	errorBodyText  = "text"  // a plain-text Python traceback
+	errorBodyEmpty = "empty" // no body at all
+)
+
 // noFaults is the parsed empty spec.
-var noFaults = &faults{closeAfter: -1, stallAfter: -1, trickle: -1}
+var noFaults = &faults{closeAfter: -1, stallAfter: -1, trickle: -1, retryAfter: -1}
 
 // parseFaults parses a comma-separated fault spec such as "close-after=3,trickle=2ms".
 // Whitespace around items is ignored; unknown keys, missing or extra values and out-of-range
@@ -63,6 +75,16 @@ func parseFaults(spec string) (*faults, error) {
 		key, val = strings.TrimSpace(key), strings.TrimSpace(val)
 		if err := f.set(key, val, hasVal); err != nil {
 			errs = append(errs, fmt.Errorf("%w: %q: %w", ErrBadFault, item, err))
+		}
+	}
+	// error-body and retry-after shape the status fault's response; alone they would
+	// silently do nothing, so they are errors.
+	if f.status == 0 {
+		if f.errorBody != "" {
+			errs = append(errs, fmt.Errorf("%w: %q: needs status=CODE", ErrBadFault, "error-body="+f.errorBody))
+		}
+		if f.retryAfter >= 0 {
+			errs = append(errs, fmt.Errorf("%w: %q: needs status=CODE", ErrBadFault, "retry-after="+strconv.Itoa(f.retryAfter)))
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -138,6 +160,26 @@ func (f *faults) set(key, val string, hasVal bool) error {
 		}
 	case "tool-call":
 		f.toolCall, err = true, noVal()
+	case "error-body":
+		if err = needVal(); err == nil {
+			switch val {
+			case errorBodyJSON, errorBodyHTML, errorBodyText, errorBodyEmpty:
+				f.errorBody = val
+			default:
+				err = errors.New("kind must be json, html, text or empty")
+			}
+		}
+	case "retry-after":
+		if err = needVal(); err == nil {
+			var n int
+			if n, err = parseCount(val); err == nil {
+				f.retryAfter = n
+			}
+		}
+	case "truncate":
+		f.truncate, err = true, noVal()
+	case "powered-by":
+		f.poweredBy, err = true, noVal()
 	default:
 		err = errors.New("unknown fault")
 	}

@@ -5,8 +5,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -35,6 +37,14 @@ func TestParseFaults(t *testing.T) {
 		{"no-content", func(f *faults) bool { return f.noContent }},
 		{"reasoning=3", func(f *faults) bool { return f.reasoning == 3 }},
 		{"tool-call", func(f *faults) bool { return f.toolCall }},
+		{"status=502,error-body=html", func(f *faults) bool { return f.status == 502 && f.errorBody == "html" }},
+		{"error-body=text,status=500", func(f *faults) bool { return f.status == 500 && f.errorBody == "text" }},
+		{"status=503,error-body=empty", func(f *faults) bool { return f.errorBody == "empty" && f.retryAfter == -1 }},
+		{"status=503,error-body=json", func(f *faults) bool { return f.errorBody == "json" }},
+		{"status=429,retry-after=7", func(f *faults) bool { return f.retryAfter == 7 && f.errorBody == "" }},
+		{"retry-after=0,status=503", func(f *faults) bool { return f.retryAfter == 0 }},
+		{"truncate", func(f *faults) bool { return f.truncate && f.closeAfter == -1 }},
+		{"powered-by", func(f *faults) bool { return f.poweredBy && f.status == 0 }},
 		{" close-after=3 , trickle=2ms,,", func(f *faults) bool {
 			return f.closeAfter == 3 && f.trickle == 2*time.Millisecond && f.spec == "close-after=3 , trickle=2ms,,"
 		}},
@@ -55,6 +65,9 @@ func TestParseFaults(t *testing.T) {
 		"close-after=x", "close-before-headers=1", "malformed=yes", "slow-headers", "slow-headers=5",
 		"slow-headers=-1s", "trickle=fast", "keepalive=0s", "reasoning=", "stall-after=1.5", "tool-call=1",
 		"status=503,bogus",
+		"error-body=html", "error-body=json", "retry-after=5", "error-body", "status=500,error-body",
+		"status=500,error-body=xml", "status=500,error-body=HTML", "status=429,retry-after=-1",
+		"status=429,retry-after=1.5", "status=429,retry-after", "retry-after=-1", "truncate=1", "powered-by=yes",
 	}
 	for _, spec := range bad {
 		t.Run("bad "+spec, func(t *testing.T) {
@@ -528,4 +541,297 @@ func TestDefaultFault(t *testing.T) {
 		t.Errorf("after SetFault(\"\"): status %d, want 200", got)
 	}
 	wantOutcome(t, e, 2, 0, 4)
+}
+
+// tracebackWant is the traceback the html and text error bodies must contain, spelled out
+// here rather than taken from the implementation.
+const tracebackWant = `Traceback (most recent call last):
+  File "/srv/vllm/worker.py", line 42, in execute_model
+    output = self.model_runner.execute_model(scheduler_output)
+RuntimeError: CUDA error: an illegal memory access was encountered
+`
+
+func TestFaultErrorBody(t *testing.T) {
+	tests := []struct {
+		spec, ct, body string
+		status         int
+	}{
+		{
+			spec: "status=503,error-body=json", status: 503, ct: "application/json",
+			body: `{"error":{"message":"enginesim: injected fault status=503","type":"ServiceUnavailableError","param":null,"code":503}}`,
+		},
+		{
+			spec: "error-body=html,status=502", status: 502, ct: "text/html; charset=utf-8",
+			body: "<html><head><title>502 Bad Gateway</title></head><body><h1>502 Bad Gateway</h1><pre>" +
+				tracebackWant + "</pre></body></html>\n",
+		},
+		{
+			spec: "status=599,error-body=html", status: 599, ct: "text/html; charset=utf-8",
+			body: "<html><head><title>599</title></head><body><h1>599</h1><pre>" + tracebackWant + "</pre></body></html>\n",
+		},
+		{spec: "status=500,error-body=text", status: 500, ct: "text/plain; charset=utf-8", body: tracebackWant},
+		{spec: "status=503,error-body=empty", status: 503, ct: "", body: ""},
+	}
+	for _, tc := range tests {
+		for _, ep := range endpoints {
+			t.Run(tc.spec+"/"+ep.name, func(t *testing.T) {
+				e, srv := startEngine(t, fastConfig())
+				resp := mustSend(t, srv, "POST", ep.path, ep.body, fault(tc.spec))
+				b, err := io.ReadAll(resp.Body)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if resp.StatusCode != tc.status || string(b) != tc.body {
+					t.Errorf("got %d %q\nwant %d %q", resp.StatusCode, b, tc.status, tc.body)
+				}
+				if ct := resp.Header.Get("Content-Type"); ct != tc.ct {
+					t.Errorf("Content-Type = %q, want %q", ct, tc.ct)
+				}
+				if cl := resp.Header.Get("Content-Length"); cl != strconv.Itoa(len(tc.body)) {
+					t.Errorf("Content-Length = %q, want %d", cl, len(tc.body))
+				}
+				if ra, ok := resp.Header["Retry-After"]; ok {
+					t.Errorf("Retry-After %q without retry-after", ra)
+				}
+				if tc.spec != "status=503,error-body=json" && tc.body != "" && !strings.Contains(string(b), InternalPath) {
+					t.Errorf("body lacks the internal path %s", InternalPath)
+				}
+				wantOutcome(t, e, 0, 0, 1)
+			})
+		}
+	}
+}
+
+func TestFaultRetryAfter(t *testing.T) {
+	e, srv := startEngine(t, fastConfig())
+	resp := mustSend(t, srv, "POST", "/v1/chat/completions", chatUnaryBody, fault("status=429,retry-after=7"))
+	b, _ := io.ReadAll(resp.Body)
+	want := `{"error":{"message":"enginesim: injected fault status=429","type":"RateLimitError","param":null,"code":429}}`
+	if resp.StatusCode != 429 || string(b) != want || resp.Header.Get("Retry-After") != "7" {
+		t.Errorf("got %d Retry-After %q %s", resp.StatusCode, resp.Header.Get("Retry-After"), b)
+	}
+	resp = mustSend(t, srv, "POST", "/v1/embeddings", embedBody, fault("retry-after=0,error-body=empty,status=503"))
+	b, _ = io.ReadAll(resp.Body)
+	if resp.StatusCode != 503 || len(b) != 0 || resp.Header.Get("Retry-After") != "0" {
+		t.Errorf("got %d Retry-After %q %q", resp.StatusCode, resp.Header.Get("Retry-After"), b)
+	}
+	resp = mustSend(t, srv, "POST", "/v1/completions", `{"model":"m1","prompt":"a","max_tokens":1,"stream":true}`,
+		fault("status=502,error-body=html,retry-after=30"))
+	b, _ = io.ReadAll(resp.Body)
+	if resp.StatusCode != 502 || resp.Header.Get("Retry-After") != "30" || !strings.HasPrefix(string(b), "<html>") {
+		t.Errorf("got %d Retry-After %q %q", resp.StatusCode, resp.Header.Get("Retry-After"), b)
+	}
+	wantOutcome(t, e, 0, 0, 3)
+}
+
+func TestFaultNeedsStatus(t *testing.T) {
+	tests := []struct{ spec, msg string }{
+		{"error-body=html", `invalid fault spec: "error-body=html": needs status=CODE`},
+		{"retry-after=5", `invalid fault spec: "retry-after=5": needs status=CODE`},
+		{"status=500,error-body=xml", `invalid fault spec: "error-body=xml": kind must be json, html, text or empty`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.spec, func(t *testing.T) {
+			e, srv := startEngine(t, fastConfig())
+			resp := mustSend(t, srv, "POST", "/v1/chat/completions", chatUnaryBody, fault(tc.spec))
+			var eb errorBody
+			if err := json.NewDecoder(resp.Body).Decode(&eb); err != nil {
+				t.Fatal(err)
+			}
+			if resp.StatusCode != 400 || eb.Error.Message != tc.msg || eb.Error.Code != 400 {
+				t.Errorf("got %d %+v, want 400 %q", resp.StatusCode, eb, tc.msg)
+			}
+			if err := e.SetFault(tc.spec); !errors.Is(err, ErrBadFault) {
+				t.Errorf("SetFault(%q) = %v, want ErrBadFault", tc.spec, err)
+			}
+			if _, err := New(Config{Fault: tc.spec}); !errors.Is(err, ErrBadFault) {
+				t.Errorf("New with Fault %q: %v, want ErrBadFault", tc.spec, err)
+			}
+			s := waitIdle(t, e, 1)
+			if s.Received != 1 || s.Completed+s.Aborted+s.Faulted != 0 {
+				t.Errorf("stats %+v", s)
+			}
+		})
+	}
+}
+
+func TestFaultPoweredBy(t *testing.T) {
+	e, srv := startEngine(t, fastConfig())
+	for _, ep := range endpoints {
+		resp := mustSend(t, srv, "POST", ep.path, ep.body, fault("powered-by"))
+		_, err := io.Copy(io.Discard, resp.Body)
+		if err != nil || resp.StatusCode != 200 || resp.Header.Get("X-Powered-By") != "enginesim" {
+			t.Errorf("%s: %d X-Powered-By %q, err %v", ep.name, resp.StatusCode, resp.Header.Get("X-Powered-By"), err)
+		}
+	}
+	resp := mustSend(t, srv, "POST", "/v1/chat/completions", chatUnaryBody, fault("status=500,powered-by,error-body=text"))
+	_, _ = io.Copy(io.Discard, resp.Body)
+	if resp.StatusCode != 500 || resp.Header.Get("X-Powered-By") != "enginesim" || resp.Header.Get("Server") != "uvicorn" {
+		t.Errorf("status fault: %d %v", resp.StatusCode, resp.Header)
+	}
+	resp = mustSend(t, srv, "POST", "/v1/chat/completions", chatUnaryBody, nil)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	if v, ok := resp.Header["X-Powered-By"]; ok {
+		t.Errorf("X-Powered-By %q without the fault", v)
+	}
+	wantOutcome(t, e, 5, 0, 1)
+}
+
+func TestFaultTruncateUnary(t *testing.T) {
+	for _, ep := range endpoints {
+		if ep.stream {
+			continue
+		}
+		for _, spec := range []string{"truncate", "truncate,trickle=0s"} {
+			t.Run(ep.name+"/"+spec, func(t *testing.T) {
+				e, srv := startEngine(t, fastConfig())
+				full := mustSend(t, srv, "POST", ep.path, ep.body, nil)
+				fb, err := io.ReadAll(full.Body)
+				if err != nil || full.ContentLength != int64(len(fb)) {
+					t.Fatalf("full body: ContentLength %d, %d bytes, err %v", full.ContentLength, len(fb), err)
+				}
+				resp := mustSend(t, srv, "POST", ep.path, ep.body, fault(spec))
+				if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "application/json" {
+					t.Errorf("got %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+				}
+				// Same shape, same length: ids are fixed-width, embeddings are deterministic.
+				if resp.ContentLength != int64(len(fb)) || resp.Header.Get("Content-Length") != strconv.Itoa(len(fb)) {
+					t.Errorf("ContentLength = %d, want the full body's %d", resp.ContentLength, len(fb))
+				}
+				b, err := io.ReadAll(resp.Body)
+				if !errors.Is(err, io.ErrUnexpectedEOF) {
+					t.Errorf("read error = %v, want unexpected EOF", err)
+				}
+				if len(b) != len(fb)/2 {
+					t.Errorf("got %d bytes of %d, want %d", len(b), len(fb), len(fb)/2)
+				}
+				if ep.path == "/v1/embeddings" {
+					if string(b) != string(fb[:len(fb)/2]) {
+						t.Errorf("partial body %q is not the first half of %q", b, fb)
+					}
+				} else if !strings.HasPrefix(string(b), `{"id":"chatcmpl-`) {
+					t.Errorf("partial body %q", b)
+				}
+				wantOutcome(t, e, 1, 0, 1)
+			})
+		}
+	}
+	t.Run("malformed", func(t *testing.T) {
+		e, srv := startEngine(t, fastConfig())
+		resp := mustSend(t, srv, "POST", "/v1/chat/completions", chatUnaryBody, fault("truncate,malformed"))
+		b, err := io.ReadAll(resp.Body)
+		if !errors.Is(err, io.ErrUnexpectedEOF) || resp.ContentLength != int64(len(malformedBody)) ||
+			string(b) != malformedBody[:len(malformedBody)/2] {
+			t.Errorf("ContentLength %d, body %q, err %v", resp.ContentLength, b, err)
+		}
+		wantOutcome(t, e, 0, 0, 1)
+	})
+}
+
+func TestFaultTruncateStream(t *testing.T) {
+	tests := []struct {
+		name, path, body string
+		last             string // a fragment of the last event
+		events           int    // data events, without [DONE]
+	}{
+		{"chat with usage", "/v1/chat/completions", chatStreamBody, `"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}`, 7},
+		{"completions", "/v1/completions", `{"model":"m1","prompt":"a b c","max_tokens":4,"stream":true}`, `"text":"","logprobs":null,"finish_reason":"length"}]}`, 5},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e, srv := startEngine(t, fastConfig())
+			resp := mustSend(t, srv, "POST", tc.path, tc.body, fault("truncate"))
+			raw, err := io.ReadAll(resp.Body)
+			if err != nil {
+				t.Fatalf("read error %v, want a clean end", err)
+			}
+			// Counted before the response ended: visible as soon as the client sees the end.
+			if s := e.Stats(); s.Faulted != 1 || s.Completed != 0 {
+				t.Errorf("stats at the end of the stream: %+v", s)
+			}
+			if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" || resp.ContentLength != -1 {
+				t.Errorf("got %d %q ContentLength %d", resp.StatusCode, resp.Header.Get("Content-Type"), resp.ContentLength)
+			}
+			if strings.Contains(string(raw), "[DONE]") || !strings.HasSuffix(string(raw), "}\n\n") {
+				t.Errorf("body ends %q", raw[max(0, len(raw)-40):])
+			}
+			evs, err := readEvents(strings.NewReader(string(raw)))
+			data := dataEvents(evs)
+			if err != nil || len(data) != tc.events || !strings.HasSuffix(data[len(data)-1], tc.last) {
+				t.Fatalf("events %q, err %v", data, err)
+			}
+			tokens := data
+			if tc.path == "/v1/chat/completions" {
+				tokens = tokens[1:] // the role chunk
+			}
+			for i := range 4 {
+				if !strings.Contains(tokens[i], `"`+ContentToken(i)+`"`) {
+					t.Errorf("token event %d = %s", i, tokens[i])
+				}
+			}
+			wantOutcome(t, e, 0, 0, 1)
+		})
+	}
+}
+
+func TestFaultStallAfterZeroStream(t *testing.T) {
+	tests := []struct {
+		name, path, body, spec string
+		before                 []string // lines (without "\n") expected before the silence
+	}{
+		{"chat", "/v1/chat/completions", chatStreamBody, "stall-after=0", []string{`"delta":{"role":"assistant","content":""}`, ""}},
+		{"chat keepalive", "/v1/chat/completions", chatStreamBody, "stall-after=0,keepalive",
+			[]string{`"delta":{"role":"assistant","content":""}`, "", ": keep-alive", ""}},
+		{"completions", "/v1/completions", `{"model":"m1","prompt":"a b c","max_tokens":4,"stream":true}`, "stall-after=0", nil},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e, srv := startEngine(t, fastConfig())
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			resp, err := send(t, ctx, srv, "POST", tc.path, tc.body, fault(tc.spec))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = resp.Body.Close() }()
+			if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+				t.Fatalf("got %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+			}
+			br := bufio.NewReader(resp.Body)
+			for i, want := range tc.before {
+				line, err := br.ReadString('\n')
+				if err != nil || !strings.Contains(line, want) || (want == "" && line != "\n") {
+					t.Fatalf("line %d = %q, err %v; want %q", i, line, err, want)
+				}
+			}
+			if n := br.Buffered(); n != 0 {
+				t.Fatalf("%d more bytes buffered after the expected lines", n)
+			}
+			// Prefill is over (the first token's time is observed), yet nothing else comes.
+			eventually(t, time.Second, "prefill done", func() bool {
+				return series(t, scrape(t, srv), MetricTimeToFirstToken, "m1").GetHistogram().GetSampleCount() == 1
+			})
+			reads := make(chan string, 1)
+			go func() {
+				buf := make([]byte, 256)
+				n, err := br.Read(buf)
+				reads <- fmt.Sprintf("%q %v", buf[:n], err)
+			}()
+			select {
+			case got := <-reads:
+				t.Fatalf("read during the stall: %s", got)
+			case <-time.After(50 * time.Millisecond): // a normal stream would have ended by now
+			}
+			if s := e.Stats(); s.Running != 1 || s.Aborted != 0 || s.Completed+s.Faulted != 0 {
+				t.Errorf("while stalled: %+v", s)
+			}
+			cancel()
+			got := <-reads
+			if !strings.HasPrefix(got, `"" `) {
+				t.Errorf("read after cancel: %s", got)
+			}
+			eventually(t, time.Second, "Aborted == 1", func() bool { return e.Stats().Aborted == 1 })
+			wantOutcome(t, e, 0, 1, 0)
+		})
+	}
 }

@@ -186,6 +186,13 @@ func (g *generation) runStream() error {
 			return err
 		}
 	}
+	if g.f.truncate {
+		// End the stream cleanly without its terminator. The client sees the end only when
+		// net/http finishes the response after the handler returns, so this is still
+		// before the last bytes.
+		g.settle(outcomeFaulted, "")
+		return nil
+	}
 	g.settle(outcomeCompleted, g.finish)
 	_ = g.write([]byte("data: [DONE]\n\n")) // the request is complete; a client gone now is not an abort
 	return nil
