@@ -200,6 +200,11 @@ func refParseRequest(op Operation, body []byte) (Request, error) {
 		}
 		so := m["stream_options"]
 		r.HasStreamOptions = len(so) > 0 && string(so) != "null"
+		if r.HasStreamOptions {
+			r.StreamOptionsEnd = refStreamOptionsEnd(body)
+			obj, _ := refObject(so)
+			r.StreamOptionsEmpty = len(obj) == 0
+		}
 		mt, err := intField("max_tokens", m["max_tokens"])
 		if err != nil {
 			return Request{}, err
@@ -217,6 +222,31 @@ func refParseRequest(op Operation, body []byte) (Request, error) {
 		return Request{}, err
 	}
 	return r, nil
+}
+
+// refStreamOptionsEnd returns the offset of the last byte of the last
+// top-level stream_options value in the valid JSON object body, found with
+// encoding/json's token stream.
+func refStreamOptionsEnd(body []byte) int {
+	dec := json.NewDecoder(bytes.NewReader(body))
+	if _, err := dec.Token(); err != nil {
+		return -1
+	}
+	end := -1
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return -1
+		}
+		var raw json.RawMessage
+		if err := dec.Decode(&raw); err != nil {
+			return -1
+		}
+		if tok == "stream_options" {
+			end = int(dec.InputOffset()) - 1
+		}
+	}
+	return end
 }
 
 // refParseResponse is ParseResponse written with encoding/json.

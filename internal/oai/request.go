@@ -51,6 +51,13 @@ type Request struct {
 	IncludeUsage bool
 	// HasStreamOptions is true when stream_options is present and not null.
 	HasStreamOptions bool
+	// StreamOptionsEnd is the offset in the body of the closing '}' of the
+	// stream_options object (the last one, when the key repeats), so a key
+	// can be added to it without re-encoding the body; 0 when
+	// HasStreamOptions is false. StreamOptionsEmpty is true when that
+	// object has no members.
+	StreamOptionsEnd   int
+	StreamOptionsEmpty bool
 	// User is the "user" field (a session-affinity key candidate), "" if
 	// absent.
 	User string
@@ -124,6 +131,7 @@ func ParseRequest(op Operation, body []byte) (Request, error) {
 
 	// Raw values of the fields, nil when absent; the last duplicate wins.
 	var model, stream, streamOpts, user, maxTokens, maxCompletion, required []byte
+	streamOptsAt := 0
 	var r Request
 	d.open('{')
 	for n := 0; d.more('}', &n); {
@@ -136,6 +144,8 @@ func ParseRequest(op Operation, body []byte) (Request, error) {
 		case "stream":
 			stream = d.value()
 		case "stream_options":
+			d.peek()
+			streamOptsAt = d.i
 			streamOpts = d.value()
 		case "max_tokens":
 			maxTokens = d.value()
@@ -170,6 +180,10 @@ func ParseRequest(op Operation, body []byte) (Request, error) {
 			return Request{}, err
 		}
 		r.HasStreamOptions = len(streamOpts) > 0 && streamOpts[0] != 'n'
+		if r.HasStreamOptions {
+			r.StreamOptionsEnd = streamOptsAt + len(streamOpts) - 1
+			r.StreamOptionsEmpty = isEmptyObject(streamOpts)
+		}
 		mt, err := intField("max_tokens", maxTokens)
 		if err != nil {
 			return Request{}, err
@@ -221,6 +235,12 @@ func checkRequired(op Operation, raw []byte) error {
 		return reqErr(name, "messages must be a non-empty array")
 	}
 	return nil
+}
+
+// isEmptyObject reports whether the valid JSON object raw has no members.
+func isEmptyObject(raw []byte) bool {
+	d := decoder{b: raw[1:]}
+	return d.peek() == '}'
 }
 
 // isEmptyArray reports whether the valid JSON array raw has no elements.

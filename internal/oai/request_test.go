@@ -138,6 +138,11 @@ func TestParseRequest(t *testing.T) {
 			if err != nil {
 				t.Fatalf("ParseRequest() error = %v", err)
 			}
+			if got.HasStreamOptions {
+				// The offset is checked against the reference below, and
+				// by TestStreamOptionsEnd.
+				tt.want.StreamOptionsEnd, tt.want.StreamOptionsEmpty = got.StreamOptionsEnd, got.StreamOptionsEmpty
+			}
 			if got != tt.want {
 				t.Errorf("ParseRequest() = %+v\nwant %+v", got, tt.want)
 			}
@@ -169,5 +174,35 @@ func TestParseRequestAllocs(t *testing.T) {
 	})
 	if allocs > 2 { // the Model and User strings
 		t.Errorf("ParseRequest allocations = %v, want <= 2", allocs)
+	}
+}
+
+// TestStreamOptionsEnd: the offset of stream_options' closing brace, so the
+// gateway can add include_usage to it without re-encoding the body.
+func TestStreamOptionsEnd(t *testing.T) {
+	for _, tc := range []struct {
+		body  string
+		empty bool
+	}{
+		{`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream_options":{"include_usage":false}}`, false},
+		{`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream_options":{ },"stream":true}`, true},
+		{`{"model":"m","stream_options":{"x":{"y":"}"}},"messages":[{"role":"user","content":"hi"}]}`, false},
+		{`{"model":"m","stream_options":{},"messages":[{"role":"user","content":"hi"}],"stream_options":{"a":1}}`, false},
+		{`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream_o\u0070tions":{}}`, true},
+	} {
+		r, err := ParseRequest(OpChat, []byte(tc.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !r.HasStreamOptions || tc.body[r.StreamOptionsEnd] != '}' || r.StreamOptionsEmpty != tc.empty {
+			t.Errorf("%s: end %d (%q), empty %v; want a '}' and empty %v", tc.body, r.StreamOptionsEnd, tc.body[r.StreamOptionsEnd:], r.StreamOptionsEmpty, tc.empty)
+		}
+		if want := refStreamOptionsEnd([]byte(tc.body)); r.StreamOptionsEnd != want {
+			t.Errorf("%s: end %d, encoding/json says %d", tc.body, r.StreamOptionsEnd, want)
+		}
+	}
+	r, _ := ParseRequest(OpChat, []byte(`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream_options":null}`))
+	if r.HasStreamOptions || r.StreamOptionsEnd != 0 {
+		t.Errorf("null stream_options: %+v", r)
 	}
 }
