@@ -7,7 +7,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/go-viper/mapstructure/v2"
 	"github.com/knadh/koanf/parsers/yaml"
 	"github.com/knadh/koanf/providers/confmap"
 	"github.com/knadh/koanf/providers/env/v2"
@@ -53,7 +52,12 @@ type ServerConfig struct {
 	DrainDelay time.Duration `koanf:"drain_delay"`
 	// ReadHeaderTimeout bounds reading a client's request headers.
 	ReadHeaderTimeout time.Duration `koanf:"read_header_timeout"`
-	gateway.Config    `koanf:",squash"`
+	// IdleTimeout closes a keep-alive client connection that has been idle
+	// this long between requests. Default 120 s (longer than the 60 s idle
+	// timeout of common load balancers, so they close first); 0 means
+	// read_header_timeout is used, as net/http does.
+	IdleTimeout    time.Duration `koanf:"idle_timeout"`
+	gateway.Config `koanf:",squash"`
 }
 
 // AdminConfig is the private admin listener (/metrics, /admin/engines,
@@ -62,10 +66,11 @@ type AdminConfig struct {
 	Listen string `koanf:"listen"` // "" disables the admin listener
 }
 
-// LogConfig selects the log level and format.
+// LogConfig selects the log level and format, and the access log.
 type LogConfig struct {
 	Level  string `koanf:"level"`  // debug, info, warn, error
 	Format string `koanf:"format"` // text or json
+	Access bool   `koanf:"access"` // one line per request at info level; default true
 }
 
 // SimulateConfig starts in-process simulated engines (demo and tests); they
@@ -85,12 +90,13 @@ func defaults() Config {
 			Listen:            "127.0.0.1:8080",
 			ShutdownTimeout:   30 * time.Second,
 			ReadHeaderTimeout: 10 * time.Second,
+			IdleTimeout:       120 * time.Second,
 			Config:            gateway.DefaultConfig(),
 		},
 		Admin:     AdminConfig{Listen: "127.0.0.1:9464"},
 		Routing:   routing.DefaultConfig(),
 		Telemetry: telemetry.DefaultConfig(),
-		Log:       LogConfig{Level: "info", Format: "text"},
+		Log:       LogConfig{Level: "info", Format: "text", Access: true},
 		Simulate:  SimulateConfig{TTFT: 150 * time.Millisecond, ITL: 40 * time.Millisecond, OutputTokens: 24, MaxNumSeqs: 64},
 	}
 }
@@ -104,6 +110,9 @@ func (c Config) Validate() error {
 	}
 	if c.Server.DrainDelay < 0 {
 		errs = append(errs, fmt.Errorf("server.drain_delay must be >= 0, got %s", c.Server.DrainDelay))
+	}
+	if c.Server.IdleTimeout < 0 {
+		errs = append(errs, fmt.Errorf("server.idle_timeout must be >= 0, got %s", c.Server.IdleTimeout))
 	}
 	if c.Server.ShutdownTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("server.shutdown_timeout must be > 0, got %s", c.Server.ShutdownTimeout))
@@ -150,30 +159,49 @@ func newFlagSet() *pflag.FlagSet {
 	fs.String("admin-listen", "", "admin listen address (admin.listen); /metrics lives here")
 	fs.String("policy", "", "routing policy: "+strings.Join(routing.Names(), ", "))
 	fs.String("log-level", "", "log level: debug, info, warn, error")
+	fs.Bool("version", false, "print the version and exit")
 	return fs
 }
 
 // loadConfig layers defaults, the YAML file, the environment and the flags.
+// It returns pflag.ErrHelp for --help and errVersion for --version.
+//
+// The file and the environment are first checked on their own (see
+// configkeys.go), so every unknown key and bad value is reported at once,
+// named as the operator wrote it: "config file my.yaml: server.listn: ..."
+// or "environment SWITCHBOARD_SERVER__LISTN: ...".
 func loadConfig(args []string, environ func() []string) (Config, error) {
 	fs := newFlagSet()
 	if err := fs.Parse(args); err != nil {
 		return Config{}, err
 	}
+	if v, _ := fs.GetBool("version"); v {
+		return Config{}, errVersion
+	}
 	k := koanf.New(".")
 	if err := k.Load(confmap.Provider(map[string]any{}, "."), nil); err != nil {
 		return Config{}, err
 	}
+	var problems []error
 	if path, _ := fs.GetString("config"); path != "" {
-		if err := k.Load(file.Provider(path), yaml.Parser()); err != nil {
+		fk := koanf.New(".")
+		if err := fk.Load(file.Provider(path), yaml.Parser()); err != nil {
 			return Config{}, fmt.Errorf("config file %s: %w", path, err)
 		}
+		problems = append(problems, fileErrors(path, fk.Raw())...)
+		if err := k.Merge(fk); err != nil {
+			return Config{}, fmt.Errorf("config file %s: %w", path, err)
+		}
+	}
+	problems = append(problems, envErrors(environ())...)
+	if len(problems) > 0 {
+		return Config{}, errors.Join(problems...)
 	}
 	if err := k.Load(env.Provider(".", env.Opt{
 		Prefix:      envPrefix,
 		EnvironFunc: environ,
 		TransformFunc: func(key, v string) (string, any) {
-			key = strings.ToLower(strings.TrimPrefix(key, envPrefix))
-			return strings.ReplaceAll(key, "__", "."), v
+			return envKey(key), v
 		},
 	}), nil); err != nil {
 		return Config{}, fmt.Errorf("environment: %w", err)
@@ -191,19 +219,11 @@ func loadConfig(args []string, environ func() []string) (Config, error) {
 	// element by element instead of replacing it.
 	cfg := defaults()
 	// Unknown keys are errors, not silently ignored: a misspelled YAML key
-	// or SWITCHBOARD_* variable must not leave a default in place.
-	dc := &mapstructure.DecoderConfig{
-		DecodeHook: mapstructure.ComposeDecodeHookFunc(
-			mapstructure.StringToTimeDurationHookFunc(),
-			mapstructure.StringToSliceHookFunc(","),
-			mapstructure.TextUnmarshallerHookFunc()),
-		WeaklyTypedInput: true,
-		ErrorUnused:      true,
-	}
+	// or SWITCHBOARD_* variable must not leave a default in place. The
+	// checks above have reported them already; ErrorUnused is a backstop.
+	dc := decoderConfig()
+	dc.ErrorUnused = true
 	if err := k.UnmarshalWithConf("", &cfg, koanf.UnmarshalConf{Tag: "koanf", DecoderConfig: dc}); err != nil {
-		if strings.Contains(err.Error(), "invalid keys") {
-			return Config{}, fmt.Errorf("config: %w (keys come from the YAML file and from %s* variables, whose levels are joined by a double underscore: %sROUTING__POLICY is routing.policy)", err, envPrefix, envPrefix)
-		}
 		return Config{}, fmt.Errorf("config: %w", err)
 	}
 	if cfg.Simulate.Engines > 0 && len(cfg.Simulate.Models) == 0 {

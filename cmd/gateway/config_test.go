@@ -2,12 +2,21 @@ package main
 
 import (
 	"errors"
+	"maps"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/go-viper/mapstructure/v2"
+	"github.com/knadh/koanf/parsers/yaml"
+	"github.com/knadh/koanf/providers/env/v2"
+	"github.com/knadh/koanf/providers/file"
+	"github.com/knadh/koanf/v2"
 
 	"github.com/switchboard-gw/switchboard/gateway"
 	"github.com/switchboard-gw/switchboard/routing"
@@ -62,7 +71,7 @@ func withFullYAML() Config {
 	}
 	c.Routing = routing.Config{Policy: routing.LeastLoadedName, PrefillWeight: 3}
 	c.Telemetry.ServiceName = "sb-test"
-	c.Log = LogConfig{Level: "debug", Format: "json"}
+	c.Log.Level, c.Log.Format = "debug", "json"
 	return c
 }
 
@@ -254,12 +263,12 @@ func TestLoadConfigErrors(t *testing.T) {
 		{
 			name: "bad duration",
 			yaml: "simulate:\n  engines: 1\n  ttft: soon\n",
-			want: []string{"config:", "simulate.ttft", "invalid duration"},
+			want: []string{"config file", "simulate.ttft", `"soon" is not a duration`},
 		},
 		{
 			name: "bad duration from env",
 			env:  []string{"SWITCHBOARD_SIMULATE__ENGINES=1", "SWITCHBOARD_SERVER__TIMEOUTS__IDLE=forever"},
-			want: []string{"server.timeouts.idle", "invalid duration"},
+			want: []string{"SWITCHBOARD_SERVER__TIMEOUTS__IDLE", "server.timeouts.idle", `"forever" is not a duration`},
 		},
 		{
 			name: "malformed yaml",
@@ -274,12 +283,12 @@ func TestLoadConfigErrors(t *testing.T) {
 		{
 			name: "misspelled yaml key",
 			yaml: "simulate:\n  engines: 1\nroutng:\n  policy: least-loaded\n",
-			want: []string{"config:", "routng"},
+			want: []string{"config file", "routng: unknown key (did you mean routing?)"},
 		},
 		{
 			name: "misspelled env variable",
 			env:  []string{"SWITCHBOARD_SIMULATE__ENGINES=1", "SWITCHBOARD_ROUTING_POLICY=least-loaded"},
-			want: []string{"config:", "routing_policy"},
+			want: []string{"SWITCHBOARD_ROUTING_POLICY", "routing_policy", "did you mean SWITCHBOARD_ROUTING__POLICY?"},
 		},
 		{
 			name: "unknown flag",
@@ -350,4 +359,455 @@ func TestShippedConfigs(t *testing.T) {
 			t.Error(err)
 		}
 	})
+}
+
+// goNames are words of Go and of the decoder that must never reach an
+// operator in a configuration error.
+var goNames = []string{"int64", "int'", "time.Duration", "strconv", "mapstructure", "expected type", "[]string",
+	"[]interface", "map[string]", "reflect", "main.", "gateway.", "unconvertible"}
+
+// TestLoadConfigKeyErrors checks the exact messages for unknown keys and
+// bad values, from the file and from the environment: the key named as
+// written, a suggestion, no Go type names, every problem at once. FILE in
+// want stands for the temporary config file's path.
+func TestLoadConfigKeyErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		yaml string // "" = no --config
+		env  []string
+		want []string // the error's lines, in order
+	}{
+		// Unknown keys in the file, at every depth.
+		{
+			name: "top-level key",
+			yaml: "routng:\n  policy: least-loaded\n",
+			want: []string{"config file FILE: routng: unknown key (did you mean routing?)"},
+		},
+		{
+			name: "second-level key",
+			yaml: "server:\n  listn: 0.0.0.0:80\n",
+			want: []string{"config file FILE: server.listn: unknown key (did you mean server.listen?)"},
+		},
+		{
+			name: "third-level key, swapped letters",
+			yaml: "server:\n  timeouts:\n    idel: 5s\n",
+			want: []string{"config file FILE: server.timeouts.idel: unknown key (did you mean server.timeouts.idle?)"},
+		},
+		{
+			name: "key of the squashed gateway section",
+			yaml: "server:\n  max_body_byte: 10\n",
+			want: []string{"config file FILE: server.max_body_byte: unknown key (did you mean server.max_body_bytes?)"},
+		},
+		{
+			name: "two edits away",
+			yaml: "serverr:\n  listen: x\nsimulate:\n  output_tokns: 3\n",
+			want: []string{
+				"config file FILE: serverr: unknown key (did you mean server?)",
+				"config file FILE: simulate.output_tokns: unknown key (did you mean simulate.output_tokens?)",
+			},
+		},
+		{
+			name: "case mismatch",
+			yaml: "Server:\n  listen: x\nlog:\n  LEVEL: debug\n",
+			want: []string{
+				"config file FILE: Server: unknown key (did you mean server?)",
+				"config file FILE: log.LEVEL: unknown key (did you mean log.level?)",
+			},
+		},
+		{
+			name: "key of another section",
+			yaml: "server:\n  policy: least-loaded\n",
+			want: []string{"config file FILE: server.policy: unknown key (did you mean routing.policy?)"},
+		},
+		{
+			name: "key of several other sections",
+			yaml: "listen: 0.0.0.0:80\n",
+			want: []string{"config file FILE: listen: unknown key (did you mean admin.listen or server.listen?)"},
+		},
+		{
+			name: "levels joined by an underscore",
+			yaml: "server:\n  timeouts_idle: 5s\n",
+			want: []string{"config file FILE: server.timeouts_idle: unknown key (did you mean server.timeouts.idle?)"},
+		},
+		{
+			name: "engine item",
+			yaml: "engines:\n  - name: a\n    url: http://a\n  - name: b\n    urll: http://b\n    modles: [m]\n",
+			want: []string{
+				"config file FILE: engines[1].modles: unknown key (did you mean engines[1].models?)",
+				"config file FILE: engines[1].urll: unknown key (did you mean engines[1].url?)",
+			},
+		},
+		{
+			name: "an engine key is not suggested from another section",
+			yaml: "engines:\n  - name: a\n    url: http://a\n    interval: 5s\n",
+			want: []string{"config file FILE: engines[0].interval: unknown key"},
+		},
+		{
+			name: "a koanf:\"-\" field is no key",
+			yaml: "server:\n  engines: []\n",
+			want: []string{"config file FILE: server.engines: unknown key (did you mean engines or simulate.engines?)"},
+		},
+		{
+			name: "nothing close",
+			yaml: "server:\n  zzz: 1\n",
+			want: []string{"config file FILE: server.zzz: unknown key"},
+		},
+		{
+			name: "dotted key name",
+			yaml: "\"server.listen\": x\n",
+			want: []string{"config file FILE: server.listen: unknown key: a key name cannot contain a dot, nest the levels instead"},
+		},
+
+		// Unknown keys in the environment.
+		{
+			name: "env third level",
+			env:  []string{"SWITCHBOARD_SERVER__TIMEOUTS__IDEL=5s"},
+			want: []string{"environment SWITCHBOARD_SERVER__TIMEOUTS__IDEL: unknown key server.timeouts.idel (did you mean SWITCHBOARD_SERVER__TIMEOUTS__IDLE?)"},
+		},
+		{
+			name: "env single underscore between levels",
+			env:  []string{"SWITCHBOARD_ROUTING_POLICY=least-loaded"},
+			want: []string{"environment SWITCHBOARD_ROUTING_POLICY: unknown key routing_policy (did you mean SWITCHBOARD_ROUTING__POLICY?)"},
+		},
+		{
+			name: "env misspelled section keeps the rest",
+			env:  []string{"SWITCHBOARD_SERVR__TIMEOUTS__IDLE=5s"},
+			want: []string{"environment SWITCHBOARD_SERVR__TIMEOUTS__IDLE: unknown key servr.timeouts.idle (did you mean SWITCHBOARD_SERVER__TIMEOUTS__IDLE?)"},
+		},
+		{
+			name: "env key of another section",
+			env:  []string{"SWITCHBOARD_SERVER__POLICY=least-loaded"},
+			want: []string{"environment SWITCHBOARD_SERVER__POLICY: unknown key server.policy (did you mean SWITCHBOARD_ROUTING__POLICY?)"},
+		},
+		{
+			name: "env nothing close",
+			env:  []string{"SWITCHBOARD_FOO_BAR=1", "SWITCHBOARD_ZZZ=1"},
+			want: []string{
+				"environment SWITCHBOARD_FOO_BAR: unknown key foo_bar (levels are joined by a double underscore: SWITCHBOARD_ROUTING__POLICY sets routing.policy)",
+				"environment SWITCHBOARD_ZZZ: unknown key zzz",
+			},
+		},
+
+		// Bad values, from the file and from the environment.
+		{
+			name: "whole number",
+			yaml: "server:\n  max_body_bytes: abc\n  health:\n    unhealthy_after: 2.5x\n",
+			env:  []string{"SWITCHBOARD_SERVER__MAX_ATTEMPTS=two"},
+			want: []string{
+				`config file FILE: server.health.unhealthy_after: "2.5x" is not a whole number`,
+				`config file FILE: server.max_body_bytes: "abc" is not a whole number`,
+				`environment SWITCHBOARD_SERVER__MAX_ATTEMPTS (server.max_attempts): "two" is not a whole number`,
+			},
+		},
+		{
+			name: "bool",
+			yaml: "server:\n  engine_header: maybe\n",
+			env:  []string{"SWITCHBOARD_SERVER__INJECT_USAGE=yes"},
+			want: []string{
+				`config file FILE: server.engine_header: "maybe" is not true or false`,
+				`environment SWITCHBOARD_SERVER__INJECT_USAGE (server.inject_usage): "yes" is not true or false`,
+			},
+		},
+		{
+			name: "duration",
+			yaml: "server:\n  timeouts:\n    idle: 5 minutes\n",
+			env:  []string{"SWITCHBOARD_SIMULATE__TTFT=", "SWITCHBOARD_SERVER__TIMEOUTS__REQUEST=10"},
+			want: []string{
+				`config file FILE: server.timeouts.idle: "5 minutes" is not a duration (use Go syntax such as 500ms, 30s, 10m)`,
+				`environment SWITCHBOARD_SERVER__TIMEOUTS__REQUEST (server.timeouts.request): "10" is not a duration (use Go syntax such as 500ms, 30s, 10m)`,
+				`environment SWITCHBOARD_SIMULATE__TTFT (simulate.ttft): "" is not a duration (use Go syntax such as 500ms, 30s, 10m)`,
+			},
+		},
+		{
+			name: "list of values",
+			yaml: "simulate:\n  models: {a: b}\nengines:\n  - name: a\n    url: http://a\n    models: [m1, [m2]]\n",
+			env:  []string{"SWITCHBOARD_SIMULATE__MODELS__X=m"},
+			want: []string{
+				"config file FILE: engines[0].models[1]: expected a single value, got a list",
+				"config file FILE: simulate.models: expected a list of values, got a section",
+				"environment SWITCHBOARD_SIMULATE__MODELS__X (simulate.models): expected a list of values, got a section",
+			},
+		},
+		{
+			name: "list of engines",
+			yaml: "engines: gpu-a\n",
+			env:  []string{"SWITCHBOARD_ENGINES=http://a"},
+			want: []string{
+				`config file FILE: engines: expected a list of engines, got "gpu-a"`,
+				`environment SWITCHBOARD_ENGINES (engines): expected a list of engines, got "http://a"; a list of sections can only be set in the config file`,
+			},
+		},
+		{
+			name: "engine given as one section instead of a list",
+			yaml: "engines:\n  name: a\n  url: http://a\n",
+			want: []string{"config file FILE: engines: expected a list of engines, got a section"},
+		},
+		{
+			name: "engine item not a section",
+			yaml: "engines:\n  - http://a\n",
+			want: []string{`config file FILE: engines[0]: expected a section (key: value pairs), got "http://a"`},
+		},
+		{
+			name: "section given a value",
+			yaml: "server:\n  timeouts: 5s\nadmin: 127.0.0.1:9464\n",
+			env:  []string{"SWITCHBOARD_SERVER__HEALTH=on"},
+			want: []string{
+				`config file FILE: admin: expected a section (key: value pairs), got "127.0.0.1:9464"`,
+				`config file FILE: server.timeouts: expected a section (key: value pairs), got "5s"`,
+				`environment SWITCHBOARD_SERVER__HEALTH (server.health): expected a section (key: value pairs), got "on"`,
+			},
+		},
+		{
+			name: "value given a section",
+			yaml: "server:\n  listen:\n    host: 0.0.0.0\n",
+			env:  []string{"SWITCHBOARD_LOG__LEVEL__X=debug"},
+			want: []string{
+				"config file FILE: server.listen: expected a single value, got a section",
+				"environment SWITCHBOARD_LOG__LEVEL__X (log.level): expected a single value, got a section",
+			},
+		},
+		{
+			name: "every problem of both sources at once",
+			yaml: "server:\n  listn: x\n  max_body_bytes: big\nroutng: {}\n",
+			env:  []string{"SWITCHBOARD_SERVER__ENGINE_HEADER=maybe", "SWITCHBOARD_LOG__LEVL=debug"},
+			want: []string{
+				"config file FILE: routng: unknown key (did you mean routing?)",
+				"config file FILE: server.listn: unknown key (did you mean server.listen?)",
+				`config file FILE: server.max_body_bytes: "big" is not a whole number`,
+				"environment SWITCHBOARD_LOG__LEVL: unknown key log.levl (did you mean SWITCHBOARD_LOG__LEVEL?)",
+				`environment SWITCHBOARD_SERVER__ENGINE_HEADER (server.engine_header): "maybe" is not true or false`,
+			},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var args []string
+			path := ""
+			if tc.yaml != "" {
+				path = writeConfig(t, tc.yaml)
+				args = []string{"--config", path}
+			}
+			// A valid setting alongside: the problems alone are reported.
+			env := append([]string{"SWITCHBOARD_SIMULATE__ENGINES=1"}, tc.env...)
+			_, err := loadConfig(args, environ(env...))
+			if err == nil {
+				t.Fatal("loadConfig: nil error")
+			}
+			want := strings.ReplaceAll(strings.Join(tc.want, "\n"), "FILE", path)
+			if err.Error() != want {
+				t.Errorf("error:\n%s\nwant:\n%s", err, want)
+			}
+			for _, w := range goNames {
+				if strings.Contains(err.Error(), w) {
+					t.Errorf("error mentions %q:\n%s", w, err)
+				}
+			}
+		})
+	}
+}
+
+// TestValueProblem covers value types the configuration does not use yet,
+// so a key added with one of them gets a plain message too.
+func TestValueProblem(t *testing.T) {
+	tests := []struct {
+		v    any
+		typ  reflect.Type
+		want string
+	}{
+		{"x", reflect.TypeFor[float64](), `"x" is not a number`},
+		{"-1", reflect.TypeFor[uint](), `"-1" is not a whole number of 0 or more`},
+		{"10.0.0.0", reflect.TypeFor[netip.Prefix](), `"10.0.0.0" is not valid: no '/'`},
+		{"1,x", reflect.TypeFor[[]int](), `"1,x" is not a whole number`},
+		{map[string]any{"a": 1}, reflect.TypeFor[int](), "expected a single value, got a section"},
+		{[]any{1}, reflect.TypeFor[*bool](), "expected a single value, got a list"},
+		{"5 minutes", reflect.TypeFor[*time.Duration](), `"5 minutes" is not a duration (use Go syntax such as 500ms, 30s, 10m)`},
+		// Accepted, as the decoder accepts them: weak typing.
+		{"0x10", reflect.TypeFor[int](), ""},
+		{"", reflect.TypeFor[int](), ""},
+		{"1", reflect.TypeFor[bool](), ""},
+		{"", reflect.TypeFor[bool](), ""},
+		{7, reflect.TypeFor[string](), ""},
+		{"1.5", reflect.TypeFor[float64](), ""},
+		{"1500us", reflect.TypeFor[time.Duration](), ""},
+		{true, reflect.TypeFor[time.Duration](), ""}, // 1ns, as before
+		{"a,b", reflect.TypeFor[[]string](), ""},
+		{"10.0.0.0/8", reflect.TypeFor[netip.Prefix](), ""},
+	}
+	for _, tc := range tests {
+		if got := valueProblem(tc.v, tc.typ); got != tc.want {
+			t.Errorf("valueProblem(%#v, %v) = %q, want %q", tc.v, tc.typ, got, tc.want)
+		}
+	}
+}
+
+// TestCheckerStructShapes walks a struct with every shape the reflection
+// handles: a squashed struct (pointer too), a `koanf:"-"` field, an
+// untagged field, a list of sections, maps of values and of sections.
+func TestCheckerStructShapes(t *testing.T) {
+	type item struct {
+		URL string `koanf:"url"`
+	}
+	type inner struct {
+		Depth int `koanf:"depth"`
+	}
+	type squashed struct {
+		Flat bool `koanf:"flat"`
+	}
+	type shapes struct {
+		squashed  `koanf:",squash"`
+		Ptr       *struct{ Far int } `koanf:",squash"`
+		Skipped   string             `koanf:"-"`
+		Untagged  int
+		Items     []item           `koanf:"items"`
+		Weights   map[string]int   `koanf:"weights"`
+		Sections  map[string]inner `koanf:"sections"`
+		Nested    *inner           `koanf:"nested"`
+		Prefixes  []netip.Prefix   `koanf:"prefixes"`
+		unexposed int              // unexported fields are no keys
+	}
+	typ := reflect.TypeFor[shapes]()
+	wantKeys := []string{"far", "flat", "items", "nested", "prefixes", "sections", "untagged", "weights"}
+	if got := slices.Sorted(maps.Keys(sectionKeys(typ))); !slices.Equal(got, wantKeys) {
+		t.Errorf("sectionKeys = %v, want %v", got, wantKeys)
+	}
+	data := map[string]any{
+		"flat":     "maybe",
+		"far":      1,
+		"untagged": "x",
+		"skipped":  "y",
+		"items":    []any{map[string]any{"url": "a"}, map[string]any{"ulr": "b"}},
+		"weights":  map[string]any{"a": 1, "b": "heavy"},
+		"sections": map[string]any{"one": map[string]any{"depth": 1}, "two": map[string]any{"dept": 2}, "three": 3},
+		"nested":   map[string]any{"depth": "deep"},
+		"prefixes": []any{"10.0.0.0/8", "::1"},
+	}
+	c := checker{root: typ}
+	c.section("", data, typ, false)
+	var got []string
+	for _, p := range c.problems {
+		got = append(got, p.key+": "+p.msg+" "+strings.Join(p.suggest, "|"))
+	}
+	want := []string{
+		`flat: "maybe" is not true or false `,
+		`items[1].ulr: unknown key items[1].url`,
+		`nested.depth: "deep" is not a whole number `,
+		`prefixes[1]: "::1" is not valid: no '/' `,
+		`sections.three: expected a section (key: value pairs), got 3 `,
+		`sections.two.dept: unknown key sections.two.depth`,
+		`skipped: unknown key `,
+		`untagged: "x" is not a whole number `,
+		`weights.b: "heavy" is not a whole number `,
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("problems:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
+}
+
+func TestEditDistance(t *testing.T) {
+	tests := []struct {
+		a, b string
+		want int
+	}{
+		{"", "", 0},
+		{"idle", "idle", 0},
+		{"idel", "idle", 1}, // swap
+		{"urll", "url", 1},  // deletion
+		{"listn", "listen", 1},
+		{"serverr", "server", 1},
+		{"kitten", "sitting", 3},
+		{"ca", "abc", 3}, // optimal string alignment: no edit of a swapped pair
+		{"", "abc", 3},
+	}
+	for _, tc := range tests {
+		if got := editDistance(tc.a, tc.b); got != tc.want {
+			t.Errorf("editDistance(%q, %q) = %d, want %d", tc.a, tc.b, got, tc.want)
+		}
+		if got := editDistance(tc.b, tc.a); got != tc.want {
+			t.Errorf("editDistance(%q, %q) = %d, want %d", tc.b, tc.a, got, tc.want)
+		}
+	}
+}
+
+// legacyLoad is loadConfig's file and environment layering and decode as
+// they were before the per-source checks, kept here as the reference that
+// valid input must still decode to.
+func legacyLoad(t *testing.T, path string, vars []string) Config {
+	t.Helper()
+	k := koanf.New(".")
+	if path != "" {
+		if err := k.Load(file.Provider(path), yaml.Parser()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := k.Load(env.Provider(".", env.Opt{
+		Prefix:      envPrefix,
+		EnvironFunc: environ(vars...),
+		TransformFunc: func(key, v string) (string, any) {
+			key = strings.ToLower(strings.TrimPrefix(key, envPrefix))
+			return strings.ReplaceAll(key, "__", "."), v
+		},
+	}), nil); err != nil {
+		t.Fatal(err)
+	}
+	cfg := defaults()
+	dc := &mapstructure.DecoderConfig{
+		DecodeHook: mapstructure.ComposeDecodeHookFunc(
+			mapstructure.StringToTimeDurationHookFunc(),
+			mapstructure.StringToSliceHookFunc(","),
+			mapstructure.TextUnmarshallerHookFunc()),
+		WeaklyTypedInput: true,
+		ErrorUnused:      true,
+	}
+	if err := k.UnmarshalWithConf("", &cfg, koanf.UnmarshalConf{Tag: "koanf", DecoderConfig: dc}); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Simulate.Engines > 0 && len(cfg.Simulate.Models) == 0 {
+		cfg.Simulate.Models = []string{"demo-model"}
+	}
+	return cfg
+}
+
+// TestLoadConfigMatchesLegacyDecode checks that the checks reject nothing
+// valid and change no value: the shipped configs, the full test config and
+// weakly typed input decode exactly as they did before.
+func TestLoadConfigMatchesLegacyDecode(t *testing.T) {
+	tests := []struct {
+		name string
+		path string // a config file, or
+		yaml string // its body
+		env  []string
+	}{
+		{name: "gateway.yaml", path: "../../configs/gateway.yaml"},
+		{name: "demo.yaml", path: "../../configs/demo.yaml"},
+		{name: "full", yaml: fullYAML},
+		{
+			name: "full with environment",
+			yaml: fullYAML,
+			env: []string{"SWITCHBOARD_SERVER__TIMEOUTS__IDLE=2m", "SWITCHBOARD_SERVER__MAX_BODY_BYTES=0x800",
+				"SWITCHBOARD_SERVER__ENGINE_HEADER=1", "SWITCHBOARD_SIMULATE__MODELS=a,b", "SWITCHBOARD_SIMULATE__ENGINES=",
+				"SWITCHBOARD_SERVER__HEALTH__UNHEALTHY_AFTER=", "SWITCHBOARD_SERVER__INJECT_USAGE=",
+				"SWITCHBOARD_Log__Level=warn", "SWITCHBOARD_=ignored"},
+		},
+		{
+			name: "weakly typed file values and empty sections",
+			yaml: "server:\n  max_body_bytes: \"2048\"\n  engine_header: \"false\"\n  max_attempts: 3.0\n" +
+				"  timeouts:\n  health:\n    unhealthy_after: true\nsimulate:\n  engines: \"2\"\n  models: m1\n" +
+				"  ttft: 5ms\n  itl: ~\nadmin:\nrouting:\n  prefill_weight: \"4\"\n",
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			path := tc.path
+			if tc.yaml != "" {
+				path = writeConfig(t, tc.yaml)
+			}
+			got, err := loadConfig([]string{"--config", path}, environ(tc.env...))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := legacyLoad(t, path, tc.env); !reflect.DeepEqual(got, want) {
+				t.Errorf("config mismatch\n got: %+v\nwant: %+v", got, want)
+			}
+		})
+	}
 }

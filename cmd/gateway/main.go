@@ -41,6 +41,10 @@ func main() {
 	if errors.Is(err, pflag.ErrHelp) {
 		return
 	}
+	if errors.Is(err, errVersion) {
+		fmt.Println(versionLine())
+		return
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "switchboard:", err)
 		os.Exit(1)
@@ -108,6 +112,7 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 	}
 	gcfg := cfg.Server.Config
 	gcfg.Engines = engines
+	gcfg.AccessLog = cfg.Log.Access
 	gw, err := gateway.New(gcfg, policy, metrics,
 		gateway.WithTracerProvider(providers.TracerProvider),
 		gateway.WithMeterProvider(providers.MeterProvider),
@@ -120,7 +125,12 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 	defer func() { err = errors.Join(err, gw.Close()) }()
 	gw.Start()
 
+	// No ReadTimeout or WriteTimeout: they would cut long streams. The
+	// gateway bounds body reads (server.body_read_timeout) and client
+	// writes (server.timeouts.client_write) per request instead; its base
+	// context lets it end the streams still open at the shutdown deadline.
 	public := &http.Server{Handler: gw.Handler(), ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout,
+		IdleTimeout: cfg.Server.IdleTimeout, BaseContext: gw.BaseContext,
 		ErrorLog: slog.NewLogLogger(h, slog.LevelWarn)}
 	ln, err := net.Listen("tcp", cfg.Server.Listen)
 	if err != nil {
@@ -175,7 +185,16 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 		serr = errors.Join(serr, admin.Shutdown(sctx))
 	}
 	if errors.Is(serr, context.DeadlineExceeded) {
-		log.Warn("shutdown deadline passed; closing remaining connections")
+		// Streams still open end with a server_shutdown error event rather
+		// than a silent cut, and every handler returns (slots released,
+		// durations recorded) before telemetry is flushed below.
+		log.Warn("shutdown deadline passed; ending the requests still in flight", "requests", gw.InFlight())
+		gw.Abort()
+		wctx, wcancel := context.WithTimeout(context.Background(), abortGrace)
+		if gw.Wait(wctx) != nil {
+			log.Warn("requests still running after the abort grace period; closing their connections", "grace", abortGrace)
+		}
+		wcancel()
 		closeAll()
 		serr = nil
 	}
@@ -184,6 +203,11 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 	}
 	return serr
 }
+
+// abortGrace bounds the wait for handlers after Abort at the shutdown
+// deadline: they end their streams with an error event (itself bounded by a
+// 5 s write deadline) and return.
+const abortGrace = 10 * time.Second
 
 // simulated is one in-process simulated engine.
 type simulated struct {

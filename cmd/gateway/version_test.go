@@ -1,0 +1,112 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"os"
+	"regexp"
+	"runtime"
+	"runtime/debug"
+	"testing"
+
+	"github.com/spf13/pflag"
+
+	"github.com/switchboard-gw/switchboard/telemetry"
+)
+
+func TestFormatVersion(t *testing.T) {
+	vcs := func(kv ...string) []debug.BuildSetting {
+		var s []debug.BuildSetting
+		for i := 0; i < len(kv); i += 2 {
+			s = append(s, debug.BuildSetting{Key: kv[i], Value: kv[i+1]})
+		}
+		return s
+	}
+	const rev = "257c0f02cc50c28e8f700ecf792946cf5bd5b5e7"
+	tests := []struct {
+		name string
+		bi   *debug.BuildInfo
+		want string
+	}{
+		{name: "no build info", want: "switchboard v0.1.0 (devel, go1.26.8)"},
+		{name: "devel build without VCS", bi: &debug.BuildInfo{Main: debug.Module{Version: "(devel)"}},
+			want: "switchboard v0.1.0 (devel, go1.26.8)"},
+		{name: "clean commit", bi: &debug.BuildInfo{Main: debug.Module{Version: "(devel)"},
+			Settings: vcs("vcs", "git", "vcs.revision", rev, "vcs.modified", "false")},
+			want: "switchboard v0.1.0 (commit 257c0f0, go1.26.8)"},
+		{name: "uncommitted changes", bi: &debug.BuildInfo{
+			Main:     debug.Module{Version: "v0.0.0-20261129192126-257c0f02cc50+dirty"},
+			Settings: vcs("vcs.revision", rev, "vcs.modified", "true")},
+			want: "switchboard v0.1.0 (commit 257c0f0-dirty, go1.26.8)"},
+		{name: "pseudo-version is not a release", bi: &debug.BuildInfo{
+			Main: debug.Module{Version: "v0.1.1-0.20261129192126-257c0f02cc50"}},
+			want: "switchboard v0.1.0 (devel, go1.26.8)"},
+		{name: "release tag", bi: &debug.BuildInfo{Main: debug.Module{Version: "v0.2.0"},
+			Settings: vcs("vcs.revision", rev)},
+			want: "switchboard v0.2.0 (commit 257c0f0, go1.26.8)"},
+		{name: "short revision", bi: &debug.BuildInfo{Settings: vcs("vcs.revision", "abc")},
+			want: "switchboard v0.1.0 (commit abc, go1.26.8)"},
+	}
+	if telemetry.Version != "0.1.0" {
+		t.Skipf("the cases spell out version 0.1.0; telemetry.Version is %s", telemetry.Version)
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := formatVersion(tc.bi, "go1.26.8"); got != tc.want {
+				t.Errorf("formatVersion = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestVersionFlag checks that --version wins over everything else, reads
+// no configuration (a broken one does not matter), starts nothing, and
+// that main prints the one line to stdout and returns, so the process
+// exits 0.
+func TestVersionFlag(t *testing.T) {
+	line := versionLine()
+	if !regexp.MustCompile(`^switchboard v\S+ \((commit [0-9a-f]+(-dirty)?|devel), ` + regexp.QuoteMeta(runtime.Version()) + `\)$`).MatchString(line) {
+		t.Errorf("versionLine() = %q", line)
+	}
+
+	broken := []string{"--version", "--config", "/does/not/exist.yaml", "--policy", "nope"}
+	if _, err := loadConfig(broken, environ("SWITCHBOARD_SERVR__LISTEN=x")); !errors.Is(err, errVersion) {
+		t.Errorf("loadConfig(%q) = %v, want errVersion", broken, err)
+	}
+	err := run(context.Background(), []string{"--version"}, environ(), io.Discard, func(string, string) {
+		t.Error("ready called for --version")
+	})
+	if !errors.Is(err, errVersion) {
+		t.Errorf("run(--version) = %v, want errVersion", err)
+	}
+
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, args := os.Stdout, os.Args
+	os.Stdout, os.Args = w, []string{"switchboard", "--version"}
+	main() // os.Exit(1) here would end the test binary
+	os.Stdout, os.Args = stdout, args
+	w.Close()
+	out, err := io.ReadAll(r)
+	r.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(out) != line+"\n" {
+		t.Errorf("main printed %q, want %q", out, line+"\n")
+	}
+}
+
+// TestHelpFlag checks that --help still ends with pflag.ErrHelp (main
+// exits 0 on it) and lists --version.
+func TestHelpFlag(t *testing.T) {
+	if _, err := loadConfig([]string{"--help"}, environ()); !errors.Is(err, pflag.ErrHelp) {
+		t.Errorf("loadConfig(--help) = %v, want pflag.ErrHelp", err)
+	}
+	if usage := newFlagSet().FlagUsages(); !regexp.MustCompile(`\n\s+--version\S*\s+print the version and exit\n`).MatchString(usage) {
+		t.Errorf("usage does not list --version:\n%s", usage)
+	}
+}
