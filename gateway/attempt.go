@@ -73,6 +73,9 @@ func (s *Server) startAttempt(ctx context.Context, eng *engine, op oai.Operation
 	a.slot.Acquire(eng.ep)
 	s.live.Add(1)
 	a.start = time.Now()
+	if st := stateFrom(ctx); st != nil {
+		st.triedEngine(eng.cfg.Name)
+	}
 	return ctx, a
 }
 
@@ -143,6 +146,13 @@ func (a *attempt) end() {
 	// Recording ignores the context's cancellation by contract; the request
 	// context is kept for exemplars even when the client has gone.
 	a.s.metrics.RecordEnd(a.ctx, a.attrs, o)
+	if st := stateFrom(a.ctx); st != nil { // for the access log: the last attempt's outcome
+		st.errType = a.errType
+		st.inTok, st.outTok = o.InputTokens, o.OutputTokens
+		if !a.first.IsZero() {
+			st.ttft = a.first.Sub(a.start)
+		}
+	}
 	if a.span.IsRecording() {
 		a.span.SetAttributes(attribute.String("switchboard.released_phase", phase.String()))
 		if a.status != 0 {

@@ -13,8 +13,42 @@ import (
 // [DefaultConfig], then override; [New] validates it.
 type Config struct {
 	// MaxBodyBytes caps a request body, in bytes. Larger bodies get 413.
-	// Default 16 MiB.
+	// Default 16 MiB. The buffer holding a body grows with the bytes that
+	// arrive, never with the Content-Length the client declares.
 	MaxBodyBytes int64 `koanf:"max_body_bytes"`
+	// BodyReadTimeout bounds reading a whole request body, from the moment
+	// the handler starts reading it. A client that trickles or stalls its
+	// body gets 408 and its connection is closed. Default 60 s; 0 disables.
+	BodyReadTimeout time.Duration `koanf:"body_read_timeout"`
+	// MaxConcurrentRequests caps the proxied requests (every route that may
+	// reach an engine) handled at once, across all clients. Over it a
+	// request is answered 503 with Retry-After before its body is read and
+	// without contacting an engine. Default 10000; 0 = no limit.
+	MaxConcurrentRequests int `koanf:"max_concurrent_requests"`
+	// MaxBufferedBytes caps the bytes held at once in request bodies and
+	// buffered non-streaming responses, across all requests. A request
+	// whose body would take the total over it is answered 503 with
+	// Retry-After, without contacting an engine; a response that does not
+	// fit is relayed unbuffered instead (see MaxResponseBufferBytes).
+	// Default 512 MiB; 0 = no limit. Must be at least MaxBodyBytes.
+	MaxBufferedBytes int64 `koanf:"max_buffered_bytes"`
+	// MaxResponseBufferBytes is how much of a non-streaming engine response
+	// is buffered before anything is sent to the client, so that an engine
+	// failing before the end of its body gets a clean 502 instead of a 200
+	// with a cut body. A larger body is relayed as it arrives, and a failure
+	// then aborts the client connection. Default 4 MiB; 0 = never buffer.
+	MaxResponseBufferBytes int64 `koanf:"max_response_buffer_bytes"`
+	// StripRequestHeaders are client request headers never forwarded to an
+	// engine, in addition to the built-in list (Authorization,
+	// Proxy-Authorization, Cookie, X-Api-Key, Api-Key, OpenAI-Organization,
+	// OpenAI-Project, hop-by-hop headers). Case-insensitive.
+	StripRequestHeaders []string `koanf:"strip_request_headers"`
+	// TrustedProxies are the CIDRs (or single IPs) of proxies in front of
+	// the gateway whose X-Forwarded-For, X-Forwarded-Proto and
+	// X-Forwarded-Host are believed: a request from one of them has its
+	// X-Forwarded-For extended with the peer address; a request from any
+	// other peer has them replaced. Empty (the default): trust no one.
+	TrustedProxies []string `koanf:"trusted_proxies"`
 	// MaxAttempts is how many engines a request may be tried on when the
 	// connection to an engine fails before anything was sent (1 = no
 	// retry). Default 2. Requests are never retried after an engine has
@@ -32,6 +66,9 @@ type Config struct {
 	// client did not, so token usage and TPOT are recorded for every
 	// stream; the extra chunk is not forwarded to that client.
 	InjectUsage bool `koanf:"inject_usage"`
+	// AccessLog, when true (the default), logs one line per request at
+	// info level (the `log.access` key; the loader fills it in).
+	AccessLog bool `koanf:"-"`
 	// Engines is the static engine list (the top-level `engines` section;
 	// the loader fills it in).
 	Engines []EngineConfig `koanf:"-"`
@@ -44,11 +81,28 @@ type Timeouts struct {
 	// ResponseHeader bounds the wait for an engine's response headers on
 	// streaming requests (vLLM sends them at once). Non-streaming
 	// responses only start when generation ends, so they are bounded by
-	// Request alone. Default 60 s.
+	// Attempt. Default 60 s.
 	ResponseHeader time.Duration `koanf:"response_header"`
-	// Idle bounds the silence between two reads of a streaming response
-	// body (keep-alive comments count as activity). Default 60 s.
+	// FirstToken bounds a streaming attempt from the moment it is sent to
+	// its first content-bearing event (for a stream that is not SSE: its
+	// first body bytes). Under load vLLM sends the headers and the role
+	// chunk at once, then nothing while the request waits in its queue and
+	// prefills; that silence is governed by FirstToken, not Idle, so it is
+	// generous. Keep-alive comments do not extend it. Default 5 min.
+	FirstToken time.Duration `koanf:"first_token"`
+	// Idle bounds the silence between two data events of a stream after
+	// its first content (keep-alive comments do not count), and between two
+	// reads of a non-streaming body. Default 60 s.
 	Idle time.Duration `koanf:"idle"`
+	// Attempt bounds one non-streaming attempt, from sending the request to
+	// the end of the response body, so one hung engine does not hold a
+	// request for the whole Request timeout. Default 5 min.
+	Attempt time.Duration `koanf:"attempt"`
+	// ClientWrite bounds each write to the client: a client that stops
+	// reading for this long is cut off (error.type client_stalled), its
+	// slot released and the engine request cancelled. It applies whatever
+	// Idle is. Default 60 s.
+	ClientWrite time.Duration `koanf:"client_write"`
 	// Request bounds a whole request, all attempts included. Default 10 min.
 	Request time.Duration `koanf:"request"`
 }
@@ -93,14 +147,22 @@ type EngineConfig struct {
 // DefaultConfig returns the gateway defaults documented on each field.
 func DefaultConfig() Config {
 	return Config{
-		MaxBodyBytes: 16 << 20,
-		MaxAttempts:  2,
-		EngineHeader: true,
-		InjectUsage:  true,
+		MaxBodyBytes:           16 << 20,
+		BodyReadTimeout:        60 * time.Second,
+		MaxConcurrentRequests:  10000,
+		MaxBufferedBytes:       512 << 20,
+		MaxResponseBufferBytes: 4 << 20,
+		MaxAttempts:            2,
+		EngineHeader:           true,
+		InjectUsage:            true,
+		AccessLog:              true,
 		Timeouts: Timeouts{
 			Connect:        5 * time.Second,
 			ResponseHeader: 60 * time.Second,
+			FirstToken:     5 * time.Minute,
 			Idle:           60 * time.Second,
+			Attempt:        5 * time.Minute,
+			ClientWrite:    60 * time.Second,
 			Request:        10 * time.Minute,
 		},
 		Health: HealthConfig{
@@ -128,14 +190,33 @@ func (c Config) Validate() error {
 	if c.MaxAttempts < 1 {
 		bad("server.max_attempts must be >= 1, got %d", c.MaxAttempts)
 	}
-	for name, d := range map[string]time.Duration{
-		"connect": c.Timeouts.Connect, "response_header": c.Timeouts.ResponseHeader,
-		"idle": c.Timeouts.Idle, "request": c.Timeouts.Request,
-	} {
-		if d < 0 {
-			bad("server.timeouts.%s must be >= 0, got %s", name, d)
+	if c.BodyReadTimeout < 0 {
+		bad("server.body_read_timeout must be >= 0, got %s", c.BodyReadTimeout)
+	}
+	if c.MaxConcurrentRequests < 0 {
+		bad("server.max_concurrent_requests must be >= 0, got %d", c.MaxConcurrentRequests)
+	}
+	if c.MaxBufferedBytes < 0 {
+		bad("server.max_buffered_bytes must be >= 0, got %d", c.MaxBufferedBytes)
+	}
+	if c.MaxResponseBufferBytes < 0 {
+		bad("server.max_response_buffer_bytes must be >= 0, got %d", c.MaxResponseBufferBytes)
+	}
+	if c.MaxBufferedBytes > 0 && c.MaxBodyBytes > c.MaxBufferedBytes {
+		bad("server.max_buffered_bytes (%d) is smaller than server.max_body_bytes (%d): a body at the size limit could never be accepted", c.MaxBufferedBytes, c.MaxBodyBytes)
+	}
+	if c.MaxBufferedBytes > 0 && c.MaxResponseBufferBytes > c.MaxBufferedBytes {
+		bad("server.max_response_buffer_bytes (%d) is larger than server.max_buffered_bytes (%d): such a response could never be buffered", c.MaxResponseBufferBytes, c.MaxBufferedBytes)
+	}
+	for _, h := range c.StripRequestHeaders {
+		if strings.TrimSpace(h) == "" || strings.ContainsAny(h, " \t:") {
+			bad("server.strip_request_headers: %q is not a header name", h)
 		}
 	}
+	if _, err := parseTrustedProxies(c.TrustedProxies); err != nil {
+		bad("server.trusted_proxies: %v", err)
+	}
+	errs = append(errs, c.Timeouts.validate()...)
 	if c.Health.Interval <= 0 {
 		bad("server.health.interval must be > 0, got %s", c.Health.Interval)
 	}
@@ -164,6 +245,55 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// named lists each timeout with its key, in documentation order.
+func (t Timeouts) named() []struct {
+	key string
+	d   time.Duration
+} {
+	return []struct {
+		key string
+		d   time.Duration
+	}{
+		{"connect", t.Connect}, {"response_header", t.ResponseHeader}, {"first_token", t.FirstToken},
+		{"idle", t.Idle}, {"attempt", t.Attempt}, {"client_write", t.ClientWrite}, {"request", t.Request},
+	}
+}
+
+// validate reports negative timeouts and combinations that cannot work:
+// a timeout longer than the one that contains it can never fire, and a
+// stalled engine or client must always be bounded by something.
+func (t Timeouts) validate() []error {
+	var errs []error
+	bad := func(format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...))
+	}
+	for _, n := range t.named() {
+		if n.d < 0 {
+			bad("server.timeouts.%s must be >= 0, got %s", n.key, n.d)
+		}
+	}
+	longer := func(inner string, di time.Duration, outer string, do time.Duration) {
+		if di > 0 && do > 0 && di > do {
+			bad("server.timeouts.%s (%s) is longer than server.timeouts.%s (%s), so it could never fire: lower it, or set it to 0", inner, di, outer, do)
+		}
+	}
+	longer("response_header", t.ResponseHeader, "first_token", t.FirstToken)
+	longer("response_header", t.ResponseHeader, "request", t.Request)
+	longer("first_token", t.FirstToken, "request", t.Request)
+	longer("attempt", t.Attempt, "request", t.Request)
+	longer("connect", t.Connect, "request", t.Request)
+	if t.Request == 0 && (t.FirstToken == 0 || t.Idle == 0) {
+		bad("server.timeouts.request is 0 and so is server.timeouts.first_token or server.timeouts.idle: a stream whose engine stalls would hold its engine slot forever")
+	}
+	if t.Request == 0 && t.Attempt == 0 {
+		bad("server.timeouts.request and server.timeouts.attempt are both 0: a non-streaming request whose engine hangs would hold its engine slot forever")
+	}
+	if t.Request == 0 && t.ClientWrite == 0 {
+		bad("server.timeouts.request and server.timeouts.client_write are both 0: a client that stops reading would hold its engine slot forever")
+	}
+	return errs
+}
+
 // Validate reports every problem with one engine's configuration.
 func (e EngineConfig) Validate() error {
 	var errs []error
@@ -178,7 +308,12 @@ func (e EngineConfig) Validate() error {
 	case e.URL == "":
 		bad("engine %q: url must not be empty", e.Name)
 	case err != nil:
-		bad("engine %q: url: %v", e.Name, err)
+		// Not err itself: url.Error quotes the whole URL, credentials too.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		bad("engine %q: url is not valid: %v", e.Name, err)
 	case u.Scheme != "http" && u.Scheme != "https":
 		bad("engine %q: url scheme must be http or https, got %q", e.Name, u.Scheme)
 	case u.Host == "":

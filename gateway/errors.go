@@ -1,12 +1,14 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
 	"net"
 	"net/http"
 	"strconv"
+	"time"
 
 	"github.com/switchboard-gw/switchboard/routing"
 )
@@ -101,21 +103,25 @@ func apiErrorFor(err error) *APIError {
 // request as client-closed rather than 200.
 func writeError(w http.ResponseWriter, r *http.Request, err error) {
 	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
-		markHeaderWritten(r)
-		w.WriteHeader(StatusClientClosedRequest)
+		writeHeader(w, r, StatusClientClosedRequest)
 		return
 	}
 	ae := apiErrorFor(err)
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Cache-Control", "no-store")
-	if ae.Status == http.StatusServiceUnavailable {
+	if ae.Status == http.StatusServiceUnavailable && h.Get("Retry-After") == "" {
 		h.Set("Retry-After", "1")
 	}
 	b := ae.body()
 	h.Set("Content-Length", strconv.Itoa(len(b)))
-	markHeaderWritten(r)
-	w.WriteHeader(ae.Status)
+	if ae.Status == http.StatusRequestTimeout {
+		h.Set("Connection", "close") // the rest of the body will never be read
+	}
+	if st := stateFrom(r.Context()); st != nil && st.errType == "" {
+		st.errType = cmp.Or(ae.Code, ae.Type)
+	}
+	writeHeader(w, r, ae.Status)
 	_, _ = w.Write(b)
 }
 
@@ -133,6 +139,19 @@ func errModelNotFound(model string) *APIError {
 		Message: "the model `" + model + "` does not exist or is not served by any engine"}
 }
 
+// errOverloaded is the 503 for a request over a gateway-wide budget
+// (concurrent requests, buffered bytes); it comes with Retry-After.
+func errOverloaded(msg string) *APIError {
+	return &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: ErrTypeOverloaded, Message: msg}
+}
+
+// errBodyTimeout is the 408 for a body not received within
+// Config.BodyReadTimeout; the connection is closed after it.
+func errBodyTimeout(d time.Duration) *APIError {
+	return &APIError{Status: http.StatusRequestTimeout, Type: TypeTimeout, Code: "body_read_timeout",
+		Message: "the request body was not received within " + d.String()}
+}
+
 func errBodyTooLarge(limit int64) *APIError {
 	return &APIError{Status: http.StatusRequestEntityTooLarge, Type: TypeInvalidRequest, Code: "request_too_large",
 		Message: "request body is larger than " + strconv.FormatInt(limit, 10) + " bytes"}
@@ -143,13 +162,17 @@ func errBodyTooLarge(limit int64) *APIError {
 // is recorded as its decimal code ("503").
 const (
 	ErrTypeClientCancelled  = "client_cancelled"
-	ErrTypeClientStalled    = "client_stalled" // stopped reading for a whole idle period
+	ErrTypeClientStalled    = "client_stalled" // stopped reading for Timeouts.ClientWrite
 	ErrTypeConnect          = "connect_error"
 	ErrTypeEngineDisconnect = "engine_disconnect"
 	ErrTypeHeaderTimeout    = "header_timeout"
 	ErrTypeIdleTimeout      = "idle_timeout"
 	ErrTypeRequestTimeout   = "request_timeout"
 	ErrTypeStreamError      = "stream_error"
+	ErrTypeFirstToken       = "first_token_timeout" // no first content within Timeouts.FirstToken
+	ErrTypeAttemptTimeout   = "attempt_timeout"     // a non-streaming attempt over Timeouts.Attempt
+	ErrTypeShutdown         = "server_shutdown"     // cut at the shutdown deadline
+	ErrTypeOverloaded       = "gateway_overloaded"  // a gateway-wide budget was full (no attempt is made)
 	ErrTypePanic            = "panic"
 	ErrTypeInternal         = "_OTHER"
 )

@@ -3,6 +3,7 @@ package gateway
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -28,12 +29,19 @@ import (
 type clientMode int
 
 const (
-	readAll          clientMode = iota
-	cancelInPrefill             // go away once the engine's prefill gauge reads 1
-	cancelAfterFirst            // go away after the first content event
-	cancelMidStream             // go away after three content events
-	slowReader                  // read 64 bytes every 5 ms
+	readAll            clientMode = iota
+	cancelInPrefill               // go away once the engine's prefill gauge reads 1
+	cancelAfterFirst              // go away after the first content event
+	cancelMidStream               // go away after three content events
+	slowReader                    // read 64 bytes every 5 ms
+	shutdownInPrefill             // read all; the gateway aborts (shutdown deadline) once the prefill gauge reads 1
+	shutdownAfterFirst            // read all; the gateway aborts after the first content event
 )
+
+// readsAll reports whether the client reads the whole response.
+func (m clientMode) readsAll() bool {
+	return m == readAll || m == slowReader || m == shutdownInPrefill || m == shutdownAfterFirst
+}
 
 // engineSetup is how the case's engine misbehaves at the transport level.
 type engineSetup int
@@ -67,6 +75,9 @@ type faultCase struct {
 	noSlot    bool // rejected before routing: no slot taken, no engine metric
 
 	requestTimeout time.Duration // the gateway's total request timeout; default 5 s
+	firstToken     time.Duration // Timeouts.FirstToken; default 1 s
+	attempt        time.Duration // Timeouts.Attempt; default 0 (off)
+	errCode        string        // the code of the error object or event the client gets, when checked
 }
 
 var both = []bool{false, true}
@@ -88,9 +99,16 @@ var faultMatrix = []faultCase{
 	{name: "engine 429", stream: both, fault: "status=429", status: [2]int{429, 429}, errType: [2]string{"429", "429"}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhasePrefill}},
 	{name: "close before headers", stream: both, fault: "close-before-headers", status: [2]int{502, 502}, errType: [2]string{ErrTypeEngineDisconnect, ErrTypeEngineDisconnect}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhasePrefill}},
 	{name: "close after headers", stream: both, fault: "close-after-headers", status: [2]int{502, 502}, errType: [2]string{ErrTypeEngineDisconnect, ErrTypeEngineDisconnect}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhasePrefill}},
-	{name: "close mid-stream", stream: both, fault: "close-after=3", status: [2]int{200, 200}, errType: [2]string{ErrTypeEngineDisconnect, ErrTypeEngineDisconnect}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhaseDecode}, errEvent: true, bodyErr: true, observe: true},
+	// A non-streaming body is buffered: an engine that fails before its end
+	// gets a 502/504, never a 200 with a cut body.
+	{name: "close mid-stream", stream: both, fault: "close-after=3", status: [2]int{502, 200}, errType: [2]string{ErrTypeEngineDisconnect, ErrTypeEngineDisconnect}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhaseDecode}, errEvent: true, observe: true},
+	{name: "truncated body", stream: both, fault: "truncate", status: [2]int{502, 200}, errType: [2]string{ErrTypeEngineDisconnect, ErrTypeEngineDisconnect}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhaseDecode}, errEvent: true, errCode: ErrTypeEngineDisconnect},
+	{name: "engine html error", stream: both, fault: "status=502,error-body=html", status: [2]int{502, 502}, errType: [2]string{"502", "502"}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhasePrefill}, errCode: "502"},
+	{name: "first token timeout", stream: streamOnly, fault: "stall-after=0", firstToken: 400 * time.Millisecond, status: [2]int{0, 200}, errType: [2]string{"", ErrTypeFirstToken}, phase: [2]routing.Phase{0, routing.PhasePrefill}, errEvent: true, aborted: true, observe: true, errCode: ErrTypeFirstToken},
+	{name: "attempt timeout", stream: []bool{false}, fault: "stall-before-headers", attempt: 400 * time.Millisecond, status: [2]int{504}, errType: [2]string{ErrTypeAttemptTimeout}, phase: [2]routing.Phase{routing.PhasePrefill}, aborted: true, observe: true, errCode: ErrTypeAttemptTimeout},
+	{name: "shutdown deadline", stream: both, maxTokens: 400, client: shutdownInPrefill, status: [2]int{503, 200}, errType: [2]string{ErrTypeShutdown, ErrTypeShutdown}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhaseDecode}, errEvent: true, aborted: true, observe: true, errCode: ErrTypeShutdown},
 	{name: "stall before headers", stream: both, fault: "stall-before-headers", requestTimeout: 1500 * time.Millisecond, status: [2]int{504, 504}, errType: [2]string{ErrTypeRequestTimeout, ErrTypeHeaderTimeout}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhasePrefill}, aborted: true, observe: true},
-	{name: "stall mid-stream", stream: both, fault: "stall-after=2", status: [2]int{200, 200}, errType: [2]string{ErrTypeIdleTimeout, ErrTypeIdleTimeout}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhaseDecode}, errEvent: true, bodyErr: true, aborted: true, observe: true},
+	{name: "stall mid-stream", stream: both, fault: "stall-after=2", status: [2]int{504, 200}, errType: [2]string{ErrTypeIdleTimeout, ErrTypeIdleTimeout}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhaseDecode}, errEvent: true, aborted: true, observe: true},
 	{name: "slow headers", stream: both, fault: "slow-headers=100ms", status: [2]int{200, 200}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhaseDecode}, observe: true},
 	{name: "malformed event", stream: streamOnly, fault: "malformed", status: [2]int{0, 200}, phase: [2]routing.Phase{0, routing.PhaseDecode}, parseErrs: 1},
 	{name: "trickle", stream: both, fault: "trickle=200us", maxTokens: 3, status: [2]int{200, 200}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhaseDecode}, observe: true},
@@ -198,6 +216,8 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 	if fc.requestTimeout > 0 {
 		cfg.Timeouts.Request = fc.requestTimeout
 	}
+	cfg.Timeouts.FirstToken = cmp.Or(fc.firstToken, time.Second)
+	cfg.Timeouts.Attempt = fc.attempt
 	cfg.MaxAttempts = 1
 	h := newHarnessWith(t, cfg, opts, withSampler(sampler), withoutStart())
 	if fc.setup == unhealthy {
@@ -266,25 +286,37 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 		cancelledAt = time.Now()
 		cancel()
 	}
-	if fc.client == cancelInPrefill {
+	shutdown := func() {
+		cancelledAt = time.Now()
+		h.gw.Abort()
+	}
+	inPrefill := map[clientMode]func(){cancelInPrefill: goAway, shutdownInPrefill: shutdown}[fc.client]
+	if fc.client == shutdownInPrefill && stream {
+		inPrefill = nil // a stream is aborted after its first token (readClient)
+	}
+	if inPrefill != nil {
 		go func() {
 			deadline := time.Now().Add(3 * time.Second)
 			for !prefillSeen() && time.Now().Before(deadline) {
 				time.Sleep(time.Millisecond)
 			}
 			time.Sleep(20 * time.Millisecond)
-			goAway()
+			inPrefill()
 		}()
 	}
 	resp, err := h.client.Do(req)
 	var got bytes.Buffer
 	var readErr error
 	if err == nil {
-		readErr = readClient(resp, fc.client, &got, goAway)
+		mode := fc.client
+		if mode == shutdownInPrefill && stream {
+			mode = shutdownAfterFirst
+		}
+		readErr = readClient(resp, mode, &got, goAway, shutdown)
 		resp.Body.Close()
 	}
 	switch {
-	case fc.client == readAll || fc.client == slowReader:
+	case fc.client.readsAll():
 		if err != nil {
 			t.Fatalf("request failed: %v", err)
 		}
@@ -296,7 +328,8 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 	}
 
 	// What the client saw.
-	if fc.client == readAll && stream && fc.status[i] == 200 {
+	reads := fc.client.readsAll() && fc.client != slowReader
+	if reads && stream && fc.status[i] == 200 {
 		ends := strings.HasSuffix(got.String(), "data: [DONE]\n\n")
 		hasErr := strings.Contains(got.String(), "data: {\"error\":")
 		if fc.errEvent && (ends || !hasErr || !strings.HasSuffix(got.String(), "}}\n\n")) {
@@ -306,7 +339,7 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 			t.Errorf("want a clean stream ending in [DONE], got %q", tail(got.String()))
 		}
 	}
-	if fc.client == readAll && !stream && fc.status[i] == 200 {
+	if reads && !stream && fc.status[i] == 200 {
 		if fc.bodyErr && readErr == nil {
 			t.Errorf("non-stream body was cut but the client saw a clean end: %q", got.String())
 		}
@@ -314,10 +347,20 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 			t.Errorf("body read error %v", readErr)
 		}
 	}
-	if fc.client == readAll && fc.status[i] >= 400 {
+	if reads && fc.status[i] >= 400 {
 		var e apiErr
 		if err := json.Unmarshal(got.Bytes(), &e); err != nil || e.Error.Message == "" || e.Error.Type == "" {
 			t.Errorf("error body is not an OpenAI error object: %q", got.Bytes())
+		} else if fc.errCode != "" && fmt.Sprint(e.Error.Code) != fc.errCode {
+			t.Errorf("error code %v, want %s", e.Error.Code, fc.errCode)
+		}
+	}
+	if reads && stream && fc.status[i] == 200 && fc.errEvent && fc.errCode != "" {
+		last := got.String()
+		last = last[strings.LastIndex(strings.TrimSuffix(last, "\n\n"), "\n\n")+2:]
+		var e apiErr
+		if err := json.Unmarshal([]byte(strings.TrimPrefix(strings.TrimSpace(last), "data: ")), &e); err != nil || fmt.Sprint(e.Error.Code) != fc.errCode {
+			t.Errorf("final event %q, want an error event with code %s", last, fc.errCode)
 		}
 	}
 
@@ -387,9 +430,25 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 	}
 }
 
-// readClient reads the response as the case's client would.
-func readClient(resp *http.Response, mode clientMode, out *bytes.Buffer, goAway func()) error {
+// readClient reads the response as the case's client would; shutdown is
+// the gateway's abort at the shutdown deadline.
+func readClient(resp *http.Response, mode clientMode, out *bytes.Buffer, goAway, shutdown func()) error {
 	switch mode {
+	case shutdownAfterFirst:
+		br := bufio.NewReader(resp.Body)
+		for {
+			line, err := br.ReadString('\n')
+			out.WriteString(line)
+			if strings.Contains(line, `"content":"tok`) {
+				time.Sleep(30 * time.Millisecond) // let the watcher see decode
+				shutdown()
+				_, err = io.Copy(out, br)
+				return err
+			}
+			if err != nil {
+				return err
+			}
+		}
 	case cancelAfterFirst, cancelMidStream:
 		want := 1
 		if mode == cancelMidStream {

@@ -142,6 +142,7 @@ func newHarnessWith(t testing.TB, cfg Config, gwOpts []Option, opts ...harnessOp
 	}
 	h := &harness{t: t, gw: gw, reader: reader, spans: spans, metrics: m}
 	h.srv = httptest.NewUnstartedServer(gw.Handler())
+	h.srv.Config.BaseContext = gw.BaseContext
 	// net/http's own complaints (such as "superfluous response.WriteHeader
 	// call") are kept so tests can assert there are none (shared/cases L05).
 	h.srv.Config.ErrorLog = stdlog.New(&h.serverLog, "", 0)

@@ -19,22 +19,44 @@ var hopByHop = map[string]bool{
 	"Upgrade":             true,
 }
 
-// notToEngine are end-to-end headers the gateway replaces rather than
-// forwards: the client's credentials and cookies (an engine gets its own
-// configured key or none), framing the transport recomputes, the encoding
-// (streams must reach the gateway uncompressed to be parsed) and the trace
-// context and request id, which the gateway sets itself.
-var notToEngine = map[string]bool{
-	"Authorization":   true,
-	"Cookie":          true,
-	"Content-Length":  true,
-	"Accept-Encoding": true,
-	"Host":            true,
-	"Traceparent":     true,
-	"Tracestate":      true,
-	"Baggage":         true,
-	"X-Request-Id":    true,
-	"Expect":          true, // the body is already read; no 100-continue round trip
+// StrippedRequestHeaders are the client headers that never reach an
+// engine: the client's credentials for the gateway or for OpenAI (an engine
+// gets its own configured key or none) and cookies. Config.
+// StripRequestHeaders adds to them; hop-by-hop headers are dropped too.
+var StrippedRequestHeaders = []string{
+	"Authorization", "Proxy-Authorization", "Cookie", "X-Api-Key", "Api-Key",
+	"OpenAI-Organization", "OpenAI-Project",
+}
+
+// replacedRequestHeaders are end-to-end headers the gateway sets itself
+// rather than forwards: framing the transport recomputes, the encoding
+// (streams must reach the gateway uncompressed to be parsed), the trace
+// context, the request id and the forwarding headers (setForwarded).
+var replacedRequestHeaders = []string{
+	"Content-Length", "Accept-Encoding", "Host", "Traceparent", "Tracestate", "Baggage",
+	"X-Request-Id",
+	"Expect", // the body is already read; no 100-continue round trip
+	hdrXFF, hdrXFP, hdrXFH, hdrFwd, hdrXReal,
+}
+
+// hiddenResponseHeaders are engine response headers that identify the
+// engine's software and never reach clients.
+var hiddenResponseHeaders = map[string]bool{
+	"Server":       true,
+	"X-Powered-By": true,
+	"X-Request-Id": true, // the gateway's own is already set
+}
+
+// notToEngine builds the set of request headers (canonical form) that are
+// never copied to an engine: the built-in lists plus extra.
+func notToEngine(extra []string) map[string]bool {
+	m := make(map[string]bool, len(StrippedRequestHeaders)+len(replacedRequestHeaders)+len(extra))
+	for _, list := range [][]string{StrippedRequestHeaders, replacedRequestHeaders, extra} {
+		for _, k := range list {
+			m[http.CanonicalHeaderKey(strings.TrimSpace(k))] = true
+		}
+	}
+	return m
 }
 
 // connectionListed reports whether the Connection header values of h name
@@ -58,11 +80,12 @@ func skipHeader(h http.Header, key string) bool {
 	return len(h["Connection"]) > 0 && connectionListed(h, key)
 }
 
-// copyRequestHeaders copies the client's headers that may reach an engine.
-// Value slices are shared, not copied: neither side mutates them.
-func copyRequestHeaders(dst, src http.Header) {
+// copyRequestHeaders copies the client's headers that may reach an engine:
+// all but those in skip and the hop-by-hop ones. Value slices are shared,
+// not copied: neither side mutates them.
+func copyRequestHeaders(dst, src http.Header, skip map[string]bool) {
 	for k, vv := range src {
-		if notToEngine[k] || skipHeader(src, k) {
+		if skip[k] || skipHeader(src, k) {
 			continue
 		}
 		dst[k] = vv
@@ -70,10 +93,12 @@ func copyRequestHeaders(dst, src http.Header) {
 }
 
 // copyResponseHeaders copies an engine's response headers that may reach
-// the client. Content-Length is dropped too when the body is re-framed.
+// the client: all but hop-by-hop and engine-identifying ones
+// (hiddenResponseHeaders). Content-Length is dropped too when the body is
+// re-framed.
 func copyResponseHeaders(dst, src http.Header, dropLength bool) {
 	for k, vv := range src {
-		if skipHeader(src, k) || (dropLength && k == "Content-Length") || k == "X-Request-Id" {
+		if skipHeader(src, k) || (dropLength && k == "Content-Length") || hiddenResponseHeaders[k] {
 			continue
 		}
 		dst[k] = vv

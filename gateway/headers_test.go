@@ -286,14 +286,23 @@ func TestUsageInjection(t *testing.T) {
 		}
 	})
 	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: proxy.URL}))
-	for _, tc := range []struct {
-		name, opts              string
-		wantInjected, wantChunk bool
+	const usage = `"include_usage":true`
+	cases := []struct {
+		name, opts string
+		wantSent   string // the body's tail after messages as the engine gets it ("" = the client's body unchanged)
+		wantChunk  bool   // the client sees the usage chunk
 	}{
-		{"no stream_options", ``, true, false},
-		{"include_usage true", `,"stream_options":{"include_usage":true}`, false, true},
-		{"include_usage false", `,"stream_options":{"include_usage":false}`, false, false},
-	} {
+		{"no stream_options", ``, `,"stream_options":{` + usage + `}}`, false},
+		{"include_usage true", `,"stream_options":{"include_usage":true}`, ``, true},
+		// Not asked for usage: counted exactly as when stream_options is
+		// absent (class 9 of the hardening issue).
+		{"include_usage false", `,"stream_options":{"include_usage":false}`, `,"stream_options":{"include_usage":false,` + usage + "}}\n", false},
+		{"include_usage null", `,"stream_options":{"include_usage":null}`, `,"stream_options":{"include_usage":null,` + usage + "}}\n", false},
+		{"empty stream_options", `,"stream_options":{ }`, `,"stream_options":{ ` + usage + "}}\n", false},
+		{"null stream_options", `,"stream_options":null`, `,"stream_options":null,"stream_options":{` + usage + `}}`, false},
+		{"other stream options kept", `,"stream_options":{"continuous_usage_stats":false}`, `,"stream_options":{"continuous_usage_stats":false,` + usage + "}}\n", false},
+	}
+	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			body := `{"model":"m","stream":true,"max_tokens":3,"messages":[{"role":"user","content":"a b c d"}]` + tc.opts + "}\n"
 			resp := h.post("/v1/chat/completions", body)
@@ -306,11 +315,12 @@ func TestUsageInjection(t *testing.T) {
 			rec.mu.Lock()
 			got := rec.body[len(rec.body)-1]
 			rec.mu.Unlock()
-			switch {
-			case tc.wantInjected && got != strings.TrimSuffix(body, "}\n")+`,"stream_options":{"include_usage":true}}`:
-				t.Errorf("engine got body %q, want include_usage injected", got)
-			case !tc.wantInjected && got != body:
-				t.Errorf("body was rewritten although the client set stream_options: %q", got)
+			want := body
+			if tc.wantSent != "" {
+				want = `{"model":"m","stream":true,"max_tokens":3,"messages":[{"role":"user","content":"a b c d"}]` + tc.wantSent
+			}
+			if got != want {
+				t.Errorf("engine got body\n%q, want\n%q", got, want)
 			}
 			if sent.ContentLength != int64(len(got)) {
 				t.Errorf("engine saw Content-Length %d for a %d-byte body", sent.ContentLength, len(got))
@@ -324,8 +334,7 @@ func TestUsageInjection(t *testing.T) {
 		})
 	}
 	h.waitIdle()
-	// Usage was recorded for the two streams that carried it to the
-	// gateway (injected, and asked for by the client), not the third.
+	// Usage was recorded for every stream: injected or asked for.
 	m, ok := findMetric(h.collect(), telemetry.GenAIClientTokenUsageName)
 	if !ok {
 		t.Fatal("no token usage metric")
@@ -334,12 +343,12 @@ func TestUsageInjection(t *testing.T) {
 	for _, dp := range m.Data.(metricdata.Histogram[int64]).DataPoints {
 		if v, _ := dp.Attributes.Value(telemetry.AttrGenAITokType); v.AsString() == "output" {
 			outputSamples += dp.Count
-			if dp.Sum != 6 {
-				t.Errorf("output tokens sum %d, want 6 (3 per stream)", dp.Sum)
+			if dp.Sum != 3*int64(len(cases)) {
+				t.Errorf("output tokens sum %d, want %d (3 per stream)", dp.Sum, 3*len(cases))
 			}
 		}
 	}
-	if outputSamples != 2 {
-		t.Errorf("output token samples %d, want 2", outputSamples)
+	if outputSamples != uint64(len(cases)) {
+		t.Errorf("output token samples %d, want %d", outputSamples, len(cases))
 	}
 }

@@ -5,8 +5,13 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
 )
 
 // RequestIDHeader carries the request id: taken from the client when
@@ -23,9 +28,33 @@ const stateKey ctxKey = 0
 
 // reqState is the per-request state middleware and handlers share. It lives
 // in the request context and dies with the request: no registry holds it.
+// The handler goroutine alone writes it; the access log reads it after the
+// handler has returned.
 type reqState struct {
 	id            string
 	headerWritten bool // the handler has started the response
+	status        int  // the status written; 0 = implicit 200
+
+	// For the access log.
+	start    time.Time
+	model    string
+	tried    [maxLoggedEngines]string // engines tried, in order
+	attempts int                      // attempts made (may exceed len(tried))
+	errType  string                   // error.type of the last attempt, or of the gateway's answer
+	ttft     time.Duration            // of the attempt that produced content; 0 = none
+	inTok    int64                    // usage of the last attempt; -1 = unknown
+	outTok   int64
+}
+
+// maxLoggedEngines caps the engines named on one access-log line.
+const maxLoggedEngines = 4
+
+// triedEngine records an attempt on the named engine.
+func (st *reqState) triedEngine(name string) {
+	if st.attempts < maxLoggedEngines {
+		st.tried[st.attempts] = name
+	}
+	st.attempts++
 }
 
 func stateFrom(ctx context.Context) *reqState {
@@ -44,10 +73,15 @@ func RequestIDFrom(ctx context.Context) string {
 	return ""
 }
 
-func markHeaderWritten(r *http.Request) {
+// writeHeader writes the response status, recording it for the recoverer
+// (the response has started) and the access log. Every status the gateway
+// writes goes through here.
+func writeHeader(w http.ResponseWriter, r *http.Request, status int) {
 	if st := stateFrom(r.Context()); st != nil {
 		st.headerWritten = true
+		st.status = status
 	}
+	w.WriteHeader(status)
 }
 
 // requestID assigns the request id and the per-request state.
@@ -58,8 +92,82 @@ func requestID(next http.Handler) http.Handler {
 			id = newRequestID()
 		}
 		w.Header().Set(RequestIDHeader, id)
-		st := &reqState{id: id}
+		st := &reqState{id: id, start: time.Now(), inTok: -1, outTok: -1}
 		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), stateKey, st)))
+	})
+}
+
+// accessLog logs one line per request at info level once the handler has
+// returned (health and readiness probes excepted): request id, method,
+// route, model, engines tried, status, error.type, time to first token,
+// duration and token usage. It runs inside requestID, so it sees the
+// request's state, and outside otelhttp and the recoverer, so a recovered
+// panic is logged with the 500 it became.
+func (s *Server) accessLog(next http.Handler) http.Handler {
+	if !s.cfg.AccessLog {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		next.ServeHTTP(w, r)
+		if r.URL.Path == "/health" || r.URL.Path == "/ready" || !s.log.Enabled(r.Context(), slog.LevelInfo) {
+			return
+		}
+		st := stateFrom(r.Context())
+		if st == nil {
+			return
+		}
+		route := ""
+		if rc := chi.RouteContext(r.Context()); rc != nil {
+			route = rc.RoutePattern()
+		}
+		status := st.status
+		if status == 0 {
+			status = http.StatusOK
+		}
+		attrs := make([]slog.Attr, 0, 12)
+		attrs = append(attrs,
+			slog.String("request_id", st.id),
+			slog.String("method", r.Method),
+			slog.String("route", route),
+			slog.Int("status", status),
+			slog.Duration("duration", time.Since(st.start)),
+		)
+		if st.model != "" {
+			attrs = append(attrs, slog.String("model", st.model))
+		}
+		if st.attempts > 0 {
+			n := min(st.attempts, maxLoggedEngines)
+			attrs = append(attrs, slog.String("engines", strings.Join(st.tried[:n], ",")), slog.Int("attempts", st.attempts))
+		}
+		if st.errType != "" {
+			attrs = append(attrs, slog.String("error.type", st.errType))
+		}
+		if st.ttft > 0 {
+			attrs = append(attrs, slog.Duration("ttft", st.ttft))
+		}
+		if st.inTok >= 0 {
+			attrs = append(attrs, slog.Int64("input_tokens", st.inTok), slog.Int64("output_tokens", st.outTok))
+		}
+		s.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
+	})
+}
+
+// admit enforces Config.MaxConcurrentRequests on the proxied routes and
+// counts their handlers, so Wait can tell when every one has returned.
+// Over the limit the request is answered 503 with Retry-After before its
+// body is read; no engine is contacted.
+func (s *Server) admit(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := s.inflight.Add(1)
+		defer s.inflight.Add(-1)
+		if max := s.cfg.MaxConcurrentRequests; max > 0 && n > int64(max) {
+			if st := stateFrom(r.Context()); st != nil {
+				st.errType = ErrTypeOverloaded
+			}
+			writeError(w, r, errOverloaded("the gateway is at its limit of concurrent requests"))
+			return
+		}
+		next.ServeHTTP(w, r)
 	})
 }
 

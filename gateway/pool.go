@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,7 +21,6 @@ import (
 
 	"go.opentelemetry.io/otel/attribute"
 
-	"github.com/switchboard-gw/switchboard/internal/oai"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
@@ -33,9 +33,10 @@ type engine struct {
 	cfg    EngineConfig
 	ep     *routing.Endpoint
 	tel    *telemetry.Engine
-	opURL  [4]string // by oai.Operation
+	opURL  [4]string // by oai.Operation; never with userinfo
 	static bool      // models come from config
-	auth   []string  // the Authorization header value "Bearer <key>", or nil when the engine takes none
+	auth   []string  // the Authorization header value, or nil when the engine takes none
+	shown  string    // the URL as logs and /admin/engines show it: userinfo redacted
 
 	// spanAttrs are the engine span attributes that never change:
 	// server.address, server.port, switchboard.engine.
@@ -44,9 +45,13 @@ type engine struct {
 	models  atomic.Pointer[[]string] // sorted; nil until known
 	lastErr atomic.Pointer[string]
 
+	// probed is set once the first probe has given its verdict; until
+	// then an engine without known models keeps unknown models answering
+	// 503 rather than 404 (discovery pending).
+	probed atomic.Bool
+
 	// Probe state, touched only under Pool.probeMu.
 	fails        int
-	probed       bool // a probe has answered at least once
 	lastDiscover time.Time
 }
 
@@ -131,6 +136,11 @@ func (p *Pool) newEngine(ec EngineConfig) (*engine, error) {
 		return nil, err
 	}
 	base, _ := url.Parse(ec.URL)
+	// Credentials in the URL become an Authorization header (Basic, as
+	// net/http's client would send them) and never appear in a URL the
+	// gateway logs, shows or sends.
+	userinfo := base.User
+	base.User = nil
 	key := ec.APIKey
 	if ec.APIKeyEnv != "" {
 		if key = os.Getenv(ec.APIKeyEnv); key == "" {
@@ -142,7 +152,7 @@ func (p *Pool) newEngine(ec EngineConfig) (*engine, error) {
 		tel = p.metrics.Engine(ec.Name)
 		p.telByName[ec.Name] = tel
 	}
-	e := &engine{cfg: ec, ep: routing.NewEndpoint(ec.Name, base), tel: tel}
+	e := &engine{cfg: ec, ep: routing.NewEndpoint(ec.Name, base), tel: tel, shown: redactURL(ec.URL)}
 	port, _ := strconv.Atoi(base.Port())
 	if port == 0 {
 		port = 80
@@ -155,11 +165,15 @@ func (p *Pool) newEngine(ec EngineConfig) (*engine, error) {
 		attribute.Int("server.port", port),
 		attribute.String("switchboard.engine", ec.Name),
 	}
-	if key != "" {
+	switch {
+	case key != "":
 		e.auth = []string{"Bearer " + key}
+	case userinfo != nil:
+		pw, _ := userinfo.Password()
+		e.auth = []string{"Basic " + base64.StdEncoding.EncodeToString([]byte(userinfo.Username()+":"+pw))}
 	}
-	for op, path := range map[oai.Operation]string{oai.OpChat: "/v1/chat/completions", oai.OpCompletion: "/v1/completions", oai.OpEmbeddings: "/v1/embeddings"} {
-		e.opURL[op] = base.JoinPath(path).String()
+	for _, op := range operations {
+		e.opURL[op.op] = base.JoinPath(op.path).String()
 	}
 	if len(ec.Models) > 0 {
 		ms := slices.Clone(ec.Models)
@@ -226,7 +240,12 @@ func (p *Pool) rebuildLocked() {
 	for _, e := range p.engines {
 		ms := e.knownModels()
 		if ms == nil {
-			s.pending = true
+			// Only until the engine's first probe: an engine that was
+			// down at start must not turn every unknown model (a typo)
+			// into a 503 for as long as it stays down.
+			if !e.probed.Load() {
+				s.pending = true
+			}
 			continue
 		}
 		for _, m := range ms {
@@ -264,7 +283,8 @@ func (p *Pool) rebuildLocked() {
 
 // lookup returns the route for model, or the APIError to answer:
 // 404 model_not_found, or 503 when the model is known but no engine serving
-// it is healthy (or discovery is still pending).
+// it is healthy (or an engine without configured models has not had its
+// first probe yet).
 func (p *Pool) lookup(model string) (*route, error) {
 	s := p.snap.Load()
 	if rt, ok := s.routes[model]; ok {
@@ -329,7 +349,7 @@ func (p *Pool) observeInFlight(report func(e *telemetry.Engine, prefill, decode 
 // EngineStatus is one engine's state as shown on GET /admin/engines.
 type EngineStatus struct {
 	Name      string   `json:"name"`              // configured engine name
-	URL       string   `json:"url"`               // base URL
+	URL       string   `json:"url"`               // base URL, userinfo redacted
 	Healthy   bool     `json:"healthy"`           // last health verdict
 	Models    []string `json:"models"`            // sorted; empty until discovered
 	Static    bool     `json:"models_configured"` // models come from config, not discovery
@@ -347,7 +367,7 @@ func (p *Pool) Status() []EngineStatus {
 	out := make([]EngineStatus, 0, len(p.engines)+len(p.retired))
 	st := func(e *engine, retired bool) EngineStatus {
 		pf, dc := e.ep.InFlight()
-		s := EngineStatus{Name: e.cfg.Name, URL: e.cfg.URL, Healthy: e.ep.Healthy(), Models: e.knownModels(),
+		s := EngineStatus{Name: e.cfg.Name, URL: e.shown, Healthy: e.ep.Healthy(), Models: e.knownModels(),
 			Static: e.static, Prefill: pf, Decode: dc, Retired: retired}
 		if s.Models == nil {
 			s.Models = []string{}
@@ -440,8 +460,8 @@ func (p *Pool) probe(ctx context.Context, e *engine) {
 			e.lastDiscover = time.Now()
 		}
 	}
-	first := !e.probed
-	e.probed = true
+	first := !e.probed.Load()
+	defer e.probed.Store(true)
 	if err != nil {
 		msg := err.Error()
 		e.lastErr.Store(&msg)
@@ -491,6 +511,18 @@ func (p *Pool) get(ctx context.Context, e *engine, path string, into any) error 
 		return fmt.Errorf("GET %s: %w", path, err)
 	}
 	return nil
+}
+
+// redactURL returns raw with any userinfo replaced by "xxxxx", so neither a
+// user name nor a password shows (url.URL.Redacted keeps the user name,
+// which is often the token itself).
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil {
+		return raw
+	}
+	u.User = url.User("xxxxx")
+	return u.String()
 }
 
 // String summarises the pool for logs.

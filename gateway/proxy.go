@@ -1,13 +1,14 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"time"
@@ -18,15 +19,19 @@ import (
 	"github.com/switchboard-gw/switchboard/routing"
 )
 
-// Causes given to the attempt context when a gateway timeout fires; they
-// tell a timeout apart from the client going away.
+// Causes given to the attempt context when a gateway timeout fires, and to
+// the base context on shutdown; they tell a timeout apart from the client
+// going away.
 var (
-	errHeaderTimeout  = errors.New("engine response header timeout")
-	errIdleTimeout    = errors.New("engine stream idle timeout")
-	errRequestTimeout = errors.New("request timeout")
+	errHeaderTimeout     = errors.New("engine response header timeout")
+	errFirstTokenTimeout = errors.New("engine first token timeout")
+	errIdleTimeout       = errors.New("engine stream idle timeout")
+	errAttemptTimeout    = errors.New("engine attempt timeout")
+	errRequestTimeout    = errors.New("request timeout")
+	errServerShutdown    = errors.New("server shutdown")
 )
 
-func (s *Server) proxyHandler(op oai.Operation) http.HandlerFunc {
+func (s *Server) proxyHandler(op *operation) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) { s.proxy(w, r, op) }
 }
 
@@ -34,13 +39,15 @@ func (s *Server) proxyHandler(op oai.Operation) http.HandlerFunc {
 // candidates, pick an engine, run the attempt, and fail over to another
 // engine only when the connection to the picked one failed (nothing was
 // sent, nothing reached the client).
-func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op oai.Operation) {
-	body, err := s.readBody(w, r)
+func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
+	var held int64 // bytes of the buffered-bytes budget this request holds
+	defer func() { s.buffered.give(held) }()
+	body, err := s.readBody(w, r, &held)
 	if err != nil {
 		writeError(w, r, err)
 		return
 	}
-	req, err := oai.ParseRequest(op, body)
+	req, err := oai.ParseRequest(op.op, body)
 	if err != nil {
 		var re *oai.RequestError
 		if errors.As(err, &re) {
@@ -48,6 +55,10 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op oai.Operation)
 		}
 		writeError(w, r, err)
 		return
+	}
+	st := stateFrom(r.Context())
+	if st != nil {
+		st.model = req.Model
 	}
 	rt, err := s.pool.lookup(req.Model)
 	if err != nil {
@@ -60,12 +71,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op oai.Operation)
 		ctx, cancel = context.WithTimeoutCause(ctx, d, errRequestTimeout)
 		defer cancel()
 	}
-	// Token accounting: have the engine report usage on every stream; the
-	// chunk the client did not ask for is dropped on the way back.
-	injected := false
-	if s.cfg.InjectUsage && req.Stream && !req.IncludeUsage && !req.HasStreamOptions {
-		body, injected = withUsageOption(body), true
-	}
+	out := s.outgoing(body, &req)
 	rreq := routing.Request{Model: req.Model, Stream: req.Stream, SessionKey: req.User, PromptBytes: req.PromptBytes}
 	candidates := rt.eps
 	for n := 1; ; n++ {
@@ -79,7 +85,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op oai.Operation)
 			writeError(w, r, &APIError{Status: http.StatusInternalServerError, Type: TypeServer, Code: "internal_error", Message: "routing policy returned an unknown engine"})
 			return
 		}
-		retryErr := s.attempt(ctx, w, r, op, &req, body, injected, eng)
+		retryErr := s.attempt(ctx, w, r, op, &req, &out, eng, &held)
 		if retryErr == nil {
 			return
 		}
@@ -103,56 +109,212 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op oai.Operation)
 	}
 }
 
-// readBody reads the whole body under the size limit. The bytes are kept
-// for forwarding (and re-sending on fail-over).
-func (s *Server) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
-	if r.ContentLength > s.cfg.MaxBodyBytes {
-		return nil, errBodyTooLarge(s.cfg.MaxBodyBytes)
+// initialBodyBuf is the first buffer for a request body: a body grows from
+// it with the bytes that arrive (doubling, up to its Content-Length or
+// Config.MaxBodyBytes), so a client that declares a large body and sends
+// little holds little.
+const initialBodyBuf = 16 << 10
+
+// readBody reads the whole body under the size limit and the body read
+// deadline. The bytes are kept for forwarding (and re-sending on
+// fail-over). Every byte of buffer capacity is reserved in the
+// buffered-bytes budget and added to *held, which the caller gives back
+// when the request ends. Errors: 413 (too large), 408 (deadline), 503 (the
+// budget is full), 400 (unreadable or empty), or the context's error when
+// the client went away.
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request, held *int64) ([]byte, error) {
+	limit := s.cfg.MaxBodyBytes
+	if r.ContentLength > limit {
+		return nil, errBodyTooLarge(limit)
 	}
-	rd := http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes)
-	var body []byte
-	var err error
+	if d := s.cfg.BodyReadTimeout; d > 0 {
+		rc := http.NewResponseController(w)
+		if rc.SetReadDeadline(time.Now().Add(d)) == nil {
+			// Cleared at once: net/http keeps reading the connection in the
+			// background to notice a client that leaves, and a deadline
+			// left behind would cancel a long stream.
+			defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+		}
+	}
+	want := limit // the most the body can hold
 	if r.ContentLength >= 0 {
-		// One exact allocation; net/http ends the body at Content-Length.
-		body = make([]byte, r.ContentLength)
-		_, err = io.ReadFull(rd, body)
-	} else {
-		body, err = io.ReadAll(rd)
+		want = r.ContentLength
 	}
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return nil, errBodyTooLarge(s.cfg.MaxBodyBytes)
+	rd := http.MaxBytesReader(w, r.Body, limit)
+	var buf []byte
+	for {
+		if len(buf) == cap(buf) {
+			if int64(len(buf)) >= want {
+				if r.ContentLength >= 0 {
+					break // net/http ends the body at Content-Length
+				}
+				// At the limit with no declared length: one more byte means
+				// too large.
+				var one [1]byte
+				n, err := rd.Read(one[:])
+				if n > 0 {
+					return nil, errBodyTooLarge(limit)
+				}
+				if err == io.EOF {
+					break
+				}
+				if err != nil {
+					return nil, s.bodyReadError(r, err)
+				}
+				continue
+			}
+			grow := min(max(int64(cap(buf)), initialBodyBuf), want-int64(cap(buf)))
+			if !s.buffered.take(grow) {
+				return nil, errOverloaded("the gateway is holding too many request bytes; retry shortly")
+			}
+			*held += grow
+			nb := make([]byte, len(buf), int64(cap(buf))+grow)
+			copy(nb, buf)
+			buf = nb
 		}
-		if r.Context().Err() != nil {
-			return nil, r.Context().Err()
+		n, err := rd.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			break
 		}
-		return nil, errBadRequest("", "could not read the request body: "+err.Error())
+		if err != nil {
+			return nil, s.bodyReadError(r, err)
+		}
 	}
-	if len(body) == 0 {
+	if len(buf) == 0 {
 		return nil, errBodyEmpty
 	}
-	return body, nil
+	return buf, nil
+}
+
+// bodyReadError maps a failed body read to what the client is answered.
+func (s *Server) bodyReadError(r *http.Request, err error) error {
+	var mbe *http.MaxBytesError
+	switch {
+	case errors.As(err, &mbe):
+		return errBodyTooLarge(s.cfg.MaxBodyBytes)
+	case errors.Is(err, os.ErrDeadlineExceeded):
+		// Before the context check: net/http cancels the request context
+		// on any failed read of the connection, this one included.
+		return errBodyTimeout(s.cfg.BodyReadTimeout)
+	case r.Context().Err() != nil:
+		return r.Context().Err()
+	}
+	return errBadRequest("", "could not read the request body: "+err.Error())
+}
+
+// outBody is the body sent to an engine: the client's bytes, possibly with
+// one insertion (the usage option), as up to three slices of the original
+// body and a constant, so nothing is copied.
+type outBody struct {
+	parts [3][]byte
+	n     int64
+	// injected is set when the usage option was added for a client that
+	// did not ask for usage: the usage chunk is then kept from it.
+	injected bool
+}
+
+// reader returns a reader over the whole body.
+func (b *outBody) reader() io.Reader {
+	return &partsReader{parts: b.parts}
+}
+
+// partsReader reads up to three byte slices in order.
+type partsReader struct {
+	parts [3][]byte
+	i     int
+}
+
+func (p *partsReader) Read(out []byte) (int, error) {
+	n := 0
+	for n < len(out) && p.i < len(p.parts) {
+		c := copy(out[n:], p.parts[p.i])
+		p.parts[p.i] = p.parts[p.i][c:]
+		n += c
+		if len(p.parts[p.i]) == 0 {
+			p.i++
+		}
+	}
+	if n == 0 && p.i >= len(p.parts) {
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
+// Usage options inserted into a streamed request body whose client did not
+// ask for usage (stream_options absent, null, {} or include_usage
+// false/null).
+var (
+	usageOption       = []byte(`,"stream_options":{"include_usage":true}}`) // replaces the body's closing brace
+	usageMember       = []byte(`,"include_usage":true`)                     // added last in a non-empty stream_options
+	usageMemberAlone  = []byte(`"include_usage":true`)                      // into an empty one
+	closingBraceBytes = []byte(`}`)
+)
+
+// outgoing returns the engine body for a parsed request. With
+// Config.InjectUsage, a stream whose client did not ask for usage gets
+// stream_options.include_usage=true: added as the last member of its
+// stream_options object (the last duplicate key wins in every JSON parser
+// engines use, so a false include_usage before it is overridden and other
+// options such as continuous_usage_stats stay), or as a new stream_options
+// in place of the body's closing brace when it has none (or null).
+func (s *Server) outgoing(body []byte, req *oai.Request) outBody {
+	out := outBody{n: int64(len(body))}
+	out.parts[0] = body
+	if !s.cfg.InjectUsage || !req.Stream || req.IncludeUsage {
+		return out
+	}
+	out.injected = true
+	if req.HasStreamOptions {
+		at := req.StreamOptionsEnd
+		ins := usageMember
+		if req.StreamOptionsEmpty {
+			ins = usageMemberAlone
+		}
+		out.parts = [3][]byte{body[:at], ins, body[at:]}
+		out.n += int64(len(ins))
+		return out
+	}
+	end := len(body)
+	for end > 0 && (body[end-1] == ' ' || body[end-1] == '\n' || body[end-1] == '\r' || body[end-1] == '\t') {
+		end--
+	}
+	// body[end-1] is the closing brace: ParseRequest checked the object.
+	out.parts = [3][]byte{body[:end-1], usageOption, nil}
+	out.n = int64(end-1) + int64(len(usageOption))
+	return out
 }
 
 // attempt runs the request on eng. It returns a non-nil error only when the
 // failure may be retried on another engine (the connection was never
 // established) and nothing has been written; every other outcome is written
-// to w (or dropped, when the client has gone) here.
-func (s *Server) attempt(ctx context.Context, w http.ResponseWriter, r *http.Request, op oai.Operation, req *oai.Request, body []byte, injected bool, eng *engine) (retryErr error) {
-	ctx, a := s.startAttempt(ctx, eng, op, req)
+// to w (or dropped, when the client has gone) here. held is the request's
+// share of the buffered-bytes budget, which a buffered response adds to.
+func (s *Server) attempt(ctx context.Context, w http.ResponseWriter, r *http.Request, op *operation, req *oai.Request, body *outBody, eng *engine, held *int64) (retryErr error) {
+	ctx, a := s.startAttempt(ctx, eng, op.op, req)
 	defer a.finish()
+	if s.cfg.EngineHeader {
+		// Set now, so the gateway's own errors name the engine tried too.
+		w.Header().Set("X-Switchboard-Engine", eng.cfg.Name)
+	}
 
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 
-	ureq, err := http.NewRequestWithContext(actx, http.MethodPost, eng.opURL[op], bytes.NewReader(body))
+	url := eng.opURL[op.op]
+	if r.URL.RawQuery != "" {
+		url += "?" + r.URL.RawQuery
+	}
+	ureq, err := http.NewRequestWithContext(actx, http.MethodPost, url, body.reader())
 	if err != nil {
 		a.fail(ErrTypeInternal)
 		writeError(w, r, &APIError{Status: http.StatusInternalServerError, Type: TypeServer, Code: "internal_error", Message: "could not build the engine request", Err: err})
 		return nil
 	}
-	copyRequestHeaders(ureq.Header, r.Header)
+	ureq.ContentLength = body.n
+	ureq.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(body.reader()), nil }
+	copyRequestHeaders(ureq.Header, r.Header, s.skipReq)
+	s.trusted.setForwarded(ureq.Header, r)
 	ureq.Header["Content-Type"] = jsonContentType // shared: no one mutates it
 	ureq.Header.Set(RequestIDHeader, RequestIDFrom(r.Context()))
 	if eng.auth != nil {
@@ -160,6 +322,15 @@ func (s *Server) attempt(ctx context.Context, w http.ResponseWriter, r *http.Req
 	}
 	s.prop.Inject(actx, propagation.HeaderCarrier(ureq.Header))
 
+	var firstBy time.Time // the first-token deadline of a stream
+	if req.Stream {
+		if d := s.cfg.Timeouts.FirstToken; d > 0 {
+			firstBy = a.start.Add(d)
+		}
+	} else if d := s.cfg.Timeouts.Attempt; d > 0 {
+		t := time.AfterFunc(d, func() { cancel(errAttemptTimeout) })
+		defer t.Stop()
+	}
 	var hdrTimer *time.Timer
 	if d := s.cfg.Timeouts.ResponseHeader; d > 0 && req.Stream {
 		hdrTimer = time.AfterFunc(d, func() { cancel(errHeaderTimeout) })
@@ -180,18 +351,22 @@ func (s *Server) attempt(ctx context.Context, w http.ResponseWriter, r *http.Req
 	}
 	defer resp.Body.Close()
 	a.status = resp.StatusCode
-	if s.cfg.EngineHeader {
-		w.Header().Set("X-Switchboard-Engine", eng.cfg.Name)
-	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		a.fail(strconv.Itoa(resp.StatusCode))
-		s.passError(w, r, resp)
+		s.passError(w, r, resp, eng)
 		return nil
 	}
-	if req.Stream && !isJSON(resp.Header.Get("Content-Type")) {
-		s.stream(w, r, resp, a, actx, cancel, injected)
-	} else {
-		s.copyBody(w, r, resp, a, actx, cancel)
+	ct := resp.Header.Get("Content-Type")
+	switch {
+	case isEventStream(ct):
+		s.stream(w, r, resp, a, actx, cancel, op.end, body.injected, firstBy)
+	case req.Stream && !isJSON(ct):
+		// Another streamed framing (NDJSON, chunked JSON of unknown
+		// length): passed through byte for byte, flushed per write, ended
+		// by the body's end.
+		s.copyBody(w, r, resp, a, actx, cancel, copyStream, firstBy, held)
+	default:
+		s.copyBody(w, r, resp, a, actx, cancel, copyWhole, time.Time{}, held)
 	}
 	return nil
 }
@@ -200,24 +375,6 @@ func (s *Server) attempt(ctx context.Context, w http.ResponseWriter, r *http.Req
 // body has been checked to be a JSON object, whatever the client declared.
 var jsonContentType = []string{"application/json"}
 
-// usageOption is appended to a streamed request body whose client set no
-// stream_options.
-const usageOption = `,"stream_options":{"include_usage":true}}`
-
-// withUsageOption returns body (a JSON object without stream_options, as
-// ParseRequest has checked) with stream_options.include_usage=true added
-// before its closing brace. A null stream_options stays in front of the new
-// one, and the last duplicate key wins in every JSON parser engines use.
-func withUsageOption(body []byte) []byte {
-	end := len(body)
-	for end > 0 && (body[end-1] == ' ' || body[end-1] == '\n' || body[end-1] == '\r' || body[end-1] == '\t') {
-		end--
-	}
-	out := make([]byte, 0, end-1+len(usageOption))
-	out = append(out, body[:end-1]...) // without the closing brace
-	return append(out, usageOption...)
-}
-
 // classify maps an engine round-trip or body-read error to its error.type
 // and the APIError the client gets. The client leaving wins over every
 // other cause; then the gateway's own timeouts; a failed dial is a
@@ -225,9 +382,16 @@ func withUsageOption(body []byte) []byte {
 // dropped the connection.
 func (s *Server) classify(r *http.Request, actx context.Context, err error) (string, *APIError) {
 	if r.Context().Err() != nil {
+		if context.Cause(r.Context()) == errServerShutdown {
+			return ErrTypeShutdown, &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: ErrTypeShutdown, Message: "the gateway is shutting down", Err: err}
+		}
 		return ErrTypeClientCancelled, &APIError{Status: StatusClientClosedRequest, Type: TypeInvalidRequest, Message: "client closed request", Err: context.Canceled}
 	}
 	switch context.Cause(actx) {
+	case errFirstTokenTimeout:
+		return ErrTypeFirstToken, &APIError{Status: http.StatusGatewayTimeout, Type: TypeTimeout, Code: ErrTypeFirstToken, Message: "the engine produced no first token in time", Err: err}
+	case errAttemptTimeout:
+		return ErrTypeAttemptTimeout, &APIError{Status: http.StatusGatewayTimeout, Type: TypeTimeout, Code: ErrTypeAttemptTimeout, Message: "the engine did not complete the response in time", Err: err}
 	case errHeaderTimeout:
 		return ErrTypeHeaderTimeout, &APIError{Status: http.StatusGatewayTimeout, Type: TypeTimeout, Code: ErrTypeHeaderTimeout, Message: "the engine did not send response headers in time", Err: err}
 	case errIdleTimeout:
@@ -252,32 +416,41 @@ func (s *Server) classify(r *http.Request, actx context.Context, err error) (str
 // maxErrorBody caps how much of an engine's error body is read.
 const maxErrorBody = 64 << 10
 
-// passError forwards an engine's non-2xx answer with its status. A body that
-// already is an OpenAI error object ({"error":{...}}) passes unchanged;
-// anything else (vLLM's older {"object":"error",...}, plain text) is wrapped
-// in one, so clients always get the OpenAI envelope (shared/cases L15).
-func (s *Server) passError(w http.ResponseWriter, r *http.Request, resp *http.Response) {
+// passError forwards an engine's non-2xx answer with its status (and its
+// Retry-After). A body that already is an OpenAI error object
+// ({"error":{...}}) passes unchanged; a JSON error of another shape (vLLM's
+// older {"object":"error","message":...}) is wrapped in one with its
+// message, so clients always get the OpenAI envelope (shared/cases L15).
+// Anything else (an HTML page, a stack trace, plain text, nothing) is not
+// safe to show: it is replaced by an OpenAI error naming the engine and the
+// status, and the original, capped, is logged at debug level.
+func (s *Server) passError(w http.ResponseWriter, r *http.Request, resp *http.Response, eng *engine) {
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 	var probe struct {
 		Error   json.RawMessage `json:"error"`
 		Message string          `json:"message"`
-		Type    string          `json:"type"`
 	}
-	if json.Unmarshal(b, &probe) == nil && len(probe.Error) > 0 && probe.Error[0] == '{' {
+	jsonErr := json.Unmarshal(b, &probe) == nil
+	if jsonErr && len(probe.Error) > 0 && probe.Error[0] == '{' {
 		h := w.Header()
 		copyResponseHeaders(h, resp.Header, true)
 		h.Set("Content-Length", strconv.Itoa(len(b)))
-		markHeaderWritten(r)
-		w.WriteHeader(resp.StatusCode)
+		writeHeader(w, r, resp.StatusCode)
 		_, _ = w.Write(b)
 		return
 	}
 	msg := probe.Message
-	if msg == "" {
-		msg = string(bytes.TrimSpace(b))
-	}
-	if msg == "" {
-		msg = http.StatusText(resp.StatusCode)
+	if !jsonErr || msg == "" {
+		if s.log.Enabled(r.Context(), slog.LevelDebug) {
+			s.log.LogAttrs(r.Context(), slog.LevelDebug, "engine error body not shown to the client",
+				slog.String("request_id", RequestIDFrom(r.Context())), slog.String("engine", eng.cfg.Name),
+				slog.Int("status", resp.StatusCode), slog.String("content_type", resp.Header.Get("Content-Type")),
+				slog.String("body", string(b[:min(len(b), maxLoggedErrorBody)])))
+		}
+		msg = "engine " + eng.cfg.Name + " answered " + strconv.Itoa(resp.StatusCode)
+		if t := http.StatusText(resp.StatusCode); t != "" {
+			msg += " " + t
+		}
 	}
 	typ := TypeServer
 	if resp.StatusCode < 500 {
@@ -287,6 +460,15 @@ func (s *Server) passError(w http.ResponseWriter, r *http.Request, resp *http.Re
 		w.Header().Set("Retry-After", ra)
 	}
 	writeError(w, r, &APIError{Status: resp.StatusCode, Type: typ, Code: strconv.Itoa(resp.StatusCode), Message: msg})
+}
+
+// maxLoggedErrorBody caps how much of an engine error body that is not
+// shown to the client goes to the debug log.
+const maxLoggedErrorBody = 2 << 10
+
+// isEventStream reports whether a Content-Type is text/event-stream.
+func isEventStream(ct string) bool {
+	return len(ct) >= 17 && strings.EqualFold(ct[:17], "text/event-stream")
 }
 
 // isJSON reports whether a Content-Type is application/json (any params).

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -19,7 +20,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
-	"github.com/switchboard-gw/switchboard/internal/oai"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
@@ -42,11 +42,25 @@ type Server struct {
 	log     *slog.Logger
 	reg     metric.Registration
 
+	// skipReq is the set of client request headers never copied to an
+	// engine; trusted the proxies whose forwarding headers are believed.
+	skipReq map[string]bool
+	trusted trustedProxies
+
 	// live counts engine attempts that have started and not ended. It is
 	// the gateway's only per-request state outside the handler goroutines,
 	// and it must read 0 whenever no request is in flight.
-	live     atomic.Int64
+	live atomic.Int64
+	// inflight counts the proxied requests being handled (admit).
+	inflight atomic.Int64
+	// buffered is the gateway-wide budget of request and response bytes
+	// held in memory (Config.MaxBufferedBytes).
+	buffered budget
 	draining atomic.Bool
+	// base is the parent of every connection's context (BaseContext);
+	// Abort cancels it with errServerShutdown.
+	base  context.Context
+	abort context.CancelCauseFunc
 	// onRelease, when set (tests only), is told the phase each attempt
 	// released its slot from.
 	onRelease func(engine string, p routing.Phase)
@@ -166,18 +180,26 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{
-		cfg:     cfg,
-		pool:    pool,
-		policy:  policy,
-		metrics: m,
-		tp:      c.tp,
-		mp:      c.mp,
-		tracer:  c.tp.Tracer(telemetry.ScopeName, trace.WithInstrumentationVersion(telemetry.Version)),
-		prop:    c.prop,
-		client:  &http.Client{Transport: c.transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
-		log:     c.log,
+	trusted, err := parseTrustedProxies(cfg.TrustedProxies)
+	if err != nil { // unreachable: Validate parsed them
+		return nil, fmt.Errorf("%w: server.trusted_proxies: %v", ErrInvalidConfig, err)
 	}
+	s := &Server{
+		skipReq:  notToEngine(cfg.StripRequestHeaders),
+		trusted:  trusted,
+		buffered: budget{limit: cfg.MaxBufferedBytes},
+		cfg:      cfg,
+		pool:     pool,
+		policy:   policy,
+		metrics:  m,
+		tp:       c.tp,
+		mp:       c.mp,
+		tracer:   c.tp.Tracer(telemetry.ScopeName, trace.WithInstrumentationVersion(telemetry.Version)),
+		prop:     c.prop,
+		client:   &http.Client{Transport: c.transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
+		log:      c.log,
+	}
+	s.base, s.abort = context.WithCancelCause(context.Background())
 	s.reg, err = m.ObserveInFlight(pool.observeInFlight)
 	if err != nil {
 		return nil, fmt.Errorf("register in-flight gauge: %w", err)
@@ -200,11 +222,46 @@ func (s *Server) Start() { s.pool.Start() }
 // call it before http.Server.Shutdown.
 func (s *Server) Drain() { s.draining.Store(true) }
 
+// BaseContext is the http.Server BaseContext to serve [Server.Handler]
+// with: the parent of every request's context, which [Server.Abort]
+// cancels. Without it Abort cannot end streams.
+func (s *Server) BaseContext(net.Listener) context.Context { return s.base }
+
+// Abort ends every request still in flight: each engine request is
+// cancelled, a stream that has started gets a final SSE error event with
+// code server_shutdown (error.type server_shutdown), a response that has
+// not started gets 503 server_shutdown. Call it when the shutdown deadline
+// has passed, then [Server.Wait] for the handlers to return. Requests
+// arriving after Abort are cut at once.
+func (s *Server) Abort() { s.abort(errServerShutdown) }
+
+// InFlight returns the number of proxied requests being handled.
+func (s *Server) InFlight() int64 { return s.inflight.Load() }
+
+// Wait returns nil once no proxied request is being handled (every slot
+// released, every duration recorded), or ctx's error if ctx ends first.
+// It polls every 5 ms.
+func (s *Server) Wait(ctx context.Context) error {
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for s.inflight.Load() > 0 {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+	return nil
+}
+
 // Close stops health checks, unregisters the gauge callback and closes
-// idle engine connections. Call it after the HTTP servers have shut down.
+// idle engine connections. Call it after the HTTP servers have shut down
+// and [Server.Wait] has returned, and before the telemetry providers shut
+// down, so every request's telemetry is recorded before the last export.
 func (s *Server) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
+		s.abort(errServerShutdown)
 		s.pool.Close()
 		if s.reg != nil {
 			err = s.reg.Unregister()
@@ -227,11 +284,14 @@ func (s *Server) Close() error {
 // compresses responses: SSE is flushed event by event.
 func (s *Server) Handler() http.Handler {
 	r := chi.NewRouter()
-	r.Use(requestID)
+	r.Use(requestID, s.accessLog)
 	var oopts []otelhttp.Option
 	oopts = append(oopts,
 		otelhttp.WithTracerProvider(s.tp),
 		otelhttp.WithPropagators(s.prop),
+		// Probes are polled every few seconds by every load balancer and
+		// kubelet: no spans or HTTP metrics for them.
+		otelhttp.WithFilter(func(r *http.Request) bool { return r.URL.Path != "/health" && r.URL.Path != "/ready" }),
 		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string {
 			if r.Pattern != "" {
 				return r.Method + " " + r.Pattern
@@ -262,9 +322,12 @@ func (s *Server) Handler() http.Handler {
 	// after the handler returns, for the span name and metrics).
 	r.Group(func(r chi.Router) {
 		r.Use(routeAttr)
-		r.Post("/v1/chat/completions", s.proxyHandler(oai.OpChat))
-		r.Post("/v1/completions", s.proxyHandler(oai.OpCompletion))
-		r.Post("/v1/embeddings", s.proxyHandler(oai.OpEmbeddings))
+		r.Group(func(r chi.Router) {
+			r.Use(s.admit)
+			for _, op := range operations {
+				r.Post(op.path, s.proxyHandler(op))
+			}
+		})
 		r.Get("/v1/models", s.models)
 		r.Get("/health", func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -315,7 +378,8 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 // AdminHandler returns the admin handler:
 //
 //	GET /metrics         prom (the Prometheus exposition of the OTel metrics); 404 when nil
-//	GET /admin/engines   JSON: every engine's models, health and in-flight prefill/decode
+//	GET /admin/engines   JSON: every engine's models, health and in-flight prefill/decode,
+//	                     plus the gateway's live attempts, requests in flight and buffered bytes
 //	GET /debug/pprof/*   the runtime profiles
 //
 // Serve it on a separate, private listener.
@@ -327,9 +391,11 @@ func (s *Server) AdminHandler(prom http.Handler) http.Handler {
 	r.Get("/admin/engines", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(struct {
-			Engines      []EngineStatus `json:"engines"`
-			LiveAttempts int64          `json:"live_attempts"`
-		}{s.pool.Status(), s.live.Load()})
+			Engines       []EngineStatus `json:"engines"`
+			LiveAttempts  int64          `json:"live_attempts"`
+			Requests      int64          `json:"requests_in_flight"` // proxied requests being handled
+			BufferedBytes int64          `json:"buffered_bytes"`     // request and response bytes held
+		}{s.pool.Status(), s.live.Load(), s.inflight.Load(), s.buffered.used.Load()})
 	})
 	r.HandleFunc("/debug/pprof/", pprof.Index)
 	r.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)

@@ -31,7 +31,7 @@ func (l smallBufListener) Accept() (net.Conn, error) {
 func TestClientStopsReading(t *testing.T) {
 	eng, simSrv := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: time.Millisecond, ITL: time.Nanosecond, MaxOutputTokens: 100000})
 	cfg := testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
-	cfg.Timeouts.Idle = 300 * time.Millisecond
+	cfg.Timeouts.ClientWrite = 300 * time.Millisecond
 	h := newHarness(t, cfg)
 	srv := httptest.NewUnstartedServer(h.gw.Handler())
 	srv.Listener = smallBufListener{srv.Listener}

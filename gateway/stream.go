@@ -7,7 +7,9 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/switchboard-gw/switchboard/internal/oai"
@@ -30,6 +32,7 @@ type streamState struct {
 	now      time.Time
 	done     bool // saw data: [DONE]
 	errEvent bool // the engine sent an error event
+	data     bool // the current Push output holds a data event
 	// injected is set when the gateway asked for the usage chunk on the
 	// client's behalf; that chunk is then recorded but not forwarded.
 	injected bool
@@ -42,6 +45,7 @@ func (st *streamState) onEvent(ev sse.Event) {
 	if ev.Comment || ev.Data == nil {
 		return // keep-alives and comments never count as tokens (L08, L10)
 	}
+	st.data = true
 	if sse.IsDone(ev.Data) {
 		st.done = true
 		return
@@ -71,11 +75,29 @@ func (st *streamState) onEvent(ev sse.Event) {
 	}
 }
 
+// relayTimer is an attempt's engine-silence timer: first the first-token
+// deadline (errFirstTokenTimeout), then, once the first content has
+// arrived, the idle timeout between data events (errIdleTimeout). Its
+// callback runs on the timer goroutine, hence the atomic phase.
+type relayTimer struct {
+	t       *time.Timer
+	cancel  context.CancelCauseFunc
+	waiting atomic.Bool // still waiting for the first content
+}
+
+func (rt *relayTimer) fire() {
+	if rt.waiting.Load() {
+		rt.cancel(errFirstTokenTimeout)
+		return
+	}
+	rt.cancel(errIdleTimeout)
+}
+
 // relay moves one engine response body to the client: a pooled read
-// buffer, the engine idle timer, the client's write deadline, and the start
-// of the response, which waits for the first bytes worth forwarding so that
-// an engine dying before any still gets a clean JSON error with a status.
-// It lives on the handler's stack; close releases what it holds.
+// buffer, the engine-silence timer, the client's write deadline, and the
+// start of the response, which waits for the first bytes worth forwarding
+// so that an engine dying before any still gets a clean JSON error with a
+// status. It lives on the handler's stack; close releases what it holds.
 type relay struct {
 	w       http.ResponseWriter
 	r       *http.Request
@@ -84,34 +106,81 @@ type relay struct {
 	sse     bool // an event stream: re-framed (no Content-Length), never buffered by a proxy in front
 	started bool
 	bufp    *[]byte
-	idle    time.Duration
-	timer   *time.Timer // cancels the attempt with errIdleTimeout; nil when idle is 0
+
+	idle        time.Duration
+	clientWrite time.Duration
+	cancel      context.CancelCauseFunc // the attempt's, for the timer
+	waiting     bool                    // a stream that has not had its first content yet
+	timer       *relayTimer             // nil while no engine-silence bound applies
+	deadline    time.Time               // when the timer fires, while it runs
 }
 
-func (s *Server) newRelay(w http.ResponseWriter, r *http.Request, resp *http.Response, cancel context.CancelCauseFunc, sse bool) relay {
+// newRelay prepares the relay of resp. A streamed response (stream set)
+// first waits for its first content: the engine may be silent until
+// firstBy (no bound when firstBy is zero), and only after touch has been
+// called does Timeouts.Idle bound the silence between touches. A
+// non-streaming body is bounded by Timeouts.Idle between reads from the
+// start.
+func (s *Server) newRelay(w http.ResponseWriter, r *http.Request, resp *http.Response, cancel context.CancelCauseFunc, sse, stream bool, firstBy time.Time) relay {
 	rl := relay{w: w, r: r, rc: http.NewResponseController(w), resp: resp, sse: sse,
-		bufp: copyBufPool.Get().(*[]byte), idle: s.cfg.Timeouts.Idle}
-	if rl.idle > 0 {
-		rl.timer = time.AfterFunc(rl.idle, func() { cancel(errIdleTimeout) })
+		bufp: copyBufPool.Get().(*[]byte), idle: s.cfg.Timeouts.Idle, clientWrite: s.cfg.Timeouts.ClientWrite,
+		cancel: cancel, waiting: stream}
+	switch {
+	case stream && !firstBy.IsZero():
+		rl.arm(firstBy, true)
+	case !stream && rl.idle > 0:
+		rl.arm(time.Now().Add(rl.idle), false)
 	}
 	return rl
 }
 
+// arm starts the engine-silence timer, to fire at deadline with
+// errFirstTokenTimeout (first set) or errIdleTimeout.
+func (rl *relay) arm(deadline time.Time, first bool) {
+	rl.timer = &relayTimer{cancel: rl.cancel}
+	rl.timer.waiting.Store(first)
+	rl.deadline = deadline
+	rl.timer.t = time.AfterFunc(time.Until(deadline), rl.timer.fire)
+}
+
 func (rl *relay) close() {
 	if rl.timer != nil {
-		rl.timer.Stop()
+		rl.timer.t.Stop()
 	}
 	copyBufPool.Put(rl.bufp)
 }
 
 // read returns the next bytes of the engine body (valid until the next
-// read); any bytes restart the idle timer.
+// read).
 func (rl *relay) read() ([]byte, error) {
 	n, err := rl.resp.Body.Read(*rl.bufp)
-	if n > 0 && rl.timer != nil {
-		rl.timer.Reset(rl.idle)
-	}
 	return (*rl.bufp)[:n], err
+}
+
+// touch records engine progress at now (a data event after the first
+// content, or the first content itself; any bytes of a body that is not
+// parsed): the first-token wait, if any, is over, and the idle timeout
+// starts again.
+func (rl *relay) touch(now time.Time) {
+	if rl.waiting {
+		rl.waiting = false
+		if rl.timer != nil {
+			rl.timer.waiting.Store(false)
+		}
+	}
+	if rl.idle <= 0 {
+		if rl.timer != nil {
+			rl.timer.t.Stop()
+			rl.timer = nil
+		}
+		return
+	}
+	if rl.timer == nil {
+		rl.arm(now.Add(rl.idle), false)
+		return
+	}
+	rl.deadline = now.Add(rl.idle)
+	rl.timer.t.Reset(rl.idle)
 }
 
 // start commits the engine's status and headers to the client, once.
@@ -125,40 +194,54 @@ func (rl *relay) start() {
 	if rl.sse {
 		h.Set("X-Accel-Buffering", "no") // ask any nginx in front not to buffer
 	}
-	markHeaderWritten(rl.r)
-	rl.w.WriteHeader(rl.resp.StatusCode)
+	writeHeader(rl.w, rl.r, rl.resp.StatusCode)
 }
 
 // write starts the response if needed and writes p to the client, flushing
-// it when flush is set. The engine idle timer is paused meanwhile: a slow
-// client is not a silent engine. The client gets its own bound instead, a
-// write deadline of one idle period (Caddy's idle write deadline), so a
-// client that stops reading cannot hold an engine slot forever. Classify
-// an error with clientWriteErrType.
+// it when flush is set. The engine-silence timer is paused meanwhile (its
+// deadline moves by the time the write took): a slow client is not a
+// silent engine. The client gets its own bound instead, a write deadline of
+// Timeouts.ClientWrite (Caddy's idle write deadline), so a client that
+// stops reading cannot hold an engine slot forever. Classify an error with
+// clientWriteErrType.
 func (rl *relay) write(p []byte, flush bool) error {
 	rl.start()
+	var t0 time.Time
+	if rl.timer != nil || rl.clientWrite > 0 {
+		t0 = time.Now()
+	}
 	if rl.timer != nil {
-		rl.timer.Stop()
-		_ = rl.rc.SetWriteDeadline(time.Now().Add(rl.idle))
+		rl.timer.t.Stop()
+	}
+	if rl.clientWrite > 0 {
+		_ = rl.rc.SetWriteDeadline(t0.Add(rl.clientWrite))
 	}
 	_, err := rl.w.Write(p)
 	if err == nil && flush {
 		err = rl.rc.Flush()
 	}
-	if rl.timer != nil {
+	if rl.clientWrite > 0 {
 		_ = rl.rc.SetWriteDeadline(time.Time{})
-		rl.timer.Reset(rl.idle)
+	}
+	if rl.timer != nil {
+		now := time.Now()
+		rl.deadline = rl.deadline.Add(now.Sub(t0))
+		rl.timer.t.Reset(rl.deadline.Sub(now))
 	}
 	return err
 }
 
 // stream forwards an SSE response event by event: every read is scanned,
 // the complete events in it are written and flushed at once, and a partial
-// event waits for its end. When the engine fails mid-stream the client gets
-// a final `data: {"error":...}` event and no [DONE], because the OpenAI
-// clients take a bare EOF for success.
-func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Response, a *attempt, actx context.Context, cancel context.CancelCauseFunc, injected bool) {
-	rl := s.newRelay(w, r, resp, cancel, true)
+// event waits for its end. The route's end rule says when the stream is
+// complete (endDone: at `data: [DONE]`; endAtEOF: at the body's clean
+// end). When the engine fails before that the client gets a final
+// `data: {"error":...}` event, because the OpenAI clients take a bare EOF
+// for success. Until the first content event the engine may be silent
+// until firstBy; after it, Timeouts.Idle bounds the gap between data
+// events (comments do not count).
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Response, a *attempt, actx context.Context, cancel context.CancelCauseFunc, end streamEnd, injected bool, firstBy time.Time) {
+	rl := s.newRelay(w, r, resp, cancel, true, true, firstBy)
 	defer rl.close()
 	sc := scannerPool.Get().(*sse.Scanner)
 	sc.Reset()
@@ -171,7 +254,11 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 		if len(p) > 0 {
 			st.now = time.Now()
 			st.dropTo = 0
+			st.data = false
 			out := sc.Push(p, onEvent)
+			if st.data && !a.first.IsZero() {
+				rl.touch(st.now)
+			}
 			if st.dropTo > 0 {
 				// Forward around the usage chunk the client did not ask for.
 				rest := out[st.dropTo:]
@@ -190,7 +277,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 				}
 			}
 		}
-		if st.done && rerr == nil {
+		if st.done && end == endDone && rerr == nil {
 			// [DONE] is the end: do not wait on an engine that keeps the
 			// connection open after it.
 			rerr = io.EOF
@@ -198,7 +285,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 		if rerr == nil {
 			continue
 		}
-		if rerr == io.EOF && st.done {
+		if rerr == io.EOF && (st.done || end == endAtEOF) {
 			if st.errEvent {
 				a.fail(ErrTypeStreamError)
 			}
@@ -224,7 +311,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 }
 
 // clientWriteErrType classifies a failed write to the client: a client
-// that stopped reading for a whole idle period (the write deadline) is
+// that stopped reading for Timeouts.ClientWrite (the write deadline) is
 // client_stalled; any other failure means it went away.
 func clientWriteErrType(err error) string {
 	if errors.Is(err, os.ErrDeadlineExceeded) {
@@ -248,20 +335,43 @@ func writeStreamError(w http.ResponseWriter, rc *http.ResponseController, ae *AP
 	}
 }
 
-// maxUsageCapture caps how much of a non-streaming body is kept to read its
-// usage; larger bodies (big embedding batches) are forwarded without it.
+// maxUsageCapture caps how much of a relayed (unbuffered) non-streaming
+// body is kept to read its usage; larger bodies (big embedding batches) are
+// forwarded without it.
 const maxUsageCapture = 1 << 20
 
-// copyBody forwards a non-streaming response. The body is teed into a
-// capped buffer to read id and usage when it ends. Bodies of unknown length
-// are flushed after every write (shared/cases L04). Nothing is sent before
-// the first body bytes (vLLM sends a non-streaming response whole, so
-// nothing is delayed). A failure after they went out aborts the client
-// connection: a cut body must not look complete.
-func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Response, a *attempt, actx context.Context, cancel context.CancelCauseFunc) {
-	rl := s.newRelay(w, r, resp, cancel, false)
+// copyMode is how copyBody relays a body that is not SSE.
+type copyMode uint8
+
+const (
+	// copyWhole: a non-streaming response, buffered whole up to
+	// Config.MaxResponseBufferBytes before anything is sent.
+	copyWhole copyMode = iota
+	// copyStream: a streamed response in another framing (NDJSON, chunked
+	// JSON): relayed as it arrives, flushed per write, never parsed.
+	copyStream
+)
+
+// copyBody forwards a response that is not SSE.
+//
+// copyWhole: vLLM sends a non-streaming response in one piece, so it is
+// buffered up to Config.MaxResponseBufferBytes (within the buffered-bytes
+// budget, reserved in *held) and sent with its exact Content-Length once
+// it has ended; an engine failing before its end gets a clean 502/504 JSON
+// error, never a 200 that looks whole. A body above the cap (or one the
+// budget cannot hold) is relayed as it arrives from then on, and a failure
+// after its first bytes went out aborts the client connection (a cut body
+// must not look complete; with a declared length the client sees it short).
+//
+// copyStream: relayed byte for byte as it arrives, flushed per write; the
+// engine may be silent until firstBy before its first bytes, then
+// Timeouts.Idle between reads; the body's clean end is the stream's end.
+func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Response, a *attempt, actx context.Context, cancel context.CancelCauseFunc, mode copyMode, firstBy time.Time, held *int64) {
+	rl := s.newRelay(w, r, resp, cancel, false, mode == copyStream, firstBy)
 	defer rl.close()
-	flush := resp.ContentLength < 0
+	flush := mode == copyStream || resp.ContentLength < 0
+	limit := s.cfg.MaxResponseBufferBytes
+	buffering := mode == copyWhole && limit > 0 && resp.ContentLength <= limit
 
 	capBuf := captureBufPool.Get().(*bytes.Buffer)
 	capBuf.Reset()
@@ -270,26 +380,52 @@ func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Res
 			captureBufPool.Put(capBuf)
 		}
 	}()
-	capturing := true
+	capturing := mode == copyWhole
 	for {
 		p, rerr := rl.read()
 		if len(p) > 0 {
-			if capturing {
-				if capBuf.Len()+len(p) > maxUsageCapture {
-					capturing = false
-				} else {
+			rl.touch(time.Now())
+			if buffering {
+				n := int64(len(p))
+				if int64(capBuf.Len())+n <= limit && s.buffered.take(n) {
+					*held += n
 					capBuf.Write(p)
+					p = nil
+				} else {
+					// Too large (or no budget) to hold: relay from here on.
+					buffering = false
+					if err := rl.write(capBuf.Bytes(), false); err != nil {
+						a.fail(clientWriteErrType(err))
+						return
+					}
 				}
 			}
-			if err := rl.write(p, flush); err != nil {
-				a.fail(clientWriteErrType(err))
-				return
+			if !buffering && len(p) > 0 {
+				if capturing {
+					if capBuf.Len()+len(p) > maxUsageCapture {
+						capturing = false
+					} else {
+						capBuf.Write(p)
+					}
+				}
+				if err := rl.write(p, flush); err != nil {
+					a.fail(clientWriteErrType(err))
+					return
+				}
 			}
 		}
 		if rerr == nil {
 			continue
 		}
 		if rerr == io.EOF {
+			if buffering {
+				// The whole body: sent with its exact length.
+				rl.resp.Header.Del("Content-Length")
+				rl.w.Header().Set("Content-Length", strconv.Itoa(capBuf.Len()))
+				if err := rl.write(capBuf.Bytes(), false); err != nil {
+					a.fail(clientWriteErrType(err))
+				}
+			}
 			rl.start()
 			if capturing {
 				if id, u, ok := oai.ParseResponse(capBuf.Bytes()); ok {
