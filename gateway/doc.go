@@ -4,11 +4,29 @@
 //
 // # One request
 //
-// The body is read once under Config.MaxBodyBytes and only its routing
-// fields are decoded (model, stream, stream_options, user). Bad input gets a
-// 400 OpenAI error before any engine slot is taken. The candidates are the
-// healthy engines serving the model (404 model_not_found when none serves
-// it, 503 when none of those is healthy); the routing policy picks one.
+// A proxied request is admitted under Config.MaxConcurrentRequests (503
+// otherwise). Its body is read once, under Config.MaxBodyBytes and
+// Config.BodyReadTimeout (408), into a buffer that grows with the bytes that
+// arrive and is reserved in the gateway-wide Config.MaxBufferedBytes budget
+// (503 when full); only its routing fields are decoded (model, stream,
+// stream_options, user). Bad input gets a 400 OpenAI error before any engine
+// slot is taken. The candidates are the healthy engines serving the model
+// (404 model_not_found when none serves it, 503 when none of those is
+// healthy); the routing policy picks one. The engine request carries the
+// client's query string and end-to-end headers, less its credentials
+// ([StrippedRequestHeaders], Config.StripRequestHeaders), with
+// X-Forwarded-For/-Proto/-Host set as Envoy and Caddy do
+// (Config.TrustedProxies decides whether incoming ones are extended or
+// replaced).
+//
+// # Memory
+//
+// Per request: the body (at most twice the bytes received, from 16 KiB, and
+// at most MaxBodyBytes), a buffered non-streaming response (at most
+// MaxResponseBufferBytes), a pooled 32 KiB copy buffer, an SSE scanner
+// holding at most one incomplete event (1 MiB, then forwarded unparsed),
+// and the engine connection's buffers. Bodies and buffered responses of all
+// requests together stay under MaxBufferedBytes.
 //
 // # Engine accounting
 //
@@ -32,26 +50,60 @@
 // client receives a final `data: {"error":...}` event and no [DONE].
 //
 // So that token usage and TPOT are known for every stream, a streamed
-// request whose client set no stream_options is sent to the engine with
-// stream_options.include_usage added (Config.InjectUsage); the usage chunk
-// that comes back is recorded and not forwarded to that client.
+// request whose client did not ask for usage (stream_options absent, null or
+// {}, include_usage false or null) is sent to the engine with
+// include_usage added (Config.InjectUsage), between slices of the client's
+// bytes rather than in a copy; the usage chunk that comes back is recorded
+// and not forwarded to that client.
+//
+// A stream's end is its route's rule: chat and completions end with
+// `data: [DONE]`, other SSE streams at the body's clean end. A streamed
+// response in another framing (NDJSON, chunked JSON) is passed through byte
+// for byte, flushed per write, and not parsed.
+//
+// A non-streaming response is buffered whole up to
+// Config.MaxResponseBufferBytes and sent with its exact Content-Length, so
+// an engine failing before the end of its body gets the client a 502, never
+// a 200 with a cut body; a larger one is relayed as it arrives and a failure
+// then aborts the client connection.
 //
 // # Cancellation and timeouts
 //
 // The engine request is derived from the client's request context, so a
 // client that goes away cancels the engine request in every phase (vLLM then
 // aborts the sequence and frees its KV cache). Such requests are recorded
-// with error.type client_cancelled (status 499) and never retried. Timeouts:
-// connect, response headers (streaming), idle time between stream reads,
-// and the whole request. A client that stops reading for a whole idle
-// period is cut off by a write deadline (error.type client_stalled). Only a
-// failed connection is retried on another engine, never after the engine
-// received the request.
+// with error.type client_cancelled (status 499) and never retried. Timeouts
+// (Config.Timeouts): connect; response headers (streaming); the first
+// token, which bounds the silence vLLM keeps while a request queues and
+// prefills after sending its headers; idle, between data events after the
+// first content; one non-streaming attempt; each write to the client (a
+// client that stops reading is cut off, error.type client_stalled); and the
+// whole request. Only a failed connection is retried on another engine,
+// never after the engine received the request.
+//
+// # Shutdown
+//
+// Serve the handler with [Server.BaseContext]. At the shutdown deadline
+// [Server.Abort] ends what is still in flight (a started stream gets a final
+// error event with code server_shutdown) and [Server.Wait] returns once
+// every handler has returned, so the telemetry providers can be flushed
+// after it with every request recorded.
 //
 // # Errors
 //
 // Every error the gateway produces is an OpenAI error object
-// {"error":{"message","type","param","code"}} (see [APIError]). Engine
-// errors pass through with their status; bodies not already in the OpenAI
-// envelope are wrapped in it.
+// {"error":{"message","type","param","code"}} (see [APIError]). Engine JSON
+// errors pass through with their status and Retry-After; JSON bodies not
+// already in the OpenAI envelope are wrapped in it. A non-JSON error body
+// (HTML, a stack trace, text) is replaced by an OpenAI error naming the
+// engine and its status, and logged (capped) at debug level. Engine response
+// headers naming the engine's software (Server, X-Powered-By) never reach
+// clients, and credentials in engine URLs never appear in logs or in the
+// admin engine list.
+//
+// # Access log
+//
+// With Config.AccessLog every request but /health and /ready is logged at
+// info level: request_id, method, route, model, engines, attempts, status,
+// error.type, ttft, duration, input_tokens, output_tokens.
 package gateway

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 )
@@ -114,6 +116,23 @@ func TestConfigValidate(t *testing.T) {
 		{"zero attempts", func(c *Config) { c.MaxAttempts = 0 }, false},
 		{"negative timeout", func(c *Config) { c.Timeouts.Idle = -1 }, false},
 		{"zero health interval", func(c *Config) { c.Health.Interval = 0 }, false},
+		// Combinations that cannot work (hardening class 6).
+		{"buffered budget below body limit", func(c *Config) { c.MaxBufferedBytes = c.MaxBodyBytes - 1 }, false},
+		{"no buffered budget", func(c *Config) { c.MaxBufferedBytes = 0 }, true},
+		{"response buffer above budget", func(c *Config) { c.MaxResponseBufferBytes = c.MaxBufferedBytes + 1 }, false},
+		{"first token longer than request", func(c *Config) { c.Timeouts.Request = time.Minute }, false},
+		{"request lowered with inner timeouts", func(c *Config) {
+			c.Timeouts.Request, c.Timeouts.FirstToken, c.Timeouts.Attempt, c.Timeouts.ResponseHeader = time.Minute, 30*time.Second, time.Minute, 10*time.Second
+		}, true},
+		{"header timeout longer than first token", func(c *Config) { c.Timeouts.ResponseHeader = c.Timeouts.FirstToken + 1 }, false},
+		{"stalled stream unbounded", func(c *Config) { c.Timeouts.Request, c.Timeouts.Idle = 0, 0 }, false},
+		{"stalled non-stream unbounded", func(c *Config) { c.Timeouts.Request, c.Timeouts.Attempt = 0, 0 }, false},
+		{"stalled client unbounded", func(c *Config) { c.Timeouts.Request, c.Timeouts.ClientWrite = 0, 0 }, false},
+		{"idle off, client write on", func(c *Config) { c.Timeouts.Idle = 0 }, true},
+		{"negative body read timeout", func(c *Config) { c.BodyReadTimeout = -1 }, false},
+		{"bad trusted proxy", func(c *Config) { c.TrustedProxies = []string{"10.0.0.0/33"} }, false},
+		{"trusted proxies", func(c *Config) { c.TrustedProxies = []string{"10.0.0.0/8", "192.0.2.7", "::1"} }, true},
+		{"bad strip header", func(c *Config) { c.StripRequestHeaders = []string{"X Bad"} }, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -126,6 +145,9 @@ func TestConfigValidate(t *testing.T) {
 			}
 			if err != nil && !errors.Is(err, ErrInvalidConfig) {
 				t.Errorf("error %v does not wrap ErrInvalidConfig", err)
+			}
+			if err != nil && strings.Contains(err.Error(), "time.Duration") {
+				t.Errorf("error %v names a Go type", err)
 			}
 		})
 	}

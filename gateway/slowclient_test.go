@@ -25,13 +25,15 @@ func (l smallBufListener) Accept() (net.Conn, error) {
 }
 
 // TestClientStopsReading: a client that stops reading mid-stream cannot
-// hold an engine slot: the gateway's write deadline (one idle period)
-// fires, the attempt ends as client_stalled, its slot is released and the
-// engine request is cancelled.
+// hold an engine slot: the gateway's write deadline
+// (timeouts.client_write) fires, the attempt ends as client_stalled, its
+// slot is released and the engine request is cancelled. The idle timeout is
+// off: the write deadline does not depend on it.
 func TestClientStopsReading(t *testing.T) {
 	eng, simSrv := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: time.Millisecond, ITL: time.Nanosecond, MaxOutputTokens: 100000})
 	cfg := testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
 	cfg.Timeouts.ClientWrite = 300 * time.Millisecond
+	cfg.Timeouts.Idle = 0
 	h := newHarness(t, cfg)
 	srv := httptest.NewUnstartedServer(h.gw.Handler())
 	srv.Listener = smallBufListener{srv.Listener}

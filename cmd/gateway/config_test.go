@@ -347,6 +347,8 @@ func TestShippedConfigs(t *testing.T) {
 		want := defaults()
 		want.Engines = []gateway.EngineConfig{{Name: "e1", URL: "http://127.0.0.1:8001", Models: []string{"my-model"}}}
 		want.Simulate.Models = []string{"demo-model"}
+		// The file writes the empty lists as [] (the default is nil).
+		want.Server.StripRequestHeaders, want.Server.TrustedProxies = []string{}, []string{}
 		if !reflect.DeepEqual(cfg, want) {
 			t.Errorf("gateway.yaml drifted from the defaults\n got: %+v\nwant: %+v", cfg, want)
 		}
