@@ -147,7 +147,7 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 			return err
 		}
 		admin = &http.Server{Handler: gw.AdminHandler(providers.Prometheus), ReadHeaderTimeout: cfg.Server.ReadHeaderTimeout,
-			ErrorLog: slog.NewLogLogger(h, slog.LevelWarn)}
+			IdleTimeout: cfg.Server.IdleTimeout, ErrorLog: slog.NewLogLogger(h, slog.LevelWarn)}
 		go func() { errc <- admin.Serve(aln) }()
 		adminAddr = aln.Addr().String()
 		log.Info("admin listening", "addr", adminAddr, "metrics", "http://"+adminAddr+"/metrics")
