@@ -90,9 +90,9 @@ type Timeouts struct {
 	// prefills; that silence is governed by FirstToken, not Idle, so it is
 	// generous. Keep-alive comments do not extend it. Default 5 min.
 	FirstToken time.Duration `koanf:"first_token"`
-	// Idle bounds the silence between two data events of a stream after
-	// its first content (keep-alive comments do not count), and between two
-	// reads of a non-streaming body. Default 60 s.
+	// Idle bounds the engine's silence (no bytes at all) on a stream after
+	// its first content, and between two reads of a non-streaming body.
+	// Default 60 s.
 	Idle time.Duration `koanf:"idle"`
 	// Attempt bounds one non-streaming attempt, from sending the request to
 	// the end of the response body, so one hung engine does not hold a

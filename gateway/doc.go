@@ -75,7 +75,7 @@
 // with error.type client_cancelled (status 499) and never retried. Timeouts
 // (Config.Timeouts): connect; response headers (streaming); the first
 // token, which bounds the silence vLLM keeps while a request queues and
-// prefills after sending its headers; idle, between data events after the
+// prefills after sending its headers; idle, the engine's silence after the
 // first content; one non-streaming attempt; each write to the client (a
 // client that stops reading is cut off, error.type client_stalled); and the
 // whole request. Only a failed connection is retried on another engine,

@@ -164,6 +164,11 @@ func (s *Server) admit(next http.Handler) http.Handler {
 			if st := stateFrom(r.Context()); st != nil {
 				st.errType = ErrTypeOverloaded
 			}
+			// The body is never read: close the connection after the
+			// answer, and do not let net/http's drain of the unread body
+			// wait on a client that stalls it.
+			w.Header().Set("Connection", "close")
+			_ = http.NewResponseController(w).SetReadDeadline(time.Now())
 			writeError(w, r, errOverloaded("the gateway is at its limit of concurrent requests"))
 			return
 		}

@@ -122,19 +122,32 @@ const initialBodyBuf = 16 << 10
 // when the request ends. Errors: 413 (too large), 408 (deadline), 503 (the
 // budget is full), 400 (unreadable or empty), or the context's error when
 // the client went away.
-func (s *Server) readBody(w http.ResponseWriter, r *http.Request, held *int64) ([]byte, error) {
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request, held *int64) (body []byte, err error) {
+	rc := http.NewResponseController(w)
+	defer func() {
+		if err != nil && err != errBodyEmpty {
+			// The body was not read to its end. After the handler net/http
+			// drains up to 256 KiB of an unread body, whatever Connection:
+			// close says; with the deadline at now that drain fails at once
+			// and the connection closes, instead of waiting on a client
+			// that stalls (http.Server.ReadTimeout behaves the same).
+			w.Header().Set("Connection", "close")
+			_ = rc.SetReadDeadline(time.Now())
+		}
+	}()
 	limit := s.cfg.MaxBodyBytes
 	if r.ContentLength > limit {
 		return nil, errBodyTooLarge(limit)
 	}
-	if d := s.cfg.BodyReadTimeout; d > 0 {
-		rc := http.NewResponseController(w)
-		if rc.SetReadDeadline(time.Now().Add(d)) == nil {
-			// Cleared at once: net/http keeps reading the connection in the
-			// background to notice a client that leaves, and a deadline
-			// left behind would cancel a long stream.
-			defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
-		}
+	if d := s.cfg.BodyReadTimeout; d > 0 && rc.SetReadDeadline(time.Now().Add(d)) == nil {
+		defer func() {
+			if err == nil || err == errBodyEmpty {
+				// Cleared at once: net/http keeps reading the connection
+				// in the background to notice a client that leaves, and a
+				// deadline left behind would cancel a long stream.
+				_ = rc.SetReadDeadline(time.Time{})
+			}
+		}()
 	}
 	want := limit // the most the body can hold
 	if r.ContentLength >= 0 {
@@ -172,9 +185,9 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request, held *int64) (
 			copy(nb, buf)
 			buf = nb
 		}
-		n, err := rd.Read(buf[len(buf):cap(buf)])
+		n, rerr := rd.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
-		if err == io.EOF {
+		if err = rerr; err == io.EOF {
 			break
 		}
 		if err != nil {

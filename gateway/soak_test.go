@@ -119,7 +119,10 @@ var soakKinds = []soakKind{
 	{name: "close-after-headers stream", weight: 15, stream: true, fault: "close-after-headers", want: out502, errType: ErrTypeEngineDisconnect},
 	{name: "close-after-headers non-stream", weight: 15, fault: "close-after-headers", want: out502, errType: ErrTypeEngineDisconnect},
 	{name: "close-after=2 stream", weight: 20, stream: true, fault: "close-after=2", want: outErrEvent, errType: ErrTypeEngineDisconnect},
-	{name: "close-after=2 non-stream", weight: 15, fault: "close-after=2", want: outCut, errType: ErrTypeEngineDisconnect},
+	{name: "close-after=2 non-stream", weight: 15, fault: "close-after=2", want: out502, errType: ErrTypeEngineDisconnect},
+	{name: "truncate stream", weight: 10, stream: true, fault: "truncate", want: outErrEvent, errType: ErrTypeEngineDisconnect},
+	{name: "truncate non-stream", weight: 10, fault: "truncate", want: out502, errType: ErrTypeEngineDisconnect},
+	{name: "status=502 html non-stream", weight: 10, fault: "status=502,error-body=html", want: out502, errType: "502"},
 	{name: "malformed stream", weight: 20, stream: true, fault: "malformed", want: outDone, parseErr: true},
 	{name: "malformed non-stream", weight: 10, fault: "malformed", want: outOK},
 	{name: "keepalive stream", weight: 25, stream: true, fault: "keepalive", want: outDone},
@@ -133,7 +136,8 @@ var soakKinds = []soakKind{
 	{name: "stall-before-headers stream", weight: 3, stream: true, fault: "stall-before-headers", want: out504, errType: ErrTypeHeaderTimeout},
 	{name: "stall-before-headers non-stream", weight: 1, fault: "stall-before-headers", want: out504, errType: ErrTypeRequestTimeout},
 	{name: "stall-after=2 stream", weight: 3, stream: true, fault: "stall-after=2", want: outErrEvent, errType: ErrTypeIdleTimeout},
-	{name: "stall-after=2 non-stream", weight: 2, fault: "stall-after=2", want: outCut, errType: ErrTypeIdleTimeout},
+	{name: "stall-after=2 non-stream", weight: 2, fault: "stall-after=2", want: out504, errType: ErrTypeIdleTimeout},
+	{name: "stall-after=0 stream (no first token)", weight: 2, stream: true, fault: "stall-after=0", want: outErrEvent, errType: ErrTypeFirstToken},
 }
 
 // soakBody returns the request body for k.
@@ -415,7 +419,9 @@ func BenchmarkSoak(b *testing.B) {
 	// (a 50 ms header timeout and a 20 ms idle timeout fired on ~0.4% of
 	// the healthy streams there).
 	cfg.Timeouts.ResponseHeader = 250 * time.Millisecond
+	cfg.Timeouts.FirstToken = 500 * time.Millisecond
 	cfg.Timeouts.Idle = 100 * time.Millisecond
+	cfg.Timeouts.Attempt = 0 // the request timeout bounds the non-stream stall-before-headers kind
 	cfg.Timeouts.Request = time.Second
 	// Probes every second (instead of the tests' hour) so the probe path is
 	// soaked alongside, and a spurious failure could not keep an engine out

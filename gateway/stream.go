@@ -32,7 +32,6 @@ type streamState struct {
 	now      time.Time
 	done     bool // saw data: [DONE]
 	errEvent bool // the engine sent an error event
-	data     bool // the current Push output holds a data event
 	// injected is set when the gateway asked for the usage chunk on the
 	// client's behalf; that chunk is then recorded but not forwarded.
 	injected bool
@@ -45,7 +44,6 @@ func (st *streamState) onEvent(ev sse.Event) {
 	if ev.Comment || ev.Data == nil {
 		return // keep-alives and comments never count as tokens (L08, L10)
 	}
-	st.data = true
 	if sse.IsDone(ev.Data) {
 		st.done = true
 		return
@@ -77,7 +75,7 @@ func (st *streamState) onEvent(ev sse.Event) {
 
 // relayTimer is an attempt's engine-silence timer: first the first-token
 // deadline (errFirstTokenTimeout), then, once the first content has
-// arrived, the idle timeout between data events (errIdleTimeout). Its
+// arrived, the idle timeout between reads (errIdleTimeout). Its
 // callback runs on the timer goroutine, hence the atomic phase.
 type relayTimer struct {
 	t       *time.Timer
@@ -157,10 +155,9 @@ func (rl *relay) read() ([]byte, error) {
 	return (*rl.bufp)[:n], err
 }
 
-// touch records engine progress at now (a data event after the first
-// content, or the first content itself; any bytes of a body that is not
-// parsed): the first-token wait, if any, is over, and the idle timeout
-// starts again.
+// touch records engine progress at now (the first content of an SSE
+// stream or any bytes after it; any bytes of a body that is not parsed):
+// the first-token wait, if any, is over, and the idle timeout starts again.
 func (rl *relay) touch(now time.Time) {
 	if rl.waiting {
 		rl.waiting = false
@@ -237,9 +234,9 @@ func (rl *relay) write(p []byte, flush bool) error {
 // complete (endDone: at `data: [DONE]`; endAtEOF: at the body's clean
 // end). When the engine fails before that the client gets a final
 // `data: {"error":...}` event, because the OpenAI clients take a bare EOF
-// for success. Until the first content event the engine may be silent
-// until firstBy; after it, Timeouts.Idle bounds the gap between data
-// events (comments do not count).
+// for success. Until the first content event the engine may send nothing
+// but the role chunk and comments until firstBy; after it, Timeouts.Idle
+// bounds the gap between reads.
 func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Response, a *attempt, actx context.Context, cancel context.CancelCauseFunc, end streamEnd, injected bool, firstBy time.Time) {
 	rl := s.newRelay(w, r, resp, cancel, true, true, firstBy)
 	defer rl.close()
@@ -254,9 +251,11 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 		if len(p) > 0 {
 			st.now = time.Now()
 			st.dropTo = 0
-			st.data = false
 			out := sc.Push(p, onEvent)
-			if st.data && !a.first.IsZero() {
+			if !a.first.IsZero() {
+				// After the first content any bytes are progress (an event
+				// trickled across reads, a keep-alive); before it only
+				// content ends the first-token wait.
 				rl.touch(st.now)
 			}
 			if st.dropTo > 0 {
