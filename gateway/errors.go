@@ -115,9 +115,6 @@ func writeError(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	b := ae.body()
 	h.Set("Content-Length", strconv.Itoa(len(b)))
-	if ae.Status == http.StatusRequestTimeout {
-		h.Set("Connection", "close") // the rest of the body will never be read
-	}
 	if st := stateFrom(r.Context()); st != nil && st.errType == "" {
 		st.errType = cmp.Or(ae.Code, ae.Type)
 	}

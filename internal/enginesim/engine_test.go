@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -430,6 +431,7 @@ func TestEngineConcurrentSafe(t *testing.T) {
 	e, srv := startEngine(t, cfg)
 	specs := []string{"", "", "close-after=2", "status=500", "stall-after=1", "keepalive,trickle=0s", "reasoning=1,tool-call", "close-before-headers"}
 	var wg sync.WaitGroup
+	var answered atomic.Int64 // requests that got response headers
 	for i := range 24 {
 		wg.Go(func() {
 			spec := specs[i%len(specs)]
@@ -446,6 +448,7 @@ func TestEngineConcurrentSafe(t *testing.T) {
 			if err != nil {
 				return
 			}
+			answered.Add(1)
 			_, _ = io.Copy(io.Discard, resp.Body)
 			_ = resp.Body.Close()
 			_ = e.Stats()
@@ -453,8 +456,12 @@ func TestEngineConcurrentSafe(t *testing.T) {
 	}
 	wg.Wait()
 	s := waitIdle(t, e, 0)
-	if s.Received != 24 {
-		t.Errorf("stats %+v", s)
+	// A client whose short deadline expires while it is still dialing
+	// never reaches the engine (on a loaded machine that happens), so
+	// Received is between the answered requests and 24; each received
+	// request ended exactly one way.
+	if s.Received < answered.Load() || s.Received > 24 || s.Received != s.Completed+s.Aborted+s.Faulted {
+		t.Errorf("stats %+v, %d answered", s, answered.Load())
 	}
 	if math.IsNaN(e.kvCacheUsage()) || e.kvCacheUsage() != 0 {
 		t.Errorf("kv usage %v", e.kvCacheUsage())
