@@ -373,7 +373,7 @@ func (s *Server) attempt(ctx context.Context, w http.ResponseWriter, r *http.Req
 	switch {
 	case isEventStream(ct):
 		s.stream(w, r, resp, a, actx, cancel, op.end, body.injected, firstBy)
-	case req.Stream && !isJSON(ct):
+	case req.Stream && (!isJSON(ct) || resp.ContentLength < 0):
 		// Another streamed framing (NDJSON, chunked JSON of unknown
 		// length): passed through byte for byte, flushed per write, ended
 		// by the body's end.
