@@ -29,7 +29,10 @@ func BenchmarkGatewayOverhead(b *testing.B) {
 		{"nonstream-16tok", `{"model":"m","max_tokens":16,"messages":[{"role":"user","content":"hello there"}]}`},
 	} {
 		_, simSrv := sim(b, enginesim.Config{Models: []string{"m"}, TTFT: time.Nanosecond, ITL: time.Nanosecond})
-		h := newHarness(b, testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}}), withSampler(sdktrace.NeverSample()))
+		cfg := testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
+		h := newHarness(b, cfg, withSampler(sdktrace.NeverSample())) // access log on (to a discarding text handler), as by default
+		cfg.AccessLog = false
+		quiet := newHarness(b, cfg, withSampler(sdktrace.NeverSample()))
 		tr := &http.Transport{MaxIdleConnsPerHost: 16}
 		b.Cleanup(tr.CloseIdleConnections)
 		client := &http.Client{Transport: tr}
@@ -51,5 +54,6 @@ func BenchmarkGatewayOverhead(b *testing.B) {
 		}
 		b.Run(tc.name+"/direct", func(b *testing.B) { run(b, simSrv.URL) })
 		b.Run(tc.name+"/gateway", func(b *testing.B) { run(b, h.srv.URL) })
+		b.Run(tc.name+"/gateway-no-access-log", func(b *testing.B) { run(b, quiet.srv.URL) })
 	}
 }

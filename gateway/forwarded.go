@@ -68,34 +68,38 @@ func (t trustedProxies) setForwarded(dst http.Header, r *http.Request) {
 	if err != nil {
 		host = r.RemoteAddr
 	}
-	peer, perr := netip.ParseAddr(host)
-	trusted := perr == nil && len(t) > 0 && t.trusts(peer)
 	proto := "http"
 	if r.TLS != nil {
 		proto = "https"
 	}
-	if trusted {
-		for _, k := range [...]string{hdrFwd, hdrXReal} {
-			if v, ok := r.Header[k]; ok {
-				dst[k] = v
+	fwdHost := r.Host
+	if len(t) > 0 {
+		if peer, perr := netip.ParseAddr(host); perr == nil && t.trusts(peer) {
+			for _, k := range [...]string{hdrFwd, hdrXReal} {
+				if v, ok := r.Header[k]; ok {
+					dst[k] = v
+				}
+			}
+			if prior := r.Header.Values(hdrXFF); len(prior) > 0 {
+				host = strings.Join(prior, ", ") + ", " + host
+			}
+			if v := r.Header.Get(hdrXFP); v != "" {
+				proto = v
+			}
+			if v := r.Header.Get(hdrXFH); v != "" {
+				fwdHost = v
 			}
 		}
-		if prior := r.Header.Values(hdrXFF); len(prior) > 0 {
-			host = strings.Join(prior, ", ") + ", " + host
-		}
-		if v := r.Header.Get(hdrXFP); v != "" {
-			proto = v
-		}
-		if v := r.Header.Get(hdrXFH); v != "" {
-			dst[hdrXFH] = []string{v}
-		} else if r.Host != "" {
-			dst[hdrXFH] = []string{r.Host}
-		}
-	} else if r.Host != "" {
-		dst[hdrXFH] = []string{r.Host}
 	}
+	// One backing array for the three values: one allocation, not three.
+	vals := [...]string{host, proto, fwdHost}
+	vs := make([]string, 3)
+	copy(vs, vals[:])
 	if host != "" {
-		dst[hdrXFF] = []string{host}
+		dst[hdrXFF] = vs[0:1:1]
 	}
-	dst[hdrXFP] = []string{proto}
+	dst[hdrXFP] = vs[1:2:2]
+	if fwdHost != "" {
+		dst[hdrXFH] = vs[2:3:3]
+	}
 }

@@ -37,6 +37,7 @@ type engine struct {
 	static bool      // models come from config
 	auth   []string  // the Authorization header value, or nil when the engine takes none
 	shown  string    // the URL as logs and /admin/engines show it: userinfo redacted
+	header []string  // the X-Switchboard-Engine value, shared by every response
 
 	// spanAttrs are the engine span attributes that never change:
 	// server.address, server.port, switchboard.engine.
@@ -152,7 +153,7 @@ func (p *Pool) newEngine(ec EngineConfig) (*engine, error) {
 		tel = p.metrics.Engine(ec.Name)
 		p.telByName[ec.Name] = tel
 	}
-	e := &engine{cfg: ec, ep: routing.NewEndpoint(ec.Name, base), tel: tel, shown: redactURL(ec.URL)}
+	e := &engine{cfg: ec, ep: routing.NewEndpoint(ec.Name, base), tel: tel, shown: redactURL(ec.URL), header: []string{ec.Name}}
 	port, _ := strconv.Atoi(base.Port())
 	if port == 0 {
 		port = 80

@@ -308,7 +308,7 @@ func (s *Server) attempt(ctx context.Context, w http.ResponseWriter, r *http.Req
 	defer a.finish()
 	if s.cfg.EngineHeader {
 		// Set now, so the gateway's own errors name the engine tried too.
-		w.Header().Set("X-Switchboard-Engine", eng.cfg.Name)
+		w.Header()["X-Switchboard-Engine"] = eng.header // shared: no one mutates it
 	}
 
 	actx, cancel := context.WithCancelCause(ctx)

@@ -418,9 +418,11 @@ func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Res
 		}
 		if rerr == io.EOF {
 			if buffering {
-				// The whole body: sent with its exact length.
-				rl.resp.Header.Del("Content-Length")
-				rl.w.Header().Set("Content-Length", strconv.Itoa(capBuf.Len()))
+				// The whole body: sent with its exact length (the engine's
+				// header when it had one; it matched, or the read failed).
+				if resp.ContentLength < 0 {
+					rl.w.Header().Set("Content-Length", strconv.Itoa(capBuf.Len()))
+				}
 				if err := rl.write(capBuf.Bytes(), false); err != nil {
 					a.fail(clientWriteErrType(err))
 				}
