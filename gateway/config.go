@@ -63,8 +63,10 @@ type Config struct {
 	EngineHeader bool `koanf:"engine_header"`
 	// InjectUsage, when true (the default), asks the engine for the usage
 	// chunk (stream_options.include_usage) on streamed requests whose
-	// client did not, so token usage and TPOT are recorded for every
-	// stream; the extra chunk is not forwarded to that client.
+	// client did not (stream_options absent, null or {}, include_usage
+	// false or null; not with continuous_usage_stats), so token usage and
+	// TPOT are recorded for every stream; the extra chunk is not forwarded
+	// to that client.
 	InjectUsage bool `koanf:"inject_usage"`
 	// AccessLog, when true (the default), logs one line per request at
 	// info level (the `log.access` key; the loader fills it in).
@@ -85,7 +87,7 @@ type Timeouts struct {
 	ResponseHeader time.Duration `koanf:"response_header"`
 	// FirstToken bounds a streaming attempt from the moment it is sent to
 	// its first content-bearing event (for a stream that is not SSE: its
-	// first body bytes). Under load vLLM sends the headers and the role
+	// first body bytes), the wait for its headers included. Under load vLLM sends the headers and the role
 	// chunk at once, then nothing while the request waits in its queue and
 	// prefills; that silence is governed by FirstToken, not Idle, so it is
 	// generous. Keep-alive comments do not extend it. Default 5 min.
@@ -209,7 +211,7 @@ func (c Config) Validate() error {
 		bad("server.max_response_buffer_bytes (%d) is larger than server.max_buffered_bytes (%d): such a response could never be buffered", c.MaxResponseBufferBytes, c.MaxBufferedBytes)
 	}
 	for _, h := range c.StripRequestHeaders {
-		if strings.TrimSpace(h) == "" || strings.ContainsAny(h, " \t:") {
+		if !validHeaderName(h) {
 			bad("server.strip_request_headers: %q is not a header name", h)
 		}
 	}
@@ -245,6 +247,21 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// validHeaderName reports whether s is a header field name: a non-empty
+// RFC 9110 token.
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
+}
+
 // named lists each timeout with its key, in documentation order.
 func (t Timeouts) named() []struct {
 	key string
@@ -259,9 +276,10 @@ func (t Timeouts) named() []struct {
 	}
 }
 
-// validate reports negative timeouts and combinations that cannot work:
-// a timeout longer than the one that contains it can never fire, and a
-// stalled engine or client must always be bounded by something.
+// validate reports negative timeouts and combinations that cannot work: a
+// stalled engine or client must always be bounded by something. A timeout
+// longer than one that contains it (first_token above request, say) is
+// allowed: the shorter one fires first.
 func (t Timeouts) validate() []error {
 	var errs []error
 	bad := func(format string, a ...any) {
@@ -272,16 +290,6 @@ func (t Timeouts) validate() []error {
 			bad("server.timeouts.%s must be >= 0, got %s", n.key, n.d)
 		}
 	}
-	longer := func(inner string, di time.Duration, outer string, do time.Duration) {
-		if di > 0 && do > 0 && di > do {
-			bad("server.timeouts.%s (%s) is longer than server.timeouts.%s (%s), so it could never fire: lower it, or set it to 0", inner, di, outer, do)
-		}
-	}
-	longer("response_header", t.ResponseHeader, "first_token", t.FirstToken)
-	longer("response_header", t.ResponseHeader, "request", t.Request)
-	longer("first_token", t.FirstToken, "request", t.Request)
-	longer("attempt", t.Attempt, "request", t.Request)
-	longer("connect", t.Connect, "request", t.Request)
 	if t.Request == 0 && (t.FirstToken == 0 || t.Idle == 0) {
 		bad("server.timeouts.request is 0 and so is server.timeouts.first_token or server.timeouts.idle: a stream whose engine stalls would hold its engine slot forever")
 	}
@@ -308,12 +316,13 @@ func (e EngineConfig) Validate() error {
 	case e.URL == "":
 		bad("engine %q: url must not be empty", e.Name)
 	case err != nil:
-		// Not err itself: url.Error quotes the whole URL, credentials too.
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
-		}
-		bad("engine %q: url is not valid: %v", e.Name, err)
+		// Not err itself: it quotes the URL, or part of it, credentials
+		// included.
+		bad("engine %q: url is not a valid URL (a user name or password in it must be percent-encoded)", e.Name)
+	case strings.Contains(u.Path+u.RawQuery+u.Fragment, "@") || strings.Contains(u.Opaque, "@"):
+		// http://user:pa/ss@host parses with host "user:pa" and the
+		// password in the path: refuse rather than show it anywhere.
+		bad("engine %q: url has an @ after its host (a user name or password in it must be percent-encoded)", e.Name)
 	case u.Scheme != "http" && u.Scheme != "https":
 		bad("engine %q: url scheme must be http or https, got %q", e.Name, u.Scheme)
 	case u.Host == "":

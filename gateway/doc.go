@@ -21,12 +21,13 @@
 //
 // # Memory
 //
-// Per request: the body (at most twice the bytes received, from 16 KiB, and
-// at most MaxBodyBytes), a buffered non-streaming response (at most
-// MaxResponseBufferBytes), a pooled 32 KiB copy buffer, an SSE scanner
-// holding at most one incomplete event (1 MiB, then forwarded unparsed),
-// and the engine connection's buffers. Bodies and buffered responses of all
-// requests together stay under MaxBufferedBytes.
+// Per request, within Config.MaxBufferedBytes (capacity is reserved before
+// it is allocated): the body (at most twice the bytes received, from 16 KiB,
+// and at most MaxBodyBytes) and a held non-streaming response (at most
+// MaxResponseBufferBytes; 1 MiB of a relayed one, for its usage). Outside
+// it: a pooled 32 KiB copy buffer, the engine connection's buffers, and for
+// a stream an SSE scanner holding at most one incomplete event (1 MiB, then
+// forwarded unparsed) and the joined data of a multi-line event (1 MiB).
 //
 // # Engine accounting
 //

@@ -312,7 +312,22 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 		if mode == shutdownInPrefill && stream {
 			mode = shutdownAfterFirst
 		}
-		readErr = readClient(resp, mode, &got, goAway, shutdown)
+		decodeSeen := func() {
+			// Let the watcher see the decode phase before the client or
+			// the gateway ends it (bounded: a case that never decodes
+			// fails on its phase checks instead).
+			deadline := time.Now().Add(time.Second)
+			for time.Now().Before(deadline) {
+				gaugeMu.Lock()
+				seen := maxDecode >= 1
+				gaugeMu.Unlock()
+				if seen {
+					return
+				}
+				time.Sleep(time.Millisecond)
+			}
+		}
+		readErr = readClient(resp, mode, &got, decodeSeen, goAway, shutdown)
 		resp.Body.Close()
 	}
 	switch {
@@ -432,7 +447,7 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 
 // readClient reads the response as the case's client would; shutdown is
 // the gateway's abort at the shutdown deadline.
-func readClient(resp *http.Response, mode clientMode, out *bytes.Buffer, goAway, shutdown func()) error {
+func readClient(resp *http.Response, mode clientMode, out *bytes.Buffer, decodeSeen, goAway, shutdown func()) error {
 	switch mode {
 	case shutdownAfterFirst:
 		br := bufio.NewReader(resp.Body)
@@ -440,7 +455,7 @@ func readClient(resp *http.Response, mode clientMode, out *bytes.Buffer, goAway,
 			line, err := br.ReadString('\n')
 			out.WriteString(line)
 			if strings.Contains(line, `"content":"tok`) {
-				time.Sleep(30 * time.Millisecond) // let the watcher see decode
+				decodeSeen()
 				shutdown()
 				_, err = io.Copy(out, br)
 				return err
@@ -462,7 +477,7 @@ func readClient(resp *http.Response, mode clientMode, out *bytes.Buffer, goAway,
 			if strings.Contains(line, `"content":"tok`) {
 				seen++
 				if seen == want {
-					time.Sleep(30 * time.Millisecond) // let the watcher see decode
+					decodeSeen()
 					goAway()
 					_, err = io.Copy(out, br)
 					return err

@@ -34,9 +34,10 @@ func parseTrustedProxies(list []string) (trustedProxies, error) {
 	return out, nil
 }
 
-// trusts reports whether addr is one of the trusted proxies.
+// trusts reports whether addr is one of the trusted proxies (an IPv6 zone
+// is ignored).
 func (t trustedProxies) trusts(addr netip.Addr) bool {
-	addr = addr.Unmap()
+	addr = addr.Unmap().WithZone("")
 	for _, p := range t {
 		if p.Contains(addr) {
 			return true
@@ -47,21 +48,25 @@ func (t trustedProxies) trusts(addr netip.Addr) bool {
 
 // The X-Forwarded-* request headers the gateway sets.
 const (
-	hdrXFF   = "X-Forwarded-For"
-	hdrXFP   = "X-Forwarded-Proto"
-	hdrXFH   = "X-Forwarded-Host"
-	hdrFwd   = "Forwarded"
-	hdrXReal = "X-Real-Ip"
+	hdrXFF = "X-Forwarded-For"
+	hdrXFP = "X-Forwarded-Proto"
+	hdrXFH = "X-Forwarded-Host"
 )
+
+// trustedOnlyHeaders are other headers that claim a client's origin or the
+// path it came by; they reach an engine only from a trusted proxy.
+var trustedOnlyHeaders = []string{
+	"Forwarded", "X-Real-Ip", "X-Forwarded-Port", "X-Forwarded-Prefix", "X-Forwarded-Server",
+	"X-Original-Forwarded-For", "X-Client-Ip", "True-Client-Ip", "Cf-Connecting-Ip", "Fastly-Client-Ip",
+}
 
 // setForwarded sets the X-Forwarded-For, X-Forwarded-Proto and
 // X-Forwarded-Host headers of an engine request dst for the client request
 // r, the way Caddy and Envoy (use_remote_address) do: when the peer is a
 // trusted proxy, its X-Forwarded-For is extended with the peer address and
-// its X-Forwarded-Proto and X-Forwarded-Host are kept; otherwise every
-// client-supplied forwarding header (X-Forwarded-*, Forwarded, X-Real-Ip)
-// is dropped and X-Forwarded-For is the peer address alone, so a client
-// cannot forge its origin. dst must not already hold r's forwarding
+// its X-Forwarded-Proto and X-Forwarded-Host and the trustedOnlyHeaders
+// are kept; otherwise every one of them is dropped and X-Forwarded-For is
+// the peer address alone, so a client cannot forge its origin through them. dst must not already hold r's forwarding
 // headers (copyRequestHeaders leaves them out).
 func (t trustedProxies) setForwarded(dst http.Header, r *http.Request) {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
@@ -75,7 +80,7 @@ func (t trustedProxies) setForwarded(dst http.Header, r *http.Request) {
 	fwdHost := r.Host
 	if len(t) > 0 {
 		if peer, perr := netip.ParseAddr(host); perr == nil && t.trusts(peer) {
-			for _, k := range [...]string{hdrFwd, hdrXReal} {
+			for _, k := range trustedOnlyHeaders {
 				if v, ok := r.Header[k]; ok {
 					dst[k] = v
 				}

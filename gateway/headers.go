@@ -36,7 +36,7 @@ var replacedRequestHeaders = []string{
 	"Content-Length", "Accept-Encoding", "Host", "Traceparent", "Tracestate", "Baggage",
 	"X-Request-Id",
 	"Expect", // the body is already read; no 100-continue round trip
-	hdrXFF, hdrXFP, hdrXFH, hdrFwd, hdrXReal,
+	hdrXFF, hdrXFP, hdrXFH,
 }
 
 // hiddenResponseHeaders are engine response headers that identify the
@@ -45,13 +45,15 @@ var hiddenResponseHeaders = map[string]bool{
 	"Server":       true,
 	"X-Powered-By": true,
 	"X-Request-Id": true, // the gateway's own is already set
+	// The gateway names the engine itself; an engine must not overwrite it.
+	"X-Switchboard-Engine": true,
 }
 
 // notToEngine builds the set of request headers (canonical form) that are
 // never copied to an engine: the built-in lists plus extra.
 func notToEngine(extra []string) map[string]bool {
 	m := make(map[string]bool, len(StrippedRequestHeaders)+len(replacedRequestHeaders)+len(extra))
-	for _, list := range [][]string{StrippedRequestHeaders, replacedRequestHeaders, extra} {
+	for _, list := range [][]string{StrippedRequestHeaders, replacedRequestHeaders, trustedOnlyHeaders, extra} {
 		for _, k := range list {
 			m[http.CanonicalHeaderKey(strings.TrimSpace(k))] = true
 		}

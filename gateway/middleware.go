@@ -108,48 +108,60 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Deferred: a request the gateway aborts (panic(http.ErrAbortHandler)
+		// after its response started) is logged too, as the panic unwinds.
+		defer s.logRequest(r)
 		next.ServeHTTP(w, r)
-		if r.URL.Path == "/health" || r.URL.Path == "/ready" || !s.log.Enabled(r.Context(), slog.LevelInfo) {
-			return
-		}
-		st := stateFrom(r.Context())
-		if st == nil {
-			return
-		}
-		route := ""
-		if rc := chi.RouteContext(r.Context()); rc != nil {
-			route = rc.RoutePattern()
-		}
-		status := st.status
-		if status == 0 {
-			status = http.StatusOK
-		}
-		attrs := make([]slog.Attr, 0, 12)
-		attrs = append(attrs,
-			slog.String("request_id", st.id),
-			slog.String("method", r.Method),
-			slog.String("route", route),
-			slog.Int("status", status),
-			slog.Duration("duration", time.Since(st.start)),
-		)
-		if st.model != "" {
-			attrs = append(attrs, slog.String("model", st.model))
-		}
-		if st.attempts > 0 {
-			n := min(st.attempts, maxLoggedEngines)
-			attrs = append(attrs, slog.String("engines", strings.Join(st.tried[:n], ",")), slog.Int("attempts", st.attempts))
-		}
-		if st.errType != "" {
-			attrs = append(attrs, slog.String("error.type", st.errType))
-		}
-		if st.ttft > 0 {
-			attrs = append(attrs, slog.Duration("ttft", st.ttft))
-		}
-		if st.inTok >= 0 {
-			attrs = append(attrs, slog.Int64("input_tokens", st.inTok), slog.Int64("output_tokens", st.outTok))
-		}
-		s.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 	})
+}
+
+// logRequest writes the access-log line of r.
+func (s *Server) logRequest(r *http.Request) {
+	if r.URL.Path == "/health" || r.URL.Path == "/ready" || !s.log.Enabled(r.Context(), slog.LevelInfo) {
+		return
+	}
+	st := stateFrom(r.Context())
+	if st == nil {
+		return
+	}
+	route := ""
+	if rc := chi.RouteContext(r.Context()); rc != nil {
+		route = rc.RoutePattern()
+	}
+	status := st.status
+	if status == 0 {
+		status = http.StatusOK
+	}
+	attrs := make([]slog.Attr, 0, 13)
+	attrs = append(attrs,
+		slog.String("request_id", st.id),
+		slog.String("method", r.Method),
+		slog.String("route", route),
+	)
+	if route == "" { // no route matched (404, 405): say what was asked
+		attrs = append(attrs, slog.String("path", r.URL.Path))
+	}
+	attrs = append(attrs,
+		slog.Int("status", status),
+		slog.Duration("duration", time.Since(st.start)),
+	)
+	if st.model != "" {
+		attrs = append(attrs, slog.String("model", st.model))
+	}
+	if st.attempts > 0 {
+		n := min(st.attempts, maxLoggedEngines)
+		attrs = append(attrs, slog.String("engines", strings.Join(st.tried[:n], ",")), slog.Int("attempts", st.attempts))
+	}
+	if st.errType != "" {
+		attrs = append(attrs, slog.String("error.type", st.errType))
+	}
+	if st.ttft > 0 {
+		attrs = append(attrs, slog.Duration("ttft", st.ttft))
+	}
+	if st.inTok >= 0 {
+		attrs = append(attrs, slog.Int64("input_tokens", st.inTok), slog.Int64("output_tokens", st.outTok))
+	}
+	s.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 }
 
 // admit enforces Config.MaxConcurrentRequests on the proxied routes and
@@ -158,20 +170,20 @@ func (s *Server) accessLog(next http.Handler) http.Handler {
 // body is read; no engine is contacted.
 func (s *Server) admit(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		n := s.inflight.Add(1)
-		defer s.inflight.Add(-1)
-		if max := s.cfg.MaxConcurrentRequests; max > 0 && n > int64(max) {
+		if max := s.cfg.MaxConcurrentRequests; max > 0 && s.inflight.Add(1) > int64(max) {
+			// Given back at once, so a flood of rejected requests does not
+			// itself keep admissible ones out.
+			s.inflight.Add(-1)
 			if st := stateFrom(r.Context()); st != nil {
 				st.errType = ErrTypeOverloaded
 			}
-			// The body is never read: close the connection after the
-			// answer, and do not let net/http's drain of the unread body
-			// wait on a client that stalls it.
-			w.Header().Set("Connection", "close")
-			_ = http.NewResponseController(w).SetReadDeadline(time.Now())
+			closeAfterUnreadBody(w, http.NewResponseController(w))
 			writeError(w, r, errOverloaded("the gateway is at its limit of concurrent requests"))
 			return
+		} else if max <= 0 {
+			s.inflight.Add(1)
 		}
+		defer s.inflight.Add(-1)
 		next.ServeHTTP(w, r)
 	})
 }
@@ -194,6 +206,17 @@ func newRequestID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// closeAfterUnreadBody closes the connection once the response is written,
+// for a request whose body was not read to its end. After the handler
+// net/http drains up to 256 KiB of an unread body whatever Connection: close
+// says; with the read deadline at now that drain fails at once, instead of
+// waiting on a client that stalls its body (http.Server.ReadTimeout behaves
+// the same).
+func closeAfterUnreadBody(w http.ResponseWriter, rc *http.ResponseController) {
+	w.Header().Set("Connection", "close")
+	_ = rc.SetReadDeadline(time.Now())
 }
 
 // recoverer turns a panic in a handler into a 500 OpenAI error (when the

@@ -211,7 +211,8 @@ func TestEngineHeaderOnGatewayErrors(t *testing.T) {
 }
 
 // TestProbesNotTraced: /health, /ready and the admin /metrics produce no
-// spans; a proxied request still does.
+// spans (the public handler filters the probes out of otelhttp; the admin
+// handler must stay unwrapped); a proxied request still does.
 func TestProbesNotTraced(t *testing.T) {
 	_, simSrv := sim(t, enginesim.Config{Models: []string{"m"}})
 	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}}))

@@ -120,11 +120,12 @@ func TestConfigValidate(t *testing.T) {
 		{"buffered budget below body limit", func(c *Config) { c.MaxBufferedBytes = c.MaxBodyBytes - 1 }, false},
 		{"no buffered budget", func(c *Config) { c.MaxBufferedBytes = 0 }, true},
 		{"response buffer above budget", func(c *Config) { c.MaxResponseBufferBytes = c.MaxBufferedBytes + 1 }, false},
-		{"first token longer than request", func(c *Config) { c.Timeouts.Request = time.Minute }, false},
+		{"first token longer than request", func(c *Config) { c.Timeouts.Request = time.Minute }, true}, // the shorter fires first
 		{"request lowered with inner timeouts", func(c *Config) {
 			c.Timeouts.Request, c.Timeouts.FirstToken, c.Timeouts.Attempt, c.Timeouts.ResponseHeader = time.Minute, 30*time.Second, time.Minute, 10*time.Second
 		}, true},
-		{"header timeout longer than first token", func(c *Config) { c.Timeouts.ResponseHeader = c.Timeouts.FirstToken + 1 }, false},
+		{"header timeout longer than first token", func(c *Config) { c.Timeouts.ResponseHeader = c.Timeouts.FirstToken + 1 }, true},
+		{"stalled stream unbounded before the first token", func(c *Config) { c.Timeouts.Request, c.Timeouts.FirstToken = 0, 0 }, false},
 		{"stalled stream unbounded", func(c *Config) { c.Timeouts.Request, c.Timeouts.Idle = 0, 0 }, false},
 		{"stalled non-stream unbounded", func(c *Config) { c.Timeouts.Request, c.Timeouts.Attempt = 0, 0 }, false},
 		{"stalled client unbounded", func(c *Config) { c.Timeouts.Request, c.Timeouts.ClientWrite = 0, 0 }, false},
@@ -133,6 +134,9 @@ func TestConfigValidate(t *testing.T) {
 		{"bad trusted proxy", func(c *Config) { c.TrustedProxies = []string{"10.0.0.0/33"} }, false},
 		{"trusted proxies", func(c *Config) { c.TrustedProxies = []string{"10.0.0.0/8", "192.0.2.7", "::1"} }, true},
 		{"bad strip header", func(c *Config) { c.StripRequestHeaders = []string{"X Bad"} }, false},
+		{"bracketed strip header", func(c *Config) { c.StripRequestHeaders = []string{"[X-Foo"} }, false},
+		{"password with a slash, not encoded", func(c *Config) { c.Engines = []EngineConfig{{Name: "e", URL: "http://admin:12/34@h:1"}} }, false},
+		{"password percent-encoded", func(c *Config) { c.Engines = []EngineConfig{{Name: "e", URL: "http://admin:12%2F34@h:1"}} }, true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -148,6 +152,9 @@ func TestConfigValidate(t *testing.T) {
 			}
 			if err != nil && strings.Contains(err.Error(), "time.Duration") {
 				t.Errorf("error %v names a Go type", err)
+			}
+			if err != nil && (strings.Contains(err.Error(), "12/34") || strings.Contains(err.Error(), "admin")) {
+				t.Errorf("error %v shows the engine URL's credentials", err)
 			}
 		})
 	}

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -126,13 +127,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request, held *int64) (
 	rc := http.NewResponseController(w)
 	defer func() {
 		if err != nil && err != errBodyEmpty {
-			// The body was not read to its end. After the handler net/http
-			// drains up to 256 KiB of an unread body, whatever Connection:
-			// close says; with the deadline at now that drain fails at once
-			// and the connection closes, instead of waiting on a client
-			// that stalls (http.Server.ReadTimeout behaves the same).
-			w.Header().Set("Connection", "close")
-			_ = rc.SetReadDeadline(time.Now())
+			closeAfterUnreadBody(w, rc) // the body was not read to its end
 		}
 	}()
 	limit := s.cfg.MaxBodyBytes
@@ -265,7 +260,8 @@ var (
 )
 
 // outgoing returns the engine body for a parsed request. With
-// Config.InjectUsage, a stream whose client did not ask for usage gets
+// Config.InjectUsage, a stream whose client did not ask for usage (and did
+// not set continuous_usage_stats) gets
 // stream_options.include_usage=true: added as the last member of its
 // stream_options object (the last duplicate key wins in every JSON parser
 // engines use, so a false include_usage before it is overridden and other
@@ -274,7 +270,10 @@ var (
 func (s *Server) outgoing(body []byte, req *oai.Request) outBody {
 	out := outBody{n: int64(len(body))}
 	out.parts[0] = body
-	if !s.cfg.InjectUsage || !req.Stream || req.IncludeUsage {
+	if !s.cfg.InjectUsage || !req.Stream || req.IncludeUsage || req.ContinuousUsage {
+		// With vLLM's continuous_usage_stats every chunk would carry usage
+		// the client did not ask for, and only usage-only chunks can be
+		// kept from it: such a stream is left as the client sent it.
 		return out
 	}
 	out.injected = true
@@ -345,8 +344,16 @@ func (s *Server) attempt(ctx context.Context, w http.ResponseWriter, r *http.Req
 		defer t.Stop()
 	}
 	var hdrTimer *time.Timer
-	if d := s.cfg.Timeouts.ResponseHeader; d > 0 && req.Stream {
-		hdrTimer = time.AfterFunc(d, func() { cancel(errHeaderTimeout) })
+	if req.Stream {
+		// The wait for a stream's headers ends at the response-header
+		// timeout or the first-token deadline, whichever comes first.
+		cause, d := errHeaderTimeout, s.cfg.Timeouts.ResponseHeader
+		if !firstBy.IsZero() && (d <= 0 || a.start.Add(d).After(firstBy)) {
+			cause, d = errFirstTokenTimeout, firstBy.Sub(a.start)
+		}
+		if d > 0 {
+			hdrTimer = time.AfterFunc(d, func() { cancel(cause) })
+		}
 	}
 	resp, err := s.client.Transport.RoundTrip(ureq)
 	if hdrTimer != nil {
@@ -377,9 +384,9 @@ func (s *Server) attempt(ctx context.Context, w http.ResponseWriter, r *http.Req
 		// Another streamed framing (NDJSON, chunked JSON of unknown
 		// length): passed through byte for byte, flushed per write, ended
 		// by the body's end.
-		s.copyBody(w, r, resp, a, actx, cancel, copyStream, firstBy, held)
+		s.copyBody(w, r, resp, a, actx, cancel, copyStream, firstBy)
 	default:
-		s.copyBody(w, r, resp, a, actx, cancel, copyWhole, time.Time{}, held)
+		s.copyBody(w, r, resp, a, actx, cancel, copyWhole, time.Time{})
 	}
 	return nil
 }
@@ -432,8 +439,9 @@ const maxErrorBody = 64 << 10
 // passError forwards an engine's non-2xx answer with its status (and its
 // Retry-After). A body that already is an OpenAI error object
 // ({"error":{...}}) passes unchanged; a JSON error of another shape (vLLM's
-// older {"object":"error","message":...}) is wrapped in one with its
-// message, so clients always get the OpenAI envelope (shared/cases L15).
+// older {"object":"error","message":...}, {"error":"..."}, FastAPI's
+// {"detail":...}) is wrapped in one with its message, so clients always get
+// the OpenAI envelope (shared/cases L15).
 // Anything else (an HTML page, a stack trace, plain text, nothing) is not
 // safe to show: it is replaced by an OpenAI error naming the engine and the
 // status, and the original, capped, is logged at debug level.
@@ -442,6 +450,7 @@ func (s *Server) passError(w http.ResponseWriter, r *http.Request, resp *http.Re
 	var probe struct {
 		Error   json.RawMessage `json:"error"`
 		Message string          `json:"message"`
+		Detail  json.RawMessage `json:"detail"` // FastAPI's {"detail": ...}
 	}
 	jsonErr := json.Unmarshal(b, &probe) == nil
 	if jsonErr && len(probe.Error) > 0 && probe.Error[0] == '{' {
@@ -453,6 +462,26 @@ func (s *Server) passError(w http.ResponseWriter, r *http.Request, resp *http.Re
 		return
 	}
 	msg := probe.Message
+	if jsonErr && msg == "" {
+		// {"error":"text"}, or FastAPI's {"detail":"text"} or
+		// {"detail":[...validation errors...]} (shown as compact JSON).
+		for _, raw := range []json.RawMessage{probe.Error, probe.Detail} {
+			var str string
+			switch {
+			case len(raw) == 0 || string(raw) == "null":
+			case json.Unmarshal(raw, &str) == nil:
+				msg = str
+			default:
+				var c bytes.Buffer
+				if json.Compact(&c, raw) == nil {
+					msg = c.String()
+				}
+			}
+			if msg != "" {
+				break
+			}
+		}
+	}
 	if !jsonErr || msg == "" {
 		if s.log.Enabled(r.Context(), slog.LevelDebug) {
 			s.log.LogAttrs(r.Context(), slog.LevelDebug, "engine error body not shown to the client",

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"unicode"
 )
 
 // ErrNoEndpoint is returned by a policy when no candidate can take the
@@ -62,12 +63,32 @@ func DefaultConfig() Config {
 func (c Config) Validate() error {
 	var errs []error
 	if _, ok := factories()[c.Policy]; !ok {
-		errs = append(errs, fmt.Errorf("%w: %q (known: %s)", ErrUnknownPolicy, c.Policy, strings.Join(Names(), ", ")))
+		errs = append(errs, fmt.Errorf("routing.policy: %w %q (known: %s)%s", ErrUnknownPolicy, c.Policy, strings.Join(Names(), ", "), nearestName(c.Policy)))
 	}
 	if c.PrefillWeight < 1 {
 		errs = append(errs, fmt.Errorf("routing.prefill_weight must be >= 1, got %d", c.PrefillWeight))
 	}
 	return errors.Join(errs...)
+}
+
+// nearestName suggests the registered policy name that differs from name
+// only in case or punctuation ("LeastLoaded", "least_loaded" for
+// least-loaded), or returns "".
+func nearestName(name string) string {
+	norm := func(s string) string {
+		return strings.Map(func(r rune) rune {
+			if r == '-' || r == '_' || r == ' ' {
+				return -1
+			}
+			return unicode.ToLower(r)
+		}, s)
+	}
+	for _, n := range Names() {
+		if norm(n) == norm(name) {
+			return "; did you mean " + n + "?"
+		}
+	}
+	return ""
 }
 
 // factory builds a policy from its validated config.

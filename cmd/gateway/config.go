@@ -54,8 +54,8 @@ type ServerConfig struct {
 	ReadHeaderTimeout time.Duration `koanf:"read_header_timeout"`
 	// IdleTimeout closes a keep-alive client connection that has been idle
 	// this long between requests. Default 120 s (longer than the 60 s idle
-	// timeout of common load balancers, so they close first); 0 means
-	// read_header_timeout is used, as net/http does.
+	// timeout of common load balancers, so they close first); 0 means idle
+	// connections are never closed.
 	IdleTimeout    time.Duration `koanf:"idle_timeout"`
 	gateway.Config `koanf:",squash"`
 }
@@ -139,7 +139,7 @@ func (c Config) Validate() error {
 func parseLevel(s string) (slog.Level, error) {
 	var l slog.Level
 	if err := l.UnmarshalText([]byte(s)); err != nil {
-		return 0, fmt.Errorf("log.level: %w", err)
+		return 0, fmt.Errorf("log.level must be debug, info, warn or error, got %q", s)
 	}
 	return l, nil
 }

@@ -492,6 +492,21 @@ func TestLoadConfigKeyErrors(t *testing.T) {
 
 		// Bad values, from the file and from the environment.
 		{
+			// YAML's bare 30 would decode as 30 ns: stream idle timeouts
+			// after every token, a drain that waits for nothing.
+			name: "duration without its unit",
+			yaml: "server:\n  shutdown_timeout: 30\n  timeouts:\n    idle: 2.5\n",
+			want: []string{
+				"config file FILE: server.shutdown_timeout: 30 is not a duration: give its unit, such as 30s or 30ms",
+				"config file FILE: server.timeouts.idle: 2.5 is not a duration: give its unit, such as 2.5s or 2.5ms",
+			},
+		},
+		{
+			name: "fraction for a whole number",
+			yaml: "server:\n  max_attempts: 2.7\n",
+			want: []string{"config file FILE: server.max_attempts: 2.7 is not a whole number"},
+		},
+		{
 			name: "whole number",
 			yaml: "server:\n  max_body_bytes: abc\n  health:\n    unhealthy_after: 2.5x\n",
 			env:  []string{"SWITCHBOARD_SERVER__MAX_ATTEMPTS=two"},
@@ -811,5 +826,49 @@ func TestLoadConfigMatchesLegacyDecode(t *testing.T) {
 				t.Errorf("config mismatch\n got: %+v\nwant: %+v", got, want)
 			}
 		})
+	}
+}
+
+// TestLoadConfigLenientForms: forms an operator writes that must work: a
+// zero duration without a unit, a whole float for an integer, and lists
+// from the environment with spaces or brackets.
+func TestLoadConfigLenientForms(t *testing.T) {
+	path := writeConfig(t, "server:\n  drain_delay: 0\n  max_attempts: 3.0\nsimulate:\n  engines: 1\n")
+	cfg, err := loadConfig([]string{"--config", path}, environ(
+		"SWITCHBOARD_SERVER__STRIP_REQUEST_HEADERS=[X-A, X-B ]",
+		"SWITCHBOARD_SERVER__TRUSTED_PROXIES= 10.0.0.0/8 ,192.0.2.7",
+	))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Server.DrainDelay != 0 || cfg.Server.MaxAttempts != 3 {
+		t.Errorf("drain_delay %s, max_attempts %d", cfg.Server.DrainDelay, cfg.Server.MaxAttempts)
+	}
+	if got := cfg.Server.StripRequestHeaders; !slices.Equal(got, []string{"X-A", "X-B"}) {
+		t.Errorf("strip_request_headers %q", got)
+	}
+	if got := cfg.Server.TrustedProxies; !slices.Equal(got, []string{"10.0.0.0/8", "192.0.2.7"}) {
+		t.Errorf("trusted_proxies %q", got)
+	}
+}
+
+// TestLoadConfigNamedValueErrors: the errors Validate produces for a bad
+// policy or log level name the key and the valid values, with no library
+// wording.
+func TestLoadConfigNamedValueErrors(t *testing.T) {
+	_, err := loadConfig(nil, environ("SWITCHBOARD_SIMULATE__ENGINES=1", "SWITCHBOARD_ROUTING__POLICY=LeastLoaded", "SWITCHBOARD_LOG__LEVEL=verbose"))
+	if err == nil {
+		t.Fatal("accepted")
+	}
+	for _, want := range []string{
+		`routing.policy: unknown routing policy "LeastLoaded" (known: least-loaded, round-robin); did you mean least-loaded?`,
+		`log.level must be debug, info, warn or error, got "verbose"`,
+	} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+	if strings.Contains(err.Error(), "slog") {
+		t.Errorf("error names the library: %v", err)
 	}
 }

@@ -11,8 +11,10 @@ package main
 
 import (
 	"encoding"
+	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"reflect"
 	"regexp"
 	"slices"
@@ -32,11 +34,63 @@ import (
 func decoderConfig() *mapstructure.DecoderConfig {
 	return &mapstructure.DecoderConfig{
 		DecodeHook: mapstructure.ComposeDecodeHookFunc(
+			strictNumbers,
 			mapstructure.StringToTimeDurationHookFunc(),
-			mapstructure.StringToSliceHookFunc(","),
+			stringToList,
 			mapstructure.TextUnmarshallerHookFunc()),
 		WeaklyTypedInput: true,
 	}
+}
+
+// errNeedsUnit and errNotWhole are returned by strictNumbers; valueProblem
+// turns them into the operator's message.
+var (
+	errNeedsUnit = errors.New("a duration needs its unit")
+	errNotWhole  = errors.New("not a whole number")
+)
+
+// strictNumbers refuses what weak typing would silently change: a bare
+// number for a duration (YAML's `idle: 30` would be 30 ns; only 0 is
+// allowed without a unit) and a fraction for a whole number (2.7 would be
+// 2).
+func strictNumbers(from, to reflect.Type, v any) (any, error) {
+	rv := reflect.ValueOf(v)
+	switch {
+	case to == durationType && rv.CanInt() && rv.Int() != 0,
+		to == durationType && rv.CanUint() && rv.Uint() != 0,
+		to == durationType && rv.CanFloat() && rv.Float() != 0:
+		return nil, errNeedsUnit
+	case to != durationType && isIntKind(to.Kind()) && rv.CanFloat() && rv.Float() != math.Trunc(rv.Float()):
+		return nil, errNotWhole
+	}
+	return v, nil
+}
+
+func isIntKind(k reflect.Kind) bool {
+	return k >= reflect.Int && k <= reflect.Uint64
+}
+
+// stringToList splits a string given for a list (every list set from the
+// environment) at commas, trimming spaces around each item and one pair of
+// enclosing brackets: "a,b", "a, b" and "[a, b]" are all [a b]; "" is the
+// empty list.
+func stringToList(from, to reflect.Type, v any) (any, error) {
+	s, ok := v.(string)
+	if !ok || from.Kind() != reflect.String || to.Kind() != reflect.Slice {
+		return v, nil
+	}
+	s = strings.TrimSpace(s)
+	if strings.HasPrefix(s, "[") && strings.HasSuffix(s, "]") {
+		s = strings.TrimSpace(s[1 : len(s)-1])
+	}
+	if s == "" {
+		return []string{}, nil
+	}
+	items := strings.Split(s, ",")
+	for i := range items {
+		items[i] = strings.TrimSpace(items[i])
+	}
+	return items, nil
 }
 
 // configType is the type every source is checked against.
@@ -388,6 +442,8 @@ func valueProblem(v any, t reflect.Type) string {
 	}
 	got := describe(v)
 	switch {
+	case t == durationType && !isString(v):
+		return got + " is not a duration: give its unit, such as " + got + "s or " + got + "ms"
 	case t == durationType:
 		return got + " is not a duration (use Go syntax such as 500ms, 30s, 10m)"
 	case reflect.PointerTo(t).Implements(textUnmarshalerType):
@@ -409,6 +465,11 @@ func valueProblem(v any, t reflect.Type) string {
 		return got + " is not true or false"
 	}
 	return got + " is not valid here"
+}
+
+func isString(v any) bool {
+	_, ok := v.(string)
+	return ok
 }
 
 // decodes reports whether the configuration decoder turns v into a value

@@ -13,8 +13,8 @@ import (
 )
 
 // TestRunIdleKeepAliveClosed: server.idle_timeout closes a keep-alive
-// client connection that sits idle after its request, so idle connections
-// cannot pile up; a connection in use is not affected by it.
+// client connection that sits idle after its requests, so idle connections
+// cannot pile up; before that the connection serves further requests.
 func TestRunIdleKeepAliveClosed(t *testing.T) {
 	testutil.UnsetOTEL(t)
 	const idle = 300 * time.Millisecond

@@ -196,6 +196,14 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 		}
 		wcancel()
 		closeAll()
+		// A handler blocked on a client write or a body read returns as soon
+		// as its connection is closed; wait for it, so its slot release and
+		// duration are in the last export.
+		wctx, wcancel = context.WithTimeout(context.Background(), 5*time.Second)
+		if gw.Wait(wctx) != nil {
+			log.Error("requests still running after their connections were closed; their telemetry may be missing from the last export", "requests", gw.InFlight())
+		}
+		wcancel()
 		serr = nil
 	}
 	if serr == nil {

@@ -27,6 +27,10 @@ type Chunk struct {
 	Content bool
 	// Finish says some choice has a non-null finish_reason.
 	Finish bool
+	// Choices is the number of elements of the "choices" array (0 when it
+	// is absent, empty or not an array). A usage-only chunk has HasUsage
+	// and no choices.
+	Choices int
 	// HasUsage says a non-null "usage" object is present.
 	HasUsage bool
 	// Usage is the usage object when HasUsage; fields that are absent or not
@@ -65,7 +69,7 @@ func InspectChunk(data []byte) (Chunk, error) {
 				d.skip()
 			}
 		case "choices":
-			c.Content, c.Finish = d.choices()
+			c.Content, c.Finish, c.Choices = d.choices()
 		case "usage":
 			c.Usage, c.HasUsage = d.usage()
 		case "error":
@@ -105,13 +109,14 @@ func chunkError(data []byte) error {
 
 // choices reads the "choices" array of a chunk. Within a choice, as within
 // the chunk, the last of duplicate keys wins.
-func (d *decoder) choices() (content, finish bool) {
+func (d *decoder) choices() (content, finish bool, n int) {
 	if d.peek() != '[' {
 		d.skip()
-		return false, false
+		return false, false, 0
 	}
 	d.open('[')
 	for i := 0; d.more(']', &i); {
+		n++
 		if d.peek() != '{' {
 			d.skip()
 			continue
@@ -136,7 +141,7 @@ func (d *decoder) choices() (content, finish bool) {
 		content = content || delta || text
 		finish = finish || fin
 	}
-	return content, finish
+	return content, finish, n
 }
 
 // delta reads a choice's delta and reports whether it carries output.

@@ -17,7 +17,7 @@ func ExampleParseRequest() {
 		fmt.Printf("param %q: %s\n", re.Param, re.Message)
 	}
 	// Output:
-	// {Model:m Stream:true IncludeUsage:true HasStreamOptions:true StreamOptionsEnd:109 StreamOptionsEmpty:false User: MaxTokens:0 PromptBytes:2} <nil>
+	// {Model:m Stream:true IncludeUsage:true ContinuousUsage:false HasStreamOptions:true StreamOptionsEnd:109 StreamOptionsEmpty:false User: MaxTokens:0 PromptBytes:2} <nil>
 	// param "": invalid json: invalid character 'x' looking for beginning of object key string
 }
 

@@ -82,6 +82,7 @@ func refInspectChunk(data []byte) (c Chunk, ok bool) {
 		c.ID = id[1 : len(id)-1]
 	}
 	choices, _ := refArray(m["choices"])
+	c.Choices = len(choices)
 	for _, ch := range choices {
 		cm, ok := refObject(ch)
 		if !ok {
@@ -195,8 +196,11 @@ func refParseRequest(op Operation, body []byte) (Request, error) {
 		if r.Stream, err = boolField("stream", m["stream"]); err != nil {
 			return Request{}, err
 		}
-		if r.IncludeUsage, err = streamOptions(m["stream_options"]); err != nil {
+		if r.IncludeUsage, _, err = streamOptions(m["stream_options"]); err != nil {
 			return Request{}, err
+		}
+		if obj, ok := refObject(m["stream_options"]); ok {
+			r.ContinuousUsage = string(obj["continuous_usage_stats"]) == "true"
 		}
 		so := m["stream_options"]
 		r.HasStreamOptions = len(so) > 0 && string(so) != "null"

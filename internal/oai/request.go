@@ -49,6 +49,9 @@ type Request struct {
 	Stream bool
 	// IncludeUsage is stream_options.include_usage.
 	IncludeUsage bool
+	// ContinuousUsage is vLLM's stream_options.continuous_usage_stats
+	// (usage in every chunk); a value that is not true counts as false.
+	ContinuousUsage bool
 	// HasStreamOptions is true when stream_options is present and not null.
 	HasStreamOptions bool
 	// StreamOptionsEnd is the offset in the body of the closing '}' of the
@@ -176,7 +179,7 @@ func ParseRequest(op Operation, body []byte) (Request, error) {
 		if r.Stream, err = boolField("stream", stream); err != nil {
 			return Request{}, err
 		}
-		if r.IncludeUsage, err = streamOptions(streamOpts); err != nil {
+		if r.IncludeUsage, r.ContinuousUsage, err = streamOptions(streamOpts); err != nil {
 			return Request{}, err
 		}
 		r.HasStreamOptions = len(streamOpts) > 0 && streamOpts[0] != 'n'
@@ -388,30 +391,33 @@ func boolField(name string, raw []byte) (bool, error) {
 	return false, reqErr(name, name+" must be a boolean")
 }
 
-// streamOptions decodes stream_options.include_usage from the raw value of
-// stream_options.
-func streamOptions(raw []byte) (bool, error) {
+// streamOptions decodes stream_options.include_usage and
+// continuous_usage_stats from the raw value of stream_options.
+func streamOptions(raw []byte) (include, continuous bool, err error) {
 	if len(raw) == 0 || raw[0] == 'n' {
-		return false, nil
+		return false, false, nil
 	}
 	if raw[0] != '{' {
-		return false, reqErr("stream_options", "stream_options must be an object")
+		return false, false, reqErr("stream_options", "stream_options must be an object")
 	}
-	var include []byte
+	var inc, cont []byte
 	d := decoder{b: raw}
 	d.open('{')
 	for n := 0; d.more('}', &n); {
-		if string(d.key()) == "include_usage" {
-			include = d.value()
-			continue
+		switch string(d.key()) {
+		case "include_usage":
+			inc = d.value()
+		case "continuous_usage_stats":
+			cont = d.value()
+		default:
+			d.skip()
 		}
-		d.skip()
 	}
-	v, err := boolField("include_usage", include)
+	v, err := boolField("include_usage", inc)
 	if err != nil {
-		return false, reqErr("stream_options.include_usage", "stream_options.include_usage must be a boolean")
+		return false, false, reqErr("stream_options.include_usage", "stream_options.include_usage must be a boolean")
 	}
-	return v, nil
+	return v, string(cont) == "true", nil
 }
 
 // intField decodes the non-negative integer field name from its raw value.

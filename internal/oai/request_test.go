@@ -177,6 +177,22 @@ func TestParseRequestAllocs(t *testing.T) {
 	}
 }
 
+// TestContinuousUsage: vLLM's continuous_usage_stats is read (true only).
+func TestContinuousUsage(t *testing.T) {
+	for body, want := range map[string]bool{
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream_options":{"continuous_usage_stats":true}}`:                               true,
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream_options":{"continuous_usage_stats":false,"include_usage":true}}`:         false,
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream_options":{"continuous_usage_stats":"yes"}}`:                              false,
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"stream_options":{"continuous_usage_stats":true,"continuous_usage_stats":null}}`: false,
+		`{"model":"m","messages":[{"role":"user","content":"hi"}]}`:                                                                                false,
+	} {
+		r, err := ParseRequest(OpChat, []byte(body))
+		if err != nil || r.ContinuousUsage != want {
+			t.Errorf("%s: ContinuousUsage %v (%v), want %v", body, r.ContinuousUsage, err, want)
+		}
+	}
+}
+
 // TestStreamOptionsEnd: the offset of stream_options' closing brace, so the
 // gateway can add include_usage to it without re-encoding the body.
 func TestStreamOptionsEnd(t *testing.T) {
