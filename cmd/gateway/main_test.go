@@ -481,39 +481,6 @@ func TestRunErrors(t *testing.T) {
 	})
 }
 
-// TestRunShutdownDeadline checks that a stream outliving
-// server.shutdown_timeout is cut off when the deadline passes and that run
-// still returns nil, promptly.
-func TestRunShutdownDeadline(t *testing.T) {
-	testutil.UnsetOTEL(t)
-	const timeout = 300 * time.Millisecond
-	p := startRun(t, demoArgs, []string{
-		"SWITCHBOARD_SIMULATE__TTFT=1ms",
-		"SWITCHBOARD_SIMULATE__ITL=50ms",
-		"SWITCHBOARD_SERVER__SHUTDOWN_TIMEOUT=" + timeout.String(),
-	})
-	tr := &http.Transport{}
-	defer tr.CloseIdleConnections()
-	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
-
-	resp := postChat(t, client, p.public, 200) // ~10 s of tokens
-	defer resp.Body.Close()
-	start := time.Now()
-	if err := p.stop(t, 5*time.Second); err != nil {
-		t.Errorf("run = %v, want nil after closing the connections left at the deadline", err)
-	}
-	if elapsed := time.Since(start); elapsed < timeout || elapsed > timeout+3*time.Second {
-		t.Errorf("run returned %s after cancel, want about server.shutdown_timeout (%s)", elapsed, timeout)
-	}
-	evs, err := readSSE(resp.Body, nil)
-	if err == nil && len(evs) > 0 && evs[len(evs)-1].data == "[DONE]" {
-		t.Error("a 10 s stream completed within a 300 ms shutdown deadline")
-	}
-	if !strings.Contains(p.logs.String(), "shutdown deadline passed") {
-		t.Errorf("no deadline warning logged:\n%s", p.logs)
-	}
-}
-
 // TestRunDrainDelay: after the signal, /ready answers 503 while requests are
 // still served for server.drain_delay; then the listener closes.
 func TestRunDrainDelay(t *testing.T) {

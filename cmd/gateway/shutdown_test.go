@@ -64,8 +64,9 @@ func (o *otlpMetrics) durationCount(errType string) (uint64, int) {
 }
 
 // TestRunShutdownEndsStreamsExplicitly: a stream still open at
-// server.shutdown_timeout ends with a final SSE error event whose code is
-// server_shutdown (not a silent cut), and its handler has returned, with
+// server.shutdown_timeout ends, promptly at the deadline, with a final SSE
+// error event whose code is server_shutdown (not a silent cut); run returns
+// nil; and the stream's handler has returned, with
 // its slot released and its duration recorded as server_shutdown, before
 // the telemetry providers flush: the last OTLP export holds that sample.
 func TestRunShutdownEndsStreamsExplicitly(t *testing.T) {
@@ -89,6 +90,7 @@ func TestRunShutdownEndsStreamsExplicitly(t *testing.T) {
 
 	resp := postChat(t, client, p.public, 200) // ~10 s of tokens
 	defer resp.Body.Close()
+	start := time.Now()
 	stopped := make(chan error, 1)
 	go func() { stopped <- p.stop(t, 15*time.Second) }()
 	evs, err := readSSE(resp.Body, nil)
@@ -109,6 +111,9 @@ func TestRunShutdownEndsStreamsExplicitly(t *testing.T) {
 	}
 	if err := <-stopped; err != nil {
 		t.Errorf("run = %v, want nil", err)
+	}
+	if elapsed := time.Since(start); elapsed < timeout || elapsed > timeout+3*time.Second {
+		t.Errorf("run returned %s after cancel, want about server.shutdown_timeout (%s)", elapsed, timeout)
 	}
 	if n, exports := rec.durationCount("server_shutdown"); n != 1 {
 		t.Errorf("last of %d OTLP exports has %d server_shutdown durations, want 1 (the handler must finish before the flush)", exports, n)
