@@ -293,9 +293,11 @@ func TestNonSSEStreamPassThrough(t *testing.T) {
 				w.WriteHeader(200)
 				rc := http.NewResponseController(w)
 				for i, p := range tc.pieces {
+					// Counted before the write: the client may read the
+					// piece as soon as it is flushed.
+					written.Store(int32(i + 1))
 					_, _ = io.WriteString(w, p)
 					_ = rc.Flush()
-					written.Store(int32(i + 1))
 					if i == len(tc.pieces)-1 {
 						return
 					}
