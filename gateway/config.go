@@ -182,6 +182,30 @@ var ErrInvalidConfig = errors.New("invalid gateway config")
 // Validate reports every problem with c, each wrapping [ErrInvalidConfig],
 // joined with errors.Join.
 func (c Config) Validate() error {
+	errs := []error{c.ValidateSettings()}
+	bad := func(format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...))
+	}
+	if len(c.Engines) == 0 {
+		bad("no engines configured")
+	}
+	seen := map[string]bool{}
+	for i, e := range c.Engines {
+		if err := e.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("engines[%d]: %w", i, err))
+		}
+		if seen[e.Name] {
+			bad("engines[%d]: duplicate engine name %q", i, e.Name)
+		}
+		seen[e.Name] = true
+	}
+	return errors.Join(errs...)
+}
+
+// ValidateSettings is Validate without the engine list, for a loader that
+// checks the settings before it knows every engine (simulated engines are
+// added later). Errors wrap [ErrInvalidConfig], joined with errors.Join.
+func (c Config) ValidateSettings() error {
 	var errs []error
 	bad := func(format string, a ...any) {
 		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...))
@@ -219,31 +243,6 @@ func (c Config) Validate() error {
 		bad("server.trusted_proxies: %v", err)
 	}
 	errs = append(errs, c.Timeouts.validate()...)
-	if c.Health.Interval <= 0 {
-		bad("server.health.interval must be > 0, got %s", c.Health.Interval)
-	}
-	if c.Health.Timeout <= 0 {
-		bad("server.health.timeout must be > 0, got %s", c.Health.Timeout)
-	}
-	if c.Health.UnhealthyAfter < 1 {
-		bad("server.health.unhealthy_after must be >= 1, got %d", c.Health.UnhealthyAfter)
-	}
-	if c.Health.DiscoveryInterval <= 0 {
-		bad("server.health.discovery_interval must be > 0, got %s", c.Health.DiscoveryInterval)
-	}
-	if len(c.Engines) == 0 {
-		bad("no engines configured")
-	}
-	seen := map[string]bool{}
-	for i, e := range c.Engines {
-		if err := e.Validate(); err != nil {
-			errs = append(errs, fmt.Errorf("engines[%d]: %w", i, err))
-		}
-		if seen[e.Name] {
-			bad("engines[%d]: duplicate engine name %q", i, e.Name)
-		}
-		seen[e.Name] = true
-	}
 	return errors.Join(errs...)
 }
 
@@ -290,14 +289,20 @@ func (t Timeouts) validate() []error {
 			bad("server.timeouts.%s must be >= 0, got %s", n.key, n.d)
 		}
 	}
-	if t.Request == 0 && (t.FirstToken == 0 || t.Idle == 0) {
-		bad("server.timeouts.request is 0 and so is server.timeouts.first_token or server.timeouts.idle: a stream whose engine stalls would hold its engine slot forever")
+	unbounded := func(other, what string) {
+		bad("server.timeouts.request and server.timeouts.%s are both 0: %s would hold its engine slot forever; set one of them", other, what)
+	}
+	if t.Request == 0 && t.FirstToken == 0 {
+		unbounded("first_token", "a stream whose engine never sends its first token")
+	}
+	if t.Request == 0 && t.Idle == 0 {
+		unbounded("idle", "a stream whose engine stalls after its first token")
 	}
 	if t.Request == 0 && t.Attempt == 0 {
-		bad("server.timeouts.request and server.timeouts.attempt are both 0: a non-streaming request whose engine hangs would hold its engine slot forever")
+		unbounded("attempt", "a non-streaming request whose engine hangs")
 	}
 	if t.Request == 0 && t.ClientWrite == 0 {
-		bad("server.timeouts.request and server.timeouts.client_write are both 0: a client that stops reading would hold its engine slot forever")
+		unbounded("client_write", "a client that stops reading")
 	}
 	return errs
 }

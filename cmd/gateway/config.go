@@ -132,7 +132,15 @@ func (c Config) Validate() error {
 	if len(c.Engines) == 0 && c.Simulate.Engines == 0 {
 		errs = append(errs, errors.New("no engines: configure `engines` or `simulate.engines`"))
 	}
-	errs = append(errs, c.Routing.Validate(), c.Telemetry.Validate())
+	// The gateway's own settings and the configured engines are checked now,
+	// before simulated engines start, so every problem is reported at once;
+	// gateway.New checks the whole again with the simulated engines added.
+	errs = append(errs, c.Routing.Validate(), c.Telemetry.Validate(), c.Server.Config.ValidateSettings())
+	for i, e := range c.Engines {
+		if err := e.Validate(); err != nil {
+			errs = append(errs, fmt.Errorf("engines[%d]: %w", i, err))
+		}
+	}
 	return errors.Join(errs...)
 }
 
@@ -229,5 +237,61 @@ func loadConfig(args []string, environ func() []string) (Config, error) {
 	if cfg.Simulate.Engines > 0 && len(cfg.Simulate.Models) == 0 {
 		cfg.Simulate.Models = []string{"demo-model"}
 	}
-	return cfg, cfg.Validate()
+	if err := cfg.Validate(); err != nil {
+		return cfg, withSources(err, k, fs, environ)
+	}
+	return cfg, nil
+}
+
+// withSources adds to each line of a validation error that names a key
+// where the operator set it: the SWITCHBOARD_ variable, the flag or the
+// config file, e.g. "server.timeouts.idle must be >= 0, got -1s (set by
+// SWITCHBOARD_SERVER__TIMEOUTS__IDLE)". The last source wins, as in the
+// layering: flags, then the environment, then the file.
+func withSources(err error, k *koanf.Koanf, fs *pflag.FlagSet, environ func() []string) error {
+	from := map[string]string{}
+	if path, _ := fs.GetString("config"); path != "" {
+		for _, key := range k.Keys() {
+			from[key] = "in config file " + path
+		}
+	}
+	for _, kv := range environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, envPrefix) {
+			from[envKey(name)] = "set by " + name
+		}
+	}
+	fs.Visit(func(f *pflag.Flag) {
+		if key, ok := flagKeys[f.Name]; ok {
+			from[key] = "set by --" + f.Name
+		}
+	})
+	return annotate(err, func(msg string) string {
+		src, best := "", 0
+		for key, where := range from {
+			// The longest key named: server.timeouts.idle, not
+			// server.timeouts.
+			if len(key) > best && strings.Contains(msg, key) {
+				src, best = where, len(key)
+			}
+		}
+		return src
+	})
+}
+
+// annotate appends " (source)" to each error of the errors.Join tree err
+// for which source returns one, keeping every error's chain (errors.Is
+// still finds the sentinels).
+func annotate(err error, source func(msg string) string) error {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []error
+		for _, e := range j.Unwrap() {
+			out = append(out, annotate(e, source))
+		}
+		return errors.Join(out...)
+	}
+	if src := source(err.Error()); src != "" {
+		return fmt.Errorf("%w (%s)", err, src)
+	}
+	return err
 }

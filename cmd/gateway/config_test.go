@@ -531,7 +531,7 @@ func TestLoadConfigKeyErrors(t *testing.T) {
 			env:  []string{"SWITCHBOARD_SIMULATE__TTFT=", "SWITCHBOARD_SERVER__TIMEOUTS__REQUEST=10"},
 			want: []string{
 				`config file FILE: server.timeouts.idle: "5 minutes" is not a duration (use Go syntax such as 500ms, 30s, 10m)`,
-				`environment SWITCHBOARD_SERVER__TIMEOUTS__REQUEST (server.timeouts.request): "10" is not a duration (use Go syntax such as 500ms, 30s, 10m)`,
+				`environment SWITCHBOARD_SERVER__TIMEOUTS__REQUEST (server.timeouts.request): "10" is not a duration: give its unit, such as 10s or 10ms`,
 				`environment SWITCHBOARD_SIMULATE__TTFT (simulate.ttft): "" is not a duration (use Go syntax such as 500ms, 30s, 10m)`,
 			},
 		},
@@ -861,8 +861,8 @@ func TestLoadConfigNamedValueErrors(t *testing.T) {
 		t.Fatal("accepted")
 	}
 	for _, want := range []string{
-		`routing.policy: unknown routing policy "LeastLoaded" (known: least-loaded, round-robin); did you mean least-loaded?`,
-		`log.level must be debug, info, warn or error, got "verbose"`,
+		`routing.policy: unknown routing policy "LeastLoaded" (known: least-loaded, round-robin); did you mean least-loaded? (set by SWITCHBOARD_ROUTING__POLICY)`,
+		`log.level must be debug, info, warn or error, got "verbose" (set by SWITCHBOARD_LOG__LEVEL)`,
 	} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q lacks %q", err, want)
@@ -870,5 +870,24 @@ func TestLoadConfigNamedValueErrors(t *testing.T) {
 	}
 	if strings.Contains(err.Error(), "slog") {
 		t.Errorf("error names the library: %v", err)
+	}
+	if !errors.Is(err, routing.ErrUnknownPolicy) {
+		t.Errorf("the annotated error lost its chain: %v", err)
+	}
+
+	// Gateway settings are checked before any engine starts, and say where
+	// they were set: the file, the environment or a flag.
+	path := writeConfig(t, "server:\n  timeouts:\n    attempt: -1s\n")
+	_, err = loadConfig([]string{"--config", path}, environ("SWITCHBOARD_SIMULATE__ENGINES=1", "SWITCHBOARD_SERVER__TIMEOUTS__REQUEST=0", "SWITCHBOARD_SERVER__TIMEOUTS__IDLE=0"))
+	for _, want := range []string{
+		"server.timeouts.attempt must be >= 0, got -1s (in config file " + path + ")",
+		"server.timeouts.request and server.timeouts.idle are both 0: a stream whose engine stalls after its first token would hold its engine slot forever; set one of them (set by SWITCHBOARD_SERVER__TIMEOUTS__",
+	} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("error %v lacks %q", err, want)
+		}
+	}
+	if !errors.Is(err, gateway.ErrInvalidConfig) {
+		t.Errorf("not an ErrInvalidConfig: %v", err)
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -442,8 +443,9 @@ func valueProblem(v any, t reflect.Type) string {
 	}
 	got := describe(v)
 	switch {
-	case t == durationType && !isString(v):
-		return got + " is not a duration: give its unit, such as " + got + "s or " + got + "ms"
+	case t == durationType && isNumber(v):
+		n := strings.Trim(got, `"`)
+		return got + " is not a duration: give its unit, such as " + n + "s or " + n + "ms"
 	case t == durationType:
 		return got + " is not a duration (use Go syntax such as 500ms, 30s, 10m)"
 	case reflect.PointerTo(t).Implements(textUnmarshalerType):
@@ -467,9 +469,15 @@ func valueProblem(v any, t reflect.Type) string {
 	return got + " is not valid here"
 }
 
-func isString(v any) bool {
-	_, ok := v.(string)
-	return ok
+// isNumber reports whether v is a number, or a string holding one (as
+// every value from the environment is).
+func isNumber(v any) bool {
+	if s, ok := v.(string); ok {
+		_, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+		return err == nil
+	}
+	rv := reflect.ValueOf(v)
+	return rv.CanInt() || rv.CanUint() || rv.CanFloat()
 }
 
 // decodes reports whether the configuration decoder turns v into a value

@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -29,15 +30,32 @@ import (
 )
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, cancel := context.WithCancel(context.Background())
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
 	go func() {
-		// After the first signal, restore the default behaviour: a second
-		// Ctrl-C ends the process at once instead of waiting for the drain.
-		<-ctx.Done()
-		stop()
+		// The first signal starts the drain; a second one ends the process
+		// at once. (Restoring the signal's disposition instead would not do:
+		// a process started with SIGINT ignored, by nohup or `cmd &` in a
+		// script, would then ignore the second Ctrl-C.)
+		for n := 0; ; n++ {
+			select {
+			case <-done:
+				return
+			case <-sigs:
+			}
+			if n > 0 {
+				fmt.Fprintln(os.Stderr, "switchboard: second signal: exiting without waiting for the drain")
+				os.Exit(130)
+			}
+			cancel()
+		}
 	}()
 	err := run(ctx, os.Args[1:], os.Environ, os.Stderr, nil)
-	stop()
+	signal.Stop(sigs)
+	close(done)
+	cancel()
 	if errors.Is(err, pflag.ErrHelp) {
 		return
 	}
@@ -46,7 +64,10 @@ func main() {
 		return
 	}
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "switchboard:", err)
+		// One prefixed line per problem (errors.Join puts each on its own).
+		for line := range strings.SplitSeq(err.Error(), "\n") {
+			fmt.Fprintln(os.Stderr, "switchboard:", line)
+		}
 		os.Exit(1)
 	}
 }
