@@ -243,6 +243,18 @@ func (c Config) ValidateSettings() error {
 		bad("server.trusted_proxies: %v", err)
 	}
 	errs = append(errs, c.Timeouts.validate()...)
+	if c.Health.Interval <= 0 {
+		bad("server.health.interval must be > 0, got %s", c.Health.Interval)
+	}
+	if c.Health.Timeout <= 0 {
+		bad("server.health.timeout must be > 0, got %s", c.Health.Timeout)
+	}
+	if c.Health.UnhealthyAfter < 1 {
+		bad("server.health.unhealthy_after must be >= 1, got %d", c.Health.UnhealthyAfter)
+	}
+	if c.Health.DiscoveryInterval <= 0 {
+		bad("server.health.discovery_interval must be > 0, got %s", c.Health.DiscoveryInterval)
+	}
 	return errors.Join(errs...)
 }
 
