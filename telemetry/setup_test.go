@@ -1,10 +1,7 @@
 package telemetry
 
 import (
-	"compress/gzip"
 	"context"
-	"errors"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -16,11 +13,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
-	colmetricpb "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
-	coltracepb "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	resourcepb "go.opentelemetry.io/proto/otlp/resource/v1"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
@@ -162,71 +156,6 @@ func TestSetupCardinalityLimit(t *testing.T) {
 	}
 }
 
-// otlpReceiver is an OTLP/HTTP receiver: it decodes what the SDK exporters
-// POST to /v1/traces and /v1/metrics.
-type otlpReceiver struct {
-	mu      sync.Mutex
-	traces  []*coltracepb.ExportTraceServiceRequest
-	metrics []*colmetricpb.ExportMetricsServiceRequest
-	errs    []error
-}
-
-func (rc *otlpReceiver) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	fail := func(err error) {
-		rc.mu.Lock()
-		rc.errs = append(rc.errs, err)
-		rc.mu.Unlock()
-		http.Error(w, err.Error(), http.StatusBadRequest)
-	}
-	if r.Method != http.MethodPost || r.Header.Get("Content-Type") != "application/x-protobuf" {
-		fail(errors.New("unexpected " + r.Method + " " + r.URL.Path + " " + r.Header.Get("Content-Type")))
-		return
-	}
-	var body io.Reader = r.Body
-	if r.Header.Get("Content-Encoding") == "gzip" {
-		zr, err := gzip.NewReader(r.Body)
-		if err != nil {
-			fail(err)
-			return
-		}
-		body = zr
-	}
-	b, err := io.ReadAll(body)
-	if err != nil {
-		fail(err)
-		return
-	}
-	var resp proto.Message
-	switch r.URL.Path {
-	case "/v1/traces":
-		req := &coltracepb.ExportTraceServiceRequest{}
-		if err := proto.Unmarshal(b, req); err != nil {
-			fail(err)
-			return
-		}
-		rc.mu.Lock()
-		rc.traces = append(rc.traces, req)
-		rc.mu.Unlock()
-		resp = &coltracepb.ExportTraceServiceResponse{}
-	case "/v1/metrics":
-		req := &colmetricpb.ExportMetricsServiceRequest{}
-		if err := proto.Unmarshal(b, req); err != nil {
-			fail(err)
-			return
-		}
-		rc.mu.Lock()
-		rc.metrics = append(rc.metrics, req)
-		rc.mu.Unlock()
-		resp = &colmetricpb.ExportMetricsServiceResponse{}
-	default:
-		fail(errors.New("unexpected path " + r.URL.Path))
-		return
-	}
-	out, _ := proto.Marshal(resp)
-	w.Header().Set("Content-Type", "application/x-protobuf")
-	_, _ = w.Write(out)
-}
-
 func serviceName(r *resourcepb.Resource) string {
 	for _, kv := range r.GetAttributes() {
 		if kv.GetKey() == "service.name" {
@@ -250,7 +179,7 @@ func attrString(kvs []*commonpb.KeyValue, key string) string {
 // arrive, flushed by shutdown, under OTEL_SERVICE_NAME.
 func TestSetupOTLPExport(t *testing.T) {
 	testutil.UnsetOTEL(t)
-	rc := &otlpReceiver{}
+	rc := &testutil.OTLPReceiver{}
 	srv := httptest.NewServer(rc)
 	defer srv.Close()
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", srv.URL)
@@ -284,13 +213,12 @@ func TestSetupOTLPExport(t *testing.T) {
 		t.Fatalf("shutdown: %v", err)
 	}
 
-	rc.mu.Lock()
-	defer rc.mu.Unlock()
-	if len(rc.errs) > 0 {
-		t.Errorf("receiver errors: %v", rc.errs)
+	traces, metrics := rc.Traces(), rc.Metrics()
+	if errs := rc.Errors(); len(errs) > 0 {
+		t.Errorf("receiver errors: %v", errs)
 	}
 	var spanFound bool
-	for _, req := range rc.traces {
+	for _, req := range traces {
 		for _, rs := range req.GetResourceSpans() {
 			for _, ss := range rs.GetScopeSpans() {
 				for _, s := range ss.GetSpans() {
@@ -305,11 +233,11 @@ func TestSetupOTLPExport(t *testing.T) {
 		}
 	}
 	if !spanFound {
-		t.Errorf("probe-span not received (%d trace requests)", len(rc.traces))
+		t.Errorf("probe-span not received (%d trace requests)", len(traces))
 	}
 
 	var points uint64
-	for _, req := range rc.metrics {
+	for _, req := range metrics {
 		for _, rm := range req.GetResourceMetrics() {
 			for _, sm := range rm.GetScopeMetrics() {
 				if sm.GetScope().GetName() != ScopeName {
@@ -341,7 +269,7 @@ func TestSetupOTLPExport(t *testing.T) {
 		}
 	}
 	if points == 0 {
-		t.Errorf("no %s data point with the recorded sample among %d metric requests", TimeToFirstTokenName, len(rc.metrics))
+		t.Errorf("no %s data point with the recorded sample among %d metric requests", TimeToFirstTokenName, len(metrics))
 	}
 }
 

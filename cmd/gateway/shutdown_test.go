@@ -2,49 +2,25 @@ package main
 
 import (
 	"encoding/json"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
-
-	colmetricpb "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
-// otlpMetrics is an OTLP/HTTP metrics receiver that keeps every export.
-type otlpMetrics struct {
-	mu      sync.Mutex
-	exports []*colmetricpb.ExportMetricsServiceRequest
-}
-
-func (o *otlpMetrics) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	b, _ := io.ReadAll(r.Body)
-	req := &colmetricpb.ExportMetricsServiceRequest{}
-	if r.URL.Path != "/v1/metrics" || proto.Unmarshal(b, req) != nil {
-		w.WriteHeader(http.StatusBadRequest)
-		return
-	}
-	o.mu.Lock()
-	o.exports = append(o.exports, req)
-	o.mu.Unlock()
-	w.Header().Set("Content-Type", "application/x-protobuf")
-}
-
-// durationCount returns, from the last export, the count of
-// switchboard.engine.request.duration points whose error.type is errType.
-func (o *otlpMetrics) durationCount(errType string) (uint64, int) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if len(o.exports) == 0 {
+// durationCount returns, from the last metrics export rc received, the
+// count of switchboard.engine.request.duration points whose error.type is
+// errType, and how many exports there were.
+func durationCount(rc *testutil.OTLPReceiver, errType string) (uint64, int) {
+	exports := rc.Metrics()
+	if len(exports) == 0 {
 		return 0, 0
 	}
 	var n uint64
-	for _, rm := range o.exports[len(o.exports)-1].ResourceMetrics {
+	for _, rm := range exports[len(exports)-1].ResourceMetrics {
 		for _, sm := range rm.ScopeMetrics {
 			for _, m := range sm.Metrics {
 				if m.Name != "switchboard.engine.request.duration" {
@@ -60,7 +36,7 @@ func (o *otlpMetrics) durationCount(errType string) (uint64, int) {
 			}
 		}
 	}
-	return n, len(o.exports)
+	return n, len(exports)
 }
 
 // TestRunShutdownEndsStreamsExplicitly: a stream still open at
@@ -71,7 +47,7 @@ func (o *otlpMetrics) durationCount(errType string) (uint64, int) {
 // the telemetry providers flush: the last OTLP export holds that sample.
 func TestRunShutdownEndsStreamsExplicitly(t *testing.T) {
 	testutil.UnsetOTEL(t)
-	rec := &otlpMetrics{}
+	rec := &testutil.OTLPReceiver{}
 	collector := httptest.NewServer(rec)
 	defer collector.Close()
 	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", collector.URL)
@@ -115,7 +91,7 @@ func TestRunShutdownEndsStreamsExplicitly(t *testing.T) {
 	if elapsed := time.Since(start); elapsed < timeout || elapsed > timeout+3*time.Second {
 		t.Errorf("run returned %s after cancel, want about server.shutdown_timeout (%s)", elapsed, timeout)
 	}
-	if n, exports := rec.durationCount("server_shutdown"); n != 1 {
+	if n, exports := durationCount(rec, "server_shutdown"); n != 1 {
 		t.Errorf("last of %d OTLP exports has %d server_shutdown durations, want 1 (the handler must finish before the flush)", exports, n)
 	}
 	if !strings.Contains(p.logs.String(), "shutdown deadline passed") {
