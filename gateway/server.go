@@ -278,10 +278,13 @@ func (s *Server) Close() error {
 //	GET  /health     liveness (always 200 while the process serves)
 //	GET  /ready      200 when at least one healthy engine has reported models
 //
-// The middleware order is: request id, otelhttp server span (inside chi,
-// so http.route is the route pattern), panic recovery (inside the span, so
-// a recovered panic is recorded as a 500). No middleware buffers or
-// compresses responses: SSE is flushed event by event.
+// The middleware order is: request id, access log (Config.AccessLog),
+// otelhttp server span (inside chi, so http.route is the route pattern; not
+// for /health and /ready), panic recovery (inside the span, so a recovered
+// panic is recorded as a 500), and on the proxied routes the admission
+// check (Config.MaxConcurrentRequests). No middleware buffers or compresses
+// responses: SSE is flushed event by event. Serve it with
+// [Server.BaseContext] as the http.Server's BaseContext.
 func (s *Server) Handler() http.Handler {
 	r := chi.NewRouter()
 	r.Use(requestID, s.accessLog)
