@@ -3,6 +3,9 @@
 //
 //	enginesim --listen 127.0.0.1:8001 --model llama-8b,qwen-7b --ttft 50ms --itl 20ms
 //
+// --ttft-per-running and --itl-per-running (default 0, off) make latency grow with the
+// number of running sequences; see the package documentation's Scheduling section.
+//
 // It stops on SIGINT or SIGTERM, draining in-flight requests for up to 5 s.
 package main
 
@@ -57,7 +60,9 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.StringSliceVar(&o.cfg.Models, "model", []string{enginesim.DefaultModel}, "served model name (repeatable or comma-separated)")
 	fs.DurationVar(&o.cfg.TTFT, "ttft", enginesim.DefaultTTFT, "base time to first token (prefill)")
 	fs.DurationVar(&o.cfg.TTFTPerPromptToken, "ttft-per-token", 0, "time to first token added per uncached prompt token")
+	fs.DurationVar(&o.cfg.TTFTPerRunning, "ttft-per-running", 0, "time to first token added per other running sequence when prefill starts (0: off)")
 	fs.DurationVar(&o.cfg.ITL, "itl", enginesim.DefaultITL, "inter-token latency (one decode step)")
+	fs.DurationVar(&o.cfg.ITLPerRunning, "itl-per-running", 0, "inter-token latency added per other running sequence, at each token (0: off)")
 	fs.IntVar(&o.cfg.OutputTokens, "output-tokens", enginesim.DefaultOutputTokens, "tokens generated when a request sets no max_tokens")
 	fs.IntVar(&o.cfg.MaxOutputTokens, "max-output-tokens", enginesim.DefaultMaxOutputTokens, "cap on a request's max_tokens")
 	fs.IntVar(&o.cfg.MaxNumSeqs, "max-num-seqs", enginesim.DefaultMaxNumSeqs, "maximum running sequences; more requests wait in a FIFO queue")
@@ -98,7 +103,8 @@ func serve(ctx context.Context, args []string, out io.Writer, log *slog.Logger, 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	log.Info("enginesim listening", "addr", ln.Addr().String(), "name", o.cfg.Name, "models", o.cfg.Models,
-		"ttft", o.cfg.TTFT, "itl", o.cfg.ITL, "max_num_seqs", o.cfg.MaxNumSeqs, "fault", o.cfg.Fault)
+		"ttft", o.cfg.TTFT, "itl", o.cfg.ITL, "ttft_per_running", o.cfg.TTFTPerRunning,
+		"itl_per_running", o.cfg.ITLPerRunning, "max_num_seqs", o.cfg.MaxNumSeqs, "fault", o.cfg.Fault)
 	if ready != nil {
 		ready(ln.Addr())
 	}

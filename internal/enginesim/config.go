@@ -48,9 +48,17 @@ type Config struct {
 	// TTFTPerPromptToken is added to TTFT for every prompt token not found in the prefix cache.
 	// Default 0.
 	TTFTPerPromptToken time.Duration
+	// TTFTPerRunning is added to the time to first token for every other sequence running on
+	// the engine (all models) when the sequence's prefill starts, modelling prefill contention.
+	// Default 0 (off): the time to first token does not depend on load.
+	TTFTPerRunning time.Duration
 	// ITL is the inter-token latency: the time between two generated tokens (one decode step).
 	// Default [DefaultITL]; use 1ns for (almost) none.
 	ITL time.Duration
+	// ITLPerRunning is added to every token's ITL for every other sequence running on the
+	// engine (all models), read again before each token, modelling decode batch contention:
+	// itl = ITL + ITLPerRunning*(running-1). Default 0 (off): the ITL does not depend on load.
+	ITLPerRunning time.Duration
 	// OutputTokens is the number of tokens generated when the request sets no max_tokens; such
 	// requests finish with finish_reason "stop". Default [DefaultOutputTokens].
 	OutputTokens int
@@ -83,7 +91,9 @@ func (c Config) Validate() error {
 	}{
 		{"ttft", c.TTFT},
 		{"ttft per prompt token", c.TTFTPerPromptToken},
+		{"ttft per running", c.TTFTPerRunning},
 		{"itl", c.ITL},
+		{"itl per running", c.ITLPerRunning},
 	}
 	for _, d := range durations {
 		if d.v < 0 {

@@ -25,16 +25,18 @@
 //
 // A stream sends, in order: the headers; for chat, a role-only chunk
 // (delta {"role":"assistant","content":""}) at once, before the sequence is even scheduled;
-// after the time to first token, one chunk per token spaced by Config.ITL; a finish chunk
-// (empty delta or text, with finish_reason); a usage chunk (empty choices) when
-// stream_options.include_usage is true; and "data: [DONE]". Each event is flushed as it is
-// written. A non-stream request waits for the whole generation (TTFT + (n-1)*ITL) and then
+// after the time to first token, one chunk per token spaced by the inter-token latency
+// (Config.ITL, plus the load term below); a finish chunk (empty delta or text, with
+// finish_reason); a usage chunk (empty choices) when stream_options.include_usage is true;
+// and "data: [DONE]". Each event is flushed as it is written. A non-stream request waits for
+// the whole generation (the time to first token plus n-1 inter-token latencies) and then
 // sends one JSON body with Content-Length.
 //
 // Embeddings are deterministic unit-length vectors of Config.EmbeddingDim elements derived
 // from a hash of the model name and each input (encoding_format "float", the default, or
-// "base64" of little-endian float32s); they take a running slot and one TTFT wait, and do
-// not use the prefix cache.
+// "base64" of little-endian float32s); they take a running slot and one prefill wait (TTFT
+// plus the TTFTPerRunning load term below, without TTFTPerPromptToken), and do not use the
+// prefix cache.
 //
 // A request's X-Request-Id header is echoed in the response. Every response the engine
 // writes, on every path and errors included, carries "Server: uvicorn", as vLLM's uvicorn
@@ -44,7 +46,28 @@
 //
 // At most Config.MaxNumSeqs sequences run at once; further requests wait in a FIFO queue
 // (Stats.Waiting, vllm:num_requests_waiting). A running sequence first waits its time to first
-// token, TTFT + TTFTPerPromptToken * uncached prompt tokens, then one ITL per further token.
+// token, then one inter-token latency (ITL) per further token:
+//
+//	ttft = TTFT + TTFTPerPromptToken*uncached + TTFTPerRunning*(running-1)
+//	itl  = ITL + ITLPerRunning*(running-1)
+//
+// where uncached is the number of prompt tokens not found in the prefix cache (below) and
+// running is Stats.Running, the sequences running on the engine (all models together, since
+// they share one simulated GPU), the sequence itself included.
+//
+// Load: TTFTPerRunning and ITLPerRunning make latency depend on load, so that a routing
+// policy that piles requests onto one engine pays for it. Both default to 0, which turns
+// the load terms off (latency then does not depend on other requests, as before they
+// existed). running is read when the prefill starts (after the queue wait, once the
+// sequence holds its slot) and the prefill wait is then fixed, modelling prefill
+// contention; for the ITL it is read again before every token, modelling decode batch
+// contention, so a stream speeds up as its neighbours finish and slows down as others
+// join. Queued sequences do not count. This is a simple linear model of the simulator's
+// own, chosen to be predictable; it is not fitted to measurements of a real engine and is
+// a simplification of vLLM, where continuous batching runs all running sequences in shared
+// engine steps whose duration grows with the number of tokens in the batch (decode tokens
+// plus prefill chunks), so a real engine's slowdown depends on prompt lengths, chunked
+// prefill and KV cache pressure, not on the sequence count alone.
 //
 // Prefix cache: the prompt's words are split into blocks of Config.BlockSize tokens; each
 // full block is hashed together with the hashes of all blocks before it (and the model name).

@@ -37,7 +37,8 @@ func (e *Engine) serveEmbeddings(w http.ResponseWriter, r *http.Request) {
 	err = c.embed(items, keys, b64)
 }
 
-// embed runs an admitted embeddings request: one TTFT wait, then the vectors.
+// embed runs an admitted embeddings request: one prefill wait (TTFT plus TTFTPerRunning per
+// other running sequence), then the vectors.
 func (c *call) embed(items [][]string, keys []string, b64 bool) error {
 	if handled, err := c.preHeaders(); handled || err != nil {
 		return err
@@ -57,7 +58,7 @@ func (c *call) embed(items [][]string, keys []string, b64 bool) error {
 		return err
 	}
 	c.setKVTokens(tokens)
-	if err := c.wait(c.e.cfg.TTFT, nil, false); err != nil {
+	if err := c.wait(c.prefillDelay(0), nil, false); err != nil {
 		return err
 	}
 	c.m.promptTokens.Add(float64(tokens))

@@ -35,6 +35,10 @@ type Engine struct {
 	pcQueries, pcHits                     atomic.Int64
 
 	handler http.Handler
+
+	// onDelay, when set (by tests, before the first request), is called with every computed
+	// prefill and inter-token wait, from the request's goroutine.
+	onDelay func(delayKind, time.Duration)
 }
 
 // Stats is a point-in-time snapshot of an engine's counters. Every request that passes

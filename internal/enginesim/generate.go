@@ -104,16 +104,15 @@ func (g *generation) run() error {
 	return g.runUnary()
 }
 
-// prefill admits the sequence and waits for its time to first token: TTFT plus
-// TTFTPerPromptToken for each prompt token not in the prefix cache.
+// prefill admits the sequence and waits for its time to first token: TTFT, plus
+// TTFTPerPromptToken for each prompt token not in the prefix cache, plus TTFTPerRunning for
+// each other sequence running once this one is admitted (see [Engine.ttftFor]).
 func (g *generation) prefill() error {
 	cached, err := g.admit(g.words, true)
 	if err != nil {
 		return err
 	}
-	cfg := &g.e.cfg
-	ttft := cfg.TTFT + time.Duration(g.promptTokens-cached)*cfg.TTFTPerPromptToken
-	if err := g.wait(ttft, nil, true); err != nil {
+	if err := g.wait(g.prefillDelay(g.promptTokens-cached), nil, true); err != nil {
 		return err
 	}
 	g.m.ttft.Observe(time.Since(g.start).Seconds())
@@ -169,7 +168,7 @@ func (g *generation) runStream() error {
 			break
 		}
 		if i > 0 || g.toolCall {
-			if err := g.wait(g.e.cfg.ITL, nil, true); err != nil {
+			if err := g.wait(g.itlDelay(), nil, true); err != nil {
 				return err
 			}
 		}
@@ -209,7 +208,7 @@ func (g *generation) runUnary() error {
 	}
 	for i := range g.n {
 		if i > 0 {
-			if err := g.wait(g.e.cfg.ITL, nil, false); err != nil {
+			if err := g.wait(g.itlDelay(), nil, false); err != nil {
 				return err
 			}
 		}

@@ -79,6 +79,13 @@ func (s *scheduler) done(t *ticket) (wasRunning bool) {
 	return true
 }
 
+// numRunning returns the number of running sequences, all models together.
+func (s *scheduler) numRunning() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.running
+}
+
 // counts returns the running and waiting sequence totals.
 func (s *scheduler) counts() (running, waiting int64) {
 	s.mu.Lock()
