@@ -1,0 +1,169 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net/url"
+	"time"
+
+	"github.com/spf13/pflag"
+)
+
+// Workload names accepted by --workload.
+const (
+	FixedName         = "fixed"
+	ConversationsName = "conversations"
+)
+
+// Config is the whole run configuration, filled from the command line by
+// parseFlags and checked by Validate.
+type Config struct {
+	// URL is the base URL of the server; requests go to URL + "/v1/chat/completions".
+	URL    string
+	APIKey string
+	Model  string
+
+	// Concurrency is the number of closed-loop workers. It is ignored when
+	// Rate is set.
+	Concurrency int
+	// Rate, when > 0, selects open-loop mode: requests start at Poisson
+	// arrival times with this mean rate (requests/s), whatever the latency.
+	Rate float64
+	// Requests bounds the number of measured requests (0: no bound).
+	Requests int
+	// Duration bounds the time during which requests are started (0: no
+	// bound). Requests in flight when it ends are allowed to finish.
+	Duration time.Duration
+	// Warmup is the number of requests sent first and left out of the report.
+	Warmup int
+	// Timeout bounds each request, headers and body.
+	Timeout time.Duration
+	Stream  bool
+
+	MaxTokens int
+	// Workload is FixedName or ConversationsName.
+	Workload    string
+	PromptWords int
+	// Conversations workload.
+	SystemPrompts     int
+	SystemPromptWords int
+	Conversations     int
+	Turns             int
+	SessionHeader     string
+
+	// Seed seeds the open-loop arrival process and the generated texts.
+	Seed uint64
+	// JSON is where the JSON report goes: a file name, "-" for stdout, or
+	// "" for none.
+	JSON string
+	// Fault is sent as the X-Enginesim-Fault header (simulator only).
+	Fault string
+}
+
+// OpenLoop reports whether the run uses Poisson arrivals.
+func (c *Config) OpenLoop() bool { return c.Rate > 0 }
+
+// Validate reports every problem in c, joined.
+func (c *Config) Validate() error {
+	var errs []error
+	u, err := url.Parse(c.URL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		errs = append(errs, fmt.Errorf("--url %q: want an http or https base URL", c.URL))
+	}
+	if c.Concurrency < 1 {
+		errs = append(errs, fmt.Errorf("--concurrency %d: must be at least 1", c.Concurrency))
+	}
+	if c.Rate < 0 {
+		errs = append(errs, fmt.Errorf("--rate %g: must not be negative", c.Rate))
+	}
+	if c.Requests < 0 {
+		errs = append(errs, fmt.Errorf("--requests %d: must not be negative", c.Requests))
+	}
+	if c.Duration < 0 {
+		errs = append(errs, fmt.Errorf("--duration %v: must not be negative", c.Duration))
+	}
+	if c.Requests == 0 && c.Duration == 0 {
+		errs = append(errs, errors.New("set --requests, --duration or both"))
+	}
+	if c.Warmup < 0 {
+		errs = append(errs, fmt.Errorf("--warmup %d: must not be negative", c.Warmup))
+	}
+	if c.Timeout <= 0 {
+		errs = append(errs, fmt.Errorf("--timeout %v: must be positive", c.Timeout))
+	}
+	if c.MaxTokens < 1 {
+		errs = append(errs, fmt.Errorf("--max-tokens %d: must be at least 1", c.MaxTokens))
+	}
+	if c.PromptWords < 1 {
+		errs = append(errs, fmt.Errorf("--prompt-words %d: must be at least 1", c.PromptWords))
+	}
+	switch c.Workload {
+	case FixedName:
+	case ConversationsName:
+		if c.SystemPrompts < 1 {
+			errs = append(errs, fmt.Errorf("--system-prompts %d: must be at least 1", c.SystemPrompts))
+		}
+		if c.SystemPromptWords < 1 {
+			errs = append(errs, fmt.Errorf("--system-prompt-words %d: must be at least 1", c.SystemPromptWords))
+		}
+		if c.Conversations < 1 {
+			errs = append(errs, fmt.Errorf("--conversations %d: must be at least 1", c.Conversations))
+		}
+		if c.Turns < 1 {
+			errs = append(errs, fmt.Errorf("--turns %d: must be at least 1", c.Turns))
+		}
+		if c.SessionHeader == "" {
+			errs = append(errs, errors.New("--session-header: must not be empty"))
+		}
+	default:
+		errs = append(errs, fmt.Errorf("--workload %q: want %q or %q", c.Workload, FixedName, ConversationsName))
+	}
+	return errors.Join(errs...)
+}
+
+// parseFlags parses args (without the program name) into a validated Config.
+// It returns pflag.ErrHelp after printing usage for -h/--help.
+func parseFlags(args []string, stderr io.Writer) (*Config, error) {
+	c := &Config{}
+	fs := pflag.NewFlagSet("loadgen", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.URL, "url", "http://localhost:8080", "base URL of the OpenAI-compatible server")
+	fs.StringVar(&c.APIKey, "api-key", "", "API key, sent as Authorization: Bearer KEY")
+	fs.StringVar(&c.Model, "model", "", "model name (empty: omitted from the request)")
+	fs.IntVar(&c.Concurrency, "concurrency", 1, "closed loop: number of requests in flight")
+	fs.Float64Var(&c.Rate, "rate", 0, "open loop: mean request rate in requests/s, Poisson arrivals (excludes --concurrency)")
+	fs.IntVar(&c.Requests, "requests", 0, "number of measured requests (0: unbounded)")
+	fs.DurationVar(&c.Duration, "duration", 0, "stop starting requests after this long (0: unbounded)")
+	fs.IntVar(&c.Warmup, "warmup", 0, "requests sent first and left out of the report")
+	fs.DurationVar(&c.Timeout, "timeout", 60*time.Second, "per-request timeout (headers and body)")
+	fs.BoolVar(&c.Stream, "stream", false, "stream responses (SSE); needed for TTFT and ITL")
+	fs.IntVar(&c.MaxTokens, "max-tokens", 64, "max_tokens of every request")
+	fs.StringVar(&c.Workload, "workload", FixedName, "workload: fixed or conversations")
+	fs.IntVar(&c.PromptWords, "prompt-words", 64, "words in the prompt (fixed) or in each user turn (conversations)")
+	fs.IntVar(&c.SystemPrompts, "system-prompts", 4, "conversations: number of distinct system prompts shared by the conversations")
+	fs.IntVar(&c.SystemPromptWords, "system-prompt-words", 1024, "conversations: words in each system prompt")
+	fs.IntVar(&c.Conversations, "conversations", 16, "conversations: number of conversations open at once")
+	fs.IntVar(&c.Turns, "turns", 4, "conversations: user turns per conversation")
+	fs.StringVar(&c.SessionHeader, "session-header", "x-session-id", "conversations: header carrying the conversation id")
+	fs.Uint64Var(&c.Seed, "seed", 1, "seed of the arrival process and generated texts")
+	fs.StringVar(&c.JSON, "json", "", "also write the report as JSON to FILE (- for stdout)")
+	fs.StringVar(&c.Fault, "fault", "", "simulator only: X-Enginesim-Fault header sent with every request")
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	var errs []error
+	if fs.Changed("rate") && fs.Changed("concurrency") {
+		errs = append(errs, errors.New("--rate and --concurrency are mutually exclusive"))
+	}
+	if err := c.Validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return c, nil
+}

@@ -1,0 +1,76 @@
+// Command loadgen is an LLM-aware load generator for OpenAI-compatible
+// servers (Switchboard, vLLM, the simulator). It sends POST
+// /v1/chat/completions requests and reports throughput, time to first token
+// (TTFT), inter-token latency (ITL), end-to-end latency and errors by class.
+//
+//	loadgen --url http://localhost:8080 --model m --stream --concurrency 8 --requests 500
+//	loadgen --url http://localhost:8080 --stream --rate 20 --duration 1m --warmup 50
+//	loadgen --workload conversations --conversations 32 --turns 6 --system-prompts 4 \
+//	    --stream --concurrency 32 --duration 2m --json report.json
+//	loadgen --stream --requests 100 --json - | jq .ttft
+//
+// # Load
+//
+// Closed loop (the default): --concurrency workers each send a request as
+// soon as their previous one ends. Open loop (--rate R): requests start at
+// Poisson arrival times, with exponential gaps of mean 1/R drawn from a
+// source seeded by --seed, however long earlier requests take.
+//
+// The run ends when --requests measured requests have been sent, or when
+// --duration has passed since the start (requests in flight then finish), or
+// on SIGINT / SIGTERM (requests in flight are abandoned and not reported). At
+// least one of --requests and --duration is required. The first --warmup
+// requests are sent the same way but left out of the report and of
+// --requests.
+//
+// # Workloads
+//
+// fixed sends one prompt of --prompt-words deterministic words every time.
+//
+// conversations runs --conversations multi-turn chats at once. Each starts
+// with one of --system-prompts long deterministic system prompts
+// (--system-prompt-words words), shared by the conversations so a server can
+// reuse their prefix, and each turn sends the whole history: the system
+// prompt, every earlier user message and the assistant reply received for
+// it, and a new user message of --prompt-words words. Every request carries
+// the conversation id in --session-header (x-session-id). A conversation has
+// one request in flight at a time, so at most --conversations requests run
+// at once; a worker or arrival waits for an idle conversation. After --turns
+// turns, or a failed turn, a conversation is replaced by a new one.
+//
+// # Measurements
+//
+// TTFT is the time from sending the request to the first SSE event carrying
+// content: a non-empty delta.content, delta.reasoning_content or
+// delta.tool_calls, or completions text; the role-only chunk, comments and
+// the usage chunk do not count. ITL samples are the gaps between successive
+// content events. Output tokens are usage.completion_tokens when the server
+// sends usage (loadgen asks for it with stream_options.include_usage), else
+// the number of content events. TTFT and ITL exist only with --stream.
+// Latency and token statistics cover successful requests; throughput is
+// successful requests and their output tokens over the time from the first
+// measured start to the last end. Percentiles are exact (nearest rank) over
+// every recorded sample.
+//
+// # Errors
+//
+// A failed request has one class:
+//
+//   - http_4xx, http_5xx: a status of 400 or more (the status is kept);
+//   - connect: the connection could not be made (dial or DNS failure);
+//   - timeout: --timeout expired, before or during the body;
+//   - stream_error_event: the stream carried an event data: {"error":...};
+//   - stream_no_done: the stream ended, cleanly or not, without data: [DONE];
+//   - other: anything else, such as a connection closed before the
+//     response or a non-stream body that is cut short or not JSON.
+//
+// # Output
+//
+// An aligned table goes to stdout; --json FILE also writes the report as
+// JSON (--json - writes the JSON to stdout and the table to stderr). When
+// stderr is a terminal a progress line is rewritten there 4 times a second.
+//
+// --fault SPEC is for the simulator only (internal/enginesim): it sends SPEC
+// in the X-Enginesim-Fault header of every request, for example
+// --fault status=500 or --fault close-after=2.
+package main

@@ -1,0 +1,276 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/switchboard-gw/switchboard/internal/enginesim"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// recorded is one request as the server received it.
+type recorded struct {
+	header http.Header
+	body   chatRequest
+}
+
+// recorder wraps a handler and keeps every chat request it receives.
+type recorder struct {
+	next http.Handler
+	// got, when non-nil, receives a value as each request arrives.
+	got chan struct{}
+
+	mu   sync.Mutex
+	reqs []recorded
+}
+
+func (rec *recorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	var cr chatRequest
+	if err := json.Unmarshal(body, &cr); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	rec.mu.Lock()
+	rec.reqs = append(rec.reqs, recorded{header: r.Header.Clone(), body: cr})
+	rec.mu.Unlock()
+	if rec.got != nil {
+		rec.got <- struct{}{}
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	rec.next.ServeHTTP(w, r)
+}
+
+func (rec *recorder) requests() []recorded {
+	rec.mu.Lock()
+	defer rec.mu.Unlock()
+	return append([]recorded(nil), rec.reqs...)
+}
+
+// newSim returns a fast simulated engine serving model "m".
+func newSim(t *testing.T) http.Handler {
+	t.Helper()
+	e, err := enginesim.New(enginesim.Config{Models: []string{"m"}, TTFT: time.Millisecond, ITL: time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e.Handler()
+}
+
+// serve serves h, closed at test cleanup.
+func serve(t *testing.T, h http.Handler) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// load runs a load described by command-line args against url and returns
+// the results and the report.
+func load(t *testing.T, ctx context.Context, url string, args ...string) ([]*Result, *Report) {
+	t.Helper()
+	cfg, err := parseFlags(append([]string{"--url", url, "--model", "m"}, args...), io.Discard)
+	if err != nil {
+		t.Fatalf("parseFlags(%q): %v", args, err)
+	}
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	defer tr.CloseIdleConnections()
+	r := NewRunner(cfg, newWorkload(cfg), NewClient(cfg, &http.Client{Transport: tr}))
+	results, window := r.Run(ctx)
+	return results, Aggregate(cfg, results, window, r.Warmup())
+}
+
+func TestFixedClosedLoop(t *testing.T) {
+	srv := serve(t, newSim(t))
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"stream", []string{"--stream"}},
+		{"non-stream", nil},
+		{"stream split across reads", []string{"--stream", "--fault", "trickle=0s"}},
+		{"stream with keep-alives and reasoning", []string{"--stream", "--fault", "keepalive,reasoning=2"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const n, maxTokens = 12, 5
+			args := append([]string{"--requests", "12", "--concurrency", "3", "--max-tokens", "5"}, tc.args...)
+			results, rep := load(t, context.Background(), srv.URL, args...)
+			if len(results) != n {
+				t.Fatalf("got %d results, want %d", len(results), n)
+			}
+			stream := len(tc.args) > 0
+			for i, res := range results {
+				if !res.OK() {
+					t.Fatalf("result %d failed: %s %v", i, res.Class, res.Err)
+				}
+				if res.OutputTokens != maxTokens {
+					t.Errorf("result %d: %d output tokens, want %d", i, res.OutputTokens, maxTokens)
+				}
+				if stream && (!res.HasTTFT || len(res.ITL) != maxTokens-1) {
+					t.Errorf("result %d: HasTTFT %t, %d ITL samples, want true, %d", i, res.HasTTFT, len(res.ITL), maxTokens-1)
+				}
+				if !stream && (res.HasTTFT || len(res.ITL) != 0) {
+					t.Errorf("result %d: non-stream has TTFT or ITL", i)
+				}
+			}
+			if rep.Succeeded != n || rep.Failed != 0 || rep.OutputTokens != n*maxTokens || rep.EndToEnd.Count != n {
+				t.Errorf("report: %+v", rep)
+			}
+			if stream && (rep.TTFT.Count != n || rep.ITL.Count != n*(maxTokens-1)) {
+				t.Errorf("report TTFT count %d, ITL count %d", rep.TTFT.Count, rep.ITL.Count)
+			}
+		})
+	}
+}
+
+func TestConversations(t *testing.T) {
+	rec := &recorder{next: newSim(t)}
+	srv := serve(t, rec)
+	const turns, maxTokens = 3, 4
+	results, rep := load(t, context.Background(), srv.URL, "--stream", "--workload", "conversations",
+		"--conversations", "3", "--turns", "3", "--system-prompts", "2", "--system-prompt-words", "50",
+		"--prompt-words", "7", "--requests", "14", "--concurrency", "4", "--max-tokens", "4",
+		"--session-header", "x-conv")
+	if len(results) != 14 || rep.Failed != 0 {
+		t.Fatalf("%d results, %d failed, want 14, 0", len(results), rep.Failed)
+	}
+	reqs := rec.requests()
+	if len(reqs) != 14 {
+		t.Fatalf("server got %d requests, want 14", len(reqs))
+	}
+	var reply strings.Builder
+	for i := range maxTokens {
+		reply.WriteString(enginesim.ContentToken(i))
+	}
+	sessions := map[string][]chatRequest{}
+	systems := map[string]bool{}
+	for _, r := range reqs {
+		id := r.header.Get("x-conv")
+		if id == "" {
+			t.Fatal("request without the session header")
+		}
+		sessions[id] = append(sessions[id], r.body)
+	}
+	for id, bodies := range sessions {
+		if len(bodies) > turns {
+			t.Errorf("%s: %d turns, want at most %d", id, len(bodies), turns)
+		}
+		for i, b := range bodies {
+			if len(b.Messages) != 2+2*i {
+				t.Fatalf("%s turn %d: %d messages, want %d", id, i, len(b.Messages), 2+2*i)
+			}
+			if b.Messages[0].Role != "system" || len(strings.Fields(b.Messages[0].Content)) < 50 {
+				t.Errorf("%s turn %d: first message %q is not a long system prompt", id, i, b.Messages[0].Role)
+			}
+			systems[b.Messages[0].Content] = true
+			if last := b.Messages[len(b.Messages)-1]; last.Role != "user" || !strings.Contains(last.Content, id) {
+				t.Errorf("%s turn %d: last message %+v, want this conversation's user turn", id, i, last)
+			}
+			if i == 0 {
+				continue
+			}
+			prev := bodies[i-1].Messages
+			want := append(append([]Message(nil), prev...), Message{Role: "assistant", Content: reply.String()})
+			if !equalMessages(b.Messages[:len(want)], want) {
+				t.Errorf("%s turn %d does not extend turn %d with the assistant reply:\n%+v", id, i, i-1, b.Messages)
+			}
+		}
+	}
+	// 14 turns over conversations of at most 3 turns: at least 5 ids.
+	if len(sessions) < 5 {
+		t.Errorf("%d conversations, want at least 5", len(sessions))
+	}
+	if len(systems) != 2 {
+		t.Errorf("%d distinct system prompts, want 2 shared ones", len(systems))
+	}
+}
+
+func equalMessages(a, b []Message) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// scripted serves a fixed SSE body for every request.
+func scripted(body string) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, body)
+	})
+}
+
+func TestErrorClasses(t *testing.T) {
+	sim := serve(t, newSim(t))
+	errorEvent := serve(t, scripted("data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n"+
+		"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"+
+		"data: {\"error\":{\"message\":\"engine died\",\"type\":\"internal_error\",\"code\":500}}\n\n"+
+		"data: [DONE]\n\n"))
+	closed := httptest.NewServer(http.NotFoundHandler())
+	closed.Close()
+	for _, tc := range []struct {
+		name   string
+		url    string
+		args   []string
+		class  string
+		status int
+	}{
+		{"status 500", sim.URL, []string{"--fault", "status=500"}, ClassHTTP5xx, 500},
+		{"status 503 streaming", sim.URL, []string{"--stream", "--fault", "status=503,error-body=html"}, ClassHTTP5xx, 503},
+		{"status 429", sim.URL, []string{"--stream", "--fault", "status=429"}, ClassHTTP4xx, 429},
+		{"unknown model", sim.URL, []string{"--model", "nope"}, ClassHTTP4xx, 404},
+		{"mid-stream close", sim.URL, []string{"--stream", "--fault", "close-after=2"}, ClassStreamNoDone, 200},
+		{"stream without done", sim.URL, []string{"--stream", "--fault", "truncate"}, ClassStreamNoDone, 200},
+		{"error event", errorEvent.URL, []string{"--stream"}, ClassStreamErrorEvent, 200},
+		{"timeout before headers", sim.URL, []string{"--stream", "--timeout", "20ms", "--fault", "stall-before-headers"}, ClassTimeout, 0},
+		{"timeout mid-stream", sim.URL, []string{"--stream", "--timeout", "20ms", "--fault", "stall-after=1"}, ClassTimeout, 200},
+		{"connect", closed.URL, nil, ClassConnect, 0},
+		{"closed before headers", sim.URL, []string{"--fault", "close-before-headers"}, ClassOther, 0},
+		{"truncated body", sim.URL, []string{"--fault", "truncate"}, ClassOther, 200},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"--requests", "3", "--concurrency", "2", "--max-tokens", "4"}, tc.args...)
+			results, rep := load(t, context.Background(), tc.url, args...)
+			if len(results) != 3 {
+				t.Fatalf("got %d results, want 3", len(results))
+			}
+			for _, res := range results {
+				if res.Class != tc.class || res.Status != tc.status || res.Err == nil {
+					t.Errorf("class %q status %d err %v, want %q %d", res.Class, res.Status, res.Err, tc.class, tc.status)
+				}
+			}
+			if rep.Failed != 3 || rep.Errors[tc.class] != 3 || rep.ErrorSamples[tc.class] == "" {
+				t.Errorf("report failed %d, errors %v, samples %v", rep.Failed, rep.Errors, rep.ErrorSamples)
+			}
+			if tc.class == ClassHTTP4xx || tc.class == ClassHTTP5xx {
+				if got := rep.Statuses[strconv.Itoa(tc.status)]; got != 3 {
+					t.Errorf("statuses %v, want 3 x %d", rep.Statuses, tc.status)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,76 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"text/tabwriter"
+)
+
+// WriteTable prints r as aligned text.
+func (r *Report) WriteTable(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	mode := fmt.Sprintf("closed loop, concurrency %d", r.Concurrency)
+	if r.Mode == "open" {
+		mode = fmt.Sprintf("open loop, rate %g/s", r.Rate)
+	}
+	fmt.Fprintf(tw, "mode\t%s, workload %s, stream %t\n", mode, r.Workload, r.Stream)
+	fmt.Fprintf(tw, "requests\t%d (%d ok, %d failed, %d warmup)\n", r.Requests, r.Succeeded, r.Failed, r.Warmup)
+	fmt.Fprintf(tw, "duration\t%.3fs\n", r.DurationSeconds)
+	fmt.Fprintf(tw, "throughput\t%.2f requests/s, %.2f output tokens/s (%d tokens)\n", r.RequestsPerSecond, r.OutputTokensPerSecond, r.OutputTokens)
+	fmt.Fprintln(tw)
+	fmt.Fprintln(tw, "latency (ms)\tcount\tmean\tp50\tp90\tp99\tmax")
+	for _, row := range []struct {
+		name string
+		s    Summary
+	}{{"ttft", r.TTFT}, {"itl", r.ITL}, {"e2e", r.EndToEnd}} {
+		s := row.s
+		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\n", row.name, s.Count, s.Mean, s.P50, s.P90, s.P99, s.Max)
+	}
+	if len(r.Errors) > 0 {
+		fmt.Fprintln(tw)
+		fmt.Fprintln(tw, "errors\tcount\tfirst message")
+		for _, class := range sortedKeys(r.Errors) {
+			fmt.Fprintf(tw, "%s\t%d\t%s\n", class, r.Errors[class], r.ErrorSamples[class])
+		}
+		for _, st := range sortedKeys(r.Statuses) {
+			fmt.Fprintf(tw, "  status %s\t%d\t\n", st, r.Statuses[st])
+		}
+	}
+	return tw.Flush()
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// WriteJSON writes r as indented JSON to w.
+func (r *Report) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// writeJSONTo writes r to the --json destination: "-" is stdout.
+func (r *Report) writeJSONTo(dest string, stdout io.Writer) (err error) {
+	if dest == "-" {
+		return r.WriteJSON(stdout)
+	}
+	f, err := os.Create(dest)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if cerr := f.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	return r.WriteJSON(f)
+}

@@ -1,0 +1,135 @@
+package main
+
+import (
+	"math"
+	"slices"
+	"strconv"
+	"time"
+)
+
+// Summary describes a set of duration samples, in milliseconds.
+type Summary struct {
+	Count int     `json:"count"`
+	Mean  float64 `json:"mean_ms"`
+	P50   float64 `json:"p50_ms"`
+	P90   float64 `json:"p90_ms"`
+	P99   float64 `json:"p99_ms"`
+	Max   float64 `json:"max_ms"`
+}
+
+// Summarize returns the exact summary of samples, which it sorts in place.
+// Percentiles use the nearest-rank method: the p-th percentile is the
+// smallest sample with at least p% of the samples at or below it.
+func Summarize(samples []time.Duration) Summary {
+	if len(samples) == 0 {
+		return Summary{}
+	}
+	slices.Sort(samples)
+	var sum float64
+	for _, d := range samples {
+		sum += ms(d)
+	}
+	return Summary{
+		Count: len(samples),
+		Mean:  sum / float64(len(samples)),
+		P50:   ms(Percentile(samples, 50)),
+		P90:   ms(Percentile(samples, 90)),
+		P99:   ms(Percentile(samples, 99)),
+		Max:   ms(samples[len(samples)-1]),
+	}
+}
+
+// Percentile returns the nearest-rank p-th percentile (0 < p <= 100) of
+// sorted, which must be sorted and not empty.
+func Percentile(sorted []time.Duration, p float64) time.Duration {
+	rank := int(math.Ceil(p / 100 * float64(len(sorted))))
+	return sorted[min(max(rank, 1), len(sorted))-1]
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// Report is the result of a run, as printed and as written with --json.
+type Report struct {
+	Mode        string  `json:"mode"` // "closed" or "open"
+	Workload    string  `json:"workload"`
+	Stream      bool    `json:"stream"`
+	Concurrency int     `json:"concurrency,omitempty"`
+	Rate        float64 `json:"rate,omitempty"`
+
+	Requests  int `json:"requests"` // measured requests
+	Succeeded int `json:"succeeded"`
+	Failed    int `json:"failed"`
+	Warmup    int `json:"warmup"` // warmup requests, not measured
+
+	// DurationSeconds spans the first measured start to the last end.
+	DurationSeconds float64 `json:"duration_s"`
+	// RequestsPerSecond and OutputTokensPerSecond count successful
+	// requests only.
+	RequestsPerSecond     float64 `json:"requests_per_s"`
+	OutputTokens          int     `json:"output_tokens"`
+	OutputTokensPerSecond float64 `json:"output_tokens_per_s"`
+
+	// TTFT, ITL and EndToEnd are over successful requests; TTFT and ITL
+	// only exist for streams.
+	TTFT     Summary `json:"ttft"`
+	ITL      Summary `json:"itl"`
+	EndToEnd Summary `json:"e2e"`
+
+	// Errors counts failed requests by class, Statuses by HTTP status
+	// (http_4xx and http_5xx), and ErrorSamples keeps the first message of
+	// each class.
+	Errors       map[string]int    `json:"errors"`
+	Statuses     map[string]int    `json:"statuses"`
+	ErrorSamples map[string]string `json:"error_samples"`
+}
+
+// Aggregate builds the Report of results measured over window.
+func Aggregate(cfg *Config, results []*Result, window time.Duration, warmup int) *Report {
+	r := &Report{
+		Mode:         "closed",
+		Workload:     cfg.Workload,
+		Stream:       cfg.Stream,
+		Concurrency:  cfg.Concurrency,
+		Requests:     len(results),
+		Warmup:       warmup,
+		Errors:       map[string]int{},
+		Statuses:     map[string]int{},
+		ErrorSamples: map[string]string{},
+	}
+	if cfg.OpenLoop() {
+		r.Mode, r.Concurrency, r.Rate = "open", 0, cfg.Rate
+	}
+	var ttft, itl, e2e []time.Duration
+	nITL := 0
+	for _, res := range results {
+		nITL += len(res.ITL)
+	}
+	itl = make([]time.Duration, 0, nITL)
+	for _, res := range results {
+		if !res.OK() {
+			r.Failed++
+			r.Errors[res.Class]++
+			if res.Class == ClassHTTP4xx || res.Class == ClassHTTP5xx {
+				r.Statuses[strconv.Itoa(res.Status)]++
+			}
+			if _, ok := r.ErrorSamples[res.Class]; !ok && res.Err != nil {
+				r.ErrorSamples[res.Class] = res.Err.Error()
+			}
+			continue
+		}
+		r.Succeeded++
+		r.OutputTokens += res.OutputTokens
+		e2e = append(e2e, res.Latency)
+		if res.HasTTFT {
+			ttft = append(ttft, res.TTFT)
+		}
+		itl = append(itl, res.ITL...)
+	}
+	r.TTFT, r.ITL, r.EndToEnd = Summarize(ttft), Summarize(itl), Summarize(e2e)
+	if window > 0 {
+		r.DurationSeconds = window.Seconds()
+		r.RequestsPerSecond = float64(r.Succeeded) / r.DurationSeconds
+		r.OutputTokensPerSecond = float64(r.OutputTokens) / r.DurationSeconds
+	}
+	return r
+}
