@@ -23,6 +23,7 @@ import (
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/internal/oai"
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
@@ -762,24 +763,6 @@ func TestEngineIdentityHidden(t *testing.T) {
 	h.waitIdle()
 }
 
-// hostileLog is a concurrency-safe log sink that keeps everything.
-type hostileLog struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *hostileLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *hostileLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
 // TestEngineURLUserinfoRedacted proves that credentials in an engine URL
 // are used and never shown: the engine gets them as Authorization: Basic on
 // proxied requests, health probes and model discovery (replacing the
@@ -820,7 +803,7 @@ func TestEngineURLUserinfoRedacted(t *testing.T) {
 	deadAddr := l.Addr().String()
 	_ = l.Close()
 
-	var logs hostileLog
+	var logs testutil.LockedBuffer
 	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	h := newHarnessWith(t, testConfig(
 		EngineConfig{Name: "e1", URL: "http://user:s3cret@" + addr},

@@ -32,37 +32,24 @@ const (
 // warm-up): non-streaming, one output token.
 const heldSmallBody = `{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1}`
 
-// heldMemSample is the process's memory after a forced GC.
-type heldMemSample struct {
-	heapInuse  uint64 // runtime.MemStats.HeapInuse
-	stackInuse uint64 // runtime.MemStats.StackInuse (goroutine stacks are not heap)
-	rss        uint64 // VmRSS, bytes
-	goroutines int
-}
-
-// heldReadMem measures like the soak (readMem): two collections, so pooled
-// buffers (sync.Pool, then its victim cache) do not count, then the heap in
-// use. It also returns the freed pages to the OS (debug.FreeOSMemory) before
-// reading VmRSS, so the RSS figure is the memory the process keeps, not
-// what the scavenger has not got round to releasing yet (the first case
-// would otherwise inflate the second case's baseline).
-func heldReadMem() heldMemSample {
-	runtime.GC()
-	runtime.GC()
+// heldReadMem is readMem (the soak's reading) after the freed pages have
+// been returned to the OS (debug.FreeOSMemory), so the RSS figure is the
+// memory the process keeps, not what the scavenger has not got round to
+// releasing yet (the first case would otherwise inflate the second case's
+// baseline).
+func heldReadMem() memSample {
 	debug.FreeOSMemory()
-	var ms runtime.MemStats
-	runtime.ReadMemStats(&ms)
-	return heldMemSample{heapInuse: ms.HeapInuse, stackInuse: ms.StackInuse, rss: procStatus("VmRSS"), goroutines: runtime.NumGoroutine()}
+	return readMem()
 }
 
 // heldResult is one measurement of heldConns open connections.
 type heldResult struct {
 	conns       int // connections established (and, for the declared case, in flight)
-	idle, held  heldMemSample
+	idle, held  memSample
 	bufferedEnd int64 // h.gw.buffered.used with the connections open
 }
 
-func (r heldResult) delta(f func(heldMemSample) uint64) float64 {
+func (r heldResult) delta(f func(memSample) uint64) float64 {
 	return float64(int64(f(r.held)) - int64(f(r.idle)))
 }
 
@@ -132,9 +119,9 @@ func benchHeld(b *testing.B, name string, open heldOpener) {
 	b.StopTimer()
 
 	const mib = 1 << 20
-	dHeap := res.delta(func(m heldMemSample) uint64 { return m.heapInuse })
-	dRSS := res.delta(func(m heldMemSample) uint64 { return m.rss })
-	dStack := res.delta(func(m heldMemSample) uint64 { return m.stackInuse })
+	dHeap := res.delta(func(m memSample) uint64 { return m.heapInuse })
+	dRSS := res.delta(func(m memSample) uint64 { return m.rss })
+	dStack := res.delta(func(m memSample) uint64 { return m.stackInuse })
 	dG := res.held.goroutines - res.idle.goroutines
 	b.ReportMetric(dHeap/mib, "heap-MiB-above-idle")
 	b.ReportMetric(dRSS/mib, "rss-MiB-above-idle")

@@ -213,6 +213,7 @@ func waitLive(h *harness, d time.Duration) int64 {
 type memSample struct {
 	heapInuse  uint64 // runtime.MemStats.HeapInuse
 	heapAlloc  uint64 // runtime.MemStats.HeapAlloc (the live heap)
+	stackInuse uint64 // runtime.MemStats.StackInuse (goroutine stacks are not heap)
 	rss        uint64 // VmRSS, bytes
 	goroutines int
 }
@@ -225,7 +226,7 @@ func readMem() memSample {
 	runtime.GC()
 	var ms runtime.MemStats
 	runtime.ReadMemStats(&ms)
-	return memSample{heapInuse: ms.HeapInuse, heapAlloc: ms.HeapAlloc, rss: procStatus("VmRSS"), goroutines: runtime.NumGoroutine()}
+	return memSample{heapInuse: ms.HeapInuse, heapAlloc: ms.HeapAlloc, stackInuse: ms.StackInuse, rss: procStatus("VmRSS"), goroutines: runtime.NumGoroutine()}
 }
 
 // soakSample is one checkpoint.
