@@ -151,13 +151,7 @@ func TestCaseL02DisconnectsBeforeHeadersRelease(t *testing.T) {
 		t.Fatalf("gauges not released within 1 s of the disconnects (%v)", d)
 	}
 	h.assertIdle()
-	deadline = time.Now().Add(2 * time.Second)
-	for engB.Stats().Aborted != n && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
-	if a := engB.Stats().Aborted; a != n {
-		t.Errorf("engine B saw %d aborts, want %d", a, n)
-	}
+	waitAborted(t, engB, n)
 	if et := h.errorTypes(); et[ErrTypeClientCancelled] != n || len(et) != 1 {
 		t.Errorf("error types %v, want %d client_cancelled", et, n)
 	}

@@ -179,6 +179,20 @@ func sim(t testing.TB, cfg enginesim.Config) (*enginesim.Engine, *httptest.Serve
 	return e, srv
 }
 
+// waitAborted waits up to 2 s for the engine to have counted want aborted
+// requests (the gateway cancelled them, or their client left), and fails the
+// test if it has not.
+func waitAborted(t testing.TB, e *enginesim.Engine, want int64) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for e.Stats().Aborted != want && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if n := e.Stats().Aborted; n != want {
+		t.Errorf("engine aborted %d requests, want %d", n, want)
+	}
+}
+
 func (h *harness) collect() metricdata.ResourceMetrics {
 	h.t.Helper()
 	var rm metricdata.ResourceMetrics

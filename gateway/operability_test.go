@@ -60,13 +60,7 @@ func TestFirstTokenSilenceIsNotIdle(t *testing.T) {
 				t.Errorf("error types %v, want one %q", et, tc.wantErr)
 			}
 			if tc.wantErr != "" {
-				deadline := time.Now().Add(2 * time.Second)
-				for eng.Stats().Aborted != 1 && time.Now().Before(deadline) {
-					time.Sleep(2 * time.Millisecond)
-				}
-				if n := eng.Stats().Aborted; n != 1 {
-					t.Errorf("engine aborted %d requests, want 1", n)
-				}
+				waitAborted(t, eng, 1)
 			}
 		})
 	}

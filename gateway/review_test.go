@@ -40,13 +40,7 @@ func TestFirstTokenBoundsHeaderWait(t *testing.T) {
 	if et := h.errorTypes(); et[ErrTypeFirstToken] != 1 {
 		t.Errorf("error types %v", et)
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for eng.Stats().Aborted != 1 && time.Now().Before(deadline) {
-		time.Sleep(2 * time.Millisecond)
-	}
-	if n := eng.Stats().Aborted; n != 1 {
-		t.Errorf("engine aborted %d, want 1", n)
-	}
+	waitAborted(t, eng, 1)
 }
 
 // TestUsageChunkDropOnlyUsageOnly: when the gateway asked for usage on the
