@@ -233,6 +233,7 @@ type partsReader struct {
 	i     int
 }
 
+// Read copies the next bytes of the parts into out; io.EOF after the last.
 func (p *partsReader) Read(out []byte) (int, error) {
 	n := 0
 	for n < len(out) && p.i < len(p.parts) {
