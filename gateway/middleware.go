@@ -31,9 +31,8 @@ const stateKey ctxKey = 0
 // The handler goroutine alone writes it; the access log reads it after the
 // handler has returned.
 type reqState struct {
-	id            string
-	headerWritten bool // the handler has started the response
-	status        int  // the status written; 0 = implicit 200
+	id     string
+	status int // the status written, 0 while the response has not started (then an implicit 200)
 
 	// For the access log.
 	start    time.Time
@@ -78,7 +77,6 @@ func RequestIDFrom(ctx context.Context) string {
 // writes goes through here.
 func writeHeader(w http.ResponseWriter, r *http.Request, status int) {
 	if st := stateFrom(r.Context()); st != nil {
-		st.headerWritten = true
 		st.status = status
 	}
 	w.WriteHeader(status)
@@ -235,7 +233,7 @@ func (s *Server) recoverer(next http.Handler) http.Handler {
 				panic(p)
 			}
 			s.log.Error("panic serving request", "request_id", RequestIDFrom(r.Context()), "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
-			if st := stateFrom(r.Context()); st != nil && st.headerWritten {
+			if st := stateFrom(r.Context()); st != nil && st.status != 0 {
 				// Too late for an error object: abort the connection so the
 				// client does not mistake a cut body for a complete one.
 				panic(http.ErrAbortHandler)
