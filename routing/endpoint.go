@@ -3,6 +3,7 @@ package routing
 import (
 	"net/url"
 	"sync/atomic"
+	"time"
 )
 
 // Phase is the phase a request is in on an engine.
@@ -40,14 +41,54 @@ type Endpoint struct {
 	name string
 	url  *url.URL
 
+	id      uint64 // unique per incarnation, for policy indexes keyed by engine
 	prefill atomic.Int64
 	decode  atomic.Int64
 	healthy atomic.Bool
+	stats   atomic.Pointer[Stats]
+	ring    atomic.Pointer[ringPoints] // session-affinity virtual nodes, built on first use
 }
+
+// endpointIDs numbers endpoint incarnations; 0 is never used.
+var endpointIDs atomic.Uint64
+
+// Stats is an engine's own view of its load, scraped from its Prometheus
+// /metrics. A Stats value is immutable once stored with
+// [Endpoint.SetStats].
+type Stats struct {
+	// At is when the scrape that produced these stats completed.
+	At time.Time
+	// Expires is when the stats stop being trusted (At plus the configured
+	// maximum age); policies fall back to the gateway's own counters after it.
+	Expires time.Time
+	// Running and Waiting are vllm:num_requests_running and
+	// vllm:num_requests_waiting summed over the engine's models, in requests.
+	Running, Waiting int64
+	// KVCacheUsage is vllm:kv_cache_usage_perc (or the older
+	// vllm:gpu_cache_usage_perc), 0..1; -1 when the engine reports neither.
+	KVCacheUsage float64
+	// PrefixCacheHitRatio is the fraction of prompt tokens found in the
+	// engine's prefix cache, 0..1, from the growth of
+	// vllm:prefix_cache_hits_total over vllm:prefix_cache_queries_total
+	// between two scrapes; -1 when not known yet.
+	PrefixCacheHitRatio float64
+	// Sleeping is true when vllm:engine_sleep_state says the engine sleeps
+	// (its weights are offloaded): it must not get traffic.
+	Sleeping bool
+	// Unhealthy is true when the engine reports vllm:engine_healthy 0.
+	Unhealthy bool
+	// InFlight is the gateway's own in-flight count (prefill + decode) on
+	// this endpoint when the scrape completed, so a policy can add the
+	// requests the gateway sent since: Running + Waiting + (now - InFlight).
+	InFlight int64
+}
+
+// Fresh reports whether s is non-nil and not expired at now.
+func (s *Stats) Fresh(now time.Time) bool { return s != nil && now.Before(s.Expires) }
 
 // NewEndpoint returns a healthy endpoint with zeroed counters.
 func NewEndpoint(name string, u *url.URL) *Endpoint {
-	e := &Endpoint{name: name, url: u}
+	e := &Endpoint{name: name, url: u, id: endpointIDs.Add(1)}
 	e.healthy.Store(true)
 	return e
 }
@@ -65,6 +106,14 @@ func (e *Endpoint) Healthy() bool { return e.healthy.Load() }
 // counters: a probe must not reset them while requests are in flight
 // (shared/cases L02, vllm-project/router issue #197).
 func (e *Endpoint) SetHealthy(ok bool) { e.healthy.Store(ok) }
+
+// Stats returns the last scraped stats, or nil when none has been stored.
+// Check [Stats.Fresh] before trusting them.
+func (e *Endpoint) Stats() *Stats { return e.stats.Load() }
+
+// SetStats stores the stats of a completed scrape. s must not be modified
+// afterwards. A nil s forgets the stats.
+func (e *Endpoint) SetStats(s *Stats) { e.stats.Store(s) }
 
 // InFlight returns the number of requests in prefill and in decode.
 func (e *Endpoint) InFlight() (prefill, decode int64) {
@@ -138,4 +187,11 @@ func (s *Slot) Release() Phase {
 		}
 		return Phase(p)
 	}
+}
+
+// ringPoints is an endpoint's virtual nodes on the session-affinity hash
+// ring: sorted hashes of "name#i" for i < vnodes.
+type ringPoints struct {
+	vnodes int
+	points []uint64
 }

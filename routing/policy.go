@@ -25,11 +25,18 @@ type Request struct {
 	Model string
 	// Stream is true for a streamed (SSE) request.
 	Stream bool
-	// SessionKey identifies a conversation for session affinity
-	// ("" when the client sent none).
+	// SessionKey identifies a conversation for session affinity: the
+	// session header's value, else the body's "user" field ("" when the
+	// client sent neither).
 	SessionKey string
 	// PromptBytes is the prompt's size in bytes (a proxy for prefill cost).
 	PromptBytes int
+	// PrefixHashes are the chained hashes of the prompt's leading
+	// fixed-size blocks (see oai.Parser): PrefixHashes[i] identifies the
+	// whole prompt up to the end of block i, so two prompts share their
+	// first k hashes exactly when they share their first k blocks. Empty
+	// when the prompt is shorter than one block or hashing is off.
+	PrefixHashes []uint64
 }
 
 // Policy picks one endpoint for a request.
