@@ -16,11 +16,25 @@
 // [NewMetrics] creates every instrument once. The names are a public
 // contract (dashboards depend on them):
 //
-//	switchboard.engine.active_requests     UpDownCounter {request}  engine, phase
-//	switchboard.engine.time_to_first_token Histogram     s          engine, model
-//	switchboard.engine.inter_token_latency Histogram     s          engine, model
-//	switchboard.engine.request.duration    Histogram     s          engine, model, error.type
-//	switchboard.engine.stream.parse_errors Counter       {event}    engine, model
+//	switchboard.engine.active_requests        UpDownCounter {request}  engine, phase
+//	switchboard.engine.time_to_first_token    Histogram     s          engine, model
+//	switchboard.engine.inter_token_latency    Histogram     s          engine, model
+//	switchboard.engine.request.duration       Histogram     s          engine, model, error.type
+//	switchboard.engine.stream.parse_errors    Counter       {event}    engine, model
+//	switchboard.engine.queue_depth            Gauge         {request}  engine
+//	switchboard.engine.kv_cache_usage         Gauge         1          engine
+//	switchboard.engine.prefix_cache_hit_ratio Gauge         1          engine
+//	switchboard.engine.accounting_drift       Gauge         {request}  engine
+//
+// The last four come from each engine's own Prometheus /metrics, scraped by
+// the gateway ([Metrics.ObserveEngineStats]): the engine's queue
+// (vllm:num_requests_waiting), its KV cache usage (0..1), its prefix cache
+// hit ratio between two scrapes (0..1), and the accounting drift, running +
+// waiting as the engine reports them minus the gateway's in-flight count on
+// that engine at scrape time (0 when only this gateway talks to the engine
+// and nothing leaked). An engine's points are reported only while its stats
+// are fresh, and a value the engine does not report is not observed, so a
+// dashboard shows a gap rather than a frozen or made-up value.
 //
 // plus the OpenTelemetry GenAI semantic-convention instruments
 // gen_ai.server.request.duration, gen_ai.server.time_to_first_token,

@@ -27,6 +27,27 @@ const (
 	RequestDurationName   = "switchboard.engine.request.duration"
 	ParseErrorsName       = "switchboard.engine.stream.parse_errors"
 
+	// Engine-side stats, scraped from each engine's Prometheus /metrics
+	// (vLLM names). An engine's points are reported only while its last
+	// scrape is fresh, so a dashboard shows a gap, not a frozen value.
+
+	// QueueDepthName is the engine's own queue: vllm:num_requests_waiting
+	// summed over its models, {request}.
+	QueueDepthName = "switchboard.engine.queue_depth"
+	// KVCacheUsageName is the fraction of the engine's KV cache in use,
+	// 0..1, unit 1.
+	KVCacheUsageName = "switchboard.engine.kv_cache_usage"
+	// PrefixCacheHitRatioName is the fraction of prompt tokens the engine
+	// found in its prefix cache between its last two scrapes, 0..1, unit 1.
+	PrefixCacheHitRatioName = "switchboard.engine.prefix_cache_hit_ratio"
+	// AccountingDriftName is running + waiting as the engine reports them
+	// minus the gateway's own in-flight count on that engine at scrape
+	// time, {request}: 0 when only this gateway talks to the engine and
+	// nothing leaked; positive when other clients (or gateway replicas)
+	// use the engine or the engine holds requests the gateway forgot;
+	// negative when the gateway counts requests the engine no longer has.
+	AccountingDriftName = "switchboard.engine.accounting_drift"
+
 	// GenAI semantic-convention metrics
 	// (https://opentelemetry.io/docs/specs/semconv/gen-ai/gen-ai-metrics/).
 	GenAIServerRequestDurationName    = "gen_ai.server.request.duration"
@@ -91,6 +112,11 @@ type Metrics struct {
 	duration       metric.Float64Histogram
 	parseErrors    metric.Int64Counter
 
+	queueDepth     metric.Int64ObservableGauge
+	kvCacheUsage   metric.Float64ObservableGauge
+	prefixHitRatio metric.Float64ObservableGauge
+	drift          metric.Int64ObservableGauge
+
 	genaiDuration metric.Float64Histogram
 	genaiTTFT     metric.Float64Histogram
 	genaiTPOT     metric.Float64Histogram
@@ -145,7 +171,72 @@ func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
 		errs = append(errs, err)
 		m.activeRequests, _ = noop.NewMeterProvider().Meter("").Int64ObservableUpDownCounter(ActiveRequestsName)
 	}
+	ig := func(name, unit, desc string) metric.Int64ObservableGauge {
+		g, err := m.meter.Int64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		if err != nil {
+			errs = append(errs, err)
+			g, _ = noop.NewMeterProvider().Meter("").Int64ObservableGauge(name)
+		}
+		return g
+	}
+	fg := func(name, unit, desc string) metric.Float64ObservableGauge {
+		g, err := m.meter.Float64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		if err != nil {
+			errs = append(errs, err)
+			g, _ = noop.NewMeterProvider().Meter("").Float64ObservableGauge(name)
+		}
+		return g
+	}
+	m.queueDepth = ig(QueueDepthName, "{request}",
+		"Requests waiting in the engine's own queue (vllm:num_requests_waiting over its models), from its last fresh scrape.")
+	m.kvCacheUsage = fg(KVCacheUsageName, "1",
+		"Fraction of the engine's KV cache in use, 0..1 (vllm:kv_cache_usage_perc), from its last fresh scrape.")
+	m.prefixHitRatio = fg(PrefixCacheHitRatioName, "1",
+		"Fraction of prompt tokens found in the engine's prefix cache between its last two scrapes, 0..1.")
+	m.drift = ig(AccountingDriftName, "{request}",
+		"Requests the engine reports (running + waiting) minus the requests the gateway has in flight on it at scrape time; 0 when only this gateway uses the engine.")
 	return m, errors.Join(errs...)
+}
+
+// EngineStats is one engine's scraped state as the engine gauges report
+// it. Negative KVCacheUsage or PrefixCacheHitRatio means unknown: that
+// gauge is then not observed for the engine.
+type EngineStats struct {
+	// QueueDepth is the engine's waiting requests, in requests.
+	QueueDepth int64
+	// KVCacheUsage is the fraction of the KV cache in use, 0..1.
+	KVCacheUsage float64
+	// PrefixCacheHitRatio is the prefix cache hit fraction, 0..1.
+	PrefixCacheHitRatio float64
+	// AccountingDrift is running + waiting minus the gateway's in-flight
+	// count at scrape time, in requests.
+	AccountingDrift int64
+}
+
+// EngineStatsFunc reports the scraped stats of every engine whose stats
+// are fresh, by calling report once per engine; an engine without fresh
+// stats must not be reported. It is called on each metric collection.
+type EngineStatsFunc func(report func(e *Engine, s EngineStats))
+
+// ObserveEngineStats registers fn as the source of
+// switchboard.engine.queue_depth, switchboard.engine.kv_cache_usage,
+// switchboard.engine.prefix_cache_hit_ratio and
+// switchboard.engine.accounting_drift, with the engine attribute only.
+// Unregister the returned registration on shutdown.
+func (m *Metrics) ObserveEngineStats(fn EngineStatsFunc) (metric.Registration, error) {
+	return m.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		fn(func(e *Engine, s EngineStats) {
+			o.ObserveInt64(m.queueDepth, s.QueueDepth, e.engineObs...)
+			o.ObserveInt64(m.drift, s.AccountingDrift, e.engineObs...)
+			if s.KVCacheUsage >= 0 {
+				o.ObserveFloat64(m.kvCacheUsage, s.KVCacheUsage, e.engineObs...)
+			}
+			if s.PrefixCacheHitRatio >= 0 {
+				o.ObserveFloat64(m.prefixHitRatio, s.PrefixCacheHitRatio, e.engineObs...)
+			}
+		})
+		return nil
+	}, m.queueDepth, m.kvCacheUsage, m.prefixHitRatio, m.drift)
 }
 
 // InFlightFunc reports the in-flight counts of every engine that has any,
@@ -175,6 +266,8 @@ type Engine struct {
 	name       string
 	prefillSet attribute.Set
 	decodeSet  attribute.Set
+	engineSet  attribute.Set          // engine only, for the engine stats gauges
+	engineObs  []metric.ObserveOption // WithAttributeSet(engineSet), built once
 
 	mu    sync.Mutex
 	attrs atomic.Pointer[map[attrsKey]*Attrs] // copy-on-write
@@ -191,7 +284,9 @@ func (m *Metrics) Engine(name string) *Engine {
 		name:       name,
 		prefillSet: attribute.NewSet(AttrEngine.String(name), m.phasePrefill),
 		decodeSet:  attribute.NewSet(AttrEngine.String(name), m.phaseDecode),
+		engineSet:  attribute.NewSet(AttrEngine.String(name)),
 	}
+	e.engineObs = []metric.ObserveOption{metric.WithAttributeSet(e.engineSet)}
 	empty := map[attrsKey]*Attrs{}
 	e.attrs.Store(&empty)
 	return e

@@ -3,6 +3,7 @@ package telemetry
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -398,4 +399,42 @@ func BenchmarkRecordInterToken(b *testing.B) {
 	for b.Loop() {
 		m.RecordInterToken(ctx, a, 0.02)
 	}
+}
+
+// TestObserveEngineStats: the four engine stats gauges carry the engine
+// attribute only, and an unknown (negative) KV usage or hit ratio is not
+// observed at all.
+func TestObserveEngineStats(t *testing.T) {
+	m, reader := newTestMetrics(t)
+	e1, e2 := m.Engine("e1"), m.Engine("e2")
+	reg, err := m.ObserveEngineStats(func(report func(*Engine, EngineStats)) {
+		report(e1, EngineStats{QueueDepth: 3, KVCacheUsage: 0.25, PrefixCacheHitRatio: 0.5, AccountingDrift: -2})
+		report(e2, EngineStats{QueueDepth: 0, KVCacheUsage: -1, PrefixCacheHitRatio: -1, AccountingDrift: 0})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = reg.Unregister() }()
+	s1, s2 := set(AttrEngine.String("e1")), set(AttrEngine.String("e2"))
+	want := metricdata.ScopeMetrics{
+		Scope: instrumentation.Scope{Name: ScopeName, Version: Version},
+		Metrics: []metricdata.Metrics{
+			{Name: QueueDepthName, Unit: "{request}", Data: metricdata.Gauge[int64]{DataPoints: []metricdata.DataPoint[int64]{
+				{Attributes: s1, Value: 3}, {Attributes: s2, Value: 0}}}},
+			{Name: KVCacheUsageName, Unit: "1", Data: metricdata.Gauge[float64]{DataPoints: []metricdata.DataPoint[float64]{
+				{Attributes: s1, Value: 0.25}}}},
+			{Name: PrefixCacheHitRatioName, Unit: "1", Data: metricdata.Gauge[float64]{DataPoints: []metricdata.DataPoint[float64]{
+				{Attributes: s1, Value: 0.5}}}},
+			{Name: AccountingDriftName, Unit: "{request}", Data: metricdata.Gauge[int64]{DataPoints: []metricdata.DataPoint[int64]{
+				{Attributes: s1, Value: -2}, {Attributes: s2, Value: 0}}}},
+		},
+	}
+	got := collectScope(t, reader)
+	for i := range got.Metrics {
+		if !strings.Contains(got.Metrics[i].Description, "scrape") {
+			t.Errorf("%s: description %q does not say where the value comes from", got.Metrics[i].Name, got.Metrics[i].Description)
+		}
+		got.Metrics[i].Description = ""
+	}
+	metricdatatest.AssertEqual(t, want, got, metricdatatest.IgnoreTimestamp())
 }
