@@ -29,6 +29,10 @@ const (
 // faultHeader is the simulator's fault header (internal/enginesim.FaultHeader).
 const faultHeader = "X-Enginesim-Fault"
 
+// engineHeader is the response header in which the gateway names the engine
+// that served the request (its server.engine_header setting).
+const engineHeader = "X-Switchboard-Engine"
+
 // Result is the outcome of one request.
 type Result struct {
 	// Start is when the request was sent.
@@ -49,6 +53,9 @@ type Result struct {
 	Class string
 	// Status is the HTTP status, 0 when no response arrived.
 	Status int
+	// Engine is the X-Switchboard-Engine response header: the engine that
+	// served the request, "" when the response named none.
+	Engine string
 	// Err describes the failure.
 	Err error
 	// Canceled is set when the run was interrupted during the request; such
@@ -118,6 +125,7 @@ func (c *Client) Do(ctx context.Context, req *Request) *Result {
 	}
 	defer resp.Body.Close()
 	res.Status = resp.StatusCode
+	res.Engine = resp.Header.Get(engineHeader)
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		res.Class = ClassOther

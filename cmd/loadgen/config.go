@@ -59,6 +59,9 @@ type Config struct {
 	JSON string
 	// Fault is sent as the X-Enginesim-Fault header (simulator only).
 	Fault string
+	// EngineMetrics lists the engines' Prometheus /metrics URLs, scraped
+	// before and after the measured requests for the prefix cache hit rate.
+	EngineMetrics []string
 }
 
 // OpenLoop reports whether the run uses Poisson arrivals.
@@ -97,6 +100,12 @@ func (c *Config) Validate() error {
 	}
 	if c.PromptWords < 1 {
 		errs = append(errs, fmt.Errorf("--prompt-words %d: must be at least 1", c.PromptWords))
+	}
+	for _, m := range c.EngineMetrics {
+		u, err := url.Parse(m)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("--engine-metrics %q: want an http or https URL", m))
+		}
 	}
 	switch c.Workload {
 	case FixedName:
@@ -149,6 +158,7 @@ func parseFlags(args []string, stderr io.Writer) (*Config, error) {
 	fs.Uint64Var(&c.Seed, "seed", 1, "seed of the arrival process and generated texts")
 	fs.StringVar(&c.JSON, "json", "", "also write the report as JSON to FILE (- for stdout)")
 	fs.StringVar(&c.Fault, "fault", "", "simulator only: X-Enginesim-Fault header sent with every request")
+	fs.StringSliceVar(&c.EngineMetrics, "engine-metrics", nil, "engines' /metrics URLs (comma-separated or repeated): report their prefix cache hit rate over the measured requests")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}

@@ -8,6 +8,8 @@
 //	loadgen --workload conversations --conversations 32 --turns 6 --system-prompts 4 \
 //	    --stream --concurrency 32 --duration 2m --json report.json
 //	loadgen --stream --requests 100 --json - | jq .ttft
+//	loadgen --workload conversations --stream --concurrency 32 --duration 1m --warmup 64 \
+//	    --engine-metrics http://127.0.0.1:8001/metrics,http://127.0.0.1:8002/metrics
 //
 // # Load
 //
@@ -21,7 +23,9 @@
 // on SIGINT / SIGTERM (requests in flight are abandoned and not reported). At
 // least one of --requests and --duration is required. The first --warmup
 // requests are sent the same way but left out of the report and of
-// --requests.
+// --requests; the measured requests start only once every warmup request
+// has ended, so the two never overlap (the open loop's arrivals start
+// there).
 //
 // # Workloads
 //
@@ -63,6 +67,29 @@
 //   - stream_no_done: the stream ended, cleanly or not, without data: [DONE];
 //   - other: anything else, such as a connection closed before the
 //     response or a non-stream body that is cut short or not JSON.
+//
+// # Engines
+//
+// Behind Switchboard every response names the engine that served it in the
+// X-Switchboard-Engine header. The report counts the measured requests,
+// failed ones included, by that engine (the first 256 names; requests to
+// further engines are counted as "other") and gives the busiest engine's
+// count over the mean count per engine (1 is an even spread). The mean
+// counts every --engine-metrics URL as an engine, so one that got no
+// request still counts.
+//
+// --engine-metrics URL[,URL...] names the engines' Prometheus /metrics
+// endpoints. They are scraped at the start (a failure stops loadgen before
+// any load is sent), right before the first measured request (after the
+// warmup, with nothing in flight) and after the last one. The prefix cache
+// hit rate is the growth of vllm:prefix_cache_hits_total over that of
+// vllm:prefix_cache_queries_total (both in prompt tokens; every series of
+// each summed, names without _total accepted), summed over the engines,
+// and is reported for each engine as well. A counter that went down was
+// reset and counts from 0. A scrape failing after the start leaves the
+// hit rate out of the report and makes loadgen exit with an error once the
+// report is written. Requests abandoned on SIGINT were looked up by the
+// engines all the same and count.
 //
 // # Output
 //

@@ -38,7 +38,16 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	tr.MaxIdleConns = 0
 	tr.MaxIdleConnsPerHost = max(cfg.Concurrency, 256)
 	defer tr.CloseIdleConnections()
-	runner := NewRunner(cfg, newWorkload(cfg), NewClient(cfg, &http.Client{Transport: tr}))
+	hc := &http.Client{Transport: tr}
+	runner := NewRunner(cfg, newWorkload(cfg), NewClient(cfg, hc))
+
+	var cache *cacheWatch
+	if len(cfg.EngineMetrics) > 0 {
+		var err error
+		if cache, err = watchCache(ctx, &metricsScraper{urls: cfg.EngineMetrics, hc: hc}, runner); err != nil {
+			return err
+		}
+	}
 
 	stopProgress := func() {}
 	if isTerminal(stderr) {
@@ -48,6 +57,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	stopProgress()
 
 	report := Aggregate(cfg, results, window, runner.Warmup())
+	if cache != nil {
+		// The run's context may be over (SIGINT): the report still wants
+		// the counters.
+		report.PrefixCache = cache.end(context.WithoutCancel(ctx))
+	}
 	// With --json - stdout carries only the JSON, so it can be piped.
 	table := stdout
 	if cfg.JSON == "-" {
@@ -61,5 +75,52 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("writing --json: %w", err)
 		}
 	}
+	if pc := report.PrefixCache; pc != nil && pc.Error != "" {
+		return fmt.Errorf("--engine-metrics: %s", pc.Error)
+	}
 	return nil
+}
+
+// cacheWatch takes the engines' prefix cache counters around the measured
+// requests of a run.
+type cacheWatch struct {
+	s *metricsScraper
+
+	// Written by the runner's BeforeMeasured hook; read after Run returns,
+	// which waits for the request that ran the hook.
+	started   bool
+	before    []prefixCounters
+	beforeErr error
+}
+
+// watchCache scrapes every engine once, so a wrong URL fails the run before
+// any load is sent, and makes r snapshot the counters right before its
+// measured requests.
+func watchCache(ctx context.Context, s *metricsScraper, r *Runner) (*cacheWatch, error) {
+	if _, err := s.scrape(ctx); err != nil {
+		return nil, fmt.Errorf("--engine-metrics: %w", err)
+	}
+	w := &cacheWatch{s: s}
+	r.BeforeMeasured(func() {
+		w.started = true
+		w.before, w.beforeErr = s.scrape(ctx)
+	})
+	return w, nil
+}
+
+// end scrapes the counters again, after the run, and returns their growth
+// over the measured requests.
+func (w *cacheWatch) end(ctx context.Context) *PrefixCache {
+	fail := func(msg string) *PrefixCache { return &PrefixCache{Engines: len(w.s.urls), Error: msg} }
+	switch {
+	case !w.started:
+		return fail("the run ended before its measured requests started")
+	case w.beforeErr != nil:
+		return fail("scrape before the measured requests: " + w.beforeErr.Error())
+	}
+	after, err := w.s.scrape(ctx)
+	if err != nil {
+		return fail("scrape after the measured requests: " + err.Error())
+	}
+	return prefixCacheGrowth(w.s.urls, w.before, after)
 }

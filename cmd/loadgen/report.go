@@ -29,6 +29,26 @@ func (r *Report) WriteTable(w io.Writer) error {
 		s := row.s
 		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\n", row.name, s.Count, s.Mean, s.P50, s.P90, s.P99, s.Max)
 	}
+	if len(r.EngineRequests) > 0 {
+		fmt.Fprintln(tw)
+		fmt.Fprintln(tw, "engine\trequests")
+		for _, name := range sortedKeys(r.EngineRequests) {
+			fmt.Fprintf(tw, "%s\t%d\n", name, r.EngineRequests[name])
+		}
+		fmt.Fprintf(tw, "busiest/mean\t%.3f\n", r.BusiestEngineShare)
+	}
+	if pc := r.PrefixCache; pc != nil {
+		fmt.Fprintln(tw)
+		if pc.Error != "" {
+			fmt.Fprintf(tw, "prefix cache\tunknown: %s\n", pc.Error)
+		} else {
+			fmt.Fprintln(tw, "prefix cache\thit rate\thit tokens\tqueried tokens")
+			fmt.Fprintf(tw, "all (%d engines)\t%.2f%%\t%.0f\t%.0f\n", pc.Engines, 100*pc.HitRate, pc.HitTokens, pc.QueriedTokens)
+			for _, e := range pc.PerEngine {
+				fmt.Fprintf(tw, "%s\t%.2f%%\t%.0f\t%.0f\n", e.URL, 100*e.HitRate, e.HitTokens, e.QueriedTokens)
+			}
+		}
+	}
 	if len(r.Errors) > 0 {
 		fmt.Fprintln(tw)
 		fmt.Fprintln(tw, "errors\tcount\tfirst message")

@@ -23,6 +23,12 @@ type Runner struct {
 	inflight atomic.Int64
 	done     atomic.Int64 // measured requests finished
 	failed   atomic.Int64
+
+	// beforeMeasured runs once between the warmup and the measured
+	// requests; measured reopens the gate after it.
+	beforeMeasured func()
+	measured       chan struct{} // closed once measured requests may start
+	warmEnded      int           // warmup requests ended, any outcome; under mu
 }
 
 // NewRunner returns a Runner for cfg.
@@ -32,6 +38,22 @@ func NewRunner(cfg *Config, wl Workload, client *Client) *Runner {
 		r.results = make([]*Result, 0, cfg.Requests)
 	}
 	return r
+}
+
+// BeforeMeasured makes Run call f once, after every warmup request has ended
+// and before the first measured request is sent (at the start when there is
+// no warmup), with no request in flight: a snapshot taken by f, such as the
+// engines' counters, then separates the warmup from the measured requests
+// exactly. Call it before Run.
+func (r *Runner) BeforeMeasured(f func()) { r.beforeMeasured = f }
+
+// openMeasured calls the BeforeMeasured hook and lets measured requests
+// start.
+func (r *Runner) openMeasured() {
+	if r.beforeMeasured != nil {
+		r.beforeMeasured()
+	}
+	close(r.measured)
 }
 
 // ticket reserves the next request; warm says it is a warmup request, ok
@@ -49,7 +71,14 @@ func (r *Runner) ticket() (warm, ok bool) {
 // wall time from the start of the first measured request to the end of the
 // last one. Results of requests interrupted by ctx are dropped. Run must be
 // called once.
+//
+// Measured requests start only once every warmup request has ended; in the
+// open loop the arrival process starts again from there.
 func (r *Runner) Run(ctx context.Context) ([]*Result, time.Duration) {
+	r.measured = make(chan struct{})
+	if r.cfg.Warmup == 0 {
+		r.openMeasured()
+	}
 	// issue bounds when requests may start; requests themselves run under
 	// ctx so that those in flight at the end of Duration finish.
 	issue, cancel := ctx, context.CancelFunc(func() {})
@@ -81,10 +110,21 @@ func (r *Runner) openLoop(ctx, issue context.Context, wg *sync.WaitGroup) {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	<-timer.C
+	waited := false
 	for {
 		warm, ok := r.ticket()
 		if !ok {
 			return
+		}
+		if !warm && !waited {
+			// Measured arrivals begin once the warmup has ended, as if
+			// the run started there.
+			select {
+			case <-issue.Done():
+				return
+			case <-r.measured:
+			}
+			waited, next = true, time.Now()
 		}
 		next = next.Add(time.Duration(rng.ExpFloat64() / r.cfg.Rate * float64(time.Second)))
 		timer.Reset(time.Until(next))
@@ -112,6 +152,13 @@ func (r *Runner) one(ctx, issue context.Context) bool {
 // send gets a request from the workload and sends it; false means the
 // workload could not produce one before issue ended.
 func (r *Runner) send(ctx, issue context.Context, warm bool) bool {
+	if !warm {
+		select {
+		case <-issue.Done():
+			return false
+		case <-r.measured:
+		}
+	}
 	req, err := r.wl.Next(issue)
 	if err != nil {
 		return false
@@ -121,21 +168,36 @@ func (r *Runner) send(ctx, issue context.Context, warm bool) bool {
 	r.inflight.Add(-1)
 	r.wl.Complete(req, res)
 	res.text = "" // only the workload needs it
+	if warm {
+		r.endWarm(res)
+		return !res.Canceled
+	}
 	if res.Canceled {
 		return false
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if warm {
-		r.warmup++
-		return true
-	}
 	r.results = append(r.results, res)
 	r.done.Add(1)
 	if !res.OK() {
 		r.failed.Add(1)
 	}
 	return true
+}
+
+// endWarm accounts for an ended warmup request; the last one to end lets the
+// measured requests start.
+func (r *Runner) endWarm(res *Result) {
+	r.mu.Lock()
+	if !res.Canceled {
+		r.warmup++
+	}
+	r.warmEnded++
+	last := r.warmEnded == r.cfg.Warmup
+	r.mu.Unlock()
+	if last {
+		r.openMeasured()
+	}
 }
 
 // Warmup returns the number of warmup requests that completed.

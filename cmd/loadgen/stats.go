@@ -81,6 +81,21 @@ type Report struct {
 	Errors       map[string]int    `json:"errors"`
 	Statuses     map[string]int    `json:"statuses"`
 	ErrorSamples map[string]string `json:"error_samples"`
+
+	// EngineRequests counts the measured requests, failed ones included,
+	// by the engine their response named in the X-Switchboard-Engine
+	// header: at most MaxEngineNames names, the rest under OtherEngines.
+	// It is absent when no response named an engine (no gateway in front,
+	// or its engine_header is off).
+	EngineRequests map[string]int `json:"engine_requests,omitempty"`
+	// BusiestEngineShare is the busiest engine's count in EngineRequests
+	// over the mean per engine (1 = an even spread); the mean counts every
+	// --engine-metrics URL as an engine even if it got no request. Absent
+	// with EngineRequests.
+	BusiestEngineShare float64 `json:"busiest_engine_share,omitempty"`
+	// PrefixCache is the engines' prefix cache activity during the measured
+	// requests, from --engine-metrics; absent without it.
+	PrefixCache *PrefixCache `json:"prefix_cache,omitempty"`
 }
 
 // Aggregate builds the Report of results measured over window.
@@ -126,6 +141,8 @@ func Aggregate(cfg *Config, results []*Result, window time.Duration, warmup int)
 		itl = append(itl, res.ITL...)
 	}
 	r.TTFT, r.ITL, r.EndToEnd = Summarize(ttft), Summarize(itl), Summarize(e2e)
+	r.EngineRequests = countEngines(results)
+	r.BusiestEngineShare = busiestShare(r.EngineRequests, len(cfg.EngineMetrics))
 	if window > 0 {
 		r.DurationSeconds = window.Seconds()
 		r.RequestsPerSecond = float64(r.Succeeded) / r.DurationSeconds
