@@ -18,5 +18,30 @@
 //
 // A policy is one method, [Policy.Pick]. Built-in policies are registered by
 // name in [NewPolicy]; adding one is a new file with its type, its name
-// constant and one line in registerPolicies.
+// constant and one line in registerPolicies. Every Pick is allocation-free
+// (BenchmarkPick, at 4 and 64 candidates).
+//
+//   - [RoundRobin] (round-robin): in turn.
+//   - [LeastLoaded] (least-loaded): the lowest gateway in-flight score,
+//     prefill*PrefillWeight + decode.
+//   - [PowerOfTwo] (power-of-two): the less loaded of two random candidates.
+//   - [SessionAffinity] (session-affinity): consistent hashing with bounded
+//     loads over engine names, keyed by a session header or the body's user.
+//   - [PrefixAware] (prefix-aware): the engine most recently sent the
+//     prompt's longest prefix ([PrefixIndex]), unless it is overloaded.
+//   - [Scorer] (scorer): a weighted sum of queue depth, KV-cache usage,
+//     prefix match and in-flight scores.
+//
+// Policies that need more than [Request]'s basic fields say so by optional
+// interfaces the gateway finds by type assertion: [PrefixHasher] (hash the
+// prompt into blocks) and [SessionKeyed] (read the session key from a
+// header).
+//
+// # Engine stats
+//
+// The gateway scrapes each engine's own view of its load (queue, KV cache,
+// prefix cache, sleep state) into [Stats] on its [Endpoint]. Stats carry an
+// expiry; a policy trusts them only while [Stats.Fresh], and otherwise falls
+// back to the gateway's own counters, so a stalled scrape can never steer
+// traffic by stale numbers.
 package routing

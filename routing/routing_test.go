@@ -3,8 +3,11 @@ package routing
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
 	"net/url"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -193,49 +196,86 @@ func TestSlotConcurrentSafe(t *testing.T) {
 }
 
 func TestConfigValidate(t *testing.T) {
+	with := func(f func(*Config)) Config {
+		c := DefaultConfig()
+		f(&c)
+		return c
+	}
 	tests := []struct {
 		name    string
 		cfg     Config
-		wantErr error
-		ok      bool
+		wantErr error  // errors.Is target, or nil
+		wantMsg string // substring of the error, "" when ok
 	}{
-		{"defaults", DefaultConfig(), nil, true},
-		{"least-loaded", Config{Policy: LeastLoadedName, PrefillWeight: 1}, nil, true},
-		{"unknown policy", Config{Policy: "random", PrefillWeight: 2}, ErrUnknownPolicy, false},
-		{"zero weight", Config{Policy: RoundRobinName, PrefillWeight: 0}, nil, false},
+		{"defaults", DefaultConfig(), nil, ""},
+		{"least-loaded", with(func(c *Config) { c.Policy, c.PrefillWeight = LeastLoadedName, 1 }), nil, ""},
+		{"every policy: scorer", with(func(c *Config) { c.Policy = ScorerName }), nil, ""},
+		{"unknown policy", with(func(c *Config) { c.Policy = "random" }), ErrUnknownPolicy, "routing.policy"},
+		{"near name", with(func(c *Config) { c.Policy = "Prefix_Aware" }), ErrUnknownPolicy, "did you mean prefix-aware?"},
+		{"zero weight", with(func(c *Config) { c.PrefillWeight = 0 }), nil, "routing.prefill_weight must be >= 1, got 0"},
+		{"one choice", with(func(c *Config) { c.PowerOfTwo.Choices = 1 }), nil, "routing.power_of_two.choices must be 2..8, got 1"},
+		{"nine choices", with(func(c *Config) { c.PowerOfTwo.Choices = 9 }), nil, "choices must be 2..8, got 9"},
+		{"header with colon", with(func(c *Config) { c.SessionAffinity.Header = "x-session:" }), nil, "routing.session_affinity.header must be a header name"},
+		{"no vnodes", with(func(c *Config) { c.SessionAffinity.VirtualNodes = 0 }), nil, "virtual_nodes must be 1..10000, got 0"},
+		{"zero load factor", with(func(c *Config) { c.SessionAffinity.LoadFactor = 0 }), nil, "load_factor must be > 0, got 0"},
+		{"NaN load factor", with(func(c *Config) { c.SessionAffinity.LoadFactor = math.NaN() }), nil, "load_factor must be > 0, got NaN"},
+		{"fallback itself", with(func(c *Config) { c.SessionAffinity.Fallback = SessionAffinityName }), nil, "fallback must not be session-affinity itself"},
+		{"fallback unknown", with(func(c *Config) { c.SessionAffinity.Fallback = "least_loaded" }), ErrUnknownPolicy, "did you mean least-loaded?"},
+		{"tiny block", with(func(c *Config) { c.Prefix.BlockBytes = 8 }), nil, "routing.prefix.block_bytes must be 16..65536, got 8"},
+		{"no blocks", with(func(c *Config) { c.Prefix.MaxBlocks = 0 }), nil, "routing.prefix.max_blocks must be 1..65536, got 0"},
+		{"tiny index", with(func(c *Config) { c.Prefix.IndexEntries = 4 }), nil, "routing.prefix.index_entries must be 8..268435456, got 4"},
+		{"threshold above 1", with(func(c *Config) { c.PrefixAware.CacheThreshold = 1.5 }), nil, "cache_threshold must be 0..1, got 1.5"},
+		{"negative abs", with(func(c *Config) { c.PrefixAware.BalanceAbsThreshold = -1 }), nil, "balance_abs_threshold must be >= 0, got -1"},
+		{"rel below 1", with(func(c *Config) { c.PrefixAware.BalanceRelThreshold = 0.5 }), nil, "balance_rel_threshold must be >= 1, got 0.5"},
+		{"negative weight", with(func(c *Config) { c.Scorer.Queue = -1 }), nil, "routing.scorer.queue must be a number >= 0, got -1"},
+		{"all weights zero", with(func(c *Config) { c.Scorer = ScorerConfig{} }), nil, "at least one weight must be > 0"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			err := tt.cfg.Validate()
-			if (err == nil) != tt.ok {
-				t.Fatalf("Validate() = %v, want ok=%v", err, tt.ok)
+			if (err == nil) != (tt.wantMsg == "") {
+				t.Fatalf("Validate() = %v, want error containing %q", err, tt.wantMsg)
+			}
+			if err != nil && !strings.Contains(err.Error(), tt.wantMsg) {
+				t.Fatalf("Validate() = %v, want it to contain %q", err, tt.wantMsg)
 			}
 			if tt.wantErr != nil && !errors.Is(err, tt.wantErr) {
 				t.Fatalf("Validate() = %v, want %v", err, tt.wantErr)
 			}
 			p, err := NewPolicy(tt.cfg)
-			if tt.ok && (p == nil || err != nil) {
+			if tt.wantMsg == "" && (p == nil || err != nil) {
 				t.Fatalf("NewPolicy = %v, %v", p, err)
 			}
 		})
 	}
 }
 
-func BenchmarkPick(b *testing.B) {
-	eps := endpoints(8)
-	req := &Request{Model: "m"}
-	ctx := context.Background()
-	for _, p := range []struct {
-		name string
-		p    Policy
-	}{{RoundRobinName, NewRoundRobin()}, {LeastLoadedName, NewLeastLoaded(2)}} {
-		b.Run(p.name, func(b *testing.B) {
-			b.ReportAllocs()
-			for b.Loop() {
-				if _, err := p.p.Pick(ctx, req, eps); err != nil {
-					b.Fatal(err)
-				}
-			}
-		})
+func TestNewPolicyBuildsEveryName(t *testing.T) {
+	want := map[string]string{
+		RoundRobinName: "*routing.RoundRobin", LeastLoadedName: "*routing.LeastLoaded",
+		PowerOfTwoName: "*routing.PowerOfTwo", SessionAffinityName: "*routing.SessionAffinity",
+		PrefixAwareName: "*routing.PrefixAware", ScorerName: "*routing.Scorer",
+	}
+	if got := Names(); len(got) != len(want) {
+		t.Fatalf("Names() = %v, want the %d of %v", got, len(want), want)
+	}
+	for _, name := range Names() {
+		c := DefaultConfig()
+		c.Policy = name
+		p, err := NewPolicy(c)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if got := fmt.Sprintf("%T", p); got != want[name] {
+			t.Errorf("%s built %s, want %s", name, got, want[name])
+		}
+		_, hashes := p.(PrefixHasher)
+		if wantHashes := name == PrefixAwareName || name == ScorerName; hashes != wantHashes {
+			t.Errorf("%s implements PrefixHasher = %v, want %v", name, hashes, wantHashes)
+		}
+		if sk, ok := p.(SessionKeyed); ok != (name == SessionAffinityName) || ok && sk.SessionHeader() != "x-session-id" {
+			t.Errorf("%s: SessionKeyed %v", name, ok)
+		}
 	}
 }
+

@@ -1,0 +1,121 @@
+package routing
+
+import (
+	"context"
+	"math/rand/v2"
+)
+
+// PrefixAwareName is the config name of [PrefixAware].
+const PrefixAwareName = "prefix-aware"
+
+// PrefixAware routes a prompt to the engine that was most recently sent its
+// longest prefix, where the prompt's KV cache most likely still is, so the
+// engine skips recomputing it (the gain is the prefill time of the matched
+// part: the largest share of TTFT for long system prompts, few-shot
+// examples, RAG context and multi-turn chats). It follows SGLang's
+// cache-aware router (sgl-router, policies/cache_aware.rs), with block
+// hashes in a bounded [PrefixIndex] in place of its radix tree:
+//
+//  1. Match every candidate against the prompt's block hashes
+//     ([Request.PrefixHashes]); the best is the longest match, ties to the
+//     least loaded, then at random.
+//  2. If the best match covers more than CacheThreshold of the prompt's
+//     blocks and the best engine is not overloaded, it wins. Overloaded
+//     means its load exceeds the least loaded candidate's by more than
+//     BalanceAbs requests and by a factor of more than BalanceRel (both
+//     must hold, as in sgl-router): past that point waiting behind the
+//     queue costs more than recomputing the prefix elsewhere.
+//  3. Otherwise (a new prompt, a weak match, or an overloaded engine), the
+//     least loaded candidate wins, ties at random.
+//
+// Load is the gateway's in-flight score prefill*PrefillWeight + decode.
+// The chosen engine's blocks are then recorded in the index. A prompt
+// shorter than one block goes by load alone.
+type PrefixAware struct {
+	index         *PrefixIndex
+	blocks        PrefixConfig
+	threshold     float64
+	balanceAbs    int64
+	balanceRel    float64
+	prefillWeight int64
+}
+
+var (
+	_ Policy       = (*PrefixAware)(nil)
+	_ PrefixHasher = (*PrefixAware)(nil)
+)
+
+// NewPrefixAware returns a prefix-aware policy over index (nil: a new index
+// of DefaultConfig's size) with the thresholds described on [PrefixAware].
+func NewPrefixAware(index *PrefixIndex, cacheThreshold float64, balanceAbs int, balanceRel float64, prefillWeight int) *PrefixAware {
+	if index == nil {
+		index = NewPrefixIndex(DefaultConfig().Prefix.IndexEntries)
+	}
+	return &PrefixAware{index: index, blocks: DefaultConfig().Prefix, threshold: cacheThreshold, balanceAbs: int64(balanceAbs),
+		balanceRel: balanceRel, prefillWeight: int64(max(prefillWeight, 1))}
+}
+
+// withBlocks sets the block cutting the gateway is told about.
+func (p *PrefixAware) withBlocks(c PrefixConfig) *PrefixAware { p.blocks = c; return p }
+
+// PrefixBlocks returns the block size in bytes and the most blocks hashed
+// per prompt (routing.prefix).
+func (p *PrefixAware) PrefixBlocks() (blockBytes, maxBlocks int) {
+	return p.blocks.BlockBytes, p.blocks.MaxBlocks
+}
+
+// Index returns the policy's prefix index.
+func (p *PrefixAware) Index() *PrefixIndex { return p.index }
+
+// Pick returns the engine chosen as described on [PrefixAware] and records
+// the prompt's blocks against it, or returns [ErrNoEndpoint] when there is
+// no candidate. It does not allocate.
+func (p *PrefixAware) Pick(_ context.Context, req *Request, candidates []*Endpoint) (*Endpoint, error) {
+	if len(candidates) == 0 {
+		return nil, ErrNoEndpoint
+	}
+	hashes := req.PrefixHashes
+	var (
+		least, best         *Endpoint
+		leastLoad, bestLoad int64
+		bestMatch           = -1
+		leastTies, bestTies uint64
+	)
+	for _, e := range candidates {
+		l := inFlightLoad(e, p.prefillWeight)
+		switch {
+		case least == nil || l < leastLoad:
+			least, leastLoad, leastTies = e, l, 1
+		case l == leastLoad:
+			leastTies++
+			if rand.Uint64N(leastTies) == 0 {
+				least = e
+			}
+		}
+		if len(hashes) == 0 {
+			continue
+		}
+		m := p.index.Match(hashes, e)
+		switch {
+		case m > bestMatch || m == bestMatch && l < bestLoad:
+			best, bestMatch, bestLoad, bestTies = e, m, l, 1
+		case m == bestMatch && l == bestLoad:
+			bestTies++
+			if rand.Uint64N(bestTies) == 0 {
+				best = e
+			}
+		}
+	}
+	pick := least
+	if best != nil && float64(bestMatch) > p.threshold*float64(len(hashes)) && !p.overloaded(bestLoad, leastLoad) {
+		pick = best
+	}
+	p.index.Record(hashes, pick)
+	return pick, nil
+}
+
+// overloaded reports whether an engine at load is too far above the least
+// loaded one, at least, to be sent more work for its cache.
+func (p *PrefixAware) overloaded(load, least int64) bool {
+	return load-least > p.balanceAbs && float64(load) > p.balanceRel*float64(least)
+}

@@ -1,0 +1,147 @@
+package routing
+
+import "sync/atomic"
+
+// PrefixIndex remembers which engines were recently sent which prompt
+// blocks, so a policy can route a prompt to the engine most likely to hold
+// its prefix in its KV cache. It is the gateway-side approximation of the
+// engines' prefix caches that SGLang's cache-aware router keeps as a radix
+// tree per worker and the Gateway API Inference Extension's prefix-cache
+// scorer keeps as an LRU of block hashes per server; here it is one
+// fixed-size table, so its memory is allocated once and never grows,
+// whatever the traffic.
+//
+// An entry is (block hash, engine incarnation). The table is
+// set-associative: a key maps to one bucket of 8 entries, and an insert into
+// a full bucket replaces its least recently used entry, so the table as a
+// whole approximates an LRU over every engine's blocks at a hard bound of
+// 16 bytes per entry. Engines share the capacity in proportion to the
+// traffic they are sent, which is how their own caches fill.
+//
+// All methods are safe for concurrent use and lock-free. Concurrent inserts
+// into one bucket may overwrite each other's new entry; the index is a
+// routing hint, and losing an entry costs at most one colder pick.
+type PrefixIndex struct {
+	buckets []prefixBucket
+	mask    uint64
+	clock   atomic.Uint64 // recency stamps
+}
+
+const prefixWays = 8
+
+type prefixBucket [prefixWays]prefixEntry
+
+type prefixEntry struct {
+	key   atomic.Uint64 // 0: empty
+	stamp atomic.Uint64
+}
+
+// PrefixEntryBytes is the memory one index entry takes, in bytes.
+const PrefixEntryBytes = 16
+
+// NewPrefixIndex returns an index of at least entries entries (rounded up
+// to a power of two buckets of 8; at least one bucket), taking
+// PrefixEntryBytes per entry, allocated now.
+func NewPrefixIndex(entries int) *PrefixIndex {
+	nb := 1
+	for nb*prefixWays < entries {
+		nb <<= 1
+	}
+	return &PrefixIndex{buckets: make([]prefixBucket, nb), mask: uint64(nb - 1)}
+}
+
+// Capacity returns the number of entries the index holds at most.
+func (x *PrefixIndex) Capacity() int { return len(x.buckets) * prefixWays }
+
+// Bytes returns the memory the index's table takes, in bytes (fixed).
+func (x *PrefixIndex) Bytes() int { return x.Capacity() * PrefixEntryBytes }
+
+// Len returns the number of entries in use (a scan of the table; for tests
+// and status pages, not the request path).
+func (x *PrefixIndex) Len() int {
+	n := 0
+	for i := range x.buckets {
+		for j := range x.buckets[i] {
+			if x.buckets[i][j].key.Load() != 0 {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+// entryKey combines a block hash with an engine incarnation; never 0.
+func entryKey(block uint64, e *Endpoint) uint64 {
+	k := mix64(block ^ e.id*0x9e3779b97f4a7c15)
+	if k == 0 {
+		k = 1
+	}
+	return k
+}
+
+func (x *PrefixIndex) bucket(k uint64) *prefixBucket {
+	// The low bits pick the bucket; the key is already mixed.
+	return &x.buckets[k&x.mask]
+}
+
+func (x *PrefixIndex) has(k uint64) bool {
+	b := x.bucket(k)
+	for i := range b {
+		if b[i].key.Load() == k {
+			return true
+		}
+	}
+	return false
+}
+
+// Match returns how many leading blocks of hashes e was recently sent,
+// with a binary search for the first block it was not: the hashes are
+// chained, so a block is only ever present together with the blocks before
+// it (Record stamps a prompt's first block as the most recent, so eviction
+// takes later blocks first, as vLLM's cache does). It does not allocate.
+func (x *PrefixIndex) Match(hashes []uint64, e *Endpoint) int {
+	lo, hi := 0, len(hashes) // blocks [0,lo) match; [hi,len) do not
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if x.has(entryKey(hashes[mid], e)) {
+			lo = mid + 1
+		} else {
+			hi = mid
+		}
+	}
+	return lo
+}
+
+// Record notes that e was sent a prompt with these block hashes: each
+// becomes e's most recently used entry, the first block most recent of all.
+// It does not allocate.
+func (x *PrefixIndex) Record(hashes []uint64, e *Endpoint) {
+	if len(hashes) == 0 {
+		return
+	}
+	top := x.clock.Add(uint64(len(hashes)))
+	for i, h := range hashes {
+		x.put(entryKey(h, e), top-uint64(i))
+	}
+}
+
+func (x *PrefixIndex) put(k, stamp uint64) {
+	b := x.bucket(k)
+	victim := 0
+	oldest := uint64(1<<64 - 1)
+	for i := range b {
+		switch b[i].key.Load() {
+		case k:
+			b[i].stamp.Store(stamp)
+			return
+		case 0:
+			victim, oldest = i, 0
+		default:
+			if s := b[i].stamp.Load(); s < oldest {
+				victim, oldest = i, s
+			}
+		}
+	}
+	b[victim].stamp.Store(stamp)
+	b[victim].key.Store(k)
+}

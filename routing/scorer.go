@@ -1,0 +1,154 @@
+package routing
+
+import (
+	"context"
+	"math/rand/v2"
+	"time"
+)
+
+// ScorerName is the config name of [Scorer].
+const ScorerName = "scorer"
+
+// Scorer picks the candidate with the highest weighted sum of normalized
+// scores, each in 0..1 with 1 best, ties at random. This is the shape of
+// llm-d's endpoint picker (the Gateway API Inference Extension's scheduler:
+// filters, then weighted scorers, then a max-score picker), whose default
+// profile weighs queue 2, KV cache 2, prefix 3. The scorers:
+//
+//   - queue: the engine's queue depth (scraped vllm:num_requests_waiting plus
+//     the requests sent since that scrape; the gateway's in-flight prefill
+//     count when the stats are stale), min-max normalized over the
+//     candidates: (max-q)/(max-q_min), 1 for all when equal (as the
+//     Inference Extension's queue scorer).
+//   - kv_cache: 1 - vllm:kv_cache_usage_perc; 0.5 when unknown or stale, so
+//     an engine without stats is neither preferred nor avoided.
+//   - prefix: the fraction of the prompt's blocks the engine was recently
+//     sent ([PrefixIndex]); the chosen engine's blocks are recorded.
+//   - prefill, decode: the gateway's own in-flight counts, min-max
+//     normalized like queue; exact and immediate where scraped stats lag.
+//
+// A scorer with weight 0 is not computed.
+type Scorer struct {
+	w      ScorerConfig
+	index  *PrefixIndex
+	blocks PrefixConfig
+	now    func() time.Time
+}
+
+var (
+	_ Policy       = (*Scorer)(nil)
+	_ PrefixHasher = (*Scorer)(nil)
+)
+
+// NewScorer returns a scorer policy with weights w (negative weights count
+// as 0) over index (nil: a new index of DefaultConfig's size).
+func NewScorer(w ScorerConfig, index *PrefixIndex) *Scorer {
+	if index == nil {
+		index = NewPrefixIndex(DefaultConfig().Prefix.IndexEntries)
+	}
+	w.Queue, w.KVCache, w.Prefix = max(w.Queue, 0), max(w.KVCache, 0), max(w.Prefix, 0)
+	w.Prefill, w.Decode = max(w.Prefill, 0), max(w.Decode, 0)
+	return &Scorer{w: w, index: index, blocks: DefaultConfig().Prefix, now: time.Now}
+}
+
+func (p *Scorer) withBlocks(c PrefixConfig) *Scorer { p.blocks = c; return p }
+
+// PrefixBlocks returns the block size in bytes and the most blocks hashed
+// per prompt (routing.prefix); with a prefix weight of 0 it returns 0, 0 so
+// the gateway does not hash at all.
+func (p *Scorer) PrefixBlocks() (blockBytes, maxBlocks int) {
+	if p.w.Prefix == 0 {
+		return 0, 0
+	}
+	return p.blocks.BlockBytes, p.blocks.MaxBlocks
+}
+
+// Index returns the policy's prefix index.
+func (p *Scorer) Index() *PrefixIndex { return p.index }
+
+// span is a running min and max.
+type span struct{ lo, hi int64 }
+
+func (s *span) add(v int64, first bool) {
+	if first || v < s.lo {
+		s.lo = v
+	}
+	if first || v > s.hi {
+		s.hi = v
+	}
+}
+
+// score is (hi-v)/(hi-lo): 1 at the minimum, 0 at the maximum, 1 for all
+// when they are equal.
+func (s span) score(v int64) float64 {
+	if s.hi == s.lo {
+		return 1
+	}
+	return float64(s.hi-v) / float64(s.hi-s.lo)
+}
+
+// Pick returns the best-scoring candidate as described on [Scorer], or
+// [ErrNoEndpoint] when there is none. It does not allocate.
+func (p *Scorer) Pick(_ context.Context, req *Request, candidates []*Endpoint) (*Endpoint, error) {
+	switch len(candidates) {
+	case 0:
+		return nil, ErrNoEndpoint
+	case 1:
+		if p.w.Prefix > 0 {
+			p.index.Record(req.PrefixHashes, candidates[0])
+		}
+		return candidates[0], nil
+	}
+	now := p.now()
+	var qs, pfs, dcs span
+	for i, e := range candidates {
+		pf, dc := e.InFlight()
+		if p.w.Queue > 0 {
+			qs.add(queueDepth(e, now), i == 0)
+		}
+		pfs.add(pf, i == 0)
+		dcs.add(dc, i == 0)
+	}
+	hashes := req.PrefixHashes
+	var (
+		best      *Endpoint
+		bestScore float64
+		ties      uint64
+	)
+	for _, e := range candidates {
+		pf, dc := e.InFlight()
+		s := 0.0
+		if p.w.Queue > 0 {
+			s += p.w.Queue * qs.score(queueDepth(e, now))
+		}
+		if p.w.KVCache > 0 {
+			kv := 0.5
+			if u := kvUsage(e, now); u >= 0 {
+				kv = 1 - u
+			}
+			s += p.w.KVCache * kv
+		}
+		if p.w.Prefix > 0 && len(hashes) > 0 {
+			s += p.w.Prefix * float64(p.index.Match(hashes, e)) / float64(len(hashes))
+		}
+		if p.w.Prefill > 0 {
+			s += p.w.Prefill * pfs.score(pf)
+		}
+		if p.w.Decode > 0 {
+			s += p.w.Decode * dcs.score(dc)
+		}
+		switch {
+		case best == nil || s > bestScore:
+			best, bestScore, ties = e, s, 1
+		case s == bestScore:
+			ties++
+			if rand.Uint64N(ties) == 0 {
+				best = e
+			}
+		}
+	}
+	if p.w.Prefix > 0 {
+		p.index.Record(hashes, best)
+	}
+	return best, nil
+}

@@ -1,0 +1,147 @@
+package routing
+
+import (
+	"context"
+	"math"
+	"slices"
+	"strconv"
+)
+
+// SessionAffinityName is the config name of [SessionAffinity].
+const SessionAffinityName = "session-affinity"
+
+// SessionAffinity sends every request of a session to the same engine, so
+// the engine's KV cache of the conversation so far is reused, with
+// consistent hashing with bounded loads (Mirrokni, Thorup, Zadimoghaddam,
+// "Consistent Hashing with Bounded Loads", SODA 2018; the variant Vimeo
+// runs in HAProxy as hash-balance-factor).
+//
+// Every engine name is placed on a 64-bit hash ring VirtualNodes times
+// (hashes of "name#0", "name#1", ...). A session key hashes to a point; its
+// engine is the first engine clockwise from that point whose load is below
+// the bound ceil((1+ε)·(L+1)/n), where L is the candidates' total in-flight
+// requests, n their number and ε = LoadFactor: an engine already carrying
+// more than its share is skipped to the next one on the ring, so a hot
+// session cannot pile onto one engine, and the session returns to its home
+// engine when the load evens out.
+//
+// The mapping depends only on the candidates' names (never on their order,
+// the process or the time), so gateway replicas with the same engines agree.
+// Adding an engine to n moves about 1/(n+1) of the sessions, all of them to
+// the new engine; removing one moves only the sessions it had. (A session
+// hashed modulo the engine count, as most routers do, moves n/(n+1) of all
+// sessions on every scale event and cools every cache.)
+//
+// A request without a session key goes to the fallback policy.
+type SessionAffinity struct {
+	header   string
+	vnodes   int
+	factor   float64 // 1+ε
+	fallback Policy
+}
+
+var (
+	_ Policy       = (*SessionAffinity)(nil)
+	_ SessionKeyed = (*SessionAffinity)(nil)
+)
+
+// NewSessionAffinity returns a session-affinity policy with vnodes virtual
+// nodes per engine (below 1: 1), load factor epsilon (the bound is
+// (1+epsilon)× the average; negative: 0; +Inf turns the bound off) and the
+// policy for requests without a session key (nil: least-loaded with prefill
+// weight 1). header names the request header carrying the session key (""
+// means x-session-id).
+func NewSessionAffinity(vnodes int, epsilon float64, fallback Policy, header string) *SessionAffinity {
+	if fallback == nil {
+		fallback = NewLeastLoaded(1)
+	}
+	if header == "" {
+		header = DefaultConfig().SessionAffinity.Header
+	}
+	return &SessionAffinity{header: header, vnodes: max(vnodes, 1), factor: 1 + max(epsilon, 0), fallback: fallback}
+}
+
+// SessionHeader returns the header the gateway reads the session key from.
+func (p *SessionAffinity) SessionHeader() string { return p.header }
+
+// Pick returns the session's engine as described on [SessionAffinity], the
+// fallback policy's pick when req has no session key, or [ErrNoEndpoint]
+// when there is no candidate. It does not allocate once every candidate's
+// ring points are built (on its first pick, once per engine incarnation).
+func (p *SessionAffinity) Pick(ctx context.Context, req *Request, candidates []*Endpoint) (*Endpoint, error) {
+	if len(candidates) == 0 {
+		return nil, ErrNoEndpoint
+	}
+	if req.SessionKey == "" {
+		return p.fallback.Pick(ctx, req, candidates)
+	}
+	return p.pick(hashString(req.SessionKey), candidates), nil
+}
+
+// pick returns the first candidate clockwise from point h whose load is
+// under the bound, or the first clockwise when none is (it cannot happen
+// with factor >= 1, as not every engine can be above the average).
+func (p *SessionAffinity) pick(h uint64, candidates []*Endpoint) *Endpoint {
+	var total int64
+	for _, e := range candidates {
+		pf, dc := e.InFlight()
+		total += pf + dc
+	}
+	bound := int64(math.MaxInt64)
+	if !math.IsInf(p.factor, 1) {
+		bound = int64(math.Ceil(p.factor * float64(total+1) / float64(len(candidates))))
+	}
+	var (
+		home, best        *Endpoint
+		homeDist, bestDst uint64
+	)
+	for _, e := range candidates {
+		d := p.distance(e, h)
+		if home == nil || d < homeDist || d == homeDist && e.name < home.name {
+			home, homeDist = e, d
+		}
+		pf, dc := e.InFlight()
+		if pf+dc >= bound {
+			continue
+		}
+		if best == nil || d < bestDst || d == bestDst && e.name < best.name {
+			best, bestDst = e, d
+		}
+	}
+	if best == nil {
+		return home
+	}
+	return best
+}
+
+// distance returns the clockwise distance on the ring from h to e's first
+// virtual node at or after h (wrapping around). Visiting engines in order
+// of this distance is walking the ring from h and skipping engines already
+// seen, so no combined ring is ever built: each engine keeps its own sorted
+// points, and a candidate list of any composition works as it is.
+func (p *SessionAffinity) distance(e *Endpoint, h uint64) uint64 {
+	pts := e.ringPointsFor(p.vnodes)
+	i, _ := slices.BinarySearch(pts, h)
+	if i == len(pts) {
+		i = 0
+	}
+	return pts[i] - h // wraps: unsigned arithmetic is the ring
+}
+
+// ringPointsFor returns e's sorted virtual node hashes for vnodes virtual
+// nodes, building and caching them on first use (an engine's points depend
+// only on its name).
+func (e *Endpoint) ringPointsFor(vnodes int) []uint64 {
+	if r := e.ring.Load(); r != nil && r.vnodes == vnodes {
+		return r.points
+	}
+	pts := make([]uint64, vnodes)
+	buf := make([]byte, 0, len(e.name)+24)
+	for i := range pts {
+		buf = strconv.AppendInt(append(append(buf[:0], e.name...), '#'), int64(i), 10)
+		pts[i] = hashString(string(buf))
+	}
+	slices.Sort(pts)
+	e.ring.Store(&ringPoints{vnodes: vnodes, points: pts})
+	return pts
+}
