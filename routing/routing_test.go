@@ -278,4 +278,3 @@ func TestNewPolicyBuildsEveryName(t *testing.T) {
 		}
 	}
 }
-
