@@ -58,6 +58,9 @@ type Config struct {
 	Timeouts Timeouts `koanf:"timeouts"`
 	// Health configures active health checks and model discovery.
 	Health HealthConfig `koanf:"health"`
+	// EngineStats configures the scraping of each engine's Prometheus
+	// metrics (queue, KV cache, prefix cache, sleep state).
+	EngineStats EngineStatsConfig `koanf:"engine_stats"`
 	// EngineHeader, when true (the default), names the engine that served a
 	// request in the X-Switchboard-Engine response header.
 	EngineHeader bool `koanf:"engine_header"`
@@ -124,6 +127,30 @@ type HealthConfig struct {
 	DiscoveryInterval time.Duration `koanf:"discovery_interval"`
 }
 
+// EngineStatsConfig configures the engine stats scraper: every Interval the
+// gateway reads each engine's Prometheus text exposition at Path (the vLLM
+// metric names), stores what it found on the engine's routing.Endpoint for
+// the routing policies, exports it as the switchboard.engine.* stats gauges
+// and keeps an engine that reports itself sleeping or unhealthy out of
+// routing while those stats are fresh.
+type EngineStatsConfig struct {
+	// Enabled turns scraping on. Default true. Off, no engine has stats:
+	// policies use the gateway's own counters and the stats gauges are not
+	// reported.
+	Enabled bool `koanf:"enabled"`
+	// Interval between two scrapes of each engine. Default 1 s.
+	Interval time.Duration `koanf:"interval"`
+	// Timeout of one scrape, connection and body included. Default 500 ms.
+	Timeout time.Duration `koanf:"timeout"`
+	// MaxAge is how long the stats of a successful scrape are trusted;
+	// after it (the engine stopped answering /metrics) they are ignored
+	// and the stats gauges stop reporting the engine. Default 5 s; must be
+	// longer than Interval.
+	MaxAge time.Duration `koanf:"max_age"`
+	// Path is the metrics path on the engine's base URL. Default /metrics.
+	Path string `koanf:"path"`
+}
+
 // EngineConfig is one engine (a vLLM-compatible OpenAI server).
 type EngineConfig struct {
 	// Name is the engine's unique name; it is the `engine` attribute on
@@ -172,6 +199,13 @@ func DefaultConfig() Config {
 			Timeout:           2 * time.Second,
 			UnhealthyAfter:    2,
 			DiscoveryInterval: 30 * time.Second,
+		},
+		EngineStats: EngineStatsConfig{
+			Enabled:  true,
+			Interval: time.Second,
+			Timeout:  500 * time.Millisecond,
+			MaxAge:   5 * time.Second,
+			Path:     "/metrics",
 		},
 	}
 }
@@ -255,7 +289,33 @@ func (c Config) ValidateSettings() error {
 	if c.Health.DiscoveryInterval <= 0 {
 		bad("server.health.discovery_interval must be > 0, got %s", c.Health.DiscoveryInterval)
 	}
+	errs = append(errs, c.EngineStats.validate()...)
 	return errors.Join(errs...)
+}
+
+// validate reports every problem with the scraper settings. They are
+// checked even when scraping is off, so turning it on later cannot reveal
+// an old mistake.
+func (s EngineStatsConfig) validate() []error {
+	var errs []error
+	bad := func(format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...))
+	}
+	if s.Interval <= 0 {
+		bad("server.engine_stats.interval must be > 0, got %s", s.Interval)
+	}
+	if s.Timeout <= 0 {
+		bad("server.engine_stats.timeout must be > 0, got %s", s.Timeout)
+	}
+	if s.MaxAge <= 0 {
+		bad("server.engine_stats.max_age must be > 0, got %s", s.MaxAge)
+	} else if s.Interval > 0 && s.MaxAge <= s.Interval {
+		bad("server.engine_stats.max_age (%s) must be longer than server.engine_stats.interval (%s): stats would expire before the next scrape could renew them", s.MaxAge, s.Interval)
+	}
+	if u, err := url.Parse(s.Path); s.Path == "" || err != nil || !strings.HasPrefix(s.Path, "/") || u.Host != "" || u.RawQuery != "" || u.Fragment != "" {
+		bad("server.engine_stats.path must be a path starting with /, such as /metrics, got %q", s.Path)
+	}
+	return errs
 }
 
 // validHeaderName reports whether s is a header field name: a non-empty

@@ -104,6 +104,9 @@ func testConfig(engines ...EngineConfig) Config {
 	cfg.Health.Timeout = time.Second
 	cfg.Health.UnhealthyAfter = 1
 	cfg.Timeouts.Connect = time.Second
+	// No background scraping: fake engines would see GET /metrics every
+	// second. Stats tests turn it on or call ScrapeNow.
+	cfg.EngineStats.Enabled = false
 	return cfg
 }
 

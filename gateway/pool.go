@@ -54,6 +54,17 @@ type engine struct {
 	// Probe state, touched only under Pool.probeMu.
 	fails        int
 	lastDiscover time.Time
+
+	// statsURL is the engine's metrics URL (EngineStatsConfig.Path), never
+	// with userinfo.
+	statsURL string
+	// prefix is the prefix cache bookkeeping, touched only under
+	// Pool.statsMu.
+	prefix prefixState
+	// blocked is the stats verdict the routing snapshot was built with:
+	// fresh stats say the engine sleeps or is unhealthy. Touched only under
+	// Pool.mu.
+	blocked bool
 }
 
 func (e *engine) knownModels() []string {
@@ -81,21 +92,24 @@ func (rt *route) engineFor(ep *routing.Endpoint) *engine {
 
 // snapshot is an immutable view of the pool used by the request path.
 type snapshot struct {
-	routes     map[string]*route // healthy engines per model
+	routes     map[string]*route // healthy engines not blocked by their stats, per model
 	known      map[string]bool   // every model of every engine with known models
 	pending    bool              // some engine has not reported its models yet
 	modelsBody []byte            // GET /v1/models body; nil when no healthy engine has reported models
 }
 
-// Pool is the set of engines, their health and their models. The request
-// path reads an immutable snapshot through an atomic pointer; changes
-// (health verdicts, discovery, Add, Remove) build a new one. All methods are
-// safe for concurrent use.
+// Pool is the set of engines, their health, their models and their
+// scraped stats. The request path reads an immutable snapshot through an
+// atomic pointer; changes (health verdicts, stats verdicts, discovery, Add,
+// Remove) build a new one. All methods are safe for concurrent use.
 type Pool struct {
-	cfg     HealthConfig
-	metrics *telemetry.Metrics
-	client  *http.Client
-	log     *slog.Logger
+	cfg         HealthConfig
+	stats       EngineStatsConfig
+	metrics     *telemetry.Metrics
+	client      *http.Client
+	statsClient *http.Client // no client timeout: each scrape has its own
+	log         *slog.Logger
+	now         func() time.Time
 
 	mu        sync.Mutex
 	engines   []*engine
@@ -105,23 +119,28 @@ type Pool struct {
 	snap atomic.Pointer[snapshot]
 
 	probeMu   sync.Mutex // one probe round at a time
+	statsMu   sync.Mutex // one scrape round at a time
 	startOnce sync.Once
 	ctx       context.Context // cancelled by Close
 	cancel    context.CancelFunc
 	wg        sync.WaitGroup
 }
 
-// newPool builds a pool from configs (already validated).
-func newPool(cfg HealthConfig, engines []EngineConfig, m *telemetry.Metrics, rt http.RoundTripper, log *slog.Logger) (*Pool, error) {
+// newPool builds a pool from cfg (already validated): its engines, health
+// and stats settings. now is the clock the stats are stamped and judged by.
+func newPool(cfg Config, m *telemetry.Metrics, rt http.RoundTripper, log *slog.Logger, now func() time.Time) (*Pool, error) {
 	p := &Pool{
-		cfg:       cfg,
-		metrics:   m,
-		client:    &http.Client{Transport: rt, Timeout: cfg.Timeout},
-		log:       log,
-		telByName: map[string]*telemetry.Engine{},
+		cfg:         cfg.Health,
+		stats:       cfg.EngineStats,
+		metrics:     m,
+		client:      &http.Client{Transport: rt, Timeout: cfg.Health.Timeout},
+		statsClient: &http.Client{Transport: rt, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
+		log:         log,
+		now:         now,
+		telByName:   map[string]*telemetry.Engine{},
 	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
-	for _, ec := range engines {
+	for _, ec := range cfg.Engines {
 		e, err := p.newEngine(ec)
 		if err != nil {
 			return nil, err
@@ -176,6 +195,7 @@ func (p *Pool) newEngine(ec EngineConfig) (*engine, error) {
 	for _, op := range operations {
 		e.opURL[op.op] = base.JoinPath(op.path).String()
 	}
+	e.statsURL = base.JoinPath(p.stats.Path).String()
 	if len(ec.Models) > 0 {
 		ms := slices.Clone(ec.Models)
 		sort.Strings(ms)
@@ -251,7 +271,11 @@ func (p *Pool) rebuildLocked() {
 		}
 		for _, m := range ms {
 			s.known[m] = true
-			if !e.ep.Healthy() {
+			// A sleeping or self-reported unhealthy engine (fresh stats)
+			// is left out like an unhealthy one: it keeps its slots and
+			// its health verdict, and comes back when its stats say so
+			// or expire.
+			if !e.ep.Healthy() || e.blocked {
 				continue
 			}
 			served[m] = true
@@ -352,12 +376,16 @@ type EngineStatus struct {
 	Name      string   `json:"name"`              // configured engine name
 	URL       string   `json:"url"`               // base URL, userinfo redacted
 	Healthy   bool     `json:"healthy"`           // last health verdict
+	Routable  bool     `json:"routable"`          // healthy, in the pool, and not sleeping or self-reported unhealthy by fresh stats
 	Models    []string `json:"models"`            // sorted; empty until discovered
 	Static    bool     `json:"models_configured"` // models come from config, not discovery
 	Prefill   int64    `json:"prefill"`           // requests in prefill now
 	Decode    int64    `json:"decode"`            // requests in decode now
 	Retired   bool     `json:"retired,omitempty"` // removed, still draining its requests
 	LastError string   `json:"last_error,omitempty"`
+	// Stats are the engine's last scraped stats, fresh or not; absent
+	// when none was ever scraped (or scraping is off).
+	Stats *EngineStatsStatus `json:"stats,omitempty"`
 }
 
 // Status returns every engine's state, configured engines first (in config
@@ -366,10 +394,12 @@ func (p *Pool) Status() []EngineStatus {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	out := make([]EngineStatus, 0, len(p.engines)+len(p.retired))
+	now := p.now()
 	st := func(e *engine, retired bool) EngineStatus {
 		pf, dc := e.ep.InFlight()
 		s := EngineStatus{Name: e.cfg.Name, URL: e.shown, Healthy: e.ep.Healthy(), Models: e.knownModels(),
-			Static: e.static, Prefill: pf, Decode: dc, Retired: retired}
+			Static: e.static, Prefill: pf, Decode: dc, Retired: retired,
+			Routable: !retired && e.ep.Healthy() && !e.blocked, Stats: statsStatus(e.ep.Stats(), now)}
 		if s.Models == nil {
 			s.Models = []string{}
 		}
@@ -391,10 +421,30 @@ func (p *Pool) Status() []EngineStatus {
 func (p *Pool) Ready() bool { return p.snap.Load().modelsBody != nil }
 
 // Start runs the first probe round synchronously (each probe bounded by the
-// probe timeout), then probes every HealthConfig.Interval until Close.
+// probe timeout), then probes every HealthConfig.Interval until Close. With
+// EngineStatsConfig.Enabled it also scrapes every engine's metrics at once
+// and then every EngineStatsConfig.Interval, on its own goroutine, so a
+// slow engine never delays a probe or a request.
 func (p *Pool) Start() {
 	p.startOnce.Do(func() {
 		p.ProbeNow(p.ctx)
+		if p.stats.Enabled {
+			p.wg.Add(1)
+			go func() {
+				defer p.wg.Done()
+				p.ScrapeNow(p.ctx)
+				t := time.NewTicker(p.stats.Interval)
+				defer t.Stop()
+				for {
+					select {
+					case <-p.ctx.Done():
+						return
+					case <-t.C:
+						p.ScrapeNow(p.ctx)
+					}
+				}
+			}()
+		}
 		p.wg.Add(1)
 		go func() {
 			defer p.wg.Done()
@@ -412,8 +462,8 @@ func (p *Pool) Start() {
 	})
 }
 
-// Close stops probing and waits for the probe goroutine. It does not touch
-// requests in flight.
+// Close stops probing and scraping and waits for their goroutines. It does
+// not touch requests in flight.
 func (p *Pool) Close() {
 	p.cancel()
 	p.wg.Wait()

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -40,7 +41,9 @@ type Server struct {
 	prop    propagation.TextMapPropagator
 	client  *http.Client
 	log     *slog.Logger
-	reg     metric.Registration
+	reg     metric.Registration // the in-flight gauge callback
+	// statsReg is the engine stats gauges callback.
+	statsReg metric.Registration
 
 	// skipReq is the set of client request headers never copied to an
 	// engine; trusted the proxies whose forwarding headers are believed.
@@ -73,6 +76,7 @@ type config struct {
 	prop      propagation.TextMapPropagator
 	transport http.RoundTripper
 	log       *slog.Logger
+	now       func() time.Time // the engine stats clock; tests inject one
 }
 
 // Option configures what a test or embedder injects into [New].
@@ -169,6 +173,7 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 		tp:   tracenoop.NewTracerProvider(),
 		prop: propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}),
 		log:  slog.Default(),
+		now:  time.Now,
 	}
 	for _, o := range opts {
 		o.apply(&c)
@@ -176,7 +181,7 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 	if c.transport == nil {
 		c.transport = NewTransport(cfg.Timeouts.Connect)
 	}
-	pool, err := newPool(cfg.Health, cfg.Engines, m, c.transport, c.log)
+	pool, err := newPool(cfg, m, c.transport, c.log, c.now)
 	if err != nil {
 		return nil, err
 	}
@@ -203,6 +208,11 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 	s.reg, err = m.ObserveInFlight(pool.observeInFlight)
 	if err != nil {
 		return nil, fmt.Errorf("register in-flight gauge: %w", err)
+	}
+	s.statsReg, err = m.ObserveEngineStats(pool.observeStats)
+	if err != nil {
+		_ = s.reg.Unregister()
+		return nil, fmt.Errorf("register engine stats gauges: %w", err)
 	}
 	return s, nil
 }
@@ -254,10 +264,11 @@ func (s *Server) Wait(ctx context.Context) error {
 	return nil
 }
 
-// Close stops health checks, unregisters the gauge callback and closes
-// idle engine connections. Call it after the HTTP servers have shut down
-// and [Server.Wait] has returned, and before the telemetry providers shut
-// down, so every request's telemetry is recorded before the last export.
+// Close stops health checks and stats scraping, unregisters the gauge
+// callbacks and closes idle engine connections. Call it after the HTTP
+// servers have shut down and [Server.Wait] has returned, and before the
+// telemetry providers shut down, so every request's telemetry is recorded
+// before the last export.
 func (s *Server) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
@@ -265,6 +276,9 @@ func (s *Server) Close() error {
 		s.pool.Close()
 		if s.reg != nil {
 			err = s.reg.Unregister()
+		}
+		if s.statsReg != nil {
+			err = errors.Join(err, s.statsReg.Unregister())
 		}
 		s.client.CloseIdleConnections()
 	})
@@ -381,8 +395,9 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 // AdminHandler returns the admin handler:
 //
 //	GET /metrics         prom (the Prometheus exposition of the OTel metrics); 404 when nil
-//	GET /admin/engines   JSON: every engine's models, health and in-flight prefill/decode,
-//	                     plus the gateway's live attempts, requests in flight and buffered bytes
+//	GET /admin/engines   JSON: every engine's models, health, routability, in-flight prefill/decode
+//	                     and last scraped stats (EngineStatsStatus), plus the gateway's live
+//	                     attempts, requests in flight and buffered bytes
 //	GET /debug/pprof/*   the runtime profiles
 //
 // Serve it on a separate, private listener.

@@ -1,0 +1,563 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/switchboard-gw/switchboard/internal/testutil"
+	"github.com/switchboard-gw/switchboard/routing"
+	"github.com/switchboard-gw/switchboard/telemetry"
+)
+
+// vllmPage is a /metrics page shaped like vLLM v1's prometheus_client
+// output (abridged): two served models, counters exposed with _total and
+// their _created companions, a histogram, the sleep-state gauge with its
+// three sleep_state series, and the help and type comments.
+const vllmPage = `# HELP python_gc_objects_collected_total Objects collected during gc
+# TYPE python_gc_objects_collected_total counter
+python_gc_objects_collected_total{generation="0"} 12345.0
+# HELP vllm:num_requests_running Number of requests in model execution batches.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 3.0
+vllm:num_requests_running{engine="0",model_name="lora-a"} 2.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 1.0
+vllm:num_requests_waiting{engine="0",model_name="lora-a"} 4.0
+# HELP vllm:engine_sleep_state Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.
+# TYPE vllm:engine_sleep_state gauge
+vllm:engine_sleep_state{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct",sleep_state="awake"} 1.0
+vllm:engine_sleep_state{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct",sleep_state="weights_offloaded"} 0.0
+vllm:engine_sleep_state{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct",sleep_state="discard_all"} 0.0
+# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.25
+vllm:kv_cache_usage_perc{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.5
+# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 1000.0
+vllm:prefix_cache_queries_total{engine="0",model_name="lora-a"} 24.0
+# HELP vllm:prefix_cache_queries_created Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_created gauge
+vllm:prefix_cache_queries_created{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 1.7e+09
+# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 600.0
+vllm:prefix_cache_hits_total{engine="0",model_name="lora-a"} 16.0
+# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
+# TYPE vllm:time_to_first_token_seconds histogram
+vllm:time_to_first_token_seconds_sum{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 1.5
+vllm:time_to_first_token_seconds_bucket{engine="0",le="0.001",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.0
+vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="meta-llama/Llama-3.1-8B-Instruct"} 7.0
+vllm:time_to_first_token_seconds_count{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 7.0
+`
+
+// sleepPage returns a page of one engine at the given vLLM sleep level (0
+// awake, 1 weights offloaded, 2 discard all), as record_sleep_state sets
+// the three series.
+func sleepPage(level int) string {
+	awake, offloaded, discard := 1, 0, 0
+	switch level {
+	case 1:
+		awake, offloaded = 0, 1
+	case 2:
+		awake, discard = 0, 1
+	}
+	return fmt.Sprintf(`# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0",model_name="m"} 0.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 0.0
+# TYPE vllm:engine_sleep_state gauge
+vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="awake"} %d.0
+vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="weights_offloaded"} %d.0
+vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="discard_all"} %d.0
+`, awake, offloaded, discard)
+}
+
+func TestParseEngineMetrics(t *testing.T) {
+	tests := []struct {
+		name string
+		page string
+		want engineSample
+		err  error // errors.Is target; errAny for any error
+	}{
+		{
+			name: "vLLM v1 page, two models",
+			page: vllmPage,
+			want: engineSample{running: 5, waiting: 5, kvUsage: 0.5, hits: 616, queries: 1024, hasPrefix: true},
+		},
+		{
+			name: "older vLLM: gpu_cache_usage_perc only",
+			page: `# HELP vllm:num_requests_running Number of requests currently running on GPU.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m"} 7.0
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m"} 0.0
+# TYPE vllm:gpu_cache_usage_perc gauge
+vllm:gpu_cache_usage_perc{model_name="m"} 0.875
+`,
+			want: engineSample{running: 7, kvUsage: 0.875},
+		},
+		{
+			name: "kv_cache_usage_perc wins over gpu_cache_usage_perc",
+			page: `vllm:num_requests_running 1
+vllm:gpu_cache_usage_perc 0.9
+vllm:kv_cache_usage_perc 0.1
+`,
+			want: engineSample{running: 1, kvUsage: 0.1},
+		},
+		{
+			name: "counters without _total",
+			page: `# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{model_name="m"} 2
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries{model_name="m"} 50
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits{model_name="m"} 20
+`,
+			want: engineSample{waiting: 2, kvUsage: -1, hits: 20, queries: 50, hasPrefix: true},
+		},
+		{
+			name: "counter typed without _total, sampled with it (old prometheus_client)",
+			page: `vllm:num_requests_running 0
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{model_name="m"} 8
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{model_name="m"} 2
+`,
+			want: engineSample{kvUsage: -1, hits: 2, queries: 8, hasPrefix: true},
+		},
+		{
+			name: "only one prefix counter: no ratio",
+			page: "vllm:num_requests_running 1\nvllm:prefix_cache_queries_total 8\n",
+			want: engineSample{running: 1, kvUsage: -1},
+		},
+		{name: "awake", page: sleepPage(0), want: engineSample{kvUsage: -1}},
+		{name: "sleep level 1", page: sleepPage(1), want: engineSample{kvUsage: -1, sleeping: true}},
+		{name: "sleep level 2", page: sleepPage(2), want: engineSample{kvUsage: -1, sleeping: true}},
+		{
+			name: "sleep level as a plain gauge",
+			page: "vllm:num_requests_running 0\nvllm:engine_sleep_state 1\n",
+			want: engineSample{kvUsage: -1, sleeping: true},
+		},
+		{
+			name: "fault tolerance: one rank unhealthy",
+			page: "vllm:num_requests_running 0\n# TYPE vllm:engine_healthy gauge\nvllm:engine_healthy{engine=\"0\"} 1\nvllm:engine_healthy{engine=\"1\"} 0\n",
+			want: engineSample{kvUsage: -1, unhealthy: true},
+		},
+		{
+			name: "fault tolerance: healthy",
+			page: "vllm:num_requests_running 0\nvllm:engine_healthy{engine=\"0\"} 1\n",
+			want: engineSample{kvUsage: -1},
+		},
+		{
+			name: "fractional, negative and NaN gauges",
+			page: "vllm:num_requests_running{model_name=\"a\"} 2.6\nvllm:num_requests_running{model_name=\"b\"} NaN\nvllm:num_requests_waiting -3\nvllm:kv_cache_usage_perc 1.5\n",
+			want: engineSample{running: 3, kvUsage: 1},
+		},
+		{name: "not a vLLM page", page: "# TYPE up gauge\nup 1\n", err: errNoEngineMetrics},
+		{name: "empty body", page: "", err: errNoEngineMetrics},
+		{name: "garbage line", page: "vllm:num_requests_running 1\nthis is { not metrics\n", err: errAny},
+		{name: "HTML error page", page: "<html><body>502 Bad Gateway</body></html>\n", err: errAny},
+		{name: "bad value", page: "vllm:num_requests_running one\n", err: errAny},
+		{name: "unterminated label", page: "vllm:num_requests_running{model_name=\"m} 1\n", err: errAny},
+		{name: "binary noise", page: "\x00\xff\xfe{{{\n\n\"\"", err: errAny},
+		{name: "second TYPE line", page: "# TYPE vllm:num_requests_running gauge\n# TYPE vllm:num_requests_running counter\n", err: errAny},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseEngineMetrics(strings.NewReader(tc.page))
+			switch {
+			case tc.err == errAny && err == nil:
+				t.Fatalf("no error; got %+v", got)
+			case tc.err != nil && tc.err != errAny && !errors.Is(err, tc.err):
+				t.Fatalf("error %v, want %v", err, tc.err)
+			case tc.err == nil && err != nil:
+				t.Fatalf("error %v", err)
+			case tc.err == nil && got != tc.want:
+				t.Errorf("got  %+v\nwant %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+// errAny stands for "some error" in the parser table.
+var errAny = errors.New("any error")
+
+// TestCappedReader: a body of exactly the limit is read whole; one byte
+// more fails, without the parser seeing more than the limit.
+func TestCappedReader(t *testing.T) {
+	for _, tc := range []struct {
+		size int
+		over bool
+	}{{0, false}, {9, false}, {10, false}, {11, true}, {1000, true}} {
+		c := &cappedReader{r: bytes.NewReader(bytes.Repeat([]byte("x"), tc.size)), left: 10}
+		b, err := io.ReadAll(c)
+		if tc.over != (err != nil) || c.over != tc.over || (tc.over && !errors.Is(err, errStatsTooLarge)) {
+			t.Errorf("size %d: err %v over %v, want over %v", tc.size, err, c.over, tc.over)
+		}
+		if len(b) > 10 {
+			t.Errorf("size %d: read %d bytes past a limit of 10", tc.size, len(b))
+		}
+	}
+}
+
+// TestPrefixState: the hit ratio is the growth of hits over the growth of
+// queries between two successful scrapes; unchanged when no query was
+// made; unknown again, from a new baseline, when a counter goes down (the
+// engine restarted) or disappears.
+func TestPrefixState(t *testing.T) {
+	steps := []struct {
+		hits, queries float64
+		has           bool
+		want          float64
+	}{
+		{hits: 100, queries: 400, has: true, want: -1},  // first scrape: a baseline only
+		{hits: 130, queries: 500, has: true, want: 0.3}, // 30 of 100 new tokens hit
+		{hits: 130, queries: 500, has: true, want: 0.3}, // idle: the last ratio stays
+		{hits: 230, queries: 600, has: true, want: 1},   // every new token hit
+		{hits: 5, queries: 20, has: true, want: -1},     // restart: counters fell
+		{hits: 5, queries: 40, has: true, want: 0},      // measured from the new baseline
+		{has: false, want: -1},                          // counters gone
+		{hits: 50, queries: 60, has: true, want: -1},    // back: a baseline again
+		{hits: 70, queries: 100, has: true, want: 0.5},
+	}
+	ps := prefixState{ratio: -1}
+	for i, s := range steps {
+		got := ps.update(engineSample{hits: s.hits, queries: s.queries, hasPrefix: s.has})
+		if got != s.want {
+			t.Errorf("step %d (%+v): ratio %v, want %v", i, s, got, s.want)
+		}
+	}
+}
+
+// handlerTransport serves requests with a handler in memory, on the
+// caller's goroutine: no sockets, so it works inside a synctest bubble.
+type handlerTransport struct{ h http.Handler }
+
+func (t handlerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	rec := httptest.NewRecorder()
+	t.h.ServeHTTP(rec, r)
+	if err := r.Context().Err(); err != nil {
+		return nil, err
+	}
+	return rec.Result(), nil
+}
+
+// metricsMode is what a test engine's /metrics does.
+type metricsMode int32
+
+const (
+	metricsServe metricsMode = iota // the current page
+	metricsFail                     // 500
+	metricsHang                     // nothing until the scraper gives up
+)
+
+// statsEngine is a test engine's /health, /v1/models and /metrics. Its
+// page and mode can be changed at any time.
+type statsEngine struct {
+	models  []string
+	page    atomic.Pointer[string]
+	mode    atomic.Int32
+	scrapes atomic.Int64
+	auth    atomic.Pointer[string] // the Authorization header of the last scrape
+	next    http.HandlerFunc       // the /v1/ handler; nil: 404
+}
+
+func newStatsEngine(page string, models ...string) *statsEngine {
+	e := &statsEngine{models: models}
+	e.setPage(page)
+	return e
+}
+
+func (e *statsEngine) setPage(p string)            { e.page.Store(&p) }
+func (e *statsEngine) setMode(m metricsMode)       { e.mode.Store(int32(m)) }
+func (e *statsEngine) lastAuth() string            { return *e.auth.Load() }
+func (e *statsEngine) handleV1(h http.HandlerFunc) { e.next = h }
+
+func (e *statsEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch {
+	case r.URL.Path == "/health":
+	case r.URL.Path == "/v1/models":
+		var data []map[string]string
+		for _, m := range e.models {
+			data = append(data, map[string]string{"id": m, "object": "model"})
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
+	case r.URL.Path == "/metrics":
+		e.scrapes.Add(1)
+		a := r.Header.Get("Authorization")
+		e.auth.Store(&a)
+		switch metricsMode(e.mode.Load()) {
+		case metricsFail:
+			http.Error(w, "boom", http.StatusInternalServerError)
+		case metricsHang:
+			<-r.Context().Done()
+		default:
+			w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+			_, _ = io.WriteString(w, *e.page.Load())
+		}
+	case strings.HasPrefix(r.URL.Path, "/v1/") && e.next != nil:
+		e.next(w, r)
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+// statsConfig is testConfig with scraping on: every second, 500 ms per
+// scrape, stats trusted for 5 s.
+func statsConfig(engines ...EngineConfig) Config {
+	cfg := testConfig(engines...)
+	cfg.EngineStats = EngineStatsConfig{Enabled: true, Interval: time.Second, Timeout: 500 * time.Millisecond, MaxAge: 5 * time.Second, Path: "/metrics"}
+	return cfg
+}
+
+// TestEngineStatsExpire (in a synctest bubble, engines in memory): the
+// scraper stores what an engine reports every interval; when the engine
+// stops answering its /metrics, the last stats stay in place, are trusted
+// until max_age after their scrape and then not at all: the gauges stop
+// reporting the engine, and a sleeping engine, kept out of routing while
+// its stats were fresh, is routable again. Its health verdict never moves.
+func TestEngineStatsExpire(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		eng := newStatsEngine(sleepPage(1), "m")
+		cfg := statsConfig(EngineConfig{Name: "e1", URL: "http://e1.test:8000", Models: []string{"m"}})
+		p, err := newPool(cfg, mustMetrics(t), handlerTransport{eng}, slog.New(slog.NewTextHandler(io.Discard, nil)), time.Now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		start := time.Now()
+		p.Start()
+		synctest.Wait()
+		ep := p.engines[0].ep
+		first := ep.Stats()
+		if !first.Fresh(time.Now()) || !first.Sleeping || !first.At.Equal(start) || !first.Expires.Equal(start.Add(5*time.Second)) {
+			t.Fatalf("after the first scrape: %+v (now %v)", first, start)
+		}
+		if _, err := p.lookup("m"); !errors.Is(err, routing.ErrNoEndpoint) {
+			t.Fatalf("sleeping engine routable: lookup error %v", err)
+		}
+
+		// Awake: the next scrape (one interval later) brings it back.
+		eng.setPage(sleepPage(0))
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if _, err := p.lookup("m"); err != nil {
+			t.Fatalf("awake engine not routable: %v", err)
+		}
+		eng.setPage(sleepPage(2))
+		time.Sleep(time.Second)
+		synctest.Wait()
+		last := ep.Stats()
+		if _, err := p.lookup("m"); !errors.Is(err, routing.ErrNoEndpoint) || !last.Sleeping {
+			t.Fatalf("engine asleep again but routable: %v, %+v", err, last)
+		}
+
+		// The engine stops answering: every further scrape times out.
+		eng.setMode(metricsHang)
+		scrapes := eng.scrapes.Load()
+		time.Sleep(5*time.Second - time.Nanosecond) // to just before expiry
+		synctest.Wait()
+		if eng.scrapes.Load() <= scrapes {
+			t.Fatal("no scrape attempted while the engine hung")
+		}
+		if ep.Stats() != last || !last.Fresh(time.Now()) {
+			t.Fatalf("a failed scrape replaced or expired the stats early: %+v", ep.Stats())
+		}
+		if n := countObserved(p); n != 1 {
+			t.Errorf("fresh stats observed for %d engines, want 1", n)
+		}
+		if _, err := p.lookup("m"); !errors.Is(err, routing.ErrNoEndpoint) {
+			t.Fatalf("sleeping engine routable before its stats expired: %v", err)
+		}
+		time.Sleep(time.Nanosecond) // now == Expires: stale
+		if last.Fresh(time.Now()) {
+			t.Fatal("stats still fresh at their expiry")
+		}
+		if n := countObserved(p); n != 0 {
+			t.Errorf("stale stats observed for %d engines, want 0", n)
+		}
+		// The next round notices (at most one interval and one timeout
+		// later) and routes to the engine again; the probe decides.
+		time.Sleep(cfg.EngineStats.Interval + cfg.EngineStats.Timeout)
+		synctest.Wait()
+		if _, err := p.lookup("m"); err != nil {
+			t.Errorf("engine with stale stats not routable: %v", err)
+		}
+		if !ep.Healthy() {
+			t.Error("failed scrapes marked the engine unhealthy")
+		}
+		if ep.Stats() != last {
+			t.Error("stats replaced without a successful scrape")
+		}
+	})
+}
+
+// mustMetrics returns no-op metrics.
+func mustMetrics(t *testing.T) *telemetry.Metrics {
+	t.Helper()
+	m, err := telemetry.NewMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// countObserved returns how many engines the stats gauges would report.
+func countObserved(p *Pool) int {
+	n := 0
+	p.observeStats(func(*telemetry.Engine, telemetry.EngineStats) { n++ })
+	return n
+}
+
+// TestScrapeFailuresKeepStats: a scrape answered 500, with garbage, with
+// a body over 4 MiB or not at all leaves the previous stats in place, is
+// logged at debug level with the engine name and never the engine's key,
+// and does not touch the health verdict. The scrape carries the engine's
+// key as the probes do.
+func TestScrapeFailuresKeepStats(t *testing.T) {
+	eng := newStatsEngine(vllmPage, "m")
+	srv := httptest.NewServer(eng)
+	t.Cleanup(srv.Close)
+	cfg := statsConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}, APIKey: "sk-engine-secret"})
+	cfg.EngineStats.Interval, cfg.EngineStats.MaxAge = time.Hour, 2*time.Hour // scrapes only when asked
+	// Parsing 4 MiB under the race detector takes a good part of a second:
+	// only the hanging engine below should time out.
+	cfg.EngineStats.Timeout = 20 * time.Second
+	var logs testutil.LockedBuffer
+	gw, err := New(cfg, routing.NewRoundRobin(), mustMetrics(t),
+		WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gw.Close()
+	p := gw.Pool()
+	p.ScrapeNow(context.Background())
+	good := p.engines[0].ep.Stats()
+	if good == nil || good.Running != 5 || good.Waiting != 5 || good.KVCacheUsage != 0.5 || good.PrefixCacheHitRatio != -1 {
+		t.Fatalf("stats from the vLLM page: %+v", good)
+	}
+	if a := eng.lastAuth(); a != "Bearer sk-engine-secret" {
+		t.Errorf("scrape sent Authorization %q, want the engine's key", a)
+	}
+	huge := "vllm:num_requests_running 1\n" + strings.Repeat("# padding padding padding padding padding padding padding\n", (5<<20)/58)
+	for _, tc := range []struct {
+		name string
+		set  func()
+		log  string
+	}{
+		{"status 500", func() { eng.setMode(metricsFail) }, "unexpected status 500"},
+		{"garbage", func() { eng.setMode(metricsServe); eng.setPage("vllm:num_requests_running {{{\n") }, "parse metrics"},
+		{"over 4 MiB", func() { eng.setPage(huge) }, "metrics body over 4 MiB"},
+		{"not vLLM", func() { eng.setPage("up 1\n") }, "neither vllm:num_requests_running"},
+		{"timeout", func() { eng.setMode(metricsHang); p.stats.Timeout = 100 * time.Millisecond }, "context deadline exceeded"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tc.set()
+			p.ScrapeNow(context.Background())
+			if st := p.engines[0].ep.Stats(); st != good {
+				t.Errorf("stats replaced by a failed scrape: %+v", st)
+			}
+			if !p.engines[0].ep.Healthy() {
+				t.Error("a failed scrape marked the engine unhealthy")
+			}
+			out := logs.String()
+			if !strings.Contains(out, "engine stats scrape failed") || !strings.Contains(out, "engine=e1") || !strings.Contains(out, tc.log) {
+				t.Errorf("debug log lacks the failure (%q):\n%s", tc.log, out)
+			}
+		})
+	}
+	if strings.Contains(logs.String(), "sk-engine-secret") {
+		t.Errorf("the engine key was logged:\n%s", logs.String())
+	}
+}
+
+// TestScrapeHitRatioAndRestart: the ratio comes from two consecutive
+// successful scrapes of the same engine, stays through an idle scrape,
+// and starts over when the counters fall (the engine restarted).
+func TestScrapeHitRatioAndRestart(t *testing.T) {
+	eng := newStatsEngine("", "m")
+	srv := httptest.NewServer(eng)
+	t.Cleanup(srv.Close)
+	cfg := statsConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+	gw, err := New(cfg, routing.NewRoundRobin(), mustMetrics(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gw.Close()
+	page := func(hits, queries int) string {
+		return fmt.Sprintf("vllm:num_requests_running{model_name=\"m\"} 0\n"+
+			"# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total{model_name=\"m\"} %d\n"+
+			"# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total{model_name=\"m\"} %d\n", hits, queries)
+	}
+	ep := gw.Pool().engines[0].ep
+	for i, s := range []struct {
+		hits, queries int
+		want          float64
+	}{
+		{0, 0, -1},
+		{48, 64, 0.75},
+		{48, 64, 0.75},
+		{112, 192, 0.5},
+		{0, 16, -1}, // restarted
+		{16, 32, 1},
+	} {
+		eng.setPage(page(s.hits, s.queries))
+		gw.Pool().ScrapeNow(context.Background())
+		if got := ep.Stats().PrefixCacheHitRatio; got != s.want {
+			t.Errorf("scrape %d (hits %d, queries %d): ratio %v, want %v", i, s.hits, s.queries, got, s.want)
+		}
+	}
+}
+
+// TestStatsConfigValidate: the scraper settings are refused with the key
+// in the message.
+func TestStatsConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		mut  func(*EngineStatsConfig)
+		want string // "" = valid
+	}{
+		{"defaults", func(*EngineStatsConfig) {}, ""},
+		{"disabled with defaults", func(s *EngineStatsConfig) { s.Enabled = false }, ""},
+		{"zero interval", func(s *EngineStatsConfig) { s.Interval = 0 }, "server.engine_stats.interval must be > 0"},
+		{"negative timeout", func(s *EngineStatsConfig) { s.Timeout = -time.Second }, "server.engine_stats.timeout must be > 0"},
+		{"zero max age", func(s *EngineStatsConfig) { s.MaxAge = 0 }, "server.engine_stats.max_age must be > 0"},
+		{"max age equal to interval", func(s *EngineStatsConfig) { s.MaxAge = s.Interval }, "must be longer than server.engine_stats.interval"},
+		{"max age below interval", func(s *EngineStatsConfig) { s.Interval = 10 * time.Second }, "max_age (5s) must be longer than server.engine_stats.interval (10s)"},
+		{"empty path", func(s *EngineStatsConfig) { s.Path = "" }, "server.engine_stats.path must be a path starting with /"},
+		{"relative path", func(s *EngineStatsConfig) { s.Path = "metrics" }, "server.engine_stats.path"},
+		{"a URL", func(s *EngineStatsConfig) { s.Path = "http://x/metrics" }, "server.engine_stats.path"},
+		{"a host", func(s *EngineStatsConfig) { s.Path = "//x/metrics" }, "server.engine_stats.path"},
+		{"a query", func(s *EngineStatsConfig) { s.Path = "/metrics?x=1" }, "server.engine_stats.path"},
+		{"a deeper path", func(s *EngineStatsConfig) { s.Path = "/engine/metrics" }, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := DefaultConfig()
+			c.Engines = []EngineConfig{{Name: "e", URL: "http://127.0.0.1:1"}}
+			tc.mut(&c.EngineStats)
+			err := c.Validate()
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("refused: %v", err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Fatalf("error %v, want one mentioning %q", err, tc.want)
+			case err != nil && !errors.Is(err, ErrInvalidConfig):
+				t.Errorf("error %v does not wrap ErrInvalidConfig", err)
+			}
+		})
+	}
+}
