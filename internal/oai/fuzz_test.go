@@ -3,12 +3,15 @@ package oai
 import (
 	"encoding/json"
 	"errors"
+	"reflect"
+	"slices"
 	"testing"
 )
 
 // FuzzParseRequest checks that ParseRequest never panics, that a parsed
 // request has a model, that every error is a *RequestError, and that it
-// agrees exactly with the encoding/json reference implementation.
+// agrees exactly with the encoding/json reference implementation. It also
+// checks Parse with hashing on (checkParse).
 func FuzzParseRequest(f *testing.F) {
 	seeds := []string{
 		l15Malformed, l15Valid, l15NoModel, "", " ", "null", "[]", `{"model":"m"}`,
@@ -22,14 +25,19 @@ func FuzzParseRequest(f *testing.F) {
 	for i, s := range seeds {
 		f.Add(uint8(i%4), []byte(s))
 	}
+	f.Add(uint8(OpChat), []byte(`{"messages":[{"content":"You are a helpful assistant.","role":"system"},{"role":"assistant","content":null,"tool_calls":[{"id":"c"}]}],"model":"m"}`))
+	f.Add(uint8(OpChat), []byte(`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a long enough prompt"}],"role":"tool"},7,{}]}`))
+	f.Add(uint8(OpCompletion), []byte(`{"model":"m","prompt":["Once upon a time",[101,2023,-1],7,null]}`))
+	f.Add(uint8(OpCompletion), []byte(`{"model":"m","prompt":"Once upon a time, in a land far away, there lived a gateway"}`))
 	f.Fuzz(func(t *testing.T, op uint8, body []byte) {
 		r, err := ParseRequest(Operation(op), body)
+		checkParse(t, Operation(op), body, r, err)
 		ref, referr := refParseRequest(Operation(op), body)
 		if err == nil {
 			if r.Model == "" {
 				t.Fatalf("ParseRequest(%d, %q) = %+v with an empty model", op, body, r)
 			}
-			if referr != nil || r != ref {
+			if referr != nil || !reflect.DeepEqual(r, ref) {
 				t.Fatalf("ParseRequest(%d, %q) = %+v; reference %+v, %v", op, body, r, ref, referr)
 			}
 			return
@@ -42,6 +50,53 @@ func FuzzParseRequest(f *testing.F) {
 			t.Fatalf("ParseRequest(%d, %q) error %+v; reference %+v, %v", op, body, re, ref, referr)
 		}
 	})
+}
+
+// checkParse checks Parser{BlockBytes: 16, MaxBlocks: 8}.Parse against
+// ParseRequest's result r, err on the same input: the same error, or the
+// same fields and at most 8 hashes, the same on a second call, and the
+// encoding/json reference's. With 1-byte blocks and no cap there is one
+// hash per stream byte, and they must fit the capacity allocated from the
+// body's length (the slice must not grow).
+func checkParse(t *testing.T, op Operation, body []byte, r Request, err error) {
+	t.Helper()
+	p := Parser{BlockBytes: 16, MaxBlocks: 8}
+	hr, herr := p.Parse(op, body)
+	if err != nil {
+		if !reflect.DeepEqual(herr, err) || !reflect.DeepEqual(hr, Request{}) {
+			t.Fatalf("Parse(%d, %q) = %+v, %v; ParseRequest error %v", op, body, hr, herr, err)
+		}
+		return
+	}
+	if herr != nil {
+		t.Fatalf("Parse(%d, %q) error %v; ParseRequest %+v", op, body, herr, r)
+	}
+	hashes := hr.PrefixHashes
+	if len(hashes) > p.MaxBlocks || hashes != nil && len(hashes) == 0 || op == OpEmbeddings && hashes != nil {
+		t.Fatalf("Parse(%d, %q) = %d hashes (nil %v), want at most %d", op, body, len(hashes), hashes == nil, p.MaxBlocks)
+	}
+	hr.PrefixHashes = nil
+	if !reflect.DeepEqual(hr, r) {
+		t.Fatalf("Parse(%d, %q) = %+v; ParseRequest %+v", op, body, hr, r)
+	}
+	if again, _ := p.Parse(op, body); !slices.Equal(again.PrefixHashes, hashes) {
+		t.Fatalf("Parse(%d, %q) hashes %x, then %x", op, body, hashes, again.PrefixHashes)
+	}
+	if ref, _ := refParse(p, op, body); !slices.Equal(ref.PrefixHashes, hashes) {
+		t.Fatalf("Parse(%d, %q) hashes %x; reference %x (stream %q)", op, body, hashes, ref.PrefixHashes, refStream(op, mustObject(body)[requiredField(op)]))
+	}
+	one, _ := Parser{BlockBytes: 1}.Parse(op, body)
+	if cap(one.PrefixHashes) > len(body) {
+		t.Fatalf("Parse(%d, %q) with 1-byte blocks: %d hashes, capacity %d; want capacity %d", op, body, len(one.PrefixHashes), cap(one.PrefixHashes), len(body))
+	}
+	if n := min(len(one.PrefixHashes)/16, p.MaxBlocks); n != len(hashes) {
+		t.Fatalf("Parse(%d, %q): %d hashes, stream of %d bytes", op, body, len(hashes), len(one.PrefixHashes))
+	}
+}
+
+func mustObject(body []byte) map[string]json.RawMessage {
+	m, _ := refObject(body)
+	return m
 }
 
 // FuzzInspectChunk checks that InspectChunk and ParseResponse never panic,

@@ -73,6 +73,15 @@ type Request struct {
 	// written in the body, escape sequences included, and a token id of a
 	// pre-tokenized prompt or input counts as 4 bytes.
 	PromptBytes int
+	// PrefixHashes are the chained hashes of the leading full blocks of
+	// the prompt's canonical byte stream, computed by [Parser.Parse] when
+	// its BlockBytes is set: PrefixHashes[i] stands for the model and the
+	// whole stream up to the end of block i, so two requests for the same
+	// model share their first k hashes when their streams share their
+	// first k blocks. At most MaxBlocks long; nil when hashing is off (as
+	// for [ParseRequest]), for OpEmbeddings, and when the stream is
+	// shorter than one block. Parser describes the stream and the hash.
+	PrefixHashes []uint64
 }
 
 // RequestError says why a body was rejected: the OpenAI error "param" (may
@@ -110,8 +119,91 @@ func reqErr(param, msg string) error { return &RequestError{Param: param, Messag
 // An invalid op is rejected with the message "unsupported operation".
 //
 // ParseRequest reads body in one pass and does not retain it; Model and
-// User are copies.
+// User are copies. It is Parser{}.Parse(op, body): PrefixHashes is nil.
 func ParseRequest(op Operation, body []byte) (Request, error) {
+	return Parser{}.Parse(op, body)
+}
+
+// Parser parses request bodies like [ParseRequest] and can also compute
+// [Request.PrefixHashes] for prefix-cache-aware routing. The zero value
+// computes no hashes. A Parser is a value: it is safe for concurrent use.
+//
+// The idea is the Gateway API Inference Extension's prefix-cache scorer
+// (used by llm-d), which hashes fixed-size 64-character blocks of the
+// prompt, each hash chained to the previous one and the chain seeded by the
+// model name, and remembers which engine it sent each hash to; SGLang's
+// sgl-router cache-aware policy gets the same effect by matching prompt
+// text against an approximate radix tree per worker. A request whose
+// leading hashes an engine has seen is likely to find that prefix in the
+// engine's KV cache (vLLM's automatic prefix caching likewise hashes only
+// full blocks, each chained to its parent).
+//
+// # Canonical stream
+//
+// The hashed bytes are a canonical stream built from the prompt field, not
+// the body, so that fields around the prompt (sampling parameters, tools,
+// stream options, key order at the top level) do not change the hashes:
+//
+//   - OpChat: for each object element of "messages", in order: the "role"
+//     string's bytes, 0x00, the "content", then 0x01. A content string
+//     contributes its bytes between the quotes, escape sequences as written;
+//     an array of content parts contributes its raw JSON bytes, white space
+//     included (so images and audio count too, and the parts need no second
+//     scan); null, absent or any other value contributes nothing. If the message has a
+//     "tool_calls" array, 0x00 and its raw JSON bytes come before the 0x01,
+//     so agent turns that differ only in their tool calls hash apart. The
+//     order of a message's keys does not matter, the last of duplicate keys
+//     counts, and other keys (name, tool_call_id, ...) and non-object
+//     elements are not part of the stream.
+//   - OpCompletion: a "prompt" string's bytes between the quotes. For an
+//     array: each string element's bytes followed by 0x00, each token id's
+//     decimal text as written followed by 0x02, and each array of token ids
+//     as its token ids followed by 0x01; other elements contribute nothing.
+//   - OpEmbeddings: none; embeddings are not prefix-cached.
+//
+// JSON strings cannot contain raw control bytes, so the separators cannot
+// be confused with prompt text. Escapes are not decoded: "\u00e9" and "é"
+// are different bytes, which only matters if clients mix the spellings.
+//
+// # Hash
+//
+// The stream is cut into BlockBytes-sized blocks; a trailing partial block
+// is not hashed. Block i's chain value is c_i = fmix64(FNV-1a 64 over the
+// block's bytes, started from the offset basis XOR c_{i-1}), with c_{-1} =
+// 0 and fmix64 MurmurHash3's finalizer, and PrefixHashes[i] = fmix64(c_i XOR
+// fmix64(FNV-1a 64 of the decoded model name)). The model is mixed in at the
+// end because "model" may follow the prompt in the body, which keeps the
+// parse to one pass; for a given chain the mix is a bijection, so the same
+// prompt under two models never has the same hash at the same position. The
+// hash is fast (a multiply per byte, nothing allocated) and has no random
+// seed, unlike hash/maphash: every gateway replica, restart and version
+// computes the same values for the same request, so what one learns about
+// which engine holds which hashes holds for all. TestPrefixHashesGolden pins
+// the values; changing the stream or the hash invalidates what every
+// replica has learned, so do it deliberately.
+type Parser struct {
+	// BlockBytes is the size of a block of the canonical stream, in bytes.
+	// 0 (the default) or less turns hashing off. The Inference
+	// Extension's default of 64 is vLLM's 16-token KV-cache block at about
+	// 4 bytes per token.
+	BlockBytes int
+	// MaxBlocks is the most blocks hashed, and so the longest PrefixHashes
+	// can be; the stream after them is ignored. 0 (the default) or less
+	// means no cap other than the body's length. The Inference Extension
+	// caps at 256 blocks.
+	MaxBlocks int
+}
+
+// Parse decodes the routing fields of body for op exactly as [ParseRequest]
+// does, with the same results and errors, and, when p.BlockBytes > 0 and op
+// is OpChat or OpCompletion, also sets PrefixHashes (see [Parser]).
+//
+// Parse reads body in one pass, hashing the prompt's bytes in place, and
+// does not retain it. With hashing on it makes at most one allocation more
+// than ParseRequest: the PrefixHashes slice, with capacity
+// min(len(body)/BlockBytes, MaxBlocks), and only when at least one block is
+// full.
+func (p Parser) Parse(op Operation, body []byte) (Request, error) {
 	if op < OpChat || op > OpEmbeddings {
 		return Request{}, reqErr("", "unsupported operation")
 	}
@@ -136,6 +228,11 @@ func ParseRequest(op Operation, body []byte) (Request, error) {
 	var model, stream, streamOpts, user, maxTokens, maxCompletion, required []byte
 	streamOptsAt := 0
 	var r Request
+	hashing := p.BlockBytes > 0 && op != OpEmbeddings
+	var h prefixHasher
+	if hashing {
+		h = newPrefixHasher(p, len(body))
+	}
 	d.open('{')
 	for n := 0; d.more('}', &n); {
 		k := d.key()
@@ -157,7 +254,11 @@ func ParseRequest(op Operation, body []byte) (Request, error) {
 		case requiredField(op):
 			d.peek()
 			start := d.i
-			r.PromptBytes = d.prompt(op)
+			if hashing {
+				r.PromptBytes = d.hashPrompt(op, &h)
+			} else {
+				r.PromptBytes = d.prompt(op)
+			}
 			required = d.b[start:d.i]
 		default:
 			d.skip()
@@ -202,6 +303,9 @@ func ParseRequest(op Operation, body []byte) (Request, error) {
 	}
 	if r.User, err = stringField("user", user, false); err != nil {
 		return Request{}, err
+	}
+	if hashing {
+		r.PrefixHashes = h.finish(r.Model)
 	}
 	return r, nil
 }

@@ -3,6 +3,7 @@ package oai
 import (
 	"errors"
 	"math"
+	"reflect"
 	"testing"
 )
 
@@ -80,7 +81,7 @@ func TestParseRequestErrors(t *testing.T) {
 			if re.Error() != tt.error {
 				t.Errorf("Error() = %q, want %q", re.Error(), tt.error)
 			}
-			if r != (Request{}) {
+			if !reflect.DeepEqual(r, Request{}) {
 				t.Errorf("request = %+v, want zero on error", r)
 			}
 		})
@@ -143,11 +144,11 @@ func TestParseRequest(t *testing.T) {
 				// by TestStreamOptionsEnd.
 				tt.want.StreamOptionsEnd, tt.want.StreamOptionsEmpty = got.StreamOptionsEnd, got.StreamOptionsEmpty
 			}
-			if got != tt.want {
+			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("ParseRequest() = %+v\nwant %+v", got, tt.want)
 			}
 			ref, err := refParseRequest(tt.op, []byte(tt.body))
-			if err != nil || ref != got {
+			if err != nil || !reflect.DeepEqual(ref, got) {
 				t.Errorf("reference = %+v, %v", ref, err)
 			}
 		})

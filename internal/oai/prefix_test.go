@@ -1,0 +1,414 @@
+package oai
+
+import (
+	"hash/fnv"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// refHashes computes PrefixHashes from the canonical stream written out in
+// full, straight from the definition in the Parser doc comment.
+func refHashes(model string, stream []byte, blockBytes, maxBlocks int) []uint64 {
+	var out []uint64
+	var prev uint64
+	for i := 0; i+blockBytes <= len(stream) && (maxBlocks <= 0 || len(out) < maxBlocks); i += blockBytes {
+		s := uint64(14695981039346656037) ^ prev
+		for _, c := range stream[i : i+blockBytes] {
+			s ^= uint64(c)
+			s *= 1099511628211
+		}
+		prev = fmix64(s)
+		out = append(out, prev)
+	}
+	f := fnv.New64a()
+	f.Write([]byte(model))
+	m := fmix64(f.Sum64())
+	for i := range out {
+		out[i] = fmix64(out[i] ^ m)
+	}
+	return out
+}
+
+// refStream builds the canonical stream of op's raw prompt field with
+// encoding/json (exact keys, last duplicate wins), for the fuzz target.
+func refStream(op Operation, raw []byte) []byte {
+	if op == OpEmbeddings || len(raw) == 0 {
+		return nil
+	}
+	if raw[0] == '"' {
+		return raw[1 : len(raw)-1]
+	}
+	elems, ok := refArray(raw)
+	if !ok {
+		return nil
+	}
+	isNum := func(e []byte) bool { return e[0] == '-' || e[0] >= '0' && e[0] <= '9' }
+	var out []byte
+	for _, e := range elems {
+		if op == OpChat {
+			m, ok := refObject(e)
+			if !ok {
+				continue
+			}
+			out = append(out, stringContents(m["role"])...)
+			out = append(out, 0)
+			if c := m["content"]; len(c) > 0 && c[0] == '[' {
+				out = append(out, c...)
+			} else {
+				out = append(out, stringContents(c)...)
+			}
+			if tc := m["tool_calls"]; len(tc) > 0 && tc[0] == '[' {
+				out = append(out, 0)
+				out = append(out, tc...)
+			}
+			out = append(out, 1)
+			continue
+		}
+		switch {
+		case e[0] == '"':
+			out = append(out, e[1:len(e)-1]...)
+			out = append(out, 0)
+		case e[0] == '[':
+			ids, _ := refArray(e)
+			for _, id := range ids {
+				if isNum(id) {
+					out = append(out, id...)
+					out = append(out, 2)
+				}
+			}
+			out = append(out, 1)
+		case isNum(e):
+			out = append(out, e...)
+			out = append(out, 2)
+		}
+	}
+	return out
+}
+
+// refParse is Parser.Parse built on refParseRequest and refStream.
+func refParse(p Parser, op Operation, body []byte) (Request, error) {
+	r, err := refParseRequest(op, body)
+	if err != nil || p.BlockBytes <= 0 {
+		return r, err
+	}
+	m, _ := refObject(body)
+	if h := refHashes(r.Model, refStream(op, m[requiredField(op)]), p.BlockBytes, p.MaxBlocks); len(h) > 0 {
+		r.PrefixHashes = h
+	}
+	return r, nil
+}
+
+// sharedPrefix returns how many leading hashes a and b have in common.
+func sharedPrefix(a, b []uint64) int {
+	n := 0
+	for n < len(a) && n < len(b) && a[n] == b[n] {
+		n++
+	}
+	return n
+}
+
+func mustParse(t *testing.T, p Parser, op Operation, body string) Request {
+	t.Helper()
+	r, err := p.Parse(op, []byte(body))
+	if err != nil {
+		t.Fatalf("Parse(%s) error = %v", body, err)
+	}
+	return r
+}
+
+// TestPrefixHashesStream checks the hashes of hand-built bodies against the
+// canonical stream written out by hand, and their count against
+// floor(len(stream)/BlockBytes).
+func TestPrefixHashesStream(t *testing.T) {
+	p := Parser{BlockBytes: 8}
+	tests := []struct {
+		name   string
+		op     Operation
+		body   string
+		stream string
+	}{
+		{"chat", OpChat,
+			`{"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hi there"}]}`,
+			"system\x00Be brief.\x01user\x00Hi there\x01"},
+		{"chat keys in any order, other keys ignored", OpChat,
+			`{"messages":[{"content":"Be brief.","name":"x","role":"system"},{"role":"user","content":"Hi there"}],"temperature":1,"model":"m"}`,
+			"system\x00Be brief.\x01user\x00Hi there\x01"},
+		{"escapes kept as written", OpChat,
+			`{"model":"m","messages":[{"role":"user","content":"caf\u00e9 \"ok\"\n"}]}`,
+			`user` + "\x00" + `caf\u00e9 \"ok\"\n` + "\x01"},
+		{"content parts as raw bytes", OpChat,
+			`{"model":"m","messages":[{"role":"user","content":[ {"type":"text","text":"look"}, {"type":"image_url","image_url":{"url":"data:x"}} ]}]}`,
+			"user\x00" + `[ {"type":"text","text":"look"}, {"type":"image_url","image_url":{"url":"data:x"}} ]` + "\x01"},
+		{"tool_calls raw bytes, null content", OpChat,
+			`{"model":"m","messages":[{"role":"user","content":"weather?"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","function":{"name":"w","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c1","content":"sunny"}]}`,
+			"user\x00weather?\x01assistant\x00\x00" + `[{"id":"c1","function":{"name":"w","arguments":"{}"}}]` + "\x01tool\x00sunny\x01"},
+		{"last duplicate wins", OpChat,
+			`{"model":"m","messages":[{"role":"system","content":"old text","role":"user","content":"new text"}]}`,
+			"user\x00new text\x01"},
+		{"odd elements and values", OpChat,
+			`{"model":"m","messages":[1,"x",{"role":7,"content":{"a":1}},{},{"role":"user","content":"0123456789","tool_calls":null}]}`,
+			"\x00\x01\x00\x01user\x000123456789\x01"},
+		{"completion string", OpCompletion,
+			`{"model":"m","prompt":"Once upon a time, in a land far away","max_tokens":5}`,
+			"Once upon a time, in a land far away"},
+		{"completion strings", OpCompletion,
+			`{"model":"m","prompt":["Once upon a time,","in a land"]}`,
+			"Once upon a time,\x00in a land\x00"},
+		{"completion token ids", OpCompletion,
+			`{"model":"m","prompt":[101, 2023,-1 ,7,1e3,9]}`,
+			"101\x022023\x02-1\x027\x021e3\x029\x02"},
+		{"completion token id batches and odd elements", OpCompletion,
+			`{"model":"m","prompt":[[101,2023,"x"],[7,8],null,true,{"a":1},[]]}`,
+			"101\x022023\x02\x017\x028\x02\x01\x01"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := mustParse(t, p, tt.op, tt.body)
+			if want := len(tt.stream) / p.BlockBytes; len(r.PrefixHashes) != want {
+				t.Errorf("%d hashes, want floor(%d/%d) = %d", len(r.PrefixHashes), len(tt.stream), p.BlockBytes, want)
+			}
+			if want := refHashes("m", []byte(tt.stream), p.BlockBytes, 0); !slices.Equal(r.PrefixHashes, want) {
+				t.Errorf("hashes = %x, want %x (stream %q)", r.PrefixHashes, want, tt.stream)
+			}
+			m, _ := refObject([]byte(tt.body))
+			if got := refStream(tt.op, m[requiredField(tt.op)]); string(got) != tt.stream {
+				t.Errorf("refStream = %q, want %q", got, tt.stream)
+			}
+			// A block size of 1 makes the count the stream's length.
+			if n := len(mustParse(t, Parser{BlockBytes: 1}, tt.op, tt.body).PrefixHashes); n != len(tt.stream) {
+				t.Errorf("with 1-byte blocks: %d hashes, want %d", n, len(tt.stream))
+			}
+		})
+	}
+}
+
+// TestPrefixHashesNone: no hashes, and no allocation for them, when hashing
+// is off, for embeddings, and for a stream shorter than one block.
+func TestPrefixHashesNone(t *testing.T) {
+	long := strings.Repeat("a long input ", 100)
+	for _, tc := range []struct {
+		name string
+		p    Parser
+		op   Operation
+		body string
+	}{
+		{"hashing off", Parser{MaxBlocks: 4}, OpChat, `{"model":"m","messages":[{"role":"user","content":"` + long + `"}]}`},
+		{"negative block size", Parser{BlockBytes: -1}, OpCompletion, `{"model":"m","prompt":"` + long + `"}`},
+		{"embeddings", Parser{BlockBytes: 4}, OpEmbeddings, `{"model":"m","input":"` + long + `"}`},
+		{"embeddings array", Parser{BlockBytes: 4}, OpEmbeddings, `{"model":"m","input":["` + long + `"]}`},
+		{"chat shorter than one block", Parser{BlockBytes: 16}, OpChat, `{"model":"m","messages":[{"role":"user","content":"012345678"}]}`}, // "user\x00012345678\x01": 15 bytes
+		{"completion shorter than one block", Parser{BlockBytes: 16}, OpCompletion, `{"model":"m","prompt":"0123456789abcde"}`},
+		{"empty prompt", Parser{BlockBytes: 1}, OpCompletion, `{"model":"m","prompt":""}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			body := []byte(tc.body)
+			r, err := tc.p.Parse(tc.op, body)
+			if err != nil || r.PrefixHashes != nil {
+				t.Fatalf("Parse() = %x, %v; want nil hashes", r.PrefixHashes, err)
+			}
+			want, _ := ParseRequest(tc.op, body)
+			if !reflect.DeepEqual(r, want) {
+				t.Errorf("Parse() = %+v, ParseRequest() = %+v", r, want)
+			}
+			if n := testing.AllocsPerRun(20, func() { _, _ = tc.p.Parse(tc.op, body) }); n > 1 {
+				t.Errorf("%v allocations, want 1 (the model)", n)
+			}
+		})
+	}
+	// One byte more than in the short chat case above: exactly one block.
+	r := mustParse(t, Parser{BlockBytes: 16}, OpChat, `{"model":"m","messages":[{"role":"user","content":"0123456789"}]}`)
+	if len(r.PrefixHashes) != 1 {
+		t.Errorf("a 16-byte stream with 16-byte blocks: %d hashes, want 1", len(r.PrefixHashes))
+	}
+}
+
+// TestPrefixHashesSharedPrefix: two conversations that share a system
+// prompt and first turn share exactly the blocks that lie inside that
+// common stream, then differ at every later block.
+func TestPrefixHashesSharedPrefix(t *testing.T) {
+	const (
+		system = "You are the support assistant for the Switchboard gateway. Answer briefly and cite the operator guide."
+		turn1  = "Why did time to first token double after we added an engine?"
+		answer = "Compare the per-engine histograms first; a cold engine has an empty prefix cache."
+	)
+	p := Parser{BlockBytes: 16}
+	msgs := `{"role":"system","content":"` + system + `"},{"role":"user","content":"` + turn1 + `"}`
+	a := mustParse(t, p, OpChat, `{"model":"llama","messages":[`+msgs+`,{"role":"assistant","content":"`+answer+`"}]}`)
+	b := mustParse(t, p, OpChat, `{"model":"llama","stream":true,"messages":[`+msgs+`,{"role":"user","content":"`+answer+`"}]}`)
+
+	common := len("system\x00" + system + "\x01user\x00" + turn1 + "\x01") // then "assistant" vs "user": differs at once
+	k := common / p.BlockBytes
+	total := common + len("assistant\x00"+answer+"\x01")
+	if len(a.PrefixHashes) != total/p.BlockBytes {
+		t.Fatalf("a: %d hashes, want %d", len(a.PrefixHashes), total/p.BlockBytes)
+	}
+	if got := sharedPrefix(a.PrefixHashes, b.PrefixHashes); got != k || k == 0 {
+		t.Fatalf("shared %d leading hashes, want %d", got, k)
+	}
+	for i := k; i < min(len(a.PrefixHashes), len(b.PrefixHashes)); i++ {
+		if a.PrefixHashes[i] == b.PrefixHashes[i] {
+			t.Errorf("hash %d is shared after the prompts diverged at block %d", i, k)
+		}
+	}
+	// A third conversation that continues a's: all of a's hashes are its
+	// prefix (a's trailing partial block is not hashed, so it can grow).
+	c := mustParse(t, p, OpChat, `{"model":"llama","messages":[`+msgs+`,{"role":"assistant","content":"`+answer+`"},{"role":"user","content":"Thanks, that was it."}]}`)
+	if got := sharedPrefix(a.PrefixHashes, c.PrefixHashes); got != len(a.PrefixHashes) || len(c.PrefixHashes) <= got {
+		t.Errorf("continuation shares %d of a's %d hashes and has %d", got, len(a.PrefixHashes), len(c.PrefixHashes))
+	}
+}
+
+// TestPrefixHashesIdentity: what does and does not change the hashes.
+func TestPrefixHashesIdentity(t *testing.T) {
+	p := Parser{BlockBytes: 16}
+	content := "Summarize the attached incident report in three bullet points for the on-call channel."
+	chat := func(model, role string) string {
+		return `{"model":"` + model + `","messages":[{"role":"` + role + `","content":"` + content + `"}]}`
+	}
+	base := mustParse(t, p, OpChat, chat("llama", "user"))
+	if len(base.PrefixHashes) != len("user\x00"+content+"\x01")/16 {
+		t.Fatalf("%d hashes", len(base.PrefixHashes))
+	}
+
+	same := []string{
+		`{"messages":[{"content":"` + content + `","role":"user"}],"model":"llama"}`,
+		`{"model":"llama","temperature":0.1,"messages":[{"name":"bob","content":"` + content + `","role":"user"}],"stream":true,"max_tokens":9}`,
+		"{\n  \"model\": \"llam\\u0061\",\n  \"messages\": [ { \"role\" : \"user\" , \"content\" : \"" + content + "\" } ]\n}",
+	}
+	for _, body := range same {
+		if got := mustParse(t, p, OpChat, body); !slices.Equal(got.PrefixHashes, base.PrefixHashes) {
+			t.Errorf("%s: hashes differ from %s", body, chat("llama", "user"))
+		}
+	}
+
+	for _, tc := range []struct {
+		body    string
+		sameLen bool
+	}{
+		{chat("llama-2", "user"), true}, // another model
+		{chat("llama", "system"), false},
+		{chat("llama", "resu"), true}, // same length, same content, another role
+	} {
+		got := mustParse(t, p, OpChat, tc.body).PrefixHashes
+		if tc.sameLen && len(got) != len(base.PrefixHashes) {
+			t.Fatalf("%s: %d hashes, want %d", tc.body, len(got), len(base.PrefixHashes))
+		}
+		for i, h := range got {
+			if slices.Contains(base.PrefixHashes, h) {
+				t.Errorf("%s: hash %d also occurs for %s", tc.body, i, chat("llama", "user"))
+			}
+		}
+	}
+}
+
+// TestPrefixHashesChain: changing one byte of block k changes hashes k and
+// after, never those before.
+func TestPrefixHashesChain(t *testing.T) {
+	const blocks, size = 10, 16
+	prompt := []byte(strings.Repeat("0123456789abcdef", blocks))
+	body := func(prompt []byte) string { return `{"model":"m","prompt":"` + string(prompt) + `"}` }
+	p := Parser{BlockBytes: size}
+	base := mustParse(t, p, OpCompletion, body(prompt)).PrefixHashes
+	if want := refHashes("m", prompt, size, 0); !slices.Equal(base, want) || len(base) != blocks {
+		t.Fatalf("hashes = %x, want %d: %x", base, blocks, want)
+	}
+	for k := range blocks {
+		for _, off := range []int{0, size / 2, size - 1} {
+			changed := slices.Clone(prompt)
+			changed[k*size+off] = 'x'
+			got := mustParse(t, p, OpCompletion, body(changed)).PrefixHashes
+			if n := sharedPrefix(base, got); n != k || len(got) != blocks {
+				t.Errorf("byte %d changed: %d hashes, %d shared; want %d, %d", k*size+off, len(got), n, blocks, k)
+			}
+			for i := k; i < blocks; i++ {
+				if got[i] == base[i] {
+					t.Errorf("byte %d changed: hash %d unchanged", k*size+off, i)
+				}
+			}
+		}
+	}
+}
+
+// TestPrefixHashesMaxBlocks: MaxBlocks caps the count; the hashes are the
+// uncapped ones' prefix, and the slice is allocated at the capped size.
+func TestPrefixHashesMaxBlocks(t *testing.T) {
+	body := `{"model":"m","prompt":"` + strings.Repeat("0123456789abcdef", 10) + `"}`
+	all := mustParse(t, Parser{BlockBytes: 16}, OpCompletion, body).PrefixHashes
+	for _, limit := range []int{-1, 0, 1, 3, 9, 10, 11, 1000} {
+		got := mustParse(t, Parser{BlockBytes: 16, MaxBlocks: limit}, OpCompletion, body).PrefixHashes
+		want := all
+		if limit > 0 && limit < len(all) {
+			want = all[:limit]
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("MaxBlocks %d: %d hashes %x, want %d %x", limit, len(got), got, len(want), want)
+		}
+		if wantCap := min(len(body)/16, limit); limit > 0 && cap(got) != wantCap {
+			t.Errorf("MaxBlocks %d: capacity %d, want %d", limit, cap(got), wantCap)
+		}
+	}
+}
+
+// TestPrefixHashesCompletionForms: a prompt string and the same text as a
+// one-element array share their full blocks; token ids are not text.
+func TestPrefixHashesCompletionForms(t *testing.T) {
+	p := Parser{BlockBytes: 4}
+	str := mustParse(t, p, OpCompletion, `{"model":"m","prompt":"abcdefghij"}`).PrefixHashes   // abcd efgh (ij)
+	arr := mustParse(t, p, OpCompletion, `{"model":"m","prompt":["abcdefghij"]}`).PrefixHashes // abcd efgh (ij\0)
+	if len(str) != 2 || !slices.Equal(str, arr) {
+		t.Errorf("string %x, one-element array %x; want the same 2 hashes", str, arr)
+	}
+	ids := mustParse(t, p, OpCompletion, `{"model":"m","prompt":[1,2,3,4]}`).PrefixHashes         // 1\x022\x02 3\x024\x02
+	txt := mustParse(t, p, OpCompletion, `{"model":"m","prompt":["1","2","3","4"]}`).PrefixHashes // 1\x002\x00 3\x004\x00
+	if len(ids) != 2 || len(txt) != 2 || sharedPrefix(ids, txt) != 0 {
+		t.Errorf("token ids %x, strings %x; want 2 hashes each, none shared", ids, txt)
+	}
+	batch := mustParse(t, p, OpCompletion, `{"model":"m","prompt":[[1,2,3,4]]}`).PrefixHashes
+	if !slices.Equal(batch, ids) {
+		t.Errorf("batch of one %x, want the flat ids' %x", batch, ids)
+	}
+}
+
+// TestPrefixHashesGolden pins the hash values: replicas and versions must
+// agree on them (see Parser). If this fails, the stream or the hash changed.
+func TestPrefixHashesGolden(t *testing.T) {
+	p := Parser{BlockBytes: 16}
+	chat := mustParse(t, p, OpChat, // "system\x00You are a helpful assistant.\x01user\x00What is a KV cache?\x01": 61 bytes
+		`{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"What is a KV cache?"}]}`)
+	if want := []uint64{0xe653fd1bc5108645, 0x82c899deee900a40, 0x9477a8d98f3fcc61}; !slices.Equal(chat.PrefixHashes, want) {
+		t.Errorf("chat hashes = %#x, want %#x", chat.PrefixHashes, want)
+	}
+	completion := mustParse(t, p, OpCompletion, `{"model":"m","prompt":"0123456789abcdef0123456789abcdef"}`)
+	if want := []uint64{0x85ad3d641815c9fb, 0xcc7683b5c5063e28}; !slices.Equal(completion.PrefixHashes, want) {
+		t.Errorf("completion hashes = %#x, want %#x", completion.PrefixHashes, want)
+	}
+	f := fnv.New64a()
+	f.Write([]byte("m"))
+	if got, want := modelSeed("m"), fmix64(f.Sum64()); got != want {
+		t.Errorf("modelSeed(m) = %#x, want fmix64(FNV-1a 64) = %#x", got, want)
+	}
+}
+
+// TestParseAllocs: hashing costs one allocation, the hashes' slice, sized
+// so that it never grows.
+func TestParseAllocs(t *testing.T) {
+	body := []byte(longChatBody)
+	p := Parser{BlockBytes: 64, MaxBlocks: 256}
+	r, err := p.Parse(OpChat, body)
+	if err != nil || len(r.PrefixHashes) < 60 {
+		t.Fatalf("Parse() = %d hashes, %v", len(r.PrefixHashes), err)
+	}
+	if cap(r.PrefixHashes) != len(body)/64 {
+		t.Errorf("capacity %d, want %d", cap(r.PrefixHashes), len(body)/64)
+	}
+	allocs := testing.AllocsPerRun(100, func() {
+		if _, err := p.Parse(OpChat, body); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs > 3 { // Model, User and PrefixHashes
+		t.Errorf("Parse allocations = %v, want <= 3", allocs)
+	}
+}
