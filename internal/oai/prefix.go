@@ -1,6 +1,10 @@
 package oai
 
-import "math"
+import (
+	"math"
+
+	"github.com/cespare/xxhash/v2"
+)
 
 // This file computes Request.PrefixHashes: the chained hashes of the fixed-
 // size blocks of a prompt's canonical byte stream (see Parser).
@@ -49,23 +53,27 @@ func modelSeed(model string) uint64 {
 }
 
 // prefixHasher hashes the canonical stream block by block as it is
-// written. Block i's chain value is c_i = fmix64(FNV-1a 64 of the block's
-// bytes, started from the offset basis XOR c_{i-1}), with c_{-1} = 0; finish
-// mixes in the model. It lives on the caller's stack; only out is allocated,
-// once, when the first block completes.
+// written. Block i's chain value is c_i = XXH64 of the block's bytes with
+// seed c_{i-1}, with c_{-1} = 0; finish mixes in the model. XXH64 (Yann
+// Collet's xxHash, github.com/cespare/xxhash/v2) hashes 32 bytes per round,
+// about 4x faster than FNV-1a's one multiply per byte, and is the same on
+// every machine. The hasher lives on the caller's stack (the digest's
+// assembly does not let it escape); only out is allocated, once, when the
+// first block completes.
 type prefixHasher struct {
-	size int      // block size in bytes, > 0
-	max  int      // most blocks to hash, > 0
-	hint int      // capacity to allocate out with: an upper bound of the blocks
-	n    int      // bytes of the current block written so far
-	s    uint64   // FNV-1a state of the current block
-	out  []uint64 // chain values of the full blocks so far
+	size int           // block size in bytes, > 0
+	max  int           // most blocks to hash, > 0
+	hint int           // capacity to allocate out with: an upper bound of the blocks
+	n    int           // bytes of the current block written so far
+	d    xxhash.Digest // the current block's digest, seeded with the previous chain value
+	out  []uint64      // chain values of the full blocks so far
 }
 
 // newPrefixHasher returns a hasher for p, with p.BlockBytes > 0, on a body
 // of bodyLen bytes.
 func newPrefixHasher(p Parser, bodyLen int) prefixHasher {
-	h := prefixHasher{size: p.BlockBytes, max: p.MaxBlocks, s: fnvOffset}
+	h := prefixHasher{size: p.BlockBytes, max: p.MaxBlocks}
+	h.d.ResetWithSeed(0)
 	if h.max <= 0 {
 		h.max = math.MaxInt
 	}
@@ -84,13 +92,9 @@ func (h *prefixHasher) full() bool { return len(h.out) >= h.max }
 func (h *prefixHasher) write(b []byte) {
 	for len(b) > 0 && !h.full() {
 		k := min(h.size-h.n, len(b))
-		s := h.s
-		for _, c := range b[:k] {
-			s = (s ^ uint64(c)) * fnvPrime
-		}
+		_, _ = h.d.Write(b[:k])
 		b = b[k:]
 		h.n += k
-		h.s = s
 		if h.n == h.size {
 			h.block()
 		}
@@ -102,7 +106,8 @@ func (h *prefixHasher) writeByte(c byte) {
 	if h.full() {
 		return
 	}
-	h.s = (h.s ^ uint64(c)) * fnvPrime
+	one := [1]byte{c}
+	_, _ = h.d.Write(one[:])
 	h.n++
 	if h.n == h.size {
 		h.block()
@@ -111,12 +116,12 @@ func (h *prefixHasher) writeByte(c byte) {
 
 // block ends the current, full block and starts the next, chained to it.
 func (h *prefixHasher) block() {
-	c := fmix64(h.s)
+	c := h.d.Sum64()
 	if h.out == nil {
 		h.out = make([]uint64, 0, h.hint)
 	}
 	h.out = append(h.out, c)
-	h.s = fnvOffset ^ c
+	h.d.ResetWithSeed(c)
 	h.n = 0
 }
 

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // refHashes computes PrefixHashes from the canonical stream written out in
@@ -14,12 +16,9 @@ func refHashes(model string, stream []byte, blockBytes, maxBlocks int) []uint64 
 	var out []uint64
 	var prev uint64
 	for i := 0; i+blockBytes <= len(stream) && (maxBlocks <= 0 || len(out) < maxBlocks); i += blockBytes {
-		s := uint64(14695981039346656037) ^ prev
-		for _, c := range stream[i : i+blockBytes] {
-			s ^= uint64(c)
-			s *= 1099511628211
-		}
-		prev = fmix64(s)
+		d := xxhash.NewWithSeed(prev)
+		d.Write(stream[i : i+blockBytes])
+		prev = d.Sum64()
 		out = append(out, prev)
 	}
 	f := fnv.New64a()
@@ -377,11 +376,11 @@ func TestPrefixHashesGolden(t *testing.T) {
 	p := Parser{BlockBytes: 16}
 	chat := mustParse(t, p, OpChat, // "system\x00You are a helpful assistant.\x01user\x00What is a KV cache?\x01": 61 bytes
 		`{"model":"meta-llama/Llama-3.1-8B-Instruct","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":"What is a KV cache?"}]}`)
-	if want := []uint64{0xe653fd1bc5108645, 0x82c899deee900a40, 0x9477a8d98f3fcc61}; !slices.Equal(chat.PrefixHashes, want) {
+	if want := []uint64{0x5dff62d7e336ffd, 0x2f5d2653ceea8c68, 0x70e15b72febffe24}; !slices.Equal(chat.PrefixHashes, want) {
 		t.Errorf("chat hashes = %#x, want %#x", chat.PrefixHashes, want)
 	}
 	completion := mustParse(t, p, OpCompletion, `{"model":"m","prompt":"0123456789abcdef0123456789abcdef"}`)
-	if want := []uint64{0x85ad3d641815c9fb, 0xcc7683b5c5063e28}; !slices.Equal(completion.PrefixHashes, want) {
+	if want := []uint64{0xb50505a856dcef90, 0x2d4900a113b8a5c8}; !slices.Equal(completion.PrefixHashes, want) {
 		t.Errorf("completion hashes = %#x, want %#x", completion.PrefixHashes, want)
 	}
 	f := fnv.New64a()
