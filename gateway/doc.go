@@ -43,6 +43,30 @@
 // and re-added under the same name never sees a foreign release. There is no
 // per-request registry to leak: the attempt lives on the handler's stack.
 //
+// # Engine stats
+//
+// With Config.EngineStats.Enabled (the default) the pool scrapes every
+// engine's Prometheus text exposition (EngineStatsConfig.Path, /metrics,
+// with the engine's credentials) every EngineStatsConfig.Interval,
+// concurrently and off the request path, each scrape bounded by its
+// timeout and a 4 MiB body. It reads vLLM's names: vllm:num_requests_running
+// and vllm:num_requests_waiting summed over the served models,
+// vllm:kv_cache_usage_perc (or the older vllm:gpu_cache_usage_perc), the
+// prefix cache counters (a hit ratio from their growth between two
+// scrapes, restarted when they fall), vllm:engine_sleep_state (its
+// sleep_state="awake" series at 0, or a sleep level series above 0: the
+// engine sleeps) and, under vLLM fault tolerance, vllm:engine_healthy. The
+// result, with the gateway's own in-flight count at that moment, is stored
+// as the engine's routing.Stats for the policies, trusted for
+// EngineStatsConfig.MaxAge. A failed scrape leaves the last stats to expire
+// and is logged at debug level; it never changes the health verdict, which
+// belongs to the health probe. An engine whose fresh stats say it sleeps or
+// is unhealthy gets no new requests (its requests in flight finish); when
+// it wakes, or its stats expire, it is routable again. The stats are also
+// exported as the switchboard.engine.queue_depth, kv_cache_usage,
+// prefix_cache_hit_ratio and accounting_drift gauges (see package
+// telemetry) and shown on GET /admin/engines ([EngineStatsStatus]).
+//
 // # Streaming
 //
 // SSE responses are scanned with internal/sse; the complete events of every
