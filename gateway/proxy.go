@@ -48,7 +48,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 		writeError(w, r, err)
 		return
 	}
-	req, err := oai.ParseRequest(op.op, body)
+	req, err := s.parser.Parse(op.op, body)
 	if err != nil {
 		var re *oai.RequestError
 		if errors.As(err, &re) {
@@ -73,7 +73,12 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 		defer cancel()
 	}
 	out := s.outgoing(body, &req)
-	rreq := routing.Request{Model: req.Model, Stream: req.Stream, SessionKey: req.User, PromptBytes: req.PromptBytes}
+	rreq := routing.Request{Model: req.Model, Stream: req.Stream, SessionKey: req.User, PromptBytes: req.PromptBytes, PrefixHashes: req.PrefixHashes}
+	if s.sessionHeader != "" {
+		if v := r.Header[s.sessionHeader]; len(v) > 0 && v[0] != "" {
+			rreq.SessionKey = v[0]
+		}
+	}
 	candidates := rt.eps
 	for n := 1; ; n++ {
 		ep, err := s.policy.Pick(ctx, &rreq, candidates)

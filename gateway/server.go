@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"net/textproto"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/switchboard-gw/switchboard/internal/oai"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
@@ -49,6 +51,13 @@ type Server struct {
 	// engine; trusted the proxies whose forwarding headers are believed.
 	skipReq map[string]bool
 	trusted trustedProxies
+
+	// parser parses request bodies; it hashes prompt blocks when the
+	// policy routes on them (routing.PrefixHasher).
+	parser oai.Parser
+	// sessionHeader is the canonical header carrying the session key, ""
+	// when the policy does not route on sessions (routing.SessionKeyed).
+	sessionHeader string
 
 	// live counts engine attempts that have started and not ended. It is
 	// the gateway's only per-request state outside the handler goroutines,
@@ -203,6 +212,12 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 		prop:     c.prop,
 		client:   &http.Client{Transport: c.transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
 		log:      c.log,
+	}
+	if ph, ok := policy.(routing.PrefixHasher); ok {
+		s.parser.BlockBytes, s.parser.MaxBlocks = ph.PrefixBlocks()
+	}
+	if sk, ok := policy.(routing.SessionKeyed); ok {
+		s.sessionHeader = textproto.CanonicalMIMEHeaderKey(sk.SessionHeader())
 	}
 	s.base, s.abort = context.WithCancelCause(context.Background())
 	s.reg, err = m.ObserveInFlight(pool.observeInFlight)
