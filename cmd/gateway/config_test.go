@@ -69,7 +69,7 @@ func withFullYAML() Config {
 		{Name: "gpu-a", URL: "http://10.0.0.5:8000", Models: []string{"meta-llama/Llama-3.1-8B-Instruct", "qwen"}},
 		{Name: "gpu-b", URL: "https://10.0.0.6:8443", APIKey: "engine-secret"},
 	}
-	c.Routing = routing.Config{Policy: routing.LeastLoadedName, PrefillWeight: 3}
+	c.Routing.Policy, c.Routing.PrefillWeight = routing.LeastLoadedName, 3
 	c.Telemetry.ServiceName = "sb-test"
 	c.Log.Level, c.Log.Format = "debug", "json"
 	return c
@@ -252,7 +252,7 @@ func TestLoadConfigErrors(t *testing.T) {
 			name: "flag value validated too",
 			env:  []string{"SWITCHBOARD_SIMULATE__ENGINES=1"},
 			args: []string{"--policy", "random", "--log-level", "verbose"},
-			want: []string{`"random"`, "known: least-loaded, round-robin", "verbose"},
+			want: []string{`"random"`, "known: least-loaded, power-of-two, prefix-aware, round-robin, scorer, session-affinity", "verbose"},
 			is:   routing.ErrUnknownPolicy,
 		},
 		{
@@ -861,7 +861,7 @@ func TestLoadConfigNamedValueErrors(t *testing.T) {
 		t.Fatal("accepted")
 	}
 	for _, want := range []string{
-		`routing.policy: unknown routing policy "LeastLoaded" (known: least-loaded, round-robin); did you mean least-loaded? (set by SWITCHBOARD_ROUTING__POLICY)`,
+		`routing.policy: unknown routing policy "LeastLoaded" (known: least-loaded, power-of-two, prefix-aware, round-robin, scorer, session-affinity); did you mean least-loaded? (set by SWITCHBOARD_ROUTING__POLICY)`,
 		`log.level must be debug, info, warn or error, got "verbose" (set by SWITCHBOARD_LOG__LEVEL)`,
 	} {
 		if !strings.Contains(err.Error(), want) {
