@@ -1,0 +1,344 @@
+#!/usr/bin/env bash
+# Compares the gateway's routing policies on the shared-prefix conversation
+# workload over simulated engines, and prints one markdown table row per
+# policy: prefix cache hit rate (from the engines' own metrics), TTFT mean
+# and p99, throughput, the busiest engine's share and errors. README.md
+# beside this script explains every parameter.
+#
+#   bench/routing/run.sh                             # every policy
+#   bench/routing/run.sh round-robin prefix-aware    # only these
+#   POLICIES="round-robin least-loaded" DURATION=10s bench/routing/run.sh
+#
+# Each policy gets fresh engines (cold caches) and a fresh gateway. Nothing
+# is left running: every process is stopped by its PID on exit, Ctrl-C
+# included.
+set -euo pipefail
+
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+
+# name=default pairs; each can be overridden from the environment.
+params=(
+	"POLICIES=round-robin least-loaded power-of-two session-affinity prefix-aware scorer"
+	"ENGINES=4"
+	# enginesim
+	"TTFT=5ms"
+	"TTFT_PER_TOKEN=50us"
+	"TTFT_PER_RUNNING=2ms"
+	"ITL=10ms"
+	"ITL_PER_RUNNING=1ms"
+	"MAX_NUM_SEQS=16"
+	"KV_CACHE_BLOCKS=4096"
+	"BLOCK_SIZE=16"
+	# loadgen
+	"SYSTEM_PROMPTS=4"
+	"SYSTEM_PROMPT_WORDS=1000"
+	"CONVERSATIONS=64"
+	"TURNS=10"
+	"PROMPT_WORDS=400"
+	"MAX_TOKENS=32"
+	"CONCURRENCY=32"
+	"WARMUP=64"
+	"DURATION=30s"
+	"SEED=1"
+	# gateway
+	"ENGINE_STATS_INTERVAL=250ms"
+	"ENGINE_STATS_MAX_AGE=2s"
+	"ROUTING_EXTRA="
+	"RESULTS="
+)
+usage() {
+	sed -n '2,15s/^# \{0,1\}//p' "$0"
+	echo
+	echo "Parameters (environment variables; defaults shown):"
+	for p in "${params[@]}"; do echo "  $p"; done
+}
+
+overrides=()
+for p in "${params[@]}"; do
+	name="${p%%=*}"
+	default="${p#*=}"
+	if [[ -n "${!name+set}" && "${!name}" != "$default" ]]; then
+		# Where the results go does not change them.
+		[[ "$name" == RESULTS ]] || overrides+=("$name=$(printf '%q' "${!name}")")
+	else
+		printf -v "$name" '%s' "$default"
+	fi
+done
+case "${1:-}" in -h | --help)
+	usage
+	exit 0
+	;;
+esac
+if (($# > 0)); then
+	POLICIES="$*"
+fi
+RESULTS="${RESULTS:-$root/bench/routing/results/$(date -u +%Y%m%dT%H%M%SZ)}"
+model=bench-model
+
+for tool in go jq; do
+	command -v "$tool" >/dev/null || {
+		echo "run.sh: $tool is required" >&2
+		exit 1
+	}
+done
+
+# --- processes --------------------------------------------------------------
+
+pids=()
+
+# alive PID: the process exists and is not a zombie waiting to be reaped.
+alive() {
+	local st
+	st="$(ps -o stat= -p "$1" 2>/dev/null)" && [[ "$st" != Z* ]]
+}
+
+# stop_all: SIGTERM to every process started, SIGKILL to any still there
+# 10 s later, then reap them all.
+stop_all() {
+	((${#pids[@]} > 0)) || return 0
+	local pid deadline=$((SECONDS + 10))
+	kill -TERM "${pids[@]}" 2>/dev/null || true
+	for pid in "${pids[@]}"; do
+		while alive "$pid" && ((SECONDS < deadline)); do sleep 0.1; done
+		kill -KILL "$pid" 2>/dev/null || true
+		wait "$pid" 2>/dev/null || true
+	done
+	pids=()
+}
+trap stop_all EXIT
+trap 'echo "run.sh: interrupted" >&2; exit 130' INT TERM
+
+# start LOG CMD...: runs CMD in the background, output to LOG; its PID is
+# recorded for stop_all and left in $started.
+#
+# Each command gets a process group of its own (set -m), so a Ctrl-C on the
+# terminal reaches this script only: Go programs catch SIGINT even when
+# started with it ignored, and engines that stopped on their own would fail
+# loadgen's last scrape. The trap above then stops everything by PID.
+start() {
+	local log="$1"
+	shift
+	: >"$log" # exists before await_addr reads it
+	set -m
+	"$@" >>"$log" 2>&1 &
+	started=$!
+	set +m
+	pids+=("$started")
+}
+
+# await_addr PID LOG MSG: prints the address the process logged with
+# msg="MSG" addr=HOST:PORT (both commands listen on port 0), or fails when
+# the process exits first or 20 s pass.
+await_addr() {
+	local pid="$1" log="$2" msg="$3" addr deadline=$((SECONDS + 20))
+	while ((SECONDS < deadline)); do
+		addr="$(sed -n "s/.*msg=\"$msg\".* addr=\([0-9.]*:[0-9]*\).*/\1/p" "$log" | head -n1)"
+		if [[ -n "$addr" ]]; then
+			echo "$addr"
+			return 0
+		fi
+		alive "$pid" || return 1
+		sleep 0.05
+	done
+	return 1
+}
+
+# --- build --------------------------------------------------------------------
+
+bin="$root/.tools/bench-routing" # .tools/ is git-ignored
+mkdir -p "$bin" "$RESULTS"
+echo "building gateway, enginesim and loadgen into ${bin#"$root"/}/ ..." >&2
+(cd "$root" && go build -o "$bin/" ./cmd/gateway ./cmd/enginesim ./cmd/loadgen)
+commit="$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+if [[ -n "$(git -C "$root" status --porcelain -- cmd gateway routing internal telemetry bench/routing 2>/dev/null)" ]]; then
+	commit="$commit+dirty"
+fi
+
+# --- one policy ---------------------------------------------------------------
+
+# fixed(d): a number with exactly d decimals, as a string (jq 1.6 has no
+# printf).
+# shellcheck disable=SC2016 # jq code, not shell expansions
+jq_fmt='def fixed($d): pow(10; $d) as $m | (. * $m | round) as $n | ($n | fabs) as $a
+	| (if $n < 0 then "-" else "" end) + ($a / $m | floor | tostring)
+	+ (if $d > 0 then "." + (($a % $m) | tostring | (if length < $d then ("0" * ($d - length)) else "" end) + .) else "" end);'
+
+# gateway_config POLICY STATS URL...: the gateway configuration, on stdout.
+# STATS=1 adds server.engine_stats (only gateways that know the key accept
+# it; run_policy falls back without it).
+gateway_config() {
+	local policy="$1" stats="$2" i=0 u
+	shift 2
+	cat <<-EOF
+		server:
+		  listen: "127.0.0.1:0"
+		  shutdown_timeout: 5s
+		  engine_header: true
+	EOF
+	if ((stats)); then
+		cat <<-EOF
+			  engine_stats:
+			    enabled: true
+			    interval: $ENGINE_STATS_INTERVAL
+			    timeout: $ENGINE_STATS_INTERVAL
+			    max_age: $ENGINE_STATS_MAX_AGE
+		EOF
+	fi
+	cat <<-EOF
+		admin:
+		  listen: ""
+		log:
+		  level: info
+		  access: false
+		routing:
+		  policy: $policy
+	EOF
+	if [[ -n "$ROUTING_EXTRA" ]]; then
+		printf '%s\n' "$ROUTING_EXTRA" | sed 's/^/  /'
+	fi
+	echo "engines:"
+	for u in "$@"; do
+		i=$((i + 1))
+		printf '  - name: e%d\n    url: %s\n    models: [%s]\n' "$i" "$u" "$model"
+	done
+}
+
+engine_stats=1 # cleared once a gateway refuses server.engine_stats
+ran=()         # policies with a result
+failed=()
+
+# run_policy POLICY: fresh engines and gateway, one loadgen run. Returns 2
+# when the gateway refuses the policy, 1 on any other failure.
+run_policy() {
+	local policy="$1" dir="$RESULTS/$1" i addr gw reason
+	local urls=() metrics=()
+	mkdir -p "$dir"
+	for ((i = 1; i <= ENGINES; i++)); do
+		start "$dir/engine-e$i.log" "$bin/enginesim" --listen 127.0.0.1:0 --name "e$i" --model "$model" \
+			--ttft "$TTFT" --ttft-per-token "$TTFT_PER_TOKEN" --ttft-per-running "$TTFT_PER_RUNNING" \
+			--itl "$ITL" --itl-per-running "$ITL_PER_RUNNING" --max-num-seqs "$MAX_NUM_SEQS" \
+			--kv-cache-blocks "$KV_CACHE_BLOCKS" --block-size "$BLOCK_SIZE"
+		if ! addr="$(await_addr "$started" "$dir/engine-e$i.log" "enginesim listening")"; then
+			echo "run.sh: engine e$i did not start:" >&2
+			cat "$dir/engine-e$i.log" >&2
+			return 1
+		fi
+		urls+=("http://$addr")
+		metrics+=("http://$addr/metrics")
+	done
+	while :; do
+		gateway_config "$policy" "$engine_stats" "${urls[@]}" >"$dir/gateway.yaml"
+		start "$dir/gateway.log" "$bin/gateway" --config "$dir/gateway.yaml"
+		if gw="$(await_addr "$started" "$dir/gateway.log" "switchboard listening")"; then
+			break
+		fi
+		if alive "$started"; then
+			echo "run.sh: the gateway did not start listening in 20 s; see $dir/gateway.log" >&2
+			return 1
+		fi
+		wait "$started" 2>/dev/null || true
+		if ((engine_stats)) && grep -q 'engine_stats[^ ]*: unknown key' "$dir/gateway.log"; then
+			echo "note: this gateway does not know server.engine_stats; running without it:" >&2
+			grep 'engine_stats[^ ]*: unknown key' "$dir/gateway.log" | head -n1 | sed 's/^/  /' >&2
+			engine_stats=0
+			continue
+		fi
+		if grep -q 'routing.policy' "$dir/gateway.log"; then
+			reason="$(grep -m1 'routing.policy' "$dir/gateway.log")"
+			echo "skipping $policy: the gateway refuses it: $reason" >&2
+			return 2
+		fi
+		echo "run.sh: the gateway exited:" >&2
+		cat "$dir/gateway.log" >&2
+		return 1
+	done
+	local lg=("$bin/loadgen" --url "http://$gw" --model "$model" --stream
+		--workload conversations --system-prompts "$SYSTEM_PROMPTS" --system-prompt-words "$SYSTEM_PROMPT_WORDS"
+		--conversations "$CONVERSATIONS" --turns "$TURNS" --prompt-words "$PROMPT_WORDS" --max-tokens "$MAX_TOKENS"
+		--concurrency "$CONCURRENCY" --warmup "$WARMUP" --duration "$DURATION" --seed "$SEED"
+		--engine-metrics "$(
+			IFS=,
+			echo "${metrics[*]}"
+		)" --json "$dir/loadgen.json")
+	printf '%q ' "${lg[@]}" >"$dir/loadgen.cmd"
+	echo >>"$dir/loadgen.cmd"
+	echo "== $policy: $ENGINES engines, gateway on $gw, loadgen for $DURATION after $WARMUP warm-up requests" >&2
+	# In the background, and waited for: a trapped signal interrupts wait
+	# at once, where a foreground command would be waited for to the end.
+	start "$dir/loadgen.txt" "${lg[@]}"
+	if ! wait "$started"; then
+		echo "run.sh: loadgen failed for $policy:" >&2
+		cat "$dir/loadgen.txt" >&2
+		return 1
+	fi
+	jq -r "$jq_fmt"'"   hit rate \(.prefix_cache.hit_rate * 100 | fixed(1))%, TTFT mean \(.ttft.mean_ms | fixed(1)) ms, \(.requests_per_s | fixed(1)) req/s, busiest/mean \(.busiest_engine_share | fixed(2)), \(.failed) failed"' \
+		"$dir/loadgen.json" >&2
+	return 0
+}
+
+for policy in $POLICIES; do
+	rc=0
+	run_policy "$policy" || rc=$?
+	stop_all
+	case $rc in
+	0) ran+=("$policy") ;;
+	2) ;;
+	*) failed+=("$policy") ;;
+	esac
+done
+
+# --- table --------------------------------------------------------------------
+
+{
+	for policy in "${ran[@]}"; do
+		jq --arg policy "$policy" '{
+			policy: $policy,
+			hit_rate: .prefix_cache.hit_rate,
+			hit_tokens: .prefix_cache.hit_tokens,
+			queried_tokens: .prefix_cache.queried_tokens,
+			ttft_mean_ms: .ttft.mean_ms,
+			ttft_p99_ms: .ttft.p99_ms,
+			e2e_mean_ms: .e2e.mean_ms,
+			requests_per_s: .requests_per_s,
+			requests: .requests,
+			failed: .failed,
+			busiest_engine_share: .busiest_engine_share,
+			engine_requests: .engine_requests
+		}' "$RESULTS/$policy/loadgen.json"
+	done
+} | jq -s --arg commit "$commit" --arg engine_stats "$engine_stats" \
+	--argjson params "$(for p in "${params[@]}"; do n="${p%%=*}"; [[ $n == RESULTS ]] || jq -n --arg k "$n" --arg v "${!n}" '{($k): $v}'; done | jq -s add)" '
+	(map(select(.policy == "round-robin")) | first) as $rr
+	| {commit: $commit, engine_stats: ($engine_stats == "1"), params: $params,
+	   rows: map(. + {
+		hit_rate_vs_round_robin: (if $rr and $rr.hit_rate > 0 then .hit_rate / $rr.hit_rate else null end),
+		ttft_mean_vs_round_robin: (if $rr and $rr.ttft_mean_ms > 0 then .ttft_mean_ms / $rr.ttft_mean_ms - 1 else null end)
+	   })}' >"$RESULTS/rows.json"
+
+reproduce="bench/routing/run.sh"
+if ((${#overrides[@]} > 0)); then
+	reproduce="${overrides[*]} $reproduce"
+fi
+if (($# > 0)); then
+	reproduce="$reproduce $*"
+fi
+{
+	echo "Shared-prefix conversations over $ENGINES simulated engines, commit $commit$( ((engine_stats)) || echo ", no engine_stats"):"
+	echo
+	echo "| policy | hit rate | hit rate vs round-robin | TTFT mean | TTFT p99 | vs round-robin TTFT | throughput req/s | busiest engine share (max/mean) | errors |"
+	echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+	jq -r "$jq_fmt"'
+		def pct: (. * 100 | fixed(1)) + "%";
+		def vs_pct: if . == null then "n/a" else (if . > 0 then "+" else "" end) + pct end;
+		.rows[] | "| \(.policy) | \(.hit_rate | pct) | \(if .hit_rate_vs_round_robin == null then "n/a" else "×" + (.hit_rate_vs_round_robin | fixed(2)) end) | \(.ttft_mean_ms | fixed(1)) ms | \(.ttft_p99_ms | fixed(1)) ms | \(.ttft_mean_vs_round_robin | vs_pct) | \(.requests_per_s | fixed(1)) | \(.busiest_engine_share | fixed(2)) | \(.failed) of \(.requests) |"' "$RESULTS/rows.json"
+	echo
+	echo '```sh'
+	echo "$reproduce"
+	echo '```'
+} | tee "$RESULTS/table.md"
+echo >&2
+echo "rows: ${RESULTS#"$root"/}/rows.json, table: ${RESULTS#"$root"/}/table.md, logs and loadgen reports: ${RESULTS#"$root"/}/<policy>/" >&2
+if ((${#failed[@]} > 0)); then
+	echo "run.sh: failed: ${failed[*]}" >&2
+	exit 1
+fi
