@@ -127,21 +127,26 @@ func (x *PrefixIndex) Record(hashes []uint64, e *Endpoint) {
 
 func (x *PrefixIndex) put(k, stamp uint64) {
 	b := x.bucket(k)
-	victim := 0
-	oldest := uint64(1<<64 - 1)
+	free := -1
 	for i := range b {
 		switch b[i].key.Load() {
 		case k:
 			b[i].stamp.Store(stamp)
 			return
 		case 0:
-			victim, oldest = i, 0
-		default:
-			if s := b[i].stamp.Load(); s < oldest {
-				victim, oldest = i, s
+			if free < 0 {
+				free = i
 			}
 		}
 	}
-	b[victim].stamp.Store(stamp)
-	b[victim].key.Store(k)
+	if free < 0 { // full: replace the least recently used
+		oldest := uint64(1<<64 - 1)
+		for i := range b {
+			if s := b[i].stamp.Load(); s < oldest {
+				free, oldest = i, s
+			}
+		}
+	}
+	b[free].stamp.Store(stamp)
+	b[free].key.Store(k)
 }
