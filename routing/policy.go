@@ -242,9 +242,10 @@ func (c Config) Validate() error {
 	return errors.Join(errs...)
 }
 
-// nearestName suggests the registered policy name that differs from name
-// only in case or punctuation ("LeastLoaded", "least_loaded" for
-// least-loaded), or returns "".
+// nearestName suggests the registered policy name nearest to name: one that
+// differs only in case or punctuation ("LeastLoaded", "least_loaded" for
+// least-loaded), else the one within two edits of it ("sesion-affinity"),
+// or returns "".
 func nearestName(name string) string {
 	norm := func(s string) string {
 		return strings.Map(func(r rune) rune {
@@ -254,12 +255,41 @@ func nearestName(name string) string {
 			return unicode.ToLower(r)
 		}, s)
 	}
+	best, bestDist := "", 3
 	for _, n := range Names() {
 		if norm(n) == norm(name) {
 			return "; did you mean " + n + "?"
 		}
+		if d := editDistance(strings.ToLower(name), n); d < bestDist {
+			best, bestDist = n, d
+		}
 	}
-	return ""
+	if best == "" || len(name) < 3 {
+		return ""
+	}
+	return "; did you mean " + best + "?"
+}
+
+// editDistance is the Levenshtein distance between a and b, in bytes
+// (names are short and ASCII; only config errors call it).
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 // factory builds a policy from its validated config.

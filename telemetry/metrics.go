@@ -38,7 +38,8 @@ const (
 	// 0..1, unit 1.
 	KVCacheUsageName = "switchboard.engine.kv_cache_usage"
 	// PrefixCacheHitRatioName is the fraction of prompt tokens the engine
-	// found in its prefix cache between its last two scrapes, 0..1, unit 1.
+	// found in its prefix cache between the last two scrapes that saw new
+	// queries (an idle engine keeps its last ratio), 0..1, unit 1.
 	PrefixCacheHitRatioName = "switchboard.engine.prefix_cache_hit_ratio"
 	// AccountingDriftName is running + waiting as the engine reports them
 	// minus the gateway's own in-flight count on that engine at scrape
@@ -192,7 +193,7 @@ func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
 	m.kvCacheUsage = fg(KVCacheUsageName, "1",
 		"Fraction of the engine's KV cache in use, 0..1 (vllm:kv_cache_usage_perc), from its last fresh scrape.")
 	m.prefixHitRatio = fg(PrefixCacheHitRatioName, "1",
-		"Fraction of prompt tokens found in the engine's prefix cache between its last two scrapes, 0..1.")
+		"Fraction of prompt tokens found in the engine's prefix cache between the last two scrapes that saw new queries, 0..1.")
 	m.drift = ig(AccountingDriftName, "{request}",
 		"Requests the engine reports (running + waiting) minus the requests the gateway has in flight on it at scrape time; 0 when only this gateway uses the engine.")
 	return m, errors.Join(errs...)
