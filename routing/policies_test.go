@@ -603,3 +603,114 @@ func heapInUse() uint64 {
 	runtime.ReadMemStats(&m)
 	return m.HeapAlloc
 }
+
+// forget removes e's entry for block h, as an eviction would.
+func (x *PrefixIndex) forget(h uint64, e *Endpoint) {
+	k := entryKey(h, e)
+	b := x.bucket(k)
+	for i := range b {
+		if b[i].key.Load() == k {
+			b[i].key.Store(0)
+		}
+	}
+}
+
+// TestPrefixIndexMatchWithGaps: per-bucket eviction leaves gaps in a
+// prompt's blocks; Match never claims more than the highest stored block
+// proves, and finds it in the usual shapes.
+func TestPrefixIndexMatchWithGaps(t *testing.T) {
+	e := NewEndpoint("e", nil)
+	prompt := make([]uint64, 10)
+	for i := range prompt {
+		prompt[i] = mix64(uint64(1000 + i))
+	}
+	tests := []struct {
+		stored string // T: block stored, F: evicted
+		want   int
+	}{
+		{"TTTTTTTTTT", 10},
+		{"TTFFFFFTTT", 10}, // the last block proves them all
+		{"TTTTTTTFFF", 7},
+		{"TTFTTTTFFF", 7},
+		{"TFFFFFFFFF", 1},
+		{"FFFFFFFFFF", 0},
+	}
+	for _, tt := range tests {
+		x := NewPrefixIndex(1 << 12)
+		x.Record(prompt, e)
+		highest := 0
+		for i, c := range tt.stored {
+			if c == 'F' {
+				x.forget(prompt[i], e)
+			} else {
+				highest = i + 1
+			}
+		}
+		got := x.Match(prompt, e)
+		if got != tt.want {
+			t.Errorf("stored %s: Match = %d, want %d", tt.stored, got, tt.want)
+		}
+		if got > highest {
+			t.Errorf("stored %s: Match = %d claims more than the highest stored block %d", tt.stored, got, highest)
+		}
+	}
+}
+
+// TestRingHashGolden pins the ring's hash: gateway replicas of different
+// versions must map sessions alike during a rolling upgrade. If this fails,
+// every session moves. The values were computed apart from this code, from
+// the definition (FNV-1a 64, then MurmurHash3's fmix64), in Python.
+func TestRingHashGolden(t *testing.T) {
+	for s, want := range map[string]uint64{"": 0xefd01f60ba992926, "gpu-a#0": 0x92508c0cd9865efc, "session-1": 0xf267abb32d450b1f} {
+		if got := hashString(s); got != want {
+			t.Errorf("hashString(%q) = %#x, want %#x", s, got, want)
+		}
+	}
+}
+
+// TestPickDoesNotAllocate holds every policy to 0 allocations per pick, at
+// 4 and 64 candidates (BenchmarkPick reports the same numbers).
+func TestPickDoesNotAllocate(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	for _, n := range []int{4, 64} {
+		eps := endpoints(n)
+		for i, e := range eps {
+			loadOn(t, e, i%3, i%5)
+			now := time.Now()
+			e.SetStats(&Stats{At: now, Expires: now.Add(time.Hour), Waiting: int64(i % 4), KVCacheUsage: 0.5})
+		}
+		req := &Request{SessionKey: "conversation-1", PrefixHashes: []uint64{1, 2, 3, 4, 5, 6, 7, 8}}
+		for _, name := range Names() {
+			c := DefaultConfig()
+			c.Policy = name
+			p, _ := NewPolicy(c)
+			_, _ = p.Pick(context.Background(), req, eps) // ring points built once
+			if a := testing.AllocsPerRun(100, func() { _, _ = p.Pick(context.Background(), req, eps) }); a != 0 {
+				t.Errorf("%s at %d candidates: %v allocs per pick, want 0", name, n, a)
+			}
+		}
+	}
+}
+
+// TestSessionAffinityFallbackGetsPrefixBlocks: a prefix-aware fallback
+// makes the gateway hash prompts for session-affinity too.
+func TestSessionAffinityFallbackGetsPrefixBlocks(t *testing.T) {
+	c := DefaultConfig()
+	c.Policy = SessionAffinityName
+	c.SessionAffinity.Fallback = PrefixAwareName
+	c.Prefix.BlockBytes = 32
+	p, err := NewPolicy(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if bb, mb := p.(PrefixHasher).PrefixBlocks(); bb != 32 || mb != 1024 {
+		t.Fatalf("PrefixBlocks = %d, %d; want the fallback's 32, 1024", bb, mb)
+	}
+	c.SessionAffinity.Fallback = RoundRobinName
+	p, _ = NewPolicy(c)
+	if bb, mb := p.(PrefixHasher).PrefixBlocks(); bb != 0 || mb != 0 {
+		t.Fatalf("round-robin fallback: PrefixBlocks = %d, %d; want 0, 0 (no hashing)", bb, mb)
+	}
+}

@@ -59,7 +59,7 @@ type Config struct {
 	Policy string `koanf:"policy"`
 	// PrefillWeight is how many decode requests one prefill request counts
 	// as in the in-flight load score of least-loaded, power-of-two and
-	// prefix-aware (an integer >= 1, default 2): prefill is compute-bound
+	// prefix-aware (an integer 1..1000, default 2): prefill is compute-bound
 	// and about to become a decode sequence as well.
 	PrefillWeight int `koanf:"prefill_weight"`
 
@@ -113,8 +113,9 @@ type PrefixConfig struct {
 	// prompts are matched on their first MaxBlocks blocks.
 	MaxBlocks int `koanf:"max_blocks"`
 	// IndexEntries is the capacity of the index of recently routed
-	// (block, engine) pairs, 8..2^28, default 1048576, which takes
-	// IndexEntries*16 bytes (16 MiB), allocated at start and never more.
+	// (block, engine) pairs, 8..2^28, default 1048576, which takes 16 bytes
+	// per entry (16 MiB), allocated at start and never more; it is rounded
+	// up to a power of two.
 	// The default remembers 32 engines' worth of about 32,000 blocks each,
 	// the ~500,000 tokens of KV cache of an 80 GB GPU serving an 8B model
 	// (the Inference Extension sizes its per-server LRU the same way).
@@ -124,7 +125,8 @@ type PrefixConfig struct {
 // PrefixAwareConfig tunes [PrefixAware].
 type PrefixAwareConfig struct {
 	// CacheThreshold is the fraction of a prompt's blocks the best match must
-	// exceed to route by cache, 0..1, default 0.3 (SGLang's cache_threshold).
+	// exceed to route by cache, 0 <= t < 1, default 0.3 (SGLang's
+	// cache_threshold).
 	CacheThreshold float64 `koanf:"cache_threshold"`
 	// BalanceAbsThreshold is how many in-flight load units the best-matching
 	// engine may carry above the least loaded one before the request goes
@@ -183,21 +185,21 @@ func (c Config) Validate() error {
 	if _, ok := factories()[c.Policy]; !ok {
 		bad("routing.policy: %w %q (known: %s)%s", ErrUnknownPolicy, c.Policy, strings.Join(Names(), ", "), nearestName(c.Policy))
 	}
-	if c.PrefillWeight < 1 {
-		bad("routing.prefill_weight must be >= 1, got %d", c.PrefillWeight)
+	if c.PrefillWeight < 1 || c.PrefillWeight > 1000 {
+		bad("routing.prefill_weight must be 1..1000, got %d", c.PrefillWeight)
 	}
 	if ch := c.PowerOfTwo.Choices; ch < 2 || ch > maxChoices {
 		bad("routing.power_of_two.choices must be 2..%d, got %d", maxChoices, ch)
 	}
 	sa := c.SessionAffinity
-	if sa.Header == "" || strings.ContainsAny(sa.Header, " \t\r\n:") {
-		bad("routing.session_affinity.header must be a header name, got %q", sa.Header)
+	if !validHeaderName(sa.Header) {
+		bad("routing.session_affinity.header must be a header name (letters, digits and !#$%%&'*+-.^_`|~), got %q", sa.Header)
 	}
 	if sa.VirtualNodes < 1 || sa.VirtualNodes > 10000 {
 		bad("routing.session_affinity.virtual_nodes must be 1..10000, got %d", sa.VirtualNodes)
 	}
-	if !(sa.LoadFactor > 0) || math.IsInf(sa.LoadFactor, 0) {
-		bad("routing.session_affinity.load_factor must be > 0, got %v", sa.LoadFactor)
+	if !(sa.LoadFactor > 0 && sa.LoadFactor <= 1000) {
+		bad("routing.session_affinity.load_factor must be > 0 and <= 1000, got %v", sa.LoadFactor)
 	}
 	if sa.Fallback == SessionAffinityName {
 		bad("routing.session_affinity.fallback must not be %s itself", SessionAffinityName)
@@ -215,8 +217,8 @@ func (c Config) Validate() error {
 		bad("routing.prefix.index_entries must be %d..%d, got %d", prefixWays, 1<<28, px.IndexEntries)
 	}
 	pa := c.PrefixAware
-	if !(pa.CacheThreshold >= 0 && pa.CacheThreshold <= 1) {
-		bad("routing.prefix_aware.cache_threshold must be 0..1, got %v", pa.CacheThreshold)
+	if !(pa.CacheThreshold >= 0 && pa.CacheThreshold < 1) {
+		bad("routing.prefix_aware.cache_threshold must be >= 0 and < 1 (the match must exceed it), got %v", pa.CacheThreshold)
 	}
 	if pa.BalanceAbsThreshold < 0 {
 		bad("routing.prefix_aware.balance_abs_threshold must be >= 0, got %d", pa.BalanceAbsThreshold)
@@ -310,7 +312,11 @@ func registerPolicies(r map[string]factory) {
 			pa.BalanceRelThreshold, c.PrefillWeight).withBlocks(c.Prefix)
 	}
 	r[ScorerName] = func(c Config) Policy {
-		return NewScorer(c.Scorer, NewPrefixIndex(c.Prefix.IndexEntries)).withBlocks(c.Prefix)
+		var index *PrefixIndex
+		if c.Scorer.Prefix > 0 {
+			index = NewPrefixIndex(c.Prefix.IndexEntries)
+		}
+		return NewScorer(c.Scorer, index).withBlocks(c.Prefix)
 	}
 }
 
@@ -355,4 +361,20 @@ func NewPolicy(cfg Config) (Policy, error) {
 		return nil, err
 	}
 	return factories()[cfg.Policy](cfg), nil
+}
+
+// validHeaderName reports whether s is an HTTP header field name (an RFC 9110
+// token).
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0 {
+			continue
+		}
+		return false
+	}
+	return true
 }

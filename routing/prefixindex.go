@@ -40,8 +40,8 @@ type prefixEntry struct {
 const PrefixEntryBytes = 16
 
 // NewPrefixIndex returns an index of at least entries entries (rounded up
-// to a power of two buckets of 8; at least one bucket), taking
-// PrefixEntryBytes per entry, allocated now.
+// to a power of two buckets of 8, so up to twice entries; at least one
+// bucket), taking PrefixEntryBytes per entry, allocated now.
 func NewPrefixIndex(entries int) *PrefixIndex {
 	nb := 1
 	for nb*prefixWays < entries {
@@ -94,17 +94,37 @@ func (x *PrefixIndex) has(k uint64) bool {
 	return false
 }
 
-// Match returns how many leading blocks of hashes e was recently sent,
-// with a binary search for the first block it was not: the hashes are
-// chained, so a block is only ever present together with the blocks before
-// it (Record stamps a prompt's first block as the most recent, so eviction
-// takes later blocks first, as vLLM's cache does). It does not allocate.
+// Match returns how many leading blocks of hashes e was recently sent. The
+// hashes are chained, so finding hashes[i] stored for e proves e was sent
+// blocks 0..i: the answer is one more than the highest stored index. It is
+// found by a binary search that treats a stored block as proof and a missing
+// one as a probable end: Record stamps a prompt's first block as the most
+// recent, so a prompt's blocks are mostly evicted from the end backwards, but
+// eviction is per bucket, so a full index can have gaps. A missing block is
+// therefore confirmed by the next two blocks before the search moves left,
+// and the last block is probed first (a prompt seen whole before, the common
+// case for a repeated prefix, costs one probe). The result never overstates
+// what e was sent; a gap can make it understate. It does not allocate.
 func (x *PrefixIndex) Match(hashes []uint64, e *Endpoint) int {
-	lo, hi := 0, len(hashes) // blocks [0,lo) match; [hi,len) do not
+	n := len(hashes)
+	if n == 0 {
+		return 0
+	}
+	if x.has(entryKey(hashes[n-1], e)) {
+		return n
+	}
+	lo, hi := 0, n-1 // blocks [0,lo) proven; [hi,n) probably absent
 	for lo < hi {
 		mid := int(uint(lo+hi) >> 1)
-		if x.has(entryKey(hashes[mid], e)) {
-			lo = mid + 1
+		found := -1
+		for k := mid; k < min(mid+3, hi); k++ {
+			if x.has(entryKey(hashes[k], e)) {
+				found = k
+				break
+			}
+		}
+		if found >= 0 {
+			lo = found + 1
 		} else {
 			hi = mid
 		}

@@ -215,19 +215,23 @@ func TestConfigValidate(t *testing.T) {
 		{"typo", with(func(c *Config) { c.Policy = "sesion-affinity" }), ErrUnknownPolicy, "did you mean session-affinity?"},
 		{"typo two edits", with(func(c *Config) { c.Policy = "round-robn" }), ErrUnknownPolicy, "did you mean round-robin?"},
 		{"far from any", with(func(c *Config) { c.Policy = "random" }), ErrUnknownPolicy, `"random" (known: least-loaded, power-of-two, prefix-aware, round-robin, scorer, session-affinity)`},
-		{"zero weight", with(func(c *Config) { c.PrefillWeight = 0 }), nil, "routing.prefill_weight must be >= 1, got 0"},
+		{"huge weight", with(func(c *Config) { c.PrefillWeight = 1 << 40 }), nil, "prefill_weight must be 1..1000"},
+		{"header with space", with(func(c *Config) { c.SessionAffinity.Header = "x session" }), nil, "header must be a header name"},
+		{"threshold 1", with(func(c *Config) { c.PrefixAware.CacheThreshold = 1 }), nil, "cache_threshold must be >= 0 and < 1"},
+		{"huge load factor", with(func(c *Config) { c.SessionAffinity.LoadFactor = 1e300 }), nil, "load_factor must be > 0 and <= 1000"},
+		{"zero weight", with(func(c *Config) { c.PrefillWeight = 0 }), nil, "routing.prefill_weight must be 1..1000, got 0"},
 		{"one choice", with(func(c *Config) { c.PowerOfTwo.Choices = 1 }), nil, "routing.power_of_two.choices must be 2..8, got 1"},
 		{"nine choices", with(func(c *Config) { c.PowerOfTwo.Choices = 9 }), nil, "choices must be 2..8, got 9"},
 		{"header with colon", with(func(c *Config) { c.SessionAffinity.Header = "x-session:" }), nil, "routing.session_affinity.header must be a header name"},
 		{"no vnodes", with(func(c *Config) { c.SessionAffinity.VirtualNodes = 0 }), nil, "virtual_nodes must be 1..10000, got 0"},
-		{"zero load factor", with(func(c *Config) { c.SessionAffinity.LoadFactor = 0 }), nil, "load_factor must be > 0, got 0"},
-		{"NaN load factor", with(func(c *Config) { c.SessionAffinity.LoadFactor = math.NaN() }), nil, "load_factor must be > 0, got NaN"},
+		{"zero load factor", with(func(c *Config) { c.SessionAffinity.LoadFactor = 0 }), nil, "load_factor must be > 0 and <= 1000, got 0"},
+		{"NaN load factor", with(func(c *Config) { c.SessionAffinity.LoadFactor = math.NaN() }), nil, "load_factor must be > 0 and <= 1000, got NaN"},
 		{"fallback itself", with(func(c *Config) { c.SessionAffinity.Fallback = SessionAffinityName }), nil, "fallback must not be session-affinity itself"},
 		{"fallback unknown", with(func(c *Config) { c.SessionAffinity.Fallback = "least_loaded" }), ErrUnknownPolicy, "did you mean least-loaded?"},
 		{"tiny block", with(func(c *Config) { c.Prefix.BlockBytes = 8 }), nil, "routing.prefix.block_bytes must be 16..65536, got 8"},
 		{"no blocks", with(func(c *Config) { c.Prefix.MaxBlocks = 0 }), nil, "routing.prefix.max_blocks must be 1..65536, got 0"},
 		{"tiny index", with(func(c *Config) { c.Prefix.IndexEntries = 4 }), nil, "routing.prefix.index_entries must be 8..268435456, got 4"},
-		{"threshold above 1", with(func(c *Config) { c.PrefixAware.CacheThreshold = 1.5 }), nil, "cache_threshold must be 0..1, got 1.5"},
+		{"threshold above 1", with(func(c *Config) { c.PrefixAware.CacheThreshold = 1.5 }), nil, "cache_threshold must be >= 0 and < 1 (the match must exceed it), got 1.5"},
 		{"negative abs", with(func(c *Config) { c.PrefixAware.BalanceAbsThreshold = -1 }), nil, "balance_abs_threshold must be >= 0, got -1"},
 		{"rel below 1", with(func(c *Config) { c.PrefixAware.BalanceRelThreshold = 0.5 }), nil, "balance_rel_threshold must be >= 1, got 0.5"},
 		{"negative weight", with(func(c *Config) { c.Scorer.Queue = -1 }), nil, "routing.scorer.queue must be a number >= 0, got -1"},
@@ -272,9 +276,13 @@ func TestNewPolicyBuildsEveryName(t *testing.T) {
 		if got := fmt.Sprintf("%T", p); got != want[name] {
 			t.Errorf("%s built %s, want %s", name, got, want[name])
 		}
-		_, hashes := p.(PrefixHasher)
+		hashes := false
+		if ph, ok := p.(PrefixHasher); ok {
+			bb, mb := ph.PrefixBlocks()
+			hashes = bb == 64 && mb == 1024
+		}
 		if wantHashes := name == PrefixAwareName || name == ScorerName; hashes != wantHashes {
-			t.Errorf("%s implements PrefixHasher = %v, want %v", name, hashes, wantHashes)
+			t.Errorf("%s hashes prompt blocks = %v, want %v", name, hashes, wantHashes)
 		}
 		if sk, ok := p.(SessionKeyed); ok != (name == SessionAffinityName) || ok && sk.SessionHeader() != "x-session-id" {
 			t.Errorf("%s: SessionKeyed %v", name, ok)

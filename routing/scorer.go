@@ -18,7 +18,7 @@ const ScorerName = "scorer"
 //   - queue: the engine's queue depth (scraped vllm:num_requests_waiting plus
 //     the requests sent since that scrape; the gateway's in-flight prefill
 //     count when the stats are stale), min-max normalized over the
-//     candidates: (max-q)/(max-q_min), 1 for all when equal (as the
+//     candidates: (max-q)/(max-min), 1 for all when equal (as the
 //     Inference Extension's queue scorer).
 //   - kv_cache: 1 - vllm:kv_cache_usage_perc; 0.5 when unknown or stale, so
 //     an engine without stats is neither preferred nor avoided.
@@ -41,12 +41,13 @@ var (
 )
 
 // NewScorer returns a scorer policy with weights w (negative weights count
-// as 0) over index (nil: a new index of DefaultConfig's size).
+// as 0) over index (nil: a new index of DefaultConfig's size when the prefix
+// weight is above 0, none otherwise).
 func NewScorer(w ScorerConfig, index *PrefixIndex) *Scorer {
-	if index == nil {
+	w.Queue, w.KVCache, w.Prefix = max(w.Queue, 0), max(w.KVCache, 0), max(w.Prefix, 0)
+	if index == nil && w.Prefix > 0 {
 		index = NewPrefixIndex(DefaultConfig().Prefix.IndexEntries)
 	}
-	w.Queue, w.KVCache, w.Prefix = max(w.Queue, 0), max(w.KVCache, 0), max(w.Prefix, 0)
 	w.Prefill, w.Decode = max(w.Prefill, 0), max(w.Decode, 0)
 	return &Scorer{w: w, index: index, blocks: DefaultConfig().Prefix, now: time.Now}
 }
@@ -79,12 +80,13 @@ func (s *span) add(v int64, first bool) {
 }
 
 // score is (hi-v)/(hi-lo): 1 at the minimum, 0 at the maximum, 1 for all
-// when they are equal.
+// when they are equal; clamped to 0..1, because the counters are read again
+// after the span was taken and may have moved.
 func (s span) score(v int64) float64 {
-	if s.hi == s.lo {
+	if s.hi <= s.lo {
 		return 1
 	}
-	return float64(s.hi-v) / float64(s.hi-s.lo)
+	return min(max(float64(s.hi-v)/float64(s.hi-s.lo), 0), 1)
 }
 
 // Pick returns the best-scoring candidate as described on [Scorer], or

@@ -26,7 +26,10 @@ const SessionAffinityName = "session-affinity"
 // engine when the load evens out.
 //
 // The mapping depends only on the candidates' names (never on their order,
-// the process or the time), so gateway replicas with the same engines agree.
+// the process or the time), so gateway replicas with the same engines agree
+// while no engine is near the bound (each replica applies the bound to its
+// own in-flight counts, so under load replicas may spill a session
+// differently).
 // Adding an engine to n moves about 1/(n+1) of the sessions, all of them to
 // the new engine; removing one moves only the sessions it had. (A session
 // hashed modulo the engine count, as most routers do, moves n/(n+1) of all
@@ -43,7 +46,13 @@ type SessionAffinity struct {
 var (
 	_ Policy       = (*SessionAffinity)(nil)
 	_ SessionKeyed = (*SessionAffinity)(nil)
+	_ PrefixHasher = (*SessionAffinity)(nil)
 )
+
+// maxSessionKeyBytes is how much of a session key is hashed: keys that
+// differ only after it share an engine. It bounds the work a huge header
+// can cause.
+const maxSessionKeyBytes = 1024
 
 // NewSessionAffinity returns a session-affinity policy with vnodes virtual
 // nodes per engine (below 1: 1), load factor epsilon (the bound is
@@ -61,6 +70,16 @@ func NewSessionAffinity(vnodes int, epsilon float64, fallback Policy, header str
 	return &SessionAffinity{header: header, vnodes: max(vnodes, 1), factor: 1 + max(epsilon, 0), fallback: fallback}
 }
 
+// PrefixBlocks passes the fallback policy's prompt blocks through (0, 0
+// when the fallback does not route on prefixes), so a prefix-aware or
+// scorer fallback gets its hashes.
+func (p *SessionAffinity) PrefixBlocks() (blockBytes, maxBlocks int) {
+	if ph, ok := p.fallback.(PrefixHasher); ok {
+		return ph.PrefixBlocks()
+	}
+	return 0, 0
+}
+
 // SessionHeader returns the header the gateway reads the session key from.
 func (p *SessionAffinity) SessionHeader() string { return p.header }
 
@@ -75,7 +94,11 @@ func (p *SessionAffinity) Pick(ctx context.Context, req *Request, candidates []*
 	if req.SessionKey == "" {
 		return p.fallback.Pick(ctx, req, candidates)
 	}
-	return p.pick(hashString(req.SessionKey), candidates), nil
+	key := req.SessionKey
+	if len(key) > maxSessionKeyBytes {
+		key = key[:maxSessionKeyBytes]
+	}
+	return p.pick(hashString(key), candidates), nil
 }
 
 // pick returns the first candidate clockwise from point h whose load is
@@ -88,8 +111,8 @@ func (p *SessionAffinity) pick(h uint64, candidates []*Endpoint) *Endpoint {
 		total += pf + dc
 	}
 	bound := int64(math.MaxInt64)
-	if !math.IsInf(p.factor, 1) {
-		bound = int64(math.Ceil(p.factor * float64(total+1) / float64(len(candidates))))
+	if b := math.Ceil(p.factor * float64(total+1) / float64(len(candidates))); b < float64(math.MaxInt64) {
+		bound = int64(b)
 	}
 	var (
 		home, best        *Endpoint
