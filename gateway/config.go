@@ -306,6 +306,8 @@ func (s EngineStatsConfig) validate() []error {
 	}
 	if s.Timeout <= 0 {
 		bad("server.engine_stats.timeout must be > 0, got %s", s.Timeout)
+	} else if s.Interval > 0 && s.Timeout > s.Interval {
+		bad("server.engine_stats.timeout (%s) must not be longer than server.engine_stats.interval (%s): a hung engine would delay every engine's next scrape", s.Timeout, s.Interval)
 	}
 	if s.MaxAge <= 0 {
 		bad("server.engine_stats.max_age must be > 0, got %s", s.MaxAge)

@@ -422,17 +422,19 @@ func (p *Pool) Ready() bool { return p.snap.Load().modelsBody != nil }
 
 // Start runs the first probe round synchronously (each probe bounded by the
 // probe timeout), then probes every HealthConfig.Interval until Close. With
-// EngineStatsConfig.Enabled it also scrapes every engine's metrics at once
-// and then every EngineStatsConfig.Interval, on its own goroutine, so a
-// slow engine never delays a probe or a request.
+// EngineStatsConfig.Enabled it also scrapes every engine's metrics once,
+// synchronously (bounded by the scrape timeout), so an engine that reports
+// it is asleep gets no request in the first interval, and then every
+// EngineStatsConfig.Interval on its own goroutine, so a slow engine never
+// delays a probe or a request.
 func (p *Pool) Start() {
 	p.startOnce.Do(func() {
 		p.ProbeNow(p.ctx)
 		if p.stats.Enabled {
+			p.ScrapeNow(p.ctx)
 			p.wg.Add(1)
 			go func() {
 				defer p.wg.Done()
-				p.ScrapeNow(p.ctx)
 				t := time.NewTicker(p.stats.Interval)
 				defer t.Stop()
 				for {

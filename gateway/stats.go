@@ -201,10 +201,12 @@ func labelValue(m *dto.Metric, name string) string {
 
 // requests rounds a gauge of requests to a whole, non-negative number.
 func requests(v float64) int64 {
-	if v <= 0 {
+	if !(v > 0) {
 		return 0
 	}
-	return int64(math.Round(v))
+	// Clamped: an engine's page is input, and a float beyond int64 would
+	// convert to a platform-defined value and wrap the drift and scores.
+	return int64(math.Round(min(v, 1<<31)))
 }
 
 // cappedReader reads at most limit bytes from r; reading beyond them

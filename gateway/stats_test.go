@@ -536,6 +536,8 @@ func TestStatsConfigValidate(t *testing.T) {
 		{"zero interval", func(s *EngineStatsConfig) { s.Interval = 0 }, "server.engine_stats.interval must be > 0"},
 		{"negative timeout", func(s *EngineStatsConfig) { s.Timeout = -time.Second }, "server.engine_stats.timeout must be > 0"},
 		{"zero max age", func(s *EngineStatsConfig) { s.MaxAge = 0 }, "server.engine_stats.max_age must be > 0"},
+		{"timeout over interval", func(s *EngineStatsConfig) { s.Timeout = 2 * time.Second }, "timeout (2s) must not be longer than server.engine_stats.interval (1s)"},
+		{"timeout equal to interval", func(s *EngineStatsConfig) { s.Timeout = s.Interval }, ""},
 		{"max age equal to interval", func(s *EngineStatsConfig) { s.MaxAge = s.Interval }, "must be longer than server.engine_stats.interval"},
 		{"max age below interval", func(s *EngineStatsConfig) { s.Interval = 10 * time.Second }, "max_age (5s) must be longer than server.engine_stats.interval (10s)"},
 		{"empty path", func(s *EngineStatsConfig) { s.Path = "" }, "server.engine_stats.path must be a path starting with /"},

@@ -16,6 +16,12 @@ set -euo pipefail
 
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 
+# The environment beats the config file: a SWITCHBOARD_* or OTEL_* variable
+# left exported in the caller's shell would silently change every row.
+while IFS='=' read -r name _; do
+	case "$name" in SWITCHBOARD_* | OTEL_*) unset "$name" ;; esac
+done < <(env)
+
 # name=default pairs; each can be overridden from the environment.
 params=(
 	"POLICIES=round-robin least-loaded power-of-two session-affinity prefix-aware scorer"
@@ -75,7 +81,7 @@ fi
 RESULTS="${RESULTS:-$root/bench/routing/results/$(date -u +%Y%m%dT%H%M%SZ)}"
 model=bench-model
 
-for tool in go jq; do
+for tool in go jq ps; do
 	command -v "$tool" >/dev/null || {
 		echo "run.sh: $tool is required" >&2
 		exit 1
@@ -124,6 +130,16 @@ start() {
 	started=$!
 	set +m
 	pids+=("$started")
+}
+
+# reaped PID: forget a process this script has waited for, so the exit trap
+# never signals its PID (which the system may have given to another).
+reaped() {
+	local keep=() p
+	for p in "${pids[@]}"; do
+		[[ "$p" == "$1" ]] || keep+=("$p")
+	done
+	pids=("${keep[@]}")
 }
 
 # await_addr PID LOG MSG: prints the address the process logged with
@@ -237,6 +253,7 @@ run_policy() {
 			return 1
 		fi
 		wait "$started" 2>/dev/null || true
+		reaped "$started"
 		if ((engine_stats)) && grep -q 'engine_stats[^ ]*: unknown key' "$dir/gateway.log"; then
 			echo "note: this gateway does not know server.engine_stats; running without it:" >&2
 			grep 'engine_stats[^ ]*: unknown key' "$dir/gateway.log" | head -n1 | sed 's/^/  /' >&2
@@ -266,7 +283,10 @@ run_policy() {
 	# In the background, and waited for: a trapped signal interrupts wait
 	# at once, where a foreground command would be waited for to the end.
 	start "$dir/loadgen.txt" "${lg[@]}"
-	if ! wait "$started"; then
+	local lg_pid="$started" lg_rc=0
+	wait "$lg_pid" || lg_rc=$?
+	reaped "$lg_pid"
+	if ((lg_rc != 0)); then
 		echo "run.sh: loadgen failed for $policy:" >&2
 		cat "$dir/loadgen.txt" >&2
 		return 1

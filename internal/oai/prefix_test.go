@@ -411,3 +411,16 @@ func TestParseAllocs(t *testing.T) {
 		t.Errorf("Parse allocations = %v, want <= 3", allocs)
 	}
 }
+
+// TestPrefixHashesDuplicateKey: with the prompt key twice, the engine reads
+// the last one, and so do the hashes.
+func TestPrefixHashesDuplicateKey(t *testing.T) {
+	p := Parser{BlockBytes: 16}
+	msgs := func(s string) string { return `[{"role":"user","content":"` + s + `"}]` }
+	a, b := strings.Repeat("first prompt ", 8), strings.Repeat("second prompt ", 6)
+	dup := mustParse(t, p, OpChat, `{"model":"m","messages":`+msgs(a)+`,"messages":`+msgs(b)+`}`)
+	last := mustParse(t, p, OpChat, `{"model":"m","messages":`+msgs(b)+`}`)
+	if !slices.Equal(dup.PrefixHashes, last.PrefixHashes) || len(last.PrefixHashes) == 0 {
+		t.Fatalf("duplicate messages: hashes %x, want the last array's %x", dup.PrefixHashes, last.PrefixHashes)
+	}
+}

@@ -231,9 +231,6 @@ func (p Parser) Parse(op Operation, body []byte) (Request, error) {
 	var r Request
 	hashing := p.BlockBytes > 0 && op != OpEmbeddings
 	var h prefixHasher
-	if hashing {
-		h = newPrefixHasher(p, len(body))
-	}
 	d.open('{')
 	for n := 0; d.more('}', &n); {
 		k := d.key()
@@ -256,6 +253,8 @@ func (p Parser) Parse(op Operation, body []byte) (Request, error) {
 			d.peek()
 			start := d.i
 			if hashing {
+				// The last duplicate wins, for the hashes too.
+				h = newPrefixHasher(p, len(body))
 				r.PromptBytes = d.hashPrompt(op, &h)
 			} else {
 				r.PromptBytes = d.prompt(op)
