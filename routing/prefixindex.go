@@ -103,7 +103,9 @@ func (x *PrefixIndex) has(k uint64) bool {
 // eviction is per bucket, so a full index can have gaps. A missing block is
 // therefore confirmed by the next two blocks before the search moves left,
 // and the last block is probed first (a prompt seen whole before, the common
-// case for a repeated prefix, costs one probe). The result never overstates
+// case for a repeated prefix, costs one probe), then the first (an engine
+// that lacks it is taken to have nothing, since a prompt's first block is
+// evicted last; two probes for most candidates). The result never overstates
 // what e was sent; a gap can make it understate. It does not allocate.
 func (x *PrefixIndex) Match(hashes []uint64, e *Endpoint) int {
 	n := len(hashes)
@@ -113,7 +115,10 @@ func (x *PrefixIndex) Match(hashes []uint64, e *Endpoint) int {
 	if x.has(entryKey(hashes[n-1], e)) {
 		return n
 	}
-	lo, hi := 0, n-1 // blocks [0,lo) proven; [hi,n) probably absent
+	if !x.has(entryKey(hashes[0], e)) {
+		return 0 // the first block is evicted last: most engines cost two probes
+	}
+	lo, hi := 1, n-1 // blocks [0,lo) proven; [hi,n) probably absent
 	for lo < hi {
 		mid := int(uint(lo+hi) >> 1)
 		found := -1
