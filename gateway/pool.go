@@ -46,6 +46,10 @@ type engine struct {
 	models  atomic.Pointer[[]string] // sorted; nil until known
 	lastErr atomic.Pointer[string]
 
+	// statsFailing is set while the engine's stats scrapes fail (logged
+	// once per streak).
+	statsFailing atomic.Bool
+
 	// probed is set once the first probe has given its verdict; until
 	// then an engine without known models keeps unknown models answering
 	// 503 rather than 404 (discovery pending).

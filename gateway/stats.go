@@ -287,7 +287,19 @@ func (p *Pool) ScrapeNow(ctx context.Context) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := p.scrape(ctx, e); err != nil {
+			err := p.scrape(ctx, e)
+			switch {
+			case err == nil:
+				if e.statsFailing.Swap(false) {
+					p.log.Info("engine stats scrape recovered", "engine", e.cfg.Name)
+				}
+			case ctx.Err() != nil: // shutting down
+			case !e.statsFailing.Swap(true):
+				// Once per failure streak: an operator whose engine answers
+				// /metrics with 401 or 404 must learn that the stats-driven
+				// policies run on the gateway's counters alone.
+				p.log.Warn("engine stats scrape failing; routing uses the gateway's own counters for it until it recovers", "engine", e.cfg.Name, "error", err)
+			default:
 				p.log.Debug("engine stats scrape failed", "engine", e.cfg.Name, "error", err)
 			}
 		}()

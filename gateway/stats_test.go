@@ -475,10 +475,22 @@ func TestScrapeFailuresKeepStats(t *testing.T) {
 				t.Error("a failed scrape marked the engine unhealthy")
 			}
 			out := logs.String()
-			if !strings.Contains(out, "engine stats scrape failed") || !strings.Contains(out, "engine=e1") || !strings.Contains(out, tc.log) {
-				t.Errorf("debug log lacks the failure (%q):\n%s", tc.log, out)
+			if !strings.Contains(out, "engine stats scrape fail") || !strings.Contains(out, "engine=e1") || !strings.Contains(out, tc.log) {
+				t.Errorf("log lacks the failure (%q):\n%s", tc.log, out)
 			}
 		})
+	}
+	// The first failure of the streak is a warning, the rest debug lines;
+	// a scrape that works again says so once.
+	if n := strings.Count(logs.String(), "level=WARN msg=\"engine stats scrape failing"); n != 1 {
+		t.Errorf("%d warnings for one failure streak, want 1:\n%s", n, logs.String())
+	}
+	eng.setMode(metricsServe)
+	eng.setPage(vllmPage)
+	p.stats.Timeout = 20 * time.Second
+	p.ScrapeNow(context.Background())
+	if n := strings.Count(logs.String(), "msg=\"engine stats scrape recovered\" engine=e1"); n != 1 {
+		t.Errorf("%d recovery lines, want 1:\n%s", n, logs.String())
 	}
 	if strings.Contains(logs.String(), "sk-engine-secret") {
 		t.Errorf("the engine key was logged:\n%s", logs.String())
