@@ -5,57 +5,21 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"net/http"
 	"sync"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
-
+	"github.com/switchboard-gw/switchboard/internal/vllmmetrics"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
-)
-
-// The vLLM metric names the scraper reads (vLLM v1, vllm/v1/metrics/loggers.py).
-// Every series carries model_name (and, with data parallelism, engine).
-const (
-	metricRunning = "vllm:num_requests_running" // gauge, per model
-	metricWaiting = "vllm:num_requests_waiting" // gauge, per model
-	metricKVUsage = "vllm:kv_cache_usage_perc"  // gauge, 0..1
-	// metricGPUCacheUsage is the name vLLM used for the KV cache usage
-	// before vllm:kv_cache_usage_perc (removed in later versions).
-	metricGPUCacheUsage = "vllm:gpu_cache_usage_perc"
-	// The prefix cache counters, in tokens. prometheus_client exposes a
-	// counter named vllm:prefix_cache_hits as vllm:prefix_cache_hits_total;
-	// other exporters may drop the suffix, so both are read.
-	metricPrefixHits    = "vllm:prefix_cache_hits"
-	metricPrefixQueries = "vllm:prefix_cache_queries"
-	// metricSleepState is vLLM's sleep gauge. PrometheusStatLogger in
-	// vllm/v1/metrics/loggers.py (vllm-project/vllm) registers it with the
-	// extra label sleep_state and three series per engine index, set by
-	// record_sleep_state: sleep_state="awake" is 1 when awake and 0 while
-	// sleeping; sleep_state="weights_offloaded" is 1 at sleep level 1
-	// (weights moved to CPU); sleep_state="discard_all" is 1 at sleep level
-	// 2 (weights discarded). Its help text: "awake = 0 means engine is
-	// sleeping; awake = 1 means engine is awake; weights_offloaded = 1
-	// means sleep level 1; discard_all = 1 means sleep level 2".
-	metricSleepState = "vllm:engine_sleep_state"
-	// metricEngineHealthy is exported by vLLM only with
-	// --enable-fault-tolerance: vllm:engine_healthy{engine="<rank>"} is 1
-	// while the rank is healthy and 0 when it is unhealthy or dead (vLLM
-	// docs/usage/metrics.md, "Fault Tolerance Metrics": "exclude zero").
-	metricEngineHealthy = "vllm:engine_healthy"
 )
 
 // statsBodyLimit caps one metrics body. vLLM's is a few hundred KiB (its
 // histograms, per model); a larger one is refused, not parsed.
 const statsBodyLimit = 4 << 20
 
-// statsAccept asks for the classic Prometheus text format: prometheus_client
-// (vLLM's exporter) answers OpenMetrics only when asked for it.
-var statsAccept = []string{"text/plain;version=0.0.4;q=1,*/*;q=0.1"}
+// statsAccept asks for the text format vllmmetrics parses.
+var statsAccept = []string{vllmmetrics.Accept}
 
 var (
 	// errStatsTooLarge is a metrics body over statsBodyLimit.
@@ -63,176 +27,23 @@ var (
 	// errNoEngineMetrics is a metrics page without the scheduler gauges:
 	// not a vLLM engine (or a proxy's page), so nothing is stored rather
 	// than a queue of 0 that was never reported.
-	errNoEngineMetrics = errors.New("metrics have neither " + metricRunning + " nor " + metricWaiting)
+	errNoEngineMetrics = errors.New("metrics have neither " + vllmmetrics.Running + " nor " + vllmmetrics.Waiting)
 )
 
-// engineSample is what one metrics page says, before the deltas between
-// two scrapes.
-type engineSample struct {
-	running, waiting int64   // summed over series, in requests
-	kvUsage          float64 // max over series, 0..1; -1 when not reported
-	hits, queries    float64 // prefix cache counters summed over series, in tokens
-	hasPrefix        bool    // both prefix cache counters are reported
-	sleeping         bool    // vllm:engine_sleep_state says the engine sleeps
-	unhealthy        bool    // some vllm:engine_healthy series reads 0
-}
-
-// parseEngineMetrics reads a Prometheus text exposition and returns what
-// the routing stats need. It fails on a malformed page and on one without
-// vllm:num_requests_running and vllm:num_requests_waiting.
-func parseEngineMetrics(r io.Reader) (engineSample, error) {
-	// vLLM's names contain ':', which the legacy scheme allows too; UTF-8
-	// validation also accepts the quoted names of newer exporters.
-	parser := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := parser.TextToMetricFamilies(r)
-	if err != nil {
-		return engineSample{}, fmt.Errorf("parse metrics: %w", err)
-	}
-	s := engineSample{kvUsage: -1}
-	running, okR := sumOf(fams[metricRunning])
-	waiting, okW := sumOf(fams[metricWaiting])
-	if !okR && !okW {
-		return engineSample{}, errNoEngineMetrics
-	}
-	s.running, s.waiting = requests(running), requests(waiting)
-
-	kv := fams[metricKVUsage]
-	if _, ok := sumOf(kv); !ok {
-		kv = fams[metricGPUCacheUsage]
-	}
-	if v, ok := maxOf(kv); ok {
-		s.kvUsage = min(max(v, 0), 1)
-	}
-
-	hits, okH := sumOf(counterFamily(fams, metricPrefixHits))
-	queries, okQ := sumOf(counterFamily(fams, metricPrefixQueries))
-	if okH && okQ {
-		s.hits, s.queries, s.hasPrefix = hits, queries, true
-	}
-
-	if mf := fams[metricSleepState]; mf != nil {
-		for _, m := range mf.GetMetric() {
-			v, ok := valueOf(m)
-			if !ok {
-				continue
-			}
-			switch labelValue(m, "sleep_state") {
-			case "awake":
-				s.sleeping = s.sleeping || v == 0
-			default:
-				// weights_offloaded, discard_all, any later level, or a
-				// plain level gauge without the label: sleeping above 0.
-				s.sleeping = s.sleeping || v > 0
-			}
-		}
-	}
-	if mf := fams[metricEngineHealthy]; mf != nil {
-		for _, m := range mf.GetMetric() {
-			if v, ok := valueOf(m); ok && v == 0 {
-				s.unhealthy = true
-			}
-		}
+// parseEngineMetrics reads one engine's metrics page, of at most
+// statsBodyLimit bytes. Errors: errStatsTooLarge, a malformed page, or
+// errNoEngineMetrics for a page without the scheduler gauges.
+func parseEngineMetrics(r io.Reader) (vllmmetrics.Sample, error) {
+	s, err := vllmmetrics.Parse(r, statsBodyLimit)
+	switch {
+	case errors.Is(err, vllmmetrics.ErrTooLarge):
+		return s, errStatsTooLarge
+	case err != nil:
+		return s, err
+	case !s.HasScheduler:
+		return s, errNoEngineMetrics
 	}
 	return s, nil
-}
-
-// counterFamily returns the family of a counter exposed as name_total or
-// as name, preferring name_total.
-func counterFamily(fams map[string]*dto.MetricFamily, name string) *dto.MetricFamily {
-	if mf, ok := fams[name+"_total"]; ok {
-		return mf
-	}
-	return fams[name]
-}
-
-// valueOf returns the value of a gauge, counter or untyped sample; false
-// for other types and for NaN or infinite values.
-func valueOf(m *dto.Metric) (float64, bool) {
-	var v float64
-	switch {
-	case m.GetGauge() != nil:
-		v = m.GetGauge().GetValue()
-	case m.GetCounter() != nil:
-		v = m.GetCounter().GetValue()
-	case m.GetUntyped() != nil:
-		v = m.GetUntyped().GetValue()
-	default:
-		return 0, false
-	}
-	if math.IsNaN(v) || math.IsInf(v, 0) {
-		return 0, false
-	}
-	return v, true
-}
-
-// sumOf sums the values of mf's series; false when mf has none.
-func sumOf(mf *dto.MetricFamily) (float64, bool) {
-	var sum float64
-	found := false
-	for _, m := range mf.GetMetric() {
-		if v, ok := valueOf(m); ok {
-			sum += v
-			found = true
-		}
-	}
-	return sum, found
-}
-
-// maxOf returns the largest value of mf's series; false when mf has none.
-func maxOf(mf *dto.MetricFamily) (float64, bool) {
-	best, found := 0.0, false
-	for _, m := range mf.GetMetric() {
-		if v, ok := valueOf(m); ok && (!found || v > best) {
-			best, found = v, true
-		}
-	}
-	return best, found
-}
-
-// labelValue returns the value of m's label called name, or "".
-func labelValue(m *dto.Metric, name string) string {
-	for _, lp := range m.GetLabel() {
-		if lp.GetName() == name {
-			return lp.GetValue()
-		}
-	}
-	return ""
-}
-
-// requests rounds a gauge of requests to a whole, non-negative number.
-func requests(v float64) int64 {
-	if !(v > 0) {
-		return 0
-	}
-	// Clamped: an engine's page is input, and a float beyond int64 would
-	// convert to a platform-defined value and wrap the drift and scores.
-	return int64(math.Round(min(v, 1<<31)))
-}
-
-// cappedReader reads at most limit bytes from r; reading beyond them
-// fails with errStatsTooLarge (and sets over) as soon as r has more.
-type cappedReader struct {
-	r    io.Reader
-	left int64
-	over bool
-}
-
-func (c *cappedReader) Read(p []byte) (int, error) {
-	if c.left <= 0 {
-		var one [1]byte
-		n, err := c.r.Read(one[:])
-		if n > 0 {
-			c.over = true
-			return 0, errStatsTooLarge
-		}
-		return 0, err
-	}
-	if int64(len(p)) > c.left {
-		p = p[:c.left]
-	}
-	n, err := c.r.Read(p)
-	c.left -= int64(n)
-	return n, err
 }
 
 // prefixState is the prefix cache bookkeeping of one engine incarnation:
@@ -249,20 +60,21 @@ type prefixState struct {
 // scrape; the previous ratio when no query was made in between; -1 (and a
 // new baseline) when a counter went down, which means the engine
 // restarted, or when the engine stopped reporting the counters.
-func (ps *prefixState) update(s engineSample) float64 {
-	if !s.hasPrefix {
+func (ps *prefixState) update(s vllmmetrics.Sample) float64 {
+	if !s.HasPrefixHits || !s.HasPrefixQueries {
 		*ps = prefixState{ratio: -1}
 		return -1
 	}
+	hits, queries := s.PrefixHits, s.PrefixQueries
 	switch {
 	case !ps.known:
 		ps.ratio = -1 // a baseline only
-	case s.hits < ps.hits || s.queries < ps.queries:
+	case hits < ps.hits || queries < ps.queries:
 		ps.ratio = -1 // a new process: its cache says nothing yet
-	case s.queries > ps.queries:
-		ps.ratio = min(max((s.hits-ps.hits)/(s.queries-ps.queries), 0), 1)
+	case queries > ps.queries:
+		ps.ratio = min(max((hits-ps.hits)/(queries-ps.queries), 0), 1)
 	}
-	ps.hits, ps.queries, ps.known = s.hits, s.queries, true
+	ps.hits, ps.queries, ps.known = hits, queries, true
 	return ps.ratio
 }
 
@@ -329,11 +141,7 @@ func (p *Pool) scrape(ctx context.Context, e *engine) error {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		return fmt.Errorf("GET %s: %w %d", p.stats.Path, errProbeStatus, resp.StatusCode)
 	}
-	body := &cappedReader{r: resp.Body, left: statsBodyLimit}
-	s, err := parseEngineMetrics(body)
-	if body.over {
-		return fmt.Errorf("GET %s: %w", p.stats.Path, errStatsTooLarge)
-	}
+	s, err := parseEngineMetrics(resp.Body)
 	if err != nil {
 		return fmt.Errorf("GET %s: %w", p.stats.Path, err)
 	}
@@ -344,12 +152,12 @@ func (p *Pool) scrape(ctx context.Context, e *engine) error {
 	e.ep.SetStats(&routing.Stats{
 		At:                  now,
 		Expires:             now.Add(p.stats.MaxAge),
-		Running:             s.running,
-		Waiting:             s.waiting,
-		KVCacheUsage:        s.kvUsage,
+		Running:             s.Running,
+		Waiting:             s.Waiting,
+		KVCacheUsage:        s.KVCacheUsage,
 		PrefixCacheHitRatio: e.prefix.update(s),
-		Sleeping:            s.sleeping,
-		Unhealthy:           s.unhealthy,
+		Sleeping:            s.Sleeping,
+		Unhealthy:           s.Unhealthy,
 		InFlight:            pf + dc,
 	})
 	return nil

@@ -2,23 +2,13 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"time"
 
-	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-)
-
-// The vLLM v1 prefix cache counters, in prompt tokens. Families are also
-// accepted without the _total suffix (OpenMetrics names a counter family
-// without it).
-const (
-	metricPrefixCacheQueries = "vllm:prefix_cache_queries_total"
-	metricPrefixCacheHits    = "vllm:prefix_cache_hits_total"
+	"github.com/switchboard-gw/switchboard/internal/vllmmetrics"
 )
 
 // scrapeTimeout bounds one /metrics scrape.
@@ -90,8 +80,7 @@ func (s *metricsScraper) scrapeOne(ctx context.Context, u string) (prefixCounter
 	if err != nil {
 		return prefixCounters{}, err
 	}
-	// Ask for the text format: every Prometheus client serves it.
-	req.Header.Set("Accept", "text/plain;version=0.0.4;q=1,*/*;q=0.1")
+	req.Header.Set("Accept", vllmmetrics.Accept)
 	resp, err := s.hc.Do(req)
 	if err != nil {
 		return prefixCounters{}, err
@@ -101,61 +90,25 @@ func (s *metricsScraper) scrapeOne(ctx context.Context, u string) (prefixCounter
 		msg, _ := io.ReadAll(io.LimitReader(resp.Body, 256))
 		return prefixCounters{}, fmt.Errorf("status %d: %s", resp.StatusCode, strings.TrimSpace(string(msg)))
 	}
-	return parsePrefixCounters(io.LimitReader(resp.Body, maxScrapeBytes), expfmt.ResponseFormat(resp.Header))
+	return parsePrefixCounters(resp.Body)
 }
 
-// parsePrefixCounters decodes an exposition in format and returns the
-// prefix cache counters, each the sum of all the series of its family (one
-// per model_name in vLLM). A family named without the _total suffix is used
-// when the suffixed one is absent. It fails when either counter is missing.
-func parsePrefixCounters(r io.Reader, format expfmt.Format) (prefixCounters, error) {
-	sums := map[string]float64{}
-	dec := expfmt.NewDecoder(r, format)
-	for {
-		var mf dto.MetricFamily
-		err := dec.Decode(&mf)
-		if errors.Is(err, io.EOF) {
-			break
-		}
-		if err != nil {
-			return prefixCounters{}, fmt.Errorf("parsing metrics: %w", err)
-		}
-		switch name := mf.GetName(); name {
-		case metricPrefixCacheQueries, metricPrefixCacheHits,
-			strings.TrimSuffix(metricPrefixCacheQueries, "_total"), strings.TrimSuffix(metricPrefixCacheHits, "_total"):
-			for _, m := range mf.GetMetric() {
-				sums[name] += sampleValue(m)
-			}
-		}
+// parsePrefixCounters reads a metrics page (at most maxScrapeBytes) and
+// returns its prefix cache counters, each the sum of all the series of its
+// family (one per model_name in vLLM), the _total-suffixed family first. It
+// fails when either counter is missing, the page is malformed or too large.
+func parsePrefixCounters(r io.Reader) (prefixCounters, error) {
+	s, err := vllmmetrics.Parse(r, maxScrapeBytes)
+	if err != nil {
+		return prefixCounters{}, err
 	}
-	var c prefixCounters
-	for _, f := range []struct {
-		name string
-		dst  *float64
-	}{{metricPrefixCacheQueries, &c.queries}, {metricPrefixCacheHits, &c.hits}} {
-		v, ok := sums[f.name]
-		if !ok {
-			v, ok = sums[strings.TrimSuffix(f.name, "_total")]
-		}
-		if !ok {
-			return prefixCounters{}, fmt.Errorf("no %s metric (is prefix caching on?)", f.name)
-		}
-		*f.dst = v
+	if !s.HasPrefixQueries {
+		return prefixCounters{}, fmt.Errorf("no %s_total metric (is prefix caching on?)", vllmmetrics.PrefixQueries)
 	}
-	return c, nil
-}
-
-// sampleValue is the value of a counter, gauge or untyped sample.
-func sampleValue(m *dto.Metric) float64 {
-	switch {
-	case m.Counter != nil:
-		return m.Counter.GetValue()
-	case m.Untyped != nil:
-		return m.Untyped.GetValue()
-	case m.Gauge != nil:
-		return m.Gauge.GetValue()
+	if !s.HasPrefixHits {
+		return prefixCounters{}, fmt.Errorf("no %s_total metric (is prefix caching on?)", vllmmetrics.PrefixHits)
 	}
-	return 0
+	return prefixCounters{queries: s.PrefixQueries, hits: s.PrefixHits}, nil
 }
 
 // prefixCacheGrowth builds the PrefixCache report of the engines at urls

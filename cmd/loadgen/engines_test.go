@@ -16,8 +16,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 )
 
@@ -273,15 +271,13 @@ func TestBeforeMeasured(t *testing.T) {
 
 func TestParsePrefixCounters(t *testing.T) {
 	for _, tc := range []struct {
-		name   string
-		format expfmt.Format
-		body   string
-		want   prefixCounters
-		err    string
+		name string
+		body string
+		want prefixCounters
+		err  string
 	}{
 		{
-			name:   "vllm text, series summed",
-			format: expfmt.NewFormat(expfmt.TypeTextPlain),
+			name: "vllm text, series summed",
 			body: "# HELP vllm:prefix_cache_queries_total Prefix cache queries.\n" +
 				"# TYPE vllm:prefix_cache_queries_total counter\n" +
 				"vllm:prefix_cache_queries_total{model_name=\"a\"} 100\n" +
@@ -294,39 +290,34 @@ func TestParsePrefixCounters(t *testing.T) {
 			want: prefixCounters{queries: 150, hits: 75},
 		},
 		{
-			name:   "untyped, without _total",
-			format: expfmt.NewFormat(expfmt.TypeTextPlain),
-			body:   "vllm:prefix_cache_queries 8\nvllm:prefix_cache_hits 2\n",
-			want:   prefixCounters{queries: 8, hits: 2},
+			name: "untyped, without _total",
+			body: "vllm:prefix_cache_queries 8\nvllm:prefix_cache_hits 2\n",
+			want: prefixCounters{queries: 8, hits: 2},
 		},
 		{
-			name:   "_total wins over the bare name",
-			format: expfmt.NewFormat(expfmt.TypeTextPlain),
-			body:   "vllm:prefix_cache_queries_total 8\nvllm:prefix_cache_queries 1000\nvllm:prefix_cache_hits_total 2\n",
-			want:   prefixCounters{queries: 8, hits: 2},
+			name: "_total wins over the bare name",
+			body: "vllm:prefix_cache_queries_total 8\nvllm:prefix_cache_queries 1000\nvllm:prefix_cache_hits_total 2\n",
+			want: prefixCounters{queries: 8, hits: 2},
 		},
 		{
-			name:   "openmetrics",
-			format: expfmt.NewFormat(expfmt.TypeOpenMetrics),
+			name: "openmetrics",
 			body: "# TYPE vllm:prefix_cache_queries counter\nvllm:prefix_cache_queries_total{model_name=\"a\"} 40\n" +
 				"# TYPE vllm:prefix_cache_hits counter\nvllm:prefix_cache_hits_total{model_name=\"a\"} 30\n# EOF\n",
 			want: prefixCounters{queries: 40, hits: 30},
 		},
 		{
-			name:   "no hits counter",
-			format: expfmt.NewFormat(expfmt.TypeTextPlain),
-			body:   "vllm:prefix_cache_queries_total 8\nvllm:num_requests_running 1\n",
-			err:    "no vllm:prefix_cache_hits_total metric",
+			name: "no hits counter",
+			body: "vllm:prefix_cache_queries_total 8\nvllm:num_requests_running 1\n",
+			err:  "no vllm:prefix_cache_hits_total metric",
 		},
 		{
-			name:   "not an exposition",
-			format: expfmt.NewFormat(expfmt.TypeTextPlain),
-			body:   "<html>hello</html>\n",
-			err:    "parsing metrics",
+			name: "not an exposition",
+			body: "<html>hello</html>\n",
+			err:  "parse metrics",
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			got, err := parsePrefixCounters(strings.NewReader(tc.body), tc.format)
+			got, err := parsePrefixCounters(strings.NewReader(tc.body))
 			switch {
 			case tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)):
 				t.Errorf("err %v, want one containing %q", err, tc.err)
