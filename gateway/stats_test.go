@@ -216,7 +216,6 @@ func sampleOf(s vllmmetrics.Sample) sample {
 // errAny stands for "some error" in the parser table.
 var errAny = errors.New("any error")
 
-
 // TestPrefixState: the hit ratio is the growth of hits over the growth of
 // queries between two successful scrapes; unchanged when no query was
 // made; unknown again, from a new baseline, when a counter goes down (the
