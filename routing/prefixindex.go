@@ -1,6 +1,10 @@
 package routing
 
-import "sync/atomic"
+import (
+	"sync/atomic"
+
+	"github.com/switchboard-gw/switchboard/internal/stablehash"
+)
 
 // PrefixIndex remembers which engines were recently sent which prompt
 // blocks, so a policy can route a prompt to the engine most likely to hold
@@ -72,7 +76,7 @@ func (x *PrefixIndex) Len() int {
 
 // entryKey combines a block hash with an engine incarnation; never 0.
 func entryKey(block uint64, e *Endpoint) uint64 {
-	k := mix64(block ^ e.id*0x9e3779b97f4a7c15)
+	k := stablehash.Mix64(block ^ e.id*0x9e3779b97f4a7c15)
 	if k == 0 {
 		k = 1
 	}

@@ -5,6 +5,8 @@ import (
 	"math"
 	"slices"
 	"strconv"
+
+	"github.com/switchboard-gw/switchboard/internal/stablehash"
 )
 
 // SessionAffinityName is the config name of [SessionAffinity].
@@ -98,7 +100,7 @@ func (p *SessionAffinity) Pick(ctx context.Context, req *Request, candidates []*
 	if len(key) > maxSessionKeyBytes {
 		key = key[:maxSessionKeyBytes]
 	}
-	return p.pick(hashString(key), candidates), nil
+	return p.pick(stablehash.String(key), candidates), nil
 }
 
 // pick returns the first candidate clockwise from point h whose load is
@@ -162,7 +164,7 @@ func (e *Endpoint) ringPointsFor(vnodes int) []uint64 {
 	buf := make([]byte, 0, len(e.name)+24)
 	for i := range pts {
 		buf = strconv.AppendInt(append(append(buf[:0], e.name...), '#'), int64(i), 10)
-		pts[i] = hashString(string(buf))
+		pts[i] = stablehash.String(string(buf))
 	}
 	slices.Sort(pts)
 	e.ring.Store(&ringPoints{vnodes: vnodes, points: pts})

@@ -4,6 +4,8 @@ import (
 	"math"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/switchboard-gw/switchboard/internal/stablehash"
 )
 
 // This file computes Request.PrefixHashes: the chained hashes of the fixed-
@@ -24,33 +26,6 @@ const (
 	sepRecord = 0x01 // after a chat message; after an array of token ids in a prompt array
 	sepToken  = 0x02 // after a token id of a prompt array
 )
-
-// FNV-1a 64 parameters.
-const (
-	fnvOffset = 14695981039346656037
-	fnvPrime  = 1099511628211
-)
-
-// fmix64 is MurmurHash3's 64-bit finalizer: a bijection that spreads every
-// input bit over the whole output, which FNV-1a's last multiply does not.
-func fmix64(k uint64) uint64 {
-	k ^= k >> 33
-	k *= 0xff51afd7ed558ccd
-	k ^= k >> 33
-	k *= 0xc4ceb9fe1a85ec53
-	k ^= k >> 33
-	return k
-}
-
-// modelSeed is the value a model name mixes into every prefix hash:
-// fmix64 of the FNV-1a 64 hash of its decoded bytes.
-func modelSeed(model string) uint64 {
-	s := uint64(fnvOffset)
-	for i := 0; i < len(model); i++ {
-		s = (s ^ uint64(model[i])) * fnvPrime
-	}
-	return fmix64(s)
-}
 
 // prefixHasher hashes the canonical stream block by block as it is
 // written. Block i's chain value is c_i = XXH64 of the block's bytes with
@@ -155,9 +130,9 @@ func (h *prefixHasher) finish(model string) []uint64 {
 	if len(h.out) == 0 {
 		return nil
 	}
-	m := modelSeed(model)
+	m := stablehash.String(model)
 	for i, c := range h.out {
-		h.out[i] = fmix64(c ^ m)
+		h.out[i] = stablehash.Mix64(c ^ m)
 	}
 	return h.out
 }

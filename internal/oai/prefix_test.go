@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/switchboard-gw/switchboard/internal/stablehash"
 )
 
 // refHashes computes PrefixHashes from the canonical stream written out in
@@ -23,9 +25,9 @@ func refHashes(model string, stream []byte, blockBytes, maxBlocks int) []uint64 
 	}
 	f := fnv.New64a()
 	f.Write([]byte(model))
-	m := fmix64(f.Sum64())
+	m := stablehash.Mix64(f.Sum64())
 	for i := range out {
-		out[i] = fmix64(out[i] ^ m)
+		out[i] = stablehash.Mix64(out[i] ^ m)
 	}
 	return out
 }
@@ -385,8 +387,8 @@ func TestPrefixHashesGolden(t *testing.T) {
 	}
 	f := fnv.New64a()
 	f.Write([]byte("m"))
-	if got, want := modelSeed("m"), fmix64(f.Sum64()); got != want {
-		t.Errorf("modelSeed(m) = %#x, want fmix64(FNV-1a 64) = %#x", got, want)
+	if got, want := stablehash.String("m"), stablehash.Mix64(f.Sum64()); got != want {
+		t.Errorf("stablehash.String(m) = %#x, want stablehash.Mix64(FNV-1a 64) = %#x", got, want)
 	}
 }
 

@@ -170,9 +170,10 @@ func ParseRequest(op Operation, body []byte) (Request, error) {
 // The stream is cut into BlockBytes-sized blocks; a trailing partial block
 // is not hashed. Block i's chain value is c_i = XXH64(block i's bytes,
 // seed c_{i-1}), with c_{-1} = 0 (xxHash, github.com/cespare/xxhash/v2),
-// and PrefixHashes[i] = fmix64(c_i XOR fmix64(FNV-1a 64 of the decoded
-// model name)), fmix64 being MurmurHash3's finalizer. The model is mixed in
-// at the end because "model" may follow the prompt in the body, which keeps
+// and PrefixHashes[i] = stablehash.Mix64(c_i XOR stablehash.String(the
+// decoded model name)), Mix64 being MurmurHash3's finalizer. The model is
+// mixed in at the end because "model" may follow the prompt in the body,
+// which keeps
 // the parse to one pass; for a given chain the mix is a bijection, so the
 // same prompt under two models never has the same hash at the same position.
 // The hash is fast (about 0.5 ns per byte of stream, 32 bytes per round), allocates
