@@ -60,8 +60,9 @@ func newPrefixHasher(p Parser, bodyLen int) prefixHasher {
 }
 
 // full reports whether max blocks have been hashed, after which writes are
-// ignored.
-func (h *prefixHasher) full() bool { return len(h.out) >= h.max }
+// ignored. A nil hasher (hashing off) is always full, so every write to it
+// is a no-op.
+func (h *prefixHasher) full() bool { return h == nil || len(h.out) >= h.max }
 
 // write appends b to the stream.
 func (h *prefixHasher) write(b []byte) {
@@ -146,9 +147,10 @@ func stringContents(raw []byte) []byte {
 	return raw[1 : len(raw)-1]
 }
 
-// hashPrompt is prompt for OpChat and OpCompletion that also writes the
-// prompt's canonical stream to h. It returns the same count as prompt.
-func (d *decoder) hashPrompt(op Operation, h *prefixHasher) int {
+// prompt reads op's prompt field and returns its approximate text bytes,
+// writing the prompt's canonical stream to h (nil: hashing off, which costs
+// only the nil checks).
+func (d *decoder) prompt(op Operation, h *prefixHasher) int {
 	switch d.peek() {
 	case '"':
 		s, _ := d.str()
@@ -160,6 +162,9 @@ func (d *decoder) hashPrompt(op Operation, h *prefixHasher) int {
 		return 0
 	}
 	if op == OpChat {
+		if h == nil {
+			return d.messages()
+		}
 		return d.hashMessages(h)
 	}
 	// An array of strings, token ids or arrays of token ids.
@@ -175,12 +180,12 @@ func (d *decoder) hashPrompt(op Operation, h *prefixHasher) int {
 		case c == '[':
 			d.open('[')
 			for j := 0; d.more(']', &j); {
-				d.hashTokenID(h)
+				d.tokenID(h)
 				n += tokenBytes
 			}
 			h.writeByte(sepRecord)
 		case c == '-' || isDigit(c):
-			d.hashTokenID(h)
+			d.tokenID(h)
 			n += tokenBytes
 		default:
 			d.skip()
@@ -189,10 +194,10 @@ func (d *decoder) hashPrompt(op Operation, h *prefixHasher) int {
 	return n
 }
 
-// hashTokenID reads any value and, if it is a number, writes its text and
+// tokenID reads any value and, if it is a number, writes its text and
 // sepToken to h.
-func (d *decoder) hashTokenID(h *prefixHasher) {
-	if c := d.peek(); c != '-' && !isDigit(c) {
+func (d *decoder) tokenID(h *prefixHasher) {
+	if c := d.peek(); c != '-' && !isDigit(c) || h == nil {
 		d.skip()
 		return
 	}

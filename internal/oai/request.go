@@ -253,13 +253,13 @@ func (p Parser) Parse(op Operation, body []byte) (Request, error) {
 		case requiredField(op):
 			d.peek()
 			start := d.i
+			var hp *prefixHasher
 			if hashing {
 				// The last duplicate wins, for the hashes too.
 				h = newPrefixHasher(p, len(body))
-				r.PromptBytes = d.hashPrompt(op, &h)
-			} else {
-				r.PromptBytes = d.prompt(op)
+				hp = &h
 			}
+			r.PromptBytes = d.prompt(op, hp)
 			required = d.b[start:d.i]
 		default:
 			d.skip()
@@ -355,44 +355,6 @@ func isEmptyObject(raw []byte) bool {
 func isEmptyArray(raw []byte) bool {
 	d := decoder{b: raw[1:]}
 	return d.peek() == ']'
-}
-
-// prompt reads op's prompt field and returns its approximate text bytes.
-func (d *decoder) prompt(op Operation) int {
-	switch d.peek() {
-	case '"':
-		s, _ := d.str()
-		return len(s)
-	case '[':
-	default:
-		d.skip()
-		return 0
-	}
-	if op == OpChat {
-		return d.messages()
-	}
-	// A string, or an array of strings, token ids or arrays of token ids.
-	n := 0
-	d.open('[')
-	for i := 0; d.more(']', &i); {
-		switch c := d.peek(); {
-		case c == '"':
-			s, _ := d.str()
-			n += len(s)
-		case c == '[':
-			d.open('[')
-			for j := 0; d.more(']', &j); {
-				d.skip()
-				n += tokenBytes
-			}
-		case c == '-' || isDigit(c):
-			d.num()
-			n += tokenBytes
-		default:
-			d.skip()
-		}
-	}
-	return n
 }
 
 // messages reads a chat messages array and returns the bytes of its text:
