@@ -436,36 +436,28 @@ func (p *Pool) Start() {
 		p.ProbeNow(p.ctx)
 		if p.stats.Enabled {
 			p.ScrapeNow(p.ctx)
-			p.wg.Add(1)
-			go func() {
-				defer p.wg.Done()
-				t := time.NewTicker(p.stats.Interval)
-				defer t.Stop()
-				for {
-					select {
-					case <-p.ctx.Done():
-						return
-					case <-t.C:
-						p.ScrapeNow(p.ctx)
-					}
-				}
-			}()
+			p.every(p.stats.Interval, p.ScrapeNow)
 		}
-		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
-			t := time.NewTicker(p.cfg.Interval)
-			defer t.Stop()
-			for {
-				select {
-				case <-p.ctx.Done():
-					return
-				case <-t.C:
-					p.ProbeNow(p.ctx)
-				}
-			}
-		}()
+		p.every(p.cfg.Interval, p.ProbeNow)
 	})
+}
+
+// every runs fn every d until Close, on a goroutine Close waits for.
+func (p *Pool) every(d time.Duration, fn func(context.Context)) {
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		t := time.NewTicker(d)
+		defer t.Stop()
+		for {
+			select {
+			case <-p.ctx.Done():
+				return
+			case <-t.C:
+				fn(p.ctx)
+			}
+		}
+	}()
 }
 
 // Close stops probing and scraping and waits for their goroutines. It does
@@ -544,22 +536,11 @@ var errProbeStatus = errors.New("unexpected status")
 func (p *Pool) get(ctx context.Context, e *engine, path string, into any) error {
 	// JoinPath on a base with an empty path yields a relative path: go
 	// through String, which restores the leading slash.
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.ep.URL().JoinPath(path).String(), nil)
-	if err != nil {
-		return err
-	}
-	if e.auth != nil {
-		req.Header["Authorization"] = e.auth
-	}
-	resp, err := p.client.Do(req)
+	resp, err := p.engineGet(ctx, p.client, e, e.ep.URL().JoinPath(path).String(), path, nil)
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		return fmt.Errorf("GET %s: %w %d", path, errProbeStatus, resp.StatusCode)
-	}
 	if into == nil {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 		return nil
@@ -568,6 +549,34 @@ func (p *Pool) get(ctx context.Context, e *engine, path string, into any) error 
 		return fmt.Errorf("GET %s: %w", path, err)
 	}
 	return nil
+}
+
+// engineGet sends GET url to engine e through c, with the engine's
+// credentials and, when accept is not nil, that Accept header. It returns
+// the response of a 200, whose body the caller closes; any other status is
+// drained (up to 64 KiB), closed and returned as an error wrapping
+// errProbeStatus that names path.
+func (p *Pool) engineGet(ctx context.Context, c *http.Client, e *engine, url, path string, accept []string) (*http.Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	if accept != nil {
+		req.Header["Accept"] = accept
+	}
+	if e.auth != nil {
+		req.Header["Authorization"] = e.auth
+	}
+	resp, err := c.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		resp.Body.Close()
+		return nil, fmt.Errorf("GET %s: %w %d", path, errProbeStatus, resp.StatusCode)
+	}
+	return resp, nil
 }
 
 // redactURL returns raw with any userinfo replaced by "xxxxx", so neither a

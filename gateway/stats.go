@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net/http"
 	"sync"
 	"time"
 
@@ -124,23 +123,11 @@ func (p *Pool) ScrapeNow(ctx context.Context) {
 func (p *Pool) scrape(ctx context.Context, e *engine) error {
 	ctx, cancel := context.WithTimeout(ctx, p.stats.Timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, e.statsURL, nil)
-	if err != nil {
-		return err
-	}
-	req.Header["Accept"] = statsAccept
-	if e.auth != nil {
-		req.Header["Authorization"] = e.auth
-	}
-	resp, err := p.statsClient.Do(req)
+	resp, err := p.engineGet(ctx, p.statsClient, e, e.statsURL, p.stats.Path, statsAccept)
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		return fmt.Errorf("GET %s: %w %d", p.stats.Path, errProbeStatus, resp.StatusCode)
-	}
 	s, err := parseEngineMetrics(resp.Body)
 	if err != nil {
 		return fmt.Errorf("GET %s: %w", p.stats.Path, err)
