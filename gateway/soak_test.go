@@ -438,19 +438,7 @@ func BenchmarkSoak(b *testing.B) {
 	b.Cleanup(tr.CloseIdleConnections)
 	client := &http.Client{Transport: tr}
 
-	// The schedule: sum(weight) slots, each kind as many times as its
-	// weight, shuffled with a fixed seed; request i is slot i mod len.
-	var schedule []int
-	for i, k := range soakKinds {
-		for range k.weight {
-			schedule = append(schedule, i)
-		}
-	}
-	rand.New(rand.NewPCG(1, 2)).Shuffle(len(schedule), func(i, j int) { schedule[i], schedule[j] = schedule[j], schedule[i] })
-	bodies := make([][]byte, len(soakKinds))
-	for i := range soakKinds {
-		bodies[i] = soakBody(&soakKinds[i])
-	}
+	schedule, bodies := soakSchedule(1, 2)
 	counts := make([][numOutcomes]atomic.Int64, len(soakKinds))
 
 	// The gauge watcher collects like a scraper, every 50 ms, and records
@@ -718,4 +706,21 @@ func counterTotal(rm metricdata.ResourceMetrics, name string) int64 {
 		}
 	}
 	return n
+}
+
+// soakSchedule returns the soak's request schedule and each kind's body:
+// sum(weight) slots, each kind as many times as its weight, shuffled with
+// the fixed seed (seed1, seed2); request i is kind schedule[i mod len].
+func soakSchedule(seed1, seed2 uint64) (schedule []int, bodies [][]byte) {
+	for i, k := range soakKinds {
+		for range k.weight {
+			schedule = append(schedule, i)
+		}
+	}
+	rand.New(rand.NewPCG(seed1, seed2)).Shuffle(len(schedule), func(i, j int) { schedule[i], schedule[j] = schedule[j], schedule[i] })
+	bodies = make([][]byte, len(soakKinds))
+	for i := range soakKinds {
+		bodies[i] = soakBody(&soakKinds[i])
+	}
+	return schedule, bodies
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -341,17 +340,7 @@ func TestAccountingDriftZeroAfterMixedFaults(t *testing.T) {
 	cfg.Timeouts.Request = time.Second
 	h := newHarness(t, cfg, withPolicy(routing.NewLeastLoaded(2)))
 
-	var schedule []int
-	for i, k := range soakKinds {
-		for range k.weight {
-			schedule = append(schedule, i)
-		}
-	}
-	rand.New(rand.NewPCG(3, 4)).Shuffle(len(schedule), func(i, j int) { schedule[i], schedule[j] = schedule[j], schedule[i] })
-	bodies := make([][]byte, len(soakKinds))
-	for i := range soakKinds {
-		bodies[i] = soakBody(&soakKinds[i])
-	}
+	schedule, bodies := soakSchedule(3, 4)
 	var outcomes [numOutcomes]atomic.Int64
 	var idx atomic.Int64
 	var wg sync.WaitGroup
