@@ -377,16 +377,16 @@ func (p *Pool) observeInFlight(report func(e *telemetry.Engine, prefill, decode 
 
 // EngineStatus is one engine's state as shown on GET /admin/engines.
 type EngineStatus struct {
-	Name      string   `json:"name"`              // configured engine name
-	URL       string   `json:"url"`               // base URL, userinfo redacted
-	Healthy   bool     `json:"healthy"`           // last health verdict
-	Routable  bool     `json:"routable"`          // healthy, in the pool, and not sleeping or self-reported unhealthy by fresh stats
-	Models    []string `json:"models"`            // sorted; empty until discovered
-	Static    bool     `json:"models_configured"` // models come from config, not discovery
-	Prefill   int64    `json:"prefill"`           // requests in prefill now
-	Decode    int64    `json:"decode"`            // requests in decode now
-	Retired   bool     `json:"retired,omitempty"` // removed, still draining its requests
-	LastError string   `json:"last_error,omitempty"`
+	Name      string   `json:"name"`                 // configured engine name
+	URL       string   `json:"url"`                  // base URL, userinfo redacted
+	Healthy   bool     `json:"healthy"`              // last health verdict
+	Routable  bool     `json:"routable"`             // healthy, in the pool, and not sleeping or self-reported unhealthy by fresh stats
+	Models    []string `json:"models"`               // sorted; empty until discovered
+	Static    bool     `json:"models_configured"`    // models come from config, not discovery
+	Prefill   int64    `json:"prefill"`              // requests in prefill now
+	Decode    int64    `json:"decode"`               // requests in decode now
+	Retired   bool     `json:"retired,omitempty"`    // removed, still draining its requests
+	LastError string   `json:"last_error,omitempty"` // the last failed probe or refused connection
 	// Stats are the engine's last scraped stats, fresh or not; absent
 	// when none was ever scraped (or scraping is off).
 	Stats *EngineStatsStatus `json:"stats,omitempty"`

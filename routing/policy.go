@@ -63,11 +63,15 @@ type Config struct {
 	// and about to become a decode sequence as well.
 	PrefillWeight int `koanf:"prefill_weight"`
 
+	// The policies' own sections (routing.power_of_two, ...); every one
+	// is validated whichever policy is selected.
 	PowerOfTwo      PowerOfTwoConfig      `koanf:"power_of_two"`
 	SessionAffinity SessionAffinityConfig `koanf:"session_affinity"`
-	Prefix          PrefixConfig          `koanf:"prefix"`
-	PrefixAware     PrefixAwareConfig     `koanf:"prefix_aware"`
-	Scorer          ScorerConfig          `koanf:"scorer"`
+	// Prefix is shared by prefix-aware and scorer (and a session-affinity
+	// fallback to either).
+	Prefix      PrefixConfig      `koanf:"prefix"`
+	PrefixAware PrefixAwareConfig `koanf:"prefix_aware"`
+	Scorer      ScorerConfig      `koanf:"scorer"`
 }
 
 // PowerOfTwoConfig tunes [PowerOfTwo].

@@ -20,9 +20,11 @@ const (
 // parseFlags and checked by Validate.
 type Config struct {
 	// URL is the base URL of the server; requests go to URL + "/v1/chat/completions".
-	URL    string
+	URL string
+	// APIKey is sent as "Authorization: Bearer <key>" when not empty.
 	APIKey string
-	Model  string
+	// Model is the request's "model" field.
+	Model string
 
 	// Concurrency is the number of closed-loop workers. It is ignored when
 	// Rate is set.
@@ -39,18 +41,26 @@ type Config struct {
 	Warmup int
 	// Timeout bounds each request, headers and body.
 	Timeout time.Duration
-	Stream  bool
+	// Stream asks for SSE responses (and stream_options.include_usage).
+	Stream bool
 
+	// MaxTokens is each request's max_tokens, in tokens (>= 1).
 	MaxTokens int
 	// Workload is FixedName or ConversationsName.
-	Workload    string
+	Workload string
+	// PromptWords is the words of the fixed prompt, or of each user turn
+	// of a conversation (>= 1).
 	PromptWords int
-	// Conversations workload.
+	// SystemPrompts is how many distinct system prompts the conversations
+	// share, each SystemPromptWords words (conversations workload).
 	SystemPrompts     int
 	SystemPromptWords int
-	Conversations     int
-	Turns             int
-	SessionHeader     string
+	// Conversations is how many conversations run (at most one request in
+	// flight each), of Turns user turns each, every request carrying the
+	// conversation id in the SessionHeader header (conversations workload).
+	Conversations int
+	Turns         int
+	SessionHeader string
 
 	// Seed seeds the open-loop arrival process and the generated texts.
 	Seed uint64

@@ -39,10 +39,10 @@ type PrefixCache struct {
 // EngineCache is one engine's prefix cache growth over the measured
 // requests.
 type EngineCache struct {
-	URL           string  `json:"url"`
-	QueriedTokens float64 `json:"queried_tokens"`
-	HitTokens     float64 `json:"hit_tokens"`
-	HitRate       float64 `json:"hit_rate"`
+	URL           string  `json:"url"`            // the engine's /metrics URL
+	QueriedTokens float64 `json:"queried_tokens"` // prompt tokens looked up, tokens
+	HitTokens     float64 `json:"hit_tokens"`     // prompt tokens found cached, tokens
+	HitRate       float64 `json:"hit_rate"`       // HitTokens / QueriedTokens, 0 when none
 }
 
 // prefixCounters are one engine's prefix cache counters at one scrape, in

@@ -9,12 +9,12 @@ import (
 
 // Summary describes a set of duration samples, in milliseconds.
 type Summary struct {
-	Count int     `json:"count"`
-	Mean  float64 `json:"mean_ms"`
-	P50   float64 `json:"p50_ms"`
+	Count int     `json:"count"`   // number of samples
+	Mean  float64 `json:"mean_ms"` // arithmetic mean, ms
+	P50   float64 `json:"p50_ms"`  // exact percentiles (nearest rank), ms
 	P90   float64 `json:"p90_ms"`
 	P99   float64 `json:"p99_ms"`
-	Max   float64 `json:"max_ms"`
+	Max   float64 `json:"max_ms"` // largest sample, ms
 }
 
 // Summarize returns the exact summary of samples, which it sorts in place.
@@ -50,16 +50,16 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 
 // Report is the result of a run, as printed and as written with --json.
 type Report struct {
-	Mode        string  `json:"mode"` // "closed" or "open"
-	Workload    string  `json:"workload"`
-	Stream      bool    `json:"stream"`
-	Concurrency int     `json:"concurrency,omitempty"`
-	Rate        float64 `json:"rate,omitempty"`
+	Mode        string  `json:"mode"`                  // "closed" or "open"
+	Workload    string  `json:"workload"`              // Config.Workload
+	Stream      bool    `json:"stream"`                // Config.Stream
+	Concurrency int     `json:"concurrency,omitempty"` // closed loop: workers
+	Rate        float64 `json:"rate,omitempty"`        // open loop: mean arrivals per second
 
-	Requests  int `json:"requests"` // measured requests
-	Succeeded int `json:"succeeded"`
-	Failed    int `json:"failed"`
-	Warmup    int `json:"warmup"` // warmup requests, not measured
+	Requests  int `json:"requests"`  // measured requests
+	Succeeded int `json:"succeeded"` // measured requests that completed
+	Failed    int `json:"failed"`    // measured requests that failed, by Errors
+	Warmup    int `json:"warmup"`    // warmup requests, not measured
 
 	// DurationSeconds spans the first measured start to the last end.
 	DurationSeconds float64 `json:"duration_s"`

@@ -11,8 +11,8 @@ import (
 
 // Message is one chat message.
 type Message struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
+	Role    string `json:"role"`    // "system", "user" or "assistant"
+	Content string `json:"content"` // the message text
 }
 
 // Request is one request a Workload wants sent.
