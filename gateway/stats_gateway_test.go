@@ -160,10 +160,13 @@ func TestEngineStatsGauges(t *testing.T) {
 		streams.Wait()
 		h.waitIdle()
 	}()
+	// The running stream's prompt (5 words) is looked up in the prefix
+	// cache a moment after it counts as running: wait for that too.
+	queried := before.PrefixCacheQueries + 2*12 + 5
 	waitFor(t, "1 running and 2 waiting on the engine", func() bool {
 		s := eng.Stats()
 		pf, dc := h.pool().engines[0].ep.InFlight()
-		return s.Running == 1 && s.Waiting == 2 && pf+dc == 3
+		return s.Running == 1 && s.Waiting == 2 && pf+dc == 3 && s.PrefixCacheQueries == queried
 	})
 	// The engine is still now (one sequence stalled, two queued): its
 	// counters at this point are the ones the second scrape reads.

@@ -123,10 +123,12 @@ func (c *call) admit(words []string, cacheable bool) (cached int, err error) {
 	p := promptTokens(words)
 	if cacheable {
 		cached = c.e.cache.lookupAndInsert(c.m.name, words)
-		c.e.pcQueries.Add(int64(p))
-		c.e.pcHits.Add(int64(cached))
+		// The /metrics counters first: whoever sees the new Stats (atomics,
+		// so ordered after these) then finds /metrics saying the same.
 		c.m.pcQueries.Add(float64(p))
 		c.m.pcHits.Add(float64(cached))
+		c.e.pcQueries.Add(int64(p))
+		c.e.pcHits.Add(int64(cached))
 	}
 	c.setKVTokens(p)
 	return cached, nil
