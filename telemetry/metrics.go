@@ -48,6 +48,10 @@ const (
 	// use the engine or the engine holds requests the gateway forgot;
 	// negative when the gateway counts requests the engine no longer has.
 	AccountingDriftName = "switchboard.engine.accounting_drift"
+	// EngineStateName is 1 for the state each engine is in and 0 for the
+	// others, with the engine and state attributes; state is one of
+	// [EngineStates], unit 1.
+	EngineStateName = "switchboard.engine.state"
 
 	// GenAI semantic-convention metrics
 	// (https://opentelemetry.io/docs/specs/semconv/gen-ai/gen-ai-metrics/).
@@ -62,6 +66,11 @@ const (
 	AttrEngine    = attribute.Key("engine")
 	AttrPhase     = attribute.Key("phase")
 	AttrModel     = attribute.Key("model")
+	// AttrOperation is the gateway route's operation name from its
+	// operation table ("chat", "responses", "messages", "rerank",
+	// "tokenize", ...): a fixed vocabulary.
+	AttrOperation = attribute.Key("operation")
+	AttrState     = attribute.Key("state")
 	AttrErrorType = semconv.ErrorTypeKey
 	// The GenAI keys are spelled out: semconv v1.43.0 (the version
 	// otelhttp uses) no longer carries the gen_ai namespace.
@@ -117,6 +126,7 @@ type Metrics struct {
 	kvCacheUsage   metric.Float64ObservableGauge
 	prefixHitRatio metric.Float64ObservableGauge
 	drift          metric.Int64ObservableGauge
+	state          metric.Int64ObservableGauge
 
 	genaiDuration metric.Float64Histogram
 	genaiTTFT     metric.Float64Histogram
@@ -196,7 +206,40 @@ func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
 		"Fraction of prompt tokens found in the engine's prefix cache between the last two scrapes that saw new queries, 0..1.")
 	m.drift = ig(AccountingDriftName, "{request}",
 		"Requests the engine reports (running + waiting) minus the requests the gateway has in flight on it at scrape time; 0 when only this gateway uses the engine.")
+	m.state = ig(EngineStateName, "1",
+		"1 for the state the engine is in (ready, unhealthy, sleeping, draining), 0 for the others.")
 	return m, errors.Join(errs...)
+}
+
+// EngineStates are the values of the state attribute of
+// switchboard.engine.state, in the order [Metrics.ObserveEngineState]
+// takes their index: ready (receives traffic), unhealthy (failed its
+// probes or refused a connection), sleeping (put to sleep through the
+// admin API or reporting vllm:engine_sleep_state, or reporting itself
+// unhealthy in fresh stats), draining (removed from the pool, finishing its
+// requests).
+var EngineStates = [4]string{"ready", "unhealthy", "sleeping", "draining"}
+
+// EngineStateFunc reports every engine's state as an index into
+// [EngineStates], by calling report once per engine.
+type EngineStateFunc func(report func(e *Engine, state int))
+
+// ObserveEngineState registers fn as the source of
+// switchboard.engine.state. Unregister the returned registration on
+// shutdown.
+func (m *Metrics) ObserveEngineState(fn EngineStateFunc) (metric.Registration, error) {
+	return m.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		fn(func(e *Engine, state int) {
+			for i := range EngineStates {
+				v := int64(0)
+				if i == state {
+					v = 1
+				}
+				o.ObserveInt64(m.state, v, e.stateObs[i]...)
+			}
+		})
+		return nil
+	}, m.state)
 }
 
 // EngineStats is one engine's scraped state as the engine gauges report
@@ -269,14 +312,16 @@ type Engine struct {
 	decodeSet  attribute.Set
 	engineSet  attribute.Set          // engine only, for the engine stats gauges
 	engineObs  []metric.ObserveOption // WithAttributeSet(engineSet), built once
+	stateObs   [len(EngineStates)][]metric.ObserveOption
 
 	mu    sync.Mutex
 	attrs atomic.Pointer[map[attrsKey]*Attrs] // copy-on-write
 }
 
 type attrsKey struct {
-	model string
-	op    string
+	model     string
+	op        string
+	operation string
 }
 
 // Engine returns the attribute holder for the engine called name.
@@ -288,6 +333,9 @@ func (m *Metrics) Engine(name string) *Engine {
 		engineSet:  attribute.NewSet(AttrEngine.String(name)),
 	}
 	e.engineObs = []metric.ObserveOption{metric.WithAttributeSet(e.engineSet)}
+	for i, st := range EngineStates {
+		e.stateObs[i] = []metric.ObserveOption{metric.WithAttributeSet(attribute.NewSet(AttrEngine.String(name), AttrState.String(st)))}
+	}
 	empty := map[attrsKey]*Attrs{}
 	e.attrs.Store(&empty)
 	return e
@@ -296,11 +344,12 @@ func (m *Metrics) Engine(name string) *Engine {
 // Name returns the engine name.
 func (e *Engine) Name() string { return e.name }
 
-// Attrs are the attribute sets recorded for one (engine, model, operation).
+// Attrs are the attribute sets recorded for one (engine, model, GenAI
+// operation, gateway operation).
 // The model must come from a bounded set (a model the engines serve), never
 // straight from a request.
 type Attrs struct {
-	engineModel attribute.Set // engine, model
+	engineModel attribute.Set // engine, model, operation
 	genai       attribute.Set // gen_ai.operation.name, gen_ai.request.model
 	genaiIn     attribute.Set // + gen_ai.token.type=input
 	genaiOut    attribute.Set // + gen_ai.token.type=output
@@ -321,11 +370,14 @@ type Attrs struct {
 // SpanName returns the GenAI span name "{operation} {model}".
 func (a *Attrs) SpanName() string { return a.spanName }
 
-// Attrs returns the cached attribute sets for model and GenAI operation op
-// ("chat", "text_completion", "embeddings"). The first call for a pair
+// Attrs returns the cached attribute sets for model, GenAI operation op
+// (gen_ai.operation.name: "chat", "text_completion", "embeddings", or the
+// route's own name where GenAI defines none) and the gateway route's
+// operation (the operation attribute of Switchboard's engine histograms).
+// All three must come from bounded sets. The first call for a triple
 // builds them; later calls do not allocate.
-func (e *Engine) Attrs(model, op string) *Attrs {
-	k := attrsKey{model, op}
+func (e *Engine) Attrs(model, op, operation string) *Attrs {
+	k := attrsKey{model, op, operation}
 	if a, ok := (*e.attrs.Load())[k]; ok {
 		return a
 	}
@@ -335,7 +387,7 @@ func (e *Engine) Attrs(model, op string) *Attrs {
 	if a, ok := cur[k]; ok {
 		return a
 	}
-	kvs := []attribute.KeyValue{AttrEngine.String(e.name), AttrModel.String(model)}
+	kvs := []attribute.KeyValue{AttrEngine.String(e.name), AttrModel.String(model), AttrOperation.String(operation)}
 	gkvs := []attribute.KeyValue{AttrGenAIOp.String(op), AttrGenAIReqModel.String(model)}
 	a := &Attrs{
 		engineModel: attribute.NewSet(kvs...),

@@ -90,8 +90,8 @@ func TestMetricsRecord(t *testing.T) {
 	m, reader := newTestMetrics(t)
 	ctx := context.Background()
 	e1, e2 := m.Engine("e1"), m.Engine("e2")
-	chat := e1.Attrs("m1", "chat")
-	text := e2.Attrs("m1", "text_completion")
+	chat := e1.Attrs("m1", "chat", "chat")
+	text := e2.Attrs("m1", "text_completion", "completions")
 
 	m.RecordFirstToken(ctx, chat, 0.05)
 	m.RecordFirstToken(ctx, text, 0.3)
@@ -111,8 +111,8 @@ func TestMetricsRecord(t *testing.T) {
 	}
 	defer func() { _ = reg.Unregister() }()
 
-	e1m1 := []attribute.KeyValue{AttrEngine.String("e1"), AttrModel.String("m1")}
-	e2m1 := []attribute.KeyValue{AttrEngine.String("e2"), AttrModel.String("m1")}
+	e1m1 := []attribute.KeyValue{AttrEngine.String("e1"), AttrModel.String("m1"), AttrOperation.String("chat")}
+	e2m1 := []attribute.KeyValue{AttrEngine.String("e2"), AttrModel.String("m1"), AttrOperation.String("completions")}
 	gChat := []attribute.KeyValue{AttrGenAIOp.String("chat"), AttrGenAIReqModel.String("m1")}
 	gText := []attribute.KeyValue{AttrGenAIOp.String("text_completion"), AttrGenAIReqModel.String("m1")}
 	with := func(kvs []attribute.KeyValue, more ...attribute.KeyValue) attribute.Set {
@@ -201,7 +201,7 @@ func TestMetricsRecord(t *testing.T) {
 // separately: error.type never appears on a successful attempt.
 func TestMetricsErrorTypeOnlyOnFailure(t *testing.T) {
 	m, reader := newTestMetrics(t)
-	a := m.Engine("e1").Attrs("m1", "chat")
+	a := m.Engine("e1").Attrs("m1", "chat", "chat")
 	m.RecordEnd(context.Background(), a, Outcome{Seconds: 0.2, InputTokens: -1, OutputTokens: -1})
 	for _, mt := range collectScope(t, reader).Metrics {
 		h, ok := mt.Data.(metricdata.Histogram[float64])
@@ -278,7 +278,7 @@ func TestNewMetricsNilProvider(t *testing.T) {
 		t.Fatalf("NewMetrics(nil) = %v, %v; want usable no-op metrics", m, err)
 	}
 	// Every method works on the no-op instruments.
-	a := m.Engine("e1").Attrs("m1", "chat")
+	a := m.Engine("e1").Attrs("m1", "chat", "chat")
 	ctx := context.Background()
 	m.RecordFirstToken(ctx, a, 1)
 	m.RecordInterToken(ctx, a, 1)
@@ -299,17 +299,17 @@ func TestEngineAttrsCached(t *testing.T) {
 	if e.Name() != "e1" {
 		t.Errorf("Name() = %q", e.Name())
 	}
-	a := e.Attrs("m1", "chat")
-	if b := e.Attrs("m1", "chat"); a != b {
+	a := e.Attrs("m1", "chat", "chat")
+	if b := e.Attrs("m1", "chat", "chat"); a != b {
 		t.Errorf("Attrs(m1, chat) returned %p then %p, want the cached pointer", a, b)
 	}
 	if a.SpanName() != "chat m1" {
 		t.Errorf("SpanName() = %q, want %q", a.SpanName(), "chat m1")
 	}
 	others := map[string]*Attrs{
-		"other model":  e.Attrs("m2", "chat"),
-		"other op":     e.Attrs("m1", "embeddings"),
-		"other engine": m.Engine("e2").Attrs("m1", "chat"),
+		"other model":  e.Attrs("m2", "chat", "chat"),
+		"other op":     e.Attrs("m1", "embeddings", "embeddings"),
+		"other engine": m.Engine("e2").Attrs("m1", "chat", "chat"),
 	}
 	for name, o := range others {
 		if o == a {
@@ -320,10 +320,10 @@ func TestEngineAttrsCached(t *testing.T) {
 		t.Errorf("SpanName() = %q, want %q", got, "embeddings m1")
 	}
 	// Adding a pair keeps the earlier ones (copy-on-write map).
-	if b := e.Attrs("m1", "chat"); a != b {
+	if b := e.Attrs("m1", "chat", "chat"); a != b {
 		t.Error("Attrs(m1, chat) changed after other pairs were added")
 	}
-	if n := testing.AllocsPerRun(100, func() { e.Attrs("m1", "chat") }); n != 0 {
+	if n := testing.AllocsPerRun(100, func() { e.Attrs("m1", "chat", "chat") }); n != 0 {
 		t.Errorf("cached Attrs lookup allocates %v times, want 0", n)
 	}
 }
@@ -340,7 +340,7 @@ func TestEngineAttrsConcurrentSafe(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for _, md := range models {
-				got[w] = append(got[w], e.Attrs(md, "chat"))
+				got[w] = append(got[w], e.Attrs(md, "chat", "chat"))
 			}
 		}()
 	}
@@ -358,7 +358,7 @@ func TestEngineAttrsConcurrentSafe(t *testing.T) {
 // the per-token and per-request success paths must not allocate.
 func TestRecordSuccessPathNoAllocs(t *testing.T) {
 	m, _ := newTestMetrics(t)
-	a := m.Engine("e1").Attrs("m1", "chat")
+	a := m.Engine("e1").Attrs("m1", "chat", "chat")
 	// The gateway records with the request context, which carries a
 	// sampled span: exemplars are offered too.
 	ctx := trace.ContextWithSpanContext(context.Background(), trace.NewSpanContext(trace.SpanContextConfig{
@@ -393,7 +393,7 @@ func BenchmarkRecordInterToken(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	a := m.Engine("e1").Attrs("m1", "chat")
+	a := m.Engine("e1").Attrs("m1", "chat", "chat")
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {

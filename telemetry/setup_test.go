@@ -81,7 +81,7 @@ func TestSetupWithoutOTLP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := m.Engine("e1").Attrs("m1", "chat")
+	a := m.Engine("e1").Attrs("m1", "chat", "chat")
 	m.RecordFirstToken(context.Background(), a, 0.07)
 	m.RecordFirstToken(context.Background(), a, 3)
 
@@ -142,7 +142,7 @@ func TestSetupCardinalityLimit(t *testing.T) {
 	}
 	e := m.Engine("e1")
 	for _, model := range []string{"a", "b", "c", "d", "e"} {
-		m.RecordParseError(context.Background(), e.Attrs(model, "chat"))
+		m.RecordParseError(context.Background(), e.Attrs(model, "chat", "chat"))
 	}
 	series := scrapeHandler(t, p.Prometheus)["switchboard_engine_stream_parse_errors_total"].GetMetric()
 	var total float64
@@ -205,7 +205,7 @@ func TestSetupOTLPExport(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.RecordFirstToken(context.Background(), m.Engine("e1").Attrs("m1", "chat"), 0.25)
+	m.RecordFirstToken(context.Background(), m.Engine("e1").Attrs("m1", "chat", "chat"), 0.25)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
