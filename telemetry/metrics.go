@@ -63,9 +63,9 @@ const (
 
 // Attribute keys used on Switchboard instruments and spans.
 const (
-	AttrEngine    = attribute.Key("engine")
-	AttrPhase     = attribute.Key("phase")
-	AttrModel     = attribute.Key("model")
+	AttrEngine = attribute.Key("engine")
+	AttrPhase  = attribute.Key("phase")
+	AttrModel  = attribute.Key("model")
 	// AttrOperation is the gateway route's operation name from its
 	// operation table ("chat", "responses", "messages", "rerank",
 	// "tokenize", ...): a fixed vocabulary.
