@@ -277,11 +277,18 @@ func TestModels(t *testing.T) {
 	resp := mustSend(t, srv, "GET", "/v1/models", "", nil)
 	b, _ := io.ReadAll(resp.Body)
 	c := e.created
-	want := fmt.Sprintf(`{"object":"list","data":[`+
-		`{"id":"m1","object":"model","created":%d,"owned_by":"vllm","root":"m1","parent":null,"max_model_len":8192},`+
-		`{"id":"m2","object":"model","created":%d,"owned_by":"vllm","root":"m2","parent":null,"max_model_len":8192}]}`, c, c)
+	card := func(i int, id string) string {
+		return fmt.Sprintf(`{"id":"%s","object":"model","created":%d,"owned_by":"vllm","root":"%s","parent":null,"max_model_len":8192,`+
+			`"permission":[{"id":"%s","object":"model_permission","created":%d,"allow_create_engine":false,"allow_sampling":true,`+
+			`"allow_logprobs":true,"allow_search_indices":false,"allow_view":true,"allow_fine_tuning":false,"organization":"*",`+
+			`"group":null,"is_blocking":false}]}`, id, c, id, e.cards[i].Permission[0].ID, c)
+	}
+	want := `{"object":"list","data":[` + card(0, "m1") + "," + card(1, "m2") + `]}`
 	if resp.StatusCode != http.StatusOK || string(b) != want {
 		t.Errorf("got %d %s\nwant %s", resp.StatusCode, b, want)
+	}
+	if !regexp.MustCompile(`^modelperm-[0-9a-f]{32}$`).MatchString(e.cards[0].Permission[0].ID) {
+		t.Errorf("permission id %q", e.cards[0].Permission[0].ID)
 	}
 }
 

@@ -39,13 +39,18 @@ const malformedBody = `{"id":"bad", "choices": [`
 // in the scheduler and KV cache, its faults, and how it ended. It is not shared.
 type call struct {
 	e      *Engine
-	m      *modelState
+	m      *modelState // the base model: scheduler counts and metrics; nil on light routes
+	model  string      // the model name echoed in responses: a served model or a LoRA adapter
+	api    api         // the route's error envelope
 	f      *faults
 	w      http.ResponseWriter
 	rc     *http.ResponseController
 	ctx    context.Context
 	start  time.Time
 	stream bool // the response is an SSE stream (keep-alive comments allowed)
+	// tracked requests are counted in Stats and the vLLM metrics; light routes (tokenize,
+	// admin, LoRA, stored responses) and a background response's POST reply are not.
+	tracked bool
 
 	outcome      outcome
 	finishReason string
@@ -55,14 +60,21 @@ type call struct {
 	kvHeld int64   // KV blocks held by this sequence
 }
 
-func (e *Engine) newCall(w http.ResponseWriter, r *http.Request, m *modelState, f *faults, stream bool) *call {
+// newCall starts a tracked request on t: it ends as exactly one outcome in Stats and the
+// metrics.
+func (e *Engine) newCall(w http.ResponseWriter, r *http.Request, f *faults, a api, t target, stream bool) *call {
+	c := e.newLightCall(w, r, f, a)
+	c.m, c.model, c.stream, c.tracked = t.m, t.name, stream, true
+	return c
+}
+
+// newLightCall starts an untracked request: faults apply to its response, but it holds no
+// running slot and is not counted.
+func (e *Engine) newLightCall(w http.ResponseWriter, r *http.Request, f *faults, a api) *call {
 	if f.poweredBy {
 		w.Header().Set("X-Powered-By", poweredBy)
 	}
-	return &call{
-		e: e, m: m, f: f, w: w, rc: http.NewResponseController(w), ctx: r.Context(),
-		start: time.Now(), stream: stream,
-	}
+	return &call{e: e, api: a, f: f, w: w, rc: http.NewResponseController(w), ctx: r.Context(), start: time.Now()}
 }
 
 // end releases the sequence and accounts the outcome, unless settle already did; err is
@@ -88,6 +100,9 @@ func (c *call) settle(o outcome, reason string) {
 	}
 	c.settled = true
 	c.outcome, c.finishReason = o, reason
+	if !c.tracked {
+		return
+	}
 	e := c.e
 	switch o {
 	case outcomeCompleted:
@@ -109,9 +124,10 @@ func (c *call) settle(o outcome, reason string) {
 }
 
 // admit queues the sequence for a running slot and waits for it (emitting keep-alives on
-// streams). Once running, it looks the prompt up in the prefix cache when cacheable and takes
-// KV blocks for the prompt. It returns the number of cached prompt tokens.
-func (c *call) admit(words []string, cacheable bool) (cached int, err error) {
+// streams). Once running, it looks the prompt's words up in the prefix cache when cacheable
+// and takes KV blocks for its tokens prompt tokens. It returns the number of cached prompt
+// tokens.
+func (c *call) admit(words []string, tokens int, cacheable bool) (cached int, err error) {
 	c.t = c.e.sched.enqueue(&c.m.counts)
 	select {
 	case <-c.t.ready:
@@ -120,18 +136,25 @@ func (c *call) admit(words []string, cacheable bool) (cached int, err error) {
 			return 0, err
 		}
 	}
-	p := promptTokens(words)
 	if cacheable {
-		cached = c.e.cache.lookupAndInsert(c.m.name, words)
-		// The /metrics counters first: whoever sees the new Stats (atomics,
-		// so ordered after these) then finds /metrics saying the same.
-		c.m.pcQueries.Add(float64(p))
-		c.m.pcHits.Add(float64(cached))
-		c.e.pcQueries.Add(int64(p))
-		c.e.pcHits.Add(int64(cached))
+		cached = c.e.lookupPrefix(c.m, c.model, words, tokens)
 	}
-	c.setKVTokens(p)
+	c.setKVTokens(tokens)
 	return cached, nil
+}
+
+// lookupPrefix looks words (tokens prompt tokens) up in the prefix cache under the name
+// model (a LoRA adapter's blocks are its own, as in vLLM) and counts the query and hits for
+// m. It returns the number of cached tokens.
+func (e *Engine) lookupPrefix(m *modelState, model string, words []string, tokens int) int {
+	cached := e.cache.lookupAndInsert(model, words)
+	// The /metrics counters first: whoever sees the new Stats (atomics,
+	// so ordered after these) then finds /metrics saying the same.
+	m.pcQueries.Add(float64(tokens))
+	m.pcHits.Add(float64(cached))
+	e.pcQueries.Add(int64(tokens))
+	e.pcHits.Add(int64(cached))
+	return cached
 }
 
 // setKVTokens sets the number of tokens (prompt + generated) the sequence holds in the KV
@@ -232,16 +255,33 @@ func (c *call) flush() error {
 }
 
 // event writes v as one SSE data event.
-func (c *call) event(v any) error {
-	b, err := json.Marshal(v)
+func (c *call) event(v any) error { return c.namedEvent("", v) }
+
+// namedEvent writes v as one SSE event: "event: typ" (omitted when typ is "") and its data.
+func (c *call) namedEvent(typ string, v any) error {
+	b, err := eventBytes(typ, v)
 	if err != nil {
 		return err
 	}
-	buf := make([]byte, 0, len(b)+8)
+	return c.write(b)
+}
+
+// eventBytes encodes v as one SSE event, with an "event: typ" line unless typ is "".
+func eventBytes(typ string, v any) ([]byte, error) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, err
+	}
+	buf := make([]byte, 0, len(b)+len(typ)+16)
+	if typ != "" {
+		buf = append(buf, "event: "...)
+		buf = append(buf, typ...)
+		buf = append(buf, '\n')
+	}
 	buf = append(buf, "data: "...)
 	buf = append(buf, b...)
 	buf = append(buf, "\n\n"...)
-	return c.write(buf)
+	return buf, nil
 }
 
 // preHeaders applies the faults that act before any response byte: slow-headers,
@@ -268,7 +308,7 @@ func (c *call) preHeaders() (handled bool, err error) {
 	}
 	if c.f.status != 0 {
 		c.settle(outcomeFaulted, "")
-		writeFaultError(c.w, c.f)
+		writeFaultError(c.w, c.api, c.f)
 		return true, nil
 	}
 	return false, nil
@@ -293,14 +333,35 @@ func (c *call) abortConn() {
 	panic(http.ErrAbortHandler)
 }
 
-// writeBody writes a non-stream JSON response body, applying the body faults: malformed
-// (invalid JSON, Faulted), close-after (half the body, then abort), stall-after (half the
-// body, then block until the client leaves), truncate (the full body's Content-Length, half
-// the body, then abort) and trickle (no Content-Length, one byte at a time). Otherwise the
-// request is settled as completed with reason just before the write.
+// writeBody writes a non-stream JSON response body with writeBodyAs.
 func (c *call) writeBody(b []byte, reason string) error {
+	return c.writeBodyAs(b, "application/json", reason)
+}
+
+// closeAfterHeaders applies the close-after-headers fault to a non-stream response of
+// Content-Type ct ("" for none): 200 headers, flushed, then the connection aborted.
+func (c *call) closeAfterHeaders(ct string) {
+	if !c.f.closeAfterHeaders {
+		return
+	}
+	if ct != "" {
+		c.w.Header().Set("Content-Type", ct)
+	}
+	c.w.WriteHeader(http.StatusOK)
+	c.abortConn()
+}
+
+// writeBodyAs writes a non-stream 200 response body of Content-Type ct ("" for none: an
+// empty body), applying the body faults: malformed (the invalid JSON body instead, whatever
+// ct, Faulted), close-after (half the body, then abort), stall-after (half the body, then
+// block until the client leaves), truncate (the full body's Content-Length, half the body,
+// then abort) and trickle (no Content-Length, one byte at a time). Otherwise the request is
+// settled as completed with reason just before the write.
+func (c *call) writeBodyAs(b []byte, ct, reason string) error {
 	h := c.w.Header()
-	h.Set("Content-Type", "application/json")
+	if ct != "" {
+		h.Set("Content-Type", ct)
+	}
 	if c.f.closeAfter >= 0 || c.f.stallAfter >= 0 {
 		c.w.WriteHeader(http.StatusOK)
 		if err := c.write(b[:len(b)/2]); err != nil {
@@ -333,6 +394,22 @@ func (c *call) writeBody(b []byte, reason string) error {
 	}
 	c.w.WriteHeader(http.StatusOK)
 	return c.write(b)
+}
+
+// light answers an untracked request (no running slot, no accounting) with the body that
+// act builds, applying the faults: those before the headers first, then close-after-headers,
+// and only then act (so a status fault or an early close leaves the engine unchanged), then
+// the body faults. ct "" sends a body without Content-Type.
+func (c *call) light(ct string, act func() ([]byte, error)) error {
+	if handled, err := c.preHeaders(); handled || err != nil {
+		return err
+	}
+	c.closeAfterHeaders(ct)
+	b, err := act()
+	if err != nil {
+		return err
+	}
+	return c.writeBodyAs(b, ct, finishStop)
 }
 
 // readBody reads the whole request body, capped at maxBodyBytes. On failure it returns the

@@ -79,6 +79,22 @@ type Config struct {
 	// Fault is the fault spec applied to requests that carry no X-Enginesim-Fault header, in
 	// the same syntax as the header (see the package documentation). Default "" (no fault).
 	Fault string
+	// LoRAs lists the LoRA adapters loaded at start, as vLLM's --lora-modules does; more can
+	// be loaded and unloaded at run time (POST /v1/load_lora_adapter, /v1/unload_lora_adapter).
+	// Default none.
+	LoRAs []LoRA
+}
+
+// LoRA is a LoRA adapter served on top of a base model. Requests naming the adapter run on
+// the base model (its scheduler, prefix cache and metrics series) and echo the adapter's
+// name; /v1/models lists it with the base model as its parent.
+type LoRA struct {
+	// Name is the adapter's model name in requests and in /v1/models.
+	Name string
+	// Path is where the adapter was loaded from; /v1/models reports it as the card's root.
+	Path string
+	// Base is the served model the adapter belongs to. Default the first of Config.Models.
+	Base string
 }
 
 // Validate reports every problem in c, joined with [errors.Join]; nil means c is usable. Zero
@@ -126,10 +142,42 @@ func (c Config) Validate() error {
 		}
 		seen[m] = true
 	}
+	errs = append(errs, c.validateLoRAs(seen)...)
 	if _, err := parseFaults(c.Fault); err != nil {
 		errs = append(errs, fmt.Errorf("enginesim: default fault: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// validateLoRAs checks c.LoRAs against each other and the served models (models, or the
+// default model when c.Models is empty).
+func (c Config) validateLoRAs(models map[string]bool) []error {
+	if len(c.Models) == 0 {
+		models = map[string]bool{DefaultModel: true}
+	}
+	var errs []error
+	seen := make(map[string]bool, len(c.LoRAs))
+	for i, l := range c.LoRAs {
+		switch {
+		case l.Name == "":
+			errs = append(errs, fmt.Errorf("enginesim: lora %d has an empty name", i))
+		case seen[l.Name]:
+			errs = append(errs, fmt.Errorf("enginesim: lora %q listed twice", l.Name))
+		case models[l.Name]:
+			errs = append(errs, fmt.Errorf("enginesim: lora %q has the name of a served model", l.Name))
+		}
+		seen[l.Name] = true
+		if l.Path == "" {
+			errs = append(errs, fmt.Errorf("enginesim: lora %q has an empty path", l.Name))
+		}
+		if l.Base != "" && !models[l.Base] {
+			errs = append(errs, fmt.Errorf("enginesim: lora %q: base model %q is not served", l.Name, l.Base))
+		}
+	}
+	if len(c.LoRAs) > maxLoRAs {
+		errs = append(errs, fmt.Errorf("enginesim: %d loras, at most %d", len(c.LoRAs), maxLoRAs))
+	}
+	return errs
 }
 
 // withDefaults returns c with every zero field replaced by its default.
@@ -148,5 +196,11 @@ func (c Config) withDefaults() Config {
 	c.KVCacheBlocks = cmp.Or(c.KVCacheBlocks, DefaultKVCacheBlocks)
 	c.BlockSize = cmp.Or(c.BlockSize, DefaultBlockSize)
 	c.EmbeddingDim = cmp.Or(c.EmbeddingDim, DefaultEmbeddingDim)
+	if c.LoRAs != nil {
+		c.LoRAs = append([]LoRA(nil), c.LoRAs...)
+		for i := range c.LoRAs {
+			c.LoRAs[i].Base = cmp.Or(c.LoRAs[i].Base, c.Models[0])
+		}
+	}
 	return c
 }

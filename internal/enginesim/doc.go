@@ -1,16 +1,42 @@
-// Package enginesim simulates a vLLM engine's OpenAI-compatible HTTP server without a GPU,
-// for the gateway's demo, tests and benchmarks.
+// Package enginesim simulates a vLLM engine's HTTP server without a GPU, for the gateway's
+// demo, tests and benchmarks: vLLM's OpenAI-compatible API, its Anthropic Messages endpoint,
+// its pooling, tokenizer, LoRA and sleep-mode endpoints, with vLLM's response shapes, field
+// for field.
 //
-// An [Engine] is created from a [Config] with [New] and served with [Engine.Handler]:
+// An [Engine] is created from a [Config] with [New] and served with [Engine.Handler].
 //
-//   - POST /v1/chat/completions and POST /v1/completions, streaming (SSE) or not;
-//   - POST /v1/embeddings;
-//   - GET /v1/models, GET /health (503 after SetHealthy(false)) and GET /metrics.
+// # Routes
 //
-// Responses have vLLM's shapes, field for field. Errors are
-// {"error":{"message":"...","type":"...","param":null,"code":<status>}}: 400 for invalid JSON
-// or fields, 404 for an unknown model or path, 405 for a wrong method, 413 for a body over
-// 32 MiB. A request that names no model gets the first served model, as in vLLM.
+// Generation (a running slot, the prefix cache, the time to first token and inter-token
+// latency below; streaming or not):
+//
+//   - POST /v1/chat/completions, POST /v1/completions;
+//   - POST /v1/responses (the Responses API), GET /v1/responses/{id},
+//     POST /v1/responses/{id}/cancel;
+//   - POST /v1/messages (Anthropic), POST /v1/messages/count_tokens (no slot);
+//   - POST /v1/audio/transcriptions, POST /v1/audio/translations (multipart),
+//     POST /v1/audio/speech (a WAV), POST /v1/images/generations (PNGs).
+//
+// Pooling (a running slot and one prefill wait, no prefix cache): POST /v1/embeddings,
+// POST /v1/rerank, /v2/rerank and /rerank, POST /v1/score and /score, POST /pooling,
+// POST /classify.
+//
+// Light (answered at once, no slot, not counted in Stats): POST /tokenize, POST /detokenize,
+// GET /v1/models, POST /v1/load_lora_adapter, POST /v1/unload_lora_adapter, POST /sleep,
+// POST /wake_up, GET /is_sleeping, POST /reset_prefix_cache, GET /health (503 after
+// SetHealthy(false)) and GET /metrics.
+//
+// Errors are vLLM's {"error":{"message":"...","type":"...","param":null,"code":<status>}}:
+// 400 for invalid JSON or fields, 404 for an unknown model or path, 405 for a wrong method,
+// 413 for a body over 32 MiB, 503 while the engine sleeps; where vLLM spells out the type
+// (the Responses API's invalid_request_error, the LoRA routes' InvalidUserInput) the
+// simulator does too. /v1/messages and /v1/messages/count_tokens answer every error, the
+// injected ones included, in Anthropic's envelope {"type":"error","error":{"type":...,
+// "message":...}}, the type from the status: invalid_request_error (400 and other 4xx),
+// authentication_error (401), permission_error (403), not_found_error (404),
+// request_too_large (413), rate_limit_error (429), overloaded_error (503, 529), api_error
+// (other 5xx). A request that names no model gets the first served model, as in vLLM (but
+// /v1/messages requires one, as vLLM's does).
 //
 // # Tokens
 //
@@ -32,11 +58,136 @@
 // the whole generation (the time to first token plus n-1 inter-token latencies) and then
 // sends one JSON body with Content-Length.
 //
+// The Responses API and the Messages API do not follow chat's max_tokens rule: their natural
+// length is Config.OutputTokens, and max_output_tokens / max_tokens only cut it when smaller
+// (status "incomplete" with incomplete_details {"reason":"max_output_tokens"}; stop_reason
+// "max_tokens"), since the Messages API requires max_tokens and clients send large ones.
+//
 // Embeddings are deterministic unit-length vectors of Config.EmbeddingDim elements derived
 // from a hash of the model name and each input (encoding_format "float", the default, or
 // "base64" of little-endian float32s); they take a running slot and one prefill wait (TTFT
 // plus the TTFTPerRunning load term below, without TTFTPerPromptToken), and do not use the
-// prefix cache.
+// prefix cache. The other pooling routes wait the same way.
+//
+// # Responses API
+//
+// POST /v1/responses reads model, input (a string, or items: messages with role and content
+// as a string or input_text/output_text parts, function_call and function_call_output
+// items), instructions, max_output_tokens, stream, store (default true), background,
+// previous_response_id and request_id, and echoes metadata, temperature, top_p, tool_choice,
+// tools, parallel_tool_calls, max_tool_calls, reasoning, service_tier, text, truncation and
+// user. The prompt is the instructions, then (with previous_response_id) the previous
+// response's prompt and output text, then the input. The body is vLLM's ResponsesResponse:
+// id "resp_<32 hex>", object "response", created_at, status "completed" or "incomplete",
+// output [{type "message", id "msg_<32 hex>", status, role "assistant", content
+// [{type "output_text", text, annotations [], logprobs null}]}] (after a reasoning item
+// under the reasoning fault), usage {input_tokens, input_tokens_details {cached_tokens},
+// output_tokens, output_tokens_details {reasoning_tokens, tool_output_tokens}, total_tokens}
+// and the echoed fields, with vLLM's defaults and nulls.
+//
+// A stream is SSE with "event: <type>" and data carrying the same "type" and a
+// "sequence_number" counted from 0: response.created and response.in_progress (the response
+// in_progress, no output, no usage) at once; at the first token response.output_item.added
+// and response.content_part.added; one response.output_text.delta per token ("delta" the
+// token's text); response.output_text.done, response.content_part.done and
+// response.output_item.done; response.completed with the whole response. There is no
+// [DONE]. Under the reasoning fault a reasoning item (response.reasoning_text.delta per
+// reasoning token) comes first, at output_index 0.
+//
+// Responses are stored unless store is false: the engine keeps the newest 1024 (fewer when
+// their prompts and echoed fields pass 64 MiB; an entry holds no output text, which is
+// rebuilt from its token counts). GET /v1/responses/{id} returns one, or vLLM's 404 "Response
+// with id '...' not found." (type invalid_request_error). A background request (background
+// true, which needs store) is answered at once with status "queued" and generates by time
+// alone, since the engine owns no goroutine: it holds no running slot; its time to first
+// token and inter-token latency are computed at creation from the load then; GET shows it
+// in_progress until that time has passed since its creation, then completed. POST
+// /v1/responses/{id}/cancel cancels a background response still generating (status
+// "cancelled", counted as aborted); any other stored response gets vLLM's 400 "Cannot cancel
+// a synchronous response.". A background response is counted (Completed, its tokens and time
+// to first token) when the engine first looks after its time: Stats, /metrics, and every
+// read of a stored response look. Background streams are not served (400).
+//
+// # Messages API
+//
+// POST /v1/messages reads model, messages (content a string or blocks: text, and
+// tool_result contents, count), system (a string or text blocks), max_tokens, stream and
+// metadata. The body is {id "msg_<32 hex>", type "message", role "assistant", model, content
+// [{type "text", text}], stop_reason "end_turn" or "max_tokens", stop_sequence null, usage
+// {input_tokens, output_tokens}}; under the reasoning fault a {type "thinking", thinking,
+// signature} block comes first. A stream sends, each as "event: <type>" with the same "type"
+// in its data: message_start (the message with no content, usage output_tokens 1) at once;
+// at the first token content_block_start ({type "text", text ""}) and ping; one
+// content_block_delta (delta {type "text_delta", text}) per token; content_block_stop;
+// message_delta ({delta {stop_reason, stop_sequence null}, usage {output_tokens}});
+// message_stop. POST /v1/messages/count_tokens answers {"input_tokens": N} at once.
+//
+// # Audio and images
+//
+// POST /v1/audio/transcriptions and /v1/audio/translations take multipart/form-data: the file
+// part (required, at most 25 MiB; hashed as it is read, never held) and the fields model,
+// language, prompt, response_format (json, the default; text; verbose_json), temperature,
+// stream, stream_include_usage and max_completion_tokens, in any order. Anything else is a
+// 400. The audio lasts the data of a PCM WAV at its header's byte rate, or the file at 32000
+// bytes a second; its transcript is 2 words a second (at least one) drawn from a small
+// vocabulary by a PRNG seeded with the file's FNV-1a hash, one token per word, cut by
+// max_completion_tokens; the prompt is the prompt field's words plus 50 tokens per second of
+// audio, never found in the prefix cache. json is {"text", "usage": {"type": "duration",
+// "seconds": <rounded up>}} for transcriptions and {"text"} for translations (as in vLLM);
+// text is the text (text/plain); verbose_json is vLLM's {duration, language, text, segments,
+// words}. A stream is vLLM's: data chunks {id "transcribe-..." or "translate-...", object
+// "transcription.chunk" or "translation.chunk", created, model, choices [{delta {content}}]},
+// the last with finish_reason and stop_reason null, then a usage chunk (no choices) when
+// stream_include_usage is true, then data: [DONE].
+//
+// POST /v1/audio/speech (model, input, voice, response_format wav or pcm) generates one token
+// per input word and answers 50 ms of 24 kHz 16-bit mono tone per token: a WAV (audio/wav) or
+// the raw samples (audio/pcm). POST /v1/images/generations (model, prompt, n up to 10, size,
+// response_format b64_json) prefills the prompt, takes Config.OutputTokens steps of one
+// inter-token latency, and answers {created, data [{b64_json}]} with n PNGs of one colour
+// (from the prompt), size/64 pixels a side.
+//
+// # Pooling
+//
+// On all pooling routes model is optional. /v1/rerank, /v2/rerank and /rerank read query,
+// documents (strings or {text} objects) and top_n (0: all), and answer {id "rerank-...",
+// model, usage {prompt_tokens, total_tokens}, results [{index, document {text},
+// relevance_score}]} best first. /v1/score and /score read text_1 and text_2 (a string, or
+// lists; one text_1 is paired with every text_2; queries/documents and data_1/data_2 are
+// accepted too) and answer {id "score-...", object "list", created, model, data [{index,
+// object "score", score}], usage}. Scores are deterministic: mostly the share of the first
+// text's words found in the second, plus a small hash jitter, so overlapping documents rank
+// first. The prompt of a pair is both texts' tokens. /pooling (input as for embeddings, or
+// messages) answers data [{index, object "pooling", data [floats]}], the embeddings' vectors;
+// /classify answers data [{index, label "LABEL_<i>", probs, num_classes 2}]. Their usage is
+// vLLM's UsageInfo {prompt_tokens, total_tokens, completion_tokens 0, prompt_tokens_details
+// null}.
+//
+// # Tokenizer, adapters and sleep mode
+//
+// POST /tokenize (prompt or messages) answers {count, max_model_len, tokens, token_strs null}
+// with one id per word: a decimal word is its own id, another a hash below 32000; POST
+// /detokenize (tokens) answers {prompt}, the ids' decimal forms joined by spaces.
+//
+// GET /v1/models lists vLLM's ModelCards: id, object "model", created (the engine's start),
+// owned_by "vllm", root (the model's name), parent null, max_model_len, permission (one
+// default model_permission). LoRA adapters (Config.LoRAs, or POST /v1/load_lora_adapter
+// {lora_name, lora_path, load_inplace}) follow, with root their path, parent their base model,
+// created their load time and max_model_len null, as vLLM lists them. Loading answers vLLM's
+// plain-text "Success: LoRA adapter '<name>' added successfully."; a missing field, a name
+// already loaded (without load_inplace) or a served model's name is a 400 InvalidUserInput.
+// POST /v1/unload_lora_adapter {lora_name} answers "Success: LoRA adapter '<name>' removed
+// successfully.", or 404 NotFoundError for an adapter not loaded. At most 1024 adapters are
+// loaded. A request naming an adapter runs on its base model (its scheduler counts and
+// metrics series, as vLLM labels adapter requests with the base model) with its own prefix
+// cache blocks, and echoes the adapter's name; once unloaded, the adapter is an unknown model.
+//
+// POST /sleep?level=1|2 (default 1) puts the engine to sleep and empties its prefix cache:
+// generation and pooling requests get 503 until POST /wake_up (optionally ?tags=weights and
+// ?tags=kv_cache, waking one part; the engine serves once both are awake); requests already
+// running finish. GET /is_sleeping answers {"is_sleeping": bool}; /health stays 200, and the
+// tokenizer, models and adapter routes keep working. POST /reset_prefix_cache empties the
+// prefix cache. These answer 200 with an empty body (400 for a bad level or tag).
 //
 // A request's X-Request-Id header is echoed in the response. Every response the engine
 // writes, on every path and errors included, carries "Server: uvicorn", as vLLM's uvicorn
@@ -83,8 +234,9 @@
 // and counts the request as aborted (vLLM's "Aborted request"). The engine starts no
 // goroutines; everything runs on the request's handler goroutine.
 //
-// Every request that passes validation ends as exactly one of Stats.Completed,
-// Stats.Aborted or Stats.Faulted. Completed and Faulted requests are counted, and their
+// Every generation or pooling request that passes validation ends as exactly one of
+// Stats.Completed, Stats.Aborted or Stats.Faulted (a background response when the engine
+// sees its time pass). Completed and Faulted requests are counted, and their
 // slot and KV blocks freed, just before the last bytes are written (or the connection is
 // closed), so a client that has seen the end of a response already sees it in Stats and
 // /metrics. An aborted request is counted as soon as the handler notices the client left
@@ -97,8 +249,16 @@
 // empty header means no fault, overriding the default. The spec is a comma-separated list of
 // key or key=value items, for example "close-after=3" or "slow-headers=200ms,trickle".
 // Unknown keys and bad values are answered with 400, so typos are loud. Durations use Go
-// syntax (250ms, 2s). Faults act after the request is validated; they apply to the chat,
-// completions and embeddings endpoints only.
+// syntax (250ms, 2s). Faults act after the request is validated, on every route except GET
+// /v1/models, /health and /metrics, with the same meaning everywhere; what is said below of
+// chat streams holds for every stream (Responses, Messages, transcriptions), of non-stream
+// bodies for every JSON, text or binary body, and a status fault's json body is in the
+// route's envelope. On the light routes a fault ends nothing in Stats, and their action
+// (sleeping, loading an adapter, cancelling a response, resetting the cache) is taken only
+// once the faults before the headers and close-after-headers have passed: under status,
+// close-before-headers, close-after-headers or a stall-before-headers the client leaves, the
+// engine is unchanged. A background response's reply is handed off: once the queued response
+// exists, faults on its body do not change its outcome.
 //
 //   - status=CODE: answer CODE (400..599) instead of generating, with the body chosen by
 //     error-body (default the error JSON, message "enginesim: injected fault status=CODE")
@@ -121,7 +281,9 @@
 //     EOF. For streams this is before the role chunk. Faulted.
 //   - close-after=N: stream: send the role chunk and N token events (content or reasoning),
 //     then abort the connection, with no finish chunk and no [DONE]; N larger than the
-//     number of tokens aborts after the last token. Non-stream and embeddings: after
+//     number of tokens aborts after the last token. On the typed streams a token's events
+//     are the token's delta with the events that open its output item or content block
+//     (response.output_item.added, content_block_start, ...), and nothing after them. Non-stream and embeddings: after
 //     generating, write the first half of the JSON body (chunked, no Content-Length), flush
 //     and abort. Faulted.
 //   - stall-before-headers or stall-before-headers=DUR: block before writing headers until
@@ -143,12 +305,16 @@
 //     if asked) except the final "data: [DONE]", then end the response cleanly (the chunked
 //     terminator on HTTP/1.1), like an engine that ends a stream without its terminator.
 //     Faulted in both cases; a stream is counted after its last event is written and before
-//     the response ends. close-after and stall-after act first.
+//     the response ends. close-after and stall-after act first. The terminator of the
+//     Responses stream is response.completed, of the Messages stream message_stop.
 //   - slow-headers=DUR: sleep DUR before anything else, then proceed normally. Not a fault.
 //     Combined with status or close-before-headers it delays them.
-//   - malformed: stream: right after the role chunk, emit the invalid event
-//     `data: {"id":"bad", "choices": [` and continue normally (Completed). Non-stream and
-//     embeddings: answer 200 with that invalid JSON as the whole body (Faulted).
+//   - malformed: stream: right after the role chunk (the typed streams: after
+//     response.in_progress, after message_start), emit the invalid event
+//     `data: {"id":"bad", "choices": [` (named response.output_text.delta or
+//     content_block_delta on the typed streams, so clients parse it) and continue normally
+//     (Completed). Non-stream and embeddings: answer 200 with that invalid JSON as the whole
+//     body, whatever the route's Content-Type (Faulted).
 //   - trickle or trickle=DUR: write every response byte separately, each followed by a flush
 //     and a pause of DUR (default 1ms; 0 only flushes), so events arrive split across reads.
 //     Non-stream bodies then have no Content-Length.
@@ -156,16 +322,19 @@
 //     (queue, first token, each further token), and with DUR also every DUR during a wait.
 //   - no-content: generate zero tokens: a stream sends the role chunk, the finish chunk
 //     ("stop"), the usage chunk if asked (completion_tokens 0) and [DONE]; a non-stream body
-//     has empty content.
+//     has empty content. The Responses API then has no output items, the Messages API no
+//     content blocks, speech no samples; images take no steps.
 //   - reasoning=N: chat: the first N of the generated tokens are reasoning tokens, streamed
 //     as delta {"reasoning_content":"think<i> "} before the content tokens (non-stream: the
 //     message's reasoning_content); content tokens are then numbered from tok0. They count as
-//     completion tokens. Ignored by completions.
+//     completion tokens. The Responses API streams them as a reasoning item, the Messages
+//     API as a thinking block (thinking_delta, then a signature_delta). Ignored by the other
+//     routes.
 //   - tool-call: chat: the first generated event is the delta
 //     {"tool_calls":[{"index":0,"id":"call_0","type":"function","function":{"name":"f","arguments":""}}]},
 //     sent at the time to first token; content tokens follow one ITL apart. It is not a
 //     token and does not change finish_reason (non-stream: the message gets a tool_calls
-//     entry with arguments "{}"). Ignored by completions.
+//     entry with arguments "{}"). Chat only.
 //
 // Faults combine; for example "keepalive,trickle=0s,reasoning=2". Stats counts a request
 // ended by a fault as Faulted, one whose client left first (including during a stall) as
@@ -185,7 +354,13 @@
 //     are counted when prefill ends, generation tokens as each token is produced, so aborted
 //     requests count what they consumed);
 //   - vllm:time_to_first_token_seconds (histogram, vLLM's buckets; from request arrival,
-//     queue time included, to the first token, whether or not it is streamed).
+//     queue time included, to the first token, whether or not it is streamed);
+//   - vllm:engine_sleep_state (gauge, labels model_name, engine "0" and sleep_state, as
+//     vLLM's PrometheusStatLogger exports it): sleep_state="awake" is 1 while awake,
+//     "weights_offloaded" 1 while asleep at level 1, "discard_all" 1 at level 2.
+//
+// Requests on every generation and pooling route count in these series the way chat and
+// embeddings do.
 //
 // Simulator-only counters: enginesim_aborted_requests_total and
 // enginesim_faulted_requests_total, with model_name.

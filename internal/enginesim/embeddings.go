@@ -14,7 +14,7 @@ import (
 // serveEmbeddings serves POST /v1/embeddings.
 func (e *Engine) serveEmbeddings(w http.ResponseWriter, r *http.Request) {
 	var req embeddingRequest
-	f, m, ok := admit(e, w, r, &req, func(q *embeddingRequest) string { return q.Model })
+	f, t, ok := admit(e, apiOpenAI, w, r, &req, func(q *embeddingRequest) string { return q.Model })
 	if !ok {
 		return
 	}
@@ -32,50 +32,53 @@ func (e *Engine) serveEmbeddings(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("encoding_format must be float or base64, got %q", req.EncodingFormat))
 		return
 	}
-	c := e.newCall(w, r, m, f, false)
+	c := e.newCall(w, r, f, apiOpenAI, t, false)
 	defer c.end(&err)
-	err = c.embed(items, keys, b64)
+	tokens := itemTokens(items)
+	err = c.pool(tokens, func() any {
+		resp := embeddingList{
+			Object: "list",
+			Data:   make([]embeddingData, len(keys)),
+			Model:  c.model,
+			Usage:  embeddingUsage{PromptTokens: tokens, TotalTokens: tokens},
+		}
+		for i, k := range keys {
+			var v any = embedding(c.model, k, c.e.cfg.EmbeddingDim)
+			if b64 {
+				v = encodeBase64(v.([]float32))
+			}
+			resp.Data[i] = embeddingData{Object: "embedding", Index: i, Embedding: v}
+		}
+		return resp
+	})
 }
 
-// embed runs an admitted embeddings request: one prefill wait (TTFT plus TTFTPerRunning per
-// other running sequence), then the vectors.
-func (c *call) embed(items [][]string, keys []string, b64 bool) error {
+// itemTokens is the number of prompt tokens of items, each at least 1.
+func itemTokens(items [][]string) int {
+	tokens := 0
+	for _, it := range items {
+		tokens += promptTokens(it)
+	}
+	return tokens
+}
+
+// pool runs an admitted pooling request (embeddings, rerank, score, pooling, classify) of
+// tokens prompt tokens: it takes a running slot and waits one prefill (TTFT plus
+// TTFTPerRunning per other running sequence, no prefix cache), then answers with body's
+// JSON.
+func (c *call) pool(tokens int, body func() any) error {
 	if handled, err := c.preHeaders(); handled || err != nil {
 		return err
 	}
-	if c.f.closeAfterHeaders {
-		c.w.Header().Set("Content-Type", "application/json")
-		c.w.WriteHeader(http.StatusOK)
-		c.abortConn()
-	}
-	var words []string
-	tokens := 0
-	for _, it := range items {
-		words = append(words, it...)
-		tokens += promptTokens(it)
-	}
-	if _, err := c.admit(words, false); err != nil {
+	c.closeAfterHeaders("application/json")
+	if _, err := c.admit(nil, tokens, false); err != nil {
 		return err
 	}
-	c.setKVTokens(tokens)
 	if err := c.wait(c.prefillDelay(0), nil, false); err != nil {
 		return err
 	}
 	c.m.promptTokens.Add(float64(tokens))
-	resp := embeddingList{
-		Object: "list",
-		Data:   make([]embeddingData, len(keys)),
-		Model:  c.m.name,
-		Usage:  embeddingUsage{PromptTokens: tokens, TotalTokens: tokens},
-	}
-	for i, k := range keys {
-		var v any = embedding(c.m.name, k, c.e.cfg.EmbeddingDim)
-		if b64 {
-			v = encodeBase64(v.([]float32))
-		}
-		resp.Data[i] = embeddingData{Object: "embedding", Index: i, Embedding: v}
-	}
-	b, err := json.Marshal(resp)
+	b, err := json.Marshal(body())
 	if err != nil {
 		return err
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -24,6 +25,7 @@ type Engine struct {
 
 	reg    *prometheus.Registry
 	models map[string]*modelState // read-only after New
+	cards  []modelCard            // the base models' /v1/models cards, read-only after New
 	sched  *scheduler
 	cache  *prefixCache
 
@@ -34,18 +36,33 @@ type Engine struct {
 	received, completed, aborted, faulted atomic.Int64
 	pcQueries, pcHits                     atomic.Int64
 
+	loraMu sync.RWMutex
+	loras  map[string]*lora // loaded adapters by name
+	loraOf []*lora          // loaded adapters in load order, for /v1/models
+
+	sleepMu sync.Mutex
+	sleep   sleepState
+	asleep  atomic.Bool // sleep.sleeping(), for the request path
+
+	responses *responseStore // stored Responses API responses
+
 	handler http.Handler
 
 	// onDelay, when set (by tests, before the first request), is called with every computed
 	// prefill and inter-token wait, from the request's goroutine.
 	onDelay func(delayKind, time.Duration)
+	// now is the clock of the Responses API (created_at, background generation time) and of
+	// adapter load times; tests replace it before the engine serves.
+	now func() time.Time
 }
 
-// Stats is a point-in-time snapshot of an engine's counters. Every request that passes
-// validation ends in exactly one of Completed, Aborted or Faulted; Received also counts
-// requests rejected with 400/404/413.
+// Stats is a point-in-time snapshot of an engine's counters, over the generation and pooling
+// routes (the light routes are not counted). Every request that passes validation ends in
+// exactly one of Completed, Aborted or Faulted; Received also counts requests rejected with
+// 400/404/413, and with 503 while the engine sleeps.
 type Stats struct {
-	// Received counts requests on the generation endpoints (chat, completions, embeddings).
+	// Received counts requests on the generation and pooling endpoints (chat, completions,
+	// responses, messages, audio, images, embeddings, rerank, score, pooling, classify).
 	Received int64
 	// Running is the number of sequences running now (at most Config.MaxNumSeqs).
 	Running int64
@@ -74,30 +91,76 @@ func New(cfg Config) (*Engine, error) {
 	cfg = cfg.withDefaults()
 	f, _ := parseFaults(cfg.Fault) // validated above
 	e := &Engine{
-		cfg:     cfg,
-		created: time.Now().Unix(),
-		sched:   newScheduler(cfg.MaxNumSeqs),
-		cache:   newPrefixCache(cfg.BlockSize, cfg.KVCacheBlocks),
+		cfg:       cfg,
+		created:   time.Now().Unix(),
+		sched:     newScheduler(cfg.MaxNumSeqs),
+		cache:     newPrefixCache(cfg.BlockSize, cfg.KVCacheBlocks),
+		loras:     make(map[string]*lora),
+		responses: newResponseStore(responseStoreSize, responseStoreBytes),
+		now:       time.Now,
 	}
 	e.fault.Store(f)
 	e.reg, e.models = newMetrics(e)
+	for _, m := range cfg.Models {
+		e.cards = append(e.cards, e.baseCard(m))
+	}
+	for _, l := range cfg.LoRAs {
+		e.addLoRA(l.Name, l.Path, e.models[l.Base])
+	}
+	e.handler = serverHeader(e.routes())
+	return e, nil
+}
 
+// routes returns the engine's mux. Every path answers wrong methods with a 405 JSON error and
+// unknown paths with a 404, in the route's envelope.
+func (e *Engine) routes() *http.ServeMux {
 	mux := http.NewServeMux()
-	mux.Handle("/v1/chat/completions", allow(http.MethodPost, func(w http.ResponseWriter, r *http.Request) {
-		e.serveGenerate(w, r, kindChat)
-	}))
-	mux.Handle("/v1/completions", allow(http.MethodPost, func(w http.ResponseWriter, r *http.Request) {
-		e.serveGenerate(w, r, kindCompletion)
-	}))
-	mux.Handle("/v1/embeddings", allow(http.MethodPost, e.serveEmbeddings))
-	mux.Handle("/v1/models", allow(http.MethodGet, e.serveModels))
-	mux.Handle("/health", allow(http.MethodGet, e.serveHealth))
-	mux.Handle("/metrics", allow(http.MethodGet, promhttp.HandlerFor(e.reg, promhttp.HandlerOpts{}).ServeHTTP))
+	post := func(path string, h http.HandlerFunc) { mux.Handle(path, allow(apiOpenAI, http.MethodPost, h)) }
+	get := func(path string, h http.HandlerFunc) { mux.Handle(path, allow(apiOpenAI, http.MethodGet, h)) }
+
+	// Generation.
+	post("/v1/chat/completions", func(w http.ResponseWriter, r *http.Request) { e.serveGenerate(w, r, kindChat) })
+	post("/v1/completions", func(w http.ResponseWriter, r *http.Request) { e.serveGenerate(w, r, kindCompletion) })
+	post("/v1/responses", e.serveResponses)
+	get("/v1/responses/{id}", e.serveGetResponse)
+	post("/v1/responses/{id}/cancel", e.serveCancelResponse)
+	mux.Handle("/v1/messages", allow(apiAnthropic, http.MethodPost, e.serveMessages))
+	mux.Handle("/v1/messages/count_tokens", allow(apiAnthropic, http.MethodPost, e.serveCountTokens))
+	post("/v1/audio/transcriptions", func(w http.ResponseWriter, r *http.Request) { e.serveSpeechToText(w, r, taskTranscribe) })
+	post("/v1/audio/translations", func(w http.ResponseWriter, r *http.Request) { e.serveSpeechToText(w, r, taskTranslate) })
+	post("/v1/audio/speech", e.serveSpeech)
+	post("/v1/images/generations", e.serveImages)
+
+	// Pooling.
+	post("/v1/embeddings", e.serveEmbeddings)
+	for _, p := range []string{"/v1/rerank", "/v2/rerank", "/rerank"} {
+		post(p, e.serveRerank)
+	}
+	post("/v1/score", e.serveScore)
+	post("/score", e.serveScore)
+	post("/pooling", e.servePooling)
+	post("/classify", e.serveClassify)
+
+	// Tokenizer, models, adapters, engine administration.
+	post("/tokenize", e.serveTokenize)
+	post("/detokenize", e.serveDetokenize)
+	get("/v1/models", e.serveModels)
+	post("/v1/load_lora_adapter", e.serveLoadLoRA)
+	post("/v1/unload_lora_adapter", e.serveUnloadLoRA)
+	post("/sleep", e.serveSleep)
+	post("/wake_up", e.serveWakeUp)
+	get("/is_sleeping", e.serveIsSleeping)
+	post("/reset_prefix_cache", e.serveResetPrefixCache)
+	get("/health", e.serveHealth)
+	metrics := promhttp.HandlerFor(e.reg, promhttp.HandlerOpts{})
+	get("/metrics", func(w http.ResponseWriter, r *http.Request) {
+		e.sweepResponses() // background responses due by now are counted before the scrape
+		metrics.ServeHTTP(w, r)
+	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path))
 	})
-	e.handler = serverHeader(mux)
-	return e, nil
+	return mux
 }
 
 // serverName is the Server header of every response: vLLM runs under uvicorn, which sends
@@ -112,25 +175,27 @@ func serverHeader(h http.Handler) http.Handler {
 	})
 }
 
-// allow restricts h to method (GET also allows HEAD), answering others with a 405 JSON error.
-func allow(method string, h http.HandlerFunc) http.Handler {
+// allow restricts h to method (GET also allows HEAD), answering others with a 405 JSON error
+// in the envelope a.
+func allow(a api, method string, h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != method && (method != http.MethodGet || r.Method != http.MethodHead) {
 			w.Header().Set("Allow", method)
-			writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed; use %s", r.Method, method))
+			a.writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed; use %s", r.Method, method))
 			return
 		}
 		h(w, r)
 	})
 }
 
-// Handler returns the engine's HTTP API: /v1/chat/completions, /v1/completions,
-// /v1/embeddings, /v1/models, /health and /metrics. The same handler is returned on every call.
+// Handler returns the engine's HTTP API (see the package documentation for the routes). The
+// same handler is returned on every call.
 func (e *Engine) Handler() http.Handler { return e.handler }
 
 // Stats returns a snapshot of the engine's counters. It is safe for concurrent use; the
 // fields are read one by one, so they may be mutually inconsistent by a request in flight.
 func (e *Engine) Stats() Stats {
+	e.sweepResponses()
 	running, waiting := e.sched.counts()
 	return Stats{
 		Received:           e.received.Load(),
@@ -182,13 +247,23 @@ func (e *Engine) serveHealth(w http.ResponseWriter, _ *http.Request) {
 }
 
 func (e *Engine) serveModels(w http.ResponseWriter, _ *http.Request) {
-	list := modelList{Object: "list", Data: make([]modelCard, 0, len(e.cfg.Models))}
-	for _, m := range e.cfg.Models {
-		list.Data = append(list.Data, modelCard{
-			ID: m, Object: "model", Created: e.created, OwnedBy: "vllm", Root: m, MaxModelLen: MaxModelLen,
-		})
+	list := modelList{Object: "list", Data: append([]modelCard(nil), e.cards...)}
+	e.loraMu.RLock()
+	for _, l := range e.loraOf {
+		list.Data = append(list.Data, l.card)
 	}
+	e.loraMu.RUnlock()
 	writeJSON(w, list)
+}
+
+// baseCard returns the /v1/models card of served model name: vLLM's ModelCard with the name
+// as its root, no parent, the max_model_len and one default permission.
+func (e *Engine) baseCard(name string) modelCard {
+	maxLen := MaxModelLen
+	return modelCard{
+		ID: name, Object: "model", Created: e.created, OwnedBy: "vllm", Root: name, MaxModelLen: &maxLen,
+		Permission: []modelPermission{newPermission(e.created)},
+	}
 }
 
 // writeJSON writes v as a complete 200 JSON response with Content-Length.
@@ -204,14 +279,24 @@ func writeJSON(w http.ResponseWriter, v any) {
 	_, _ = w.Write(b)
 }
 
-// model returns the state of the requested model; "" selects the first served model, as vLLM
-// does when a request names no model.
-func (e *Engine) model(name string) (*modelState, bool) {
-	if name == "" {
-		return e.models[e.cfg.Models[0]], true
+// target returns the target of a request naming model: a served model, a loaded LoRA
+// adapter (run on its base model), or, for "", the first served model, as vLLM does when a
+// request names no model.
+func (e *Engine) target(model string) (target, bool) {
+	if model == "" {
+		name := e.cfg.Models[0]
+		return target{m: e.models[name], name: name}, true
 	}
-	m, ok := e.models[name]
-	return m, ok
+	if m, ok := e.models[model]; ok {
+		return target{m: m, name: model}, true
+	}
+	e.loraMu.RLock()
+	l, ok := e.loras[model]
+	e.loraMu.RUnlock()
+	if !ok {
+		return target{}, false
+	}
+	return target{m: l.base, name: l.name}, true
 }
 
 // modelNotFound returns vLLM's message for an unknown model.

@@ -372,6 +372,7 @@ func TestMetrics(t *testing.T) {
 		MetricTimeToFirstToken:   dto.MetricType_HISTOGRAM,
 		MetricAbortedRequests:    dto.MetricType_COUNTER,
 		MetricFaultedRequests:    dto.MetricType_COUNTER,
+		MetricEngineSleepState:   dto.MetricType_GAUGE,
 	}
 	for name, typ := range wantTypes {
 		mf, ok := mfs[name]

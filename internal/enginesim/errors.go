@@ -46,15 +46,80 @@ func errorType(status int) string {
 	return "InternalServerError"
 }
 
-// errorJSON returns the encoded error envelope.
-func errorJSON(status int, msg string) []byte {
-	b, _ := json.Marshal(errorBody{Error: errorInfo{Message: msg, Type: errorType(status), Code: status}})
+// writeError writes a complete JSON error response in vLLM's OpenAI envelope.
+func writeError(w http.ResponseWriter, status int, msg string) {
+	apiOpenAI.writeError(w, status, msg)
+}
+
+// api is the error envelope a route answers in: vLLM's OpenAI-compatible one, or Anthropic's
+// on /v1/messages and /v1/messages/count_tokens.
+type api int
+
+const (
+	apiOpenAI api = iota
+	apiAnthropic
+)
+
+// anthropicError is Anthropic's error envelope: {"type":"error","error":{"type":...,"message":...}}.
+type anthropicError struct {
+	Type  string             `json:"type"`
+	Error anthropicErrorInfo `json:"error"`
+}
+
+type anthropicErrorInfo struct {
+	Type    string `json:"type"`
+	Message string `json:"message"`
+}
+
+// anthropicErrorType returns Anthropic's error type for status.
+func anthropicErrorType(status int) string {
+	switch status {
+	case http.StatusUnauthorized:
+		return "authentication_error"
+	case http.StatusForbidden:
+		return "permission_error"
+	case http.StatusNotFound:
+		return "not_found_error"
+	case http.StatusRequestEntityTooLarge:
+		return "request_too_large"
+	case http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case http.StatusServiceUnavailable, 529:
+		return "overloaded_error"
+	}
+	if status < 500 {
+		return "invalid_request_error"
+	}
+	return "api_error"
+}
+
+// errorJSON returns the encoded error envelope of a for status; typ "" picks the type from
+// the status.
+func (a api) errorJSON(status int, typ, msg string) []byte {
+	var b []byte
+	if a == apiAnthropic {
+		if typ == "" {
+			typ = anthropicErrorType(status)
+		}
+		b, _ = json.Marshal(anthropicError{Type: "error", Error: anthropicErrorInfo{Type: typ, Message: msg}})
+		return b
+	}
+	if typ == "" {
+		typ = errorType(status)
+	}
+	b, _ = json.Marshal(errorBody{Error: errorInfo{Message: msg, Type: typ, Code: status}})
 	return b
 }
 
-// writeError writes a complete JSON error response.
-func writeError(w http.ResponseWriter, status int, msg string) {
-	b := errorJSON(status, msg)
+// writeError writes a complete JSON error response, its type chosen by the status.
+func (a api) writeError(w http.ResponseWriter, status int, msg string) {
+	a.writeTypedError(w, status, "", msg)
+}
+
+// writeTypedError writes a complete JSON error response of type typ ("" picks it from the
+// status), for the errors whose type vLLM spells out (invalid_request_error, InvalidUserInput).
+func (a api) writeTypedError(w http.ResponseWriter, status int, typ, msg string) {
+	b := a.errorJSON(status, typ, msg)
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Content-Length", strconv.Itoa(len(b)))
@@ -74,8 +139,8 @@ const faultTraceback = "Traceback (most recent call last):\n" +
 	"RuntimeError: CUDA error: an illegal memory access was encountered\n"
 
 // faultErrorBody returns the Content-Type ("" for none) and body of the status fault's
-// response for the error-body kind ("" is json).
-func faultErrorBody(kind string, status int) (contentType string, body []byte) {
+// response for the error-body kind ("" is json, in the route's envelope a).
+func faultErrorBody(a api, kind string, status int) (contentType string, body []byte) {
 	title := strings.TrimSpace(strconv.Itoa(status) + " " + http.StatusText(status))
 	switch kind {
 	case errorBodyHTML:
@@ -86,13 +151,14 @@ func faultErrorBody(kind string, status int) (contentType string, body []byte) {
 	case errorBodyEmpty:
 		return "", nil
 	}
-	return "application/json", errorJSON(status, "enginesim: injected fault status="+strconv.Itoa(status))
+	return "application/json", a.errorJSON(status, "", "enginesim: injected fault status="+strconv.Itoa(status))
 }
 
 // writeFaultError writes the complete response of the status fault: f.status with the
-// error-body kind's body, Content-Length, and Retry-After when retry-after is set.
-func writeFaultError(w http.ResponseWriter, f *faults) {
-	ct, b := faultErrorBody(f.errorBody, f.status)
+// error-body kind's body (json in the route's envelope a), Content-Length, and Retry-After
+// when retry-after is set.
+func writeFaultError(w http.ResponseWriter, a api, f *faults) {
+	ct, b := faultErrorBody(a, f.errorBody, f.status)
 	h := w.Header()
 	if ct != "" {
 		h.Set("Content-Type", ct)

@@ -17,24 +17,21 @@ const (
 
 // generation is one chat or completions request being served.
 type generation struct {
-	*call
+	*seq
 	kind         kind
-	model        string // as echoed in responses
 	id           string
 	created      int64
-	words        []string
-	promptTokens int
-	n            int    // tokens to generate (0 under no-content)
-	finish       string // finish reason
-	reasoning    int    // leading tokens sent as reasoning_content (chat only)
-	toolCall     bool   // emit a tool call first (chat only)
+	reasoning    int  // leading tokens sent as reasoning_content (chat only)
+	toolCall     bool // emit a tool call first (chat only)
 	includeUsage bool
 }
+
+var _ streamer = (*generation)(nil)
 
 // serveGenerate serves POST /v1/chat/completions (k == kindChat) and /v1/completions.
 func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, k kind) {
 	var req genRequest
-	f, m, ok := admit(e, w, r, &req, func(q *genRequest) string { return q.Model })
+	f, t, ok := admit(e, apiOpenAI, w, r, &req, func(q *genRequest) string { return q.Model })
 	if !ok {
 		return
 	}
@@ -62,14 +59,13 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, k kind) {
 	}
 
 	g := &generation{
-		call:         e.newCall(w, r, m, f, req.Stream),
+		seq: &seq{
+			call:  e.newCall(w, r, f, apiOpenAI, t, req.Stream),
+			words: words, promptTokens: promptTokens(words), cacheable: true,
+			n: n, finish: finish,
+		},
 		kind:         k,
-		model:        m.name,
 		created:      time.Now().Unix(),
-		words:        words,
-		promptTokens: promptTokens(words),
-		n:            n,
-		finish:       finish,
 		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
 	}
 	if f.noContent {
@@ -83,7 +79,11 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, k kind) {
 		g.id = newID("cmpl-")
 	}
 	defer g.end(&err)
-	err = g.run()
+	if g.stream {
+		err = g.serveStream(g)
+		return
+	}
+	err = g.serveUnary("application/json", func() ([]byte, error) { return json.Marshal(g.unaryBody()) })
 }
 
 // echoRequestID copies the request's X-Request-Id to the response, as vLLM does with
@@ -94,132 +94,46 @@ func echoRequestID(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func (g *generation) run() error {
-	if handled, err := g.preHeaders(); handled || err != nil {
-		return err
+// open implements streamer: chat's role chunk.
+func (g *generation) open() error {
+	if g.kind != kindChat {
+		return nil
 	}
-	if g.stream {
-		return g.runStream()
-	}
-	return g.runUnary()
+	empty := ""
+	return g.event(g.chatChunk(chatDelta{Role: "assistant", Content: &empty}, nil))
 }
 
-// prefill admits the sequence and waits for its time to first token: TTFT, plus
-// TTFTPerPromptToken for each prompt token not in the prefix cache, plus TTFTPerRunning for
-// each other sequence running once this one is admitted (see [Engine.ttftFor]).
-func (g *generation) prefill() error {
-	cached, err := g.admit(g.words, true)
-	if err != nil {
-		return err
+// lead implements streamer: the tool-call delta of the tool-call fault.
+func (g *generation) lead() (bool, error) {
+	if !g.toolCall {
+		return false, nil
 	}
-	if err := g.wait(g.prefillDelay(g.promptTokens-cached), nil, true); err != nil {
-		return err
-	}
-	g.m.ttft.Observe(time.Since(g.start).Seconds())
-	g.m.promptTokens.Add(float64(g.promptTokens))
-	return nil
+	tc := simToolCall(true, "")
+	return true, g.event(g.chatChunk(chatDelta{ToolCalls: []toolCall{tc}}, nil))
 }
 
-// decode accounts generated token i: one more generation token and its KV cache slot.
-func (g *generation) decode(i int) {
-	g.m.genTokens.Inc()
-	g.setKVTokens(g.promptTokens + i + 1)
-}
+// token implements streamer.
+func (g *generation) token(i int) error { return g.event(g.tokenChunk(i)) }
 
-func (g *generation) runStream() error {
-	h := g.w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	g.w.WriteHeader(http.StatusOK)
-	if err := g.flush(); err != nil {
-		return err
-	}
-	if g.f.closeAfterHeaders {
-		g.abortConn()
-	}
-	if g.kind == kindChat {
-		empty := ""
-		if err := g.event(g.chatChunk(chatDelta{Role: "assistant", Content: &empty}, nil)); err != nil {
-			return err
-		}
-	}
-	if g.f.malformed {
-		if err := g.write([]byte(malformedEvent)); err != nil {
-			return err
-		}
-	}
-	if err := g.prefill(); err != nil {
-		return err
-	}
-	if g.toolCall {
-		tc := simToolCall(true, "")
-		if err := g.event(g.chatChunk(chatDelta{ToolCalls: []toolCall{tc}}, nil)); err != nil {
-			return err
-		}
-	}
-	for i := 0; ; i++ {
-		if g.f.closeAfter >= 0 && i == min(g.f.closeAfter, g.n) {
-			g.abortConn()
-		}
-		if g.f.stallAfter >= 0 && i == min(g.f.stallAfter, g.n) {
-			return g.sleep(-1)
-		}
-		if i == g.n {
-			break
-		}
-		if i > 0 || g.toolCall {
-			if err := g.wait(g.itlDelay(), nil, true); err != nil {
-				return err
-			}
-		}
-		g.decode(i)
-		if err := g.event(g.tokenChunk(i)); err != nil {
-			return err
-		}
-	}
+// close implements streamer: the finish chunk and the usage chunk when asked for.
+func (g *generation) close() error {
 	if err := g.event(g.finishChunk()); err != nil {
 		return err
 	}
 	if g.includeUsage {
-		if err := g.event(g.usageChunk()); err != nil {
-			return err
-		}
+		return g.event(g.usageChunk())
 	}
-	if g.f.truncate {
-		// End the stream cleanly without its terminator. The client sees the end only when
-		// net/http finishes the response after the handler returns, so this is still
-		// before the last bytes.
-		g.settle(outcomeFaulted, "")
-		return nil
-	}
-	g.settle(outcomeCompleted, g.finish)
-	_ = g.write([]byte("data: [DONE]\n\n")) // the request is complete; a client gone now is not an abort
 	return nil
 }
 
-func (g *generation) runUnary() error {
-	if g.f.closeAfterHeaders {
-		g.w.Header().Set("Content-Type", "application/json")
-		g.w.WriteHeader(http.StatusOK)
-		g.abortConn()
-	}
-	if err := g.prefill(); err != nil {
-		return err
-	}
-	for i := range g.n {
-		if i > 0 {
-			if err := g.wait(g.itlDelay(), nil, false); err != nil {
-				return err
-			}
-		}
-		g.decode(i)
-	}
-	b, err := json.Marshal(g.unaryBody())
-	if err != nil {
-		return err
-	}
-	return g.writeBody(b, g.finish)
-}
+// terminator implements streamer.
+func (g *generation) terminator() ([]byte, error) { return []byte(doneEvent), nil }
+
+// malformed implements streamer.
+func (g *generation) malformed() string { return malformedEvent }
+
+// doneEvent ends the OpenAI-style streams.
+const doneEvent = "data: [DONE]\n\n"
 
 func (g *generation) usage() usage {
 	return usage{PromptTokens: g.promptTokens, CompletionTokens: g.n, TotalTokens: g.promptTokens + g.n}
@@ -227,14 +141,14 @@ func (g *generation) usage() usage {
 
 func (g *generation) chatChunk(d chatDelta, finish *string) chatChunk {
 	return chatChunk{
-		ID: g.id, Object: "chat.completion.chunk", Created: g.created, Model: g.model,
+		ID: g.id, Object: "chat.completion.chunk", Created: g.created, Model: g.call.model,
 		Choices: []chatChunkChoice{{Delta: d, FinishReason: finish}},
 	}
 }
 
 func (g *generation) completionChunk(text string, finish *string) completion {
 	return completion{
-		ID: g.id, Object: "text_completion", Created: g.created, Model: g.model,
+		ID: g.id, Object: "text_completion", Created: g.created, Model: g.call.model,
 		Choices: []completionChoice{{Text: text, FinishReason: finish}},
 	}
 }
@@ -263,12 +177,12 @@ func (g *generation) usageChunk() any {
 	u := g.usage()
 	if g.kind == kindCompletion {
 		return completion{
-			ID: g.id, Object: "text_completion", Created: g.created, Model: g.model,
+			ID: g.id, Object: "text_completion", Created: g.created, Model: g.call.model,
 			Choices: []completionChoice{}, Usage: &u,
 		}
 	}
 	return chatChunk{
-		ID: g.id, Object: "chat.completion.chunk", Created: g.created, Model: g.model,
+		ID: g.id, Object: "chat.completion.chunk", Created: g.created, Model: g.call.model,
 		Choices: []chatChunkChoice{}, Usage: &u,
 	}
 }
@@ -287,7 +201,7 @@ func (g *generation) unaryBody() any {
 	if g.kind == kindCompletion {
 		reason := g.finish
 		return completion{
-			ID: g.id, Object: "text_completion", Created: g.created, Model: g.model,
+			ID: g.id, Object: "text_completion", Created: g.created, Model: g.call.model,
 			Choices: []completionChoice{{Text: content.String(), FinishReason: &reason}},
 			Usage:   &u,
 		}
@@ -297,7 +211,7 @@ func (g *generation) unaryBody() any {
 		msg.ToolCalls = []toolCall{simToolCall(false, "{}")}
 	}
 	return chatCompletion{
-		ID: g.id, Object: "chat.completion", Created: g.created, Model: g.model,
+		ID: g.id, Object: "chat.completion", Created: g.created, Model: g.call.model,
 		Choices: []chatChoice{{Message: msg, FinishReason: g.finish}},
 		Usage:   u,
 	}

@@ -30,6 +30,10 @@ const (
 	// MetricTimeToFirstToken is a histogram of the time from request arrival to the first
 	// generated token, in seconds.
 	MetricTimeToFirstToken = "vllm:time_to_first_token_seconds"
+	// MetricEngineSleepState is a gauge of the sleep mode, one series per sleep_state label
+	// value: "awake" is 1 while the engine is awake, "weights_offloaded" (sleep level 1) or
+	// "discard_all" (level 2) is 1 while it sleeps. As in vLLM it also carries engine="0".
+	MetricEngineSleepState = "vllm:engine_sleep_state"
 	// MetricAbortedRequests is a counter of requests aborted because the client went away, in
 	// requests (simulator only).
 	MetricAbortedRequests = "enginesim_aborted_requests_total"
@@ -110,7 +114,14 @@ var (
 		"Number of requests waiting to be processed.", []string{"model_name"}, nil)
 	descKVUsage = prometheus.NewDesc(MetricKVCacheUsagePerc,
 		"KV-cache usage. 1 means 100 percent usage.", []string{"model_name"}, nil)
+	descSleepState = prometheus.NewDesc(MetricEngineSleepState,
+		"Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "+
+			"weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
+		[]string{"model_name", "engine", "sleep_state"}, nil)
 )
+
+// sleepStates are the sleep_state label values, in vLLM's order.
+var sleepStates = []string{sleepAwake, sleepWeightsOffloaded, sleepDiscardAll}
 
 // stateCollector reports the gauges from live engine state at scrape time, so they can never
 // drift from the scheduler.
@@ -121,6 +132,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descRunning
 	ch <- descWaiting
 	ch <- descKVUsage
+	ch <- descSleepState
 }
 
 // Collect implements prometheus.Collector.
@@ -133,6 +145,12 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	// The KV cache is shared by all models, so it is reported once, under the first served
 	// model name (vLLM labels every metric with its first served model name).
 	ch <- prometheus.MustNewConstMetric(descKVUsage, prometheus.GaugeValue, c.e.kvCacheUsage(), c.e.cfg.Models[0])
+	// The engine sleeps as a whole: one series per state, under the first served model, in
+	// vLLM's engine 0.
+	g := c.e.sleepGauges()
+	for _, s := range sleepStates {
+		ch <- prometheus.MustNewConstMetric(descSleepState, prometheus.GaugeValue, g[s], c.e.cfg.Models[0], "0", s)
+	}
 }
 
 // kvCacheUsage returns the fraction of KV cache blocks held by running sequences, 0..1.

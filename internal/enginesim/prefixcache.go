@@ -80,3 +80,11 @@ func (c *prefixCache) lookupAndInsert(model string, words []string) (cachedToken
 	}
 	return hit * c.blockSize
 }
+
+// reset forgets every cached block (POST /reset_prefix_cache, POST /sleep).
+func (c *prefixCache) reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.lru.Init()
+	clear(c.index)
+}

@@ -150,6 +150,15 @@ func nonEmpty(items [][]string, keys []string, field string) ([][]string, []stri
 	return items, keys, nil
 }
 
+// wordList returns the whitespace-separated words of the strings ss, in order.
+func wordList(ss ...string) []string {
+	var words []string
+	for _, s := range ss {
+		words = append(words, strings.Fields(s)...)
+	}
+	return words
+}
+
 // promptTokens is the simulator's token count for words: one token per word, at least 1.
 func promptTokens(words []string) int {
 	return max(1, len(words))
@@ -172,31 +181,85 @@ func (e *Engine) outputTokens(req *genRequest) (int, string, error) {
 	return min(*limit, e.cfg.MaxOutputTokens), finishLength, nil
 }
 
-// admit does what every generation endpoint does first: count the request,
-// echo its id, parse its faults and its body into req, and resolve the model
-// model(req) names. On failure it writes the error (400, 404 or the body
-// reader's status) and returns ok=false.
-func admit[T any](e *Engine, w http.ResponseWriter, r *http.Request, req *T, model func(*T) string) (*faults, *modelState, bool) {
+// target is the model a request runs on: the base model's state (scheduler counts and
+// metrics, shared with its LoRA adapters, as vLLM labels adapter requests with the base
+// model) and the name echoed in responses (the model or the adapter).
+type target struct {
+	m    *modelState
+	name string
+}
+
+// begin does what every tracked endpoint does first: count the request, echo its id and
+// parse its faults. On a bad fault spec it writes the 400 and returns ok=false.
+func (e *Engine) begin(a api, w http.ResponseWriter, r *http.Request) (*faults, bool) {
 	e.received.Add(1)
+	return e.beginLight(a, w, r)
+}
+
+// beginLight is begin for the untracked routes: the request is not counted.
+func (e *Engine) beginLight(a api, w http.ResponseWriter, r *http.Request) (*faults, bool) {
 	echoRequestID(w, r)
 	f, err := e.faultsFor(r)
 	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return nil, nil, false
+		a.writeError(w, http.StatusBadRequest, err.Error())
+		return nil, false
 	}
+	return f, true
+}
+
+// resolve finds the target of a request naming model ("": the first served model). An
+// unknown model (or an unloaded adapter) is answered with vLLM's 404.
+func (e *Engine) resolve(a api, w http.ResponseWriter, model string) (target, bool) {
+	t, ok := e.target(model)
+	if !ok {
+		a.writeError(w, http.StatusNotFound, modelNotFound(model))
+	}
+	return t, ok
+}
+
+// awake answers 503 and returns false while the engine sleeps (POST /sleep): a sleeping
+// vLLM engine has no weights or KV cache to serve generation or pooling requests with.
+func (e *Engine) awake(a api, w http.ResponseWriter) bool {
+	if e.asleep.Load() {
+		a.writeError(w, http.StatusServiceUnavailable, errSleeping)
+		return false
+	}
+	return true
+}
+
+// errSleeping is the message of the 503 answered while the engine sleeps.
+const errSleeping = "The engine is sleeping; POST /wake_up to serve requests again."
+
+// admit does what every tracked JSON endpoint does first: begin, parse its body into req,
+// resolve the model model(req) names and check that the engine is awake. On failure it
+// writes the error (in the route's envelope a: 400, 404, 503 or the body reader's status)
+// and returns ok=false.
+func admit[T any](e *Engine, a api, w http.ResponseWriter, r *http.Request, req *T, model func(*T) string) (*faults, target, bool) {
+	f, ok := e.begin(a, w, r)
+	if !ok {
+		return nil, target{}, false
+	}
+	if !decodeBody(a, w, r, req) {
+		return nil, target{}, false
+	}
+	t, ok := e.resolve(a, w, model(req))
+	if !ok || !e.awake(a, w) {
+		return nil, target{}, false
+	}
+	return f, t, true
+}
+
+// decodeBody reads r's body (capped at maxBodyBytes) and decodes it into req, writing the
+// error (400 or 413) and returning false on failure.
+func decodeBody[T any](a api, w http.ResponseWriter, r *http.Request, req *T) bool {
 	body, status, err := readBody(w, r)
 	if err != nil {
-		writeError(w, status, "failed to read request body: "+err.Error())
-		return nil, nil, false
+		a.writeError(w, status, "failed to read request body: "+err.Error())
+		return false
 	}
 	if err := decodeJSON(body, req); err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return nil, nil, false
+		a.writeError(w, http.StatusBadRequest, err.Error())
+		return false
 	}
-	m, ok := e.model(model(req))
-	if !ok {
-		writeError(w, http.StatusNotFound, modelNotFound(model(req)))
-		return nil, nil, false
-	}
-	return f, m, true
+	return true
 }

@@ -111,14 +111,40 @@ type modelList struct {
 	Data   []modelCard `json:"data"`
 }
 
+// modelCard is vLLM's ModelCard. max_model_len is null on adapter cards, as in vLLM.
 type modelCard struct {
-	ID          string  `json:"id"`
-	Object      string  `json:"object"`
-	Created     int64   `json:"created"`
-	OwnedBy     string  `json:"owned_by"`
-	Root        string  `json:"root"`
-	Parent      *string `json:"parent"`
-	MaxModelLen int     `json:"max_model_len"`
+	ID          string            `json:"id"`
+	Object      string            `json:"object"`
+	Created     int64             `json:"created"`
+	OwnedBy     string            `json:"owned_by"`
+	Root        string            `json:"root"`
+	Parent      *string           `json:"parent"`
+	MaxModelLen *int              `json:"max_model_len"`
+	Permission  []modelPermission `json:"permission"`
+}
+
+// modelPermission is vLLM's ModelPermission with its default values.
+type modelPermission struct {
+	ID                 string  `json:"id"`
+	Object             string  `json:"object"`
+	Created            int64   `json:"created"`
+	AllowCreateEngine  bool    `json:"allow_create_engine"`
+	AllowSampling      bool    `json:"allow_sampling"`
+	AllowLogprobs      bool    `json:"allow_logprobs"`
+	AllowSearchIndices bool    `json:"allow_search_indices"`
+	AllowView          bool    `json:"allow_view"`
+	AllowFineTuning    bool    `json:"allow_fine_tuning"`
+	Organization       string  `json:"organization"`
+	Group              *string `json:"group"`
+	IsBlocking         bool    `json:"is_blocking"`
+}
+
+// newPermission returns vLLM's default model permission, created at created.
+func newPermission(created int64) modelPermission {
+	return modelPermission{
+		ID: newID("modelperm-"), Object: "model_permission", Created: created,
+		AllowSampling: true, AllowLogprobs: true, AllowView: true, Organization: "*",
+	}
 }
 
 // ContentToken returns the text of generated content token i: "tok<i> " (with a trailing

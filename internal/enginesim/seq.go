@@ -1,0 +1,164 @@
+package enginesim
+
+import (
+	"net/http"
+	"time"
+)
+
+// seq is one generative sequence on its handler goroutine: its prompt, how many tokens it
+// generates and why it stops. Every generative route (chat, completions, responses, messages,
+// audio, images) runs one through [seq.serveStream] or [seq.serveUnary], so they all share the
+// scheduler, the prefix cache, the latency model, the accounting and the faults.
+type seq struct {
+	*call
+	words        []string // prompt words, hashed for the prefix cache when cacheable
+	promptTokens int
+	cacheable    bool
+	n            int    // tokens to generate
+	finish       string // finishStop or finishLength
+	cached       int    // prompt tokens found in the prefix cache, known after prefill
+}
+
+// streamer renders one route's SSE stream around the tokens [seq.serveStream] generates. Its
+// methods write through the call, so trickle, keep-alives and client disconnects act on
+// every route alike.
+type streamer interface {
+	// open writes the events sent before the sequence is even scheduled (chat's role chunk,
+	// the Responses API's response.created, Anthropic's message_start).
+	open() error
+	// lead writes the events sent at the time to first token before token 0 and reports
+	// whether it wrote any; token 0 then follows one inter-token latency later (chat's
+	// tool-call delta).
+	lead() (bool, error)
+	// token writes the events of generated token i (0 <= i < n).
+	token(i int) error
+	// close writes the events after the last token (finish and usage chunks, done events).
+	close() error
+	// terminator returns the stream's last bytes, written once the request is settled as
+	// completed: "data: [DONE]" or a typed stream's final event. The truncate fault omits
+	// them.
+	terminator() ([]byte, error)
+	// malformed returns the invalid event of the malformed fault, sent right after open.
+	malformed() string
+}
+
+// prefill admits the sequence and waits for its time to first token: TTFT, plus
+// TTFTPerPromptToken for each prompt token not in the prefix cache, plus TTFTPerRunning for
+// each other sequence running once this one is admitted (see [Engine.ttftFor]).
+func (s *seq) prefill() error {
+	cached, err := s.admit(s.words, s.promptTokens, s.cacheable)
+	if err != nil {
+		return err
+	}
+	s.cached = cached
+	if err := s.wait(s.prefillDelay(s.promptTokens-cached), nil, true); err != nil {
+		return err
+	}
+	s.m.ttft.Observe(time.Since(s.start).Seconds())
+	s.m.promptTokens.Add(float64(s.promptTokens))
+	return nil
+}
+
+// decode accounts generated token i: one more generation token and its KV cache slot.
+func (s *seq) decode(i int) {
+	s.m.genTokens.Inc()
+	s.setKVTokens(s.promptTokens + i + 1)
+}
+
+// serveStream runs the sequence as an SSE stream rendered by st: the faults before the headers,
+// the headers, st's opening events (and the malformed event), the prefill, one token event
+// per inter-token latency (cut by close-after and stall-after), st's closing events and
+// its terminator.
+func (s *seq) serveStream(st streamer) error {
+	if handled, err := s.preHeaders(); handled || err != nil {
+		return err
+	}
+	h := s.w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	s.w.WriteHeader(http.StatusOK)
+	if err := s.flush(); err != nil {
+		return err
+	}
+	if s.f.closeAfterHeaders {
+		s.abortConn()
+	}
+	if err := st.open(); err != nil {
+		return err
+	}
+	if s.f.malformed {
+		if err := s.write([]byte(st.malformed())); err != nil {
+			return err
+		}
+	}
+	if err := s.prefill(); err != nil {
+		return err
+	}
+	led, err := st.lead()
+	if err != nil {
+		return err
+	}
+	for i := 0; ; i++ {
+		if s.f.closeAfter >= 0 && i == min(s.f.closeAfter, s.n) {
+			s.abortConn()
+		}
+		if s.f.stallAfter >= 0 && i == min(s.f.stallAfter, s.n) {
+			return s.sleep(-1)
+		}
+		if i == s.n {
+			break
+		}
+		if i > 0 || led {
+			if err := s.wait(s.itlDelay(), nil, true); err != nil {
+				return err
+			}
+		}
+		s.decode(i)
+		if err := st.token(i); err != nil {
+			return err
+		}
+	}
+	if err := st.close(); err != nil {
+		return err
+	}
+	if s.f.truncate {
+		// End the stream cleanly without its terminator. The client sees the end only when
+		// net/http finishes the response after the handler returns, so this is still
+		// before the last bytes.
+		s.settle(outcomeFaulted, "")
+		return nil
+	}
+	term, err := st.terminator()
+	if err != nil {
+		return err
+	}
+	s.settle(outcomeCompleted, s.finish)
+	_ = s.write(term) // the request is complete; a client gone now is not an abort
+	return nil
+}
+
+// serveUnary runs the sequence as a non-stream request: the faults before the headers, the whole
+// generation (the prefill, then n-1 inter-token latencies), and the body that body builds
+// afterwards, of Content-Type ct, written with the body faults.
+func (s *seq) serveUnary(ct string, body func() ([]byte, error)) error {
+	if handled, err := s.preHeaders(); handled || err != nil {
+		return err
+	}
+	s.closeAfterHeaders(ct)
+	if err := s.prefill(); err != nil {
+		return err
+	}
+	for i := range s.n {
+		if i > 0 {
+			if err := s.wait(s.itlDelay(), nil, false); err != nil {
+				return err
+			}
+		}
+		s.decode(i)
+	}
+	b, err := body()
+	if err != nil {
+		return err
+	}
+	return s.writeBodyAs(b, ct, s.finish)
+}
