@@ -2,12 +2,15 @@ package enginesim
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"io"
+	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -72,8 +75,10 @@ func mustSend(t *testing.T, srv *httptest.Server, method, path, body string, hdr
 // fault returns the header map selecting spec.
 func fault(spec string) map[string]string { return map[string]string{FaultHeader: spec} }
 
-// sseEvent is one parsed SSE event: a data payload or a comment line.
+// sseEvent is one parsed SSE event: a data payload (with its event name, if any) or a
+// comment line.
 type sseEvent struct {
+	event   string
 	data    string
 	comment string
 }
@@ -84,6 +89,7 @@ func readEvents(r io.Reader) ([]sseEvent, error) {
 	br := bufio.NewReader(r)
 	var evs []sseEvent
 	var data []string
+	name := ""
 	for {
 		line, err := br.ReadString('\n')
 		if err != nil {
@@ -99,11 +105,13 @@ func readEvents(r io.Reader) ([]sseEvent, error) {
 		switch {
 		case line == "":
 			if data != nil {
-				evs = append(evs, sseEvent{data: strings.Join(data, "\n")})
-				data = nil
+				evs = append(evs, sseEvent{event: name, data: strings.Join(data, "\n")})
+				data, name = nil, ""
 			}
 		case strings.HasPrefix(line, ":"):
 			evs = append(evs, sseEvent{comment: line})
+		case strings.HasPrefix(line, "event: "):
+			name = strings.TrimPrefix(line, "event: ")
 		case strings.HasPrefix(line, "data: "):
 			data = append(data, strings.TrimPrefix(line, "data: "))
 		}
@@ -159,4 +167,98 @@ func waitIdle(t *testing.T, e *Engine, rejected int64) Stats {
 		t.Errorf("KV blocks held when idle = %d, want 0", got)
 	}
 	return s
+}
+
+// startEngineWith is startEngine with setup applied to the engine before it serves (for the
+// test hooks: onDelay, now).
+func startEngineWith(t *testing.T, cfg Config, setup func(*Engine)) (*Engine, *httptest.Server) {
+	t.Helper()
+	e, err := New(cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	setup(e)
+	srv := httptest.NewServer(e.Handler())
+	t.Cleanup(srv.Close)
+	return e, srv
+}
+
+// fakeClock is a settable clock for the engine's now hook.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *fakeClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// sendRaw sends body with Content-Type ct, failing the test on a transport error.
+func sendRaw(t *testing.T, srv *httptest.Server, method, path, ct string, body []byte, hdr map[string]string) *http.Response {
+	t.Helper()
+	req, err := http.NewRequest(method, srv.URL+path, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ct != "" {
+		req.Header.Set("Content-Type", ct)
+	}
+	for k, v := range hdr {
+		req.Header.Set(k, v)
+	}
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", method, path, err)
+	}
+	t.Cleanup(func() { _ = resp.Body.Close() })
+	return resp
+}
+
+// formField is one multipart field; file fields carry their content in value.
+type formField struct {
+	name, value string
+	file        bool
+}
+
+// multipartBody encodes fields, in order, as multipart/form-data.
+func multipartBody(t *testing.T, fields ...formField) (ct string, body []byte) {
+	t.Helper()
+	var b bytes.Buffer
+	mw := multipart.NewWriter(&b)
+	for _, f := range fields {
+		var err error
+		if f.file {
+			var fw io.Writer
+			if fw, err = mw.CreateFormFile(f.name, "audio.wav"); err == nil {
+				_, err = io.WriteString(fw, f.value)
+			}
+		} else {
+			err = mw.WriteField(f.name, f.value)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := mw.Close(); err != nil {
+		t.Fatal(err)
+	}
+	return mw.FormDataContentType(), b.Bytes()
+}
+
+// decode unmarshals b into a value of type T, failing the test on error.
+func decode[T any](t *testing.T, b []byte) T {
+	t.Helper()
+	var v T
+	if err := json.Unmarshal(b, &v); err != nil {
+		t.Fatalf("decode %q: %v", b, err)
+	}
+	return v
 }
