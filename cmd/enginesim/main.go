@@ -6,6 +6,9 @@
 // --ttft-per-running and --itl-per-running (default 0, off) make latency grow with the
 // number of running sequences; see the package documentation's Scheduling section.
 //
+// --lora name=path (repeatable, like vLLM's --lora-modules) loads a LoRA adapter on the
+// first model at start; more can be loaded at run time with POST /v1/load_lora_adapter.
+//
 // It stops on SIGINT or SIGTERM, draining in-flight requests for up to 5 s.
 package main
 
@@ -19,6 +22,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -70,11 +74,19 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.IntVar(&o.cfg.BlockSize, "block-size", enginesim.DefaultBlockSize, "tokens per KV cache block")
 	fs.IntVar(&o.cfg.EmbeddingDim, "embedding-dim", enginesim.DefaultEmbeddingDim, "length of embedding vectors")
 	fs.StringVar(&o.cfg.Fault, "fault", "", "default fault spec for requests without an X-Enginesim-Fault header, e.g. close-after=3")
+	loras := fs.StringArray("lora", nil, "LoRA adapter loaded at start on the first model, as name=path (repeatable)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
 	if fs.NArg() > 0 {
 		return o, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	for _, l := range *loras {
+		name, path, ok := strings.Cut(l, "=")
+		if !ok || name == "" || path == "" {
+			return o, fmt.Errorf("--lora %q: want name=path", l)
+		}
+		o.cfg.LoRAs = append(o.cfg.LoRAs, enginesim.LoRA{Name: name, Path: path})
 	}
 	return o, nil
 }
@@ -104,7 +116,8 @@ func serve(ctx context.Context, args []string, out io.Writer, log *slog.Logger, 
 	go func() { errc <- srv.Serve(ln) }()
 	log.Info("enginesim listening", "addr", ln.Addr().String(), "name", o.cfg.Name, "models", o.cfg.Models,
 		"ttft", o.cfg.TTFT, "itl", o.cfg.ITL, "ttft_per_running", o.cfg.TTFTPerRunning,
-		"itl_per_running", o.cfg.ITLPerRunning, "max_num_seqs", o.cfg.MaxNumSeqs, "fault", o.cfg.Fault)
+		"itl_per_running", o.cfg.ITLPerRunning, "max_num_seqs", o.cfg.MaxNumSeqs, "fault", o.cfg.Fault,
+		"loras", len(o.cfg.LoRAs))
 	if ready != nil {
 		ready(ln.Addr())
 	}

@@ -46,6 +46,7 @@ func TestParseFlags(t *testing.T) {
 				"--ttft-per-token", "2ms", "--itl=30ms", "--output-tokens", "5", "--max-output-tokens", "50",
 				"--max-num-seqs", "2", "--kv-cache-blocks", "64", "--block-size", "8", "--embedding-dim", "4",
 				"--fault", "status=503", "--ttft-per-running", "5ms", "--itl-per-running", "1ms",
+				"--lora", "sql=/loras/sql", "--lora", "chat=/loras/chat=v2",
 			},
 			listen: ":9000",
 			cfg: enginesim.Config{
@@ -53,11 +54,14 @@ func TestParseFlags(t *testing.T) {
 				ITL: 30 * time.Millisecond, OutputTokens: 5, MaxOutputTokens: 50, MaxNumSeqs: 2, KVCacheBlocks: 64,
 				BlockSize: 8, EmbeddingDim: 4, Fault: "status=503",
 				TTFTPerRunning: 5 * time.Millisecond, ITLPerRunning: time.Millisecond,
+				LoRAs: []enginesim.LoRA{{Name: "sql", Path: "/loras/sql"}, {Name: "chat", Path: "/loras/chat=v2"}},
 			},
 		},
 		{name: "unknown flag", args: []string{"--nope"}, wantErr: true},
 		{name: "bad duration", args: []string{"--ttft", "fast"}, wantErr: true},
 		{name: "stray argument", args: []string{"extra"}, wantErr: true},
+		{name: "lora without path", args: []string{"--lora", "sql"}, wantErr: true},
+		{name: "lora without name", args: []string{"--lora", "=/p"}, wantErr: true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -142,6 +146,7 @@ func TestServeErrors(t *testing.T) {
 	}{
 		{"invalid config", []string{"--itl", "-1s", "--listen", "127.0.0.1:0"}, "itl must not be negative"},
 		{"bad fault", []string{"--fault", "explode", "--listen", "127.0.0.1:0"}, "unknown fault"},
+		{"lora with a model's name", []string{"--model", "m", "--lora", "m=/p", "--listen", "127.0.0.1:0"}, "has the name of a served model"},
 		{"bad listen", []string{"--listen", "127.0.0.1:-5"}, "invalid port"},
 		{"bad flag", []string{"--bogus"}, "unknown flag"},
 	}
