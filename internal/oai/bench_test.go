@@ -83,7 +83,7 @@ func BenchmarkParseRequest(b *testing.B) {
 	b.SetBytes(int64(len(body)))
 	b.ReportAllocs()
 	for b.Loop() {
-		if _, err := ParseRequest(OpChat, body); err != nil {
+		if _, err := ParseRequest(SchemaChat, body); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -148,7 +148,7 @@ func BenchmarkParse(b *testing.B) {
 			b.SetBytes(int64(len(body)))
 			b.ReportAllocs()
 			for b.Loop() {
-				if _, err := bc.p.Parse(OpChat, body); err != nil {
+				if _, err := bc.p.Parse(SchemaChat, body); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -163,6 +163,94 @@ func BenchmarkParseResponse(b *testing.B) {
 	for b.Loop() {
 		if _, _, ok := ParseResponse(body); !ok {
 			b.Fatal("not ok")
+		}
+	}
+}
+
+// responsesBody is a Responses API request with instructions and a
+// multi-item input, as an agent sends it.
+const responsesBody = `{"model":"meta-llama/Llama-3.1-8B-Instruct","instructions":"You are the support assistant for Switchboard. Answer concisely.",` +
+	`"input":[{"role":"user","content":[{"type":"input_text","text":"What does the gateway do when an engine dies mid-stream?"}]},` +
+	`{"type":"function_call","call_id":"call_1","name":"search_docs","arguments":"{\"query\":\"engine failure\"}"},` +
+	`{"type":"function_call_output","call_id":"call_1","output":"It sends a final SSE error event."}],` +
+	`"stream":true,"max_output_tokens":512,"temperature":0.7,"user":"session-42"}`
+
+// messagesBody is an Anthropic Messages API request with a system prompt
+// in text blocks.
+const messagesBody = `{"model":"claude-like","max_tokens":1024,"system":[{"type":"text","text":"You are the support assistant for Switchboard. Answer concisely.","cache_control":{"type":"ephemeral"}}],` +
+	`"messages":[{"role":"user","content":"What does the gateway do when an engine dies mid-stream?"},` +
+	`{"role":"assistant","content":[{"type":"text","text":"Let me check."},{"type":"tool_use","id":"toolu_1","name":"search_docs","input":{"query":"engine failure"}}]},` +
+	`{"role":"user","content":[{"type":"tool_result","tool_use_id":"toolu_1","content":"It sends a final SSE error event."}]}],` +
+	`"stream":true,"metadata":{"user_id":"session-42"}}`
+
+// BenchmarkParseSchemas is BenchmarkParse's hashing=on for the schemas with
+// a preamble, on bodies of about 0.8 KiB.
+func BenchmarkParseSchemas(b *testing.B) {
+	p := Parser{BlockBytes: 64, MaxBlocks: 256}
+	for _, bc := range []struct {
+		name string
+		s    *Schema
+		body string
+	}{
+		{"messages", SchemaMessages, messagesBody},
+		{"responses", SchemaResponses, responsesBody},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			body := []byte(bc.body)
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := p.Parse(bc.s, body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func BenchmarkInspectEvent(b *testing.B) {
+	for _, bc := range []struct {
+		name    string
+		inspect func([]byte) (Event, error)
+		data    string
+	}{
+		{"responses/delta", InspectResponsesEvent, respTextDelta},
+		{"responses/completed", InspectResponsesEvent, respCompleted},
+		{"anthropic/delta", InspectAnthropicEvent, antTextDelta},
+		{"anthropic/start", InspectAnthropicEvent, antStart},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			data := []byte(bc.data)
+			b.SetBytes(int64(len(data)))
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := bc.inspect(data); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkParseForm reads a transcription form with a 64 KiB file of
+// pseudo-random bytes (compressed audio looks random).
+func BenchmarkParseForm(b *testing.B) {
+	raw := make([]byte, 64<<10)
+	x := uint32(1)
+	for i := range raw {
+		x ^= x << 13
+		x ^= x >> 17
+		x ^= x << 5
+		raw[i] = byte(x)
+	}
+	file := string(raw)
+	body := []byte(crlf("--XyZ\nContent-Disposition: form-data; name=\"file\"; filename=\"speech.wav\"\nContent-Type: audio/wav\n\n") +
+		file + crlf("\n--XyZ\nContent-Disposition: form-data; name=\"model\"\n\nwhisper\n--XyZ\nContent-Disposition: form-data; name=\"stream\"\n\ntrue\n--XyZ--\n"))
+	b.SetBytes(int64(len(body)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := ParseForm(body, formCT, "file"); err != nil {
+			b.Fatal(err)
 		}
 	}
 }

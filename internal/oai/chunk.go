@@ -71,7 +71,7 @@ func InspectChunk(data []byte) (Chunk, error) {
 		case "choices":
 			c.Content, c.Finish, c.Choices = d.choices()
 		case "usage":
-			c.Usage, c.HasUsage = d.usage()
+			c.Usage, c.HasUsage = d.usage(false)
 		case "error":
 			errorKey = !d.isNull()
 			if errorKey {
@@ -169,34 +169,56 @@ func (d *decoder) delta() bool {
 	return content || reasoningContent || reasoning || toolCalls
 }
 
-// usage reads a usage value; ok is false unless it is an object.
-func (d *decoder) usage() (u Usage, ok bool) {
+// usage reads a usage value; ok is false unless it is an object. With
+// named set, input_tokens and output_tokens (the Responses API's and
+// Anthropic's names) stand in for prompt_tokens and completion_tokens when
+// those are absent or not numbers. (A bool, not a second method, so that
+// InspectChunk's loop stays as it was.)
+func (d *decoder) usage(named bool) (u Usage, ok bool) {
 	if d.peek() != '{' {
 		d.skip()
 		return Usage{}, false
 	}
+	var in, out int64
+	var hasPrompt, hasCompletion, hasIn, hasOut bool
 	d.open('{')
 	for n := 0; d.more('}', &n); {
 		switch string(d.key()) {
 		case "prompt_tokens":
-			u.PromptTokens, _ = d.int()
+			u.PromptTokens, hasPrompt = d.int()
 		case "completion_tokens":
-			u.CompletionTokens, _ = d.int()
+			u.CompletionTokens, hasCompletion = d.int()
 		case "total_tokens":
 			u.TotalTokens, _ = d.int()
+		case "input_tokens":
+			in, hasIn = d.int()
+		case "output_tokens":
+			out, hasOut = d.int()
 		default:
 			d.skip()
 		}
+	}
+	if named && !hasPrompt && hasIn {
+		u.PromptTokens = in
+	}
+	if named && !hasCompletion && hasOut {
+		u.CompletionTokens = out
 	}
 	return u, true
 }
 
 // ParseResponse extracts id and usage from a non-streaming response body
-// (chat, completion or embeddings); ok=false when the body is not a JSON
-// object.
+// (chat, completion, embeddings and the other OpenAI-style bodies, the
+// Responses API's, Anthropic's messages); ok=false when the body is not a
+// JSON object.
 //
 // An invalid JSON body is not an object either. id is "" when absent or not a
-// string; usage is zero when absent, null or not an object.
+// string; usage is zero when absent, null or not an object. In usage,
+// PromptTokens is prompt_tokens when it is a number, else input_tokens
+// (Responses API, Anthropic); CompletionTokens is completion_tokens, else
+// output_tokens; TotalTokens is total_tokens as reported (Anthropic reports
+// none). Fields that are absent or not numbers are 0, fractions are
+// truncated and values too large saturate.
 func ParseResponse(body []byte) (id string, usage Usage, ok bool) {
 	d := decoder{b: body}
 	if !d.open('{') {
@@ -208,7 +230,7 @@ func ParseResponse(body []byte) (id string, usage Usage, ok bool) {
 		case "id":
 			rawID = d.value()
 		case "usage":
-			usage, _ = d.usage()
+			usage, _ = d.usage(true)
 		default:
 			d.skip()
 		}

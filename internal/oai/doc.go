@@ -1,30 +1,56 @@
-// Package oai reads the few fields of OpenAI-compatible bodies that the
-// gateway routes and accounts on, without decoding the rest.
+// Package oai reads the few fields of OpenAI-compatible (and Anthropic-
+// compatible) bodies that the gateway routes and accounts on, without
+// decoding the rest.
+//
+// # Routes and schemas
+//
+// The package knows no routes. The gateway's route table gives each route a
+// [Schema], which says which field is the prompt and how it is walked,
+// which fields are required, whether "model" is, and whether the route
+// generates tokens (and so has stream flags and token limits). [SchemaChat],
+// [SchemaCompletion], [SchemaEmbeddings], [SchemaResponses],
+// [SchemaMessages] and the others are the schemas of the routes the gateway
+// serves; a new route can use its own Schema literal. Audio transcription
+// and translation bodies are forms, read by [ParseForm].
+//
+// # Requests
 //
 // [ParseRequest] runs once per request on the raw body, which the gateway
 // keeps and forwards unchanged: it validates the body as JSON and extracts
-// the model, the stream flags, the session key, the token limit and an
-// estimate of the prompt size, or returns a [RequestError] that the gateway
-// turns into a 400 invalid_request_error without contacting an engine.
-// [Parser.Parse] does the same and, in the same pass, hashes the prompt's
-// leading fixed-size blocks into [Request.PrefixHashes] for prefix-cache-
-// aware routing.
-// [InspectChunk] runs on the data of every streamed SSE event and says
-// whether it carries output (for time to first token and inter-token
-// latency), finishes a choice, reports usage or is an error.
-// [ParseResponse] takes the id and usage from a non-streaming response.
+// the model and its offsets (to swap an alias in place), the stream flags,
+// the session key, the token limit and an estimate of the prompt size, or
+// returns a [RequestError] that the gateway turns into a 400
+// invalid_request_error without contacting an engine. [Parser.Parse] does
+// the same and, in the same pass, hashes the prompt's leading fixed-size
+// blocks into [Request.PrefixHashes] for prefix-cache-aware routing.
+// [ParseForm] reads the model, the stream flag and the presence of the file
+// from a multipart/form-data body.
+//
+// # Responses and streams
+//
+// [InspectChunk] runs on the data of every streamed SSE event of a chat or
+// completions stream and says whether it carries output (for time to first
+// token and inter-token latency), finishes a choice, reports usage or is an
+// error. [InspectResponsesEvent] and [InspectAnthropicEvent] do the same
+// for the Responses API's and Anthropic's typed events, reporting an
+// [Event]: the first output, the end event, errors, the id and usage.
+// [ParseResponse] takes the id and usage from a non-streaming response of
+// any of these APIs.
 //
 // # Parsing
 //
-// All three read the body in a single pass with a small validating JSON
-// reader that accepts exactly what encoding/json accepts (the tests compare
-// it with json.Valid and with encoding/json reference implementations,
-// including under fuzzing). Object keys match exactly, after decoding
-// escapes, and the last of duplicate keys wins, which is how the engines'
-// JSON parsers read a body; encoding/json's case-insensitive field matching
-// would let {"model":"a","MODEL":"b"} route as "b" while the engine serves
-// "a". encoding/json is still used where it is rare and convenient: to
-// describe a syntax error and to decode strings that contain escapes.
+// The JSON functions read the body in a single pass with a small
+// validating JSON reader that accepts exactly what encoding/json accepts
+// (the tests compare it with json.Valid and with encoding/json reference
+// implementations, including under fuzzing). Object keys match exactly,
+// after decoding escapes, and the last of duplicate keys wins, which is how
+// the engines' JSON parsers read a body; encoding/json's case-insensitive
+// field matching would let {"model":"a","MODEL":"b"} route as "b" while the
+// engine serves "a". encoding/json is still used where it is rare and
+// convenient: to describe a syntax error and to decode strings that contain
+// escapes. ParseForm scans the form in place as Go's mime/multipart reads
+// it (a fuzz test compares the two), stricter where a lax reading could
+// make the gateway and the engine disagree on the model.
 //
 // # Prefix hashes
 //
@@ -33,20 +59,23 @@
 // saw which hashes and send a request where most of its prefix is likely to
 // be in the KV cache, as the Gateway API Inference Extension's prefix-cache
 // scorer does. The hashes cover a canonical stream of the prompt (roles,
-// contents and tool calls for chat; the prompt for completions), not the
-// whole body, and are deterministic across processes. [Parser] defines the
-// stream and the hash.
+// contents and tool calls for messages; the prompt for completions), not
+// the whole body, seeded by the model and, for Anthropic and the Responses
+// API, the system prompt, and are deterministic across processes. [Parser]
+// defines the stream and the hash.
 //
 // # Allocation
 //
-// InspectChunk does not allocate for a valid chunk; [Chunk.ID] aliases the
-// input. ParseRequest allocates only the Model and User strings, and
-// ParseResponse only the id. Parse with hashing on allocates one slice more,
-// for PrefixHashes. Inspecting a typical 220-byte vLLM chunk takes
+// InspectChunk, InspectResponsesEvent and InspectAnthropicEvent do not
+// allocate for a valid event; [Chunk.ID], [Event.Type] and [Event.ID] alias
+// the input. ParseRequest allocates only the Model and User strings, and
+// ParseResponse only the id. Parse with hashing on allocates one slice
+// more, for PrefixHashes. Inspecting a typical 220-byte vLLM chunk takes
 // about 0.35 µs on a 2-core Xeon, against about 3 µs and 10 allocations for
-// encoding/json decoding into structs with raw-recording leaves, the approach
-// this replaced (BenchmarkInspectChunk and
-// BenchmarkInspectChunkEncodingJSON).
+// encoding/json decoding into structs with raw-recording leaves, the
+// approach this replaced (BenchmarkInspectChunk and
+// BenchmarkInspectChunkEncodingJSON). ParseForm, off the hot path, also
+// allocates the part headers' parameter maps.
 //
 // All functions are safe for concurrent use and never panic.
 package oai

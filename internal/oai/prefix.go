@@ -125,17 +125,30 @@ func (h *prefixHasher) message(role, content, toolCalls []byte) {
 	h.writeByte(sepRecord)
 }
 
-// finish mixes the model's seed into the chain values and returns them,
-// nil when no block was full.
-func (h *prefixHasher) finish(model string) []uint64 {
+// finish mixes the model's seed and the preamble's, pre (0 for none), into
+// the chain values and returns them, nil when no block was full.
+func (h *prefixHasher) finish(model string, pre uint64) []uint64 {
 	if len(h.out) == 0 {
 		return nil
 	}
-	m := stablehash.String(model)
+	m := stablehash.String(model) ^ pre
 	for i, c := range h.out {
 		h.out[i] = stablehash.Mix64(c ^ m)
 	}
 	return h.out
+}
+
+// preambleSeed returns P of the Parser doc from the raw value of the
+// preamble field: 0 when it is absent or null, else XXH64 of a string's
+// bytes between the quotes or of any other value's raw bytes.
+func preambleSeed(raw []byte) uint64 {
+	if nullOrAbsent(raw) {
+		return 0
+	}
+	if raw[0] == '"' {
+		raw = raw[1 : len(raw)-1]
+	}
+	return xxhash.Sum64(raw)
 }
 
 // stringContents returns the bytes between the quotes of the raw JSON
@@ -147,10 +160,11 @@ func stringContents(raw []byte) []byte {
 	return raw[1 : len(raw)-1]
 }
 
-// prompt reads op's prompt field and returns its approximate text bytes,
-// writing the prompt's canonical stream to h (nil: hashing off, which costs
-// only the nil checks).
-func (d *decoder) prompt(op Operation, h *prefixHasher) int {
+// prompt reads a prompt field of kind (PromptMessages, PromptText or
+// PromptInput) and returns its approximate text bytes, writing the
+// prompt's canonical stream to h (nil: hashing off, which costs only the
+// nil checks).
+func (d *decoder) prompt(kind PromptKind, h *prefixHasher) int {
 	switch d.peek() {
 	case '"':
 		s, _ := d.str()
@@ -161,7 +175,7 @@ func (d *decoder) prompt(op Operation, h *prefixHasher) int {
 		d.skip()
 		return 0
 	}
-	if op == OpChat {
+	if kind == PromptMessages {
 		if h == nil {
 			return d.messages()
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"math"
 	"strconv"
+	"strings"
 )
 
 // This file holds reference implementations built on encoding/json maps
@@ -115,9 +116,30 @@ func refInspectChunk(data []byte) (c Chunk, ok bool) {
 	return c, true
 }
 
+// refContentBytes counts the text bytes of a message content (or a
+// preamble) like ParseRequest: a string's raw length, the "text" strings of
+// an array's object elements, 0 for anything else.
+func refContentBytes(c []byte) int {
+	n := 0
+	switch {
+	case len(c) > 0 && c[0] == '"':
+		n += len(c) - 2
+	case len(c) > 0 && c[0] == '[':
+		parts, _ := refArray(c)
+		for _, p := range parts {
+			if pm, ok := refObject(p); ok {
+				if t := pm["text"]; len(t) > 0 && t[0] == '"' {
+					n += len(t) - 2
+				}
+			}
+		}
+	}
+	return n
+}
+
 // refPromptBytes counts prompt bytes like ParseRequest.
-func refPromptBytes(op Operation, raw []byte) int {
-	if len(raw) == 0 {
+func refPromptBytes(kind PromptKind, raw []byte) int {
+	if len(raw) == 0 || kind == PromptNone {
 		return 0
 	}
 	if raw[0] == '"' {
@@ -129,24 +151,9 @@ func refPromptBytes(op Operation, raw []byte) int {
 	}
 	n := 0
 	for _, e := range elems {
-		if op == OpChat {
-			m, ok := refObject(e)
-			if !ok {
-				continue
-			}
-			c := m["content"]
-			switch {
-			case len(c) > 0 && c[0] == '"':
-				n += len(c) - 2
-			case len(c) > 0 && c[0] == '[':
-				parts, _ := refArray(c)
-				for _, p := range parts {
-					if pm, ok := refObject(p); ok {
-						if t := pm["text"]; len(t) > 0 && t[0] == '"' {
-							n += len(t) - 2
-						}
-					}
-				}
+		if kind == PromptMessages {
+			if m, ok := refObject(e); ok {
+				n += refContentBytes(m["content"])
 			}
 			continue
 		}
@@ -163,11 +170,14 @@ func refPromptBytes(op Operation, raw []byte) int {
 	return n
 }
 
+// refNull reports whether a raw member value is absent or null.
+func refNull(raw []byte) bool { return raw == nil || string(raw) == "null" }
+
 // refParseRequest is ParseRequest with encoding/json doing the parsing. It
 // shares the per-field rules (stringField, boolField, ...) so that it checks
 // the decoder, while the table tests check the rules.
-func refParseRequest(op Operation, body []byte) (Request, error) {
-	if op < OpChat || op > OpEmbeddings {
+func refParseRequest(s *Schema, body []byte) (Request, error) {
+	if s == nil {
 		return Request{}, reqErr("", "unsupported operation")
 	}
 	trimmed := bytes.TrimLeft(body, " \t\r\n")
@@ -184,15 +194,35 @@ func refParseRequest(op Operation, body []byte) (Request, error) {
 	}
 	var r Request
 	var err error
-	if r.Model, err = stringField("model", m["model"], true); err != nil {
+	if r.Model, err = stringField("model", m["model"], s.ModelRequired); err != nil {
 		return Request{}, err
 	}
-	required := m[requiredField(op)]
-	if err := checkRequired(op, required); err != nil {
-		return Request{}, err
+	if !refNull(m["model"]) {
+		r.ModelStart, r.ModelEnd = refMemberSpan(body, "model")
 	}
-	r.PromptBytes = refPromptBytes(op, required)
-	if op != OpEmbeddings {
+	if s.Prompt != "" {
+		raw := m[s.Prompt]
+		switch {
+		case refNull(raw):
+			if s.PromptRequired {
+				return Request{}, reqErr(s.Prompt, s.Prompt+" is required")
+			}
+		case s.PromptNonEmpty:
+			if a, ok := refArray(raw); !ok || len(a) == 0 {
+				return Request{}, reqErr(s.Prompt, s.Prompt+" must be a non-empty array")
+			}
+		}
+		r.PromptBytes = refPromptBytes(s.PromptKind, raw)
+	}
+	for _, f := range s.Require {
+		if refNull(m[f]) {
+			return Request{}, reqErr(f, f+" is required")
+		}
+	}
+	if s.Preamble != "" && (s.Preamble != s.Prompt || s.PromptKind == PromptNone) {
+		r.PromptBytes += refContentBytes(m[s.Preamble])
+	}
+	if s.Generative {
 		if r.Stream, err = boolField("stream", m["stream"]); err != nil {
 			return Request{}, err
 		}
@@ -203,54 +233,74 @@ func refParseRequest(op Operation, body []byte) (Request, error) {
 			r.ContinuousUsage = string(obj["continuous_usage_stats"]) == "true"
 		}
 		so := m["stream_options"]
-		r.HasStreamOptions = len(so) > 0 && string(so) != "null"
+		r.HasStreamOptions = !refNull(so)
 		if r.HasStreamOptions {
 			r.StreamOptionsEnd = refStreamOptionsEnd(body)
 			obj, _ := refObject(so)
 			r.StreamOptionsEmpty = len(obj) == 0
 		}
-		mt, err := intField("max_tokens", m["max_tokens"])
-		if err != nil {
-			return Request{}, err
+		var limits [3]int64
+		for i, name := range []string{"max_tokens", "max_completion_tokens", "max_output_tokens"} {
+			if limits[i], err = intField(name, m[name]); err != nil {
+				return Request{}, err
+			}
 		}
-		mct, err := intField("max_completion_tokens", m["max_completion_tokens"])
-		if err != nil {
-			return Request{}, err
-		}
-		r.MaxTokens = mt
-		if mct != 0 {
+		switch mt, mct, mot := limits[0], limits[1], limits[2]; {
+		case mct != 0:
 			r.MaxTokens = mct
+		case mt != 0:
+			r.MaxTokens = mt
+		default:
+			r.MaxTokens = mot
 		}
 	}
 	if r.User, err = stringField("user", m["user"], false); err != nil {
 		return Request{}, err
 	}
+	if md, ok := refObject(m["metadata"]); ok {
+		if uid := md["user_id"]; !refNull(uid) {
+			var id string
+			if json.Unmarshal(uid, &id) != nil {
+				return Request{}, reqErr("metadata.user_id", "metadata.user_id must be a string")
+			}
+			if r.User == "" {
+				r.User = id
+			}
+		}
+	}
 	return r, nil
 }
 
 // refStreamOptionsEnd returns the offset of the last byte of the last
-// top-level stream_options value in the valid JSON object body, found with
-// encoding/json's token stream.
+// top-level stream_options value in the valid JSON object body.
 func refStreamOptionsEnd(body []byte) int {
+	_, end := refMemberSpan(body, "stream_options")
+	return end - 1
+}
+
+// refMemberSpan returns the offsets of the last top-level key value in the
+// valid JSON object body, found with encoding/json's token stream; 0, 0
+// if there is none.
+func refMemberSpan(body []byte, key string) (start, end int) {
 	dec := json.NewDecoder(bytes.NewReader(body))
 	if _, err := dec.Token(); err != nil {
-		return -1
+		return -1, -1
 	}
-	end := -1
 	for dec.More() {
 		tok, err := dec.Token()
 		if err != nil {
-			return -1
+			return -1, -1
 		}
 		var raw json.RawMessage
 		if err := dec.Decode(&raw); err != nil {
-			return -1
+			return -1, -1
 		}
-		if tok == "stream_options" {
-			end = int(dec.InputOffset()) - 1
+		if tok == key {
+			end = int(dec.InputOffset())
+			start = end - len(raw)
 		}
 	}
-	return end
+	return start, end
 }
 
 // refParseResponse is ParseResponse written with encoding/json.
@@ -267,5 +317,102 @@ func refParseResponse(body []byte) (string, Usage, bool) {
 		_ = json.Unmarshal(raw, &id)
 	}
 	u, _ := refUsage(m["usage"])
+	if um, ok := refObject(m["usage"]); ok {
+		if !refIsNum(um["prompt_tokens"]) && refIsNum(um["input_tokens"]) {
+			u.PromptTokens = refInt(um["input_tokens"])
+		}
+		if !refIsNum(um["completion_tokens"]) && refIsNum(um["output_tokens"]) {
+			u.CompletionTokens = refInt(um["output_tokens"])
+		}
+	}
 	return id, u, true
+}
+
+func refIsNum(raw []byte) bool {
+	return len(raw) > 0 && (raw[0] == '-' || raw[0] >= '0' && raw[0] <= '9')
+}
+
+// refCount is Event's token count of a raw value: -1 unless a non-negative
+// number.
+func refCount(raw []byte) int64 {
+	if !refIsNum(raw) {
+		return -1
+	}
+	if v := refInt(raw); v >= 0 {
+		return v
+	}
+	return -1
+}
+
+// refTokenUsage is the input and output tokens of a raw usage value.
+func refTokenUsage(raw []byte) (in, out int64) {
+	m, ok := refObject(raw)
+	if !ok {
+		return -1, -1
+	}
+	return refCount(m["input_tokens"]), refCount(m["output_tokens"])
+}
+
+// refEventCommon reads what both framings share: the type (raw and
+// decoded), the top-level error, and the id and usage of the object
+// member obj ("response" or "message").
+func refEventCommon(data []byte, obj string) (m map[string]json.RawMessage, e Event, typ string, ok bool) {
+	if !json.Valid(data) {
+		return nil, Event{}, "", false
+	}
+	m, ok = refObject(data)
+	if !ok {
+		return nil, Event{}, "", false
+	}
+	e = Event{InputTokens: -1, OutputTokens: -1}
+	if t := m["type"]; len(t) > 0 && t[0] == '"' {
+		e.Type = t[1 : len(t)-1]
+		_ = json.Unmarshal(t, &typ)
+	}
+	if errv := m["error"]; errv != nil && string(errv) != "null" {
+		e.Error = true
+	}
+	if om, ok := refObject(m[obj]); ok {
+		if id := om["id"]; len(id) > 0 && id[0] == '"' {
+			e.ID = id[1 : len(id)-1]
+		}
+		e.InputTokens, e.OutputTokens = refTokenUsage(om["usage"])
+	}
+	return m, e, typ, true
+}
+
+// refInspectResponsesEvent is InspectResponsesEvent written with
+// encoding/json; ok is false where it must return an error.
+func refInspectResponsesEvent(data []byte) (Event, bool) {
+	m, e, typ, ok := refEventCommon(data, "response")
+	if !ok {
+		return Event{}, false
+	}
+	e.Content = strings.HasSuffix(typ, ".delta") && refNonEmptyString(m["delta"])
+	e.Terminal = typ == "response.completed" || typ == "response.failed" || typ == "response.incomplete"
+	e.Error = e.Error || typ == "error" || typ == "response.failed"
+	return e, true
+}
+
+// refInspectAnthropicEvent is InspectAnthropicEvent written with
+// encoding/json.
+func refInspectAnthropicEvent(data []byte) (Event, bool) {
+	m, e, typ, ok := refEventCommon(data, "message")
+	if !ok {
+		return Event{}, false
+	}
+	if in, out := refTokenUsage(m["usage"]); true {
+		if in >= 0 {
+			e.InputTokens = in
+		}
+		if out >= 0 {
+			e.OutputTokens = out
+		}
+	}
+	if dm, ok := refObject(m["delta"]); ok && typ == "content_block_delta" {
+		e.Content = refNonEmptyString(dm["text"]) || refNonEmptyString(dm["thinking"]) || refNonEmptyString(dm["partial_json"])
+	}
+	e.Terminal = typ == "message_stop"
+	e.Error = e.Error || typ == "error"
+	return e, true
 }

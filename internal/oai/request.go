@@ -7,35 +7,6 @@ import (
 	"unicode/utf8"
 )
 
-// Operation is the OpenAI API operation of a request; String() gives the
-// GenAI semantic-convention operation name.
-type Operation uint8
-
-// The operations the gateway serves.
-const (
-	// OpChat is POST /v1/chat/completions ("chat").
-	OpChat Operation = iota + 1
-	// OpCompletion is POST /v1/completions ("text_completion").
-	OpCompletion
-	// OpEmbeddings is POST /v1/embeddings ("embeddings").
-	OpEmbeddings
-)
-
-// String returns the GenAI semantic-convention operation name
-// (gen_ai.operation.name): "chat", "text_completion" or "embeddings", and
-// "Operation(n)" for a value that is none of them.
-func (o Operation) String() string {
-	switch o {
-	case OpChat:
-		return "chat"
-	case OpCompletion:
-		return "text_completion"
-	case OpEmbeddings:
-		return "embeddings"
-	}
-	return "Operation(" + strconv.Itoa(int(o)) + ")"
-}
-
 // tokenBytes is what PromptBytes counts for one token id of a pre-tokenized
 // prompt: roughly the bytes of text per token of common BPE vocabularies.
 const tokenBytes = 4
@@ -43,9 +14,16 @@ const tokenBytes = 4
 // Request holds the fields of a request body that the gateway routes and
 // accounts on.
 type Request struct {
-	// Model is the "model" field, never empty in a parsed Request.
+	// Model is the "model" field; never empty when the Schema has
+	// ModelRequired, "" when an optional model is absent or null.
 	Model string
-	// Stream is the "stream" field; always false for OpEmbeddings.
+	// ModelStart and ModelEnd are the byte offsets in the body of the
+	// (last) "model" value, the JSON string including its quotes, so that
+	// body[ModelStart:ModelEnd] can be replaced (a model alias) without
+	// re-encoding the body; both 0 when the model is absent or null.
+	ModelStart, ModelEnd int
+	// Stream is the "stream" field; always false for a Schema that is not
+	// Generative.
 	Stream bool
 	// IncludeUsage is stream_options.include_usage.
 	IncludeUsage bool
@@ -61,67 +39,87 @@ type Request struct {
 	// object has no members.
 	StreamOptionsEnd   int
 	StreamOptionsEmpty bool
-	// User is the "user" field (a session-affinity key candidate), "" if
-	// absent.
+	// User is a session-affinity key candidate: the top-level "user"
+	// string when it is non-empty, else Anthropic's metadata.user_id
+	// string, else "".
 	User string
 	// MaxTokens is max_completion_tokens when it is set and non-zero,
-	// otherwise max_tokens (the precedence vLLM applies); 0 if absent.
+	// otherwise max_tokens when it is set and non-zero (the precedence
+	// vLLM applies), otherwise the Responses API's max_output_tokens; 0 if
+	// none is set or the Schema is not Generative.
 	MaxTokens int64
 	// PromptBytes is the total bytes of prompt text (messages[].content
-	// strings and text parts, or prompt, or input strings) for later
-	// prefix-aware routing. It is approximate: strings are counted as
-	// written in the body, escape sequences included, and a token id of a
-	// pre-tokenized prompt or input counts as 4 bytes.
+	// strings and text parts, or prompt, or input strings, plus the
+	// Schema's Preamble when it is a string or an array of text parts) for
+	// prefix-aware routing and load estimates. It is approximate: strings
+	// are counted as written in the body, escape sequences included, and a
+	// token id of a pre-tokenized prompt or input counts as 4 bytes. 0 for
+	// PromptNone.
 	PromptBytes int
 	// PrefixHashes are the chained hashes of the leading full blocks of
 	// the prompt's canonical byte stream, computed by [Parser.Parse] when
-	// its BlockBytes is set: PrefixHashes[i] stands for the model and the
-	// whole stream up to the end of block i, so two requests for the same
-	// model share their first k hashes when their streams share their
-	// first k blocks. At most MaxBlocks long; nil when hashing is off (as
-	// for [ParseRequest]), for OpEmbeddings, and when the stream is
-	// shorter than one block. Parser describes the stream and the hash.
+	// its BlockBytes is set: PrefixHashes[i] stands for the model, the
+	// preamble and the whole stream up to the end of block i, so two
+	// requests for the same model and preamble share their first k hashes
+	// when their streams share their first k blocks. At most MaxBlocks
+	// long; nil when hashing is off (as for [ParseRequest]), for
+	// PromptNone and PromptInput, and when the stream is shorter than one
+	// block. Parser describes the stream and the hash.
 	PrefixHashes []uint64
 }
 
-// RequestError says why a body was rejected: the OpenAI error "param" (may
-// be "") and a lower-case message. The gateway answers it with 400 and an
-// invalid_request_error.
+// RequestError says why a body was rejected: the HTTP status, the OpenAI
+// error "param" (may be "") and a lower-case message. The gateway answers
+// it with Status (400 when 0) and an invalid_request_error.
 type RequestError struct {
+	// Status is the HTTP status to answer with; 0 means 400. Only
+	// [ParseForm] sets another (415 for a body that is not a form).
+	Status         int
 	Param, Message string
 }
 
 // Error returns the message.
 func (e *RequestError) Error() string { return e.Message }
 
+// HTTPStatus returns Status, or 400 when it is 0.
+func (e *RequestError) HTTPStatus() int {
+	if e.Status == 0 {
+		return 400
+	}
+	return e.Status
+}
+
 func reqErr(param, msg string) error { return &RequestError{Param: param, Message: msg} }
 
-// ParseRequest decodes the routing fields of body for op. Errors (always
-// *RequestError): empty body ("request body is empty"), invalid JSON
-// (message names the JSON error, param ""), body not a JSON object, "model"
-// missing/empty/not a string (param "model"), "stream" not a bool (param
-// "stream"), stream_options not an object, max_tokens not an integer >= 0.
-// For OpChat: "messages" missing or not a non-empty array (param
-// "messages"). For OpCompletion: "prompt" missing (param "prompt"). For
-// OpEmbeddings: "input" missing (param "input"); stream is ignored for
-// embeddings. Never panics on any input.
+// ParseRequest decodes the routing fields of body as schema s says. Errors
+// (always *RequestError, with Status 0, meaning 400): empty body ("request
+// body is empty"), invalid JSON (message names the JSON error, param ""),
+// body not a JSON object, then, in this order: "model" not a string (or,
+// with s.ModelRequired, missing or empty; param "model"); s.Prompt missing
+// or null when s.PromptRequired ("<name> is required"), or not a non-empty
+// array when s.PromptNonEmpty ("<name> must be a non-empty array"); a field
+// of s.Require missing or null ("<f> is required"); for a Generative
+// schema, "stream" not a bool (param "stream"), stream_options not an
+// object, max_tokens, max_completion_tokens or max_output_tokens not an
+// integer >= 0; "user" not a string; metadata.user_id not a string (param
+// "metadata.user_id"). A nil s is rejected with the message "unsupported
+// operation". Never panics on any input.
 //
 // Every field the gateway reads must have its OpenAI type, so "user" must be
 // a string and stream_options.include_usage a bool (param
-// "stream_options.include_usage"), and max_completion_tokens is checked
-// like max_tokens. stream, stream_options and max_tokens are generation
-// parameters, not read for OpEmbeddings. A null field is treated as absent.
-// Other fields are not validated: the engine does that.
+// "stream_options.include_usage"). A metadata value that is not an object
+// is not read (OpenAI's chat metadata and Anthropic's are objects). A null
+// field is treated as absent. Other fields are not validated: the engine
+// does that.
 //
 // Keys match exactly, after decoding escapes, and the last of duplicate keys
 // wins, as in the engine's own JSON parser, so the gateway routes on the
 // same model the engine will see: {"model":"a","Model":"b"} is model "a".
-// An invalid op is rejected with the message "unsupported operation".
 //
 // ParseRequest reads body in one pass and does not retain it; Model and
-// User are copies. It is Parser{}.Parse(op, body): PrefixHashes is nil.
-func ParseRequest(op Operation, body []byte) (Request, error) {
-	return Parser{}.Parse(op, body)
+// User are copies. It is Parser{}.Parse(s, body): PrefixHashes is nil.
+func ParseRequest(s *Schema, body []byte) (Request, error) {
+	return Parser{}.Parse(s, body)
 }
 
 // Parser parses request bodies like [ParseRequest] and can also compute
@@ -140,26 +138,34 @@ func ParseRequest(op Operation, body []byte) (Request, error) {
 //
 // # Canonical stream
 //
-// The hashed bytes are a canonical stream built from the prompt field, not
-// the body, so that fields around the prompt (sampling parameters, tools,
-// stream options, key order at the top level) do not change the hashes:
+// The hashed bytes are a canonical stream built from the Schema's Prompt
+// field, not the body, so that fields around the prompt (sampling
+// parameters, tools, stream options, key order at the top level) do not
+// change the hashes:
 //
-//   - OpChat: for each object element of "messages", in order: the "role"
-//     string's bytes, 0x00, the "content", then 0x01. A content string
-//     contributes its bytes between the quotes, escape sequences as written;
-//     an array of content parts contributes its raw JSON bytes, white space
-//     included (so images and audio count too, and the parts need no second
-//     scan); null, absent or any other value contributes nothing. If the message has a
-//     "tool_calls" array, 0x00 and its raw JSON bytes come before the 0x01,
-//     so agent turns that differ only in their tool calls hash apart. The
-//     order of a message's keys does not matter, the last of duplicate keys
-//     counts, and other keys (name, tool_call_id, ...) and non-object
-//     elements are not part of the stream.
-//   - OpCompletion: a "prompt" string's bytes between the quotes. For an
-//     array: each string element's bytes followed by 0x00, each token id's
-//     decimal text as written followed by 0x02, and each array of token ids
-//     as its token ids followed by 0x01; other elements contribute nothing.
-//   - OpEmbeddings: none; embeddings are not prefix-cached.
+//   - PromptMessages (chat, Anthropic messages, Responses input): for each
+//     object element of the array, in order: the "role" string's bytes,
+//     0x00, the "content", then 0x01. A content string contributes its
+//     bytes between the quotes, escape sequences as written; an array of
+//     content parts contributes its raw JSON bytes, white space included
+//     (so images, audio and Anthropic's tool_use and tool_result blocks
+//     count too, and the parts need no second scan); null, absent or any
+//     other value contributes nothing. If the message has a "tool_calls"
+//     array, 0x00 and its raw JSON bytes come before the 0x01, so agent
+//     turns that differ only in their tool calls hash apart. The order of
+//     a message's keys does not matter, the last of duplicate keys counts,
+//     and other keys (name, tool_call_id, type, ...) and non-object
+//     elements are not part of the stream; so a Responses item without
+//     role or content (function_call, function_call_output) contributes
+//     only its separators. A string value (a Responses "input" string)
+//     contributes its bytes between the quotes.
+//   - PromptText (completions): a "prompt" string's bytes between the
+//     quotes. For an array: each string element's bytes followed by 0x00,
+//     each token id's decimal text as written followed by 0x02, and each
+//     array of token ids as its token ids followed by 0x01; other elements
+//     contribute nothing.
+//   - PromptInput and PromptNone: none; pooling requests are not
+//     prefix-cached.
 //
 // JSON strings cannot contain raw control bytes, so the separators cannot
 // be confused with prompt text. Escapes are not decoded: "\u00e9" and "é"
@@ -171,18 +177,24 @@ func ParseRequest(op Operation, body []byte) (Request, error) {
 // is not hashed. Block i's chain value is c_i = XXH64(block i's bytes,
 // seed c_{i-1}), with c_{-1} = 0 (xxHash, github.com/cespare/xxhash/v2),
 // and PrefixHashes[i] = stablehash.Mix64(c_i XOR stablehash.String(the
-// decoded model name)), Mix64 being MurmurHash3's finalizer. The model is
-// mixed in at the end because "model" may follow the prompt in the body,
-// which keeps
-// the parse to one pass; for a given chain the mix is a bijection, so the
-// same prompt under two models never has the same hash at the same position.
-// The hash is fast (about 0.5 ns per byte of stream, 32 bytes per round), allocates
-// nothing and has no random
-// seed, unlike hash/maphash: every gateway replica, restart and version
-// computes the same values for the same request, so what one learns about
-// which engine holds which hashes holds for all. TestPrefixHashesGolden pins
-// the values; changing the stream or the hash invalidates what every
-// replica has learned, so do it deliberately.
+// decoded model name) XOR P), Mix64 being MurmurHash3's finalizer. P is 0
+// when the Schema has no Preamble or the preamble field is absent or null,
+// and otherwise XXH64 (seed 0) of the preamble's bytes: a string's bytes
+// between the quotes as written, any other value's raw JSON bytes (an
+// Anthropic "system" array of text blocks, cache_control included). So a
+// schema without a preamble, such as chat, hashes exactly as if P did not
+// exist. The model and the preamble are mixed in at the end because they
+// may follow the prompt in the body, which keeps the parse to one pass; for
+// a given chain the mix is a bijection, so the same prompt under two models
+// or two system prompts never has the same hash at the same position.
+//
+// The hash is fast (about 0.5 ns per byte of stream, 32 bytes per round),
+// allocates nothing and has no random seed, unlike hash/maphash: every
+// gateway replica, restart and version computes the same values for the
+// same request, so what one learns about which engine holds which hashes
+// holds for all. TestPrefixHashesGolden pins the values; changing the
+// stream or the hash invalidates what every replica has learned, so do it
+// deliberately.
 type Parser struct {
 	// BlockBytes is the size of a block of the canonical stream, in bytes.
 	// 0 (the default) or less turns hashing off. The Inference
@@ -196,17 +208,22 @@ type Parser struct {
 	MaxBlocks int
 }
 
-// Parse decodes the routing fields of body for op exactly as [ParseRequest]
-// does, with the same results and errors, and, when p.BlockBytes > 0 and op
-// is OpChat or OpCompletion, also sets PrefixHashes (see [Parser]).
+// maxRequireBits is how many of Schema.Require the single pass tracks; the
+// rest (no route has that many) are looked up after it.
+const maxRequireBits = 64
+
+// Parse decodes the routing fields of body as s says, exactly as
+// [ParseRequest] does, with the same results and errors, and, when
+// p.BlockBytes > 0 and s.PromptKind is PromptMessages or PromptText, also
+// sets PrefixHashes (see [Parser]).
 //
 // Parse reads body in one pass, hashing the prompt's bytes in place, and
-// does not retain it. With hashing on it makes at most one allocation more
-// than ParseRequest: the PrefixHashes slice, with capacity
-// min(len(body)/BlockBytes, MaxBlocks), and only when at least one block is
-// full.
-func (p Parser) Parse(op Operation, body []byte) (Request, error) {
-	if op < OpChat || op > OpEmbeddings {
+// does not retain it. It allocates the Model and User strings; with
+// hashing on it makes at most one allocation more: the PrefixHashes slice,
+// with capacity min(len(body)/BlockBytes, MaxBlocks), and only when at
+// least one block is full.
+func (p Parser) Parse(s *Schema, body []byte) (Request, error) {
+	if s == nil {
 		return Request{}, reqErr("", "unsupported operation")
 	}
 	d := decoder{b: body}
@@ -227,42 +244,65 @@ func (p Parser) Parse(op Operation, body []byte) (Request, error) {
 	}
 
 	// Raw values of the fields, nil when absent; the last duplicate wins.
-	var model, stream, streamOpts, user, maxTokens, maxCompletion, required []byte
-	streamOptsAt := 0
-	var r Request
-	hashing := p.BlockBytes > 0 && op != OpEmbeddings
+	var model, stream, streamOpts, user, metadata, maxTokens, maxCompletion, maxOutput, prompt, preamble []byte
+	modelAt, streamOptsAt := 0, 0
+	var present uint64 // bit i: the last s.Require[i] is present and not null
+	promptBytes, preambleBytes := 0, 0
+	walk := s.Prompt != "" && s.PromptKind != PromptNone
+	hashing := p.BlockBytes > 0 && (s.PromptKind == PromptMessages || s.PromptKind == PromptText)
 	var h prefixHasher
 	d.open('{')
 	for n := 0; d.more('}', &n); {
 		k := d.key()
-		switch string(k) {
-		case "model":
-			model = d.value()
-		case "user":
-			user = d.value()
-		case "stream":
-			stream = d.value()
-		case "stream_options":
-			d.peek()
-			streamOptsAt = d.i
-			streamOpts = d.value()
-		case "max_tokens":
-			maxTokens = d.value()
-		case "max_completion_tokens":
-			maxCompletion = d.value()
-		case requiredField(op):
-			d.peek()
-			start := d.i
+		d.peek()
+		start := d.i
+		switch {
+		case walk && string(k) == s.Prompt:
 			var hp *prefixHasher
 			if hashing {
 				// The last duplicate wins, for the hashes too.
 				h = newPrefixHasher(p, len(body))
 				hp = &h
 			}
-			r.PromptBytes = d.prompt(op, hp)
-			required = d.b[start:d.i]
+			promptBytes = d.prompt(s.PromptKind, hp)
+		case s.Preamble != "" && string(k) == s.Preamble:
+			preambleBytes = d.contentBytes()
 		default:
 			d.skip()
+		}
+		raw := d.b[start:d.i] // meaningless once d.bad, and then unused
+		switch string(k) {
+		case "model":
+			model, modelAt = raw, start
+		case "user":
+			user = raw
+		case "metadata":
+			metadata = raw
+		case "stream":
+			stream = raw
+		case "stream_options":
+			streamOpts, streamOptsAt = raw, start
+		case "max_tokens":
+			maxTokens = raw
+		case "max_completion_tokens":
+			maxCompletion = raw
+		case "max_output_tokens":
+			maxOutput = raw
+		}
+		if s.Prompt != "" && string(k) == s.Prompt {
+			prompt = raw
+		}
+		if s.Preamble != "" && string(k) == s.Preamble {
+			preamble = raw
+		}
+		for i, f := range s.Require {
+			if i < maxRequireBits && string(k) == f {
+				if nullOrAbsent(raw) {
+					present &^= 1 << i
+				} else {
+					present |= 1 << i
+				}
+			}
 		}
 	}
 	d.end()
@@ -270,45 +310,146 @@ func (p Parser) Parse(op Operation, body []byte) (Request, error) {
 		return Request{}, invalidJSON(body)
 	}
 
+	var r Request
 	var err error
-	if r.Model, err = stringField("model", model, true); err != nil {
+	if r.Model, err = stringField("model", model, s.ModelRequired); err != nil {
 		return Request{}, err
 	}
-	if err := checkRequired(op, required); err != nil {
+	if !nullOrAbsent(model) {
+		r.ModelStart, r.ModelEnd = modelAt, modelAt+len(model)
+	}
+	if err := checkPrompt(s, prompt); err != nil {
 		return Request{}, err
 	}
-	if op != OpEmbeddings {
+	for i, f := range s.Require {
+		ok := present&(1<<i) != 0
+		if i >= maxRequireBits {
+			ok = !nullOrAbsent(topLevel(body, f))
+		}
+		if !ok {
+			return Request{}, reqErr(f, f+" is required")
+		}
+	}
+	r.PromptBytes = promptBytes + preambleBytes
+	if s.Generative {
 		if r.Stream, err = boolField("stream", stream); err != nil {
 			return Request{}, err
 		}
 		if r.IncludeUsage, r.ContinuousUsage, err = streamOptions(streamOpts); err != nil {
 			return Request{}, err
 		}
-		r.HasStreamOptions = len(streamOpts) > 0 && streamOpts[0] != 'n'
+		r.HasStreamOptions = !nullOrAbsent(streamOpts)
 		if r.HasStreamOptions {
 			r.StreamOptionsEnd = streamOptsAt + len(streamOpts) - 1
 			r.StreamOptionsEmpty = isEmptyObject(streamOpts)
 		}
-		mt, err := intField("max_tokens", maxTokens)
-		if err != nil {
+		if r.MaxTokens, err = maxTokensField(maxTokens, maxCompletion, maxOutput); err != nil {
 			return Request{}, err
-		}
-		mct, err := intField("max_completion_tokens", maxCompletion)
-		if err != nil {
-			return Request{}, err
-		}
-		r.MaxTokens = mt
-		if mct != 0 {
-			r.MaxTokens = mct
 		}
 	}
 	if r.User, err = stringField("user", user, false); err != nil {
 		return Request{}, err
 	}
+	uid, err := metadataUserID(metadata)
+	if err != nil {
+		return Request{}, err
+	}
+	if r.User == "" && uid != nil {
+		r.User, _ = stringField("metadata.user_id", uid, false)
+	}
 	if hashing {
-		r.PrefixHashes = h.finish(r.Model)
+		r.PrefixHashes = h.finish(r.Model, preambleSeed(preamble))
 	}
 	return r, nil
+}
+
+// nullOrAbsent reports whether the raw value of a field is absent (nil) or null.
+func nullOrAbsent(raw []byte) bool { return len(raw) == 0 || raw[0] == 'n' }
+
+// checkPrompt checks s's prompt field, whose raw value is raw.
+func checkPrompt(s *Schema, raw []byte) error {
+	name := s.Prompt
+	if name == "" {
+		return nil
+	}
+	if nullOrAbsent(raw) {
+		if s.PromptRequired {
+			return reqErr(name, name+" is required")
+		}
+		return nil
+	}
+	if s.PromptNonEmpty && (raw[0] != '[' || isEmptyArray(raw)) {
+		return reqErr(name, name+" must be a non-empty array")
+	}
+	return nil
+}
+
+// maxTokensField checks max_tokens, max_completion_tokens and
+// max_output_tokens, in that order, from their raw values, and returns the
+// first non-zero of max_completion_tokens, max_tokens and
+// max_output_tokens.
+func maxTokensField(maxTokens, maxCompletion, maxOutput []byte) (int64, error) {
+	mt, err := intField("max_tokens", maxTokens)
+	if err != nil {
+		return 0, err
+	}
+	mct, err := intField("max_completion_tokens", maxCompletion)
+	if err != nil {
+		return 0, err
+	}
+	mot, err := intField("max_output_tokens", maxOutput)
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case mct != 0:
+		return mct, nil
+	case mt != 0:
+		return mt, nil
+	}
+	return mot, nil
+}
+
+// metadataUserID returns the raw value of metadata.user_id (nil when
+// metadata is not an object, or user_id is absent or null) from the raw
+// value of metadata, and an error when user_id is not a string.
+func metadataUserID(raw []byte) ([]byte, error) {
+	if len(raw) == 0 || raw[0] != '{' {
+		return nil, nil
+	}
+	var uid []byte
+	d := decoder{b: raw}
+	d.open('{')
+	for n := 0; d.more('}', &n); {
+		if string(d.key()) == "user_id" {
+			uid = d.value()
+		} else {
+			d.skip()
+		}
+	}
+	if nullOrAbsent(uid) {
+		return nil, nil
+	}
+	if uid[0] != '"' {
+		return nil, reqErr("metadata.user_id", "metadata.user_id must be a string")
+	}
+	return uid, nil
+}
+
+// topLevel returns the raw value of the last top-level member key of the
+// valid JSON object body, nil if there is none.
+func topLevel(body []byte, key string) []byte {
+	var v []byte
+	d := decoder{b: body}
+	d.open('{')
+	for n := 0; d.more('}', &n); {
+		if string(d.key()) == key {
+			v = d.value()
+		} else {
+			d.skip()
+		}
+	}
+	return v
 }
 
 // invalidJSON returns the error for a body that is not valid JSON, with
@@ -319,30 +460,6 @@ func invalidJSON(body []byte) error {
 		return reqErr("", "invalid json: "+err.Error())
 	}
 	return reqErr("", "invalid json") // unreachable: decoder agrees with json.Valid
-}
-
-// requiredField is the name of op's required prompt field.
-func requiredField(op Operation) string {
-	switch op {
-	case OpChat:
-		return "messages"
-	case OpCompletion:
-		return "prompt"
-	default:
-		return "input"
-	}
-}
-
-// checkRequired checks op's required prompt field, whose raw value is raw.
-func checkRequired(op Operation, raw []byte) error {
-	name := requiredField(op)
-	if len(raw) == 0 || raw[0] == 'n' {
-		return reqErr(name, name+" is required")
-	}
-	if op == OpChat && (raw[0] != '[' || isEmptyArray(raw)) {
-		return reqErr(name, "messages must be a non-empty array")
-	}
-	return nil
 }
 
 // isEmptyObject reports whether the valid JSON object raw has no members.
