@@ -37,7 +37,8 @@ type attempt struct {
 	eng   *engine
 	attrs *telemetry.Attrs
 	span  trace.Span
-	slot  routing.Slot
+	slot  routing.Slot // not acquired on a light route
+	class opClass
 
 	start, first, last time.Time
 	contentEvents      int64
@@ -52,25 +53,33 @@ type attempt struct {
 // clientSpan are the start options of every engine span, built once.
 var clientSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
 
-// startAttempt starts the engine span and takes a prefill slot on eng. The
-// caller must `defer a.finish()` immediately.
-func (s *Server) startAttempt(ctx context.Context, eng *engine, op oai.Operation, req *oai.Request) (context.Context, *attempt) {
-	a := &attempt{s: s, eng: eng, attrs: eng.tel.Attrs(req.Model, op.String())}
+// startAttempt starts the engine span and, unless the route is light,
+// takes a prefill slot on eng. The caller must `defer a.finish()`
+// immediately.
+func (s *Server) startAttempt(ctx context.Context, eng *engine, op *operation, in *inbound) (context.Context, *attempt) {
+	// The metrics carry the model the engines serve (a bounded set: the
+	// route lookup found it), the span the name the client used.
+	a := &attempt{s: s, eng: eng, class: op.class, attrs: eng.tel.Attrs(in.target, op.genai, op.name)}
 	ctx, a.span = s.tracer.Start(ctx, a.attrs.SpanName(), clientSpan...)
 	a.ctx = ctx
 	if a.span.IsRecording() {
 		a.span.SetAttributes(eng.spanAttrs...)
 		a.span.SetAttributes(
-			telemetry.AttrGenAIOp.String(op.String()),
-			telemetry.AttrGenAIReqModel.String(req.Model),
-			attribute.Bool("switchboard.stream", req.Stream),
+			telemetry.AttrGenAIOp.String(op.genai),
+			telemetry.AttrOperation.String(op.name),
+			attribute.Bool("switchboard.stream", in.stream),
 			telemetry.AttrRequestID.String(RequestIDFrom(ctx)),
 		)
-		if req.MaxTokens > 0 {
-			a.span.SetAttributes(telemetry.AttrGenAIMaxTokens.Int64(req.MaxTokens))
+		if in.model != "" {
+			a.span.SetAttributes(telemetry.AttrGenAIReqModel.String(in.model))
+		}
+		if in.req.MaxTokens > 0 {
+			a.span.SetAttributes(telemetry.AttrGenAIMaxTokens.Int64(in.req.MaxTokens))
 		}
 	}
-	a.slot.Acquire(eng.ep)
+	if op.class != classLight {
+		a.slot.Acquire(eng.ep)
+	}
 	s.live.Add(1)
 	a.start = time.Now()
 	if st := stateFrom(ctx); st != nil {
@@ -82,6 +91,9 @@ func (s *Server) startAttempt(ctx context.Context, eng *engine, op oai.Operation
 // onContent records a content-bearing event seen at now: the first one is
 // the first token (TTFT, prefill -> decode), later ones give ITL samples.
 func (a *attempt) onContent(now time.Time) {
+	if a.class != classGenerative {
+		return // pooling and light routes have no tokens to time
+	}
 	a.contentEvents++
 	if a.first.IsZero() {
 		a.first, a.last = now, now

@@ -16,6 +16,12 @@ type Config struct {
 	// Default 16 MiB. The buffer holding a body grows with the bytes that
 	// arrive, never with the Content-Length the client declares.
 	MaxBodyBytes int64 `koanf:"max_body_bytes"`
+	// MaxFormBytes caps a multipart/form-data request body (audio uploads
+	// to /v1/audio/transcriptions and /v1/audio/translations), in bytes.
+	// Larger bodies get 413. Default 32 MiB (OpenAI takes files up to
+	// 25 MB). A form is also held under MaxBufferedBytes: one that does
+	// not fit in what is left of it gets 503.
+	MaxFormBytes int64 `koanf:"max_form_bytes"`
 	// BodyReadTimeout bounds reading a whole request body, from the moment
 	// the handler starts reading it. A client that trickles or stalls its
 	// body gets 408 and its connection is closed. Default 60 s; 0 disables.
@@ -77,6 +83,20 @@ type Config struct {
 	// Engines is the static engine list (the top-level `engines` section;
 	// the loader fills it in).
 	Engines []EngineConfig `koanf:"-"`
+	// Models is the top-level `models` section (the loader fills it in).
+	Models ModelsConfig `koanf:"-"`
+}
+
+// ModelsConfig is what the gateway does with model names.
+type ModelsConfig struct {
+	// Aliases map a public model name to the engine model it stands for
+	// (`models.aliases: {public-name: engine-model}`). A request naming the
+	// alias goes to the engines serving the target, with the model field
+	// of its body (JSON or multipart form) rewritten to the target, and
+	// GET /v1/models lists the alias beside its target. An alias shadows
+	// an engine model of the same name; an alias may not point at another
+	// alias.
+	Aliases map[string]string `koanf:"aliases"`
 }
 
 // Timeouts bound an engine attempt. Zero disables a timeout.
@@ -177,6 +197,7 @@ type EngineConfig struct {
 func DefaultConfig() Config {
 	return Config{
 		MaxBodyBytes:           16 << 20,
+		MaxFormBytes:           32 << 20,
 		BodyReadTimeout:        60 * time.Second,
 		MaxConcurrentRequests:  10000,
 		MaxBufferedBytes:       512 << 20,
@@ -246,6 +267,21 @@ func (c Config) ValidateSettings() error {
 	}
 	if c.MaxBodyBytes <= 0 {
 		bad("server.max_body_bytes must be > 0, got %d", c.MaxBodyBytes)
+	}
+	if c.MaxFormBytes <= 0 {
+		bad("server.max_form_bytes must be > 0, got %d", c.MaxFormBytes)
+	}
+	for name, target := range c.Models.Aliases {
+		switch {
+		case name == "" || target == "":
+			bad("models.aliases: empty name or target (%q: %q)", name, target)
+		case name == target:
+			bad("models.aliases: %q points at itself", name)
+		default:
+			if _, chained := c.Models.Aliases[target]; chained {
+				bad("models.aliases: %q points at %q, which is an alias too", name, target)
+			}
+		}
 	}
 	if c.MaxAttempts < 1 {
 		bad("server.max_attempts must be >= 1, got %d", c.MaxAttempts)

@@ -2,17 +2,37 @@
 // OpenAI-compatible handlers, the engine pool, the proxy and SSE streaming,
 // the OpenAI error object and the per-request engine lifecycle.
 //
+// # Operation table
+//
+// Every proxied route is one row of the operation table (operation.go):
+// method and paths; body kind (JSON read by an oai.Schema, multipart form
+// read by oai.ParseForm, none); where the model comes from (body, path,
+// query, or none: any routable engine); its class (generative: slot,
+// decode at the first token, TTFT and ITL; pooling: slot, no TTFT; light:
+// no slot, duration only); its stream framing (OpenAI chunks ending in
+// [DONE], Responses API events ending in response.completed / failed /
+// incomplete, Anthropic events ending in message_stop, or any stream ending
+// at EOF); and its error envelope (OpenAI's, or Anthropic's on
+// /v1/messages). Handlers, the engine path, the parser, the first-token
+// rule and the stream's end rule all come from the row.
+//
 // # One request
 //
 // A proxied request is admitted under Config.MaxConcurrentRequests (503
-// otherwise). Its body is read once, under Config.MaxBodyBytes and
-// Config.BodyReadTimeout (408), into a buffer that grows with the bytes that
-// arrive and is reserved in the gateway-wide Config.MaxBufferedBytes budget
-// (503 when full); only its routing fields are decoded (model, stream,
-// stream_options, user). Bad input gets a 400 OpenAI error before any engine
-// slot is taken. The candidates are the healthy engines serving the model
-// (404 model_not_found when none serves it, 503 when none of those is
-// healthy); the routing policy picks one. The engine request carries the
+// otherwise). Its body is read once, under Config.MaxBodyBytes (a multipart
+// form: Config.MaxFormBytes) and Config.BodyReadTimeout (408), into a
+// buffer that grows with the bytes that arrive and is reserved in the
+// gateway-wide Config.MaxBufferedBytes budget (503 when full); only its
+// routing fields are decoded (model, stream, stream_options, user). Bad
+// input gets a 400 error in the route's envelope before any engine slot is
+// taken. The candidates are the routable engines serving the model, an
+// alias resolved (404 model_not_found when none serves it, 503 when none
+// of those is routable); the routing policy picks one. Each attempt's
+// result (the engine's response headers, or the gateway's error) is
+// decided on and written to the client in one place (commit): it goes to
+// another engine only when nothing was sent to the client and the engine
+// never took the request (a refused connection; on a sticky route, an
+// engine without the stored response). The engine request carries the
 // client's query string and end-to-end headers, less its credentials
 // ([StrippedRequestHeaders], Config.StripRequestHeaders), with
 // X-Forwarded-For/-Proto/-Host set as Envoy and Caddy do
@@ -72,7 +92,9 @@
 // SSE responses are scanned with internal/sse; the complete events of every
 // read are written and flushed at once, a partial event waits for its end.
 // No middleware buffers or compresses. If the engine fails mid-stream the
-// client receives a final `data: {"error":...}` event and no [DONE].
+// client receives a final error event in the route's framing (`data:
+// {"error":...}`, or `event: error` on the Responses and Anthropic routes)
+// and no end event.
 //
 // So that token usage and TPOT are known for every stream, a streamed
 // request whose client did not ask for usage (stream_options absent, null or

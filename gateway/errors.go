@@ -69,11 +69,72 @@ func nullable(s string) *string {
 	return &s
 }
 
-// errorBody returns the JSON error object for e.
-func (e *APIError) body() []byte {
-	b, _ := json.Marshal(openAIError{Error: openAIErrorBody{
+// anthropicError is the wire shape of an Anthropic API error
+// (https://docs.anthropic.com/en/api/errors).
+type anthropicError struct {
+	Type  string             `json:"type"` // always "error"
+	Error anthropicErrorBody `json:"error"`
+}
+
+type anthropicErrorBody struct {
+	Type    string `json:"type"`
+	Message string `json:"message"`
+}
+
+// anthropicType is the Anthropic error type for an HTTP status, as the
+// Messages API documents them (529 overloaded_error is given for 503 too).
+func anthropicType(status int) string {
+	switch status {
+	case http.StatusBadRequest, http.StatusUnsupportedMediaType, http.StatusMethodNotAllowed, http.StatusRequestTimeout, StatusClientClosedRequest:
+		return "invalid_request_error"
+	case http.StatusUnauthorized:
+		return "authentication_error"
+	case http.StatusPaymentRequired:
+		return "billing_error"
+	case http.StatusForbidden:
+		return "permission_error"
+	case http.StatusNotFound:
+		return "not_found_error"
+	case http.StatusRequestEntityTooLarge:
+		return "request_too_large"
+	case http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case http.StatusGatewayTimeout:
+		return "timeout_error"
+	case http.StatusServiceUnavailable, 529:
+		return "overloaded_error"
+	}
+	if status < 500 {
+		return "invalid_request_error"
+	}
+	return "api_error"
+}
+
+// body returns the JSON error object for e in the envelope env.
+func (e *APIError) body(env envelope) []byte {
+	var b []byte
+	if env == envAnthropic {
+		b, _ = json.Marshal(anthropicError{Type: "error", Error: anthropicErrorBody{Type: anthropicType(e.Status), Message: e.Message}})
+		return b
+	}
+	b, _ = json.Marshal(openAIError{Error: openAIErrorBody{
 		Message: e.Message, Type: e.Type, Param: nullable(e.Param), Code: nullable(e.Code),
 	}})
+	return b
+}
+
+// responsesErrorEvent returns the data of a Responses API stream error
+// event for e: the event's own fields (type "error", code, message, param)
+// and the OpenAI error object under "error" (see writeStreamError).
+func (e *APIError) responsesErrorEvent() []byte {
+	b, _ := json.Marshal(struct {
+		Type    string          `json:"type"`
+		Code    *string         `json:"code"`
+		Message string          `json:"message"`
+		Param   *string         `json:"param"`
+		Error   openAIErrorBody `json:"error"`
+	}{"error", nullable(e.Code), e.Message, nullable(e.Param),
+		openAIErrorBody{Message: e.Message, Type: e.Type, Param: nullable(e.Param), Code: nullable(e.Code)}})
 	return b
 }
 
@@ -97,7 +158,8 @@ func apiErrorFor(err error) *APIError {
 	return &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: "engine_unreachable", Message: "the engine could not be reached", Err: err}
 }
 
-// writeError writes err as an OpenAI error object. When the client has gone
+// writeError writes err as an error object in the envelope of the request's
+// route (OpenAI's unless the route's row says otherwise). When the client has gone
 // (context.Canceled) it only sets status 499, without a body: nobody is
 // there to read it, but the server span and HTTP metrics record the
 // request as client-closed rather than 200.
@@ -113,9 +175,14 @@ func writeError(w http.ResponseWriter, r *http.Request, err error) {
 	if ae.Status == http.StatusServiceUnavailable && h.Get("Retry-After") == "" {
 		h.Set("Retry-After", "1")
 	}
-	b := ae.body()
+	st := stateFrom(r.Context())
+	env := envOpenAI
+	if st != nil {
+		env = st.env
+	}
+	b := ae.body(env)
 	h.Set("Content-Length", strconv.Itoa(len(b)))
-	if st := stateFrom(r.Context()); st != nil && st.errType == "" {
+	if st != nil && st.errType == "" {
 		st.errType = cmp.Or(ae.Code, ae.Type)
 	}
 	writeHeader(w, r, ae.Status)

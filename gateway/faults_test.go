@@ -111,7 +111,7 @@ var faultMatrix = []faultCase{
 	{name: "stall mid-stream", stream: both, fault: "stall-after=2", status: [2]int{504, 200}, errType: [2]string{ErrTypeIdleTimeout, ErrTypeIdleTimeout}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhaseDecode}, errEvent: true, aborted: true, observe: true},
 	{name: "slow headers", stream: both, fault: "slow-headers=100ms", status: [2]int{200, 200}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhaseDecode}, observe: true},
 	{name: "malformed event", stream: streamOnly, fault: "malformed", status: [2]int{0, 200}, phase: [2]routing.Phase{0, routing.PhaseDecode}, parseErrs: 1},
-	{name: "trickle", stream: both, fault: "trickle=200us", maxTokens: 3, status: [2]int{200, 200}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhaseDecode}, observe: true},
+	{name: "trickle", stream: both, fault: "trickle=200us", maxTokens: 3, firstToken: 5 * time.Second, status: [2]int{200, 200}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhaseDecode}, observe: true},
 	{name: "keep-alive comments", stream: streamOnly, fault: "keepalive", status: [2]int{0, 200}, phase: [2]routing.Phase{0, routing.PhaseDecode}},
 	{name: "client gone before engine headers", stream: both, fault: "stall-before-headers", client: cancelInPrefill, errType: [2]string{ErrTypeClientCancelled, ErrTypeClientCancelled}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhasePrefill}, aborted: true, observe: true},
 	{name: "client gone while generating", stream: []bool{false}, maxTokens: 400, client: cancelInPrefill, errType: [2]string{ErrTypeClientCancelled}, phase: [2]routing.Phase{routing.PhasePrefill}, aborted: true, observe: true},
@@ -156,8 +156,34 @@ func blackholeTransport(timeout time.Duration) *http.Transport {
 
 type probeKey struct{}
 
+// faultFraming is a stream framing the fault matrix runs in: a route, its
+// request body, and how its client tells content, a clean end and an
+// error event apart.
+type faultFraming struct {
+	name, path string
+	body       string // with %t (stream) and %d (max tokens)
+	token      string // a content event's marker
+	done       string // a clean stream ends with it
+	errEvent   string // the final error event starts with it
+	anthropic  bool   // errors in Anthropic's envelope
+}
+
+var (
+	chatFraming = faultFraming{name: "chat", path: "/v1/chat/completions",
+		body:  `{"model":"m","stream":%t,"max_tokens":%d,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"a b c"}]}`,
+		token: `"content":"tok`, done: "data: [DONE]\n\n", errEvent: `data: {"error":`}
+	responsesFraming = faultFraming{name: "responses", path: "/v1/responses",
+		body:  `{"model":"m","stream":%t,"max_output_tokens":%d,"input":"a b c"}`,
+		token: `"delta":"tok`, done: "\n\n", errEvent: "event: error\ndata: {\"type\":\"error\""}
+	messagesFraming = faultFraming{name: "messages", path: "/v1/messages",
+		body:  `{"model":"m","stream":%t,"max_tokens":%d,"messages":[{"role":"user","content":"a b c"}]}`,
+		token: `"text":"tok`, done: "event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n", errEvent: "event: error\ndata: {\"type\":\"error\"", anthropic: true}
+)
+
 // TestFaultMatrix runs every fault, streaming and non-streaming, with the
-// sampler on and off. After each case: both phase gauges of every engine
+// sampler on and off, on chat; and with the sampler on, on the Responses
+// API and Anthropic Messages routes (their own stream framings and error
+// envelopes; the bad-input cases, written for chat bodies, are left out). After each case: both phase gauges of every engine
 // are exactly 0 and were never observed below 0; the slot was released from
 // the phase the request was in (prefill before its first token, decode
 // after), as observed on the gauges while it was in flight and as reported
@@ -177,7 +203,7 @@ func TestFaultMatrix(t *testing.T) {
 				}
 				base := goleak.IgnoreCurrent()
 				t.Run(sc.name+"/"+fc.name+"/"+mode, func(t *testing.T) {
-					runFaultCase(t, fc, stream, sc.sampler)
+					runFaultCase(t, fc, stream, sc.sampler, chatFraming)
 				})
 				if err := goleak.Find(base); err != nil {
 					t.Errorf("%s/%s/%s: goroutines left behind: %v", sc.name, fc.name, mode, err)
@@ -185,9 +211,36 @@ func TestFaultMatrix(t *testing.T) {
 			}
 		}
 	}
+	for _, fr := range []faultFraming{responsesFraming, messagesFraming} {
+		for _, fc := range faultMatrix {
+			if fc.body != "" {
+				continue
+			}
+			if fr == responsesFraming && fc.name == "trickle" {
+				// The Responses prelude (response.created, in_progress, ...)
+				// carries the whole response object, over a KiB per event:
+				// one byte per timer tick takes longer than the case's
+				// request timeout. The relay is the same as chat's.
+				continue
+			}
+			for _, stream := range fc.stream {
+				mode := "non-stream"
+				if stream {
+					mode = "stream"
+				}
+				base := goleak.IgnoreCurrent()
+				t.Run(fr.name+"/"+fc.name+"/"+mode, func(t *testing.T) {
+					runFaultCase(t, fc, stream, sdktrace.AlwaysSample(), fr)
+				})
+				if err := goleak.Find(base); err != nil {
+					t.Errorf("%s/%s/%s: goroutines left behind: %v", fr.name, fc.name, mode, err)
+				}
+			}
+		}
+	}
 }
 
-func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Sampler) {
+func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Sampler, fr faultFraming) {
 	i := idx(stream)
 	simEng, simSrv := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: 30 * time.Millisecond, ITL: 15 * time.Millisecond, OutputTokens: 8})
 	url := simSrv.URL
@@ -237,7 +290,12 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 	var maxPrefill, maxDecode int64
 	var negative []string
 	stop := make(chan struct{})
+	var stopOnce sync.Once
+	stopWatcher := func() { stopOnce.Do(func() { close(stop) }) }
 	watched := make(chan struct{})
+	// A case that fails early (t.Fatal) must not leave the watcher
+	// reading the gauges after the test has ended.
+	t.Cleanup(func() { stopWatcher(); <-watched })
 	var gaugeMu sync.Mutex
 	go func() {
 		defer close(watched)
@@ -269,13 +327,13 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 	if maxTokens == 0 {
 		maxTokens = 6
 	}
-	body := fmt.Sprintf(`{"model":"m","stream":%t,"max_tokens":%d,"stream_options":{"include_usage":true},"messages":[{"role":"user","content":"a b c"}]}`, stream, maxTokens)
+	body := fmt.Sprintf(fr.body, stream, maxTokens)
 	if fc.body != "" {
 		body = fmt.Sprintf(fc.body, stream)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.srv.URL+"/v1/chat/completions", strings.NewReader(body))
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.srv.URL+fr.path, strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	if fc.fault != "" {
 		req.Header.Set(enginesim.FaultHeader, fc.fault)
@@ -327,7 +385,7 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 				time.Sleep(time.Millisecond)
 			}
 		}
-		readErr = readClient(resp, mode, &got, decodeSeen, goAway, shutdown)
+		readErr = readClient(resp, mode, fr.token, &got, decodeSeen, goAway, shutdown)
 		resp.Body.Close()
 	}
 	switch {
@@ -345,13 +403,17 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 	// What the client saw.
 	reads := fc.client.readsAll() && fc.client != slowReader
 	if reads && stream && fc.status[i] == 200 {
-		ends := strings.HasSuffix(got.String(), "data: [DONE]\n\n")
-		hasErr := strings.Contains(got.String(), "data: {\"error\":")
-		if fc.errEvent && (ends || !hasErr || !strings.HasSuffix(got.String(), "}}\n\n")) {
-			t.Errorf("want a final error event and no [DONE], got %q", tail(got.String()))
+		g := got.String()
+		ends := strings.HasSuffix(g, fr.done)
+		if fr == responsesFraming {
+			ends = strings.Contains(g, "event: response.completed\n")
+		}
+		hasErr := strings.Contains(g, fr.errEvent)
+		if fc.errEvent && (ends || !hasErr || !strings.HasSuffix(g, "}}\n\n")) {
+			t.Errorf("want a final error event and no end event, got %q", tail(g))
 		}
 		if !fc.errEvent && (!ends || hasErr) {
-			t.Errorf("want a clean stream ending in [DONE], got %q", tail(got.String()))
+			t.Errorf("want a clean stream ending in %q, got %q", fr.done, tail(g))
 		}
 	}
 	if reads && !stream && fc.status[i] == 200 {
@@ -362,7 +424,13 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 			t.Errorf("body read error %v", readErr)
 		}
 	}
-	if reads && fc.status[i] >= 400 {
+	if reads && fc.status[i] >= 400 && fr.anthropic {
+		var e anthropicErr
+		if err := json.Unmarshal(got.Bytes(), &e); err != nil || e.Type != "error" || e.Error.Type == "" || e.Error.Message == "" {
+			t.Errorf("error body is not an Anthropic error object: %q", got.Bytes())
+		}
+	}
+	if reads && fc.status[i] >= 400 && !fr.anthropic {
 		var e apiErr
 		if err := json.Unmarshal(got.Bytes(), &e); err != nil || e.Error.Message == "" || e.Error.Type == "" {
 			t.Errorf("error body is not an OpenAI error object: %q", got.Bytes())
@@ -370,9 +438,10 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 			t.Errorf("error code %v, want %s", e.Error.Code, fc.errCode)
 		}
 	}
-	if reads && stream && fc.status[i] == 200 && fc.errEvent && fc.errCode != "" {
+	if reads && stream && fc.status[i] == 200 && fc.errEvent && fc.errCode != "" && !fr.anthropic {
 		last := got.String()
 		last = last[strings.LastIndex(strings.TrimSuffix(last, "\n\n"), "\n\n")+2:]
+		last = strings.TrimPrefix(last, "event: error\n")
 		var e apiErr
 		if err := json.Unmarshal([]byte(strings.TrimPrefix(strings.TrimSpace(last), "data: ")), &e); err != nil || fmt.Sprint(e.Error.Code) != fc.errCode {
 			t.Errorf("final event %q, want an error event with code %s", last, fc.errCode)
@@ -395,7 +464,7 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 	}
 
 	h.waitIdle()
-	close(stop)
+	stopWatcher()
 	<-watched
 	if len(negative) > 0 {
 		t.Errorf("gauges observed below zero: %v", negative)
@@ -447,14 +516,14 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 
 // readClient reads the response as the case's client would; shutdown is
 // the gateway's abort at the shutdown deadline.
-func readClient(resp *http.Response, mode clientMode, out *bytes.Buffer, decodeSeen, goAway, shutdown func()) error {
+func readClient(resp *http.Response, mode clientMode, token string, out *bytes.Buffer, decodeSeen, goAway, shutdown func()) error {
 	switch mode {
 	case shutdownAfterFirst:
 		br := bufio.NewReader(resp.Body)
 		for {
 			line, err := br.ReadString('\n')
 			out.WriteString(line)
-			if strings.Contains(line, `"content":"tok`) {
+			if strings.Contains(line, token) {
 				decodeSeen()
 				shutdown()
 				_, err = io.Copy(out, br)
@@ -474,7 +543,7 @@ func readClient(resp *http.Response, mode clientMode, out *bytes.Buffer, decodeS
 		for {
 			line, err := br.ReadString('\n')
 			out.WriteString(line)
-			if strings.Contains(line, `"content":"tok`) {
+			if strings.Contains(line, token) {
 				seen++
 				if seen == want {
 					decodeSeen()

@@ -457,3 +457,15 @@ func (s *sseWriter) raw(str string) {
 }
 
 func (s *sseWriter) data(str string) { s.raw("data: " + str + "\n\n") }
+
+// opNamed returns the operation-table row called name.
+func opNamed(t testing.TB, name string) *operation {
+	t.Helper()
+	for _, op := range operations {
+		if op.name == name {
+			return op
+		}
+	}
+	t.Fatalf("no operation %q", name)
+	return nil
+}

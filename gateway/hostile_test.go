@@ -471,11 +471,11 @@ func TestUsageInjectionNoCopy(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			body := []byte(tc.body)
 			orig := slices.Clone(body)
-			req, err := oai.ParseRequest(oai.OpChat, body)
+			req, err := oai.ParseRequest(oai.SchemaChat, body)
 			if err != nil {
 				t.Fatal(err)
 			}
-			out := gw.outgoing(body, &req)
+			out := gw.outgoing(opNamed(t, "chat"), &inbound{body: body, req: req})
 			if out.injected != tc.injected {
 				t.Errorf("injected = %v, want %v", out.injected, tc.injected)
 			}

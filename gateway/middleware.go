@@ -33,6 +33,10 @@ const stateKey ctxKey = 0
 type reqState struct {
 	id     string
 	status int // the status written, 0 while the response has not started (then an implicit 200)
+	// env is the error envelope of the matched route (withOperation).
+	env envelope
+	// op is the matched operation-table row; nil on other routes.
+	op *operation
 
 	// For the access log.
 	start    time.Time
@@ -130,7 +134,7 @@ func (s *Server) logRequest(r *http.Request) {
 	if status == 0 {
 		status = http.StatusOK
 	}
-	attrs := make([]slog.Attr, 0, 13)
+	attrs := make([]slog.Attr, 0, 14)
 	attrs = append(attrs,
 		slog.String("request_id", st.id),
 		slog.String("method", r.Method),
@@ -143,6 +147,9 @@ func (s *Server) logRequest(r *http.Request) {
 		slog.Int("status", status),
 		slog.Duration("duration", time.Since(st.start)),
 	)
+	if st.op != nil {
+		attrs = append(attrs, slog.String("operation", st.op.name))
+	}
 	if st.model != "" {
 		attrs = append(attrs, slog.String("model", st.model))
 	}
@@ -160,6 +167,18 @@ func (s *Server) logRequest(r *http.Request) {
 		attrs = append(attrs, slog.Int64("input_tokens", st.inTok), slog.Int64("output_tokens", st.outTok))
 	}
 	s.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
+}
+
+// withOperation records the route's operation-table row in the request
+// state before anything can answer, so even admission and body errors come
+// in the route's envelope.
+func withOperation(op *operation, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if st := stateFrom(r.Context()); st != nil {
+			st.op, st.env = op, op.env
+		}
+		next.ServeHTTP(w, r)
+	})
 }
 
 // admit enforces Config.MaxConcurrentRequests on the proxied routes and

@@ -33,11 +33,11 @@ type engine struct {
 	cfg    EngineConfig
 	ep     *routing.Endpoint
 	tel    *telemetry.Engine
-	opURL  [4]string // by oai.Operation; never with userinfo
-	static bool      // models come from config
-	auth   []string  // the Authorization header value, or nil when the engine takes none
-	shown  string    // the URL as logs and /admin/engines show it: userinfo redacted
-	header []string  // the X-Switchboard-Engine value, shared by every response
+	base   string   // the engine's base URL without a trailing slash, never with userinfo; the route path is appended
+	static bool     // models come from config
+	auth   []string // the Authorization header value, or nil when the engine takes none
+	shown  string   // the URL as logs and /admin/engines show it: userinfo redacted
+	header []string // the X-Switchboard-Engine value, shared by every response
 
 	// spanAttrs are the engine span attributes that never change:
 	// server.address, server.port, switchboard.engine.
@@ -45,6 +45,14 @@ type engine struct {
 
 	models  atomic.Pointer[[]string] // sorted; nil until known
 	lastErr atomic.Pointer[string]
+	// cards are the engine's /v1/models entries by id (created, owned_by,
+	// root, parent, max_model_len), nil until discovered; static engines
+	// have none.
+	cards atomic.Pointer[map[string]modelObject]
+	// sleeping is set when the engine was put to sleep through the admin
+	// API, cleared by wake-up (or by a probe that finds it awake); a
+	// sleeping engine leaves routing.
+	sleeping atomic.Bool
 
 	// statsFailing is set while the engine's stats scrapes fail (logged
 	// once per streak).
@@ -96,10 +104,25 @@ func (rt *route) engineFor(ep *routing.Endpoint) *engine {
 
 // snapshot is an immutable view of the pool used by the request path.
 type snapshot struct {
-	routes     map[string]*route // healthy engines not blocked by their stats, per model
-	known      map[string]bool   // every model of every engine with known models
-	pending    bool              // some engine has not reported its models yet
-	modelsBody []byte            // GET /v1/models body; nil when no healthy engine has reported models
+	routes  map[string]*route // routable engines (healthy, awake, not blocked by their stats), per model
+	all     route             // every routable engine, for requests that name no model
+	known   map[string]bool   // every model of every engine with known models
+	pending bool              // some engine has not reported its models yet
+	// aliases are Config.Models.Aliases with their replacement bytes.
+	aliases map[string]alias
+	// cards are the GET /v1/models entries by id (served models and
+	// aliases), modelsBody the whole list; nil when no routable engine has
+	// reported models.
+	cards      map[string]modelObject
+	modelsBody []byte
+}
+
+// alias is a public model name and the engine model it stands for, with
+// the bytes that replace the name in a request body: quoted for JSON, raw
+// for a form field.
+type alias struct {
+	target      string
+	quoted, raw []byte
 }
 
 // Pool is the set of engines, their health, their models and their
@@ -108,12 +131,14 @@ type snapshot struct {
 // Remove) build a new one. All methods are safe for concurrent use.
 type Pool struct {
 	cfg         HealthConfig
+	aliases     map[string]alias
 	stats       EngineStatsConfig
 	metrics     *telemetry.Metrics
 	client      *http.Client
 	statsClient *http.Client // no client timeout: each scrape has its own
 	log         *slog.Logger
 	now         func() time.Time
+	started     int64 // unix seconds: the created time of configured models
 
 	mu        sync.Mutex
 	engines   []*engine
@@ -142,6 +167,12 @@ func newPool(cfg Config, m *telemetry.Metrics, rt http.RoundTripper, log *slog.L
 		log:         log,
 		now:         now,
 		telByName:   map[string]*telemetry.Engine{},
+		aliases:     map[string]alias{},
+		started:     now().Unix(),
+	}
+	for name, target := range cfg.Models.Aliases {
+		q, _ := json.Marshal(target)
+		p.aliases[name] = alias{target: target, quoted: q, raw: []byte(target)}
 	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	for _, ec := range cfg.Engines {
@@ -196,9 +227,7 @@ func (p *Pool) newEngine(ec EngineConfig) (*engine, error) {
 		pw, _ := userinfo.Password()
 		e.auth = []string{"Basic " + base64.StdEncoding.EncodeToString([]byte(userinfo.Username()+":"+pw))}
 	}
-	for _, op := range operations {
-		e.opURL[op.op] = base.JoinPath(op.path).String()
-	}
+	e.base = strings.TrimSuffix(base.String(), "/")
 	e.statsURL = base.JoinPath(p.stats.Path).String()
 	if len(ec.Models) > 0 {
 		ms := slices.Clone(ec.Models)
@@ -251,17 +280,42 @@ func (p *Pool) rebuild() {
 	p.rebuildLocked()
 }
 
-// modelObject is one entry of GET /v1/models.
+// modelObject is one entry of GET /v1/models, with the fields vLLM's
+// ModelCard has (vllm/entrypoints/openai/protocol.py): root is the served
+// weights (an adapter's path), parent the base model of a LoRA adapter,
+// max_model_len the context length in tokens.
 type modelObject struct {
-	ID      string `json:"id"`
-	Object  string `json:"object"`
-	Created int64  `json:"created"`
-	OwnedBy string `json:"owned_by"`
+	ID          string  `json:"id"`
+	Object      string  `json:"object"`
+	Created     int64   `json:"created"`
+	OwnedBy     string  `json:"owned_by"`
+	Root        *string `json:"root,omitempty"`
+	Parent      *string `json:"parent"`
+	MaxModelLen *int64  `json:"max_model_len,omitempty"`
+}
+
+// engineState is an engine's state as /admin/engines and
+// switchboard.engine.state show it; the index into telemetry.EngineStates.
+func (p *Pool) engineState(e *engine, retired bool) int {
+	switch {
+	case retired:
+		return 3 // draining
+	case !e.ep.Healthy():
+		return 1 // unhealthy
+	case e.sleeping.Load() || e.blocked:
+		return 2 // sleeping (or self-reported unhealthy in fresh stats)
+	}
+	return 0 // ready
+}
+
+// routable reports whether e may receive new requests.
+func (e *engine) routable() bool {
+	return e.ep.Healthy() && !e.blocked && !e.sleeping.Load()
 }
 
 func (p *Pool) rebuildLocked() {
-	s := &snapshot{routes: map[string]*route{}, known: map[string]bool{}}
-	served := map[string]bool{}
+	s := &snapshot{routes: map[string]*route{}, known: map[string]bool{}, aliases: p.aliases}
+	cards := map[string]modelObject{}
 	for _, e := range p.engines {
 		ms := e.knownModels()
 		if ms == nil {
@@ -273,16 +327,31 @@ func (p *Pool) rebuildLocked() {
 			}
 			continue
 		}
+		// A sleeping or self-reported unhealthy engine (fresh stats) is
+		// left out like an unhealthy one: it keeps its slots and its
+		// health verdict, and comes back when woken or when its stats say
+		// so or expire.
+		ok := e.routable()
+		if ok {
+			s.all.eps = append(s.all.eps, e.ep)
+			s.all.engs = append(s.all.engs, e)
+		}
+		var ec map[string]modelObject
+		if c := e.cards.Load(); c != nil {
+			ec = *c
+		}
 		for _, m := range ms {
 			s.known[m] = true
-			// A sleeping or self-reported unhealthy engine (fresh stats)
-			// is left out like an unhealthy one: it keeps its slots and
-			// its health verdict, and comes back when its stats say so
-			// or expire.
-			if !e.ep.Healthy() || e.blocked {
+			if !ok {
 				continue
 			}
-			served[m] = true
+			if _, seen := cards[m]; !seen {
+				card, found := ec[m]
+				if !found {
+					card = modelObject{ID: m, Object: "model", Created: p.started, OwnedBy: "switchboard"}
+				}
+				cards[m] = card
+			}
 			rt := s.routes[m]
 			if rt == nil {
 				rt = &route{}
@@ -292,9 +361,16 @@ func (p *Pool) rebuildLocked() {
 			rt.engs = append(rt.engs, e)
 		}
 	}
-	if len(served) > 0 {
-		names := make([]string, 0, len(served))
-		for m := range served {
+	for name, a := range p.aliases {
+		s.known[name] = s.known[a.target]
+		if c, ok := cards[a.target]; ok {
+			c.ID = name
+			cards[name] = c
+		}
+	}
+	if len(cards) > 0 {
+		names := make([]string, 0, len(cards))
+		for m := range cards {
 			names = append(names, m)
 		}
 		sort.Strings(names)
@@ -303,9 +379,10 @@ func (p *Pool) rebuildLocked() {
 			Data   []modelObject `json:"data"`
 		}{Object: "list", Data: make([]modelObject, len(names))}
 		for i, n := range names {
-			list.Data[i] = modelObject{ID: n, Object: "model", OwnedBy: "switchboard"}
+			list.Data[i] = cards[n]
 		}
 		s.modelsBody, _ = json.Marshal(list)
+		s.cards = cards
 	}
 	p.snap.Store(s)
 }
@@ -375,12 +452,33 @@ func (p *Pool) observeInFlight(report func(e *telemetry.Engine, prefill, decode 
 	}
 }
 
+// observeState reports every engine's state for switchboard.engine.state:
+// the engines in the pool, then retired ones still holding slots
+// (draining) under a name no engine in the pool has.
+func (p *Pool) observeState(report func(e *telemetry.Engine, state int)) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	seen := make(map[*telemetry.Engine]bool, len(p.engines))
+	for _, e := range p.engines {
+		seen[e.tel] = true
+		report(e.tel, p.engineState(e, false))
+	}
+	for _, e := range p.retired {
+		if pf, dc := e.ep.InFlight(); !seen[e.tel] && pf+dc > 0 {
+			seen[e.tel] = true
+			report(e.tel, p.engineState(e, true))
+		}
+	}
+}
+
 // EngineStatus is one engine's state as shown on GET /admin/engines.
 type EngineStatus struct {
 	Name      string   `json:"name"`                 // configured engine name
 	URL       string   `json:"url"`                  // base URL, userinfo redacted
 	Healthy   bool     `json:"healthy"`              // last health verdict
 	Routable  bool     `json:"routable"`             // healthy, in the pool, and not sleeping or self-reported unhealthy by fresh stats
+	State     string   `json:"state"`                // ready, unhealthy, sleeping or draining (telemetry.EngineStates)
+	Sleeping  bool     `json:"sleeping,omitempty"`   // put to sleep through the admin API and not woken yet
 	Models    []string `json:"models"`               // sorted; empty until discovered
 	Static    bool     `json:"models_configured"`    // models come from config, not discovery
 	Prefill   int64    `json:"prefill"`              // requests in prefill now
@@ -403,7 +501,8 @@ func (p *Pool) Status() []EngineStatus {
 		pf, dc := e.ep.InFlight()
 		s := EngineStatus{Name: e.cfg.Name, URL: e.shown, Healthy: e.ep.Healthy(), Models: e.knownModels(),
 			Static: e.static, Prefill: pf, Decode: dc, Retired: retired,
-			Routable: !retired && e.ep.Healthy() && !e.blocked, Stats: statsStatus(e.ep.Stats(), now)}
+			Routable: !retired && e.routable(), State: telemetry.EngineStates[p.engineState(e, retired)],
+			Sleeping: e.sleeping.Load(), Stats: statsStatus(e.ep.Stats(), now)}
 		if s.Models == nil {
 			s.Models = []string{}
 		}
@@ -492,21 +591,17 @@ func (p *Pool) ProbeNow(ctx context.Context) {
 func (p *Pool) probe(ctx context.Context, e *engine) {
 	err := p.get(ctx, e, "/health", nil)
 	if err == nil && (!e.static && (e.models.Load() == nil || time.Since(e.lastDiscover) >= p.cfg.DiscoveryInterval)) {
-		var list struct {
-			Data []struct {
-				ID string `json:"id"`
-			} `json:"data"`
+		err = p.discover(ctx, e)
+	}
+	if err == nil && e.sleeping.Load() {
+		// Put to sleep through the gateway: back in routing once the
+		// engine says it is awake, however it was woken.
+		var st struct {
+			IsSleeping *bool `json:"is_sleeping"`
 		}
-		if err = p.get(ctx, e, "/v1/models", &list); err == nil {
-			ms := make([]string, 0, len(list.Data))
-			for _, d := range list.Data {
-				if d.ID != "" && !slices.Contains(ms, d.ID) {
-					ms = append(ms, d.ID)
-				}
-			}
-			sort.Strings(ms)
-			e.models.Store(&ms)
-			e.lastDiscover = time.Now()
+		if p.get(ctx, e, "/is_sleeping", &st) == nil && st.IsSleeping != nil && !*st.IsSleeping {
+			e.sleeping.Store(false)
+			p.log.Info("engine awake", "engine", e.cfg.Name)
 		}
 	}
 	first := !e.probed.Load()
@@ -529,6 +624,32 @@ func (p *Pool) probe(ctx context.Context, e *engine) {
 		e.ep.SetHealthy(true)
 		p.log.Info("engine healthy", "engine", e.cfg.Name)
 	}
+}
+
+// discover reads the engine's /v1/models: the model ids it serves (LoRA
+// adapters included: vLLM lists each loaded adapter with its base model as
+// parent) and their cards.
+func (p *Pool) discover(ctx context.Context, e *engine) error {
+	var list struct {
+		Data []modelObject `json:"data"`
+	}
+	if err := p.get(ctx, e, "/v1/models", &list); err != nil {
+		return err
+	}
+	ms := make([]string, 0, len(list.Data))
+	cards := make(map[string]modelObject, len(list.Data))
+	for _, d := range list.Data {
+		if d.ID != "" && !slices.Contains(ms, d.ID) {
+			ms = append(ms, d.ID)
+			d.Object = "model"
+			cards[d.ID] = d
+		}
+	}
+	sort.Strings(ms)
+	e.cards.Store(&cards)
+	e.models.Store(&ms)
+	e.lastDiscover = time.Now()
+	return nil
 }
 
 var errProbeStatus = errors.New("unexpected status")

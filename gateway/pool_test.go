@@ -136,6 +136,11 @@ func TestConfigValidate(t *testing.T) {
 		{"bad strip header", func(c *Config) { c.StripRequestHeaders = []string{"X Bad"} }, false},
 		{"bracketed strip header", func(c *Config) { c.StripRequestHeaders = []string{"[X-Foo"} }, false},
 		{"password with a slash, not encoded", func(c *Config) { c.Engines = []EngineConfig{{Name: "e", URL: "http://admin:12/34@h:1"}} }, false},
+		{"zero form limit", func(c *Config) { c.MaxFormBytes = 0 }, false},
+		{"alias", func(c *Config) { c.Models.Aliases = map[string]string{"gpt-4o": "llama"} }, true},
+		{"alias to itself", func(c *Config) { c.Models.Aliases = map[string]string{"a": "a"} }, false},
+		{"alias to an alias", func(c *Config) { c.Models.Aliases = map[string]string{"a": "b", "b": "c"} }, false},
+		{"alias with no target", func(c *Config) { c.Models.Aliases = map[string]string{"a": ""} }, false},
 		{"password percent-encoded", func(c *Config) { c.Engines = []EngineConfig{{Name: "e", URL: "http://admin:12%2F34@h:1"}} }, true},
 	}
 	for _, tt := range tests {

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/go-chi/chi/v5"
 	"go.opentelemetry.io/otel/propagation"
 
 	"github.com/switchboard-gw/switchboard/internal/oai"
@@ -32,36 +33,48 @@ var (
 	errServerShutdown    = errors.New("server shutdown")
 )
 
+// proxyHandler is the handler of one operation-table row.
 func (s *Server) proxyHandler(op *operation) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) { s.proxy(w, r, op) }
 }
 
-// proxy serves one generation request: read and validate the body, find the
-// candidates, pick an engine, run the attempt, and fail over to another
-// engine only when the connection to the picked one failed (nothing was
-// sent, nothing reached the client).
+// inbound is a client request as the gateway routes it: its body (kept for
+// forwarding and fail-over) and what the route's row says to read from it.
+type inbound struct {
+	body []byte
+	// req holds a JSON body's routing fields (bodyJSON rows only).
+	req oai.Request
+	// form holds a multipart body's fields (bodyForm rows only).
+	form oai.Form
+	// model is the model as the client named it; "" when the route or the
+	// request names none (any routable engine serves it).
+	model string
+	// target is the model the engines serve under that name: model, or
+	// the model an alias (Config.Models.Aliases) stands for; quoted is its
+	// replacement bytes in the body when they differ ("" when not).
+	target string
+	rename []byte
+	stream bool
+	// id is the {id} path parameter of a sticky route.
+	id string
+}
+
+// proxy serves one operation-table route: read and check the request as
+// its row says, find the candidates, pick an engine and run attempts until
+// one is committed to the client (commit) or there is nothing left to try.
 func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 	var held int64 // bytes of the buffered-bytes budget this request holds
 	defer func() { s.buffered.give(held) }()
-	body, err := s.readBody(w, r, &held)
+	in, err := s.read(w, r, op, &held)
 	if err != nil {
-		writeError(w, r, err)
-		return
-	}
-	req, err := s.parser.Parse(op.op, body)
-	if err != nil {
-		var re *oai.RequestError
-		if errors.As(err, &re) {
-			err = errBadRequest(re.Param, re.Message)
-		}
 		writeError(w, r, err)
 		return
 	}
 	st := stateFrom(r.Context())
 	if st != nil {
-		st.model = req.Model
+		st.model = in.model
 	}
-	rt, err := s.pool.lookup(req.Model)
+	rt, err := s.candidates(op, &in)
 	if err != nil {
 		writeError(w, r, err)
 		return
@@ -72,17 +85,26 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 		ctx, cancel = context.WithTimeoutCause(ctx, d, errRequestTimeout)
 		defer cancel()
 	}
-	out := s.outgoing(body, &req)
-	rreq := routing.Request{Model: req.Model, Stream: req.Stream, SessionKey: req.User, PromptBytes: req.PromptBytes, PrefixHashes: req.PrefixHashes}
+	out := s.outgoing(op, &in)
+	rreq := routing.Request{Model: in.target, Stream: in.stream, SessionKey: in.req.User, PromptBytes: in.req.PromptBytes, PrefixHashes: in.req.PrefixHashes}
 	if s.sessionHeader != "" {
 		if v := r.Header[s.sessionHeader]; len(v) > 0 && v[0] != "" {
 			rreq.SessionKey = v[0]
 		}
 	}
 	candidates := rt.eps
+	if op.sticky {
+		candidates = s.stickyOrder(in.id, rt)
+	}
+	maxAttempts := s.cfg.MaxAttempts
+	if op.sticky {
+		maxAttempts = len(candidates) // a stored response is looked for on every engine
+	}
 	for n := 1; ; n++ {
-		ep, err := s.policy.Pick(ctx, &rreq, candidates)
-		if err != nil {
+		var ep *routing.Endpoint
+		if op.sticky {
+			ep = candidates[0]
+		} else if ep, err = s.policy.Pick(ctx, &rreq, candidates); err != nil {
 			writeError(w, r, err)
 			return
 		}
@@ -91,27 +113,300 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 			writeError(w, r, &APIError{Status: http.StatusInternalServerError, Type: TypeServer, Code: "internal_error", Message: "routing policy returned an unknown engine"})
 			return
 		}
-		retryErr := s.attempt(ctx, w, r, op, &req, &out, eng, &held)
-		if retryErr == nil {
-			return
-		}
-		// Fail over: the engine refused the connection and has been
-		// marked unhealthy; try the remaining candidates.
-		if n >= s.cfg.MaxAttempts || ctx.Err() != nil {
-			writeError(w, r, retryErr)
-			return
-		}
-		rest := make([]*routing.Endpoint, 0, len(candidates))
-		for _, c := range candidates {
-			if c != ep {
-				rest = append(rest, c)
+		rest := candidates[:0:0]
+		if n < maxAttempts {
+			rest = make([]*routing.Endpoint, 0, len(candidates))
+			for _, c := range candidates {
+				if c != ep {
+					rest = append(rest, c)
+				}
 			}
 		}
-		if len(rest) == 0 {
-			writeError(w, r, retryErr)
+		if !s.exchange(ctx, w, r, op, &in, &out, eng, &held, len(rest) > 0) {
 			return
 		}
 		candidates = rest
+	}
+}
+
+// read reads and checks the request as op's row says: the body (under the
+// size limits), the model and the stream flag. Errors are APIErrors (400,
+// 413, 415, 408, 503) or the client's context error; no engine slot is
+// taken for any of them.
+func (s *Server) read(w http.ResponseWriter, r *http.Request, op *operation, held *int64) (in inbound, err error) {
+	switch op.body {
+	case bodyJSON, bodyForm:
+		limit := s.cfg.MaxBodyBytes
+		if op.body == bodyForm {
+			limit = s.cfg.MaxFormBytes
+		}
+		if in.body, err = s.readBody(w, r, held, limit); err != nil {
+			return in, err
+		}
+	}
+	switch op.body {
+	case bodyJSON:
+		if in.req, err = s.parser.Parse(op.schema, in.body); err != nil {
+			return in, requestError(err)
+		}
+		in.model, in.stream = in.req.Model, in.req.Stream
+	case bodyForm:
+		if in.form, err = oai.ParseForm(in.body, r.Header.Get("Content-Type"), op.param); err != nil {
+			return in, requestError(err)
+		}
+		in.model, in.stream = in.form.Model, in.form.Stream
+	case bodyNone:
+		in.stream = r.URL.Query().Get("stream") == "true"
+	}
+	switch op.model {
+	case modelPath:
+		in.model = chi.URLParam(r, op.param)
+	case modelQuery:
+		in.model = r.URL.Query().Get(op.param)
+	case modelNone:
+		in.model = ""
+	}
+	if op.sticky {
+		in.id = chi.URLParam(r, idParam)
+		if !validID(in.id) {
+			return in, errBadRequest(idParam, "invalid response id")
+		}
+	}
+	return in, nil
+}
+
+// requestError turns a parser's *oai.RequestError into the client's 400
+// (or its own status, 415 for a wrong content type).
+func requestError(err error) error {
+	var re *oai.RequestError
+	if !errors.As(err, &re) {
+		return err
+	}
+	ae := errBadRequest(re.Param, re.Message)
+	if re.Status != 0 {
+		ae.Status = re.Status
+	}
+	return ae
+}
+
+// maxIDLen caps a stored response id in a path.
+const maxIDLen = 256
+
+// validID reports whether id may be put in an engine path: 1..256 bytes of
+// letters, digits, '-', '_' and '.', and not a dot segment.
+func validID(id string) bool {
+	if id == "" || len(id) > maxIDLen || id == "." || id == ".." {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+// candidates resolves the request's model (aliases included) to the route
+// of engines that serve it, or of every routable engine when it names
+// none. Errors: 404 model_not_found, 503 when no engine serving it is
+// routable.
+func (s *Server) candidates(op *operation, in *inbound) (*route, error) {
+	snap := s.pool.snap.Load()
+	in.target = in.model
+	if in.model == "" {
+		if len(snap.all.eps) == 0 {
+			return nil, routing.ErrNoEndpoint
+		}
+		return &snap.all, nil
+	}
+	if a, ok := snap.aliases[in.model]; ok {
+		in.target = a.target
+		if op.body == bodyForm {
+			in.rename = a.raw
+		} else {
+			in.rename = a.quoted
+		}
+	}
+	return s.pool.lookup(in.target)
+}
+
+// exchange runs one attempt of the request on eng: it sends the request,
+// decides on the result (the one place that does) and, unless it goes to
+// another engine, commits it to the client. It reports whether the request
+// should be tried on another engine: only when mayRetry is set and the
+// result says nothing was sent to the client and the engine did not take
+// the request (a refused connection; an engine without the stored response
+// on a sticky route). held is the request's share of the buffered-bytes
+// budget, which a buffered response adds to.
+func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Request, op *operation, in *inbound, out *outBody, eng *engine, held *int64, mayRetry bool) (again bool) {
+	ctx, a := s.startAttempt(ctx, eng, op, in)
+	defer a.finish()
+	if s.cfg.EngineHeader {
+		// Set now, so the gateway's own errors name the engine tried too.
+		w.Header()["X-Switchboard-Engine"] = eng.header // shared: no one mutates it
+	}
+	actx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	c := call{op: op, in: in, out: out, a: a, eng: eng, actx: actx, cancel: cancel}
+	defer c.stop()
+	res := s.send(&c, r, out)
+	if res.resp != nil {
+		defer res.resp.Body.Close()
+	}
+	if mayRetry && res.retry(op) {
+		return true
+	}
+	s.commit(w, r, &c, &res)
+	return false
+}
+
+// call is one engine attempt's request-scoped state, shared by send and
+// commit.
+type call struct {
+	op      *operation
+	in      *inbound
+	out     *outBody
+	a       *attempt
+	eng     *engine
+	actx    context.Context // the attempt's context: cancelled by its timeouts
+	cancel  context.CancelCauseFunc
+	firstBy time.Time   // a stream's first-token deadline; zero when none
+	timer   *time.Timer // a non-streaming answer's attempt timeout
+}
+
+// stop stops the attempt timeout.
+func (c *call) stop() {
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+}
+
+// result is what one engine attempt produced before anything reached the
+// client: the engine's response (its headers; the body not yet read), or
+// the gateway's error for a request that got no response.
+type result struct {
+	resp *http.Response
+	err  *APIError
+	// connFailed: the connection to the engine was never established, so
+	// the engine did not see the request.
+	connFailed bool
+}
+
+// retry reports whether the result may go to another engine: nothing has
+// been sent to the client by construction, and either the engine never saw
+// the request or, on a sticky route, it does not hold the response (404).
+func (res *result) retry(op *operation) bool {
+	return res.connFailed || op.sticky && res.resp != nil && res.resp.StatusCode == http.StatusNotFound
+}
+
+// send sends the request to the engine and waits for its response headers
+// under the gateway's timeouts.
+func (s *Server) send(c *call, r *http.Request, body *outBody) result {
+	a, eng, op := c.a, c.eng, c.op
+	url := eng.base + r.URL.EscapedPath()
+	if r.URL.RawQuery != "" {
+		url += "?" + r.URL.RawQuery
+	}
+	var rd io.Reader
+	if op.body != bodyNone {
+		rd = body.reader()
+	}
+	ureq, err := http.NewRequestWithContext(c.actx, op.method, url, rd)
+	if err != nil {
+		a.fail(ErrTypeInternal)
+		return result{err: &APIError{Status: http.StatusInternalServerError, Type: TypeServer, Code: "internal_error", Message: "could not build the engine request", Err: err}}
+	}
+	copyRequestHeaders(ureq.Header, r.Header, s.skipReq)
+	s.trusted.setForwarded(ureq.Header, r)
+	switch op.body {
+	case bodyJSON:
+		ureq.ContentLength = body.n
+		ureq.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(body.reader()), nil }
+		ureq.Header["Content-Type"] = jsonContentType // shared: no one mutates it
+	case bodyForm:
+		// The client's multipart Content-Type (its boundary) was copied.
+		ureq.ContentLength = body.n
+		ureq.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(body.reader()), nil }
+	case bodyNone:
+		delete(ureq.Header, "Content-Type")
+	}
+	ureq.Header.Set(RequestIDHeader, RequestIDFrom(r.Context()))
+	if eng.auth != nil {
+		ureq.Header["Authorization"] = eng.auth
+	}
+	s.prop.Inject(c.actx, propagation.HeaderCarrier(ureq.Header))
+
+	if c.in.stream {
+		if d := s.cfg.Timeouts.FirstToken; d > 0 {
+			c.firstBy = a.start.Add(d)
+		}
+	} else if d := s.cfg.Timeouts.Attempt; d > 0 {
+		cancel := c.cancel
+		c.timer = time.AfterFunc(d, func() { cancel(errAttemptTimeout) })
+	}
+	var hdrTimer *time.Timer
+	if c.in.stream {
+		// The wait for a stream's headers ends at the response-header
+		// timeout or the first-token deadline, whichever comes first.
+		cause, d := errHeaderTimeout, s.cfg.Timeouts.ResponseHeader
+		if !c.firstBy.IsZero() && (d <= 0 || a.start.Add(d).After(c.firstBy)) {
+			cause, d = errFirstTokenTimeout, c.firstBy.Sub(a.start)
+		}
+		if d > 0 {
+			cancel := c.cancel
+			hdrTimer = time.AfterFunc(d, func() { cancel(cause) })
+		}
+	}
+	resp, err := s.client.Transport.RoundTrip(ureq)
+	if hdrTimer != nil {
+		hdrTimer.Stop()
+	}
+	if err != nil {
+		et, ae := s.classify(r, c.actx, err)
+		a.fail(et)
+		if et == ErrTypeConnect {
+			s.pool.markFailed(eng, err)
+			return result{err: ae, connFailed: true}
+		}
+		return result{err: ae}
+	}
+	a.status = resp.StatusCode
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		a.fail(strconv.Itoa(resp.StatusCode))
+	}
+	return result{resp: resp}
+}
+
+// commit writes an attempt's result to the client: the gateway's error in
+// the route's envelope, the engine's error status (its body checked and
+// put in the route's envelope), or the engine's response relayed as its
+// framing says. It is the only place an attempt's outcome reaches the
+// client.
+func (s *Server) commit(w http.ResponseWriter, r *http.Request, c *call, res *result) {
+	if res.err != nil {
+		writeError(w, r, res.err)
+		return
+	}
+	resp := res.resp
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		s.passError(w, r, resp, c.eng)
+		return
+	}
+	if c.op.remember {
+		defer func() { s.remember(c) }()
+	}
+	ct := resp.Header.Get("Content-Type")
+	switch {
+	case isEventStream(ct):
+		s.stream(w, r, resp, c)
+	case c.in.stream && (!isJSON(ct) || resp.ContentLength < 0):
+		// Another streamed framing (NDJSON, chunked JSON of unknown
+		// length): passed through byte for byte, flushed per write, ended
+		// by the body's end.
+		s.copyBody(w, r, resp, c, copyStream)
+	default:
+		s.copyBody(w, r, resp, c, copyWhole)
 	}
 }
 
@@ -128,14 +423,13 @@ const initialBodyBuf = 16 << 10
 // when the request ends. Errors: 413 (too large), 408 (deadline), 503 (the
 // budget is full), 400 (unreadable or empty), or the context's error when
 // the client went away.
-func (s *Server) readBody(w http.ResponseWriter, r *http.Request, held *int64) (body []byte, err error) {
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request, held *int64, limit int64) (body []byte, err error) {
 	rc := http.NewResponseController(w)
 	defer func() {
 		if err != nil && err != errBodyEmpty {
 			closeAfterUnreadBody(w, rc) // the body was not read to its end
 		}
 	}()
-	limit := s.cfg.MaxBodyBytes
 	if r.ContentLength > limit {
 		return nil, errBodyTooLarge(limit)
 	}
@@ -172,7 +466,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request, held *int64) (
 					break
 				}
 				if err != nil {
-					return nil, s.bodyReadError(r, err)
+					return nil, s.bodyReadError(r, err, limit)
 				}
 				continue
 			}
@@ -191,7 +485,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request, held *int64) (
 			break
 		}
 		if err != nil {
-			return nil, s.bodyReadError(r, err)
+			return nil, s.bodyReadError(r, err, limit)
 		}
 	}
 	if len(buf) == 0 {
@@ -201,11 +495,11 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request, held *int64) (
 }
 
 // bodyReadError maps a failed body read to what the client is answered.
-func (s *Server) bodyReadError(r *http.Request, err error) error {
+func (s *Server) bodyReadError(r *http.Request, err error, limit int64) error {
 	var mbe *http.MaxBytesError
 	switch {
 	case errors.As(err, &mbe):
-		return errBodyTooLarge(s.cfg.MaxBodyBytes)
+		return errBodyTooLarge(limit)
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		// Before the context check: net/http cancels the request context
 		// on any failed read of the connection, this one included.
@@ -216,11 +510,11 @@ func (s *Server) bodyReadError(r *http.Request, err error) error {
 	return errBadRequest("", "could not read the request body: "+err.Error())
 }
 
-// outBody is the body sent to an engine: the client's bytes, possibly with
-// one insertion (the usage option), as up to three slices of the original
-// body and a constant, so nothing is copied.
+// outBody is the body sent to an engine: the client's bytes with at most
+// two edits (the model an alias stands for, the usage option), as up to
+// five slices of the original body and constants, so nothing is copied.
 type outBody struct {
-	parts [3][]byte
+	parts [5][]byte
 	n     int64
 	// injected is set when the usage option was added for a client that
 	// did not ask for usage: the usage chunk is then kept from it.
@@ -232,9 +526,9 @@ func (b *outBody) reader() io.Reader {
 	return &partsReader{parts: b.parts}
 }
 
-// partsReader reads up to three byte slices in order.
+// partsReader reads byte slices in order.
 type partsReader struct {
-	parts [3][]byte
+	parts [5][]byte
 	i     int
 }
 
@@ -255,146 +549,94 @@ func (p *partsReader) Read(out []byte) (int, error) {
 	return n, nil
 }
 
+// edit replaces body[at:end] with ins.
+type edit struct {
+	at, end int
+	ins     []byte
+}
+
+// splice builds the outBody of body with edits, which are in body order
+// and do not overlap.
+func splice(body []byte, edits ...edit) outBody {
+	var out outBody
+	prev, k := 0, 0
+	for _, e := range edits {
+		out.parts[k], out.parts[k+1] = body[prev:e.at], e.ins
+		k += 2
+		prev = e.end
+	}
+	out.parts[k] = body[prev:]
+	for _, p := range out.parts {
+		out.n += int64(len(p))
+	}
+	return out
+}
+
 // Usage options inserted into a streamed request body whose client did not
 // ask for usage (stream_options absent, null, {} or include_usage
 // false/null).
 var (
-	usageOption       = []byte(`,"stream_options":{"include_usage":true}}`) // replaces the body's closing brace
-	usageMember       = []byte(`,"include_usage":true`)                     // added last in a non-empty stream_options
-	usageMemberAlone  = []byte(`"include_usage":true`)                      // into an empty one
-	closingBraceBytes = []byte(`}`)
+	usageOption      = []byte(`,"stream_options":{"include_usage":true}}`) // replaces the body's closing brace
+	usageMember      = []byte(`,"include_usage":true`)                     // added last in a non-empty stream_options
+	usageMemberAlone = []byte(`"include_usage":true`)                      // into an empty one
 )
 
-// outgoing returns the engine body for a parsed request. With
-// Config.InjectUsage, a stream whose client did not ask for usage (and did
-// not set continuous_usage_stats) gets
+// outgoing returns the engine body of a request: the client's bytes, with
+// the model replaced when the client named an alias, and, with
+// Config.InjectUsage on a route that allows it, a stream whose client did
+// not ask for usage (and did not set continuous_usage_stats) given
 // stream_options.include_usage=true: added as the last member of its
 // stream_options object (the last duplicate key wins in every JSON parser
 // engines use, so a false include_usage before it is overridden and other
 // options such as continuous_usage_stats stay), or as a new stream_options
 // in place of the body's closing brace when it has none (or null).
-func (s *Server) outgoing(body []byte, req *oai.Request) outBody {
-	out := outBody{n: int64(len(body))}
-	out.parts[0] = body
-	if !s.cfg.InjectUsage || !req.Stream || req.IncludeUsage || req.ContinuousUsage {
-		// With vLLM's continuous_usage_stats every chunk would carry usage
-		// the client did not ask for, and only usage-only chunks can be
-		// kept from it: such a stream is left as the client sent it.
-		return out
-	}
-	out.injected = true
-	if req.HasStreamOptions {
-		at := req.StreamOptionsEnd
-		ins := usageMember
-		if req.StreamOptionsEmpty {
-			ins = usageMemberAlone
+func (s *Server) outgoing(op *operation, in *inbound) outBody {
+	body := in.body
+	var edits [2]edit
+	n := 0
+	if in.rename != nil {
+		switch op.body {
+		case bodyJSON:
+			if in.req.ModelEnd > 0 {
+				edits[n] = edit{in.req.ModelStart, in.req.ModelEnd, in.rename}
+				n++
+			}
+		case bodyForm:
+			if in.form.ModelEnd > 0 {
+				edits[n] = edit{in.form.ModelStart, in.form.ModelEnd, in.rename}
+				n++
+			}
 		}
-		out.parts = [3][]byte{body[:at], ins, body[at:]}
-		out.n += int64(len(ins))
-		return out
 	}
-	end := len(body)
-	for end > 0 && (body[end-1] == ' ' || body[end-1] == '\n' || body[end-1] == '\r' || body[end-1] == '\t') {
-		end--
+	req := &in.req
+	// With vLLM's continuous_usage_stats every chunk would carry usage the
+	// client did not ask for, and only usage-only chunks can be kept from
+	// it: such a stream is left as the client sent it.
+	inject := s.cfg.InjectUsage && op.injectUsage && op.body == bodyJSON && req.Stream && !req.IncludeUsage && !req.ContinuousUsage
+	if inject {
+		if req.HasStreamOptions {
+			at := req.StreamOptionsEnd
+			ins := usageMember
+			if req.StreamOptionsEmpty {
+				ins = usageMemberAlone
+			}
+			edits[n] = edit{at, at, ins}
+		} else {
+			end := len(body)
+			for end > 0 && (body[end-1] == ' ' || body[end-1] == '\n' || body[end-1] == '\r' || body[end-1] == '\t') {
+				end--
+			}
+			// body[end-1] is the closing brace: the parser checked the object.
+			edits[n] = edit{end - 1, len(body), usageOption}
+		}
+		n++
 	}
-	// body[end-1] is the closing brace: ParseRequest checked the object.
-	out.parts = [3][]byte{body[:end-1], usageOption, nil}
-	out.n = int64(end-1) + int64(len(usageOption))
+	if n == 2 && edits[1].at < edits[0].at {
+		edits[0], edits[1] = edits[1], edits[0]
+	}
+	out := splice(body, edits[:n]...)
+	out.injected = inject
 	return out
-}
-
-// attempt runs the request on eng. It returns a non-nil error only when the
-// failure may be retried on another engine (the connection was never
-// established) and nothing has been written; every other outcome is written
-// to w (or dropped, when the client has gone) here. held is the request's
-// share of the buffered-bytes budget, which a buffered response adds to.
-func (s *Server) attempt(ctx context.Context, w http.ResponseWriter, r *http.Request, op *operation, req *oai.Request, body *outBody, eng *engine, held *int64) (retryErr error) {
-	ctx, a := s.startAttempt(ctx, eng, op.op, req)
-	defer a.finish()
-	if s.cfg.EngineHeader {
-		// Set now, so the gateway's own errors name the engine tried too.
-		w.Header()["X-Switchboard-Engine"] = eng.header // shared: no one mutates it
-	}
-
-	actx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-
-	url := eng.opURL[op.op]
-	if r.URL.RawQuery != "" {
-		url += "?" + r.URL.RawQuery
-	}
-	ureq, err := http.NewRequestWithContext(actx, http.MethodPost, url, body.reader())
-	if err != nil {
-		a.fail(ErrTypeInternal)
-		writeError(w, r, &APIError{Status: http.StatusInternalServerError, Type: TypeServer, Code: "internal_error", Message: "could not build the engine request", Err: err})
-		return nil
-	}
-	ureq.ContentLength = body.n
-	ureq.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(body.reader()), nil }
-	copyRequestHeaders(ureq.Header, r.Header, s.skipReq)
-	s.trusted.setForwarded(ureq.Header, r)
-	ureq.Header["Content-Type"] = jsonContentType // shared: no one mutates it
-	ureq.Header.Set(RequestIDHeader, RequestIDFrom(r.Context()))
-	if eng.auth != nil {
-		ureq.Header["Authorization"] = eng.auth
-	}
-	s.prop.Inject(actx, propagation.HeaderCarrier(ureq.Header))
-
-	var firstBy time.Time // the first-token deadline of a stream
-	if req.Stream {
-		if d := s.cfg.Timeouts.FirstToken; d > 0 {
-			firstBy = a.start.Add(d)
-		}
-	} else if d := s.cfg.Timeouts.Attempt; d > 0 {
-		t := time.AfterFunc(d, func() { cancel(errAttemptTimeout) })
-		defer t.Stop()
-	}
-	var hdrTimer *time.Timer
-	if req.Stream {
-		// The wait for a stream's headers ends at the response-header
-		// timeout or the first-token deadline, whichever comes first.
-		cause, d := errHeaderTimeout, s.cfg.Timeouts.ResponseHeader
-		if !firstBy.IsZero() && (d <= 0 || a.start.Add(d).After(firstBy)) {
-			cause, d = errFirstTokenTimeout, firstBy.Sub(a.start)
-		}
-		if d > 0 {
-			hdrTimer = time.AfterFunc(d, func() { cancel(cause) })
-		}
-	}
-	resp, err := s.client.Transport.RoundTrip(ureq)
-	if hdrTimer != nil {
-		hdrTimer.Stop()
-	}
-	if err != nil {
-		et, ae := s.classify(r, actx, err)
-		a.fail(et)
-		if et == ErrTypeConnect {
-			s.pool.markFailed(eng, err)
-			return ae
-		}
-		writeError(w, r, ae)
-		return nil
-	}
-	defer resp.Body.Close()
-	a.status = resp.StatusCode
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		a.fail(strconv.Itoa(resp.StatusCode))
-		s.passError(w, r, resp, eng)
-		return nil
-	}
-	ct := resp.Header.Get("Content-Type")
-	switch {
-	case isEventStream(ct):
-		s.stream(w, r, resp, a, actx, cancel, op.end, body.injected, firstBy)
-	case req.Stream && (!isJSON(ct) || resp.ContentLength < 0):
-		// Another streamed framing (NDJSON, chunked JSON of unknown
-		// length): passed through byte for byte, flushed per write, ended
-		// by the body's end.
-		s.copyBody(w, r, resp, a, actx, cancel, copyStream, firstBy)
-	default:
-		s.copyBody(w, r, resp, a, actx, cancel, copyWhole, time.Time{})
-	}
-	return nil
 }
 
 // jsonContentType is the Content-Type value of every engine request: the
@@ -443,29 +685,45 @@ func (s *Server) classify(r *http.Request, actx context.Context, err error) (str
 const maxErrorBody = 64 << 10
 
 // passError forwards an engine's non-2xx answer with its status (and its
-// Retry-After). A body that already is an OpenAI error object
-// ({"error":{...}}) passes unchanged; a JSON error of another shape (vLLM's
-// older {"object":"error","message":...}, {"error":"..."}, FastAPI's
-// {"detail":...}) is wrapped in one with its message, so clients always get
-// the OpenAI envelope (shared/cases L15).
+// Retry-After), its body in the route's error envelope. A body that already
+// is an error object of that envelope passes unchanged: on OpenAI routes
+// any {"error":{...}}, on Anthropic routes {"type":"error","error":{...}}.
+// A JSON error of another shape (vLLM's older {"object":"error",
+// "message":...}, {"error":"..."}, FastAPI's {"detail":...}, the other
+// envelope) is rewritten in the route's envelope with its message, so
+// clients always get the error shape their SDK parses (shared/cases L15).
 // Anything else (an HTML page, a stack trace, plain text, nothing) is not
-// safe to show: it is replaced by an OpenAI error naming the engine and the
+// safe to show: it is replaced by an error naming the engine and the
 // status, and the original, capped, is logged at debug level.
 func (s *Server) passError(w http.ResponseWriter, r *http.Request, resp *http.Response, eng *engine) {
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	env := envOpenAI
+	if st := stateFrom(r.Context()); st != nil {
+		env = st.env
+	}
 	var probe struct {
+		Type    string          `json:"type"`
 		Error   json.RawMessage `json:"error"`
 		Message string          `json:"message"`
 		Detail  json.RawMessage `json:"detail"` // FastAPI's {"detail": ...}
 	}
 	jsonErr := json.Unmarshal(b, &probe) == nil
-	if jsonErr && len(probe.Error) > 0 && probe.Error[0] == '{' {
+	errObject := jsonErr && len(probe.Error) > 0 && probe.Error[0] == '{'
+	if errObject && (env == envOpenAI || probe.Type == "error") {
 		h := w.Header()
 		copyResponseHeaders(h, resp.Header, true)
 		h.Set("Content-Length", strconv.Itoa(len(b)))
 		writeHeader(w, r, resp.StatusCode)
 		_, _ = w.Write(b)
 		return
+	}
+	if errObject {
+		// The other envelope's error object: keep its message.
+		var inner struct {
+			Message string `json:"message"`
+		}
+		_ = json.Unmarshal(probe.Error, &inner)
+		probe.Message, probe.Error = inner.Message, nil
 	}
 	msg := probe.Message
 	if jsonErr && msg == "" {

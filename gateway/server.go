@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"net/textproto"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -44,8 +46,12 @@ type Server struct {
 	client  *http.Client
 	log     *slog.Logger
 	reg     metric.Registration // the in-flight gauge callback
-	// statsReg is the engine stats gauges callback.
+	// statsReg is the engine stats gauges callback, stateReg the engine
+	// state gauge's.
 	statsReg metric.Registration
+	stateReg metric.Registration
+	// sticky remembers which engine created which stored response.
+	sticky *stickyIndex
 
 	// skipReq is the set of client request headers never copied to an
 	// engine; trusted the proxies whose forwarding headers are believed.
@@ -55,6 +61,8 @@ type Server struct {
 	// parser parses request bodies; it hashes prompt blocks when the
 	// policy routes on them (routing.PrefixHasher).
 	parser oai.Parser
+	// ops is the operation table served (operations; tests add rows).
+	ops []*operation
 	// sessionHeader is the canonical header carrying the session key, ""
 	// when the policy does not route on sessions (routing.SessionKeyed).
 	sessionHeader string
@@ -212,6 +220,8 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 		prop:     c.prop,
 		client:   &http.Client{Transport: c.transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
 		log:      c.log,
+		sticky:   newStickyIndex(stickyEntries),
+		ops:      operations,
 	}
 	if ph, ok := policy.(routing.PrefixHasher); ok {
 		s.parser.BlockBytes, s.parser.MaxBlocks = ph.PrefixBlocks()
@@ -228,6 +238,12 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 	if err != nil {
 		_ = s.reg.Unregister()
 		return nil, fmt.Errorf("register engine stats gauges: %w", err)
+	}
+	s.stateReg, err = m.ObserveEngineState(pool.observeState)
+	if err != nil {
+		_ = s.reg.Unregister()
+		_ = s.statsReg.Unregister()
+		return nil, fmt.Errorf("register engine state gauge: %w", err)
 	}
 	return s, nil
 }
@@ -295,6 +311,9 @@ func (s *Server) Close() error {
 		if s.statsReg != nil {
 			err = errors.Join(err, s.statsReg.Unregister())
 		}
+		if s.stateReg != nil {
+			err = errors.Join(err, s.stateReg.Unregister())
+		}
 		s.client.CloseIdleConnections()
 	})
 	return err
@@ -302,11 +321,13 @@ func (s *Server) Close() error {
 
 // Handler returns the public OpenAI-compatible handler:
 //
-//	POST /v1/chat/completions, /v1/completions, /v1/embeddings  proxied to an engine
-//	GET  /v1/models  the sorted union of the healthy engines' models
-//	GET  /health     liveness (always 200 while the process serves)
-//	GET  /ready      200 when at least one healthy engine has reported models
+//	every route of the operation table   proxied to an engine (README, "Routes")
+//	GET  /v1/models          the sorted union of the routable engines' models and the aliases
+//	GET  /v1/models/{model}  one of them (the SDKs' models.retrieve); 404 model_not_found
+//	GET  /health             liveness (always 200 while the process serves)
+//	GET  /ready              200 when at least one healthy engine has reported models
 //
+// (HEAD is answered on the GET routes.)
 // The middleware order is: request id, access log (Config.AccessLog),
 // otelhttp server span (inside chi, so http.route is the route pattern; not
 // for /health and /ready), panic recovery (inside the span, so a recovered
@@ -354,18 +375,19 @@ func (s *Server) Handler() http.Handler {
 	// after the handler returns, for the span name and metrics).
 	r.Group(func(r chi.Router) {
 		r.Use(routeAttr)
-		r.Group(func(r chi.Router) {
-			r.Use(s.admit)
-			for _, op := range operations {
-				r.Post(op.path, s.proxyHandler(op))
+		for _, op := range s.ops {
+			h := withOperation(op, s.admit(s.proxyHandler(op)))
+			for _, path := range op.paths {
+				r.Method(op.method, path, h)
 			}
-		})
-		r.Get("/v1/models", s.models)
-		r.Get("/health", func(w http.ResponseWriter, _ *http.Request) {
+		}
+		getHead(r, "/v1/models", s.models)
+		getHead(r, "/v1/models/*", s.model)
+		getHead(r, "/health", func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 			_, _ = w.Write([]byte("ok\n"))
 		})
-		r.Get("/ready", s.ready)
+		getHead(r, "/ready", s.ready)
 	})
 	return r
 }
@@ -384,6 +406,13 @@ func routeAttr(next http.Handler) http.Handler {
 	})
 }
 
+// getHead routes GET and HEAD on pattern to h (net/http drops the body of
+// a HEAD response).
+func getHead(r chi.Router, pattern string, h http.HandlerFunc) {
+	r.Get(pattern, h)
+	r.Head(pattern, h)
+}
+
 func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 	body := s.pool.snap.Load().modelsBody
 	if body == nil {
@@ -392,7 +421,29 @@ func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	_, _ = w.Write(body)
+}
+
+// model answers GET /v1/models/{model}: the model's entry as /v1/models
+// lists it. The id is the rest of the path, so ids with slashes
+// ("meta-llama/Llama-3.1-8B") work as the SDKs send them.
+func (s *Server) model(w http.ResponseWriter, r *http.Request) {
+	id := strings.TrimPrefix(r.URL.Path, "/v1/models/")
+	snap := s.pool.snap.Load()
+	card, ok := snap.cards[id]
+	if !ok {
+		if snap.known[id] {
+			writeError(w, r, routing.ErrNoEndpoint)
+			return
+		}
+		writeError(w, r, errModelNotFound(id))
+		return
+	}
+	b, _ := json.Marshal(card)
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
+	_, _ = w.Write(b)
 }
 
 func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
@@ -414,6 +465,8 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 //	                     and last scraped stats (EngineStatsStatus), plus the gateway's live
 //	                     attempts, requests in flight and buffered bytes
 //	GET /debug/pprof/*   the runtime profiles
+//	/admin/engines/{name}/... and /admin/models/...  engine admin (sleep, wake_up, is_sleeping,
+//	                     reset_prefix_cache, LoRA load/unload): see mountEngineAdmin
 //
 // Serve it on a separate, private listener.
 func (s *Server) AdminHandler(prom http.Handler) http.Handler {
@@ -430,6 +483,7 @@ func (s *Server) AdminHandler(prom http.Handler) http.Handler {
 			BufferedBytes int64          `json:"buffered_bytes"`     // request and response bytes held
 		}{s.pool.Status(), s.live.Load(), s.inflight.Load(), s.buffered.used.Load()})
 	})
+	s.mountEngineAdmin(r)
 	r.HandleFunc("/debug/pprof/", pprof.Index)
 	r.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	r.HandleFunc("/debug/pprof/profile", pprof.Profile)

@@ -28,8 +28,9 @@ var (
 // streamState is what the stream loop learns from the events it forwards.
 type streamState struct {
 	a        *attempt
+	framing  framing
 	now      time.Time
-	done     bool // saw data: [DONE]
+	done     bool // saw the framing's end event ([DONE], response.completed, message_stop, ...)
 	errEvent bool // the engine sent an error event
 	// injected is set when the gateway asked for the usage chunk on the
 	// client's behalf; that chunk is then recorded but not forwarded.
@@ -43,6 +44,19 @@ func (st *streamState) onEvent(ev sse.Event) {
 	if ev.Comment || ev.Data == nil {
 		return // keep-alives and comments never count as tokens (L08, L10)
 	}
+	switch st.framing {
+	case frameOpenAI:
+		st.onChunk(ev)
+	case frameResponses, frameAnthropic:
+		st.onTypedEvent(ev)
+	default:
+		// Any other stream: every data event is output.
+		st.a.onContent(st.now)
+	}
+}
+
+// onChunk reads one OpenAI chunk (chat, completions, transcription).
+func (st *streamState) onChunk(ev sse.Event) {
 	if sse.IsDone(ev.Data) {
 		st.done = true
 		return
@@ -68,6 +82,40 @@ func (st *streamState) onEvent(ev sse.Event) {
 		}
 	}
 	if ch.Content {
+		a.onContent(st.now)
+	}
+}
+
+// onTypedEvent reads one Responses API or Anthropic Messages event.
+func (st *streamState) onTypedEvent(ev sse.Event) {
+	a := st.a
+	var e oai.Event
+	var err error
+	if st.framing == frameResponses {
+		e, err = oai.InspectResponsesEvent(ev.Data)
+	} else {
+		e, err = oai.InspectAnthropicEvent(ev.Data)
+	}
+	if err != nil {
+		a.s.metrics.RecordParseError(a.ctx, a.attrs)
+		return
+	}
+	if e.Error {
+		st.errEvent = true
+	}
+	if e.Terminal {
+		st.done = true
+	}
+	if a.respID == "" && len(e.ID) > 0 {
+		a.respID = string(e.ID)
+	}
+	if e.InputTokens >= 0 {
+		a.usage.PromptTokens, a.hasUsage = e.InputTokens, true
+	}
+	if e.OutputTokens >= 0 {
+		a.usage.CompletionTokens, a.hasUsage = e.OutputTokens, true
+	}
+	if e.Content {
 		a.onContent(st.now)
 	}
 }
@@ -231,21 +279,24 @@ func (rl *relay) write(p []byte, flush bool) error {
 
 // stream forwards an SSE response event by event: every read is scanned,
 // the complete events in it are written and flushed at once, and a partial
-// event waits for its end. The route's end rule says when the stream is
-// complete (endDone: at `data: [DONE]`; endAtEOF: at the body's clean
-// end). When the engine fails before that the client gets a final
-// `data: {"error":...}` event, because the OpenAI clients take a bare EOF
-// for success. Until the first content event the engine may send nothing
+// event waits for its end. The route's framing says when the stream is
+// complete (at `data: [DONE]`, at response.completed / failed /
+// incomplete, at message_stop, or, for any other stream, at the body's
+// clean end). When the engine fails before that the client gets a final
+// error event in the route's framing (writeStreamError), because the
+// official clients take a bare EOF for success. Until the first content event the engine may send nothing
 // but the role chunk and comments until firstBy; after it, Timeouts.Idle
 // bounds the gap between reads.
-func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Response, a *attempt, actx context.Context, cancel context.CancelCauseFunc, end streamEnd, injected bool, firstBy time.Time) {
-	rl := s.newRelay(w, r, resp, cancel, true, true, firstBy)
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call) {
+	a, actx := c.a, c.actx
+	rl := s.newRelay(w, r, resp, c.cancel, true, true, c.firstBy)
 	defer rl.close()
 	sc := scannerPool.Get().(*sse.Scanner)
 	sc.Reset()
 	defer scannerPool.Put(sc)
 
-	st := streamState{a: a, injected: injected}
+	st := streamState{a: a, framing: c.op.framing, injected: c.out.injected}
+	endsAtEOF := c.op.framing == frameAny
 	onEvent := st.onEvent
 	for {
 		p, rerr := rl.read()
@@ -277,15 +328,15 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 				}
 			}
 		}
-		if st.done && end == endDone && rerr == nil {
-			// [DONE] is the end: do not wait on an engine that keeps the
-			// connection open after it.
+		if st.done && rerr == nil {
+			// The end event is the end: do not wait on an engine that
+			// keeps the connection open after it.
 			rerr = io.EOF
 		}
 		if rerr == nil {
 			continue
 		}
-		if rerr == io.EOF && (st.done || end == endAtEOF) {
+		if rerr == io.EOF && (st.done || endsAtEOF) {
 			if st.errEvent {
 				a.fail(ErrTypeStreamError)
 			}
@@ -304,7 +355,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 		case !rl.started:
 			writeError(w, r, ae)
 		case et != ErrTypeClientCancelled:
-			writeStreamError(w, rl.rc, ae)
+			writeStreamError(w, rl.rc, ae, c.op.framing)
 		}
 		return
 	}
@@ -320,15 +371,33 @@ func clientWriteErrType(err error) string {
 	return ErrTypeClientCancelled
 }
 
-// writeStreamError ends a broken stream with an OpenAI error event. A
-// partial event the engine left unfinished is dropped (it was never
-// forwarded), so the error event starts on a clean boundary.
-func writeStreamError(w http.ResponseWriter, rc *http.ResponseController, ae *APIError) {
+// writeStreamError ends a broken stream with an error event in the
+// route's framing. A partial event the engine left unfinished is dropped
+// (it was never forwarded), so the error event starts on a clean boundary.
+//
+//   - OpenAI (and any other stream): `data: {"error":{...}}`, which the
+//     OpenAI clients raise as an APIError.
+//   - Anthropic: `event: error` with {"type":"error","error":{"type",
+//     "message"}}, as the Messages API sends it.
+//   - Responses: `event: error` with the Responses API error event's
+//     fields (type "error", code, message, param) plus the OpenAI error
+//     object under "error": the official clients (openai-go, openai-node)
+//     raise an error for any event whose data has an "error" member.
+func writeStreamError(w http.ResponseWriter, rc *http.ResponseController, ae *APIError, f framing) {
 	// Bounded: a client that stopped reading must not hold the handler.
 	_ = rc.SetWriteDeadline(time.Now().Add(5 * time.Second))
 	var b bytes.Buffer
-	b.WriteString("data: ")
-	b.Write(ae.body())
+	switch f {
+	case frameAnthropic:
+		b.WriteString("event: error\ndata: ")
+		b.Write(ae.body(envAnthropic))
+	case frameResponses:
+		b.WriteString("event: error\ndata: ")
+		b.Write(ae.responsesErrorEvent())
+	default:
+		b.WriteString("data: ")
+		b.Write(ae.body(envOpenAI))
+	}
 	b.WriteString("\n\n")
 	if _, err := w.Write(b.Bytes()); err == nil {
 		_ = rc.Flush()
@@ -368,8 +437,13 @@ const (
 // copyStream: relayed byte for byte as it arrives, flushed per write; the
 // engine may be silent until firstBy before its first bytes, then
 // Timeouts.Idle between reads; the body's clean end is the stream's end.
-func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Response, a *attempt, actx context.Context, cancel context.CancelCauseFunc, mode copyMode, firstBy time.Time) {
-	rl := s.newRelay(w, r, resp, cancel, false, mode == copyStream, firstBy)
+func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, mode copyMode) {
+	a, actx := c.a, c.actx
+	firstBy := time.Time{}
+	if mode == copyStream {
+		firstBy = c.firstBy
+	}
+	rl := s.newRelay(w, r, resp, c.cancel, false, mode == copyStream, firstBy)
 	defer rl.close()
 	flush := mode == copyStream || resp.ContentLength < 0
 	// hold is the body kept: all of it while buffering, a prefix for the

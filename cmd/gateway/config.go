@@ -32,6 +32,7 @@ type Config struct {
 	Server    ServerConfig           `koanf:"server"`
 	Admin     AdminConfig            `koanf:"admin"`
 	Engines   []gateway.EngineConfig `koanf:"engines"`
+	Models    gateway.ModelsConfig   `koanf:"models"`
 	Routing   routing.Config         `koanf:"routing"`
 	Telemetry telemetry.Config       `koanf:"telemetry"`
 	Log       LogConfig              `koanf:"log"`
@@ -94,6 +95,7 @@ func defaults() Config {
 			Config:            gateway.DefaultConfig(),
 		},
 		Admin:     AdminConfig{Listen: "127.0.0.1:9464"},
+		Models:    gateway.ModelsConfig{Aliases: map[string]string{}},
 		Routing:   routing.DefaultConfig(),
 		Telemetry: telemetry.DefaultConfig(),
 		Log:       LogConfig{Level: "info", Format: "text", Access: true},

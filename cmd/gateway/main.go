@@ -133,6 +133,7 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 	}
 	gcfg := cfg.Server.Config
 	gcfg.Engines = engines
+	gcfg.Models = cfg.Models
 	gcfg.AccessLog = cfg.Log.Access
 	gw, err := gateway.New(gcfg, policy, metrics,
 		gateway.WithTracerProvider(providers.TracerProvider),

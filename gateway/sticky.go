@@ -1,0 +1,84 @@
+package gateway
+
+import (
+	"sync"
+
+	"github.com/switchboard-gw/switchboard/routing"
+)
+
+// stickyEntries is how many response ids the gateway remembers with the
+// engine that created them: 64 Ki ids of at most maxIDLen bytes, a few MiB
+// at worst. An id it has forgotten (or one created through another gateway
+// replica) is still found: the sticky routes then ask each engine in turn.
+const stickyEntries = 1 << 16
+
+// stickyIndex remembers which engine created which stored response
+// (Responses API), so GET /v1/responses/{id} and its cancel go to that
+// engine first. It is a fixed-capacity map that forgets the oldest id
+// first. Safe for concurrent use.
+type stickyIndex struct {
+	mu   sync.Mutex
+	m    map[string]string // id -> engine name
+	ring []string          // ids in insertion order, ring[next] the oldest once full
+	next int
+}
+
+func newStickyIndex(capacity int) *stickyIndex {
+	return &stickyIndex{m: make(map[string]string), ring: make([]string, 0, capacity)}
+}
+
+// put remembers that engine created id.
+func (x *stickyIndex) put(id, engine string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if _, ok := x.m[id]; ok {
+		x.m[id] = engine
+		return
+	}
+	if len(x.ring) < cap(x.ring) {
+		x.ring = append(x.ring, id)
+	} else {
+		delete(x.m, x.ring[x.next])
+		x.ring[x.next] = id
+		x.next = (x.next + 1) % len(x.ring)
+	}
+	x.m[id] = engine
+}
+
+// get returns the engine that created id, if remembered.
+func (x *stickyIndex) get(id string) (string, bool) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	e, ok := x.m[id]
+	return e, ok
+}
+
+// remember records the engine of a successful answer's response id, for
+// a route whose row says so.
+func (s *Server) remember(c *call) {
+	a := c.a
+	if a.errType == "" && a.respID != "" && validID(a.respID) {
+		s.sticky.put(a.respID, c.eng.cfg.Name)
+	}
+}
+
+// stickyOrder returns the engines to ask for the stored response id: the
+// one that created it first, when remembered and routable, then the others
+// in the pool's order.
+func (s *Server) stickyOrder(id string, rt *route) []*routing.Endpoint {
+	out := make([]*routing.Endpoint, 0, len(rt.eps))
+	if name, ok := s.sticky.get(id); ok {
+		for i, e := range rt.engs {
+			if e.cfg.Name == name {
+				out = append(out, rt.eps[i])
+				break
+			}
+		}
+	}
+	for _, ep := range rt.eps {
+		if len(out) == 0 || ep != out[0] {
+			out = append(out, ep)
+		}
+	}
+	return out
+}
