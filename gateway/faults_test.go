@@ -191,24 +191,27 @@ var (
 // and the duration histogram went up by exactly one, with the right
 // error.type.
 func TestFaultMatrix(t *testing.T) {
+	run := func(prefix string, fc faultCase, sampler sdktrace.Sampler, fr faultFraming) {
+		for _, stream := range fc.stream {
+			mode := "non-stream"
+			if stream {
+				mode = "stream"
+			}
+			base := goleak.IgnoreCurrent()
+			t.Run(prefix+"/"+fc.name+"/"+mode, func(t *testing.T) {
+				runFaultCase(t, fc, stream, sampler, fr)
+			})
+			if err := goleak.Find(base); err != nil {
+				t.Errorf("%s/%s/%s: goroutines left behind: %v", prefix, fc.name, mode, err)
+			}
+		}
+	}
 	for _, sc := range []struct {
 		name    string
 		sampler sdktrace.Sampler
 	}{{"sampled", sdktrace.AlwaysSample()}, {"sampler-off", sdktrace.NeverSample()}} {
 		for _, fc := range faultMatrix {
-			for _, stream := range fc.stream {
-				mode := "non-stream"
-				if stream {
-					mode = "stream"
-				}
-				base := goleak.IgnoreCurrent()
-				t.Run(sc.name+"/"+fc.name+"/"+mode, func(t *testing.T) {
-					runFaultCase(t, fc, stream, sc.sampler, chatFraming)
-				})
-				if err := goleak.Find(base); err != nil {
-					t.Errorf("%s/%s/%s: goroutines left behind: %v", sc.name, fc.name, mode, err)
-				}
-			}
+			run(sc.name, fc, sc.sampler, chatFraming)
 		}
 	}
 	for _, fr := range []faultFraming{responsesFraming, messagesFraming} {
@@ -223,19 +226,7 @@ func TestFaultMatrix(t *testing.T) {
 				// request timeout. The relay is the same as chat's.
 				continue
 			}
-			for _, stream := range fc.stream {
-				mode := "non-stream"
-				if stream {
-					mode = "stream"
-				}
-				base := goleak.IgnoreCurrent()
-				t.Run(fr.name+"/"+fc.name+"/"+mode, func(t *testing.T) {
-					runFaultCase(t, fc, stream, sdktrace.AlwaysSample(), fr)
-				})
-				if err := goleak.Find(base); err != nil {
-					t.Errorf("%s/%s/%s: goroutines left behind: %v", fr.name, fc.name, mode, err)
-				}
-			}
+			run(fr.name, fc, sdktrace.AlwaysSample(), fr)
 		}
 	}
 }

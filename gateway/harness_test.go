@@ -164,6 +164,14 @@ func newHarnessWith(t testing.TB, cfg Config, gwOpts []Option, opts ...harnessOp
 // sim starts a simulated engine on a loopback listener.
 func sim(t testing.TB, cfg enginesim.Config) (*enginesim.Engine, *httptest.Server) {
 	t.Helper()
+	e := newSim(t, cfg)
+	return e, serveSim(t, e.Handler())
+}
+
+// newSim builds a simulated engine, with 2 ms TTFT and 1 ms ITL unless
+// cfg says otherwise.
+func newSim(t testing.TB, cfg enginesim.Config) *enginesim.Engine {
+	t.Helper()
 	if cfg.TTFT == 0 {
 		cfg.TTFT = 2 * time.Millisecond
 	}
@@ -174,12 +182,18 @@ func sim(t testing.TB, cfg enginesim.Config) (*enginesim.Engine, *httptest.Serve
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(e.Handler())
+	return e
+}
+
+// serveSim serves h on a loopback listener closed when the test ends.
+func serveSim(t testing.TB, h http.Handler) *httptest.Server {
+	t.Helper()
+	srv := httptest.NewServer(h)
 	t.Cleanup(func() {
 		srv.CloseClientConnections()
 		srv.Close()
 	})
-	return e, srv
+	return srv
 }
 
 // waitAborted waits up to 2 s for the engine to have counted want aborted

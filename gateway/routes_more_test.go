@@ -19,20 +19,9 @@ import (
 // recordedSim starts a simulated engine behind a bodyRecorder.
 func recordedSim(t testing.TB, cfg enginesim.Config) (*enginesim.Engine, *bodyRecorder, *httptest.Server) {
 	t.Helper()
-	if cfg.TTFT == 0 {
-		cfg.TTFT = 2 * time.Millisecond
-	}
-	if cfg.ITL == 0 {
-		cfg.ITL = time.Millisecond
-	}
-	e, err := enginesim.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	e := newSim(t, cfg)
 	rec := &bodyRecorder{next: e.Handler()}
-	srv := httptest.NewServer(rec)
-	t.Cleanup(func() { srv.CloseClientConnections(); srv.Close() })
-	return e, rec, srv
+	return e, rec, serveSim(t, rec)
 }
 
 // do sends method path with body and returns the status, the Content-Type

@@ -6,11 +6,9 @@ import (
 	"io"
 	"mime/multipart"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/routing"
@@ -198,13 +196,7 @@ func TestEveryRoute(t *testing.T) {
 		}
 	}
 
-	eng, err := enginesim.New(enginesim.Config{Models: []string{"m"}, TTFT: 2 * time.Millisecond, ITL: time.Millisecond, OutputTokens: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := &bodyRecorder{next: eng.Handler()}
-	srv := httptest.NewServer(rec)
-	t.Cleanup(func() { srv.CloseClientConnections(); srv.Close() })
+	_, rec, srv := recordedSim(t, enginesim.Config{Models: []string{"m"}, OutputTokens: 4})
 	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: srv.URL}))
 
 	var relMu sync.Mutex
