@@ -33,11 +33,12 @@ type engine struct {
 	cfg    EngineConfig
 	ep     *routing.Endpoint
 	tel    *telemetry.Engine
-	base   string   // the engine's base URL without a trailing slash, never with userinfo; the route path is appended
-	static bool     // models come from config
-	auth   []string // the Authorization header value, or nil when the engine takes none
-	shown  string   // the URL as logs and /admin/engines show it: userinfo redacted
-	header []string // the X-Switchboard-Engine value, shared by every response
+	base   string            // the engine's base URL without a trailing slash, never with userinfo; the route path is appended
+	urls   map[string]string // the engine URL of every fixed path of the operation table, built once
+	static bool              // models come from config
+	auth   []string          // the Authorization header value, or nil when the engine takes none
+	shown  string            // the URL as logs and /admin/engines show it: userinfo redacted
+	header []string          // the X-Switchboard-Engine value, shared by every response
 
 	// spanAttrs are the engine span attributes that never change:
 	// server.address, server.port, switchboard.engine.
@@ -228,6 +229,14 @@ func (p *Pool) newEngine(ec EngineConfig) (*engine, error) {
 		e.auth = []string{"Basic " + base64.StdEncoding.EncodeToString([]byte(userinfo.Username()+":"+pw))}
 	}
 	e.base = strings.TrimSuffix(base.String(), "/")
+	e.urls = make(map[string]string)
+	for _, op := range operations {
+		for _, path := range op.paths {
+			if !strings.Contains(path, "{") {
+				e.urls[path] = e.base + path
+			}
+		}
+	}
 	e.statsURL = base.JoinPath(p.stats.Path).String()
 	if len(ec.Models) > 0 {
 		ms := slices.Clone(ec.Models)

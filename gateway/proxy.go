@@ -113,17 +113,16 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 			writeError(w, r, &APIError{Status: http.StatusInternalServerError, Type: TypeServer, Code: "internal_error", Message: "routing policy returned an unknown engine"})
 			return
 		}
-		rest := candidates[:0:0]
-		if n < maxAttempts {
-			rest = make([]*routing.Endpoint, 0, len(candidates))
-			for _, c := range candidates {
-				if c != ep {
-					rest = append(rest, c)
-				}
-			}
-		}
-		if !s.exchange(ctx, w, r, op, &in, &out, eng, &held, len(rest) > 0) {
+		// Another engine may be tried when there is one and attempts are
+		// left; the rest of the candidates are only listed then.
+		if !s.exchange(ctx, w, r, op, &in, &out, eng, &held, n < maxAttempts && len(candidates) > 1) {
 			return
+		}
+		rest := make([]*routing.Endpoint, 0, len(candidates)-1)
+		for _, c := range candidates {
+			if c != ep {
+				rest = append(rest, c)
+			}
 		}
 		candidates = rest
 	}
@@ -304,7 +303,10 @@ func (res *result) retry(op *operation) bool {
 // under the gateway's timeouts.
 func (s *Server) send(c *call, r *http.Request, body *outBody) result {
 	a, eng, op := c.a, c.eng, c.op
-	url := eng.base + r.URL.EscapedPath()
+	url, ok := eng.urls[r.URL.Path]
+	if !ok || r.URL.RawPath != "" {
+		url = eng.base + r.URL.EscapedPath()
+	}
 	if r.URL.RawQuery != "" {
 		url += "?" + r.URL.RawQuery
 	}
