@@ -22,6 +22,13 @@ build() { # name dir package
 build otelcol "$root/integration/tools/otelcol" .
 build jaeger "$root/integration/tools/jaeger" github.com/jaegertracing/jaeger/cmd/jaeger
 
+# The Node client test (TestNodeOpenAIClient) needs the pinned openai
+# package; install it once from package-lock.json.
+if [[ ! -d "$root/integration/node/node_modules" ]] && command -v npm >/dev/null; then
+	echo "installing integration/node packages (npm ci)..."
+	(cd "$root/integration/node" && npm ci --no-audit --no-fund)
+fi
+
 export IT_OTELCOL_BIN="$bin/otelcol"
 export IT_JAEGER_BIN="$bin/jaeger"
 cd "$root"
