@@ -35,11 +35,13 @@ type engineAction struct {
 // segment: POST /admin/engines/{name}/{action}.
 var engineActions = map[string]engineAction{
 	"sleep": {http.MethodPost, "/sleep", func(p *Pool, _ context.Context, e *engine, _ []byte) {
+		e.sleepGen.Add(1)
 		e.sleeping.Store(true)
 		p.log.Info("engine put to sleep", "engine", e.cfg.Name)
 		p.rebuild()
 	}},
 	"wake_up": {http.MethodPost, "/wake_up", func(p *Pool, _ context.Context, e *engine, _ []byte) {
+		e.sleepGen.Add(1)
 		e.sleeping.Store(false)
 		p.log.Info("engine woken up", "engine", e.cfg.Name)
 		p.rebuild()

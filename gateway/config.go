@@ -19,8 +19,7 @@ type Config struct {
 	// MaxFormBytes caps a multipart/form-data request body (audio uploads
 	// to /v1/audio/transcriptions and /v1/audio/translations), in bytes.
 	// Larger bodies get 413. Default 32 MiB (OpenAI takes files up to
-	// 25 MB). A form is also held under MaxBufferedBytes: one that does
-	// not fit in what is left of it gets 503.
+	// 25 MB). Must be at most MaxBufferedBytes.
 	MaxFormBytes int64 `koanf:"max_form_bytes"`
 	// BodyReadTimeout bounds reading a whole request body, from the moment
 	// the handler starts reading it. A client that trickles or stalls its
@@ -58,7 +57,9 @@ type Config struct {
 	// MaxAttempts is how many engines a request may be tried on when the
 	// connection to an engine fails before anything was sent (1 = no
 	// retry). Default 2. Requests are never retried after an engine has
-	// received them, nor after the first byte reached the client.
+	// received them, nor after the first byte reached the client; only the
+	// sticky Responses routes ask every engine in turn for a stored
+	// response.
 	MaxAttempts int `koanf:"max_attempts"`
 	// Timeouts bound each phase of an engine attempt.
 	Timeouts Timeouts `koanf:"timeouts"`
@@ -231,6 +232,17 @@ func DefaultConfig() Config {
 	}
 }
 
+// hasControl reports whether s has an ASCII control character (a model
+// name with one could break the multipart body it is written into).
+func hasControl(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] == 0x7f {
+			return true
+		}
+	}
+	return false
+}
+
 // ErrInvalidConfig wraps every configuration error.
 var ErrInvalidConfig = errors.New("invalid gateway config")
 
@@ -271,10 +283,15 @@ func (c Config) ValidateSettings() error {
 	if c.MaxFormBytes <= 0 {
 		bad("server.max_form_bytes must be > 0, got %d", c.MaxFormBytes)
 	}
+	if c.MaxBufferedBytes > 0 && c.MaxFormBytes > c.MaxBufferedBytes {
+		bad("server.max_buffered_bytes (%d) is smaller than server.max_form_bytes (%d): a form at the size limit could never be accepted", c.MaxBufferedBytes, c.MaxFormBytes)
+	}
 	for name, target := range c.Models.Aliases {
 		switch {
 		case name == "" || target == "":
 			bad("models.aliases: empty name or target (%q: %q)", name, target)
+		case hasControl(name) || hasControl(target):
+			bad("models.aliases: %q: %q has a control character", name, target)
 		case name == target:
 			bad("models.aliases: %q points at itself", name)
 		default:

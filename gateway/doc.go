@@ -1,6 +1,7 @@
 // Package gateway is Switchboard's HTTP front: the chi router, the
-// OpenAI-compatible handlers, the engine pool, the proxy and SSE streaming,
-// the OpenAI error object and the per-request engine lifecycle.
+// OpenAI-compatible handlers (every route of the operation table), the
+// engine pool, the proxy and SSE streaming, the OpenAI and Anthropic error
+// objects and the per-request engine lifecycle.
 //
 // # Operation table
 //
@@ -52,10 +53,12 @@
 // # Engine accounting
 //
 // Each try on an engine is an attempt: it starts a CLIENT span named
-// "{operation} {model}" and takes the engine's prefill slot; the first
-// content-bearing stream event (delta content, reasoning content, tool calls
-// or completion text; never the role-only chunk, a comment or a usage chunk)
-// moves it to decode and records time to first token; the attempt's deferred
+// "{operation} {model}" and, unless its route is light, takes the engine's
+// prefill slot; on a generative route the first content-bearing stream
+// event (delta content, reasoning content, tool calls or completion text;
+// a Responses or Anthropic text, reasoning or tool-argument delta; never
+// the role-only chunk, a comment or a usage chunk) moves it to decode and
+// records time to first token; the attempt's deferred
 // end releases the slot from whichever phase it is in, records the duration
 // with error.type and ends the span. End is idempotent and is the only
 // release path, so every exit releases exactly once. The slot holds a
@@ -103,8 +106,11 @@
 // bytes rather than in a copy; the usage chunk that comes back is recorded
 // and not forwarded to that client.
 //
-// A stream's end is its route's rule: chat and completions end with
-// `data: [DONE]`, other SSE streams at the body's clean end. A streamed
+// A stream's end is its route's framing: OpenAI chunks end with `data:
+// [DONE]`, Responses events at response.completed, response.failed or
+// response.incomplete, Anthropic events at message_stop, other SSE streams
+// at the body's clean end; an engine that sent its own error event and
+// closed has ended its stream too. A streamed
 // response in another framing (NDJSON, chunked JSON) is passed through byte
 // for byte, flushed per write, and not parsed.
 //
@@ -126,7 +132,9 @@
 // first content; one non-streaming attempt; each write to the client (a
 // client that stops reading is cut off, error.type client_stalled); and the
 // whole request. Only a failed connection is retried on another engine,
-// never after the engine received the request.
+// never after the engine received the request, except on the sticky
+// Responses routes, where an engine's 404 (it does not hold that stored
+// response) sends the request to the next engine.
 //
 // # Shutdown
 //
@@ -138,12 +146,13 @@
 //
 // # Errors
 //
-// Every error the gateway produces is an OpenAI error object
-// {"error":{"message","type","param","code"}} (see [APIError]). Engine JSON
-// errors pass through with their status and Retry-After; JSON bodies not
-// already in the OpenAI envelope are wrapped in it. A non-JSON error body
-// (HTML, a stack trace, text) is replaced by an OpenAI error naming the
-// engine and its status, and logged (capped) at debug level. Engine response
+// Every error the gateway produces is an error object in its route's
+// envelope (see [APIError]): OpenAI's {"error":{"message","type","param",
+// "code"}}, or on /v1/messages Anthropic's {"type":"error","error":{"type",
+// "message"}}. Engine JSON errors pass through with their status and
+// Retry-After; JSON bodies not already in the route's envelope are
+// rewritten in it. A non-JSON error body (HTML, a stack trace, text) is
+// replaced by an error naming the engine and its status, and logged (capped) at debug level. Engine response
 // headers naming the engine's software (Server, X-Powered-By) never reach
 // clients, and credentials in engine URLs never appear in logs or in the
 // admin engine list.

@@ -28,8 +28,10 @@ const (
 // request in telemetry and logs.
 const StatusClientClosedRequest = 499
 
-// APIError is an error the gateway itself answers with an OpenAI error
-// object: {"error":{"message","type","param","code"}} and Status.
+// APIError is an error the gateway itself answers with an error object and
+// Status: OpenAI's {"error":{"message","type","param","code"}}, or on the
+// Anthropic routes {"type":"error","error":{"type","message"}} (the type
+// derived from Status).
 type APIError struct {
 	Status  int    // HTTP status code
 	Type    string // OpenAI error type, e.g. invalid_request_error

@@ -352,6 +352,7 @@ func TestBufferedBytesBudget(t *testing.T) {
 	cfg := testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
 	cfg.MaxBufferedBytes = limit
 	cfg.MaxBodyBytes = limit
+	cfg.MaxFormBytes = limit
 	cfg.MaxResponseBufferBytes = 32 << 10
 	h := newHarness(t, cfg)
 	admin := hostileAdminServer(t, h)

@@ -236,7 +236,7 @@ func closeAfterUnreadBody(w http.ResponseWriter, rc *http.ResponseController) {
 	_ = rc.SetReadDeadline(time.Now())
 }
 
-// recoverer turns a panic in a handler into a 500 OpenAI error (when the
+// recoverer turns a panic in a handler into a 500 error object (when the
 // response has not started) and logs it with its stack. It re-panics
 // http.ErrAbortHandler, which net/http uses to abort a response silently.
 // Engine slots are released by the attempt's own deferred end, which runs

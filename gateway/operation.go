@@ -120,7 +120,8 @@ type operation struct {
 	sticky bool
 }
 
-// Routes of the operation table, by the path parameter of sticky routes.
+// idParam is the path parameter naming a stored response on the sticky
+// routes.
 const idParam = "id"
 
 // operations is the operation table: every engine route the gateway serves.

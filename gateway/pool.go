@@ -54,6 +54,9 @@ type engine struct {
 	// API, cleared by wake-up (or by a probe that finds it awake); a
 	// sleeping engine leaves routing.
 	sleeping atomic.Bool
+	// sleepGen counts the admin sleep and wake-up calls, so a probe that
+	// asked /is_sleeping before one of them does not undo it.
+	sleepGen atomic.Uint64
 
 	// statsFailing is set while the engine's stats scrapes fail (logged
 	// once per streak).
@@ -604,11 +607,13 @@ func (p *Pool) probe(ctx context.Context, e *engine) {
 	}
 	if err == nil && e.sleeping.Load() {
 		// Put to sleep through the gateway: back in routing once the
-		// engine says it is awake, however it was woken.
+		// engine says it is awake, however it was woken, unless an admin
+		// call came in meanwhile (its verdict is newer).
+		gen := e.sleepGen.Load()
 		var st struct {
 			IsSleeping *bool `json:"is_sleeping"`
 		}
-		if p.get(ctx, e, "/is_sleeping", &st) == nil && st.IsSleeping != nil && !*st.IsSleeping {
+		if p.get(ctx, e, "/is_sleeping", &st) == nil && st.IsSleeping != nil && !*st.IsSleeping && e.sleepGen.Load() == gen {
 			e.sleeping.Store(false)
 			p.log.Info("engine awake", "engine", e.cfg.Name)
 		}

@@ -137,6 +137,8 @@ func TestConfigValidate(t *testing.T) {
 		{"bracketed strip header", func(c *Config) { c.StripRequestHeaders = []string{"[X-Foo"} }, false},
 		{"password with a slash, not encoded", func(c *Config) { c.Engines = []EngineConfig{{Name: "e", URL: "http://admin:12/34@h:1"}} }, false},
 		{"zero form limit", func(c *Config) { c.MaxFormBytes = 0 }, false},
+		{"buffered budget below form limit", func(c *Config) { c.MaxBufferedBytes = c.MaxFormBytes - 1 }, false},
+		{"alias with a newline", func(c *Config) { c.Models.Aliases = map[string]string{"a": "b\r\nX"} }, false},
 		{"alias", func(c *Config) { c.Models.Aliases = map[string]string{"gpt-4o": "llama"} }, true},
 		{"alias to itself", func(c *Config) { c.Models.Aliases = map[string]string{"a": "a"} }, false},
 		{"alias to an alias", func(c *Config) { c.Models.Aliases = map[string]string{"a": "b", "b": "c"} }, false},

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"mime"
 	"net"
 	"net/http"
 	"os"
@@ -50,8 +51,8 @@ type inbound struct {
 	// request names none (any routable engine serves it).
 	model string
 	// target is the model the engines serve under that name: model, or
-	// the model an alias (Config.Models.Aliases) stands for; quoted is its
-	// replacement bytes in the body when they differ ("" when not).
+	// the model an alias (Config.Models.Aliases) stands for; rename is its
+	// replacement bytes in the body when they differ (nil when not).
 	target string
 	rename []byte
 	stream bool
@@ -115,7 +116,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 		}
 		// Another engine may be tried when there is one and attempts are
 		// left; the rest of the candidates are only listed then.
-		if !s.exchange(ctx, w, r, op, &in, &out, eng, &held, n < maxAttempts && len(candidates) > 1) {
+		if !s.exchange(ctx, w, r, op, &in, &out, eng, n < maxAttempts && len(candidates) > 1) {
 			return
 		}
 		rest := make([]*routing.Endpoint, 0, len(candidates)-1)
@@ -133,6 +134,13 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 // 413, 415, 408, 503) or the client's context error; no engine slot is
 // taken for any of them.
 func (s *Server) read(w http.ResponseWriter, r *http.Request, op *operation, held *int64) (in inbound, err error) {
+	if op.body == bodyForm {
+		// A body that cannot be a form is refused before it is read.
+		if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err == nil && mt != "multipart/form-data" || r.Header.Get("Content-Type") == "" {
+			closeAfterUnreadBody(w, http.NewResponseController(w))
+			return in, &APIError{Status: http.StatusUnsupportedMediaType, Type: TypeInvalidRequest, Message: "content type must be multipart/form-data"}
+		}
+	}
 	switch op.body {
 	case bodyJSON, bodyForm:
 		limit := s.cfg.MaxBodyBytes
@@ -227,7 +235,11 @@ func (s *Server) candidates(op *operation, in *inbound) (*route, error) {
 			in.rename = a.quoted
 		}
 	}
-	return s.pool.lookup(in.target)
+	rt, err := s.pool.lookup(in.target)
+	if _, ok := err.(*APIError); ok && in.target != in.model {
+		return nil, errModelNotFound(in.model) // never name an alias's target
+	}
+	return rt, err
 }
 
 // exchange runs one attempt of the request on eng: it sends the request,
@@ -236,9 +248,8 @@ func (s *Server) candidates(op *operation, in *inbound) (*route, error) {
 // should be tried on another engine: only when mayRetry is set and the
 // result says nothing was sent to the client and the engine did not take
 // the request (a refused connection; an engine without the stored response
-// on a sticky route). held is the request's share of the buffered-bytes
-// budget, which a buffered response adds to.
-func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Request, op *operation, in *inbound, out *outBody, eng *engine, held *int64, mayRetry bool) (again bool) {
+// on a sticky route).
+func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Request, op *operation, in *inbound, out *outBody, eng *engine, mayRetry bool) (again bool) {
 	ctx, a := s.startAttempt(ctx, eng, op, in)
 	defer a.finish()
 	if s.cfg.EngineHeader {
@@ -254,11 +265,22 @@ func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Re
 		defer res.resp.Body.Close()
 	}
 	if mayRetry && res.retry(op) {
+		if !res.connFailed {
+			// An engine that does not hold the stored response did
+			// nothing wrong: the attempt is not an engine error. Its
+			// short answer is read so the connection is reused.
+			a.errType = ""
+			_, _ = io.CopyN(io.Discard, res.resp.Body, maxDrain)
+		}
 		return true
 	}
 	s.commit(w, r, &c, &res)
 	return false
 }
+
+// maxDrain is how much of an unused engine answer is read before its body
+// is closed, so its keep-alive connection can be reused.
+const maxDrain = 4 << 10
 
 // call is one engine attempt's request-scoped state, shared by send and
 // commit.
@@ -327,7 +349,9 @@ func (s *Server) send(c *call, r *http.Request, body *outBody) result {
 		ureq.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(body.reader()), nil }
 		ureq.Header["Content-Type"] = jsonContentType // shared: no one mutates it
 	case bodyForm:
-		// The client's multipart Content-Type (its boundary) was copied.
+		// The client's multipart Content-Type (its boundary), the one
+		// value that was parsed.
+		ureq.Header["Content-Type"] = r.Header["Content-Type"][:1]
 		ureq.ContentLength = body.n
 		ureq.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(body.reader()), nil }
 	case bodyNone:
@@ -401,6 +425,12 @@ func (s *Server) commit(w http.ResponseWriter, r *http.Request, c *call, res *re
 	ct := resp.Header.Get("Content-Type")
 	switch {
 	case isEventStream(ct):
+		if !c.in.stream {
+			// An event stream the client did not flag as one (speech,
+			// images): the idle timeout bounds it, not the attempt
+			// timeout meant for one-piece answers.
+			c.stop()
+		}
 		s.stream(w, r, resp, c)
 	case c.in.stream && (!isJSON(ct) || resp.ContentLength < 0):
 		// Another streamed framing (NDJSON, chunked JSON of unknown

@@ -140,6 +140,7 @@ func TestResponseBufferWithinBudget(t *testing.T) {
 	})
 	cfg := testConfig(EngineConfig{Name: "e1", URL: eng.URL})
 	cfg.MaxBodyBytes = 16 << 10
+	cfg.MaxFormBytes = 16 << 10
 	cfg.MaxBufferedBytes = 64 << 10
 	cfg.MaxResponseBufferBytes = 32 << 10
 	h := newHarness(t, cfg)

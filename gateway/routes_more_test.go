@@ -170,6 +170,18 @@ func TestAnthropicEnvelope(t *testing.T) {
 			}
 		})
 	}
+	t.Run("no route or method under /v1/messages", func(t *testing.T) {
+		for _, tc := range []struct {
+			method, path string
+			status       int
+		}{{http.MethodPost, "/v1/messages/batches", 404}, {http.MethodGet, "/v1/messages", 405}} {
+			st, _, b := h.do(tc.method, tc.path, "")
+			var e anthropicErr
+			if err := json.Unmarshal(b, &e); err != nil || st != tc.status || e.Type != "error" || e.Error.Message == "" {
+				t.Errorf("%s %s: %d %s, want %d in the Anthropic envelope", tc.method, tc.path, st, b, tc.status)
+			}
+		}
+	})
 	t.Run("stream cut", func(t *testing.T) {
 		st, _, b := h.do(http.MethodPost, "/v1/messages", `{"model":"m","max_tokens":6,"stream":true,`+msgs+`}`, enginesim.FaultHeader, "close-after=2")
 		s := string(b)

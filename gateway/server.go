@@ -358,11 +358,13 @@ func (s *Server) Handler() http.Handler {
 	r.Use(otelhttp.NewMiddleware("switchboard", oopts...))
 	r.Use(s.recoverer)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+		anthropicPath(r)
 		writeError(w, r, &APIError{Status: http.StatusNotFound, Type: TypeInvalidRequest, Code: "not_found", Message: "no route for " + r.Method + " " + r.URL.Path})
 	})
 	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
 		// chi only sets Allow in its default handler; RFC 9110 requires it.
-		for _, m := range []string{http.MethodGet, http.MethodPost} {
+		anthropicPath(req)
+		for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost} {
 			if r.Match(chi.NewRouteContext(), m, req.URL.Path) {
 				w.Header().Add("Allow", m)
 			}
@@ -390,6 +392,15 @@ func (s *Server) Handler() http.Handler {
 		getHead(r, "/ready", s.ready)
 	})
 	return r
+}
+
+// anthropicPath makes the error envelope Anthropic's for a request under
+// /v1/messages that matched no route (or no method), as the Anthropic
+// clients expect of every answer there.
+func anthropicPath(r *http.Request) {
+	if st := stateFrom(r.Context()); st != nil && strings.HasPrefix(r.URL.Path, "/v1/messages") {
+		st.env = envAnthropic
+	}
 }
 
 // routeAttr sets http.route (chi's matched pattern) and the request id on

@@ -304,10 +304,12 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 			st.now = time.Now()
 			st.dropTo = 0
 			out := sc.Push(p, onEvent)
-			if !a.first.IsZero() {
+			if !a.first.IsZero() || a.class != classGenerative {
 				// After the first content any bytes are progress (an event
 				// trickled across reads, a keep-alive); before it only
-				// content ends the first-token wait.
+				// content ends the first-token wait. A route that
+				// generates nothing itself (a stored response streamed
+				// again) has no first token: its bytes are progress.
 				rl.touch(st.now)
 			}
 			if st.dropTo > 0 {
@@ -336,7 +338,10 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 		if rerr == nil {
 			continue
 		}
-		if rerr == io.EOF && (st.done || endsAtEOF) {
+		// An engine that sent its own error event and closed has ended
+		// the stream: the client has the error, and a second one made
+		// by the gateway would only hide it.
+		if rerr == io.EOF && (st.done || endsAtEOF || st.errEvent) {
 			if st.errEvent {
 				a.fail(ErrTypeStreamError)
 			}

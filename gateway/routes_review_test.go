@@ -1,0 +1,78 @@
+package gateway
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestLightStreamBoundByIdleNotFirstToken: GET /v1/responses/{id}?stream=true
+// (a light route) relays an SSE stream whose events never count as content
+// (a light attempt has no first token); its bytes are progress, so a steady
+// stream is not cut at Timeouts.FirstToken (it was, once: the first-token
+// timer was only disarmed by content).
+func TestLightStreamBoundByIdleNotFirstToken(t *testing.T) {
+	eng := fakeEngine(t, []string{"m"}, func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet || !strings.HasPrefix(r.URL.Path, "/v1/responses/") {
+			http.NotFound(w, r)
+			return
+		}
+		s := newSSE(w)
+		for i := range 20 {
+			s.raw(fmt.Sprintf("event: response.output_text.delta\ndata: {\"type\":\"response.output_text.delta\",\"delta\":\"t%d\",\"sequence_number\":%d}\n\n", i, i))
+			time.Sleep(50 * time.Millisecond)
+		}
+		s.raw("event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_1\",\"usage\":{\"input_tokens\":1,\"output_tokens\":20}}}\n\n")
+	})
+	cfg := testConfig(EngineConfig{Name: "e1", URL: eng.URL, Models: []string{"m"}})
+	cfg.Timeouts.FirstToken = 300 * time.Millisecond
+	cfg.Timeouts.Idle = time.Minute
+	h := newHarness(t, cfg)
+	resp, err := h.client.Get(h.srv.URL + "/v1/responses/resp_1?stream=true")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(b), "response.completed") || strings.Contains(string(b), "event: error") {
+		t.Errorf("a steady 1 s stream on a light route was cut (first_token=300ms):\n%s", b)
+	}
+	h.waitIdle()
+	if et := h.errorTypes(); et[ErrTypeFirstToken] != 0 {
+		t.Errorf("error types %v", et)
+	}
+}
+
+// TestStickyMissIsNotAnEngineError: a sticky lookup that asks an engine
+// which does not hold the id (404, then found on the next engine) must not
+// record the miss as a failed engine attempt (error.type "404") in
+// switchboard.engine.request.duration: the request succeeded and no engine
+// misbehaved.
+func TestStickyMissIsNotAnEngineError(t *testing.T) {
+	mk := func(has bool) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			if !has {
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(404)
+				_, _ = io.WriteString(w, `{"error":{"message":"not found","type":"invalid_request_error","param":null,"code":404}}`)
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"id":"resp_x","object":"response","status":"completed"}`)
+		}
+	}
+	e1 := fakeEngine(t, []string{"m"}, mk(false))
+	e2 := fakeEngine(t, []string{"m"}, mk(true))
+	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: e1.URL, Models: []string{"m"}}, EngineConfig{Name: "e2", URL: e2.URL, Models: []string{"m"}}))
+	st, _, b := h.do(http.MethodGet, "/v1/responses/resp_x", "")
+	if st != 200 {
+		t.Fatalf("%d %s", st, b)
+	}
+	h.waitIdle()
+	if et := h.errorTypes(); et["404"] != 0 {
+		t.Errorf("a sticky miss counted as an engine failure: error types %v", et)
+	}
+}
