@@ -44,7 +44,12 @@ var engineActions = map[string]engineAction{
 		e.sleepGen.Add(1)
 		e.sleeping.Store(false)
 		p.log.Info("engine woken up", "engine", e.cfg.Name)
-		p.rebuild()
+		p.mu.Lock()
+		// The last scraped stats still say asleep; the engine has just
+		// said otherwise. The next scrape gives the new verdict.
+		e.blocked = false
+		p.rebuildLocked()
+		p.mu.Unlock()
 	}},
 	"is_sleeping":        {http.MethodGet, "/is_sleeping", nil},
 	"reset_prefix_cache": {http.MethodPost, "/reset_prefix_cache", nil},
@@ -83,8 +88,13 @@ type actionResult struct {
 func (s *Server) mountEngineAdmin(r chi.Router) {
 	r.HandleFunc("/admin/engines/{name}/{action}", func(w http.ResponseWriter, r *http.Request) {
 		act, ok := engineActions[chi.URLParam(r, "action")]
-		if !ok || r.Method != act.method {
-			writeError(w, r, &APIError{Status: http.StatusNotFound, Type: TypeInvalidRequest, Code: "not_found", Message: "no admin action " + r.Method + " " + r.URL.Path})
+		if !ok {
+			writeError(w, r, &APIError{Status: http.StatusNotFound, Type: TypeInvalidRequest, Code: "not_found", Message: "no admin action " + r.URL.Path})
+			return
+		}
+		if r.Method != act.method {
+			w.Header().Set("Allow", act.method)
+			writeError(w, r, &APIError{Status: http.StatusMethodNotAllowed, Type: TypeInvalidRequest, Code: "method_not_allowed", Message: "method " + r.Method + " is not allowed on " + r.URL.Path})
 			return
 		}
 		e := s.pool.byName(chi.URLParam(r, "name"))
@@ -200,6 +210,11 @@ func (p *Pool) loraChanged(ctx context.Context, e *engine, body []byte, loaded b
 		Path string `json:"lora_path"`
 	}
 	_ = json.Unmarshal(body, &req)
+	if loaded {
+		p.log.Info("LoRA adapter loaded", "engine", e.cfg.Name, "adapter", req.Name)
+	} else {
+		p.log.Info("LoRA adapter unloaded", "engine", e.cfg.Name, "adapter", req.Name)
+	}
 	if !e.static {
 		p.probeMu.Lock()
 		err := p.discover(ctx, e)

@@ -143,7 +143,14 @@ func (a *attempt) end() {
 	}
 	now := time.Now()
 	o := telemetry.Outcome{Seconds: now.Sub(a.start).Seconds(), ErrorType: a.errType, InputTokens: -1, OutputTokens: -1}
-	if a.hasUsage {
+	switch {
+	case !a.hasUsage || a.class == classLight:
+		// A light route spends no tokens: a stored response read again
+		// reports the usage of the generation that made it, which was
+		// recorded then.
+	case a.class == classPooling:
+		o.InputTokens = a.usage.PromptTokens // pooling generates no output
+	default:
 		o.InputTokens, o.OutputTokens = a.usage.PromptTokens, a.usage.CompletionTokens
 	}
 	if a.errType == "" && !a.first.IsZero() {

@@ -284,15 +284,23 @@ func (h *harness) hist(name string, match ...attribute.KeyValue) (count uint64, 
 	if !ok {
 		return 0, 0
 	}
-	hd, ok := m.Data.(metricdata.Histogram[float64])
-	if !ok {
-		h.t.Fatalf("%s is %T", name, m.Data)
-	}
-	for _, dp := range hd.DataPoints {
-		if hasAll(dp.Attributes, match) {
-			count += dp.Count
-			sum += dp.Sum
+	switch hd := m.Data.(type) {
+	case metricdata.Histogram[float64]:
+		for _, dp := range hd.DataPoints {
+			if hasAll(dp.Attributes, match) {
+				count += dp.Count
+				sum += dp.Sum
+			}
 		}
+	case metricdata.Histogram[int64]:
+		for _, dp := range hd.DataPoints {
+			if hasAll(dp.Attributes, match) {
+				count += dp.Count
+				sum += float64(dp.Sum)
+			}
+		}
+	default:
+		h.t.Fatalf("%s is %T", name, m.Data)
 	}
 	return count, sum
 }

@@ -545,6 +545,12 @@ func (p *Pool) Ready() bool { return p.snap.Load().modelsBody != nil }
 func (p *Pool) Start() {
 	p.startOnce.Do(func() {
 		p.ProbeNow(p.ctx)
+		known := p.snap.Load().known
+		for name, a := range p.aliases {
+			if !known[a.target] && !p.snap.Load().pending {
+				p.log.Warn("model alias points at a model no engine serves", "alias", name, "target", a.target)
+			}
+		}
 		if p.stats.Enabled {
 			p.ScrapeNow(p.ctx)
 			p.every(p.stats.Interval, p.ScrapeNow)

@@ -344,7 +344,11 @@ func (h *harness) engineStates() map[string]string {
 // behind the gateway's back comes back at the next probe.
 func TestEngineSleepWake(t *testing.T) {
 	_, _, srv := recordedSim(t, enginesim.Config{Models: []string{"m"}, OutputTokens: 2})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}}))
+	cfg := testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+	// Stats on, scraped only when the test says (ScrapeNow), and trusted
+	// all along: the engine's own sleep state is seen too.
+	cfg.EngineStats.Enabled, cfg.EngineStats.Interval, cfg.EngineStats.MaxAge, cfg.EngineStats.Timeout = true, time.Hour, 2*time.Hour, time.Second
+	h := newHarness(t, cfg)
 	admin := httptest.NewServer(h.gw.AdminHandler(nil))
 	t.Cleanup(admin.Close)
 	call := func(method, path string) (int, string) {
@@ -381,11 +385,14 @@ func TestEngineSleepWake(t *testing.T) {
 	if st, b := call(http.MethodGet, "/admin/engines/e1/is_sleeping"); st != 200 || !strings.Contains(b, `"is_sleeping":true`) {
 		t.Errorf("is_sleeping: %d %s", st, b)
 	}
+	// The scraped stats now say asleep too; wake_up must not wait for the
+	// next scrape to bring the engine back.
+	h.gw.pool.ScrapeNow(t.Context())
 	if st, b := call(http.MethodPost, "/admin/engines/e1/wake_up"); st != 200 {
 		t.Fatalf("wake_up: %d %s", st, b)
 	}
 	if st, _, b := h.do(http.MethodPost, "/v1/chat/completions", chat); st != 200 {
-		t.Errorf("chat after wake_up: %d %s", st, b)
+		t.Errorf("chat right after wake_up: %d %s", st, b)
 	}
 	if s := h.engineStates()["e1"]; s != "ready" {
 		t.Errorf("state gauge %q, want ready", s)
@@ -409,6 +416,9 @@ func TestEngineSleepWake(t *testing.T) {
 	}
 	if st, _ := call(http.MethodPost, "/admin/engines/e1/bogus"); st != 404 {
 		t.Errorf("unknown action: %d, want 404", st)
+	}
+	if st, _ := call(http.MethodGet, "/admin/engines/e1/sleep"); st != 405 {
+		t.Errorf("GET on a POST action: %d, want 405", st)
 	}
 	h.waitIdle()
 }

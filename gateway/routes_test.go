@@ -223,6 +223,9 @@ func TestEveryRoute(t *testing.T) {
 			opAttr := telemetry.AttrOperation.String(rc.op)
 			before := h.histCount(telemetry.RequestDurationName, opAttr)
 			ttftBefore := h.histCount(telemetry.TimeToFirstTokenName, opAttr)
+			genaiOp := telemetry.AttrGenAIOp.String(opNamed(t, rc.op).genai)
+			tokIn := h.histCount(telemetry.GenAIClientTokenUsageName, genaiOp, telemetry.AttrGenAITokType.String("input"))
+			tokOut := h.histCount(telemetry.GenAIClientTokenUsageName, genaiOp, telemetry.AttrGenAITokType.String("output"))
 			relMu.Lock()
 			released = released[:0]
 			relMu.Unlock()
@@ -263,6 +266,22 @@ func TestEveryRoute(t *testing.T) {
 			}
 			if n := h.histCount(telemetry.RequestDurationName, opAttr); n != before+1 {
 				t.Errorf("duration samples with operation=%s: %d, want %d", rc.op, n, before+1)
+			}
+			// Token usage: a light route spends none (a stored response read
+			// again must not count its tokens twice), a pooling route no
+			// output tokens.
+			genai := telemetry.AttrGenAIOp.String(opNamed(t, rc.op).genai)
+			in := h.histCount(telemetry.GenAIClientTokenUsageName, genai, telemetry.AttrGenAITokType.String("input"))
+			out := h.histCount(telemetry.GenAIClientTokenUsageName, genai, telemetry.AttrGenAITokType.String("output"))
+			switch rc.released {
+			case routing.PhaseNone:
+				if in+out != tokIn+tokOut {
+					t.Errorf("a light route recorded token usage: %d+%d samples, had %d+%d", in, out, tokIn, tokOut)
+				}
+			case routing.PhasePrefill:
+				if opNamed(t, rc.op).class == classPooling && out != tokOut {
+					t.Errorf("a pooling route recorded output tokens")
+				}
 			}
 			wantTTFT := ttftBefore
 			if rc.released == routing.PhaseDecode {

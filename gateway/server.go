@@ -428,7 +428,7 @@ func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 	body := s.pool.snap.Load().modelsBody
 	if body == nil {
 		writeError(w, r, &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "no_models",
-			Message: "no healthy engine has reported its models yet"})
+			Message: "no routable engine (healthy and awake) has reported its models"})
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")
