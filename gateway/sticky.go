@@ -18,13 +18,17 @@ const stickyEntries = 1 << 16
 // first. Safe for concurrent use.
 type stickyIndex struct {
 	mu   sync.Mutex
+	max  int               // capacity, in ids
 	m    map[string]string // id -> engine name
 	ring []string          // ids in insertion order, ring[next] the oldest once full
 	next int
 }
 
+// newStickyIndex returns an index of at most capacity ids. It holds
+// nothing until ids arrive: a gateway that serves no stored responses
+// pays nothing for it.
 func newStickyIndex(capacity int) *stickyIndex {
-	return &stickyIndex{m: make(map[string]string), ring: make([]string, 0, capacity)}
+	return &stickyIndex{max: capacity, m: make(map[string]string)}
 }
 
 // put remembers that engine created id.
@@ -35,7 +39,7 @@ func (x *stickyIndex) put(id, engine string) {
 		x.m[id] = engine
 		return
 	}
-	if len(x.ring) < cap(x.ring) {
+	if len(x.ring) < x.max {
 		x.ring = append(x.ring, id)
 	} else {
 		delete(x.m, x.ring[x.next])
