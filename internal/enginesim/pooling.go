@@ -289,6 +289,22 @@ type poolingDatum struct {
 // servePooling serves POST /pooling: one vector per input item, the same as /v1/embeddings
 // returns for it.
 func (e *Engine) servePooling(w http.ResponseWriter, r *http.Request) {
+	e.servePoolInput(w, r, func(c *call, keys []string, tokens int) any {
+		data := make([]poolingDatum, len(keys))
+		for i, k := range keys {
+			data[i] = poolingDatum{Index: i, Object: "pooling", Data: embedding(c.model, k, e.cfg.EmbeddingDim)}
+		}
+		return poolingList[poolingDatum]{
+			ID: newID("pool-"), Object: "list", Created: time.Now().Unix(), Model: c.model, Data: data,
+			Usage: newPoolingUsage(tokens),
+		}
+	})
+}
+
+// servePoolInput serves a pooling route whose body is a poolInput: it admits the request,
+// reads its items and answers, after the pooling latency, the body build makes from the
+// items' keys and their token count.
+func (e *Engine) servePoolInput(w http.ResponseWriter, r *http.Request, build func(c *call, keys []string, tokens int) any) {
 	var req poolInput
 	f, t, ok := admit(e, apiOpenAI, w, r, &req, func(q *poolInput) string { return q.Model })
 	if !ok {
@@ -302,16 +318,7 @@ func (e *Engine) servePooling(w http.ResponseWriter, r *http.Request) {
 	tokens := itemTokens(items)
 	c := e.newCall(w, r, f, apiOpenAI, t, false)
 	defer c.end(&err)
-	err = c.pool(tokens, func() any {
-		data := make([]poolingDatum, len(keys))
-		for i, k := range keys {
-			data[i] = poolingDatum{Index: i, Object: "pooling", Data: embedding(c.model, k, e.cfg.EmbeddingDim)}
-		}
-		return poolingList[poolingDatum]{
-			ID: newID("pool-"), Object: "list", Created: time.Now().Unix(), Model: c.model, Data: data,
-			Usage: newPoolingUsage(tokens),
-		}
-	})
+	err = c.pool(tokens, func() any { return build(c, keys, tokens) })
 }
 
 type classifyDatum struct {
@@ -328,20 +335,7 @@ const numClasses = 2
 // serveClassify serves POST /classify: per input item, deterministic class probabilities
 // and the most probable label.
 func (e *Engine) serveClassify(w http.ResponseWriter, r *http.Request) {
-	var req poolInput
-	f, t, ok := admit(e, apiOpenAI, w, r, &req, func(q *poolInput) string { return q.Model })
-	if !ok {
-		return
-	}
-	items, keys, err := req.items()
-	if err != nil {
-		writeError(w, http.StatusBadRequest, err.Error())
-		return
-	}
-	tokens := itemTokens(items)
-	c := e.newCall(w, r, f, apiOpenAI, t, false)
-	defer c.end(&err)
-	err = c.pool(tokens, func() any {
+	e.servePoolInput(w, r, func(c *call, keys []string, tokens int) any {
 		data := make([]classifyDatum, len(keys))
 		for i, k := range keys {
 			probs := classProbs(c.model, k)
