@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -477,6 +478,56 @@ func TestLoRAAdapters(t *testing.T) {
 	}
 	if !seen["e1"] || !seen["e2"] {
 		t.Errorf("adapter on both engines served by %v", seen)
+	}
+	h.waitIdle()
+}
+
+// TestModelFromPathAndQuery adds rows whose model comes from a path
+// parameter and from a query parameter (no current vLLM route does, the
+// table supports both): each request goes to the engine serving that
+// model, and an unknown one is a 404 before any engine is asked.
+func TestModelFromPathAndQuery(t *testing.T) {
+	answer := func(name string) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"served_by":"`+name+`"}`)
+		}
+	}
+	e1 := fakeEngine(t, []string{"a"}, answer("e1"))
+	e2 := fakeEngine(t, []string{"b"}, answer("e2"))
+	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: e1.URL, Models: []string{"a"}}, EngineConfig{Name: "e2", URL: e2.URL, Models: []string{"b"}}))
+	h.gw.ops = append(slices.Clone(operations),
+		&operation{name: "test.query", genai: "test", method: http.MethodGet, paths: []string{"/v1/test/query"},
+			body: bodyNone, model: modelQuery, param: "model", class: classLight, framing: frameAny},
+		&operation{name: "test.path", genai: "test", method: http.MethodGet, paths: []string{"/v1/test/{model}/info"},
+			body: bodyNone, model: modelPath, param: "model", class: classLight, framing: frameAny},
+	)
+	srv := httptest.NewServer(h.gw.Handler())
+	t.Cleanup(srv.Close)
+	for _, tc := range []struct{ path, want string }{
+		{"/v1/test/query?model=a", "e1"}, {"/v1/test/query?model=b", "e2"},
+		{"/v1/test/a/info", "e1"}, {"/v1/test/b/info", "e2"},
+	} {
+		resp, err := srv.Client().Get(srv.URL + tc.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get("X-Switchboard-Engine") != tc.want {
+			t.Errorf("GET %s: %d from %q (%s), want 200 from %s", tc.path, resp.StatusCode, resp.Header.Get("X-Switchboard-Engine"), b, tc.want)
+		}
+	}
+	before := h.histCount(telemetry.RequestDurationName)
+	resp, err := srv.Client().Get(srv.URL + "/v1/test/query?model=nope")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := decodeErr(t, resp); resp.StatusCode != 404 || e.code() != "model_not_found" {
+		t.Errorf("unknown model: %d %v", resp.StatusCode, e)
+	}
+	if n := h.histCount(telemetry.RequestDurationName); n != before {
+		t.Errorf("an unknown model reached an engine")
 	}
 	h.waitIdle()
 }
