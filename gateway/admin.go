@@ -46,7 +46,9 @@ var engineActions = map[string]engineAction{
 		p.log.Info("engine woken up", "engine", e.cfg.Name)
 		p.mu.Lock()
 		// The last scraped stats still say asleep; the engine has just
-		// said otherwise. The next scrape gives the new verdict.
+		// said otherwise. They are forgotten (a failed next scrape must
+		// not bring them back); the next scrape gives the new verdict.
+		e.ep.SetStats(nil)
 		e.blocked = false
 		p.rebuildLocked()
 		p.mu.Unlock()

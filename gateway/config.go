@@ -6,6 +6,8 @@ import (
 	"net/url"
 	"strings"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // Config is the gateway's operator configuration (the `server` and
@@ -322,7 +324,7 @@ func (c Config) ValidateSettings() error {
 		bad("server.max_response_buffer_bytes (%d) is larger than server.max_buffered_bytes (%d): such a response could never be buffered", c.MaxResponseBufferBytes, c.MaxBufferedBytes)
 	}
 	for _, h := range c.StripRequestHeaders {
-		if !validHeaderName(h) {
+		if !httpguts.ValidHeaderFieldName(h) {
 			bad("server.strip_request_headers: %q is not a header name", h)
 		}
 	}
@@ -371,21 +373,6 @@ func (s EngineStatsConfig) validate() []error {
 		bad("server.engine_stats.path must be a path starting with /, such as /metrics, got %q", s.Path)
 	}
 	return errs
-}
-
-// validHeaderName reports whether s is a header field name: a non-empty
-// RFC 9110 token.
-func validHeaderName(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
-			return false
-		}
-	}
-	return true
 }
 
 // named lists each timeout with its key, in documentation order.

@@ -591,19 +591,21 @@ func (p *Pool) Close() {
 func (p *Pool) ProbeNow(ctx context.Context) {
 	p.probeMu.Lock()
 	defer p.probeMu.Unlock()
+	p.forEachEngine(func(e *engine) { p.probe(ctx, e) })
+	p.rebuild()
+}
+
+// forEachEngine runs fn on every engine in the pool, each on its own
+// goroutine, and returns when all have returned.
+func (p *Pool) forEachEngine(fn func(*engine)) {
 	p.mu.Lock()
 	engines := slices.Clone(p.engines)
 	p.mu.Unlock()
 	var wg sync.WaitGroup
 	for _, e := range engines {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			p.probe(ctx, e)
-		}()
+		wg.Go(func() { fn(e) })
 	}
 	wg.Wait()
-	p.rebuild()
 }
 
 func (p *Pool) probe(ctx context.Context, e *engine) {

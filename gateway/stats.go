@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"sync"
 	"time"
 
 	"github.com/switchboard-gw/switchboard/internal/vllmmetrics"
@@ -21,8 +20,6 @@ const statsBodyLimit = 4 << 20
 var statsAccept = []string{vllmmetrics.Accept}
 
 var (
-	// errStatsTooLarge is a metrics body over statsBodyLimit.
-	errStatsTooLarge = errors.New("metrics body over 4 MiB")
 	// errNoEngineMetrics is a metrics page without the scheduler gauges:
 	// not a vLLM engine (or a proxy's page), so nothing is stored rather
 	// than a queue of 0 that was never reported.
@@ -30,13 +27,14 @@ var (
 )
 
 // parseEngineMetrics reads one engine's metrics page, of at most
-// statsBodyLimit bytes. Errors: errStatsTooLarge, a malformed page, or
-// errNoEngineMetrics for a page without the scheduler gauges.
+// statsBodyLimit bytes. Errors: vllmmetrics.ErrTooLarge (with the limit), a
+// malformed page, or errNoEngineMetrics for a page without the scheduler
+// gauges.
 func parseEngineMetrics(r io.Reader) (vllmmetrics.Sample, error) {
 	s, err := vllmmetrics.Parse(r, statsBodyLimit)
 	switch {
 	case errors.Is(err, vllmmetrics.ErrTooLarge):
-		return s, errStatsTooLarge
+		return s, fmt.Errorf("%w (%d MiB)", err, statsBodyLimit>>20)
 	case err != nil:
 		return s, err
 	case !s.HasScheduler:
@@ -89,33 +87,23 @@ func (ps *prefixState) update(s vllmmetrics.Sample) float64 {
 func (p *Pool) ScrapeNow(ctx context.Context) {
 	p.statsMu.Lock()
 	defer p.statsMu.Unlock()
-	p.mu.Lock()
-	engines := make([]*engine, len(p.engines))
-	copy(engines, p.engines)
-	p.mu.Unlock()
-	var wg sync.WaitGroup
-	for _, e := range engines {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			err := p.scrape(ctx, e)
-			switch {
-			case err == nil:
-				if e.statsFailing.Swap(false) {
-					p.log.Info("engine stats scrape recovered", "engine", e.cfg.Name)
-				}
-			case ctx.Err() != nil: // shutting down
-			case !e.statsFailing.Swap(true):
-				// Once per failure streak: an operator whose engine answers
-				// /metrics with 401 or 404 must learn that the stats-driven
-				// policies run on the gateway's counters alone.
-				p.log.Warn("engine stats scrape failing; routing uses the gateway's own counters for it until it recovers", "engine", e.cfg.Name, "error", err)
-			default:
-				p.log.Debug("engine stats scrape failed", "engine", e.cfg.Name, "error", err)
+	p.forEachEngine(func(e *engine) {
+		err := p.scrape(ctx, e)
+		switch {
+		case err == nil:
+			if e.statsFailing.Swap(false) {
+				p.log.Info("engine stats scrape recovered", "engine", e.cfg.Name)
 			}
-		}()
-	}
-	wg.Wait()
+		case ctx.Err() != nil: // shutting down
+		case !e.statsFailing.Swap(true):
+			// Once per failure streak: an operator whose engine answers
+			// /metrics with 401 or 404 must learn that the stats-driven
+			// policies run on the gateway's counters alone.
+			p.log.Warn("engine stats scrape failing; routing uses the gateway's own counters for it until it recovers", "engine", e.cfg.Name, "error", err)
+		default:
+			p.log.Debug("engine stats scrape failed", "engine", e.cfg.Name, "error", err)
+		}
+	})
 	p.applyStatsVerdicts()
 }
 

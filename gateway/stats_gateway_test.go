@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -229,8 +228,8 @@ func TestSleepingEngineGetsNoRequests(t *testing.T) {
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = io.WriteString(w, completionJSON)
 		})
-		srv := fakeServer(t, e)
-		cfgs = append(cfgs, EngineConfig{Name: fmt.Sprintf("e%d", i+1), URL: srv, Models: []string{"m"}})
+		srv := serveSim(t, e)
+		cfgs = append(cfgs, EngineConfig{Name: fmt.Sprintf("e%d", i+1), URL: srv.URL, Models: []string{"m"}})
 	}
 	cfg := statsConfig(cfgs...)
 	cfg.EngineStats.Interval, cfg.EngineStats.MaxAge = time.Hour, 2*time.Hour
@@ -302,16 +301,6 @@ func TestSleepingEngineGetsNoRequests(t *testing.T) {
 	h.waitIdle()
 }
 
-// fakeServer serves h on a loopback listener and returns its URL.
-func fakeServer(t *testing.T, h http.Handler) string {
-	t.Helper()
-	srv := httptest.NewServer(h)
-	t.Cleanup(func() {
-		srv.CloseClientConnections()
-		srv.Close()
-	})
-	return srv.URL
-}
 
 // TestAccountingDriftZeroAfterMixedFaults runs a mixed load through the
 // gateway against simulated engines only the gateway talks to: streaming

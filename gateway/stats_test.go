@@ -463,7 +463,7 @@ func TestScrapeFailuresKeepStats(t *testing.T) {
 	}{
 		{"status 500", func() { eng.setMode(metricsFail) }, "unexpected status 500"},
 		{"garbage", func() { eng.setMode(metricsServe); eng.setPage("vllm:num_requests_running {{{\n") }, "parse metrics"},
-		{"over 4 MiB", func() { eng.setPage(huge) }, "metrics body over 4 MiB"},
+		{"over 4 MiB", func() { eng.setPage(huge) }, "metrics body over the size limit (4 MiB)"},
 		{"not vLLM", func() { eng.setPage("up 1\n") }, "neither vllm:num_requests_running"},
 		{"timeout", func() { eng.setMode(metricsHang); p.stats.Timeout = 100 * time.Millisecond }, "context deadline exceeded"},
 	} {

@@ -36,8 +36,7 @@ func (p *LeastLoaded) Pick(_ context.Context, _ *Request, candidates []*Endpoint
 		ties      uint64
 	)
 	for _, e := range candidates {
-		pf, dc := e.InFlight()
-		score := pf*p.prefillWeight + dc
+		score := inFlightLoad(e, p.prefillWeight)
 		switch {
 		case best == nil || score < bestScore:
 			best, bestScore, ties = e, score, 1

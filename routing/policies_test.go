@@ -12,6 +12,7 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+	"unsafe"
 
 	"github.com/switchboard-gw/switchboard/internal/stablehash"
 )
@@ -304,8 +305,10 @@ func TestSessionAffinitySkipsOverloadedHome(t *testing.T) {
 
 func TestPrefixIndex(t *testing.T) {
 	x := NewPrefixIndex(1 << 10)
-	if x.Capacity() != 1024 || x.Bytes() != 1024*PrefixEntryBytes {
-		t.Fatalf("capacity %d bytes %d", x.Capacity(), x.Bytes())
+	// Bytes is Capacity*PrefixEntryBytes by definition; what must hold is
+	// that an entry really is PrefixEntryBytes in memory.
+	if x.Capacity() != 1024 || unsafe.Sizeof(prefixEntry{}) != PrefixEntryBytes || unsafe.Sizeof(prefixBucket{}) != prefixWays*PrefixEntryBytes {
+		t.Fatalf("capacity %d, entry %d bytes, want 1024 and %d", x.Capacity(), unsafe.Sizeof(prefixEntry{}), PrefixEntryBytes)
 	}
 	a, b := NewEndpoint("a", nil), NewEndpoint("b", nil)
 	prompt := []uint64{11, 12, 13, 14, 15}

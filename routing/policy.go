@@ -8,6 +8,8 @@ import (
 	"sort"
 	"strings"
 	"unicode"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // ErrNoEndpoint is returned by a policy when no candidate can take the
@@ -196,7 +198,7 @@ func (c Config) Validate() error {
 		bad("routing.power_of_two.choices must be 2..%d, got %d", maxChoices, ch)
 	}
 	sa := c.SessionAffinity
-	if !validHeaderName(sa.Header) {
+	if !httpguts.ValidHeaderFieldName(sa.Header) {
 		bad("routing.session_affinity.header must be a header name (letters, digits and !#$%%&'*+-.^_`|~), got %q", sa.Header)
 	}
 	if sa.VirtualNodes < 1 || sa.VirtualNodes > 10000 {
@@ -365,20 +367,4 @@ func NewPolicy(cfg Config) (Policy, error) {
 		return nil, err
 	}
 	return factories()[cfg.Policy](cfg), nil
-}
-
-// validHeaderName reports whether s is an HTTP header field name (an RFC 9110
-// token).
-func validHeaderName(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0 {
-			continue
-		}
-		return false
-	}
-	return true
 }

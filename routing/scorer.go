@@ -32,7 +32,6 @@ type Scorer struct {
 	w      ScorerConfig
 	index  *PrefixIndex
 	blocks PrefixConfig
-	now    func() time.Time
 }
 
 var (
@@ -49,7 +48,7 @@ func NewScorer(w ScorerConfig, index *PrefixIndex) *Scorer {
 		index = NewPrefixIndex(DefaultConfig().Prefix.IndexEntries)
 	}
 	w.Prefill, w.Decode = max(w.Prefill, 0), max(w.Decode, 0)
-	return &Scorer{w: w, index: index, blocks: DefaultConfig().Prefix, now: time.Now}
+	return &Scorer{w: w, index: index, blocks: DefaultConfig().Prefix}
 }
 
 func (p *Scorer) withBlocks(c PrefixConfig) *Scorer { p.blocks = c; return p }
@@ -101,7 +100,7 @@ func (p *Scorer) Pick(_ context.Context, req *Request, candidates []*Endpoint) (
 		}
 		return candidates[0], nil
 	}
-	now := p.now()
+	now := time.Now()
 	var qs, pfs, dcs span
 	for i, e := range candidates {
 		pf, dc := e.InFlight()

@@ -104,8 +104,10 @@ func (p *SessionAffinity) Pick(ctx context.Context, req *Request, candidates []*
 }
 
 // pick returns the first candidate clockwise from point h whose load is
-// under the bound, or the first clockwise when none is (it cannot happen
-// with factor >= 1, as not every engine can be above the average).
+// under the bound, or the first clockwise when none is. With factor >= 1
+// not every engine can be above the average, but the load counters are
+// read twice (for the average, then per engine) and may move in between,
+// so the fallback is reachable.
 func (p *SessionAffinity) pick(h uint64, candidates []*Endpoint) *Endpoint {
 	var total int64
 	for _, e := range candidates {

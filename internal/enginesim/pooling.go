@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/switchboard-gw/switchboard/internal/stablehash"
 )
 
 // poolingUsage is vLLM's UsageInfo as the score, pooling and classify responses dump it.
@@ -58,18 +60,7 @@ func unitHash(parts ...string) float64 {
 		_, _ = h.Write([]byte(p))
 		_, _ = h.Write([]byte{0})
 	}
-	return float64(mix64(h.Sum64())>>11) / (1 << 53)
-}
-
-// mix64 is the murmur3 finalizer: FNV-1a alone barely changes its high bits when only the
-// last bytes differ.
-func mix64(x uint64) uint64 {
-	x ^= x >> 33
-	x *= 0xff51afd7ed558ccd
-	x ^= x >> 33
-	x *= 0xc4ceb9fe1a85ec53
-	x ^= x >> 33
-	return x
+	return float64(stablehash.Mix64(h.Sum64())>>11) / (1 << 53)
 }
 
 // textList decodes a string or an array of strings (also documents given as {"text": ...}

@@ -65,8 +65,8 @@ type Sample struct {
 	// Running and Waiting are Running and Waiting summed over their series
 	// (models), rounded, never negative and at most 2^31, in requests.
 	Running, Waiting int64
-	// HasScheduler is true when the page has Running or Waiting: without
-	// both it is not a vLLM engine's page (or it is a proxy's).
+	// HasScheduler is true when the page has Running or Waiting: with
+	// neither it is not a vLLM engine's page (or it is a proxy's).
 	HasScheduler bool
 	// KVCacheUsage is the largest KVCacheUsage series (else GPUCacheUsage),
 	// clamped to 0..1; -1 when the page has neither.
@@ -109,11 +109,11 @@ func Parse(r io.Reader, limit int64) (Sample, error) {
 	waiting, okW := sumOf(fams[Waiting])
 	s.Running, s.Waiting, s.HasScheduler = requests(running), requests(waiting), okR || okW
 
-	kv := fams[KVCacheUsage]
-	if _, ok := sumOf(kv); !ok {
-		kv = fams[GPUCacheUsage]
+	v, ok := maxOf(fams[KVCacheUsage])
+	if !ok {
+		v, ok = maxOf(fams[GPUCacheUsage])
 	}
-	if v, ok := maxOf(kv); ok {
+	if ok {
 		s.KVCacheUsage = min(max(v, 0), 1)
 	}
 
