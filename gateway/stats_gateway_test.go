@@ -301,7 +301,6 @@ func TestSleepingEngineGetsNoRequests(t *testing.T) {
 	h.waitIdle()
 }
 
-
 // TestAccountingDriftZeroAfterMixedFaults runs a mixed load through the
 // gateway against simulated engines only the gateway talks to: streaming
 // and non-streaming successes, client cancellations mid-stream, and every
