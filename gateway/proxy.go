@@ -7,7 +7,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"mime"
 	"net"
 	"net/http"
 	"os"
@@ -135,10 +134,11 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 // taken for any of them.
 func (s *Server) read(w http.ResponseWriter, r *http.Request, op *operation, held *int64) (in inbound, err error) {
 	if op.body == bodyForm {
-		// A body that cannot be a form is refused before it is read.
-		if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err == nil && mt != "multipart/form-data" || r.Header.Get("Content-Type") == "" {
+		// A body that cannot be a form is refused before it is read, by
+		// the rules ParseForm applies.
+		if _, err := oai.FormBoundary(r.Header.Get("Content-Type")); err != nil {
 			closeAfterUnreadBody(w, http.NewResponseController(w))
-			return in, &APIError{Status: http.StatusUnsupportedMediaType, Type: TypeInvalidRequest, Message: "content type must be multipart/form-data"}
+			return in, requestError(err)
 		}
 	}
 	switch op.body {
@@ -190,9 +190,7 @@ func requestError(err error) error {
 		return err
 	}
 	ae := errBadRequest(re.Param, re.Message)
-	if re.Status != 0 {
-		ae.Status = re.Status
-	}
+	ae.Status = re.HTTPStatus()
 	return ae
 }
 

@@ -224,6 +224,8 @@ func TestFormLimits(t *testing.T) {
 		{"json body", "application/json", []byte(`{"model":"m"}`), 415, ""},
 		{"no file", "multipart/form-data; boundary=b", []byte(noFile), 400, "file"},
 		{"no boundary", "multipart/form-data", []byte(noFile), 400, ""},
+		{"malformed content type", "multi part", []byte(noFile), 415, ""},
+		{"malformed parameters", "multipart/form-data; boundary", []byte(noFile), 400, ""},
 		{"too large", bigCT, big, 413, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

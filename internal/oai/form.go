@@ -27,6 +27,27 @@ type Form struct {
 // maxFormModel is the longest "model" value ParseForm accepts, in bytes.
 const maxFormModel = 256
 
+// FormBoundary returns the multipart boundary of a multipart/form-data
+// Content-Type, so a caller can refuse a request before reading its body.
+// Errors (*RequestError): another media type or none, 415 "content type
+// must be multipart/form-data"; unparsable parameters, 400 "malformed
+// content type: ..."; no boundary, 400 "content type has no multipart
+// boundary". [ParseForm] applies the same rules.
+func FormBoundary(contentType string) (string, error) {
+	mt, params, err := mime.ParseMediaType(contentType)
+	if mt != "multipart/form-data" {
+		return "", &RequestError{Status: 415, Message: "content type must be multipart/form-data"}
+	}
+	if err != nil {
+		return "", reqErr("", "malformed content type: "+err.Error())
+	}
+	boundary := params["boundary"]
+	if boundary == "" {
+		return "", reqErr("", "content type has no multipart boundary")
+	}
+	return boundary, nil
+}
+
 // ParseForm reads the fields the gateway routes on from a buffered
 // multipart/form-data body (RFC 7578) whose Content-Type header is
 // contentType; fileField names the part that must carry the upload ("file"
@@ -71,18 +92,10 @@ const maxFormModel = 256
 //
 // Safe for concurrent use; never panics.
 func ParseForm(body []byte, contentType, fileField string) (Form, error) {
-	mt, params, err := mime.ParseMediaType(contentType)
-	if mt != "multipart/form-data" {
-		return Form{}, &RequestError{Status: 415, Message: "content type must be multipart/form-data"}
-	}
+	boundary, err := FormBoundary(contentType)
 	if err != nil {
-		return Form{}, reqErr("", "malformed content type: "+err.Error())
+		return Form{}, err
 	}
-	boundary := params["boundary"]
-	if boundary == "" {
-		return Form{}, reqErr("", "content type has no multipart boundary")
-	}
-
 	sc := newFormScanner(body, boundary)
 	var f Form
 	var model, stream []byte
