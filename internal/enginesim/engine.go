@@ -296,7 +296,7 @@ func (e *Engine) target(model string) (target, bool) {
 	if !ok {
 		return target{}, false
 	}
-	return target{m: l.base, name: l.name}, true
+	return target{m: l.base, name: l.card.ID}, true
 }
 
 // modelNotFound returns vLLM's message for an unknown model.

@@ -11,9 +11,8 @@ const maxLoRAs = 1024
 
 // lora is one loaded adapter. Read-only once loaded.
 type lora struct {
-	name, path string
-	base       *modelState
-	card       modelCard
+	base *modelState
+	card modelCard // card.ID is the adapter's name, card.Root its path
 }
 
 // loraRequest is the body of POST /v1/load_lora_adapter and /v1/unload_lora_adapter.
@@ -28,7 +27,7 @@ type loraRequest struct {
 func (e *Engine) addLoRA(name, path string, base *modelState) {
 	created := e.now().Unix()
 	parent := base.name
-	l := &lora{name: name, path: path, base: base, card: modelCard{
+	l := &lora{base: base, card: modelCard{
 		ID: name, Object: "model", Created: created, OwnedBy: "vllm", Root: path, Parent: &parent,
 		Permission: []modelPermission{newPermission(created)},
 	}}

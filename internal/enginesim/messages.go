@@ -69,17 +69,12 @@ type blockStartEvent struct {
 	ContentBlock anthropicContent `json:"content_block"`
 }
 
+// blockDeltaEvent's delta has the shape of a content block, with the
+// delta types (text_delta, thinking_delta, signature_delta).
 type blockDeltaEvent struct {
-	Type  string     `json:"type"`
-	Index int        `json:"index"`
-	Delta blockDelta `json:"delta"`
-}
-
-type blockDelta struct {
-	Type      string  `json:"type"`
-	Text      *string `json:"text,omitempty"`
-	Thinking  *string `json:"thinking,omitempty"`
-	Signature *string `json:"signature,omitempty"`
+	Type  string           `json:"type"`
+	Index int              `json:"index"`
+	Delta anthropicContent `json:"delta"`
 }
 
 type indexEvent struct {
@@ -275,7 +270,7 @@ func (ms *messenger) ping() error {
 
 // stopThinking ends the thinking block (index 0) with its signature.
 func (ms *messenger) stopThinking() error {
-	d := blockDelta{Type: "signature_delta", Signature: &ms.signature}
+	d := anthropicContent{Type: "signature_delta", Signature: &ms.signature}
 	if err := ms.namedEvent("content_block_delta", blockDeltaEvent{Type: "content_block_delta", Delta: d}); err != nil {
 		return err
 	}
@@ -300,7 +295,7 @@ func (ms *messenger) token(i int) error {
 			}
 		}
 		t := ReasoningToken(i)
-		d := blockDelta{Type: "thinking_delta", Thinking: &t}
+		d := anthropicContent{Type: "thinking_delta", Thinking: &t}
 		return ms.namedEvent("content_block_delta", blockDeltaEvent{Type: "content_block_delta", Delta: d})
 	}
 	j, idx := i-ms.reasoning, ms.textIndex()
@@ -316,7 +311,7 @@ func (ms *messenger) token(i int) error {
 		}
 	}
 	t := ContentToken(j)
-	d := blockDelta{Type: "text_delta", Text: &t}
+	d := anthropicContent{Type: "text_delta", Text: &t}
 	return ms.namedEvent("content_block_delta", blockDeltaEvent{Type: "content_block_delta", Index: idx, Delta: d})
 }
 

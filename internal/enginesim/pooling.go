@@ -157,17 +157,11 @@ func (e *Engine) serveRerank(w http.ResponseWriter, r *http.Request) {
 			results = results[:req.TopN]
 		}
 		return struct {
-			ID    string `json:"id"`
-			Model string `json:"model"`
-			Usage struct {
-				PromptTokens int `json:"prompt_tokens"`
-				TotalTokens  int `json:"total_tokens"`
-			} `json:"usage"`
+			ID      string         `json:"id"`
+			Model   string         `json:"model"`
+			Usage   embeddingUsage `json:"usage"`
 			Results []rerankResult `json:"results"`
-		}{ID: newID("rerank-"), Model: c.model, Usage: struct {
-			PromptTokens int `json:"prompt_tokens"`
-			TotalTokens  int `json:"total_tokens"`
-		}{tokens, tokens}, Results: results}
+		}{ID: newID("rerank-"), Model: c.model, Usage: embeddingUsage{tokens, tokens}, Results: results}
 	})
 }
 

@@ -366,8 +366,7 @@ func (e *Engine) serveResponses(w http.ResponseWriter, r *http.Request) {
 	if req.PreviousResponseID != nil {
 		_, h, found, _ := e.readResponse(*req.PreviousResponseID)
 		if !found {
-			apiOpenAI.writeTypedError(w, http.StatusNotFound, "invalid_request_error",
-				fmt.Sprintf("Response with id '%s' not found.", *req.PreviousResponseID))
+			responseNotFound(w, *req.PreviousResponseID)
 			return
 		}
 		history = h
