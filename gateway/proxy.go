@@ -256,7 +256,7 @@ func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	c := call{op: op, in: in, out: out, a: a, eng: eng, actx: actx, cancel: cancel}
+	c := call{op: op, stream: in.stream, out: out, a: a, eng: eng, actx: actx, cancel: cancel}
 	defer c.stop()
 	res := s.send(&c, r, out)
 	if res.resp != nil {
@@ -264,10 +264,7 @@ func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	if mayRetry && res.retry(op) {
 		if !res.connFailed {
-			// An engine that does not hold the stored response did
-			// nothing wrong: the attempt is not an engine error. Its
-			// short answer is read so the connection is reused.
-			a.errType = ""
+			// Read the short answer so the connection is reused.
 			_, _ = io.CopyN(io.Discard, res.resp.Body, maxDrain)
 		}
 		return true
@@ -284,7 +281,7 @@ const maxDrain = 4 << 10
 // commit.
 type call struct {
 	op      *operation
-	in      *inbound
+	stream  bool // the client asked for a stream
 	out     *outBody
 	a       *attempt
 	eng     *engine
@@ -361,7 +358,7 @@ func (s *Server) send(c *call, r *http.Request, body *outBody) result {
 	}
 	s.prop.Inject(c.actx, propagation.HeaderCarrier(ureq.Header))
 
-	if c.in.stream {
+	if c.stream {
 		if d := s.cfg.Timeouts.FirstToken; d > 0 {
 			c.firstBy = a.start.Add(d)
 		}
@@ -370,7 +367,7 @@ func (s *Server) send(c *call, r *http.Request, body *outBody) result {
 		c.timer = time.AfterFunc(d, func() { cancel(errAttemptTimeout) })
 	}
 	var hdrTimer *time.Timer
-	if c.in.stream {
+	if c.stream {
 		// The wait for a stream's headers ends at the response-header
 		// timeout or the first-token deadline, whichever comes first.
 		cause, d := errHeaderTimeout, s.cfg.Timeouts.ResponseHeader
@@ -396,7 +393,9 @@ func (s *Server) send(c *call, r *http.Request, body *outBody) result {
 		return result{err: ae}
 	}
 	a.status = resp.StatusCode
-	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+	// An engine that does not hold a stored response (a sticky route's
+	// 404) did nothing wrong: that is not an engine error, on any engine.
+	if (resp.StatusCode < 200 || resp.StatusCode > 299) && !(op.sticky && resp.StatusCode == http.StatusNotFound) {
 		a.fail(strconv.Itoa(resp.StatusCode))
 	}
 	return result{resp: resp}
@@ -423,14 +422,14 @@ func (s *Server) commit(w http.ResponseWriter, r *http.Request, c *call, res *re
 	ct := resp.Header.Get("Content-Type")
 	switch {
 	case isEventStream(ct):
-		if !c.in.stream {
+		if !c.stream {
 			// An event stream the client did not flag as one (speech,
 			// images): the idle timeout bounds it, not the attempt
 			// timeout meant for one-piece answers.
 			c.stop()
 		}
 		s.stream(w, r, resp, c)
-	case c.in.stream && (!isJSON(ct) || resp.ContentLength < 0):
+	case c.stream && (!isJSON(ct) || resp.ContentLength < 0):
 		// Another streamed framing (NDJSON, chunked JSON of unknown
 		// length): passed through byte for byte, flushed per write, ended
 		// by the body's end.

@@ -313,6 +313,15 @@ func TestModelAliases(t *testing.T) {
 			t.Errorf("HEAD /v1/models/%s: %d, %d bytes", id, st, len(b))
 		}
 	}
+	// An alias whose target no engine serves: the 404 names the alias,
+	// never the internal target.
+	cfg2 := testConfig(EngineConfig{Name: "e1", URL: srv.URL})
+	cfg2.Models.Aliases = map[string]string{"pub": "internal-ghost"}
+	h2 := newHarness(t, cfg2)
+	st, _, b = h2.do(http.MethodPost, "/v1/chat/completions", `{"model":"pub","messages":[{"role":"user","content":"hi"}]}`)
+	if st != 404 || !strings.Contains(string(b), "`pub`") || strings.Contains(string(b), "ghost") {
+		t.Errorf("alias without a target: %d %s, want a 404 naming pub only", st, b)
+	}
 	st, _, b = h.do(http.MethodGet, "/v1/models/nope", "")
 	var e apiErr
 	if err := json.Unmarshal(b, &e); err != nil || st != 404 || e.code() != "model_not_found" {

@@ -289,7 +289,10 @@ func (rl *relay) write(p []byte, flush bool) error {
 // bounds the gap between reads.
 func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call) {
 	a, actx := c.a, c.actx
-	rl := s.newRelay(w, r, resp, c.cancel, true, true, c.firstBy)
+	// A stream the client did not ask for (speech, images answered as
+	// events) has no first-token wait: the idle timeout bounds it from
+	// the start.
+	rl := s.newRelay(w, r, resp, c.cancel, true, c.stream, c.firstBy)
 	defer rl.close()
 	sc := scannerPool.Get().(*sse.Scanner)
 	sc.Reset()
@@ -304,7 +307,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 			st.now = time.Now()
 			st.dropTo = 0
 			out := sc.Push(p, onEvent)
-			if !a.first.IsZero() || a.class != classGenerative {
+			if !a.first.IsZero() || a.class != classGenerative || !c.stream {
 				// After the first content any bytes are progress (an event
 				// trickled across reads, a keep-alive); before it only
 				// content ends the first-token wait. A route that
