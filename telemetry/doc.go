@@ -17,14 +17,20 @@
 // contract (dashboards depend on them):
 //
 //	switchboard.engine.active_requests        UpDownCounter {request}  engine, phase
-//	switchboard.engine.time_to_first_token    Histogram     s          engine, model
-//	switchboard.engine.inter_token_latency    Histogram     s          engine, model
-//	switchboard.engine.request.duration       Histogram     s          engine, model, error.type
-//	switchboard.engine.stream.parse_errors    Counter       {event}    engine, model
+//	switchboard.engine.time_to_first_token    Histogram     s          engine, model, operation
+//	switchboard.engine.inter_token_latency    Histogram     s          engine, model, operation
+//	switchboard.engine.request.duration       Histogram     s          engine, model, operation, error.type
+//	switchboard.engine.stream.parse_errors    Counter       {event}    engine, model, operation
+//	switchboard.engine.state                  Gauge         1          engine, state
 //	switchboard.engine.queue_depth            Gauge         {request}  engine
 //	switchboard.engine.kv_cache_usage         Gauge         1          engine
 //	switchboard.engine.prefix_cache_hit_ratio Gauge         1          engine
 //	switchboard.engine.accounting_drift       Gauge         {request}  engine
+//
+// operation is the gateway route's row of its operation table ("chat",
+// "responses", "messages", "rerank", ...). switchboard.engine.state is 1
+// for the state each engine is in ([EngineStates]) and 0 for the others
+// ([Metrics.ObserveEngineState]).
 //
 // The last four come from each engine's own Prometheus /metrics, scraped by
 // the gateway ([Metrics.ObserveEngineStats]): the engine's queue
@@ -48,6 +54,6 @@
 // Attribute values are bounded: engine names come from configuration and
 // model names from the set the engines report, never from raw request fields.
 // The meter provider's cardinality limit is a backstop. Attribute sets are
-// built once per engine and (engine, model, operation) and reused, so
+// built once per engine and (engine, model, GenAI operation, operation) and reused, so
 // recording on the request path does not allocate on success.
 package telemetry

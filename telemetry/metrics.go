@@ -70,6 +70,8 @@ const (
 	// operation table ("chat", "responses", "messages", "rerank",
 	// "tokenize", ...): a fixed vocabulary.
 	AttrOperation = attribute.Key("operation")
+	// AttrState is the engine state of switchboard.engine.state, one of
+	// [EngineStates].
 	AttrState     = attribute.Key("state")
 	AttrErrorType = semconv.ErrorTypeKey
 	// The GenAI keys are spelled out: semconv v1.43.0 (the version
