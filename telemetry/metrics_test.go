@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -437,4 +438,44 @@ func TestObserveEngineStats(t *testing.T) {
 		got.Metrics[i].Description = ""
 	}
 	metricdatatest.AssertEqual(t, want, got, metricdatatest.IgnoreTimestamp())
+}
+
+// TestObserveEngineState reports one engine ready and one draining: each
+// gets 1 for its state and 0 for the three others, with the engine and
+// state attributes only.
+func TestObserveEngineState(t *testing.T) {
+	m, reader := newTestMetrics(t)
+	e1, e2 := m.Engine("e1"), m.Engine("e2")
+	reg, err := m.ObserveEngineState(func(report func(e *Engine, state int)) {
+		report(e1, 0)
+		report(e2, 3)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = reg.Unregister() }()
+	got := map[string]int64{}
+	for _, mt := range collectScope(t, reader).Metrics {
+		if mt.Name != EngineStateName {
+			continue
+		}
+		if mt.Unit != "1" {
+			t.Errorf("unit %q", mt.Unit)
+		}
+		for _, dp := range mt.Data.(metricdata.Gauge[int64]).DataPoints {
+			e, _ := dp.Attributes.Value(AttrEngine)
+			s, _ := dp.Attributes.Value(AttrState)
+			if dp.Attributes.Len() != 2 {
+				t.Errorf("attributes %v", dp.Attributes.ToSlice())
+			}
+			got[e.AsString()+"/"+s.AsString()] = dp.Value
+		}
+	}
+	want := map[string]int64{
+		"e1/ready": 1, "e1/unhealthy": 0, "e1/sleeping": 0, "e1/draining": 0,
+		"e2/ready": 0, "e2/unhealthy": 0, "e2/sleeping": 0, "e2/draining": 1,
+	}
+	if !maps.Equal(got, want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
 }
