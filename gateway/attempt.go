@@ -45,9 +45,14 @@ type attempt struct {
 	usage              oai.Usage
 	hasUsage           bool
 	respID             string
-	status             int    // engine response status, 0 before headers
-	errType            string // "" while successful
-	ended              bool
+	// respModel and finish are the engine's answer's model and finish
+	// reason, kept only while the span is recording (for its attributes).
+	respModel, finishReason string
+	modelSeen               bool   // answered has seen the engine's model
+	stream                  bool   // the engine was asked for a stream
+	status                  int    // engine response status, 0 before headers
+	errType                 string // "" while successful
+	ended                   bool
 }
 
 // clientSpan are the start options of every engine span, built once.
@@ -76,7 +81,18 @@ func (s *Server) startAttempt(ctx context.Context, eng *engine, op *operation, i
 		if in.req.MaxTokens > 0 {
 			a.span.SetAttributes(telemetry.AttrGenAIMaxTokens.Int64(in.req.MaxTokens))
 		}
+		if in.stream {
+			// Set if and only if the request is streaming (GenAI
+			// conventions).
+			a.span.SetAttributes(telemetry.AttrGenAIStream.Bool(true))
+		}
+		if op.body == bodyJSON {
+			// Sampled requests only: the body is read again for the
+			// request parameters the routing parse skips.
+			a.span.SetAttributes(samplingAttrs(oai.ParseSampling(in.body))...)
+		}
 	}
+	a.stream = in.stream
 	if op.class != classLight {
 		a.slot.Acquire(eng.ep)
 	}
@@ -107,6 +123,27 @@ func (a *attempt) onContent(now time.Time) {
 	}
 	a.s.metrics.RecordInterToken(a.ctx, a.attrs, now.Sub(a.last).Seconds())
 	a.last = now
+}
+
+// answered records the model the engine's answer names (raw bytes): the
+// GenAI metrics then carry gen_ai.response.model when it is the model
+// asked for, and the span carries it as sent.
+func (a *attempt) answered(model []byte) {
+	if model == nil {
+		return
+	}
+	a.modelSeen = true
+	a.attrs = a.attrs.Answered(model)
+	if a.span.IsRecording() && a.respModel == "" {
+		a.respModel = string(model)
+	}
+}
+
+// finished records the engine's finish reason (raw bytes) for the span.
+func (a *attempt) finished(reason []byte) {
+	if reason != nil && a.span.IsRecording() {
+		a.finishReason = string(reason)
+	}
 }
 
 // fail records the attempt's error class; the first one wins.
@@ -153,15 +190,6 @@ func (a *attempt) end() {
 	default:
 		o.InputTokens, o.OutputTokens = a.usage.PromptTokens, a.usage.CompletionTokens
 	}
-	if a.errType == "" && !a.first.IsZero() {
-		n := a.contentEvents
-		if a.hasUsage && a.usage.CompletionTokens > 0 {
-			n = a.usage.CompletionTokens
-		}
-		if n > 1 {
-			o.TPOT = a.last.Sub(a.first).Seconds() / float64(n-1)
-		}
-	}
 	// Recording ignores the context's cancellation by contract; the request
 	// context is kept for exemplars even when the client has gone.
 	a.s.metrics.RecordEnd(a.ctx, a.attrs, o)
@@ -180,6 +208,15 @@ func (a *attempt) end() {
 		if a.respID != "" {
 			a.span.SetAttributes(telemetry.AttrGenAIResponseID.String(a.respID))
 		}
+		if a.respModel != "" {
+			a.span.SetAttributes(telemetry.AttrGenAIRespModel.String(a.respModel))
+		}
+		if a.finishReason != "" {
+			a.span.SetAttributes(telemetry.AttrGenAIFinish.StringSlice([]string{a.finishReason}))
+		}
+		if !a.first.IsZero() && a.stream {
+			a.span.SetAttributes(telemetry.AttrGenAIFirstChunk.Float64(a.first.Sub(a.start).Seconds()))
+		}
 		if a.hasUsage {
 			a.span.SetAttributes(telemetry.AttrGenAIInputTok.Int64(a.usage.PromptTokens), telemetry.AttrGenAIOutputTok.Int64(a.usage.CompletionTokens))
 		}
@@ -193,4 +230,33 @@ func (a *attempt) end() {
 	// Clear the timing state: nothing of this request outlives it.
 	a.start, a.first, a.last = time.Time{}, time.Time{}, time.Time{}
 	a.ctx = nil
+}
+
+// samplingAttrs are the GenAI request attributes of the parameters p sets
+// (OpenTelemetry GenAI conventions v1.41.1, span.gen_ai.inference.client):
+// gen_ai.request.choice.count only when it is not 1, as they require.
+func samplingAttrs(p oai.Sampling) []attribute.KeyValue {
+	kv := make([]attribute.KeyValue, 0, 9)
+	for _, f := range []struct {
+		k string
+		v *float64
+	}{{"gen_ai.request.temperature", p.Temperature}, {"gen_ai.request.top_p", p.TopP}, {"gen_ai.request.top_k", p.TopK},
+		{"gen_ai.request.frequency_penalty", p.FrequencyPenalty}, {"gen_ai.request.presence_penalty", p.PresencePenalty}} {
+		if f.v != nil {
+			kv = append(kv, attribute.Float64(f.k, *f.v))
+		}
+	}
+	if p.Seed != nil {
+		kv = append(kv, attribute.Int64("gen_ai.request.seed", *p.Seed))
+	}
+	if p.N != nil && *p.N != 1 {
+		kv = append(kv, attribute.Int64("gen_ai.request.choice.count", *p.N))
+	}
+	if len(p.Stop) > 0 {
+		kv = append(kv, attribute.StringSlice("gen_ai.request.stop_sequences", p.Stop))
+	}
+	if p.OutputType != "" {
+		kv = append(kv, attribute.String("gen_ai.output.type", p.OutputType))
+	}
+	return kv
 }

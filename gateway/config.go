@@ -194,6 +194,11 @@ type EngineConfig struct {
 	// gateway refuses to start rather than send requests without it (fail
 	// closed, shared/cases L19).
 	APIKeyEnv string `koanf:"api_key_env"`
+	// Provider is the engine's gen_ai.provider.name on GenAI spans and
+	// metrics (OpenTelemetry GenAI conventions: a well-known value such as
+	// "openai" when the engine is that provider's API, else a custom one).
+	// Default telemetry.DefaultProvider ("vllm").
+	Provider string `koanf:"provider"`
 }
 
 // DefaultConfig returns the gateway defaults documented on each field.

@@ -47,6 +47,11 @@ type reqState struct {
 	ttft     time.Duration            // of the attempt that produced content; 0 = none
 	inTok    int64                    // usage of the last attempt; -1 = unknown
 	outTok   int64
+
+	// waited is the request's time spent waiting for its client's body
+	// and for engines (response headers, body reads): its duration minus
+	// waited is the gateway's own time (switchboard.gateway.overhead).
+	waited time.Duration
 }
 
 // maxLoggedEngines caps the engines named on one access-log line.

@@ -206,12 +206,6 @@ func (p *Pool) newEngine(ec EngineConfig) (*engine, error) {
 			return nil, fmt.Errorf("%w: engine %q needs a key but %s is not set", ErrInvalidConfig, ec.Name, ec.APIKeyEnv)
 		}
 	}
-	tel, ok := p.telByName[ec.Name]
-	if !ok {
-		tel = p.metrics.Engine(ec.Name)
-		p.telByName[ec.Name] = tel
-	}
-	e := &engine{cfg: ec, ep: routing.NewEndpoint(ec.Name, base), tel: tel, shown: redactURL(ec.URL), header: []string{ec.Name}}
 	port, _ := strconv.Atoi(base.Port())
 	if port == 0 {
 		port = 80
@@ -219,11 +213,15 @@ func (p *Pool) newEngine(ec EngineConfig) (*engine, error) {
 			port = 443
 		}
 	}
-	e.spanAttrs = []attribute.KeyValue{
-		attribute.String("server.address", base.Hostname()),
-		attribute.Int("server.port", port),
-		attribute.String("switchboard.engine", ec.Name),
+	tel, ok := p.telByName[ec.Name]
+	if !ok {
+		tel = p.metrics.Engine(ec.Name, telemetry.WithProvider(ec.Provider), telemetry.WithServer(base.Hostname(), port))
+		p.telByName[ec.Name] = tel
 	}
+	e := &engine{cfg: ec, ep: routing.NewEndpoint(ec.Name, base), tel: tel, shown: redactURL(ec.URL), header: []string{ec.Name}}
+	// gen_ai.provider.name, server.address and server.port: the GenAI
+	// attributes set when the span starts (they are sampling-relevant).
+	e.spanAttrs = append(slices.Clip(tel.SpanAttrs()), attribute.String("switchboard.engine", ec.Name))
 	switch {
 	case key != "":
 		e.auth = []string{"Bearer " + key}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/switchboard-gw/switchboard/internal/oai"
 	"github.com/switchboard-gw/switchboard/routing"
+	"github.com/switchboard-gw/switchboard/telemetry"
 )
 
 // Causes given to the attempt context when a gateway timeout fires, and to
@@ -35,7 +36,15 @@ var (
 
 // proxyHandler is the handler of one operation-table row.
 func (s *Server) proxyHandler(op *operation) http.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) { s.proxy(w, r, op) }
+	ot := s.metrics.Operation(op.name)
+	return func(w http.ResponseWriter, r *http.Request) {
+		if st := stateFrom(r.Context()); st != nil {
+			// The gateway's own time: everything but the waits for the
+			// client's body and for the engines (reqState.waited).
+			defer func() { s.metrics.RecordOverhead(r.Context(), ot, (time.Since(st.start) - st.waited).Seconds()) }()
+		}
+		s.proxy(w, r, op)
+	}
 }
 
 // inbound is a client request as the gateway routes it: its body (kept for
@@ -104,9 +113,14 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 		var ep *routing.Endpoint
 		if op.sticky {
 			ep = candidates[0]
-		} else if ep, err = s.policy.Pick(ctx, &rreq, candidates); err != nil {
-			writeError(w, r, err)
-			return
+		} else {
+			t0 := time.Now()
+			ep, err = s.policy.Pick(ctx, &rreq, candidates)
+			s.metrics.RecordStep(ctx, telemetry.StepPick, time.Since(t0).Seconds())
+			if err != nil {
+				writeError(w, r, err)
+				return
+			}
 		}
 		eng := rt.engineFor(ep)
 		if eng == nil { // a policy returned a non-candidate: a bug, not an input
@@ -147,10 +161,21 @@ func (s *Server) read(w http.ResponseWriter, r *http.Request, op *operation, hel
 		if op.body == bodyForm {
 			limit = s.cfg.MaxFormBytes
 		}
-		if in.body, err = s.readBody(w, r, held, limit); err != nil {
+		t0 := time.Now()
+		in.body, err = s.readBody(w, r, held, limit)
+		if st := stateFrom(r.Context()); st != nil {
+			st.waited += time.Since(t0) // the client's pace, not the gateway's
+		}
+		if err != nil {
 			return in, err
 		}
 	}
+	t0 := time.Now()
+	defer func() {
+		if op.body != bodyNone {
+			s.metrics.RecordStep(r.Context(), telemetry.StepParse, time.Since(t0).Seconds())
+		}
+	}()
 	switch op.body {
 	case bodyJSON:
 		if in.req, err = s.parser.Parse(op.schema, in.body); err != nil {
@@ -320,6 +345,7 @@ func (res *result) retry(op *operation) bool {
 // under the gateway's timeouts.
 func (s *Server) send(c *call, r *http.Request, body *outBody) result {
 	a, eng, op := c.a, c.eng, c.op
+	t0 := time.Now()
 	url, ok := eng.urls[r.URL.Path]
 	if !ok || r.URL.RawPath != "" {
 		url = eng.base + r.URL.EscapedPath()
@@ -379,7 +405,13 @@ func (s *Server) send(c *call, r *http.Request, body *outBody) result {
 			hdrTimer = time.AfterFunc(d, func() { cancel(cause) })
 		}
 	}
+	sent := time.Now()
+	s.metrics.RecordStep(c.actx, telemetry.StepPrepare, sent.Sub(t0).Seconds())
 	resp, err := s.client.Transport.RoundTrip(ureq)
+	wait := time.Since(sent)
+	if st := stateFrom(r.Context()); st != nil {
+		st.waited += wait
+	}
 	if hdrTimer != nil {
 		hdrTimer.Stop()
 	}
@@ -393,6 +425,7 @@ func (s *Server) send(c *call, r *http.Request, body *outBody) result {
 		return result{err: ae}
 	}
 	a.status = resp.StatusCode
+	s.metrics.RecordFirstByte(a.ctx, a.attrs, wait.Seconds())
 	// An engine that does not hold a stored response (a sticky route's
 	// 404) did nothing wrong: that is not an engine error, on any engine.
 	if (resp.StatusCode < 200 || resp.StatusCode > 299) && !(op.sticky && resp.StatusCode == http.StatusNotFound) {

@@ -75,6 +75,12 @@ func (st *streamState) onChunk(ev sse.Event) {
 	if a.respID == "" && len(ch.ID) > 0 {
 		a.respID = string(ch.ID)
 	}
+	if !a.modelSeen {
+		a.answered(ch.Model)
+	}
+	if ch.FinishReason != nil {
+		a.finished(ch.FinishReason)
+	}
 	if ch.HasUsage {
 		a.usage, a.hasUsage = ch.Usage, true
 		if st.injected && ch.Choices == 0 { // the usage-only chunk: nothing else in it
@@ -108,6 +114,12 @@ func (st *streamState) onTypedEvent(ev sse.Event) {
 	}
 	if a.respID == "" && len(e.ID) > 0 {
 		a.respID = string(e.ID)
+	}
+	if !a.modelSeen {
+		a.answered(e.Model)
+	}
+	if e.FinishReason != nil {
+		a.finished(e.FinishReason)
 	}
 	if e.InputTokens >= 0 {
 		a.usage.PromptTokens, a.hasUsage = e.InputTokens, true
@@ -159,6 +171,14 @@ type relay struct {
 	waiting     bool                    // a stream that has not had its first content yet
 	timer       *relayTimer             // nil while no engine-silence bound applies
 	deadline    time.Time               // when the timer fires, while it runs
+
+	// waited is the time spent blocked reading the engine body; close
+	// adds it to the request's reqState.waited.
+	waited time.Duration
+	// last is when the last read that brought bytes returned (zero before
+	// the first); maxGap the largest gap between two such reads.
+	last   time.Time
+	maxGap time.Duration
 }
 
 // newRelay prepares the relay of resp. A streamed response (stream set)
@@ -189,19 +209,34 @@ func (rl *relay) arm(deadline time.Time, first bool) {
 	rl.timer.t = time.AfterFunc(time.Until(deadline), rl.timer.fire)
 }
 
-// close stops the timer and returns the read buffer to its pool.
+// close stops the timer, returns the read buffer to its pool and adds the
+// time spent waiting on the engine to the request's.
 func (rl *relay) close() {
 	if rl.timer != nil {
 		rl.timer.t.Stop()
 	}
 	copyBufPool.Put(rl.bufp)
+	if st := stateFrom(rl.r.Context()); st != nil {
+		st.waited += rl.waited
+	}
 }
 
 // read returns the next bytes of the engine body (valid until the next
-// read).
-func (rl *relay) read() ([]byte, error) {
+// read) and the time the read returned. The time blocked in it is engine
+// time (relay.waited); the gaps between reads that brought bytes give the
+// stream's largest gap.
+func (rl *relay) read() ([]byte, time.Time, error) {
+	t0 := time.Now()
 	n, err := rl.resp.Body.Read(*rl.bufp)
-	return (*rl.bufp)[:n], err
+	now := time.Now()
+	rl.waited += now.Sub(t0)
+	if n > 0 {
+		if !rl.last.IsZero() {
+			rl.maxGap = max(rl.maxGap, now.Sub(rl.last))
+		}
+		rl.last = now
+	}
+	return (*rl.bufp)[:n], now, err
 }
 
 // touch records engine progress at now (the first content of an SSE
@@ -301,10 +336,15 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 	st := streamState{a: a, framing: c.op.framing, injected: c.out.injected}
 	endsAtEOF := c.op.framing == frameAny
 	onEvent := st.onEvent
+	defer func() {
+		if rl.maxGap > 0 {
+			a.s.metrics.RecordMaxGap(a.ctx, a.attrs, rl.maxGap.Seconds())
+		}
+	}()
 	for {
-		p, rerr := rl.read()
+		p, now, rerr := rl.read()
 		if len(p) > 0 {
-			st.now = time.Now()
+			st.now = now
 			st.dropTo = 0
 			out := sc.Push(p, onEvent)
 			if !a.first.IsZero() || a.class != classGenerative || !c.stream {
@@ -462,9 +502,9 @@ func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Res
 	buffering := mode == copyWhole && bufLimit > 0 && resp.ContentLength <= bufLimit
 	capturing := mode == copyWhole // keeping the body (or its first bytes) to read its usage
 	for {
-		p, rerr := rl.read()
+		p, now, rerr := rl.read()
 		if len(p) > 0 {
-			rl.touch(time.Now())
+			rl.touch(now)
 			if buffering && int64(len(hold.b)+len(p)) <= bufLimit && hold.add(p, bufLimit) {
 				p = nil
 			} else if buffering {
@@ -502,8 +542,10 @@ func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Res
 			}
 			rl.start()
 			if capturing {
-				if id, u, ok := oai.ParseResponse(hold.b); ok {
-					a.respID, a.usage, a.hasUsage = id, u, u != (oai.Usage{})
+				if b, ok := oai.ParseBody(hold.b); ok {
+					a.respID, a.usage, a.hasUsage = b.ID, b.Usage, b.Usage != (oai.Usage{})
+					a.answered(b.Model)
+					a.finished(b.FinishReason)
 				}
 			}
 			return

@@ -42,12 +42,65 @@
 // are fresh, and a value the engine does not report is not observed, so a
 // dashboard shows a gap rather than a frozen or made-up value.
 //
-// plus the OpenTelemetry GenAI semantic-convention instruments
-// gen_ai.server.request.duration, gen_ai.server.time_to_first_token,
-// gen_ai.server.time_per_output_token and gen_ai.client.token.usage. The Go
-// semconv package dropped the gen_ai.server.* instruments in v1.42.0, so
-// their names and advised buckets are defined here, from the GenAI metrics
-// semantic conventions.
+// The gateway's own overhead, measured by itself:
+//
+//	switchboard.gateway.overhead              Histogram     s          operation
+//	switchboard.gateway.step.duration         Histogram     s          step (parse, pick, prepare)
+//	switchboard.engine.time_to_first_byte     Histogram     s          engine, model, operation
+//	switchboard.engine.stream.max_gap         Histogram     s          engine, model, operation
+//
+// overhead is a request's time in the gateway (from the request-id
+// middleware to the handler's return) minus the time it waited for the
+// client's body and for engines (response headers and every blocked read
+// of an engine body): parsing, routing, building the engine request,
+// scanning and writing events, telemetry. Its buckets start at 5 µs. The
+// steps are the parts of it that happen once per request or attempt.
+// time_to_first_byte is an attempt's wait for the engine's response
+// headers; max_gap the largest gap, in one event stream, between two reads
+// that brought bytes after the first (a stalled engine shows here before
+// its idle timeout fires).
+//
+// # GenAI semantic conventions
+//
+// The gen_ai.* instruments and span attributes follow [GenAIConventions]:
+// tag v1.41.1 of github.com/open-telemetry/semantic-conventions, the
+// newest with normative GenAI conventions (they moved to
+// semantic-conventions-genai in v1.42.0, which has tagged no release).
+// A test compares what is emitted with a table transcribed from it.
+//
+// A gateway emits the client family. The conventions define
+// gen_ai.client.* for "Generative AI client applications" and
+// gen_ai.server.* for "model servers' operational metrics"; toward the
+// engines the gateway is a client (its engine span is the conventions'
+// CLIENT inference span, server.address is the engine behind it), and the
+// engines themselves report the server view (vLLM's vllm:* metrics).
+// Emitting gen_ai.server.* from the gateway would count the same requests
+// twice in a fleet-wide query and label a network hop as the model
+// server's time. So, per engine attempt:
+//
+//	gen_ai.client.operation.duration               Histogram  s        (+ error.type on failure)
+//	gen_ai.client.operation.time_to_first_chunk    Histogram  s        streaming calls only
+//	gen_ai.client.operation.time_per_output_chunk  Histogram  s        each content chunk after the first
+//	gen_ai.client.token.usage                      Histogram  {token}  + gen_ai.token.type (input, output)
+//
+// with gen_ai.operation.name, gen_ai.provider.name (the engine's
+// configured provider, default [DefaultProvider]: the conventions list no
+// value for self-hosted vLLM), gen_ai.request.model (the served model,
+// a bounded set), gen_ai.response.model (when the engine's answer names the
+// model it was asked for; an answer naming another is not recorded, to keep
+// the set bounded), and server.address and server.port of the engine. The
+// buckets are the conventions' advised ones; operation.duration's go on
+// doubling past 81.92 s up to the longest configured timeout
+// ([WithLongestTimeout]). Switchboard's own switchboard.engine.*
+// histograms keep their finer buckets (TTFT 1 ms to 60 s).
+//
+// The engine span (kind CLIENT, named "{gen_ai.operation.name}
+// {gen_ai.request.model}") carries, besides those, gen_ai.request.stream
+// (streaming requests only), the request's sampling parameters when set
+// (temperature, top_p, top_k, penalties, seed, stop sequences, max tokens,
+// choice count when not 1, output type), gen_ai.response.id,
+// gen_ai.response.finish_reasons, gen_ai.response.time_to_first_chunk,
+// gen_ai.usage.input_tokens and gen_ai.usage.output_tokens, and error.type.
 //
 // # Cardinality
 //

@@ -3,8 +3,11 @@ package telemetry
 import (
 	"context"
 	"errors"
+	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -53,13 +56,54 @@ const (
 	// [EngineStates], unit 1.
 	EngineStateName = "switchboard.engine.state"
 
-	// GenAI semantic-convention metrics
-	// (https://opentelemetry.io/docs/specs/semconv/gen-ai/gen-ai-metrics/).
-	GenAIServerRequestDurationName    = "gen_ai.server.request.duration"
-	GenAIServerTimeToFirstTokenName   = "gen_ai.server.time_to_first_token"
-	GenAIServerTimePerOutputTokenName = "gen_ai.server.time_per_output_token"
+	// Gateway overhead, measured by the gateway itself (as TensorZero,
+	// Bifrost and NVIDIA Dynamo expose theirs).
+
+	// GatewayOverheadName is the time one request spent in the gateway
+	// itself: from its arrival to the handler's return, minus the time
+	// spent waiting for the client's body and for the engines (their
+	// response headers and every read of their bodies), s, with the
+	// operation attribute.
+	GatewayOverheadName = "switchboard.gateway.overhead"
+	// StepDurationName is the duration of one step of the gateway's own
+	// work on a request, s, with the step attribute ([StepParse],
+	// [StepPick], [StepPrepare]).
+	StepDurationName = "switchboard.gateway.step.duration"
+	// TimeToFirstByteName is the time from sending a request to an engine
+	// to the engine's response headers (its first byte), per attempt, s,
+	// with engine, model and operation.
+	TimeToFirstByteName = "switchboard.engine.time_to_first_byte"
+	// StreamMaxGapName is, per relayed event stream, the largest gap
+	// between two reads that brought bytes from the engine after the
+	// first (the wait for the first event is TTFT, not a gap), s, with
+	// engine, model and operation.
+	StreamMaxGapName = "switchboard.engine.stream.max_gap"
+
+	// GenAI semantic-convention metrics, the client family (see the
+	// package docs, "GenAI semantic conventions", for why a gateway emits
+	// the client family and not gen_ai.server.*), as [GenAIConventions]
+	// defines them.
+	GenAIClientOperationDurationName  = "gen_ai.client.operation.duration"
+	GenAIClientTimeToFirstChunkName   = "gen_ai.client.operation.time_to_first_chunk"
+	GenAIClientTimePerOutputChunkName = "gen_ai.client.operation.time_per_output_chunk"
 	GenAIClientTokenUsageName         = "gen_ai.client.token.usage"
 )
+
+// GenAIConventions names the OpenTelemetry GenAI semantic conventions the
+// gen_ai.* instruments and span attributes follow: tag v1.41.1 of
+// github.com/open-telemetry/semantic-conventions (commit
+// ead83b9b0fa36540c1642fce46e874f002ac23f1, model/gen-ai/ and docs/gen-ai/),
+// the newest tag with normative GenAI conventions: from v1.42.0 they moved
+// to github.com/open-telemetry/semantic-conventions-genai, which has no
+// release yet.
+const GenAIConventions = "semantic-conventions v1.41.1 (ead83b9b0fa36540c1642fce46e874f002ac23f1)"
+
+// DefaultProvider is the gen_ai.provider.name of an engine whose
+// configuration names none. The conventions list no value for self-hosted
+// vLLM (their well-known values are API providers such as openai and
+// anthropic, and "a custom value MAY be used"); "openai" would announce the
+// openai.* attribute flavor, which a vLLM engine does not produce.
+const DefaultProvider = "vllm"
 
 // Attribute keys used on Switchboard instruments and spans.
 const (
@@ -72,12 +116,22 @@ const (
 	AttrOperation = attribute.Key("operation")
 	// AttrState is the engine state of switchboard.engine.state, one of
 	// [EngineStates].
-	AttrState     = attribute.Key("state")
+	AttrState = attribute.Key("state")
+	// AttrStep is the step of switchboard.gateway.step.duration: "parse",
+	// "pick" or "prepare".
+	AttrStep      = attribute.Key("step")
 	AttrErrorType = semconv.ErrorTypeKey
 	// The GenAI keys are spelled out: semconv v1.43.0 (the version
 	// otelhttp uses) no longer carries the gen_ai namespace.
 	AttrGenAIOp         = attribute.Key("gen_ai.operation.name")
+	AttrGenAIProvider   = attribute.Key("gen_ai.provider.name")
 	AttrGenAIReqModel   = attribute.Key("gen_ai.request.model")
+	AttrGenAIRespModel  = attribute.Key("gen_ai.response.model")
+	AttrGenAIFinish     = attribute.Key("gen_ai.response.finish_reasons")
+	AttrGenAIStream     = attribute.Key("gen_ai.request.stream")
+	AttrGenAIFirstChunk = attribute.Key("gen_ai.response.time_to_first_chunk")
+	AttrServerAddress   = semconv.ServerAddressKey
+	AttrServerPort      = semconv.ServerPortKey
 	AttrGenAITokType    = attribute.Key("gen_ai.token.type")
 	AttrGenAIResponseID = attribute.Key("gen_ai.response.id")
 	AttrGenAIInputTok   = attribute.Key("gen_ai.usage.input_tokens")
@@ -97,17 +151,19 @@ var (
 	// DurationBuckets spans 10 ms to 30 min, past the longest default
 	// request timeout.
 	DurationBuckets = []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120, 300, 600, 1200, 1800}
-	// GenAIDurationBuckets are the semconv-advised boundaries for
-	// gen_ai.server.request.duration.
+	// GenAIDurationBuckets are the conventions' advised boundaries for
+	// gen_ai.client.operation.duration, time_to_first_chunk and
+	// time_per_output_chunk (10 ms to 81.92 s, doubling).
+	// gen_ai.client.operation.duration continues the doubling up to the
+	// longest configured timeout ([WithLongestTimeout]), since a
+	// generation may run that long.
 	GenAIDurationBuckets = []float64{0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92}
-	// GenAITTFTBuckets are the semconv-advised boundaries for
-	// gen_ai.server.time_to_first_token.
-	GenAITTFTBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0}
-	// GenAITPOTBuckets are the semconv-advised boundaries for
-	// gen_ai.server.time_per_output_token.
-	GenAITPOTBuckets = []float64{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5}
-	// TokenBuckets (in tokens) are the semconv-advised boundaries for
-	// gen_ai.client.token.usage.
+	// OverheadBuckets span 5 µs to 1 s: the gateway's own work on a
+	// request is microseconds; the upper buckets catch stalls (GC, a
+	// saturated CPU).
+	OverheadBuckets = []float64{0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}
+	// TokenBuckets (in tokens) are the conventions' advised boundaries
+	// for gen_ai.client.token.usage.
 	TokenBuckets = []float64{1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864}
 )
 
@@ -123,6 +179,11 @@ type Metrics struct {
 	itl            metric.Float64Histogram
 	duration       metric.Float64Histogram
 	parseErrors    metric.Int64Counter
+	ttfb           metric.Float64Histogram
+	maxGap         metric.Float64Histogram
+	overhead       metric.Float64Histogram
+	step           metric.Float64Histogram
+	stepRec        [numSteps][]metric.RecordOption
 
 	queueDepth     metric.Int64ObservableGauge
 	kvCacheUsage   metric.Float64ObservableGauge
@@ -130,22 +191,55 @@ type Metrics struct {
 	drift          metric.Int64ObservableGauge
 	state          metric.Int64ObservableGauge
 
-	genaiDuration metric.Float64Histogram
-	genaiTTFT     metric.Float64Histogram
-	genaiTPOT     metric.Float64Histogram
-	tokenUsage    metric.Int64Histogram
+	genaiDuration   metric.Float64Histogram
+	genaiFirstChunk metric.Float64Histogram
+	genaiPerChunk   metric.Float64Histogram
+	tokenUsage      metric.Int64Histogram
 
 	phasePrefill attribute.KeyValue
 	phaseDecode  attribute.KeyValue
+}
+
+// MetricsOption configures [NewMetrics].
+type MetricsOption func(*metricsConfig)
+
+type metricsConfig struct {
+	longest time.Duration
+}
+
+// WithLongestTimeout sets the longest request timeout the gateway is
+// configured with: the gen_ai.client.operation.duration buckets double
+// past the conventions' last boundary (81.92 s) until they reach it.
+// Zero or negative: the conventions' boundaries only.
+func WithLongestTimeout(d time.Duration) MetricsOption {
+	return func(c *metricsConfig) { c.longest = d }
+}
+
+// GenAIOperationBuckets returns the gen_ai.client.operation.duration
+// boundaries for a longest timeout: [GenAIDurationBuckets], then doubling
+// until a boundary is at least longest seconds.
+func GenAIOperationBuckets(longest time.Duration) []float64 {
+	b := slices.Clone(GenAIDurationBuckets)
+	for last := b[len(b)-1]; last < longest.Seconds(); {
+		last = math.Round(last*2*100) / 100
+		b = append(b, last)
+	}
+	return b
 }
 
 // NewMetrics creates every instrument under a meter scoped to [ScopeName].
 // A nil mp uses a no-op provider. On error it still returns a usable
 // *Metrics (failed instruments fall back to no-ops) together with the
 // errors.Join of every failure, as the OpenTelemetry Go guidelines advise.
-func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
+func NewMetrics(mp metric.MeterProvider, opts ...MetricsOption) (*Metrics, error) {
 	if mp == nil {
 		mp = noop.NewMeterProvider()
+	}
+	var cfg metricsConfig
+	for _, o := range opts {
+		if o != nil {
+			o(&cfg)
+		}
 	}
 	m := &Metrics{
 		meter:        mp.Meter(ScopeName, metric.WithInstrumentationVersion(Version)),
@@ -164,9 +258,16 @@ func NewMetrics(mp metric.MeterProvider) (*Metrics, error) {
 	m.ttft = fh(TimeToFirstTokenName, "s", "Time from sending the request to an engine to the first generated token (streaming requests only).", TTFTBuckets)
 	m.itl = fh(InterTokenLatencyName, "s", "Time between consecutive content-bearing stream events from an engine.", ITLBuckets)
 	m.duration = fh(RequestDurationName, "s", "Duration of one engine attempt, from span start to span end.", DurationBuckets)
-	m.genaiDuration = fh(GenAIServerRequestDurationName, "s", "GenAI server request duration (time to last byte).", GenAIDurationBuckets)
-	m.genaiTTFT = fh(GenAIServerTimeToFirstTokenName, "s", "Time to generate the first token for successful responses.", GenAITTFTBuckets)
-	m.genaiTPOT = fh(GenAIServerTimePerOutputTokenName, "s", "Time per output token generated after the first token for successful responses.", GenAITPOTBuckets)
+	m.ttfb = fh(TimeToFirstByteName, "s", "Time from sending a request to an engine to its response headers, per attempt.", TTFTBuckets)
+	m.maxGap = fh(StreamMaxGapName, "s", "Largest gap between two reads bringing bytes of one event stream from an engine, after its first.", TTFTBuckets)
+	m.overhead = fh(GatewayOverheadName, "s", "Time a request spent in the gateway itself: its duration minus the waits for the client's body and for the engines.", OverheadBuckets)
+	m.step = fh(StepDurationName, "s", "Duration of one step of the gateway's own work on a request (parse, pick, prepare).", OverheadBuckets)
+	for i, name := range stepNames {
+		m.stepRec[i] = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(AttrStep.String(name)))}
+	}
+	m.genaiDuration = fh(GenAIClientOperationDurationName, "s", "GenAI operation duration: one engine attempt, from sending the request to its last byte.", GenAIOperationBuckets(cfg.longest))
+	m.genaiFirstChunk = fh(GenAIClientTimeToFirstChunkName, "s", "Time to receive the first chunk of output in a streaming operation.", GenAIDurationBuckets)
+	m.genaiPerChunk = fh(GenAIClientTimePerOutputChunkName, "s", "Time between consecutive output chunks of a streaming operation, after the first.", GenAIDurationBuckets)
 
 	var err error
 	if m.tokenUsage, err = m.meter.Int64Histogram(GenAIClientTokenUsageName, metric.WithUnit("{token}"),
@@ -315,6 +416,9 @@ type Engine struct {
 	engineSet  attribute.Set          // engine only, for the engine stats gauges
 	engineObs  []metric.ObserveOption // WithAttributeSet(engineSet), built once
 	stateObs   [len(EngineStates)][]metric.ObserveOption
+	// server are the GenAI attributes of the engine itself:
+	// gen_ai.provider.name, and server.address and server.port when known.
+	server []attribute.KeyValue
 
 	mu    sync.Mutex
 	attrs atomic.Pointer[map[attrsKey]*Attrs] // copy-on-write
@@ -326,13 +430,51 @@ type attrsKey struct {
 	operation string
 }
 
+// EngineOption sets what the GenAI attributes say about an engine.
+type EngineOption func(*engineInfo)
+
+type engineInfo struct {
+	provider string
+	address  string
+	port     int
+}
+
+// WithProvider sets the engine's gen_ai.provider.name; "" keeps
+// [DefaultProvider].
+func WithProvider(name string) EngineOption {
+	return func(i *engineInfo) {
+		if name != "" {
+			i.provider = name
+		}
+	}
+}
+
+// WithServer sets the engine's server.address and server.port (the host
+// and port of its URL; port 0 when the URL names none and the scheme's
+// default applies, which is then what is reported). An empty address sets
+// neither.
+func WithServer(address string, port int) EngineOption {
+	return func(i *engineInfo) { i.address, i.port = address, port }
+}
+
 // Engine returns the attribute holder for the engine called name.
-func (m *Metrics) Engine(name string) *Engine {
+func (m *Metrics) Engine(name string, opts ...EngineOption) *Engine {
+	info := engineInfo{provider: DefaultProvider}
+	for _, o := range opts {
+		if o != nil {
+			o(&info)
+		}
+	}
 	e := &Engine{
 		name:       name,
 		prefillSet: attribute.NewSet(AttrEngine.String(name), m.phasePrefill),
 		decodeSet:  attribute.NewSet(AttrEngine.String(name), m.phaseDecode),
 		engineSet:  attribute.NewSet(AttrEngine.String(name)),
+		server:     []attribute.KeyValue{AttrGenAIProvider.String(info.provider)},
+	}
+	if info.address != "" {
+		// server.port is conditionally required when server.address is set.
+		e.server = append(e.server, AttrServerAddress.String(info.address), AttrServerPort.Int(info.port))
 	}
 	e.engineObs = []metric.ObserveOption{metric.WithAttributeSet(e.engineSet)}
 	for i, st := range EngineStates {
@@ -346,18 +488,28 @@ func (m *Metrics) Engine(name string) *Engine {
 // Name returns the engine name.
 func (e *Engine) Name() string { return e.name }
 
+// SpanAttrs returns the engine's GenAI span attributes
+// (gen_ai.provider.name, server.address, server.port); the caller must not
+// modify them.
+func (e *Engine) SpanAttrs() []attribute.KeyValue { return e.server }
+
 // Attrs are the attribute sets recorded for one (engine, model, GenAI
 // operation, gateway operation).
 // The model must come from a bounded set (a model the engines serve), never
 // straight from a request.
+//
+// Each Attrs has a twin that adds gen_ai.response.model (the same model) to
+// the GenAI sets, for an attempt whose engine answered with the model it
+// was asked for ([Attrs.Answered]); an engine answering with another name,
+// or none, keeps the sets without it, so the attribute's values stay
+// bounded.
 type Attrs struct {
 	engineModel attribute.Set // engine, model, operation
-	genai       attribute.Set // gen_ai.operation.name, gen_ai.request.model
-	genaiIn     attribute.Set // + gen_ai.token.type=input
-	genaiOut    attribute.Set // + gen_ai.token.type=output
 	kvs         []attribute.KeyValue
-	genaiKVs    []attribute.KeyValue
+	genaiKVs    []attribute.KeyValue // gen_ai.operation.name, gen_ai.provider.name, gen_ai.request.model, [gen_ai.response.model,] [server.address, server.port]
 	spanName    string
+	model       string
+	answered    *Attrs // the twin with gen_ai.response.model; itself on the twin
 
 	// Pre-built options for the sets above. Building an option on each
 	// call costs two allocations (the boxed option and the variadic
@@ -365,12 +517,23 @@ type Attrs struct {
 	engineModelRec []metric.RecordOption
 	engineModelAdd []metric.AddOption
 	genaiRec       []metric.RecordOption
-	genaiInRec     []metric.RecordOption
-	genaiOutRec    []metric.RecordOption
+	genaiInRec     []metric.RecordOption // + gen_ai.token.type=input
+	genaiOutRec    []metric.RecordOption // + gen_ai.token.type=output
 }
 
 // SpanName returns the GenAI span name "{operation} {model}".
 func (a *Attrs) SpanName() string { return a.spanName }
+
+// Answered returns the attribute sets to record once the engine's answer
+// named its model as respModel (raw bytes): the twin with
+// gen_ai.response.model when respModel is the model asked for, else a
+// itself. It does not allocate.
+func (a *Attrs) Answered(respModel []byte) *Attrs {
+	if string(respModel) == a.model {
+		return a.answered
+	}
+	return a
+}
 
 // Attrs returns the cached attribute sets for model, GenAI operation op
 // (gen_ai.operation.name: "chat", "text_completion", "embeddings", or the
@@ -390,21 +553,28 @@ func (e *Engine) Attrs(model, op, operation string) *Attrs {
 		return a
 	}
 	kvs := []attribute.KeyValue{AttrEngine.String(e.name), AttrModel.String(model), AttrOperation.String(operation)}
-	gkvs := []attribute.KeyValue{AttrGenAIOp.String(op), AttrGenAIReqModel.String(model)}
-	a := &Attrs{
-		engineModel: attribute.NewSet(kvs...),
-		genai:       attribute.NewSet(gkvs...),
-		genaiIn:     attribute.NewSet(append(gkvs[:2:2], AttrGenAITokType.String("input"))...),
-		genaiOut:    attribute.NewSet(append(gkvs[:2:2], AttrGenAITokType.String("output"))...),
-		kvs:         kvs,
-		genaiKVs:    gkvs,
-		spanName:    op + " " + model,
+	build := func(respModel bool) *Attrs {
+		g := []attribute.KeyValue{AttrGenAIOp.String(op), AttrGenAIReqModel.String(model)}
+		if respModel {
+			g = append(g, AttrGenAIRespModel.String(model))
+		}
+		g = append(g, e.server...)
+		a := &Attrs{
+			engineModel: attribute.NewSet(kvs...),
+			kvs:         kvs,
+			genaiKVs:    g,
+			spanName:    op + " " + model,
+			model:       model,
+		}
+		a.engineModelRec = []metric.RecordOption{metric.WithAttributeSet(a.engineModel)}
+		a.engineModelAdd = []metric.AddOption{metric.WithAttributeSet(a.engineModel)}
+		a.genaiRec = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(g...))}
+		a.genaiInRec = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(append(g[:len(g):len(g)], AttrGenAITokType.String("input"))...))}
+		a.genaiOutRec = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(append(g[:len(g):len(g)], AttrGenAITokType.String("output"))...))}
+		return a
 	}
-	a.engineModelRec = []metric.RecordOption{metric.WithAttributeSet(a.engineModel)}
-	a.engineModelAdd = []metric.AddOption{metric.WithAttributeSet(a.engineModel)}
-	a.genaiRec = []metric.RecordOption{metric.WithAttributeSet(a.genai)}
-	a.genaiInRec = []metric.RecordOption{metric.WithAttributeSet(a.genaiIn)}
-	a.genaiOutRec = []metric.RecordOption{metric.WithAttributeSet(a.genaiOut)}
+	a, twin := build(false), build(true)
+	a.answered, twin.answered = twin, twin
 	next := make(map[attrsKey]*Attrs, len(cur)+1)
 	for kk, v := range cur {
 		next[kk] = v
@@ -414,15 +584,78 @@ func (e *Engine) Attrs(model, op, operation string) *Attrs {
 	return a
 }
 
-// RecordFirstToken records one time-to-first-token sample, in seconds.
+// RecordFirstToken records one time-to-first-token sample, in seconds
+// (switchboard.engine.time_to_first_token and
+// gen_ai.client.operation.time_to_first_chunk).
 func (m *Metrics) RecordFirstToken(ctx context.Context, a *Attrs, seconds float64) {
 	m.ttft.Record(ctx, seconds, a.engineModelRec...)
-	m.genaiTTFT.Record(ctx, seconds, a.genaiRec...)
+	m.genaiFirstChunk.Record(ctx, seconds, a.genaiRec...)
 }
 
-// RecordInterToken records one inter-token latency sample, in seconds.
+// RecordInterToken records one inter-token latency sample, in seconds
+// (switchboard.engine.inter_token_latency and
+// gen_ai.client.operation.time_per_output_chunk).
 func (m *Metrics) RecordInterToken(ctx context.Context, a *Attrs, seconds float64) {
 	m.itl.Record(ctx, seconds, a.engineModelRec...)
+	m.genaiPerChunk.Record(ctx, seconds, a.genaiRec...)
+}
+
+// RecordFirstByte records the time to an engine's response headers, in
+// seconds.
+func (m *Metrics) RecordFirstByte(ctx context.Context, a *Attrs, seconds float64) {
+	m.ttfb.Record(ctx, seconds, a.engineModelRec...)
+}
+
+// RecordMaxGap records the largest gap between two reads of one event
+// stream, in seconds.
+func (m *Metrics) RecordMaxGap(ctx context.Context, a *Attrs, seconds float64) {
+	m.maxGap.Record(ctx, seconds, a.engineModelRec...)
+}
+
+// Step is a step of the gateway's own work on a request, the step
+// attribute of switchboard.gateway.step.duration.
+type Step uint8
+
+// The steps, in request order.
+const (
+	// StepParse is reading the routing fields from the request body
+	// (the JSON schema's fields, or a multipart form); the wait for the
+	// body's bytes is not in it.
+	StepParse Step = iota
+	// StepPick is the routing policy's choice of an engine, per attempt.
+	StepPick
+	// StepPrepare is building the engine request (URL, headers, trace
+	// context), per attempt, up to handing it to the transport.
+	StepPrepare
+	numSteps
+)
+
+var stepNames = [numSteps]string{"parse", "pick", "prepare"}
+
+// String returns the step's attribute value.
+func (s Step) String() string { return stepNames[s] }
+
+// RecordStep records one step's duration, in seconds.
+func (m *Metrics) RecordStep(ctx context.Context, s Step, seconds float64) {
+	m.step.Record(ctx, seconds, m.stepRec[s]...)
+}
+
+// Operation holds the pre-built attribute set of one gateway operation
+// (an operation-table row's name), for switchboard.gateway.overhead.
+type Operation struct {
+	rec []metric.RecordOption
+}
+
+// Operation returns the attribute holder for the gateway operation
+// called name (from the gateway's fixed operation table).
+func (m *Metrics) Operation(name string) *Operation {
+	return &Operation{rec: []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(AttrOperation.String(name)))}}
+}
+
+// RecordOverhead records the gateway's own time on one request, in
+// seconds.
+func (m *Metrics) RecordOverhead(ctx context.Context, o *Operation, seconds float64) {
+	m.overhead.Record(ctx, seconds, o.rec...)
 }
 
 // RecordParseError counts one stream event whose JSON did not parse.
@@ -437,23 +670,17 @@ type Outcome struct {
 	// ErrorType is "" on success, else a low-cardinality error class (an
 	// HTTP status code such as "503", or a name such as "client_cancelled").
 	ErrorType string
-	// TPOT is the mean time per output token after the first, in seconds;
-	// 0 when not observable (non-streaming, or fewer than two tokens).
-	TPOT float64
 	// InputTokens and OutputTokens come from the engine's usage report;
 	// negative when the engine reported none.
 	InputTokens, OutputTokens int64
 }
 
 // RecordEnd records the end of an engine attempt: its duration (with
-// error.type on failure), the GenAI duration, TPOT and token usage.
+// error.type on failure), the GenAI operation duration and token usage.
 func (m *Metrics) RecordEnd(ctx context.Context, a *Attrs, o Outcome) {
 	if o.ErrorType == "" {
 		m.duration.Record(ctx, o.Seconds, a.engineModelRec...)
 		m.genaiDuration.Record(ctx, o.Seconds, a.genaiRec...)
-		if o.TPOT > 0 {
-			m.genaiTPOT.Record(ctx, o.TPOT, a.genaiRec...)
-		}
 	} else {
 		// The failure path builds its sets on the fly; error types are a
 		// small fixed vocabulary, so cardinality stays bounded.

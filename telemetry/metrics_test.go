@@ -90,19 +90,28 @@ func set(kvs ...attribute.KeyValue) attribute.Set { return attribute.NewSet(kvs.
 func TestMetricsRecord(t *testing.T) {
 	m, reader := newTestMetrics(t)
 	ctx := context.Background()
-	e1, e2 := m.Engine("e1"), m.Engine("e2")
+	e1, e2 := m.Engine("e1", WithServer("10.0.0.1", 8000)), m.Engine("e2", WithProvider("openai"))
 	chat := e1.Attrs("m1", "chat", "chat")
-	text := e2.Attrs("m1", "text_completion", "completions")
+	text := e2.Attrs("m1", "text_completion", "completions").Answered([]byte("m1"))
+	if e1.Attrs("m1", "chat", "chat").Answered([]byte("other")) != chat {
+		t.Error("an answer naming another model changed the attribute sets")
+	}
 
 	m.RecordFirstToken(ctx, chat, 0.05)
 	m.RecordFirstToken(ctx, text, 0.3)
 	m.RecordInterToken(ctx, chat, 0.012)
 	m.RecordInterToken(ctx, chat, 0.033)
-	m.RecordEnd(ctx, chat, Outcome{Seconds: 1.5, TPOT: 0.02, InputTokens: 10, OutputTokens: 20})
+	m.RecordEnd(ctx, chat, Outcome{Seconds: 1.5, InputTokens: 10, OutputTokens: 20})
 	m.RecordEnd(ctx, chat, Outcome{Seconds: 0.3, ErrorType: "503", InputTokens: -1, OutputTokens: -1})
-	m.RecordEnd(ctx, text, Outcome{Seconds: 2, InputTokens: 7, OutputTokens: -1}) // no TPOT, no output usage
+	m.RecordEnd(ctx, text, Outcome{Seconds: 2, InputTokens: 7, OutputTokens: -1}) // no output usage
 	m.RecordParseError(ctx, chat)
 	m.RecordParseError(ctx, chat)
+	m.RecordFirstByte(ctx, chat, 0.004)
+	m.RecordMaxGap(ctx, text, 0.2)
+	m.RecordStep(ctx, StepParse, 0.00002)
+	m.RecordStep(ctx, StepPick, 0.000001)
+	m.RecordStep(ctx, StepPick, 0.000003)
+	m.RecordOverhead(ctx, m.Operation("chat"), 0.0002)
 	reg, err := m.ObserveInFlight(func(report func(e *Engine, prefill, decode int64)) {
 		report(e1, 2, 3)
 		report(e2, 0, 1)
@@ -114,8 +123,9 @@ func TestMetricsRecord(t *testing.T) {
 
 	e1m1 := []attribute.KeyValue{AttrEngine.String("e1"), AttrModel.String("m1"), AttrOperation.String("chat")}
 	e2m1 := []attribute.KeyValue{AttrEngine.String("e2"), AttrModel.String("m1"), AttrOperation.String("completions")}
-	gChat := []attribute.KeyValue{AttrGenAIOp.String("chat"), AttrGenAIReqModel.String("m1")}
-	gText := []attribute.KeyValue{AttrGenAIOp.String("text_completion"), AttrGenAIReqModel.String("m1")}
+	gChat := []attribute.KeyValue{AttrGenAIOp.String("chat"), AttrGenAIReqModel.String("m1"), AttrGenAIProvider.String("vllm"),
+		AttrServerAddress.String("10.0.0.1"), AttrServerPort.Int(8000)}
+	gText := []attribute.KeyValue{AttrGenAIOp.String("text_completion"), AttrGenAIReqModel.String("m1"), AttrGenAIRespModel.String("m1"), AttrGenAIProvider.String("openai")}
 	with := func(kvs []attribute.KeyValue, more ...attribute.KeyValue) attribute.Set {
 		return set(append(slices.Clone(kvs), more...)...)
 	}
@@ -156,7 +166,23 @@ func TestMetricsRecord(t *testing.T) {
 					DataPoints: []metricdata.DataPoint[int64]{{Attributes: set(e1m1...), Value: 2}}},
 			},
 			{
-				Name: GenAIServerRequestDurationName, Unit: "s",
+				Name: TimeToFirstByteName, Unit: "s",
+				Data: hist(hdp(set(e1m1...), TTFTBuckets, 0.004)),
+			},
+			{
+				Name: StreamMaxGapName, Unit: "s",
+				Data: hist(hdp(set(e2m1...), TTFTBuckets, 0.2)),
+			},
+			{
+				Name: GatewayOverheadName, Unit: "s",
+				Data: hist(hdp(set(AttrOperation.String("chat")), OverheadBuckets, 0.0002)),
+			},
+			{
+				Name: StepDurationName, Unit: "s",
+				Data: hist(hdp(set(AttrStep.String("parse")), OverheadBuckets, 0.00002), hdp(set(AttrStep.String("pick")), OverheadBuckets, 0.000001, 0.000003)),
+			},
+			{
+				Name: GenAIClientOperationDurationName, Unit: "s",
 				Data: hist(
 					hdp(set(gChat...), GenAIDurationBuckets, 1.5),
 					hdp(with(gChat, errType), GenAIDurationBuckets, 0.3),
@@ -164,12 +190,12 @@ func TestMetricsRecord(t *testing.T) {
 				),
 			},
 			{
-				Name: GenAIServerTimeToFirstTokenName, Unit: "s",
-				Data: hist(hdp(set(gChat...), GenAITTFTBuckets, 0.05), hdp(set(gText...), GenAITTFTBuckets, 0.3)),
+				Name: GenAIClientTimeToFirstChunkName, Unit: "s",
+				Data: hist(hdp(set(gChat...), GenAIDurationBuckets, 0.05), hdp(set(gText...), GenAIDurationBuckets, 0.3)),
 			},
 			{
-				Name: GenAIServerTimePerOutputTokenName, Unit: "s",
-				Data: hist(hdp(set(gChat...), GenAITPOTBuckets, 0.02)),
+				Name: GenAIClientTimePerOutputChunkName, Unit: "s",
+				Data: hist(hdp(set(gChat...), GenAIDurationBuckets, 0.012, 0.033)),
 			},
 			{
 				Name: GenAIClientTokenUsageName, Unit: "{token}",
@@ -232,7 +258,7 @@ func TestMetricsErrorTypeOnlyOnFailure(t *testing.T) {
 			}
 		}
 	}
-	if failures != 2 { // switchboard.engine.request.duration and gen_ai.server.request.duration
+	if failures != 2 { // switchboard.engine.request.duration and gen_ai.client.operation.duration
 		t.Errorf("%d failure data points, want 2", failures)
 	}
 }
@@ -364,7 +390,7 @@ func TestRecordSuccessPathNoAllocs(t *testing.T) {
 	// sampled span: exemplars are offered too.
 	ctx := trace.ContextWithSpanContext(context.Background(), trace.NewSpanContext(trace.SpanContextConfig{
 		TraceID: trace.TraceID{1}, SpanID: trace.SpanID{1}, TraceFlags: trace.FlagsSampled}))
-	ok := Outcome{Seconds: 1.2, TPOT: 0.03, InputTokens: 12, OutputTokens: 40}
+	ok := Outcome{Seconds: 1.2, InputTokens: 12, OutputTokens: 40}
 	// The first measurement of a series creates its aggregation state.
 	m.RecordFirstToken(ctx, a, 0.1)
 	m.RecordInterToken(ctx, a, 0.02)

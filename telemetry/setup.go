@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -87,9 +89,8 @@ func Setup(ctx context.Context, cfg Config, log *slog.Logger) (*Providers, func(
 
 	// Exporter and SDK errors (a collector that is down, say) go to the
 	// gateway's structured log instead of the standard logger.
-	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
-		log.Warn("opentelemetry export error", "error", err)
-	}))
+	// At a bounded rate: a collector that is down fails every export.
+	otel.SetErrorHandler(newErrorLog(log, ErrorLogInterval, time.Now))
 	disabled := strings.EqualFold(strings.TrimSpace(os.Getenv("OTEL_SDK_DISABLED")), "true")
 
 	p := &Providers{Propagator: propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})}
@@ -160,6 +161,44 @@ func Setup(ctx context.Context, cfg Config, log *slog.Logger) (*Providers, func(
 		log.Info("telemetry export configured", "traces", p.OTLPTraces, "metrics", p.OTLPMetrics)
 	}
 	return p, shutdown, nil
+}
+
+// ErrorLogInterval is the least time between two log lines for
+// OpenTelemetry export and SDK errors; the errors in between are counted
+// and the count is logged with the next line.
+const ErrorLogInterval = 10 * time.Second
+
+// errorLog is the OpenTelemetry error handler: it logs the first error,
+// then at most one line per interval, each with the number of errors
+// suppressed since the last line. It never blocks an exporter for long:
+// one mutex and a log call. Safe for concurrent use.
+type errorLog struct {
+	log      *slog.Logger
+	interval time.Duration
+	now      func() time.Time
+
+	mu         sync.Mutex
+	last       time.Time // when the last line was logged; zero before
+	suppressed int
+}
+
+func newErrorLog(log *slog.Logger, interval time.Duration, now func() time.Time) *errorLog {
+	return &errorLog{log: log, interval: interval, now: now}
+}
+
+// Handle implements otel.ErrorHandler.
+func (l *errorLog) Handle(err error) {
+	l.mu.Lock()
+	t := l.now()
+	if !l.last.IsZero() && t.Sub(l.last) < l.interval {
+		l.suppressed++
+		l.mu.Unlock()
+		return
+	}
+	n := l.suppressed
+	l.last, l.suppressed = t, 0
+	l.mu.Unlock()
+	l.log.Warn("opentelemetry export error", "error", err, "suppressed", n)
 }
 
 // signalConfigured reports whether the environment asks for an exporter for

@@ -108,7 +108,10 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 			log.Warn("telemetry shutdown: final export failed", "error", terr)
 		}
 	}()
-	metrics, err := telemetry.NewMetrics(providers.MeterProvider)
+	// gen_ai.client.operation.duration's buckets reach the longest a
+	// request may last.
+	t := cfg.Server.Config.Timeouts
+	metrics, err := telemetry.NewMetrics(providers.MeterProvider, telemetry.WithLongestTimeout(max(t.Request, t.Attempt)))
 	if err != nil {
 		return err
 	}

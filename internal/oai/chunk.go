@@ -27,6 +27,12 @@ type Chunk struct {
 	Content bool
 	// Finish says some choice has a non-null finish_reason.
 	Finish bool
+	// FinishReason is the raw bytes of the last string finish_reason of
+	// the chunk's choices (aliasing the input); nil when none is a string.
+	FinishReason []byte
+	// Model is the "model" string's raw bytes (aliasing the input); nil if
+	// absent or not a string.
+	Model []byte
 	// Choices is the number of elements of the "choices" array (0 when it
 	// is absent, empty or not an array). A usage-only chunk has HasUsage
 	// and no choices.
@@ -69,7 +75,9 @@ func InspectChunk(data []byte) (Chunk, error) {
 				d.skip()
 			}
 		case "choices":
-			c.Content, c.Finish, c.Choices = d.choices()
+			c.Content, c.Finish, c.FinishReason, c.Choices = d.choices()
+		case "model":
+			c.Model = d.rawString()
 		case "usage":
 			c.Usage, c.HasUsage = d.usage(false)
 		case "error":
@@ -109,10 +117,10 @@ func chunkError(data []byte) error {
 
 // choices reads the "choices" array of a chunk. Within a choice, as within
 // the chunk, the last of duplicate keys wins.
-func (d *decoder) choices() (content, finish bool, n int) {
+func (d *decoder) choices() (content, finish bool, reason []byte, n int) {
 	if d.peek() != '[' {
 		d.skip()
-		return false, false, 0
+		return false, false, nil, 0
 	}
 	d.open('[')
 	for i := 0; d.more(']', &i); {
@@ -132,7 +140,9 @@ func (d *decoder) choices() (content, finish bool, n int) {
 			case "finish_reason":
 				fin = !d.isNull()
 				if fin {
-					d.skip()
+					if r := d.rawString(); r != nil {
+						reason = r
+					}
 				}
 			default:
 				d.skip()
@@ -141,7 +151,7 @@ func (d *decoder) choices() (content, finish bool, n int) {
 		content = content || delta || text
 		finish = finish || fin
 	}
-	return content, finish, n
+	return content, finish, reason, n
 }
 
 // delta reads a choice's delta and reports whether it carries output.
@@ -220,9 +230,31 @@ func (d *decoder) usage(named bool) (u Usage, ok bool) {
 // none). Fields that are absent or not numbers are 0, fractions are
 // truncated and values too large saturate.
 func ParseResponse(body []byte) (id string, usage Usage, ok bool) {
+	b, ok := ParseBody(body)
+	return b.ID, b.Usage, ok
+}
+
+// Body is what [ParseBody] reads from a non-streaming response body.
+type Body struct {
+	// ID and Usage are as [ParseResponse] returns them.
+	ID    string
+	Usage Usage
+	// Model is the top-level "model" string's raw bytes (aliasing the
+	// body); nil when absent or not a string.
+	Model []byte
+	// FinishReason is the raw bytes of the last string finish_reason of
+	// the "choices" (chat, completions) or of the top-level "stop_reason"
+	// (Anthropic), aliasing the body; nil when there is none.
+	FinishReason []byte
+}
+
+// ParseBody reads a non-streaming response body's id, usage, model and
+// finish reason in one pass; ok=false when the body is not a JSON object
+// (see [ParseResponse] for the rules on id and usage).
+func ParseBody(body []byte) (b Body, ok bool) {
 	d := decoder{b: body}
 	if !d.open('{') {
-		return "", Usage{}, false
+		return Body{}, false
 	}
 	var rawID []byte
 	for n := 0; d.more('}', &n); {
@@ -230,17 +262,34 @@ func ParseResponse(body []byte) (id string, usage Usage, ok bool) {
 		case "id":
 			rawID = d.value()
 		case "usage":
-			usage, _ = d.usage(true)
+			b.Usage, _ = d.usage(true)
+		case "model":
+			b.Model = d.rawString()
+		case "choices":
+			_, _, b.FinishReason, _ = d.choices()
+		case "stop_reason":
+			b.FinishReason = d.rawString()
 		default:
 			d.skip()
 		}
 	}
 	d.end()
 	if d.bad {
-		return "", Usage{}, false
+		return Body{}, false
 	}
 	if len(rawID) > 0 && rawID[0] == '"' {
-		id, _ = stringField("id", rawID, false)
+		b.ID, _ = stringField("id", rawID, false)
 	}
-	return id, usage, true
+	return b, true
+}
+
+// rawString reads a value and returns its raw bytes when it is a string
+// (without quotes, escapes undecoded), else nil.
+func (d *decoder) rawString() []byte {
+	if d.peek() != '"' {
+		d.skip()
+		return nil
+	}
+	s, _ := d.str()
+	return s
 }

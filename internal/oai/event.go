@@ -19,6 +19,12 @@ type Event struct {
 	// ID is the response's or message's id when this event carries one
 	// (raw bytes, aliasing data); nil otherwise.
 	ID []byte
+	// Model is the response's or message's "model" when this event
+	// carries one (raw bytes, aliasing data); nil otherwise.
+	Model []byte
+	// FinishReason is an Anthropic message_delta's delta.stop_reason (raw
+	// bytes, aliasing data); nil otherwise.
+	FinishReason []byte
 	// InputTokens and OutputTokens are the usage this event reports, in
 	// tokens; each is -1 when the event reports none (absent, null, not a
 	// number or negative). Fractions are truncated and values too large
@@ -68,7 +74,7 @@ func InspectResponsesEvent(data []byte) (Event, error) {
 		case "delta":
 			delta = d.nonEmptyString()
 		case "response":
-			e.ID, e.InputTokens, e.OutputTokens = d.idAndUsage()
+			e.ID, e.Model, e.InputTokens, e.OutputTokens = d.idAndUsage()
 		case "error":
 			errorKey = !d.isNull()
 			if errorKey {
@@ -128,9 +134,9 @@ func InspectAnthropicEvent(data []byte) (Event, error) {
 		case "type":
 			e.Type, typ = d.eventType()
 		case "delta":
-			delta = d.anthropicDelta()
+			delta, e.FinishReason = d.anthropicDelta()
 		case "message":
-			e.ID, e.InputTokens, e.OutputTokens = d.idAndUsage()
+			e.ID, e.Model, e.InputTokens, e.OutputTokens = d.idAndUsage()
 		case "usage":
 			topIn, topOut = d.tokenUsage()
 		case "error":
@@ -179,14 +185,14 @@ func (d *decoder) eventType() (raw, typ []byte) {
 	return raw, raw
 }
 
-// idAndUsage reads a response or message object and returns its "id"
-// string's raw bytes and its "usage" object's input and output tokens; nil
-// and -1 for what is absent.
-func (d *decoder) idAndUsage() (id []byte, in, out int64) {
+// idAndUsage reads a response or message object and returns its "id" and
+// "model" strings' raw bytes and its "usage" object's input and output
+// tokens; nil and -1 for what is absent.
+func (d *decoder) idAndUsage() (id, model []byte, in, out int64) {
 	in, out = -1, -1
 	if d.peek() != '{' {
 		d.skip()
-		return nil, -1, -1
+		return nil, nil, -1, -1
 	}
 	d.open('{')
 	for n := 0; d.more('}', &n); {
@@ -200,11 +206,13 @@ func (d *decoder) idAndUsage() (id []byte, in, out int64) {
 			}
 		case "usage":
 			in, out = d.tokenUsage()
+		case "model":
+			model = d.rawString()
 		default:
 			d.skip()
 		}
 	}
-	return id, in, out
+	return id, model, in, out
 }
 
 // tokenUsage reads a usage value and returns its input_tokens and
@@ -240,12 +248,13 @@ func (d *decoder) count() int64 {
 	return v
 }
 
-// anthropicDelta reads a content_block_delta's delta and reports whether it
-// carries output.
-func (d *decoder) anthropicDelta() bool {
+// anthropicDelta reads a delta: a content_block_delta's, reporting
+// whether it carries output, or a message_delta's, returning its
+// stop_reason string's raw bytes.
+func (d *decoder) anthropicDelta() (output bool, stop []byte) {
 	if d.peek() != '{' {
 		d.skip()
-		return false
+		return false, nil
 	}
 	var text, thinking, partial bool
 	d.open('{')
@@ -257,9 +266,11 @@ func (d *decoder) anthropicDelta() bool {
 			thinking = d.nonEmptyString()
 		case "partial_json":
 			partial = d.nonEmptyString()
+		case "stop_reason":
+			stop = d.rawString()
 		default:
 			d.skip()
 		}
 	}
-	return text || thinking || partial
+	return text || thinking || partial, stop
 }
