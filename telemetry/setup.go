@@ -132,7 +132,10 @@ func Setup(ctx context.Context, cfg Config, log *slog.Logger) (*Providers, func(
 		_ = shutdown(ctx)
 		return nil, nil, fmt.Errorf("prometheus exporter: %w", err)
 	}
-	p.Prometheus = promhttp.HandlerFor(reg, promhttp.HandlerOpts{})
+	// OpenMetrics when the scraper asks for it (Prometheus does): it is
+	// the text format that carries exemplars, each histogram sample's
+	// trace id.
+	p.Prometheus = promhttp.HandlerFor(reg, promhttp.HandlerOpts{EnableOpenMetrics: true})
 	mpOpts := []sdkmetric.Option{sdkmetric.WithResource(res), sdkmetric.WithReader(promExp)}
 	if cfg.CardinalityLimit > 0 {
 		mpOpts = append(mpOpts, sdkmetric.WithCardinalityLimit(cfg.CardinalityLimit))

@@ -112,6 +112,18 @@ func TestSetupWithoutOTLP(t *testing.T) {
 	if mfs["go_goroutines"] == nil {
 		t.Error("no Go runtime metrics (go_goroutines)")
 	}
+	// Exemplars reach a scraper that asks for OpenMetrics: a sample
+	// recorded under a sampled span links to its trace.
+	sctx, span := p.TracerProvider.Tracer("telemetry-test").Start(context.Background(), "exemplar-span")
+	m.RecordFirstToken(sctx, a, 0.3)
+	span.End()
+	req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+	req.Header.Set("Accept", "application/openmetrics-text; version=1.0.0")
+	rec := httptest.NewRecorder()
+	p.Prometheus.ServeHTTP(rec, req)
+	if want := `trace_id="` + span.SpanContext().TraceID().String() + `"`; !strings.Contains(rec.Body.String(), want) {
+		t.Errorf("OpenMetrics exposition has no exemplar with %s (Content-Type %q)", want, rec.Header().Get("Content-Type"))
+	}
 	if err := shutdown(context.Background()); err != nil {
 		t.Errorf("shutdown: %v", err)
 	}
@@ -196,16 +208,19 @@ func TestSetupOTLPExport(t *testing.T) {
 		t.Errorf("logged that no exporter is configured:\n%s", logs)
 	}
 
-	_, span := p.TracerProvider.Tracer("telemetry-test").Start(context.Background(), "probe-span")
+	sctx, span := p.TracerProvider.Tracer("telemetry-test").Start(context.Background(), "probe-span")
 	if !span.IsRecording() {
 		t.Error("span not recording under the default sampler")
 	}
-	span.End()
 	m, err := NewMetrics(p.MeterProvider)
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.RecordFirstToken(context.Background(), m.Engine("e1").Attrs("m1", "chat", "chat"), 0.25)
+	// Recorded under the sampled span: the sample's exemplar carries its
+	// trace id (the SDK's default trace_based exemplar filter).
+	m.RecordFirstToken(sctx, m.Engine("e1").Attrs("m1", "chat", "chat"), 0.25)
+	span.End()
+	traceID := span.SpanContext().TraceID()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -262,6 +277,9 @@ func TestSetupOTLPExport(t *testing.T) {
 						}
 						if dp.GetCount() == 1 && dp.GetSum() == 0.25 {
 							points++
+							if ex := dp.GetExemplars(); len(ex) != 1 || string(ex[0].GetTraceId()) != string(traceID[:]) || ex[0].GetAsDouble() != 0.25 {
+								t.Errorf("exemplars %v, want one of 0.25 with trace id %s", ex, traceID)
+							}
 						}
 					}
 				}
