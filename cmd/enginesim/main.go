@@ -9,7 +9,15 @@
 // --lora name=path (repeatable, like vLLM's --lora-modules) loads a LoRA adapter on the
 // first model at start; more can be loaded at run time with POST /v1/load_lora_adapter.
 //
-// It stops on SIGINT or SIGTERM, draining in-flight requests for up to 5 s.
+// --otlp-traces-endpoint URL (vLLM's flag) makes it emit vLLM's llm_request span for every
+// generation request, parented on the request's traceparent, exported over OTLP/gRPC, or
+// over OTLP/HTTP with OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf (then URL is the full
+// http://host:4318/v1/traces); OTEL_SERVICE_NAME names the service (default vllm-server).
+//
+//	enginesim --model llama-8b --otlp-traces-endpoint http://127.0.0.1:4317
+//
+// It stops on SIGINT or SIGTERM, draining in-flight requests for up to 5 s, then flushes the
+// spans still buffered (for up to 5 s more).
 package main
 
 import (
@@ -50,8 +58,9 @@ func run() error {
 
 // options is the parsed command line.
 type options struct {
-	listen string
-	cfg    enginesim.Config
+	listen         string
+	tracesEndpoint string // --otlp-traces-endpoint; "" for no spans
+	cfg            enginesim.Config
 }
 
 // parseFlags parses args; usage and flag errors go to out. It returns pflag.ErrHelp for -h.
@@ -74,6 +83,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.IntVar(&o.cfg.BlockSize, "block-size", enginesim.DefaultBlockSize, "tokens per KV cache block")
 	fs.IntVar(&o.cfg.EmbeddingDim, "embedding-dim", enginesim.DefaultEmbeddingDim, "length of embedding vectors")
 	fs.StringVar(&o.cfg.Fault, "fault", "", "default fault spec for requests without an X-Enginesim-Fault header, e.g. close-after=3")
+	fs.StringVar(&o.tracesEndpoint, "otlp-traces-endpoint", "", "OTLP endpoint to send vLLM's llm_request spans to, as vLLM's flag (gRPC; OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf for OTLP/HTTP)")
 	loras := fs.StringArray("lora", nil, "LoRA adapter loaded at start on the first model, as name=path (repeatable)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -94,13 +104,28 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 // serve runs the engine on the address from args until ctx is done, then shuts the server
 // down gracefully. ready, if not nil, is called with the listening address once the server
 // accepts connections.
-func serve(ctx context.Context, args []string, out io.Writer, log *slog.Logger, ready func(net.Addr)) error {
+func serve(ctx context.Context, args []string, out io.Writer, log *slog.Logger, ready func(net.Addr)) (err error) {
 	o, err := parseFlags(args, out)
 	if errors.Is(err, pflag.ErrHelp) {
 		return nil
 	}
 	if err != nil {
 		return err
+	}
+	if o.tracesEndpoint != "" {
+		tp, terr := newTracerProvider(ctx, o.tracesEndpoint)
+		if terr != nil {
+			return terr
+		}
+		// Runs after the server's drain below: the drained requests' spans are flushed too.
+		defer func() {
+			sctx, cancel := context.WithTimeout(context.Background(), shutdownTimeout)
+			defer cancel()
+			if serr := tp.Shutdown(sctx); serr != nil {
+				err = errors.Join(err, fmt.Errorf("trace export shutdown: %w", serr))
+			}
+		}()
+		o.cfg.TracerProvider = tp
 	}
 	e, err := enginesim.New(o.cfg)
 	if err != nil {
@@ -117,7 +142,7 @@ func serve(ctx context.Context, args []string, out io.Writer, log *slog.Logger, 
 	log.Info("enginesim listening", "addr", ln.Addr().String(), "name", o.cfg.Name, "models", o.cfg.Models,
 		"ttft", o.cfg.TTFT, "itl", o.cfg.ITL, "ttft_per_running", o.cfg.TTFTPerRunning,
 		"itl_per_running", o.cfg.ITLPerRunning, "max_num_seqs", o.cfg.MaxNumSeqs, "fault", o.cfg.Fault,
-		"loras", len(o.cfg.LoRAs))
+		"loras", len(o.cfg.LoRAs), "otlp_traces_endpoint", o.tracesEndpoint)
 	if ready != nil {
 		ready(ln.Addr())
 	}

@@ -22,6 +22,7 @@ import (
 	"time"
 
 	"github.com/spf13/pflag"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/switchboard-gw/switchboard/gateway"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
@@ -117,7 +118,14 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 	}
 
 	engines := cfg.Engines
-	sims, err := startSimulated(cfg.Simulate, log)
+	// The simulated engines trace like vLLM with --otlp-traces-endpoint
+	// when traces are exported: their server spans, children of the
+	// gateway's engine spans, go out through the same provider.
+	var simTP trace.TracerProvider
+	if providers.OTLPTraces {
+		simTP = providers.TracerProvider
+	}
+	sims, err := startSimulated(cfg.Simulate, simTP, log)
 	defer func() {
 		for _, s := range sims {
 			_ = s.Close()
@@ -254,12 +262,12 @@ func (s *simulated) Close() error { return s.srv.Close() }
 // startSimulated starts cfg.Engines simulated engines on loopback ports.
 // Their models are left out of the engine config on purpose, so the demo
 // exercises model discovery through GET /v1/models.
-func startSimulated(cfg SimulateConfig, log *slog.Logger) ([]*simulated, error) {
+func startSimulated(cfg SimulateConfig, tp trace.TracerProvider, log *slog.Logger) ([]*simulated, error) {
 	var out []*simulated
 	for i := range cfg.Engines {
 		name := fmt.Sprintf("sim-%d", i+1)
 		e, err := enginesim.New(enginesim.Config{Name: name, Models: cfg.Models, TTFT: cfg.TTFT, ITL: cfg.ITL,
-			OutputTokens: cfg.OutputTokens, MaxNumSeqs: cfg.MaxNumSeqs})
+			OutputTokens: cfg.OutputTokens, MaxNumSeqs: cfg.MaxNumSeqs, TracerProvider: tp})
 		if err != nil {
 			return out, err
 		}

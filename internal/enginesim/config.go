@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Defaults applied by [New] to zero-valued [Config] fields.
@@ -83,6 +85,27 @@ type Config struct {
 	// be loaded and unloaded at run time (POST /v1/load_lora_adapter, /v1/unload_lora_adapter).
 	// Default none.
 	LoRAs []LoRA
+	// TracerProvider, when set, makes the engine emit one SERVER span per request on the
+	// text generation routes (POST /v1/chat/completions, /v1/completions, /v1/responses,
+	// /v1/messages), as vLLM does with --otlp-traces-endpoint: vLLM's "llm_request" span
+	// ([SpanName]), parented on the request's W3C traceparent, with vLLM's attributes
+	// (gen_ai.request.id, gen_ai.request.max_tokens / temperature / top_p / n,
+	// gen_ai.response.model, gen_ai.response.finish_reasons, gen_ai.usage.prompt_tokens /
+	// completion_tokens, gen_ai.latency.*). Like vLLM, it starts the span at the request's
+	// arrival and ends it when the request is over; requests rejected with a 4xx get none.
+	//
+	// A request whose client disconnects first gets finish_reasons ["abort"], an "exception"
+	// event (context canceled) and status Error "request aborted: the client disconnected";
+	// one cut by a fault (close-*, truncate) or answered 5xx gets status Error too.
+	//
+	// The span is built from outside the simulator's internals (the request body and the
+	// response as it is written), so: time_to_first_token and the prefill / decode /
+	// inference times are set on streams only (a non-stream body arrives whole);
+	// time_in_queue is 0 when a running slot was free at arrival, else time_to_first_token
+	// minus Config.TTFT (an upper bound), and absent on a queued non-stream request.
+	//
+	// Default nil: no spans, and the handler is not wrapped.
+	TracerProvider trace.TracerProvider
 }
 
 // LoRA is a LoRA adapter served on top of a base model. Requests naming the adapter run on

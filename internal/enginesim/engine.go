@@ -107,7 +107,7 @@ func New(cfg Config) (*Engine, error) {
 	for _, l := range cfg.LoRAs {
 		e.addLoRA(l.Name, l.Path, e.models[l.Base])
 	}
-	e.handler = serverHeader(e.routes())
+	e.handler = serverHeader(e.traced(cfg.TracerProvider, e.routes()))
 	return e, nil
 }
 
