@@ -126,8 +126,14 @@ func attr(kvs []*commonpb.KeyValue, key string) string {
 	return ""
 }
 
+// build returns a binary of pkg (./cmd/gateway or ./cmd/enginesim): the one
+// integration/run.sh built (IT_GATEWAY_BIN, IT_ENGINESIM_BIN), else a fresh
+// go build into dir.
 func build(t *testing.T, dir, pkg string) string {
 	t.Helper()
+	if bin := os.Getenv(map[string]string{"./cmd/gateway": "IT_GATEWAY_BIN", "./cmd/enginesim": "IT_ENGINESIM_BIN"}[pkg]); bin != "" {
+		return bin
+	}
 	out := filepath.Join(dir, filepath.Base(pkg))
 	cmd := exec.Command("go", "build", "-o", out, pkg)
 	cmd.Dir = ".."

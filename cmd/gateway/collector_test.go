@@ -17,7 +17,8 @@ type collectorConfig struct {
 	Exporters  map[string]map[string]any `yaml:"exporters"`
 	Extensions map[string]map[string]any `yaml:"extensions"`
 	Service    struct {
-		Extensions []string `yaml:"extensions"`
+		Extensions []string       `yaml:"extensions"`
+		Telemetry  map[string]any `yaml:"telemetry"`
 		Pipelines  map[string]struct {
 			Receivers  []string `yaml:"receivers"`
 			Processors []string `yaml:"processors"`
@@ -60,7 +61,7 @@ func TestCollectorConfig(t *testing.T) {
 	knownTypes := map[string][]string{
 		"receiver":  {"otlp"},
 		"processor": {"memory_limiter", "batch"},
-		"exporter":  {"otlp", "otlp_grpc", "prometheus", "debug"},
+		"exporter":  {"otlp", "otlp_grpc", "otlp_http", "prometheus", "debug"},
 	}
 	for kind, defs := range map[string]map[string]map[string]any{"receiver": cfg.Receivers, "processor": cfg.Processors, "exporter": cfg.Exporters} {
 		for id := range defs {
@@ -84,7 +85,7 @@ func TestCollectorConfig(t *testing.T) {
 	type want struct{ receivers, processors, exporters []string }
 	wantPipelines := map[string]want{
 		"traces":  {[]string{"otlp"}, []string{"memory_limiter", "batch"}, []string{"otlp_grpc/jaeger"}},
-		"metrics": {[]string{"otlp"}, []string{"memory_limiter", "batch"}, []string{"prometheus"}},
+		"metrics": {[]string{"otlp"}, []string{"memory_limiter", "batch"}, []string{"prometheus", "otlp_http/prometheus"}},
 	}
 	if len(cfg.Service.Pipelines) != len(wantPipelines) {
 		t.Errorf("pipelines %v, want traces and metrics", cfg.Service.Pipelines)
@@ -113,11 +114,12 @@ func TestCollectorConfig(t *testing.T) {
 		got  any
 		want any
 	}{
-		{"receivers.otlp.protocols.grpc.endpoint", lookup(cfg.Receivers["otlp"], "protocols.grpc.endpoint"), "0.0.0.0:4317"},
-		{"receivers.otlp.protocols.http.endpoint", lookup(cfg.Receivers["otlp"], "protocols.http.endpoint"), "0.0.0.0:4318"},
+		{"receivers.otlp.protocols.grpc.endpoint", lookup(cfg.Receivers["otlp"], "protocols.grpc.endpoint"), "${env:OTLP_GRPC_ENDPOINT:-0.0.0.0:4317}"},
+		{"receivers.otlp.protocols.http.endpoint", lookup(cfg.Receivers["otlp"], "protocols.http.endpoint"), "${env:OTLP_HTTP_ENDPOINT:-0.0.0.0:4318}"},
 		{"exporters.otlp_grpc/jaeger.endpoint", lookup(cfg.Exporters["otlp_grpc/jaeger"], "endpoint"), "${env:JAEGER_OTLP_ENDPOINT:-127.0.0.1:14317}"},
 		{"exporters.otlp_grpc/jaeger.tls.insecure", lookup(cfg.Exporters["otlp_grpc/jaeger"], "tls.insecure"), true},
-		{"exporters.prometheus.endpoint", lookup(cfg.Exporters["prometheus"], "endpoint"), "0.0.0.0:8889"},
+		{"exporters.prometheus.endpoint", lookup(cfg.Exporters["prometheus"], "endpoint"), "${env:PROMETHEUS_EXPORTER_ENDPOINT:-0.0.0.0:8889}"},
+		{"exporters.otlp_http/prometheus.endpoint", lookup(cfg.Exporters["otlp_http/prometheus"], "endpoint"), "${env:PROMETHEUS_OTLP_ENDPOINT:-http://127.0.0.1:9090/api/v1/otlp}"},
 		{"exporters.prometheus.metric_expiration", lookup(cfg.Exporters["prometheus"], "metric_expiration"), "5m"},
 	}
 	for _, v := range values {

@@ -1,7 +1,7 @@
 // Command otelcol is a minimal OpenTelemetry Collector distribution with
 // exactly the components ../../../otel-collector.yaml uses (the OTLP
-// receiver, the memory_limiter and batch processors, the OTLP, debug and
-// Prometheus exporters), built from the Go module proxy so the integration
+// receiver, the memory_limiter and batch processors, the OTLP (gRPC and
+// HTTP), debug and Prometheus exporters), built from the Go module proxy so the integration
 // tests run the shipped collector configuration for real. It is its own
 // module so the collector's dependencies stay out of the gateway's go.mod.
 package main
@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/collector/exporter"
 	"go.opentelemetry.io/collector/exporter/debugexporter"
 	"go.opentelemetry.io/collector/exporter/otlpexporter"
+	"go.opentelemetry.io/collector/exporter/otlphttpexporter"
 	"go.opentelemetry.io/collector/otelcol"
 	"go.opentelemetry.io/collector/processor"
 	"go.opentelemetry.io/collector/processor/batchprocessor"
@@ -36,7 +37,7 @@ func main() {
 		if f.Processors, err = otelcol.MakeFactoryMap[processor.Factory](batchprocessor.NewFactory(), memorylimiterprocessor.NewFactory()); err != nil {
 			return f, err
 		}
-		if f.Exporters, err = otelcol.MakeFactoryMap[exporter.Factory](otlpexporter.NewFactory(), debugexporter.NewFactory(), prometheusexporter.NewFactory()); err != nil {
+		if f.Exporters, err = otelcol.MakeFactoryMap[exporter.Factory](otlpexporter.NewFactory(), otlphttpexporter.NewFactory(), debugexporter.NewFactory(), prometheusexporter.NewFactory()); err != nil {
 			return f, err
 		}
 		f.Telemetry = otelconftelemetry.NewFactory()
