@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"slices"
@@ -9,8 +10,10 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/telemetry"
@@ -177,4 +180,61 @@ func srvHostPort(t *testing.T, u string) (string, int) {
 		port = port*10 + int(c-'0')
 	}
 	return hp[:i], port
+}
+
+// TestServerSpanMarksFailureAfterStart: a stream that fails after its 200
+// went out shows the failure on the gateway's server span too: error.type
+// and status Error for an engine that cut the stream; error.type without
+// Error for a client that went away.
+func TestServerSpanMarksFailureAfterStart(t *testing.T) {
+	_, srv := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: time.Millisecond, ITL: 20 * time.Millisecond, OutputTokens: 50})
+	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}}))
+	const body = `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+
+	resp := h.post("/v1/chat/completions", body, "X-Enginesim-Fault", "close-after=2")
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.srv.URL+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := h.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 64)
+	if _, err := resp.Body.Read(buf); err != nil { // the stream has started
+		t.Fatal(err)
+	}
+	cancel()
+	resp.Body.Close()
+	h.waitIdle()
+
+	want := map[string]codes.Code{ErrTypeEngineDisconnect: codes.Error, ErrTypeClientCancelled: codes.Unset}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := map[string]codes.Code{}
+		for _, sp := range h.spans.Ended() {
+			if sp.SpanKind() != trace.SpanKindServer {
+				continue
+			}
+			for _, kv := range sp.Attributes() {
+				if kv.Key == telemetry.AttrErrorType {
+					got[kv.Value.AsString()] = sp.Status().Code
+				}
+			}
+		}
+		if len(got) == len(want) {
+			for k, v := range want {
+				if c, ok := got[k]; !ok || c != v {
+					t.Errorf("server span with error.type %s: status %v (present %v), want %v", k, c, ok, v)
+				}
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("server spans' error types %v, want %v", got, want)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 }

@@ -15,7 +15,9 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/switchboard-gw/switchboard/internal/oai"
 	"github.com/switchboard-gw/switchboard/routing"
@@ -39,11 +41,37 @@ func (s *Server) proxyHandler(op *operation) http.HandlerFunc {
 	ot := s.metrics.Operation(op.name)
 	return func(w http.ResponseWriter, r *http.Request) {
 		if st := stateFrom(r.Context()); st != nil {
-			// The gateway's own time: everything but the waits for the
-			// client's body and for the engines (reqState.waited).
-			defer func() { s.metrics.RecordOverhead(r.Context(), ot, (time.Since(st.start) - st.waited).Seconds()) }()
+			defer func() {
+				// The gateway's own time: everything but the waits for the
+				// client's body and for the engines (reqState.waited).
+				s.metrics.RecordOverhead(r.Context(), ot, (time.Since(st.start) - st.waited).Seconds())
+				markServerSpan(r.Context(), st)
+			}()
 		}
 		s.proxy(w, r, op)
+	}
+}
+
+// markServerSpan records on the server span a request that failed after
+// its response had started as a success (a stream cut by the engine, a
+// client that went away mid-stream): its status code says 200, so
+// error.type says what happened, and a failure that is not the client's
+// sets the span's status to Error. (Before the response starts, otelhttp
+// records the error status itself.)
+func markServerSpan(ctx context.Context, st *reqState) {
+	if st.errType == "" || st.status >= 400 {
+		return
+	}
+	span := trace.SpanFromContext(ctx)
+	if !span.IsRecording() {
+		return
+	}
+	span.SetAttributes(telemetry.AttrErrorType.String(st.errType))
+	switch st.errType {
+	case ErrTypeClientCancelled, ErrTypeClientStalled:
+		span.AddEvent("client went away")
+	default:
+		span.SetStatus(codes.Error, st.errType)
 	}
 }
 
