@@ -811,3 +811,49 @@ func TestPrometheusJunkModelsNoNewSeries(t *testing.T) {
 		t.Errorf("series of job %s: %v before the junk-model flood, %v after; by name now: %v", s.service, before, after, names)
 	}
 }
+
+// TestPrometheusGenAIConventions reads the GenAI client instruments back
+// from Prometheus (the OTLP path) with the pinned conventions' names
+// (semantic-conventions v1.41.1, translated by Prometheus' OTLP receiver:
+// dots to underscores, _seconds for unit s) and their required and
+// conditionally required attributes as labels: gen_ai.operation.name,
+// gen_ai.provider.name (the default "vllm"), gen_ai.request.model,
+// server.address with server.port, gen_ai.token.type on token usage, and
+// gen_ai.response.model (the simulator answers with the model asked for).
+// The gen_ai.server.* family is absent.
+func TestPrometheusGenAIConventions(t *testing.T) {
+	s := needStack(t)
+	for i := range 2 {
+		tracedStream(t, clientTracer(t, s), s.gateway, s.model, fmt.Sprintf("it-genai-%d-%d", os.Getpid(), i), 3)
+	}
+	names := []string{
+		"gen_ai_client_operation_duration_seconds_count",
+		"gen_ai_client_operation_time_to_first_chunk_seconds_count",
+		"gen_ai_client_operation_time_per_output_chunk_seconds_count",
+		"gen_ai_client_token_usage_count",
+	}
+	for _, name := range names {
+		q := name + s.sel("")
+		var series []promSample
+		if !eventually(20*time.Second, func() bool { series = instant(t, s, q); return len(series) > 0 }) {
+			t.Errorf("%s: no series", q)
+			continue
+		}
+		for _, r := range series {
+			m := r.Metric
+			if m["gen_ai_operation_name"] != "chat" || m["gen_ai_provider_name"] != "vllm" || m["gen_ai_request_model"] != s.model ||
+				m["gen_ai_response_model"] != s.model || m["server_address"] != "127.0.0.1" || m["server_port"] == "" {
+				t.Errorf("%s series %v: want gen_ai_operation_name=chat, gen_ai_provider_name=vllm, gen_ai_request_model and gen_ai_response_model=%s, server_address=127.0.0.1 and a server_port", name, m, s.model)
+			}
+			if _, ok := m["error_type"]; ok && name != "gen_ai_client_operation_duration_seconds_count" {
+				t.Errorf("%s series %v has error_type: the conventions put it on operation.duration only", name, m)
+			}
+			if tt := m["gen_ai_token_type"]; strings.HasPrefix(name, "gen_ai_client_token_usage") != (tt == "input" || tt == "output") {
+				t.Errorf("%s series %v: gen_ai_token_type %q", name, m, tt)
+			}
+		}
+	}
+	if r := instant(t, s, `count({__name__=~"gen_ai_server_.*",job="`+s.service+`"})`); len(r) > 0 {
+		t.Errorf("gen_ai.server.* series are exported: %v", r)
+	}
+}
