@@ -73,10 +73,10 @@ func TestChatStream(t *testing.T) {
 			for i := range tc.tokens {
 				want = append(want, head+`{"index":0,"delta":{"content":"tok`+strconv.Itoa(i)+` "},"logprobs":null,"finish_reason":null}]}`)
 			}
-			want = append(want, head+`{"index":0,"delta":{},"logprobs":null,"finish_reason":"`+tc.finish+`"}]}`)
+			want = append(want, head+`{"index":0,"delta":{},"logprobs":null,"finish_reason":"`+tc.finish+`","stop_reason":null}]}`)
 			if tc.wantUse {
-				want = append(want, head+fmt.Sprintf(`],"usage":{"prompt_tokens":%d,"completion_tokens":%d,"total_tokens":%d}}`,
-					tc.prompt, tc.tokens, tc.prompt+tc.tokens))
+				want = append(want, head+fmt.Sprintf(`],"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d}}`,
+					tc.prompt, tc.prompt+tc.tokens, tc.tokens))
 			}
 			want = append(want, "[DONE]")
 			if strings.Join(data, "\n") != strings.Join(want, "\n") {
@@ -105,11 +105,11 @@ func TestCompletionStream(t *testing.T) {
 	}
 	head := fmt.Sprintf(`{"id":"%s","object":"text_completion","created":%d,"model":"m1","choices":[`, id, created)
 	want := []string{
-		head + `{"index":0,"text":"tok0 ","logprobs":null,"finish_reason":null}]}`,
-		head + `{"index":0,"text":"tok1 ","logprobs":null,"finish_reason":null}]}`,
-		head + `{"index":0,"text":"tok2 ","logprobs":null,"finish_reason":null}]}`,
-		head + `{"index":0,"text":"","logprobs":null,"finish_reason":"length"}]}`,
-		head + `],"usage":{"prompt_tokens":3,"completion_tokens":3,"total_tokens":6}}`,
+		head + `{"index":0,"text":"tok0 ","logprobs":null,"finish_reason":null,"stop_reason":null}],"usage":null}`,
+		head + `{"index":0,"text":"tok1 ","logprobs":null,"finish_reason":null,"stop_reason":null}],"usage":null}`,
+		head + `{"index":0,"text":"tok2 ","logprobs":null,"finish_reason":null,"stop_reason":null}],"usage":null}`,
+		head + `{"index":0,"text":"","logprobs":null,"finish_reason":"length","stop_reason":null}],"usage":null}`,
+		head + `],"usage":{"prompt_tokens":3,"total_tokens":6,"completion_tokens":3}}`,
 		"[DONE]",
 	}
 	if strings.Join(data, "\n") != strings.Join(want, "\n") {
@@ -117,6 +117,10 @@ func TestCompletionStream(t *testing.T) {
 	}
 	waitIdle(t, e, 0)
 }
+
+// nullMessage is the fields of vLLM's ChatMessage after content, for a message without
+// refusal, tool calls or reasoning.
+const nullMessage = `"refusal":null,"annotations":null,"audio":null,"function_call":null,"tool_calls":[],"reasoning_content":null`
 
 func TestUnary(t *testing.T) {
 	cfg := fastConfig()
@@ -130,25 +134,29 @@ func TestUnary(t *testing.T) {
 			name: "chat length",
 			path: "/v1/chat/completions",
 			body: `{"model":"m1","messages":[{"role":"user","content":"hi you"}],"max_tokens":3,"n":4}`,
-			want: `{"id":"ID","object":"chat.completion","created":CREATED,"model":"m1","choices":[{"index":0,"message":{"role":"assistant","content":"tok0 tok1 tok2 "},"logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":2,"completion_tokens":3,"total_tokens":5}}`,
+			want: `{"id":"ID","object":"chat.completion","created":CREATED,"model":"m1","choices":[{"index":0,"message":{"role":"assistant","content":"tok0 tok1 tok2 ",` + nullMessage + `},"logprobs":null,"finish_reason":"length","stop_reason":null}],` +
+				`"service_tier":null,"system_fingerprint":null,"usage":{"prompt_tokens":2,"total_tokens":5,"completion_tokens":3,"prompt_tokens_details":null},"prompt_logprobs":null,"kv_transfer_params":null}`,
 		},
 		{
 			name: "chat capped by MaxOutputTokens",
 			path: "/v1/chat/completions",
 			body: `{"model":"m2","messages":[{"role":"user","content":"x"}],"max_tokens":100000,"stream":false}`,
-			want: `{"id":"ID","object":"chat.completion","created":CREATED,"model":"m2","choices":[{"index":0,"message":{"role":"assistant","content":"tok0 tok1 tok2 tok3 tok4 "},"logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":1,"completion_tokens":5,"total_tokens":6}}`,
+			want: `{"id":"ID","object":"chat.completion","created":CREATED,"model":"m2","choices":[{"index":0,"message":{"role":"assistant","content":"tok0 tok1 tok2 tok3 tok4 ",` + nullMessage + `},"logprobs":null,"finish_reason":"length","stop_reason":null}],` +
+				`"service_tier":null,"system_fingerprint":null,"usage":{"prompt_tokens":1,"total_tokens":6,"completion_tokens":5,"prompt_tokens_details":null},"prompt_logprobs":null,"kv_transfer_params":null}`,
 		},
 		{
 			name: "completion stop",
 			path: "/v1/completions",
 			body: `{"model":"m1","prompt":"the quick brown fox"}`,
-			want: `{"id":"ID","object":"text_completion","created":CREATED,"model":"m1","choices":[{"index":0,"text":"tok0 tok1 tok2 ","logprobs":null,"finish_reason":"stop"}],"usage":{"prompt_tokens":4,"completion_tokens":3,"total_tokens":7}}`,
+			want: `{"id":"ID","object":"text_completion","created":CREATED,"model":"m1","choices":[{"index":0,"text":"tok0 tok1 tok2 ","logprobs":null,"finish_reason":"stop","stop_reason":null,"prompt_logprobs":null}],` +
+				`"service_tier":null,"system_fingerprint":null,"usage":{"prompt_tokens":4,"total_tokens":7,"completion_tokens":3,"prompt_tokens_details":null},"kv_transfer_params":null}`,
 		},
 		{
 			name: "completion token ids",
 			path: "/v1/completions",
 			body: `{"model":"m1","prompt":[1,2,3,4,5],"max_tokens":1}`,
-			want: `{"id":"ID","object":"text_completion","created":CREATED,"model":"m1","choices":[{"index":0,"text":"tok0 ","logprobs":null,"finish_reason":"length"}],"usage":{"prompt_tokens":5,"completion_tokens":1,"total_tokens":6}}`,
+			want: `{"id":"ID","object":"text_completion","created":CREATED,"model":"m1","choices":[{"index":0,"text":"tok0 ","logprobs":null,"finish_reason":"length","stop_reason":null,"prompt_logprobs":null}],` +
+				`"service_tier":null,"system_fingerprint":null,"usage":{"prompt_tokens":5,"total_tokens":6,"completion_tokens":1,"prompt_tokens_details":null},"kv_transfer_params":null}`,
 		},
 	}
 	for _, tc := range tests {

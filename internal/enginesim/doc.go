@@ -53,10 +53,59 @@
 // (delta {"role":"assistant","content":""}) at once, before the sequence is even scheduled;
 // after the time to first token, one chunk per token spaced by the inter-token latency
 // (Config.ITL, plus the load term below); a finish chunk (empty delta or text, with
-// finish_reason); a usage chunk (empty choices) when stream_options.include_usage is true;
-// and "data: [DONE]". Each event is flushed as it is written. A non-stream request waits for
-// the whole generation (the time to first token plus n-1 inter-token latencies) and then
-// sends one JSON body with Content-Length.
+// finish_reason and stop_reason null); a usage chunk (empty choices) when
+// stream_options.include_usage is true; and "data: [DONE]". Each event is flushed as it is
+// written. A non-stream request waits for the whole generation (the time to first token plus
+// n-1 inter-token latencies) and then sends one JSON body with Content-Length.
+//
+// Chat and completions bodies are vLLM 0.10.1's, field for field and in its order (later
+// releases add token_ids and prompt_token_ids, and later still rename reasoning_content to
+// reasoning). A non-stream body has every field of vLLM's response model with its
+// null default: chat {id, object "chat.completion", created, model, choices [{index,
+// message {role, content, refusal, annotations, audio, function_call, tool_calls ([] when
+// none), reasoning_content}, logprobs, finish_reason, stop_reason}], service_tier,
+// system_fingerprint, usage {prompt_tokens, total_tokens, completion_tokens,
+// prompt_tokens_details}, prompt_logprobs, kv_transfer_params}; completions {id, object
+// "text_completion", created, model, choices [{index, text, logprobs, finish_reason,
+// stop_reason, prompt_logprobs}], service_tier, system_fingerprint, usage,
+// kv_transfer_params}. content is null when the output is all reasoning or tool calls (as
+// vLLM's parsers return it), "" when there is none at all; reasoning_content is null without
+// reasoning. A chat chunk has only the fields vLLM sets ({index, delta, logprobs,
+// finish_reason}, plus stop_reason on the finish chunk; usage on the usage chunk only); a
+// completions chunk has all of them ({index, text, logprobs, finish_reason, stop_reason},
+// and "usage": null but on the usage chunk); the usage chunk's usage has no null fields.
+// So a client that reassembles a stream gets exactly the non-stream body of the same
+// request, created aside.
+//
+// # Logprobs
+//
+// Chat's "logprobs": true, with "top_logprobs": k (0..20; more than 0 needs logprobs), and
+// completions' "logprobs": k (0..20; vLLM's default --max-logprobs allows 20, OpenAI 5)
+// return vLLM's logprobs for every generated token, reasoning tokens included. Out of range
+// values get vLLM's 400s. The simulator samples greedily: the sampled token is the most
+// likely, and the tokens after it are "alt<r> " at rank r+1. Values depend only on the
+// model's name and the token's position, so a stream and a non-stream generation of the
+// same request carry the same ones: multiples of 0.0001, the sampled token's in
+// [-0.4999, -0.0001] and each next rank's 0.0001 to 2 lower (integral values are written
+// with ".0", as Python writes them).
+//
+// Chat: choices[].logprobs is {"content": [{token, logprob, bytes (the token's UTF-8
+// bytes), top_logprobs: k × {token, logprob, bytes}, best first, the sampled token first}]}
+// (top_logprobs [] when k is 0). Each token chunk carries its token's entry, a chunk
+// without a token (the tool-call delta, the finish chunk) {"content": []}, the role chunk
+// null; the non-stream body carries all entries.
+//
+// Completions: choices[].logprobs is {text_offset, token_logprobs, tokens, top_logprobs},
+// one element per token; text_offset is the token's character offset in the whole
+// generated text (in a stream too, as vLLM counts it), and a top_logprobs element is the
+// map {token: logprob} of the max(k, 1) most likely tokens, best first (vLLM's sampled
+// token plus the top k, the sampled token being one of them). Each token chunk carries its
+// token, the finish chunk empty arrays, the non-stream body all tokens.
+//
+// Response ids are vLLM's: "chatcmpl-" or "cmpl-" followed by the request's X-Request-Id
+// header, else its request_id field, else 32 random hex digits (vLLM's
+// _base_request_id), so a stream and a non-stream request sent with the same X-Request-Id
+// get the same id.
 //
 // The Responses API and the Messages API do not follow chat's max_tokens rule: their natural
 // length is Config.OutputTokens, and max_output_tokens / max_tokens only cut it when smaller
@@ -332,9 +381,12 @@
 //     routes.
 //   - tool-call: chat: the first generated event is the delta
 //     {"tool_calls":[{"index":0,"id":"call_0","type":"function","function":{"name":"f","arguments":""}}]},
-//     sent at the time to first token; content tokens follow one ITL apart. It is not a
-//     token and does not change finish_reason (non-stream: the message gets a tool_calls
-//     entry with arguments "{}"). Chat only.
+//     sent at the time to first token; content tokens follow one ITL apart, and the finish
+//     chunk's delta carries the arguments, {"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}
+//     (as vLLM's finish chunk carries the arguments its tool parser had not streamed). It
+//     is not a token and does not change finish_reason (non-stream: the message gets the
+//     tool_calls entry {"id":"call_0","type":"function","function":{"name":"f","arguments":"{}"}},
+//     and content null if there is no content). Chat only.
 //
 // Faults combine; for example "keepalive,trickle=0s,reasoning=2". Stats counts a request
 // ended by a fault as Faulted, one whose client left first (including during a stall) as

@@ -436,14 +436,14 @@ func TestFaultNoContent(t *testing.T) {
 		t.Fatalf("events %q, err %v", data, err)
 	}
 	if !strings.Contains(data[0], `"delta":{"role":"assistant","content":""}`) ||
-		!strings.Contains(data[1], `"delta":{},"logprobs":null,"finish_reason":"stop"`) ||
-		!strings.Contains(data[2], `"usage":{"prompt_tokens":3,"completion_tokens":0,"total_tokens":3}`) ||
+		!strings.Contains(data[1], `"delta":{},"logprobs":null,"finish_reason":"stop","stop_reason":null`) ||
+		!strings.Contains(data[2], `"usage":{"prompt_tokens":3,"total_tokens":3,"completion_tokens":0}`) ||
 		data[3] != "[DONE]" {
 		t.Errorf("events %q", data)
 	}
 	resp = mustSend(t, srv, "POST", "/v1/chat/completions", chatUnaryBody, fault("no-content"))
 	b, _ := io.ReadAll(resp.Body)
-	if !strings.Contains(string(b), `"message":{"role":"assistant","content":""}`) ||
+	if !strings.Contains(string(b), `"message":{"role":"assistant","content":"","refusal":null,"annotations":null,"audio":null,"function_call":null,"tool_calls":[],"reasoning_content":null}`) ||
 		!strings.Contains(string(b), `"completion_tokens":0`) {
 		t.Errorf("unary body %s", b)
 	}
@@ -474,7 +474,7 @@ func TestFaultReasoning(t *testing.T) {
 	}
 	resp = mustSend(t, srv, "POST", "/v1/chat/completions", chatUnaryBody, fault("reasoning=2"))
 	b, _ := io.ReadAll(resp.Body)
-	if !strings.Contains(string(b), `"message":{"role":"assistant","content":"tok0 tok1 ","reasoning_content":"think0 think1 "}`) {
+	if !strings.Contains(string(b), `"message":{"role":"assistant","content":"tok0 tok1 ","refusal":null,"annotations":null,"audio":null,"function_call":null,"tool_calls":[],"reasoning_content":"think0 think1 "}`) {
 		t.Errorf("unary body %s", b)
 	}
 	wantOutcome(t, e, 2, 0, 0)
@@ -734,8 +734,8 @@ func TestFaultTruncateStream(t *testing.T) {
 		last             string // a fragment of the last event
 		events           int    // data events, without [DONE]
 	}{
-		{"chat with usage", "/v1/chat/completions", chatStreamBody, `"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4,"total_tokens":7}}`, 7},
-		{"completions", "/v1/completions", `{"model":"m1","prompt":"a b c","max_tokens":4,"stream":true}`, `"text":"","logprobs":null,"finish_reason":"length"}]}`, 5},
+		{"chat with usage", "/v1/chat/completions", chatStreamBody, `"choices":[],"usage":{"prompt_tokens":3,"total_tokens":7,"completion_tokens":4}}`, 7},
+		{"completions", "/v1/completions", `{"model":"m1","prompt":"a b c","max_tokens":4,"stream":true}`, `"text":"","logprobs":null,"finish_reason":"length","stop_reason":null}],"usage":null}`, 5},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -2,9 +2,12 @@ package enginesim
 
 import (
 	"encoding/json"
+	"hash/fnv"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // kind selects the OpenAI API flavour of a generation request.
@@ -24,6 +27,10 @@ type generation struct {
 	reasoning    int  // leading tokens sent as reasoning_content (chat only)
 	toolCall     bool // emit a tool call first (chat only)
 	includeUsage bool
+	logprobs     bool   // the request asked for logprobs
+	topLogprobs  int    // chat's top_logprobs, completions' logprobs
+	lpSeed       uint64 // the logprobs' hash seed, from the model name
+	textOffset   int    // completions stream: characters of text sent so far
 }
 
 var _ streamer = (*generation)(nil)
@@ -57,6 +64,11 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, k kind) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	lp, top, err := req.logprobs(k)
+	if err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
 
 	g := &generation{
 		seq: &seq{
@@ -67,16 +79,20 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, k kind) {
 		kind:         k,
 		created:      time.Now().Unix(),
 		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
+		logprobs:     lp,
+		topLogprobs:  top,
 	}
+	g.lpSeed = logprobSeed(g.call.model)
 	if f.noContent {
 		g.n, g.finish = 0, finishStop
 	}
+	base := baseRequestID(r, req.RequestID)
 	if k == kindChat {
-		g.id = newID("chatcmpl-")
+		g.id = "chatcmpl-" + base
 		g.reasoning = min(f.reasoning, g.n)
 		g.toolCall = f.toolCall
 	} else {
-		g.id = newID("cmpl-")
+		g.id = "cmpl-" + base
 	}
 	defer g.end(&err)
 	if g.stream {
@@ -84,6 +100,20 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, k kind) {
 		return
 	}
 	err = g.serveUnary("application/json", func() ([]byte, error) { return json.Marshal(g.unaryBody()) })
+}
+
+// baseRequestID is vLLM's _base_request_id: the request's X-Request-Id header, else its
+// request_id field, else 32 random hex digits (vLLM's random_uuid). The response id is
+// "chatcmpl-" or "cmpl-" followed by it, so a client that sends the same X-Request-Id gets
+// the same id streaming or not.
+func baseRequestID(r *http.Request, field string) string {
+	if id := r.Header.Get("X-Request-Id"); id != "" {
+		return id
+	}
+	if field != "" {
+		return field
+	}
+	return newID("")
 }
 
 // echoRequestID copies the request's X-Request-Id to the response, as vLLM does with
@@ -100,16 +130,17 @@ func (g *generation) open() error {
 		return nil
 	}
 	empty := ""
-	return g.event(g.chatChunk(chatDelta{Role: "assistant", Content: &empty}, nil))
+	return g.event(g.chatChunk(chatDelta{Role: "assistant", Content: &empty}, nil, nil))
 }
 
-// lead implements streamer: the tool-call delta of the tool-call fault.
+// lead implements streamer: the tool-call delta of the tool-call fault (id, type and name;
+// its arguments follow in the finish chunk).
 func (g *generation) lead() (bool, error) {
 	if !g.toolCall {
 		return false, nil
 	}
-	tc := simToolCall(true, "")
-	return true, g.event(g.chatChunk(chatDelta{ToolCalls: []toolCall{tc}}, nil))
+	tc := deltaToolCall{ID: simToolCallID, Type: "function", Function: deltaFunction{Name: simToolCallName}}
+	return true, g.event(g.chatChunk(chatDelta{ToolCalls: []deltaToolCall{tc}}, g.noChatLogprobs(), nil))
 }
 
 // token implements streamer.
@@ -136,49 +167,97 @@ func (g *generation) malformed() string { return malformedEvent }
 const doneEvent = "data: [DONE]\n\n"
 
 func (g *generation) usage() usage {
-	return usage{PromptTokens: g.promptTokens, CompletionTokens: g.n, TotalTokens: g.promptTokens + g.n}
+	return usage{PromptTokens: g.promptTokens, TotalTokens: g.promptTokens + g.n, CompletionTokens: g.n}
 }
 
-func (g *generation) chatChunk(d chatDelta, finish *string) chatChunk {
+func (g *generation) usageInfo() usageInfo {
+	u := g.usage()
+	return usageInfo{PromptTokens: u.PromptTokens, TotalTokens: u.TotalTokens, CompletionTokens: u.CompletionTokens}
+}
+
+func (g *generation) chatChunk(d chatDelta, lp *chatLogprobs, finish *string) chatChunk {
+	c := chatChunkChoice{Delta: d, Logprobs: lp, FinishReason: finish}
+	if finish != nil {
+		c.StopReason = jsonNull
+	}
 	return chatChunk{
 		ID: g.id, Object: "chat.completion.chunk", Created: g.created, Model: g.call.model,
-		Choices: []chatChunkChoice{{Delta: d, FinishReason: finish}},
+		Choices: []chatChunkChoice{c},
 	}
 }
 
-func (g *generation) completionChunk(text string, finish *string) completion {
-	return completion{
+func (g *generation) completionChunk(text string, lp *completionLogprobs, finish *string) completionChunk {
+	return completionChunk{
 		ID: g.id, Object: "text_completion", Created: g.created, Model: g.call.model,
-		Choices: []completionChoice{{Text: text, FinishReason: finish}},
+		Choices: []completionChunkChoice{{Text: text, Logprobs: lp, FinishReason: finish}},
 	}
+}
+
+// tokenText returns the text of generated token i: a reasoning token or a content token.
+func (g *generation) tokenText(i int) string {
+	if i < g.reasoning {
+		return ReasoningToken(i)
+	}
+	return ContentToken(i - g.reasoning)
 }
 
 // tokenChunk is the stream event for generated token i.
 func (g *generation) tokenChunk(i int) any {
+	text := g.tokenText(i)
 	if g.kind == kindCompletion {
-		return g.completionChunk(ContentToken(i), nil)
+		var lp *completionLogprobs
+		if g.logprobs {
+			lp = g.completionLogprobs(i, i+1, g.textOffset)
+		}
+		g.textOffset += utf8.RuneCountInString(text)
+		return g.completionChunk(text, lp, nil)
+	}
+	var lp *chatLogprobs
+	if g.logprobs {
+		lp = g.chatLogprobs(i, i+1)
 	}
 	if i < g.reasoning {
-		return g.chatChunk(chatDelta{ReasoningContent: ReasoningToken(i)}, nil)
+		return g.chatChunk(chatDelta{ReasoningContent: text}, lp, nil)
 	}
-	s := ContentToken(i - g.reasoning)
-	return g.chatChunk(chatDelta{Content: &s}, nil)
+	return g.chatChunk(chatDelta{Content: &text}, lp, nil)
 }
 
+// finishChunk ends the choice: no token (an empty delta or text, empty logprobs), the
+// finish_reason and a null stop_reason; under the tool-call fault its delta carries the
+// call's arguments, as vLLM's finish chunk carries the arguments its tool parser had not
+// streamed yet.
 func (g *generation) finishChunk() any {
 	reason := g.finish
 	if g.kind == kindCompletion {
-		return g.completionChunk("", &reason)
+		var lp *completionLogprobs
+		if g.logprobs {
+			lp = g.completionLogprobs(0, 0, 0)
+		}
+		return g.completionChunk("", lp, &reason)
 	}
-	return g.chatChunk(chatDelta{}, &reason)
+	var d chatDelta
+	if g.toolCall {
+		d.ToolCalls = []deltaToolCall{{Function: deltaFunction{Arguments: simToolCallArgs}}}
+	}
+	return g.chatChunk(d, g.noChatLogprobs(), &reason)
+}
+
+// noChatLogprobs is the logprobs of a chat chunk that carries no token: null, or
+// {"content":[]} when the request asked for logprobs (vLLM builds them from the chunk's
+// tokens).
+func (g *generation) noChatLogprobs() *chatLogprobs {
+	if !g.logprobs {
+		return nil
+	}
+	return g.chatLogprobs(0, 0)
 }
 
 func (g *generation) usageChunk() any {
 	u := g.usage()
 	if g.kind == kindCompletion {
-		return completion{
+		return completionChunk{
 			ID: g.id, Object: "text_completion", Created: g.created, Model: g.call.model,
-			Choices: []completionChoice{}, Usage: &u,
+			Choices: []completionChunkChoice{}, Usage: &u,
 		}
 	}
 	return chatChunk{
@@ -197,22 +276,137 @@ func (g *generation) unaryBody() any {
 			content.WriteString(ContentToken(i - g.reasoning))
 		}
 	}
-	u := g.usage()
 	if g.kind == kindCompletion {
-		reason := g.finish
+		var lp *completionLogprobs
+		if g.logprobs {
+			lp = g.completionLogprobs(0, g.n, 0)
+		}
 		return completion{
 			ID: g.id, Object: "text_completion", Created: g.created, Model: g.call.model,
-			Choices: []completionChoice{{Text: content.String(), FinishReason: &reason}},
-			Usage:   &u,
+			Choices: []completionChoice{{Text: content.String(), Logprobs: lp, FinishReason: g.finish}},
+			Usage:   g.usageInfo(),
 		}
 	}
-	msg := chatMessageOut{Role: "assistant", Content: content.String(), ReasoningContent: reasoning.String()}
+	msg := chatMessageOut{Role: "assistant", ToolCalls: []toolCall{}}
+	// vLLM's reasoning and tool parsers return no content (null) when the output is all
+	// reasoning or tool calls; without them the content is the text, "" when empty.
+	if c := content.String(); c != "" || (g.reasoning == 0 && !g.toolCall) {
+		msg.Content = &c
+	}
+	if g.reasoning > 0 {
+		r := reasoning.String()
+		msg.ReasoningContent = &r
+	}
 	if g.toolCall {
-		msg.ToolCalls = []toolCall{simToolCall(false, "{}")}
+		msg.ToolCalls = append(msg.ToolCalls, toolCall{
+			ID: simToolCallID, Type: "function", Function: toolFunction{Name: simToolCallName, Arguments: simToolCallArgs},
+		})
+	}
+	var lp *chatLogprobs
+	if g.logprobs {
+		lp = g.chatLogprobs(0, g.n)
 	}
 	return chatCompletion{
 		ID: g.id, Object: "chat.completion", Created: g.created, Model: g.call.model,
-		Choices: []chatChoice{{Message: msg, FinishReason: g.finish}},
-		Usage:   u,
+		Choices: []chatChoice{{Message: msg, Logprobs: lp, FinishReason: g.finish}},
+		Usage:   g.usageInfo(),
 	}
+}
+
+// Logprobs: token i's logprobs are a function of the model name and i alone, so a stream and a
+// non-stream generation of the same request carry the same values. The sampled token is the
+// most likely one (rank 1, as greedy sampling picks it); the alternatives at rank r+1 are
+// the tokens "alt<r> ". Logprobs are multiples of 0.0001: the sampled token's in
+// [-0.4999, -0.0001], each next rank lower by 0.0001 to 2.0.
+
+// logprobSeed is the logprobs' hash seed for model: its FNV-1a hash.
+func logprobSeed(model string) uint64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(model))
+	return h.Sum64()
+}
+
+// rankedLogprobs returns the logprobs of the n most likely tokens at generated position pos,
+// best first.
+func (g *generation) rankedLogprobs(pos, n int) []pyFloat {
+	out := make([]pyFloat, n)
+	units := 0
+	for r := range n {
+		h := mix64(g.lpSeed + uint64(pos)*0x9e3779b97f4a7c15 + uint64(r)*0xd1b54a32d192ed03)
+		if r == 0 {
+			units = 1 + int(h%4999)
+		} else {
+			units += 1 + int(h%20000)
+		}
+		out[r] = pyFloat(-float64(units) / 10000)
+	}
+	return out
+}
+
+// mix64 is SplitMix64's finalizer.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
+}
+
+// rankedToken is the token at rank r (0 based) of position pos: the sampled token at 0.
+func (g *generation) rankedToken(pos, r int) string {
+	if r == 0 {
+		return g.tokenText(pos)
+	}
+	return "alt" + strconv.Itoa(r) + " "
+}
+
+// utf8Bytes is s's UTF-8 bytes as the JSON array of integers vLLM writes.
+func utf8Bytes(s string) []int {
+	b := make([]int, len(s))
+	for i := range len(s) {
+		b[i] = int(s[i])
+	}
+	return b
+}
+
+// chatLogprobs returns chat's logprobs of generated tokens from..to-1 ({"content":[]} when
+// there are none).
+func (g *generation) chatLogprobs(from, to int) *chatLogprobs {
+	out := &chatLogprobs{Content: make([]chatLogprob, 0, to-from)}
+	for pos := from; pos < to; pos++ {
+		lps := g.rankedLogprobs(pos, max(1, g.topLogprobs))
+		tok := g.rankedToken(pos, 0)
+		e := chatLogprob{Token: tok, Logprob: lps[0], Bytes: utf8Bytes(tok), TopLogprobs: make([]chatTopLogprob, 0, g.topLogprobs)}
+		for r := range g.topLogprobs {
+			t := g.rankedToken(pos, r)
+			e.TopLogprobs = append(e.TopLogprobs, chatTopLogprob{Token: t, Logprob: lps[r], Bytes: utf8Bytes(t)})
+		}
+		out.Content = append(out.Content, e)
+	}
+	return out
+}
+
+// completionLogprobs returns completions' logprobs of generated tokens from..to-1, the first
+// at character offset offset of the whole text (empty arrays when there are none).
+func (g *generation) completionLogprobs(from, to, offset int) *completionLogprobs {
+	n := to - from
+	out := &completionLogprobs{
+		TextOffset: make([]int, 0, n), TokenLogprobs: make([]pyFloat, 0, n),
+		Tokens: make([]string, 0, n), TopLogprobs: make([]topLogprobMap, 0, n),
+	}
+	for pos := from; pos < to; pos++ {
+		k := max(1, g.topLogprobs)
+		lps := g.rankedLogprobs(pos, k)
+		tok := g.rankedToken(pos, 0)
+		top := make(topLogprobMap, k)
+		for r := range k {
+			top[r] = tokenLogprob{token: g.rankedToken(pos, r), logprob: lps[r]}
+		}
+		out.TextOffset = append(out.TextOffset, offset)
+		out.TokenLogprobs = append(out.TokenLogprobs, lps[0])
+		out.Tokens = append(out.Tokens, tok)
+		out.TopLogprobs = append(out.TopLogprobs, top)
+		offset += utf8.RuneCountInString(tok) // Python counts characters
+	}
+	return out
 }

@@ -27,6 +27,62 @@ type genRequest struct {
 	StreamOptions       *struct {
 		IncludeUsage bool `json:"include_usage"`
 	} `json:"stream_options"`
+	// Logprobs is chat's boolean logprobs or completions' integer logprobs (the number of
+	// most likely tokens per position); see [genRequest.logprobs].
+	Logprobs    json.RawMessage `json:"logprobs"`
+	TopLogprobs *int            `json:"top_logprobs"` // chat only
+	// RequestID is vLLM's request_id extension field: the response id's base when the
+	// request has no X-Request-Id header.
+	RequestID string `json:"request_id"`
+}
+
+// maxLogprobs is vLLM's default --max-logprobs: the most top logprobs a request may ask for.
+const maxLogprobs = 20
+
+// logprobs returns whether the request of kind k asks for logprobs and how many top
+// logprobs per position: chat's logprobs (a boolean) and top_logprobs (0..20, which needs
+// logprobs), or completions' logprobs (an integer 0..20). The errors are vLLM's validation
+// errors, answered with 400.
+func (req *genRequest) logprobs(k kind) (on bool, top int, err error) {
+	if k == kindCompletion {
+		if isNull(req.Logprobs) {
+			return false, 0, nil
+		}
+		if err := json.Unmarshal(req.Logprobs, &top); err != nil {
+			return false, 0, badRequestf("logprobs must be an integer")
+		}
+		if top < 0 {
+			return false, 0, badRequestf("`logprobs` must be a positive value.")
+		}
+		return true, top, checkMaxLogprobs(top)
+	}
+	if !isNull(req.Logprobs) {
+		if err := json.Unmarshal(req.Logprobs, &on); err != nil {
+			return false, 0, badRequestf("logprobs must be a boolean")
+		}
+	}
+	if req.TopLogprobs != nil {
+		top = *req.TopLogprobs
+	}
+	switch {
+	case top < 0:
+		return false, 0, badRequestf("`top_logprobs` must be a positive value.")
+	case top > 0 && !on:
+		return false, 0, badRequestf("when using `top_logprobs`, `logprobs` must be set to true.")
+	}
+	if !on {
+		return false, 0, nil
+	}
+	return true, top, checkMaxLogprobs(top)
+}
+
+// checkMaxLogprobs rejects more top logprobs than vLLM's default --max-logprobs allows, with
+// vLLM's message.
+func checkMaxLogprobs(n int) error {
+	if n > maxLogprobs {
+		return badRequestf("Requested sample logprobs of %d, which is greater than max allowed: %d", n, maxLogprobs)
+	}
+	return nil
 }
 
 // chatMessage is one chat message; content is a string, an array of parts, or null.

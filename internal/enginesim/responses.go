@@ -1,19 +1,37 @@
 package enginesim
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"math/rand/v2"
 	"strconv"
 )
 
-// Response bodies, field for field in vLLM's order. logprobs is always null.
+// Chat and completions bodies and chunks, field for field in vLLM's order as vLLM 0.10.1's
+// OpenAI server writes them (vllm/entrypoints/openai/protocol.py): a non-stream body is
+// pydantic's model_dump of the whole response, every field present with its null default; a
+// chat chunk is model_dump_json(exclude_unset=True), so a field appears only where vLLM sets
+// it; a completions chunk is model_dump_json(exclude_unset=False), every field present; the
+// usage chunk of either drops its null fields (exclude_none=True).
 
+// usage is vLLM's UsageInfo as the usage chunk of a stream writes it (no null fields).
 type usage struct {
 	PromptTokens     int `json:"prompt_tokens"`
-	CompletionTokens int `json:"completion_tokens"`
 	TotalTokens      int `json:"total_tokens"`
+	CompletionTokens int `json:"completion_tokens"`
 }
 
+// usageInfo is vLLM's UsageInfo in a non-stream body: prompt_tokens_details is null (the
+// simulator does not send --enable-prompt-tokens-details' cached_tokens).
+type usageInfo struct {
+	PromptTokens        int       `json:"prompt_tokens"`
+	TotalTokens         int       `json:"total_tokens"`
+	CompletionTokens    int       `json:"completion_tokens"`
+	PromptTokensDetails *struct{} `json:"prompt_tokens_details"`
+}
+
+// chatChunk is vLLM's ChatCompletionStreamResponse; usage is set on the usage chunk only.
 type chatChunk struct {
 	ID      string            `json:"id"`
 	Object  string            `json:"object"`
@@ -23,22 +41,42 @@ type chatChunk struct {
 	Usage   *usage            `json:"usage,omitempty"`
 }
 
+// chatChunkChoice is vLLM's ChatCompletionResponseStreamChoice. logprobs is null unless the
+// request asked for them (then an object, {"content": []} on chunks without a token);
+// stop_reason is set (null) on the finish chunk only, as vLLM sets it there.
 type chatChunkChoice struct {
-	Index        int       `json:"index"`
-	Delta        chatDelta `json:"delta"`
-	Logprobs     *struct{} `json:"logprobs"`
-	FinishReason *string   `json:"finish_reason"`
+	Index        int             `json:"index"`
+	Delta        chatDelta       `json:"delta"`
+	Logprobs     *chatLogprobs   `json:"logprobs"`
+	FinishReason *string         `json:"finish_reason"`
+	StopReason   json.RawMessage `json:"stop_reason,omitempty"`
 }
 
+// chatDelta is vLLM's DeltaMessage with only the fields vLLM sets.
 type chatDelta struct {
-	Role             string     `json:"role,omitempty"`
-	Content          *string    `json:"content,omitempty"`
-	ReasoningContent string     `json:"reasoning_content,omitempty"`
-	ToolCalls        []toolCall `json:"tool_calls,omitempty"`
+	Role             string          `json:"role,omitempty"`
+	Content          *string         `json:"content,omitempty"`
+	ReasoningContent string          `json:"reasoning_content,omitempty"`
+	ToolCalls        []deltaToolCall `json:"tool_calls,omitempty"`
 }
 
+// deltaToolCall is vLLM's DeltaToolCall: the first delta of a call carries its id, type
+// and name, later ones argument fragments only.
+type deltaToolCall struct {
+	Index    int           `json:"index"`
+	ID       string        `json:"id,omitempty"`
+	Type     string        `json:"type,omitempty"`
+	Function deltaFunction `json:"function"`
+}
+
+// deltaFunction is vLLM's DeltaFunctionCall.
+type deltaFunction struct {
+	Name      string `json:"name,omitempty"`
+	Arguments string `json:"arguments"`
+}
+
+// toolCall is vLLM's ToolCall in a non-stream message.
 type toolCall struct {
-	Index    *int         `json:"index,omitempty"`
 	ID       string       `json:"id"`
 	Type     string       `json:"type"`
 	Function toolFunction `json:"function"`
@@ -49,44 +87,164 @@ type toolFunction struct {
 	Arguments string `json:"arguments"`
 }
 
+// chatCompletion is vLLM's ChatCompletionResponse.
 type chatCompletion struct {
-	ID      string       `json:"id"`
-	Object  string       `json:"object"`
-	Created int64        `json:"created"`
-	Model   string       `json:"model"`
-	Choices []chatChoice `json:"choices"`
-	Usage   usage        `json:"usage"`
+	ID                string       `json:"id"`
+	Object            string       `json:"object"`
+	Created           int64        `json:"created"`
+	Model             string       `json:"model"`
+	Choices           []chatChoice `json:"choices"`
+	ServiceTier       *string      `json:"service_tier"`
+	SystemFingerprint *string      `json:"system_fingerprint"`
+	Usage             usageInfo    `json:"usage"`
+	PromptLogprobs    *struct{}    `json:"prompt_logprobs"`
+	KVTransferParams  *struct{}    `json:"kv_transfer_params"`
 }
 
+// chatChoice is vLLM's ChatCompletionResponseChoice.
 type chatChoice struct {
 	Index        int            `json:"index"`
 	Message      chatMessageOut `json:"message"`
-	Logprobs     *struct{}      `json:"logprobs"`
+	Logprobs     *chatLogprobs  `json:"logprobs"`
 	FinishReason string         `json:"finish_reason"`
+	StopReason   *string        `json:"stop_reason"`
 }
 
+// chatMessageOut is vLLM's ChatMessage: tool_calls is [] when there are none; content is null
+// when the output is all reasoning or tool calls (as vLLM's reasoning and tool parsers
+// return it), reasoning_content null without reasoning.
 type chatMessageOut struct {
 	Role             string     `json:"role"`
-	Content          string     `json:"content"`
-	ReasoningContent string     `json:"reasoning_content,omitempty"`
-	ToolCalls        []toolCall `json:"tool_calls,omitempty"`
+	Content          *string    `json:"content"`
+	Refusal          *string    `json:"refusal"`
+	Annotations      *struct{}  `json:"annotations"`
+	Audio            *struct{}  `json:"audio"`
+	FunctionCall     *struct{}  `json:"function_call"`
+	ToolCalls        []toolCall `json:"tool_calls"`
+	ReasoningContent *string    `json:"reasoning_content"`
 }
 
+// chatLogprobs is vLLM's ChatCompletionLogProbs.
+type chatLogprobs struct {
+	Content []chatLogprob `json:"content"`
+}
+
+// chatLogprob is vLLM's ChatCompletionLogProbsContent: the sampled token, its logprob, its
+// UTF-8 bytes and the top_logprobs most likely tokens at its position, best first (the
+// sampled token first, since the simulator samples greedily).
+type chatLogprob struct {
+	Token       string           `json:"token"`
+	Logprob     pyFloat          `json:"logprob"`
+	Bytes       []int            `json:"bytes"`
+	TopLogprobs []chatTopLogprob `json:"top_logprobs"`
+}
+
+// chatTopLogprob is vLLM's ChatCompletionLogProb.
+type chatTopLogprob struct {
+	Token   string  `json:"token"`
+	Logprob pyFloat `json:"logprob"`
+	Bytes   []int   `json:"bytes"`
+}
+
+// completionChunk is vLLM's CompletionStreamResponse: usage is null except on the usage
+// chunk.
+type completionChunk struct {
+	ID      string                  `json:"id"`
+	Object  string                  `json:"object"`
+	Created int64                   `json:"created"`
+	Model   string                  `json:"model"`
+	Choices []completionChunkChoice `json:"choices"`
+	Usage   *usage                  `json:"usage"`
+}
+
+// completionChunkChoice is vLLM's CompletionResponseStreamChoice.
+type completionChunkChoice struct {
+	Index        int                 `json:"index"`
+	Text         string              `json:"text"`
+	Logprobs     *completionLogprobs `json:"logprobs"`
+	FinishReason *string             `json:"finish_reason"`
+	StopReason   *string             `json:"stop_reason"`
+}
+
+// completion is vLLM's CompletionResponse.
 type completion struct {
-	ID      string             `json:"id"`
-	Object  string             `json:"object"`
-	Created int64              `json:"created"`
-	Model   string             `json:"model"`
-	Choices []completionChoice `json:"choices"`
-	Usage   *usage             `json:"usage,omitempty"`
+	ID                string             `json:"id"`
+	Object            string             `json:"object"`
+	Created           int64              `json:"created"`
+	Model             string             `json:"model"`
+	Choices           []completionChoice `json:"choices"`
+	ServiceTier       *string            `json:"service_tier"`
+	SystemFingerprint *string            `json:"system_fingerprint"`
+	Usage             usageInfo          `json:"usage"`
+	KVTransferParams  *struct{}          `json:"kv_transfer_params"`
 }
 
+// completionChoice is vLLM's CompletionResponseChoice.
 type completionChoice struct {
-	Index        int       `json:"index"`
-	Text         string    `json:"text"`
-	Logprobs     *struct{} `json:"logprobs"`
-	FinishReason *string   `json:"finish_reason"`
+	Index          int                 `json:"index"`
+	Text           string              `json:"text"`
+	Logprobs       *completionLogprobs `json:"logprobs"`
+	FinishReason   string              `json:"finish_reason"`
+	StopReason     *string             `json:"stop_reason"`
+	PromptLogprobs *struct{}           `json:"prompt_logprobs"`
 }
+
+// completionLogprobs is vLLM's CompletionLogProbs: per token its character offset in the
+// whole generated text, its logprob, its text and a map of the most likely tokens at its
+// position (vLLM's sampled token plus the top logprobs: max(k, 1) entries for logprobs k,
+// since the simulator's sampled token is also the most likely).
+type completionLogprobs struct {
+	TextOffset    []int           `json:"text_offset"`
+	TokenLogprobs []pyFloat       `json:"token_logprobs"`
+	Tokens        []string        `json:"tokens"`
+	TopLogprobs   []topLogprobMap `json:"top_logprobs"`
+}
+
+// topLogprobMap is one {token: logprob} map of completions' top_logprobs, written in its
+// order (best first), as Python keeps a dict's insertion order.
+type topLogprobMap []tokenLogprob
+
+type tokenLogprob struct {
+	token   string
+	logprob pyFloat
+}
+
+// MarshalJSON writes m as a JSON object in its order.
+func (m topLogprobMap) MarshalJSON() ([]byte, error) {
+	b := []byte{'{'}
+	for i, e := range m {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		k, err := json.Marshal(e.token)
+		if err != nil {
+			return nil, err
+		}
+		b = append(b, k...)
+		b = append(b, ':')
+		b = e.logprob.appendJSON(b)
+	}
+	return append(b, '}'), nil
+}
+
+// pyFloat is a float written the way Python writes one: an integral value keeps ".0"
+// (vLLM's -9999.0), where Go would write -9999.
+type pyFloat float64
+
+// MarshalJSON implements json.Marshaler.
+func (f pyFloat) MarshalJSON() ([]byte, error) { return f.appendJSON(nil), nil }
+
+func (f pyFloat) appendJSON(b []byte) []byte {
+	n := len(b)
+	b = strconv.AppendFloat(b, float64(f), 'f', -1, 64)
+	if !bytes.ContainsRune(b[n:], '.') {
+		b = append(b, ".0"...)
+	}
+	return b
+}
+
+// jsonNull is a JSON null for a json.RawMessage field that is omitted when nil.
+var jsonNull = json.RawMessage("null")
 
 type embeddingList struct {
 	Object string          `json:"object"`
@@ -159,11 +317,9 @@ func newID(prefix string) string {
 	return fmt.Sprintf("%s%016x%016x", prefix, rand.Uint64(), rand.Uint64())
 }
 
-// simToolCall is the tool call emitted by the tool-call fault.
-func simToolCall(withIndex bool, args string) toolCall {
-	tc := toolCall{ID: "call_0", Type: "function", Function: toolFunction{Name: "f", Arguments: args}}
-	if withIndex {
-		tc.Index = new(int)
-	}
-	return tc
-}
+// The tool call of the tool-call fault: function "f" with arguments "{}", id "call_0".
+const (
+	simToolCallID   = "call_0"
+	simToolCallName = "f"
+	simToolCallArgs = "{}"
+)
