@@ -81,9 +81,9 @@ func (s *Server) startAttempt(ctx context.Context, eng *engine, op *operation, i
 		if in.req.MaxTokens > 0 {
 			a.span.SetAttributes(telemetry.AttrGenAIMaxTokens.Int64(in.req.MaxTokens))
 		}
-		if in.stream {
-			// Set if and only if the request is streaming (GenAI
-			// conventions).
+		if in.stream || in.observe {
+			// Set if and only if the request (to the engine) is
+			// streaming (GenAI conventions).
 			a.span.SetAttributes(telemetry.AttrGenAIStream.Bool(true))
 		}
 		if op.body == bodyJSON {
@@ -92,7 +92,7 @@ func (s *Server) startAttempt(ctx context.Context, eng *engine, op *operation, i
 			a.span.SetAttributes(samplingAttrs(oai.ParseSampling(in.body))...)
 		}
 	}
-	a.stream = in.stream
+	a.stream = in.stream || in.observe
 	if op.class != classLight {
 		a.slot.Acquire(eng.ep)
 	}

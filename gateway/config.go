@@ -80,6 +80,18 @@ type Config struct {
 	// TPOT are recorded for every stream; the extra chunk is not forwarded
 	// to that client.
 	InjectUsage bool `koanf:"inject_usage"`
+	// ObserveNonStreaming, when true, sends a non-streaming chat or
+	// completions request to the engine as a stream with usage and
+	// reassembles the chunks into the non-streaming body vLLM would have
+	// sent (content, tool calls, reasoning, logprobs, finish reason,
+	// usage), so the first token, the prefill -> decode move, TTFT and ITL
+	// are observed for every request, not only for streams. The client
+	// still gets one JSON body with Content-Length. Requests that set
+	// prompt_logprobs or kv_transfer_params (a stream cannot carry them),
+	// or stream_options without stream, are sent as they came. The body
+	// is held in memory until the end, up to MaxResponseBufferBytes of
+	// event data (over it: 502). Default false.
+	ObserveNonStreaming bool `koanf:"observe_non_streaming"`
 	// AccessLog, when true (the default), logs one line per request at
 	// info level (the `log.access` key; the loader fills it in).
 	AccessLog bool `koanf:"-"`

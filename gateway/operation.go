@@ -118,6 +118,10 @@ type operation struct {
 	// parameter and goes to the engine that created it (remembered), else
 	// to each routable engine in turn until one does not answer 404.
 	sticky bool
+	// observe: with Config.ObserveNonStreaming, a non-streaming request is
+	// sent to the engine as a stream and its chunks reassembled into the
+	// body (reassemble.go): OpenAI chat and completions only.
+	observe bool
 }
 
 // idParam is the path parameter naming a stored response on the sticky
@@ -131,9 +135,9 @@ const idParam = "id"
 var operations = []*operation{
 	// Generation.
 	{name: "chat", genai: "chat", method: http.MethodPost, paths: []string{"/v1/chat/completions"},
-		schema: oai.SchemaChat, framing: frameOpenAI, injectUsage: true},
+		schema: oai.SchemaChat, framing: frameOpenAI, injectUsage: true, observe: true},
 	{name: "completions", genai: "text_completion", method: http.MethodPost, paths: []string{"/v1/completions"},
-		schema: oai.SchemaCompletion, framing: frameOpenAI, injectUsage: true},
+		schema: oai.SchemaCompletion, framing: frameOpenAI, injectUsage: true, observe: true},
 	{name: "responses", genai: "chat", method: http.MethodPost, paths: []string{"/v1/responses"},
 		schema: oai.SchemaResponses, framing: frameResponses, remember: true},
 	{name: "responses.retrieve", genai: "responses.retrieve", method: http.MethodGet, paths: []string{"/v1/responses/{id}"},

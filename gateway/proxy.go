@@ -92,6 +92,9 @@ type inbound struct {
 	target string
 	rename []byte
 	stream bool
+	// observe: a non-streaming request sent to the engine as a stream and
+	// reassembled (Config.ObserveNonStreaming).
+	observe bool
 	// id is the {id} path parameter of a sticky route.
 	id string
 }
@@ -116,6 +119,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 		writeError(w, r, err)
 		return
 	}
+	in.observe = s.cfg.ObserveNonStreaming && op.observe && !in.stream && in.req.Streamable && !in.req.HasStreamOptions
 	ctx := r.Context()
 	if d := s.cfg.Timeouts.Request; d > 0 {
 		var cancel context.CancelFunc
@@ -309,7 +313,7 @@ func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	c := call{op: op, stream: in.stream, out: out, a: a, eng: eng, actx: actx, cancel: cancel}
+	c := call{op: op, stream: in.stream, observe: in.observe, out: out, a: a, eng: eng, actx: actx, cancel: cancel}
 	defer c.stop()
 	res := s.send(&c, r, out)
 	if res.resp != nil {
@@ -335,6 +339,7 @@ const maxDrain = 4 << 10
 type call struct {
 	op      *operation
 	stream  bool // the client asked for a stream
+	observe bool // a non-streaming request sent as a stream, to reassemble
 	out     *outBody
 	a       *attempt
 	eng     *engine
@@ -482,6 +487,8 @@ func (s *Server) commit(w http.ResponseWriter, r *http.Request, c *call, res *re
 	}
 	ct := resp.Header.Get("Content-Type")
 	switch {
+	case c.observe && isEventStream(ct):
+		s.reassembleStream(w, r, resp, c)
 	case isEventStream(ct):
 		if !c.stream {
 			// An event stream the client did not flag as one (speech,
@@ -604,7 +611,7 @@ func (s *Server) bodyReadError(r *http.Request, err error, limit int64) error {
 // two edits (the model an alias stands for, the usage option), as up to
 // five slices of the original body and constants, so nothing is copied.
 type outBody struct {
-	parts [5][]byte
+	parts [7][]byte // up to three edits
 	n     int64
 	// injected is set when the usage option was added for a client that
 	// did not ask for usage: the usage chunk is then kept from it.
@@ -618,7 +625,7 @@ func (b *outBody) reader() io.Reader {
 
 // partsReader reads byte slices in order.
 type partsReader struct {
-	parts [5][]byte
+	parts [7][]byte // up to three edits
 	i     int
 }
 
@@ -666,9 +673,11 @@ func splice(body []byte, edits ...edit) outBody {
 // ask for usage (stream_options absent, null, {} or include_usage
 // false/null).
 var (
-	usageOption      = []byte(`,"stream_options":{"include_usage":true}}`) // replaces the body's closing brace
-	usageMember      = []byte(`,"include_usage":true`)                     // added last in a non-empty stream_options
-	usageMemberAlone = []byte(`"include_usage":true`)                      // into an empty one
+	usageOption       = []byte(`,"stream_options":{"include_usage":true}}`)               // replaces the body's closing brace
+	streamUsageOption = []byte(`,"stream":true,"stream_options":{"include_usage":true}}`) // the same, for a body without stream
+	jsonTrue          = []byte(`true`)
+	usageMember       = []byte(`,"include_usage":true`) // added last in a non-empty stream_options
+	usageMemberAlone  = []byte(`"include_usage":true`)  // into an empty one
 )
 
 // outgoing returns the engine body of a request: the client's bytes, with
@@ -682,7 +691,7 @@ var (
 // in place of the body's closing brace when it has none (or null).
 func (s *Server) outgoing(op *operation, in *inbound) outBody {
 	body := in.body
-	var edits [2]edit
+	var edits [3]edit
 	n := 0
 	if in.rename != nil {
 		switch op.body {
@@ -699,11 +708,32 @@ func (s *Server) outgoing(op *operation, in *inbound) outBody {
 		}
 	}
 	req := &in.req
+	// closing is the edit that replaces the body's closing brace (the
+	// parser checked the object) with ins.
+	closing := func(ins []byte) edit {
+		end := len(body)
+		for end > 0 && (body[end-1] == ' ' || body[end-1] == '\n' || body[end-1] == '\r' || body[end-1] == '\t') {
+			end--
+		}
+		return edit{end - 1, len(body), ins}
+	}
 	// With vLLM's continuous_usage_stats every chunk would carry usage the
 	// client did not ask for, and only usage-only chunks can be kept from
 	// it: such a stream is left as the client sent it.
 	inject := s.cfg.InjectUsage && op.injectUsage && op.body == bodyJSON && req.Stream && !req.IncludeUsage && !req.ContinuousUsage
-	if inject {
+	switch {
+	case in.observe:
+		// A non-streaming request asked for as a stream with usage; it
+		// has no stream_options (in.observe requires it).
+		if req.StreamEnd > 0 {
+			edits[n] = edit{req.StreamStart, req.StreamEnd, jsonTrue}
+			n++
+			edits[n] = closing(usageOption)
+		} else {
+			edits[n] = closing(streamUsageOption)
+		}
+		n++
+	case inject:
 		if req.HasStreamOptions {
 			at := req.StreamOptionsEnd
 			ins := usageMember
@@ -712,20 +742,18 @@ func (s *Server) outgoing(op *operation, in *inbound) outBody {
 			}
 			edits[n] = edit{at, at, ins}
 		} else {
-			end := len(body)
-			for end > 0 && (body[end-1] == ' ' || body[end-1] == '\n' || body[end-1] == '\r' || body[end-1] == '\t') {
-				end--
-			}
-			// body[end-1] is the closing brace: the parser checked the object.
-			edits[n] = edit{end - 1, len(body), usageOption}
+			edits[n] = closing(usageOption)
 		}
 		n++
 	}
-	if n == 2 && edits[1].at < edits[0].at {
-		edits[0], edits[1] = edits[1], edits[0]
+	// In body order (insertion sort of at most three).
+	for i := 1; i < n; i++ {
+		for j := i; j > 0 && edits[j].at < edits[j-1].at; j-- {
+			edits[j], edits[j-1] = edits[j-1], edits[j]
+		}
 	}
 	out := splice(body, edits[:n]...)
-	out.injected = inject
+	out.injected = inject || in.observe
 	return out
 }
 

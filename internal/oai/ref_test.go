@@ -232,6 +232,10 @@ func refParseRequest(s *Schema, body []byte) (Request, error) {
 		if obj, ok := refObject(m["stream_options"]); ok {
 			r.ContinuousUsage = string(obj["continuous_usage_stats"]) == "true"
 		}
+		if _, ok := m["stream"]; ok {
+			r.StreamStart, r.StreamEnd = refMemberSpan(body, "stream")
+		}
+		r.Streamable = refNull(m["prompt_logprobs"]) && refNull(m["kv_transfer_params"])
 		so := m["stream_options"]
 		r.HasStreamOptions = !refNull(so)
 		if r.HasStreamOptions {

@@ -25,6 +25,15 @@ type Request struct {
 	// Stream is the "stream" field; always false for a Schema that is not
 	// Generative.
 	Stream bool
+	// StreamStart and StreamEnd are the byte offsets in the body of the
+	// (last) "stream" value, so it can be replaced; both 0 when absent or
+	// the Schema is not Generative.
+	StreamStart, StreamEnd int
+	// Streamable is false when the body sets prompt_logprobs or
+	// kv_transfer_params (not null): vLLM refuses the first on a stream,
+	// and a stream cannot carry the second back. Always false for a
+	// Schema that is not Generative.
+	Streamable bool
 	// IncludeUsage is stream_options.include_usage.
 	IncludeUsage bool
 	// ContinuousUsage is vLLM's stream_options.continuous_usage_stats
@@ -245,7 +254,8 @@ func (p Parser) Parse(s *Schema, body []byte) (Request, error) {
 
 	// Raw values of the fields, nil when absent; the last duplicate wins.
 	var model, stream, streamOpts, user, metadata, maxTokens, maxCompletion, maxOutput, prompt, preamble []byte
-	modelAt, streamOptsAt := 0, 0
+	var promptLogprobs, kvTransfer []byte
+	modelAt, streamOptsAt, streamAt := 0, 0, 0
 	var present uint64 // bit i: the last s.Require[i] is present and not null
 	promptBytes, preambleBytes := 0, 0
 	walk := s.Prompt != "" && s.PromptKind != PromptNone
@@ -279,7 +289,11 @@ func (p Parser) Parse(s *Schema, body []byte) (Request, error) {
 		case "metadata":
 			metadata = raw
 		case "stream":
-			stream = raw
+			stream, streamAt = raw, start
+		case "prompt_logprobs":
+			promptLogprobs = raw
+		case "kv_transfer_params":
+			kvTransfer = raw
 		case "stream_options":
 			streamOpts, streamOptsAt = raw, start
 		case "max_tokens":
@@ -338,6 +352,10 @@ func (p Parser) Parse(s *Schema, body []byte) (Request, error) {
 		if r.IncludeUsage, r.ContinuousUsage, err = streamOptions(streamOpts); err != nil {
 			return Request{}, err
 		}
+		if stream != nil {
+			r.StreamStart, r.StreamEnd = streamAt, streamAt+len(stream)
+		}
+		r.Streamable = nullOrAbsent(promptLogprobs) && nullOrAbsent(kvTransfer)
 		r.HasStreamOptions = !nullOrAbsent(streamOpts)
 		if r.HasStreamOptions {
 			r.StreamOptionsEnd = streamOptsAt + len(streamOpts) - 1

@@ -150,6 +150,10 @@ func TestParseRequest(t *testing.T) {
 				t.Errorf("model span [%d:%d] = %q, want the model string", got.ModelStart, got.ModelEnd, span)
 			}
 			tt.want.ModelStart, tt.want.ModelEnd = got.ModelStart, got.ModelEnd
+			// The stream value's span: checked against the reference
+			// below and by TestStreamSpanAndStreamable.
+			tt.want.StreamStart, tt.want.StreamEnd = got.StreamStart, got.StreamEnd
+			tt.want.Streamable = tt.s.Generative // none of these set prompt_logprobs or kv_transfer_params
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("ParseRequest() = %+v\nwant %+v", got, tt.want)
 			}
@@ -273,6 +277,10 @@ func TestParseRequestSchemas(t *testing.T) {
 				}
 			}
 			tt.want.ModelStart, tt.want.ModelEnd = got.ModelStart, got.ModelEnd
+			// The stream value's span: checked against the reference
+			// below and by TestStreamSpanAndStreamable.
+			tt.want.StreamStart, tt.want.StreamEnd = got.StreamStart, got.StreamEnd
+			tt.want.Streamable = tt.s.Generative // none of these set prompt_logprobs or kv_transfer_params
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("ParseRequest() = %+v\nwant %+v", got, tt.want)
 			}
@@ -473,6 +481,32 @@ func TestParseAllocsSchemas(t *testing.T) {
 		}
 		if a := testing.AllocsPerRun(100, func() { _, _ = ParseRequest(tc.s, body) }); a > 2 {
 			t.Errorf("%s: ParseRequest allocations = %v, want <= 2", tc.name, a)
+		}
+	}
+}
+
+// TestStreamSpanAndStreamable checks the offsets of the stream value (the
+// last one) and the requests that may not be turned into streams.
+func TestStreamSpanAndStreamable(t *testing.T) {
+	tests := []struct {
+		body       string
+		span       string // body[StreamStart:StreamEnd]; "" when absent
+		streamable bool
+	}{
+		{`{"model":"m","prompt":"p"}`, "", true},
+		{`{"model":"m","prompt":"p","stream":false}`, "false", true},
+		{`{"model":"m","stream":true,"prompt":"p","stream" : null }`, "null", true},
+		{`{"model":"m","prompt":"p","prompt_logprobs":1}`, "", false},
+		{`{"model":"m","prompt":"p","prompt_logprobs":null,"kv_transfer_params":null}`, "", true},
+		{`{"model":"m","prompt":"p","kv_transfer_params":{"do_remote_decode":true}}`, "", false},
+	}
+	for _, tt := range tests {
+		r, err := ParseRequest(SchemaCompletion, []byte(tt.body))
+		if err != nil {
+			t.Fatalf("%s: %v", tt.body, err)
+		}
+		if got := tt.body[r.StreamStart:r.StreamEnd]; got != tt.span || r.Streamable != tt.streamable {
+			t.Errorf("%s: stream span %q, streamable %v; want %q, %v", tt.body, got, r.Streamable, tt.span, tt.streamable)
 		}
 	}
 }
