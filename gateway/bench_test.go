@@ -33,6 +33,9 @@ func BenchmarkGatewayOverhead(b *testing.B) {
 		h := newHarness(b, cfg, withSampler(sdktrace.NeverSample())) // access log on (to a discarding text handler), as by default
 		cfg.AccessLog = false
 		quiet := newHarness(b, cfg, withSampler(sdktrace.NeverSample()))
+		cfg.AccessLog = true
+		cfg.ObserveNonStreaming = true
+		observing := newHarness(b, cfg, withSampler(sdktrace.NeverSample()))
 		tr := &http.Transport{MaxIdleConnsPerHost: 16}
 		b.Cleanup(tr.CloseIdleConnections)
 		client := &http.Client{Transport: tr}
@@ -55,5 +58,10 @@ func BenchmarkGatewayOverhead(b *testing.B) {
 		b.Run(tc.name+"/direct", func(b *testing.B) { run(b, simSrv.URL) })
 		b.Run(tc.name+"/gateway", func(b *testing.B) { run(b, h.srv.URL) })
 		b.Run(tc.name+"/gateway-no-access-log", func(b *testing.B) { run(b, quiet.srv.URL) })
+		if !strings.Contains(tc.body, `"stream":true`) {
+			// server.observe_non_streaming: streamed from the engine and
+			// reassembled.
+			b.Run(tc.name+"/gateway-observe", func(b *testing.B) { run(b, observing.srv.URL) })
+		}
 	}
 }
