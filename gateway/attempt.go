@@ -55,9 +55,6 @@ type attempt struct {
 	ended                   bool
 }
 
-// clientSpan are the start options of every engine span, built once.
-var clientSpan = []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient)}
-
 // startAttempt starts the engine span and, unless the route is light,
 // takes a prefill slot on eng. The caller must `defer a.finish()`
 // immediately.
@@ -65,18 +62,21 @@ func (s *Server) startAttempt(ctx context.Context, eng *engine, op *operation, i
 	// The metrics carry the model the engines serve (a bounded set: the
 	// route lookup found it), the span the name the client used.
 	a := &attempt{s: s, eng: eng, class: op.class, attrs: eng.tel.Attrs(in.target, op.genai, op.name)}
-	ctx, a.span = s.tracer.Start(ctx, a.attrs.SpanName(), clientSpan...)
+	// The GenAI attributes the sampler may use are set at start: the
+	// operation, provider, model (the one the engine is asked for, as in
+	// the span name) and the engine's address.
+	ctx, a.span = s.tracer.Start(ctx, a.attrs.SpanName(), a.attrs.SpanStart()...)
 	a.ctx = ctx
 	if a.span.IsRecording() {
 		a.span.SetAttributes(eng.spanAttrs...)
 		a.span.SetAttributes(
-			telemetry.AttrGenAIOp.String(op.genai),
 			telemetry.AttrOperation.String(op.name),
 			attribute.Bool("switchboard.stream", in.stream),
 			telemetry.AttrRequestID.String(RequestIDFrom(ctx)),
 		)
-		if in.model != "" {
-			a.span.SetAttributes(telemetry.AttrGenAIReqModel.String(in.model))
+		if in.model != in.target {
+			// The client named an alias (Config.Models.Aliases).
+			a.span.SetAttributes(attribute.String("switchboard.model_alias", in.model))
 		}
 		if in.req.MaxTokens > 0 {
 			a.span.SetAttributes(telemetry.AttrGenAIMaxTokens.Int64(in.req.MaxTokens))
@@ -87,9 +87,8 @@ func (s *Server) startAttempt(ctx context.Context, eng *engine, op *operation, i
 			a.span.SetAttributes(telemetry.AttrGenAIStream.Bool(true))
 		}
 		if op.body == bodyJSON {
-			// Sampled requests only: the body is read again for the
-			// request parameters the routing parse skips.
-			a.span.SetAttributes(samplingAttrs(oai.ParseSampling(in.body))...)
+			// Recorded spans only: the values the parser kept are decoded.
+			a.span.SetAttributes(samplingAttrs(oai.ParseSampling(in.req.Sampling))...)
 		}
 	}
 	a.stream = in.stream || in.observe

@@ -76,21 +76,25 @@ type Config struct {
 	// InjectUsage, when true (the default), asks the engine for the usage
 	// chunk (stream_options.include_usage) on streamed requests whose
 	// client did not (stream_options absent, null or {}, include_usage
-	// false or null; not with continuous_usage_stats), so token usage and
-	// TPOT are recorded for every stream; the extra chunk is not forwarded
-	// to that client.
+	// false or null; not with continuous_usage_stats), so token usage is
+	// recorded for every stream; the extra chunk is not forwarded to that
+	// client.
 	InjectUsage bool `koanf:"inject_usage"`
 	// ObserveNonStreaming, when true, sends a non-streaming chat or
 	// completions request to the engine as a stream with usage and
 	// reassembles the chunks into the non-streaming body vLLM would have
 	// sent (content, tool calls, reasoning, logprobs, finish reason,
 	// usage), so the first token, the prefill -> decode move, TTFT and ITL
-	// are observed for every request, not only for streams. The client
-	// still gets one JSON body with Content-Length. Requests that set
-	// prompt_logprobs or kv_transfer_params (a stream cannot carry them),
-	// or stream_options without stream, are sent as they came. The body
-	// is held in memory until the end, up to MaxResponseBufferBytes of
-	// event data (over it: 502). Default false.
+	// are observed for these requests too, not only for streams. The
+	// client still gets one JSON body with Content-Length. Requests that
+	// set prompt_logprobs or kv_transfer_params (a stream cannot carry
+	// them), or stream_options without stream, are sent as they came. The
+	// engine's silence before the first token is bounded by
+	// Timeouts.FirstToken, as for a stream, the whole by Timeouts.Attempt.
+	// The event data is held until the end, reserved in MaxBufferedBytes,
+	// up to MaxResponseBufferBytes (which must then be > 0) for the data
+	// and for the body rebuilt from it (over it: 502; the budget full:
+	// 503). Default false.
 	ObserveNonStreaming bool `koanf:"observe_non_streaming"`
 	// AccessLog, when true (the default), logs one line per request at
 	// info level (the `log.access` key; the loader fills it in).
@@ -321,6 +325,9 @@ func (c Config) ValidateSettings() error {
 	}
 	if c.MaxAttempts < 1 {
 		bad("server.max_attempts must be >= 1, got %d", c.MaxAttempts)
+	}
+	if c.ObserveNonStreaming && c.MaxResponseBufferBytes <= 0 {
+		bad("server.observe_non_streaming needs server.max_response_buffer_bytes > 0 (the reassembled body is held up to it), got %d", c.MaxResponseBufferBytes)
 	}
 	if c.BodyReadTimeout < 0 {
 		bad("server.body_read_timeout must be >= 0, got %s", c.BodyReadTimeout)

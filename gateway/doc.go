@@ -99,7 +99,7 @@
 // {"error":...}`, or `event: error` on the Responses and Anthropic routes)
 // and no end event.
 //
-// So that token usage and TPOT are known for every stream, a streamed
+// So that token usage is known for every stream, a streamed
 // request whose client did not ask for usage (stream_options absent, null or
 // {}, include_usage false or null) is sent to the engine with
 // include_usage added (Config.InjectUsage), between slices of the client's

@@ -48,9 +48,10 @@ type reqState struct {
 	inTok    int64                    // usage of the last attempt; -1 = unknown
 	outTok   int64
 
-	// waited is the request's time spent waiting for its client's body
-	// and for engines (response headers, body reads): its duration minus
-	// waited is the gateway's own time (switchboard.gateway.overhead).
+	// waited is the request's time spent waiting for its client (reading
+	// its body, writing the response) and for engines (response headers,
+	// body reads): its duration minus waited is the gateway's own time
+	// (switchboard.gateway.overhead).
 	waited time.Duration
 }
 

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strconv"
@@ -11,9 +12,18 @@ import (
 	"github.com/switchboard-gw/switchboard/internal/sse"
 )
 
-// errReassembleTooLarge ends a reassembly whose event data passed
-// Config.MaxResponseBufferBytes.
-var errReassembleTooLarge = errors.New("stream too large to reassemble")
+// Reassembly failures that are not the engine's stream error.
+var (
+	// errReassembleTooLarge: the event data, or the body rebuilt from it,
+	// passed Config.MaxResponseBufferBytes.
+	errReassembleTooLarge = errors.New("stream too large to reassemble")
+	// errReassembleEvent: an event passed the scanner's limit and was
+	// skipped, so the body would miss its content.
+	errReassembleEvent = errors.New("an event too large to read")
+	// errReassembleBudget: the gateway-wide buffered-bytes budget
+	// (Config.MaxBufferedBytes) is full.
+	errReassembleBudget = errors.New("the gateway's buffer budget is full")
+)
 
 // reassembleStream answers a non-streaming client from the engine's stream
 // (Config.ObserveNonStreaming): every event goes through the stream
@@ -24,16 +34,25 @@ var errReassembleTooLarge = errors.New("stream too large to reassemble")
 //
 //   - the whole stream ([DONE], every choice finished): 200 with the
 //     reassembled body, as vLLM's non-streaming answer, with
-//     Content-Length;
-//   - the engine's own error event: its error object, with its code as
-//     the status when that is one (else 502);
-//   - a stream cut short, or one that cannot be reassembled: 502;
-//   - timeouts and client cancellation as for any non-streaming answer
-//     (the attempt timeout bounds the whole, Timeouts.Idle the silence
-//     between reads).
+//     Content-Length, written under the client write deadline;
+//   - the engine's own error event: an OpenAI error object with its
+//     message, and its code as the status when that is one (else 502);
+//   - a stream cut short, an event or a body too large, or one that
+//     cannot be reassembled: 502; the buffer budget full: 503;
+//   - timeouts as for a stream until the first token (Timeouts.FirstToken
+//     bounds the engine's silence in its queue and prefill), then
+//     Timeouts.Idle between reads; the attempt timeout bounds the whole,
+//     as for any non-streaming answer.
+//
+// The event data held is reserved in the gateway-wide buffered-bytes
+// budget until the answer is written.
 func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call) {
 	a := c.a
-	rl := s.newRelay(w, r, resp, c.cancel, false, false, time.Time{})
+	var firstBy time.Time
+	if d := s.cfg.Timeouts.FirstToken; d > 0 {
+		firstBy = a.start.Add(d)
+	}
+	rl := s.newRelay(w, r, resp, c.cancel, false, true, firstBy)
 	defer rl.close()
 	defer func() {
 		if rl.maxGap > 0 {
@@ -46,26 +65,39 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 
 	ra := newReassembler(c.op.schema == oai.SchemaCompletion)
 	st := streamState{a: a, framing: frameOpenAI, injected: true}
-	var failed error // the first reassembly failure; later events are only accounted
-	var size int64
-	limit := s.cfg.MaxResponseBufferBytes
+	var failed error // the first reassembly failure; the answer is given at once
+	var held int64   // event bytes reserved in the budget
+	defer func() { s.buffered.give(held) }()
+	limit := s.cfg.MaxResponseBufferBytes // > 0: Validate requires it with ObserveNonStreaming
 	onEvent := func(ev sse.Event) {
 		st.onEvent(ev)
 		if failed != nil || ev.Comment || ev.Data == nil || sse.IsDone(ev.Data) {
 			return
 		}
-		if size += int64(len(ev.Data)); limit > 0 && size > limit {
+		n := int64(len(ev.Data))
+		switch {
+		case held+n > limit:
 			failed = errReassembleTooLarge
-			return
+		case !s.buffered.take(n):
+			failed = errReassembleBudget
+		default:
+			held += n
+			failed = ra.add(ev.Data)
 		}
-		failed = ra.add(ev.Data)
 	}
 	for {
 		p, now, rerr := rl.read()
 		if len(p) > 0 {
 			st.now = now
 			sc.Push(p, onEvent)
-			rl.touch(now)
+			if failed == nil && sc.Overflows() > 0 {
+				failed = errReassembleEvent
+			}
+			if !a.first.IsZero() {
+				// After the first token any bytes are progress; before
+				// it only content ends the first-token wait.
+				rl.touch(now)
+			}
 		}
 		if st.done && rerr == nil {
 			rerr = io.EOF // [DONE] is the end, whatever the connection does
@@ -73,26 +105,40 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 		if rerr == nil && failed == nil {
 			continue
 		}
+		var body []byte
+		if failed == nil && rerr == io.EOF && st.done && ra.finished() {
+			if body = ra.body(); int64(len(body)) > limit {
+				failed, body = errReassembleTooLarge, nil
+			}
+		}
 		var es *engineStreamError
 		switch {
 		case errors.As(failed, &es):
 			a.fail(ErrTypeStreamError)
-			status := http.StatusBadGateway
+			ae := &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: ErrTypeStreamError, Message: es.Message}
 			if es.Code >= 400 && es.Code <= 599 {
-				status = es.Code
+				ae.Status = es.Code
 			}
-			writeRaw(w, r, status, es.Body)
+			if ae.Message == "" {
+				ae.Message = "the engine reported an error in its stream"
+			}
+			writeError(w, r, ae)
+		case failed == errReassembleBudget:
+			a.fail(ErrTypeOverloaded)
+			writeError(w, r, &APIError{Status: http.StatusServiceUnavailable, Type: TypeServer, Code: ErrTypeOverloaded, Message: "the gateway has no buffer left for this response; retry", Err: failed})
 		case failed != nil:
 			a.fail(ErrTypeStreamError)
-			writeError(w, r, &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: ErrTypeStreamError, Message: "the engine's stream could not be reassembled into a response: " + failed.Error(), Err: failed})
-		case rerr == io.EOF && st.done && ra.finished():
-			body := ra.body()
+			writeError(w, r, &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: ErrTypeStreamError, Message: fmt.Sprintf("the engine's stream could not be reassembled into a response: %v", failed), Err: failed})
+		case body != nil:
 			h := w.Header()
 			copyResponseHeaders(h, resp.Header, true)
 			h["Content-Type"] = jsonContentType // shared: no one mutates it
 			h.Set("Content-Length", strconv.Itoa(len(body)))
 			writeHeader(w, r, http.StatusOK)
-			if _, err := w.Write(body); err != nil {
+			rl.started = true
+			// Under the client write deadline: a client that stops
+			// reading does not hold the slot.
+			if err := rl.write(body, false); err != nil {
 				a.fail(clientWriteErrType(err))
 			}
 		case rerr == io.EOF:
@@ -105,13 +151,4 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 		}
 		return
 	}
-}
-
-// writeRaw writes a JSON body the engine produced, with status.
-func writeRaw(w http.ResponseWriter, r *http.Request, status int, body []byte) {
-	h := w.Header()
-	h["Content-Type"] = jsonContentType
-	h.Set("Content-Length", strconv.Itoa(len(body)))
-	writeHeader(w, r, status)
-	_, _ = w.Write(body)
 }

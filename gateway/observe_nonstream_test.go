@@ -111,6 +111,22 @@ func TestObserveNonStreamingFailures(t *testing.T) {
 			s := newSSE(w)
 			s.data(`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"a"},"finish_reason":null}]}`)
 			panic(http.ErrAbortHandler)
+		case strings.Contains(string(b), `"slow"`):
+			// vLLM's silence while the request waits in its queue and
+			// prefills: longer than the idle timeout, within first_token.
+			s := newSSE(w)
+			s.data(`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}`)
+			time.Sleep(400 * time.Millisecond)
+			s.data(`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"late"},"finish_reason":"stop"}]}`)
+			s.data(`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":1,"total_tokens":2,"completion_tokens":1}}`)
+			s.data(`[DONE]`)
+		case strings.Contains(string(b), `"huge"`):
+			// One event over the scanner's 1 MiB event limit: skipped by
+			// the scanner, so the body would lose it.
+			s := newSSE(w)
+			s.data(`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"` + strings.Repeat("x", 1<<20+10) + `"},"finish_reason":null}]}`)
+			s.data(`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":" end"},"finish_reason":"stop"}]}`)
+			s.data(`[DONE]`)
 		case strings.Contains(string(b), `"boom"`):
 			s := newSSE(w)
 			s.data(`{"id":"c","object":"chat.completion.chunk","created":1,"model":"m","choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}`)
@@ -123,7 +139,20 @@ func TestObserveNonStreamingFailures(t *testing.T) {
 	})
 	cfg := testConfig(EngineConfig{Name: "e1", URL: eng.URL, Models: []string{"m"}})
 	cfg.ObserveNonStreaming = true
+	cfg.Timeouts.Idle = 150 * time.Millisecond
+	cfg.MaxResponseBufferBytes = 4 << 20
 	h := newHarness(t, cfg)
+
+	resp0 := h.post("/v1/chat/completions", `{"model":"m","user":"slow","messages":[{"role":"user","content":"x"}]}`)
+	b0, _ := io.ReadAll(resp0.Body)
+	resp0.Body.Close()
+	if resp0.StatusCode != 200 || !strings.Contains(string(b0), `"late"`) {
+		t.Errorf("silence before the first token: status %d %s; want 200 (first_token bounds it, not idle)", resp0.StatusCode, b0)
+	}
+	resp0 = h.post("/v1/chat/completions", `{"model":"m","user":"huge","messages":[{"role":"user","content":"x"}]}`)
+	if e := decodeErr(t, resp0); resp0.StatusCode != 502 || e.code() != ErrTypeStreamError {
+		t.Errorf("an event over the scanner's limit: status %d %+v; want 502 %s, never a 200 without it", resp0.StatusCode, e, ErrTypeStreamError)
+	}
 
 	resp := h.post("/v1/chat/completions", `{"model":"m","user":"boom","messages":[{"role":"user","content":"x"}]}`)
 	if e := decodeErr(t, resp); resp.StatusCode != 503 || e.Error.Message != "engine overloaded" {
@@ -151,7 +180,7 @@ func TestObserveNonStreamingFailures(t *testing.T) {
 		}
 	}
 	h.assertIdle()
-	if et := h.errorTypes(); et[ErrTypeStreamError] != 1 || et[ErrTypeEngineDisconnect] != 1 {
+	if et := h.errorTypes(); et[ErrTypeStreamError] != 2 || et[ErrTypeEngineDisconnect] != 1 {
 		t.Errorf("error types %v", et)
 	}
 }
@@ -216,4 +245,31 @@ func TestObserveNonStreamingFaults(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestObserveNonStreamingBudget: the event data an observed request holds
+// is reserved in the gateway-wide buffered-bytes budget; when it is full
+// the client gets 503 gateway_overloaded, and what was reserved is given
+// back.
+func TestObserveNonStreamingBudget(t *testing.T) {
+	_, srv := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: time.Millisecond, ITL: time.Microsecond, OutputTokens: 200})
+	cfg := testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+	cfg.ObserveNonStreaming = true
+	cfg.MaxBufferedBytes, cfg.MaxFormBytes, cfg.MaxBodyBytes, cfg.MaxResponseBufferBytes = 20<<10, 20<<10, 20<<10, 20<<10
+	h := newHarness(t, cfg)
+	// Other requests hold 16 KiB of the 20 KiB budget; the stream's 200
+	// events (about 40 KiB) need more than is left.
+	const others = 16 << 10
+	if !h.gw.buffered.take(others) {
+		t.Fatal("budget")
+	}
+	resp := h.post("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
+	if e := decodeErr(t, resp); resp.StatusCode != 503 || e.code() != ErrTypeOverloaded {
+		t.Errorf("status %d %+v; want 503 %s", resp.StatusCode, e, ErrTypeOverloaded)
+	}
+	h.waitIdle()
+	if used := h.gw.buffered.used.Load(); used != others {
+		t.Errorf("%d bytes still reserved in the budget", used)
+	}
+	h.assertIdle()
 }

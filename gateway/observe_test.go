@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -236,5 +237,62 @@ func TestServerSpanMarksFailureAfterStart(t *testing.T) {
 			t.Fatalf("server spans' error types %v, want %v", got, want)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// startCapture is a sampler that samples everything and keeps the
+// attributes each engine span had when it started.
+type startCapture struct {
+	mu    sync.Mutex
+	attrs map[string][]attribute.KeyValue
+}
+
+func (c *startCapture) ShouldSample(p sdktrace.SamplingParameters) sdktrace.SamplingResult {
+	if p.Kind == trace.SpanKindClient {
+		c.mu.Lock()
+		c.attrs[p.Name] = slices.Clone(p.Attributes)
+		c.mu.Unlock()
+	}
+	return sdktrace.AlwaysSample().ShouldSample(p)
+}
+
+func (c *startCapture) Description() string { return "startCapture" }
+
+// TestGenAISamplingAttributesAtStart: the attributes the GenAI conventions
+// call sampling-relevant are given to the sampler when the engine span
+// starts, with the model the engine is asked for (an alias's target), as
+// in the span name.
+func TestGenAISamplingAttributesAtStart(t *testing.T) {
+	_, srv := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: time.Millisecond, ITL: time.Millisecond, OutputTokens: 2})
+	cfg := testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+	cfg.Models.Aliases = map[string]string{"public": "m"}
+	capture := &startCapture{attrs: map[string][]attribute.KeyValue{}}
+	h := newHarness(t, cfg, withSampler(capture))
+	resp := h.post("/v1/chat/completions", `{"model":"public","messages":[{"role":"user","content":"hi"}]}`)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	host, port := srvHostPort(t, srv.URL)
+	capture.mu.Lock()
+	got := capture.attrs["chat m"]
+	capture.mu.Unlock()
+	want := []attribute.KeyValue{
+		telemetry.AttrGenAIOp.String("chat"), telemetry.AttrGenAIReqModel.String("m"), telemetry.AttrGenAIProvider.String("vllm"),
+		telemetry.AttrServerAddress.String(host), telemetry.AttrServerPort.Int(port),
+	}
+	for _, kv := range want {
+		if !slices.Contains(got, kv) {
+			t.Errorf("sampler saw %v at start; missing %v", got, kv)
+		}
+	}
+	var alias string
+	for _, sp := range h.spans.Ended() {
+		for _, kv := range sp.Attributes() {
+			if kv.Key == "switchboard.model_alias" {
+				alias = kv.Value.AsString()
+			}
+		}
+	}
+	if alias != "public" {
+		t.Errorf("switchboard.model_alias = %q, want the name the client used", alias)
 	}
 }

@@ -219,9 +219,9 @@ func (p *Pool) newEngine(ec EngineConfig) (*engine, error) {
 		p.telByName[ec.Name] = tel
 	}
 	e := &engine{cfg: ec, ep: routing.NewEndpoint(ec.Name, base), tel: tel, shown: redactURL(ec.URL), header: []string{ec.Name}}
-	// gen_ai.provider.name, server.address and server.port: the GenAI
-	// attributes set when the span starts (they are sampling-relevant).
-	e.spanAttrs = append(slices.Clip(tel.SpanAttrs()), attribute.String("switchboard.engine", ec.Name))
+	// gen_ai.provider.name, server.address and server.port are set when
+	// the span starts (telemetry.Attrs.SpanStart).
+	e.spanAttrs = []attribute.KeyValue{attribute.String("switchboard.engine", ec.Name)}
 	switch {
 	case key != "":
 		e.auth = []string{"Bearer " + key}

@@ -44,11 +44,13 @@ import (
 // empty and the output had reasoning or tool calls (vLLM's reasoning and tool parsers
 // return no content then; its role chunk's "" does not count).
 
-// Limits on what one stream may open, so that a hostile engine cannot make the
-// reassembler's searches quadratic: vLLM's n and its tool calls per message are far below.
+// Limits on what one stream may open: a choice or tool call is found by a search of a
+// sorted slice and inserted in place, so a hostile engine could make that quadratic; with
+// these caps it is at most 128² steps per choice. vLLM's n and its tool calls per message
+// are far below.
 const (
-	maxReassembleChoices   = 1024
-	maxReassembleToolCalls = 1024
+	maxReassembleChoices   = 128
+	maxReassembleToolCalls = 128
 )
 
 // errMalformedChunk is wrapped by the error add returns for an event whose data is not a

@@ -172,8 +172,9 @@ type relay struct {
 	timer       *relayTimer             // nil while no engine-silence bound applies
 	deadline    time.Time               // when the timer fires, while it runs
 
-	// waited is the time spent blocked reading the engine body; close
-	// adds it to the request's reqState.waited.
+	// waited is the time spent blocked reading the engine body and
+	// writing to the client; close adds it to the request's
+	// reqState.waited.
 	waited time.Duration
 	// last is when the last read that brought bytes returned (zero before
 	// the first); maxGap the largest gap between two such reads.
@@ -287,10 +288,7 @@ func (rl *relay) start() {
 // clientWriteErrType.
 func (rl *relay) write(p []byte, flush bool) error {
 	rl.start()
-	var t0 time.Time
-	if rl.timer != nil || rl.clientWrite > 0 {
-		t0 = time.Now()
-	}
+	t0 := time.Now()
 	if rl.timer != nil {
 		rl.timer.t.Stop()
 	}
@@ -304,8 +302,9 @@ func (rl *relay) write(p []byte, flush bool) error {
 	if rl.clientWrite > 0 {
 		_ = rl.rc.SetWriteDeadline(time.Time{})
 	}
+	now := time.Now()
+	rl.waited += now.Sub(t0) // the client's pace, not the gateway's
 	if rl.timer != nil {
-		now := time.Now()
 		rl.deadline = rl.deadline.Add(now.Sub(t0))
 		rl.timer.t.Reset(rl.deadline.Sub(now))
 	}

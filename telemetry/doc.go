@@ -51,9 +51,9 @@
 //
 // overhead is a request's time in the gateway (from the request-id
 // middleware to the handler's return) minus the time it waited for the
-// client's body and for engines (response headers and every blocked read
-// of an engine body): parsing, routing, building the engine request,
-// scanning and writing events, telemetry. Its buckets start at 5 µs. The
+// client (reading its body, each write of the response) and for engines
+// (response headers and every blocked read of an engine body): parsing,
+// routing, building the engine request, scanning events, telemetry. Its buckets start at 5 µs. The
 // steps are the parts of it that happen once per request or attempt.
 // time_to_first_byte is an attempt's wait for the engine's response
 // headers; max_gap the largest gap, in one event stream, between two reads

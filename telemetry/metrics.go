@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // ScopeName is the instrumentation scope of every Switchboard instrument.
@@ -61,9 +62,9 @@ const (
 
 	// GatewayOverheadName is the time one request spent in the gateway
 	// itself: from its arrival to the handler's return, minus the time
-	// spent waiting for the client's body and for the engines (their
-	// response headers and every read of their bodies), s, with the
-	// operation attribute.
+	// spent waiting for the client (reading its body, writing the
+	// response) and for the engines (their response headers and every
+	// read of their bodies), s, with the operation attribute.
 	GatewayOverheadName = "switchboard.gateway.overhead"
 	// StepDurationName is the duration of one step of the gateway's own
 	// work on a request, s, with the step attribute ([StepParse],
@@ -255,12 +256,12 @@ func NewMetrics(mp metric.MeterProvider, opts ...MetricsOption) (*Metrics, error
 		}
 		return h
 	}
-	m.ttft = fh(TimeToFirstTokenName, "s", "Time from sending the request to an engine to the first generated token (streaming requests only).", TTFTBuckets)
+	m.ttft = fh(TimeToFirstTokenName, "s", "Time from sending the request to an engine to the first generated token (streamed from the engine).", TTFTBuckets)
 	m.itl = fh(InterTokenLatencyName, "s", "Time between consecutive content-bearing stream events from an engine.", ITLBuckets)
 	m.duration = fh(RequestDurationName, "s", "Duration of one engine attempt, from span start to span end.", DurationBuckets)
 	m.ttfb = fh(TimeToFirstByteName, "s", "Time from sending a request to an engine to its response headers, per attempt.", TTFTBuckets)
 	m.maxGap = fh(StreamMaxGapName, "s", "Largest gap between two reads bringing bytes of one event stream from an engine, after its first.", TTFTBuckets)
-	m.overhead = fh(GatewayOverheadName, "s", "Time a request spent in the gateway itself: its duration minus the waits for the client's body and for the engines.", OverheadBuckets)
+	m.overhead = fh(GatewayOverheadName, "s", "Time a request spent in the gateway itself: its duration minus the waits for the client (body, writes) and for the engines.", OverheadBuckets)
 	m.step = fh(StepDurationName, "s", "Duration of one step of the gateway's own work on a request (parse, pick, prepare).", OverheadBuckets)
 	for i, name := range stepNames {
 		m.stepRec[i] = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(AttrStep.String(name)))}
@@ -488,11 +489,6 @@ func (m *Metrics) Engine(name string, opts ...EngineOption) *Engine {
 // Name returns the engine name.
 func (e *Engine) Name() string { return e.name }
 
-// SpanAttrs returns the engine's GenAI span attributes
-// (gen_ai.provider.name, server.address, server.port); the caller must not
-// modify them.
-func (e *Engine) SpanAttrs() []attribute.KeyValue { return e.server }
-
 // Attrs are the attribute sets recorded for one (engine, model, GenAI
 // operation, gateway operation).
 // The model must come from a bounded set (a model the engines serve), never
@@ -508,6 +504,7 @@ type Attrs struct {
 	kvs         []attribute.KeyValue
 	genaiKVs    []attribute.KeyValue // gen_ai.operation.name, gen_ai.provider.name, gen_ai.request.model, [gen_ai.response.model,] [server.address, server.port]
 	spanName    string
+	spanStart   []trace.SpanStartOption
 	model       string
 	answered    *Attrs // the twin with gen_ai.response.model; itself on the twin
 
@@ -523,6 +520,13 @@ type Attrs struct {
 
 // SpanName returns the GenAI span name "{operation} {model}".
 func (a *Attrs) SpanName() string { return a.spanName }
+
+// SpanStart returns the start options of the engine span: kind CLIENT and
+// the attributes the GenAI conventions call sampling-relevant, to be set
+// when the span starts (gen_ai.operation.name, gen_ai.provider.name,
+// gen_ai.request.model, server.address, server.port). Built once; the
+// caller must not modify them.
+func (a *Attrs) SpanStart() []trace.SpanStartOption { return a.spanStart }
 
 // Answered returns the attribute sets to record once the engine's answer
 // named its model as respModel (raw bytes): the twin with
@@ -575,6 +579,8 @@ func (e *Engine) Attrs(model, op, operation string) *Attrs {
 	}
 	a, twin := build(false), build(true)
 	a.answered, twin.answered = twin, twin
+	start := []trace.SpanStartOption{trace.WithSpanKind(trace.SpanKindClient), trace.WithAttributes(a.genaiKVs...)}
+	a.spanStart, twin.spanStart = start, start
 	next := make(map[attrsKey]*Attrs, len(cur)+1)
 	for kk, v := range cur {
 		next[kk] = v

@@ -90,7 +90,8 @@ func Setup(ctx context.Context, cfg Config, log *slog.Logger) (*Providers, func(
 	// Exporter and SDK errors (a collector that is down, say) go to the
 	// gateway's structured log instead of the standard logger.
 	// At a bounded rate: a collector that is down fails every export.
-	otel.SetErrorHandler(newErrorLog(log, ErrorLogInterval, time.Now))
+	errLog := newErrorLog(log, ErrorLogInterval, time.Now)
+	otel.SetErrorHandler(errLog)
 	disabled := strings.EqualFold(strings.TrimSpace(os.Getenv("OTEL_SDK_DISABLED")), "true")
 
 	p := &Providers{Propagator: propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})}
@@ -100,6 +101,7 @@ func Setup(ctx context.Context, cfg Config, log *slog.Logger) (*Providers, func(
 		for i := len(shutdowns) - 1; i >= 0; i-- {
 			errs = append(errs, shutdowns[i](ctx))
 		}
+		errLog.flush() // the errors no line has counted yet
 		return errors.Join(errs...)
 	}
 
@@ -202,6 +204,17 @@ func (l *errorLog) Handle(err error) {
 	l.last, l.suppressed = t, 0
 	l.mu.Unlock()
 	l.log.Warn("opentelemetry export error", "error", err, "suppressed", n)
+}
+
+// flush logs the number of errors suppressed since the last line, if any.
+func (l *errorLog) flush() {
+	l.mu.Lock()
+	n := l.suppressed
+	l.suppressed = 0
+	l.mu.Unlock()
+	if n > 0 {
+		l.log.Warn("opentelemetry export errors not logged", "suppressed", n)
+	}
 }
 
 // signalConfigured reports whether the environment asks for an exporter for

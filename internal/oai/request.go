@@ -34,6 +34,10 @@ type Request struct {
 	// and a stream cannot carry the second back. Always false for a
 	// Schema that is not Generative.
 	Streamable bool
+	// Sampling holds the raw values of the sampling parameters (aliasing
+	// the body), for the GenAI span attributes ([ParseSampling] decodes
+	// them); all nil when the Schema is not Generative.
+	Sampling SamplingRaw
 	// IncludeUsage is stream_options.include_usage.
 	IncludeUsage bool
 	// ContinuousUsage is vLLM's stream_options.continuous_usage_stats
@@ -255,6 +259,7 @@ func (p Parser) Parse(s *Schema, body []byte) (Request, error) {
 	// Raw values of the fields, nil when absent; the last duplicate wins.
 	var model, stream, streamOpts, user, metadata, maxTokens, maxCompletion, maxOutput, prompt, preamble []byte
 	var promptLogprobs, kvTransfer []byte
+	var sampling SamplingRaw
 	modelAt, streamOptsAt, streamAt := 0, 0, 0
 	var present uint64 // bit i: the last s.Require[i] is present and not null
 	promptBytes, preambleBytes := 0, 0
@@ -292,6 +297,26 @@ func (p Parser) Parse(s *Schema, body []byte) (Request, error) {
 			stream, streamAt = raw, start
 		case "prompt_logprobs":
 			promptLogprobs = raw
+		case "temperature":
+			sampling.Temperature = raw
+		case "top_p":
+			sampling.TopP = raw
+		case "top_k":
+			sampling.TopK = raw
+		case "frequency_penalty":
+			sampling.FrequencyPenalty = raw
+		case "presence_penalty":
+			sampling.PresencePenalty = raw
+		case "seed":
+			sampling.Seed = raw
+		case "n":
+			sampling.N = raw
+		case "stop":
+			sampling.Stop = raw
+		case "stop_sequences":
+			sampling.StopSequences = raw
+		case "response_format":
+			sampling.ResponseFormat = raw
 		case "kv_transfer_params":
 			kvTransfer = raw
 		case "stream_options":
@@ -356,6 +381,7 @@ func (p Parser) Parse(s *Schema, body []byte) (Request, error) {
 			r.StreamStart, r.StreamEnd = streamAt, streamAt+len(stream)
 		}
 		r.Streamable = nullOrAbsent(promptLogprobs) && nullOrAbsent(kvTransfer)
+		r.Sampling = sampling
 		r.HasStreamOptions = !nullOrAbsent(streamOpts)
 		if r.HasStreamOptions {
 			r.StreamOptionsEnd = streamOptsAt + len(streamOpts) - 1

@@ -154,6 +154,7 @@ func TestParseRequest(t *testing.T) {
 			// below and by TestStreamSpanAndStreamable.
 			tt.want.StreamStart, tt.want.StreamEnd = got.StreamStart, got.StreamEnd
 			tt.want.Streamable = tt.s.Generative // none of these set prompt_logprobs or kv_transfer_params
+			tt.want.Sampling = got.Sampling      // checked against the reference below
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("ParseRequest() = %+v\nwant %+v", got, tt.want)
 			}
@@ -281,6 +282,7 @@ func TestParseRequestSchemas(t *testing.T) {
 			// below and by TestStreamSpanAndStreamable.
 			tt.want.StreamStart, tt.want.StreamEnd = got.StreamStart, got.StreamEnd
 			tt.want.Streamable = tt.s.Generative // none of these set prompt_logprobs or kv_transfer_params
+			tt.want.Sampling = got.Sampling      // checked against the reference below
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("ParseRequest() = %+v\nwant %+v", got, tt.want)
 			}
