@@ -754,6 +754,29 @@ func TestPrometheusOTLPMetrics(t *testing.T) {
 	if !eventually(15*time.Second, func() bool { return len(instant(t, s, adminQ)) >= 4 }) {
 		t.Errorf("%s: %d series, want one per engine and phase (4)", adminQ, len(instant(t, s, adminQ)))
 	}
+	// Its histograms carry exemplars too (the admin /metrics answers the
+	// scrape in a format that has them), with trace ids this test sent.
+	var adminEx []string
+	if !eventually(15*time.Second, func() bool {
+		ex.Data = nil
+		now := time.Now()
+		promGet(t, s, "/api/v1/query_exemplars?"+url.Values{
+			"query": {`switchboard_engine_time_to_first_token_seconds_bucket{job="switchboard-admin"}`},
+			"start": {strconv.FormatInt(now.Add(-10*time.Minute).Unix(), 10)},
+			"end":   {strconv.FormatInt(now.Unix(), 10)},
+		}.Encode(), &ex)
+		adminEx = adminEx[:0]
+		for _, d := range ex.Data {
+			for _, e := range d.Exemplars {
+				if sent[e.Labels["trace_id"]] {
+					adminEx = append(adminEx, e.Labels["trace_id"])
+				}
+			}
+		}
+		return len(adminEx) > 0
+	}) {
+		t.Errorf("no exemplar on the switchboard-admin job's TTFT histogram with a trace id this test sent (%d series with exemplars)", len(ex.Data))
+	}
 }
 
 // TestPrometheusJunkModelsNoNewSeries floods the gateway with requests for
