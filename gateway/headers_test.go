@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/routing"
@@ -350,5 +351,26 @@ func TestUsageInjection(t *testing.T) {
 	}
 	if outputSamples != uint64(len(cases)) {
 		t.Errorf("output token samples %d, want %d", outputSamples, len(cases))
+	}
+}
+
+// TestNoopTracerPropagatesClientContext: with a no-op tracer provider (what
+// cmd/gateway uses when no trace exporter is configured: no span is
+// recorded), the client's traceparent still reaches the engine unchanged,
+// so an engine that traces joins the client's trace.
+func TestNoopTracerPropagatesClientContext(t *testing.T) {
+	var rec recorder
+	eng := fakeEngine(t, []string{"m"}, func(w http.ResponseWriter, r *http.Request) {
+		rec.add(r)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"x","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)
+	})
+	h := newHarnessWith(t, testConfig(EngineConfig{Name: "e1", URL: eng.URL}), []Option{WithTracerProvider(tracenoop.NewTracerProvider())})
+	const parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	resp := h.post("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, "Traceparent", parent)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if got := rec.last().Header.Get("Traceparent"); got != parent {
+		t.Errorf("engine got traceparent %q, want the client's %q", got, parent)
 	}
 }

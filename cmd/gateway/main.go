@@ -23,6 +23,7 @@ import (
 
 	"github.com/spf13/pflag"
 	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/switchboard-gw/switchboard/gateway"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
@@ -146,8 +147,16 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 	gcfg.Engines = engines
 	gcfg.Models = cfg.Models
 	gcfg.AccessLog = cfg.Log.Access
+	// With no trace exporter, spans would be recorded for nothing: the
+	// gateway then records none (a no-op provider), and the client's trace
+	// context still reaches the engines unchanged. Metrics never depend on
+	// spans.
+	var tp trace.TracerProvider = providers.TracerProvider
+	if !providers.OTLPTraces {
+		tp = tracenoop.NewTracerProvider()
+	}
 	gw, err := gateway.New(gcfg, policy, metrics,
-		gateway.WithTracerProvider(providers.TracerProvider),
+		gateway.WithTracerProvider(tp),
 		gateway.WithMeterProvider(providers.MeterProvider),
 		gateway.WithPropagator(providers.Propagator),
 		gateway.WithLogger(log),
