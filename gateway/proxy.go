@@ -388,7 +388,7 @@ func (s *Server) send(c *call, r *http.Request, body *outBody) result {
 	}
 	var rd io.Reader
 	if op.body != bodyNone {
-		rd = body.reader()
+		rd = body.sendReader()
 	}
 	ureq, err := http.NewRequestWithContext(c.actx, op.method, url, rd)
 	if err != nil {
@@ -621,6 +621,39 @@ type outBody struct {
 // reader returns a reader over the whole body.
 func (b *outBody) reader() io.Reader {
 	return &partsReader{parts: b.parts}
+}
+
+// maxFlatBody is the largest spliced body sendReader copies into one
+// buffer.
+const maxFlatBody = 64 << 10
+
+// sendReader returns the body for the engine request as a *bytes.Reader
+// when it is small or unedited: net/http then writes the request's headers
+// and body with one write (for a reader it does not know to be in memory,
+// it flushes the headers first: one more syscall per request). A body that
+// is not edited is read in place; an edited one up to maxFlatBody is
+// copied into one buffer; a larger one is read part by part.
+func (b *outBody) sendReader() io.Reader {
+	var only []byte
+	parts := 0
+	for _, p := range b.parts {
+		if len(p) > 0 {
+			only = p
+			parts++
+		}
+	}
+	switch {
+	case parts <= 1:
+		return bytes.NewReader(only)
+	case b.n <= maxFlatBody:
+		flat := make([]byte, 0, b.n)
+		for _, p := range b.parts {
+			flat = append(flat, p...)
+		}
+		return bytes.NewReader(flat)
+	default:
+		return b.reader()
+	}
 }
 
 // partsReader reads byte slices in order.
