@@ -17,12 +17,21 @@ import (
 )
 
 // copyBufSize is the read buffer for engine bodies (Caddy's reverse proxy
-// uses 32 KiB too).
-const copyBufSize = 32 << 10
+// uses 32 KiB too); eventBufSize the one for event streams.
+const (
+	copyBufSize  = 32 << 10
+	eventBufSize = 4 << 10
+)
 
 var (
 	copyBufPool = sync.Pool{New: func() any { b := make([]byte, copyBufSize); return &b }}
-	scannerPool = sync.Pool{New: func() any { return sse.NewScanner(0) }}
+	// eventBufPool holds the read buffers of event streams: their events
+	// are small and come one or a few per read, and a stream holds its
+	// buffer for its whole life, so a 32 KiB buffer would be most of a
+	// long stream's memory (the scanner keeps an event split across
+	// reads).
+	eventBufPool = sync.Pool{New: func() any { b := make([]byte, eventBufSize); return &b }}
+	scannerPool  = sync.Pool{New: func() any { return sse.NewScanner(0) }}
 )
 
 // streamState is what the stream loop learns from the events it forwards.
@@ -164,6 +173,7 @@ type relay struct {
 	sse     bool // an event stream: re-framed (no Content-Length), never buffered by a proxy in front
 	started bool
 	bufp    *[]byte
+	events  bool // an event stream from the engine: bufp is from eventBufPool
 
 	idle        time.Duration
 	clientWrite time.Duration
@@ -190,8 +200,13 @@ type relay struct {
 // start.
 func (s *Server) newRelay(w http.ResponseWriter, r *http.Request, resp *http.Response, cancel context.CancelCauseFunc, sse, stream bool, firstBy time.Time) relay {
 	rl := relay{w: w, r: r, rc: http.NewResponseController(w), resp: resp, sse: sse,
-		bufp: copyBufPool.Get().(*[]byte), idle: s.cfg.Timeouts.Idle, clientWrite: s.cfg.Timeouts.ClientWrite,
+		idle: s.cfg.Timeouts.Idle, clientWrite: s.cfg.Timeouts.ClientWrite,
 		cancel: cancel, waiting: stream}
+	if rl.events = isEventStream(resp.Header.Get("Content-Type")); rl.events {
+		rl.bufp = eventBufPool.Get().(*[]byte)
+	} else {
+		rl.bufp = copyBufPool.Get().(*[]byte)
+	}
 	switch {
 	case stream && !firstBy.IsZero():
 		rl.arm(firstBy, true)
@@ -216,7 +231,11 @@ func (rl *relay) close() {
 	if rl.timer != nil {
 		rl.timer.t.Stop()
 	}
-	copyBufPool.Put(rl.bufp)
+	if rl.events {
+		eventBufPool.Put(rl.bufp)
+	} else {
+		copyBufPool.Put(rl.bufp)
+	}
 	if st := stateFrom(rl.r.Context()); st != nil {
 		st.waited += rl.waited
 	}
