@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"strconv"
@@ -143,16 +144,42 @@ func (st *streamState) onTypedEvent(ev sse.Event) {
 
 // relayTimer is an attempt's engine-silence timer: first the first-token
 // deadline (errFirstTokenTimeout), then, once the first content has
-// arrived, the idle timeout between reads (errIdleTimeout). Its
-// callback runs on the timer goroutine, hence the atomic phase.
+// arrived, the idle timeout between reads (errIdleTimeout). Its callback
+// runs on the timer goroutine, hence the atomics.
+//
+// The timer is lazy (as Caddy's and net/http's idle timers are): moving
+// the deadline later, which every read does, only stores it; when the
+// timer fires before the stored deadline it re-arms itself for the rest.
+// Only a deadline earlier than the one the timer is set for (the switch
+// from the first-token wait to the shorter idle bound) resets it. A write
+// to the client pauses the deadline (paused): the timer then re-checks
+// every recheck until the write is over.
 type relayTimer struct {
-	t       *time.Timer
-	cancel  context.CancelCauseFunc
-	waiting atomic.Bool // still waiting for the first content
+	t        *time.Timer
+	cancel   context.CancelCauseFunc
+	waiting  atomic.Bool  // still waiting for the first content
+	deadline atomic.Int64 // unix ns; paused while a client write runs
+	stopped  atomic.Bool
+	recheck  time.Duration
 }
 
-// fire cancels the attempt with the cause of the phase the stream is in.
+// paused is the deadline while a client write runs.
+const paused = math.MaxInt64
+
+// fire cancels the attempt with the cause of the phase the stream is in,
+// or re-arms the timer when the deadline has moved on or is paused.
 func (rt *relayTimer) fire() {
+	if rt.stopped.Load() {
+		return
+	}
+	switch d := rt.deadline.Load(); {
+	case d == paused:
+		rt.t.Reset(rt.recheck)
+		return
+	case time.Now().UnixNano() < d:
+		rt.t.Reset(time.Until(time.Unix(0, d)))
+		return
+	}
 	if rt.waiting.Load() {
 		rt.cancel(errFirstTokenTimeout)
 		return
@@ -180,7 +207,9 @@ type relay struct {
 	cancel      context.CancelCauseFunc // the attempt's, for the timer
 	waiting     bool                    // a stream that has not had its first content yet
 	timer       *relayTimer             // nil while no engine-silence bound applies
-	deadline    time.Time               // when the timer fires, while it runs
+	deadline    time.Time               // the engine-silence deadline, while the timer runs
+	fireAt      time.Time               // when the timer is set to fire (at or before deadline)
+	wdl         time.Time               // the client write deadline set on the connection; zero when none
 
 	// waited is the time spent blocked reading the engine body and
 	// writing to the client; close adds it to the request's
@@ -219,17 +248,34 @@ func (s *Server) newRelay(w http.ResponseWriter, r *http.Request, resp *http.Res
 // arm starts the engine-silence timer, to fire at deadline with
 // errFirstTokenTimeout (first set) or errIdleTimeout.
 func (rl *relay) arm(deadline time.Time, first bool) {
-	rl.timer = &relayTimer{cancel: rl.cancel}
+	rl.timer = &relayTimer{cancel: rl.cancel, recheck: max(rl.idle, time.Second)}
 	rl.timer.waiting.Store(first)
-	rl.deadline = deadline
+	rl.timer.deadline.Store(deadline.UnixNano())
+	rl.deadline, rl.fireAt = deadline, deadline
 	rl.timer.t = time.AfterFunc(time.Until(deadline), rl.timer.fire)
+}
+
+// setDeadline moves the engine-silence deadline to d: stored only when it
+// is not earlier than when the timer fires (the timer re-arms itself),
+// else the timer is reset.
+func (rl *relay) setDeadline(d time.Time) {
+	rl.deadline = d
+	rl.timer.deadline.Store(d.UnixNano())
+	if d.Before(rl.fireAt) {
+		rl.fireAt = d
+		rl.timer.t.Reset(time.Until(d))
+	}
 }
 
 // close stops the timer, returns the read buffer to its pool and adds the
 // time spent waiting on the engine to the request's.
 func (rl *relay) close() {
 	if rl.timer != nil {
+		rl.timer.stopped.Store(true)
 		rl.timer.t.Stop()
+	}
+	if !rl.wdl.IsZero() {
+		_ = rl.rc.SetWriteDeadline(time.Time{}) // the connection may serve another request
 	}
 	if rl.events {
 		eventBufPool.Put(rl.bufp)
@@ -271,6 +317,7 @@ func (rl *relay) touch(now time.Time) {
 	}
 	if rl.idle <= 0 {
 		if rl.timer != nil {
+			rl.timer.stopped.Store(true)
 			rl.timer.t.Stop()
 			rl.timer = nil
 		}
@@ -280,8 +327,7 @@ func (rl *relay) touch(now time.Time) {
 		rl.arm(now.Add(rl.idle), false)
 		return
 	}
-	rl.deadline = now.Add(rl.idle)
-	rl.timer.t.Reset(rl.idle)
+	rl.setDeadline(now.Add(rl.idle))
 }
 
 // start commits the engine's status and headers to the client, once.
@@ -309,23 +355,27 @@ func (rl *relay) write(p []byte, flush bool) error {
 	rl.start()
 	t0 := time.Now()
 	if rl.timer != nil {
-		rl.timer.t.Stop()
+		rl.timer.deadline.Store(paused)
 	}
-	if rl.clientWrite > 0 {
-		_ = rl.rc.SetWriteDeadline(t0.Add(rl.clientWrite))
+	// The write deadline is renewed when less than three quarters of
+	// Timeouts.ClientWrite is left, not before every write: a write is
+	// bounded by 3/4 to all of ClientWrite, and a stream's writes cost no
+	// deadline updates (each is a poller timer change) in between.
+	if cw := rl.clientWrite; cw > 0 && (rl.wdl.IsZero() || rl.wdl.Sub(t0) < cw-cw/4) {
+		rl.wdl = t0.Add(cw)
+		_ = rl.rc.SetWriteDeadline(rl.wdl)
 	}
 	_, err := rl.w.Write(p)
 	if err == nil && flush {
 		err = rl.rc.Flush()
 	}
-	if rl.clientWrite > 0 {
-		_ = rl.rc.SetWriteDeadline(time.Time{})
-	}
 	now := time.Now()
-	rl.waited += now.Sub(t0) // the client's pace, not the gateway's
+	took := now.Sub(t0)
+	rl.waited += took // the client's pace, not the gateway's
 	if rl.timer != nil {
-		rl.deadline = rl.deadline.Add(now.Sub(t0))
-		rl.timer.t.Reset(rl.deadline.Sub(now))
+		// The pause moves the engine-silence deadline by the write's time.
+		rl.deadline = rl.deadline.Add(took)
+		rl.timer.deadline.Store(rl.deadline.UnixNano())
 	}
 	return err
 }
