@@ -103,12 +103,13 @@ command -v nginx >/dev/null || apt_missing+=(nginx-light)
 command -v wrk >/dev/null || apt_missing+=(wrk)
 command -v jq >/dev/null || apt_missing+=(jq)
 command -v curl >/dev/null || apt_missing+=(curl)
+command -v ps >/dev/null || apt_missing+=(procps)
 if ((${#apt_missing[@]} > 0)); then
 	if ((EUID == 0)) && command -v apt-get >/dev/null; then
 		echo "installing ${apt_missing[*]} (apt-get install -y) ..." >&2
 		export DEBIAN_FRONTEND=noninteractive
-		apt-get install -y -q --no-install-recommends "${apt_missing[@]}" >&2 ||
-			{ apt-get update -q >&2 && apt-get install -y -q --no-install-recommends "${apt_missing[@]}" >&2; }
+		apt-get install -y -q --no-install-recommends --no-upgrade "${apt_missing[@]}" >&2 ||
+			{ apt-get update -q >&2 && apt-get install -y -q --no-install-recommends --no-upgrade "${apt_missing[@]}" >&2; }
 	else
 		echo "run.sh: missing: ${apt_missing[*]}" >&2
 		echo "  not running as root, so not installing them; on Debian or Ubuntu:" >&2
@@ -116,7 +117,7 @@ if ((${#apt_missing[@]} > 0)); then
 		exit 1
 	fi
 fi
-for tool in go nginx wrk jq curl getconf; do
+for tool in go nginx wrk jq curl ps getconf; do
 	command -v "$tool" >/dev/null || {
 		echo "run.sh: $tool is required but missing$([[ $tool == go ]] && echo " (Go 1.26, see README.md, Set up)")" >&2
 		exit 1
