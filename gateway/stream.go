@@ -163,8 +163,13 @@ type relayTimer struct {
 	recheck  time.Duration
 }
 
-// paused is the deadline while a client write runs.
-const paused = math.MaxInt64
+// paused is the deadline while a client write runs; pauseRecheck how often
+// the timer looks again meanwhile, so the engine-silence bound is late by
+// at most that much after a write that outlasted it.
+const (
+	paused       = math.MaxInt64
+	pauseRecheck = 100 * time.Millisecond
+)
 
 // fire cancels the attempt with the cause of the phase the stream is in,
 // or re-arms the timer when the deadline has moved on or is paused.
@@ -248,7 +253,7 @@ func (s *Server) newRelay(w http.ResponseWriter, r *http.Request, resp *http.Res
 // arm starts the engine-silence timer, to fire at deadline with
 // errFirstTokenTimeout (first set) or errIdleTimeout.
 func (rl *relay) arm(deadline time.Time, first bool) {
-	rl.timer = &relayTimer{cancel: rl.cancel, recheck: max(rl.idle, time.Second)}
+	rl.timer = &relayTimer{cancel: rl.cancel, recheck: pauseRecheck}
 	rl.timer.waiting.Store(first)
 	rl.timer.deadline.Store(deadline.UnixNano())
 	rl.deadline, rl.fireAt = deadline, deadline
