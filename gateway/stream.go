@@ -158,10 +158,23 @@ type relayTimer struct {
 	t        *time.Timer
 	cancel   context.CancelCauseFunc
 	waiting  atomic.Bool  // still waiting for the first content
-	deadline atomic.Int64 // unix ns; paused while a client write runs
+	deadline atomic.Int64 // monotonic ns since clockBase; paused while a client write runs
 	stopped  atomic.Bool
 	recheck  time.Duration
+	// idle caps a re-arm during the first-token wait: the idle deadline
+	// that follows it is earlier than the first-token one, and only the
+	// timer may reset itself once it has fired (a reset from the handler
+	// could race with its re-arm).
+	idle time.Duration
 }
+
+// clockBase is the origin of the timers' deadlines: durations since it
+// are read from the monotonic clock, so a wall-clock step (NTP, a VM
+// resumed) moves no deadline.
+var clockBase = time.Now()
+
+// mono returns t as the monotonic nanoseconds since clockBase.
+func mono(t time.Time) int64 { return int64(t.Sub(clockBase)) }
 
 // paused is the deadline while a client write runs; pauseRecheck how often
 // the timer looks again meanwhile, so the engine-silence bound is late by
@@ -181,8 +194,12 @@ func (rt *relayTimer) fire() {
 	case d == paused:
 		rt.t.Reset(rt.recheck)
 		return
-	case time.Now().UnixNano() < d:
-		rt.t.Reset(time.Until(time.Unix(0, d)))
+	case mono(time.Now()) < d:
+		left := time.Duration(d - mono(time.Now()))
+		if rt.waiting.Load() && rt.idle > 0 {
+			left = min(left, rt.idle)
+		}
+		rt.t.Reset(left)
 		return
 	}
 	if rt.waiting.Load() {
@@ -253,9 +270,9 @@ func (s *Server) newRelay(w http.ResponseWriter, r *http.Request, resp *http.Res
 // arm starts the engine-silence timer, to fire at deadline with
 // errFirstTokenTimeout (first set) or errIdleTimeout.
 func (rl *relay) arm(deadline time.Time, first bool) {
-	rl.timer = &relayTimer{cancel: rl.cancel, recheck: pauseRecheck}
+	rl.timer = &relayTimer{cancel: rl.cancel, recheck: pauseRecheck, idle: rl.idle}
 	rl.timer.waiting.Store(first)
-	rl.timer.deadline.Store(deadline.UnixNano())
+	rl.timer.deadline.Store(mono(deadline))
 	rl.deadline, rl.fireAt = deadline, deadline
 	rl.timer.t = time.AfterFunc(time.Until(deadline), rl.timer.fire)
 }
@@ -265,7 +282,7 @@ func (rl *relay) arm(deadline time.Time, first bool) {
 // else the timer is reset.
 func (rl *relay) setDeadline(d time.Time) {
 	rl.deadline = d
-	rl.timer.deadline.Store(d.UnixNano())
+	rl.timer.deadline.Store(mono(d))
 	if d.Before(rl.fireAt) {
 		rl.fireAt = d
 		rl.timer.t.Reset(time.Until(d))
@@ -279,8 +296,10 @@ func (rl *relay) close() {
 		rl.timer.stopped.Store(true)
 		rl.timer.t.Stop()
 	}
-	if !rl.wdl.IsZero() {
-		_ = rl.rc.SetWriteDeadline(time.Time{}) // the connection may serve another request
+	if rl.started || !rl.wdl.IsZero() {
+		// The connection may serve another request: no deadline of this
+		// response's writes (ours, or writeStreamError's) stays on it.
+		_ = rl.rc.SetWriteDeadline(time.Time{})
 	}
 	if rl.events {
 		eventBufPool.Put(rl.bufp)
@@ -380,7 +399,7 @@ func (rl *relay) write(p []byte, flush bool) error {
 	if rl.timer != nil {
 		// The pause moves the engine-silence deadline by the write's time.
 		rl.deadline = rl.deadline.Add(took)
-		rl.timer.deadline.Store(rl.deadline.UnixNano())
+		rl.timer.deadline.Store(mono(rl.deadline))
 	}
 	return err
 }
