@@ -32,24 +32,14 @@ cleanup() {
 }
 trap cleanup EXIT
 (cd "$root" && go build -o "$work/gateway" ./cmd/gateway && go build -o "$work/enginesim" ./cmd/enginesim && go build -o "$work/loadgen" ./cmd/loadgen)
-port() {
-	local p
-	while :; do
-		p=$((20000 + RANDOM % 12000))
-		(echo >"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
-	done
-}
-wait_http() {
-	for _ in $(seq 200); do curl -fsS -o /dev/null "$1" 2>/dev/null && return; sleep 0.05; done
-	echo "timed out waiting for $1" >&2
-	exit 1
-}
-eng="$(port)"
+# shellcheck source=../lib.sh
+. "$root/bench/lib.sh"
+eng="$(free_port)"
 "$work/enginesim" --listen "127.0.0.1:$eng" --model bench --ttft "$TTFT" --itl "$ITL" --max-num-seqs $((STREAMS + 16)) \
 	--max-output-tokens "$EVENTS" --output-tokens "$EVENTS" >"$work/engine.log" 2>&1 &
 pids+=($!)
-gw="$(port)"
-adm="$(port)"
+gw="$(free_port)"
+adm="$(free_port)"
 cat >"$work/gateway.yaml" <<YAML
 server: {listen: "127.0.0.1:$gw"}
 admin: {listen: "127.0.0.1:$adm"}

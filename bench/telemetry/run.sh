@@ -43,24 +43,14 @@ fi
 (cd "$root" && go build -o "$work/gateway" ./cmd/gateway && go build -o "$work/enginesim" ./cmd/enginesim &&
 	go build -o "$work/loadgen" ./cmd/loadgen && go build -o "$work/blackhole" ./bench/telemetry/blackhole)
 
-port() { # a free loopback port
-	local p
-	while :; do
-		p=$((20000 + RANDOM % 40000))
-		(echo >"/dev/tcp/127.0.0.1/$p") 2>/dev/null || { echo "$p"; return; }
-	done
-}
-wait_http() {
-	for _ in $(seq 200); do curl -fsS -o /dev/null "$1" 2>/dev/null && return; sleep 0.05; done
-	echo "timed out waiting for $1" >&2
-	exit 1
-}
+# shellcheck source=../lib.sh
+. "$root/bench/lib.sh"
 
-eng="$(port)"
+eng="$(free_port)"
 "$work/enginesim" --listen "127.0.0.1:$eng" --model bench --ttft 20ms --itl 5ms --max-num-seqs 256 >"$work/engine.log" 2>&1 &
 pids+=($!)
-otlp="$(port)"
-gw="$(port)"
+otlp="$(free_port)"
+gw="$(free_port)"
 cat >"$work/gateway.yaml" <<YAML
 server: {listen: "127.0.0.1:$gw"}
 log: {access: false}
