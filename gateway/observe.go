@@ -49,10 +49,10 @@ var (
 func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call) {
 	a := c.a
 	var firstBy time.Time
-	if d := s.cfg.Timeouts.FirstToken; d > 0 {
+	if d := c.set.cfg.Timeouts.FirstToken; d > 0 {
 		firstBy = a.start.Add(d)
 	}
-	rl := s.newRelay(w, r, resp, c.cancel, false, true, firstBy)
+	rl := s.newRelay(w, r, resp, c, false, true, firstBy)
 	defer rl.close()
 	defer func() {
 		if rl.maxGap > 0 {
@@ -68,7 +68,7 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 	var failed error // the first reassembly failure; the answer is given at once
 	var held int64   // event bytes reserved in the budget
 	defer func() { s.buffered.give(held) }()
-	limit := s.cfg.MaxResponseBufferBytes // > 0: Validate requires it with ObserveNonStreaming
+	limit := c.set.cfg.MaxResponseBufferBytes // > 0: Validate requires it with ObserveNonStreaming
 	onEvent := func(ev sse.Event) {
 		st.onEvent(ev)
 		if failed != nil || ev.Comment || ev.Data == nil || sse.IsDone(ev.Data) {

@@ -78,6 +78,9 @@ func markServerSpan(ctx context.Context, st *reqState) {
 // inbound is a client request as the gateway routes it: its body (kept for
 // forwarding and fail-over) and what the route's row says to read from it.
 type inbound struct {
+	// set is the settings snapshot the request runs under, loaded once
+	// when it arrives: a reload never changes a request midway.
+	set  *settings
 	body []byte
 	// req holds a JSON body's routing fields (bodyJSON rows only).
 	req oai.Request
@@ -105,7 +108,7 @@ type inbound struct {
 func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 	var held int64 // bytes of the buffered-bytes budget this request holds
 	defer func() { s.buffered.give(held) }()
-	in, err := s.read(w, r, op, &held)
+	in, err := s.read(w, r, op, s.set.Load(), &held)
 	if err != nil {
 		writeError(w, r, err)
 		return
@@ -119,17 +122,18 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 		writeError(w, r, err)
 		return
 	}
-	in.observe = s.cfg.ObserveNonStreaming && op.observe && !in.stream && in.req.Streamable && !in.req.HasStreamOptions
+	set := in.set
+	in.observe = set.cfg.ObserveNonStreaming && op.observe && !in.stream && in.req.Streamable && !in.req.HasStreamOptions
 	ctx := r.Context()
-	if d := s.cfg.Timeouts.Request; d > 0 {
+	if d := set.cfg.Timeouts.Request; d > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeoutCause(ctx, d, errRequestTimeout)
 		defer cancel()
 	}
 	out := s.outgoing(op, &in)
 	rreq := routing.Request{Model: in.target, Stream: in.stream, SessionKey: in.req.User, PromptBytes: in.req.PromptBytes, PrefixHashes: in.req.PrefixHashes}
-	if s.sessionHeader != "" {
-		if v := r.Header[s.sessionHeader]; len(v) > 0 && v[0] != "" {
+	if set.sessionHeader != "" {
+		if v := r.Header[set.sessionHeader]; len(v) > 0 && v[0] != "" {
 			rreq.SessionKey = v[0]
 		}
 	}
@@ -137,7 +141,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 	if op.sticky {
 		candidates = s.stickyOrder(in.id, rt)
 	}
-	maxAttempts := s.cfg.MaxAttempts
+	maxAttempts := set.cfg.MaxAttempts
 	if op.sticky {
 		maxAttempts = len(candidates) // a stored response is looked for on every engine
 	}
@@ -147,7 +151,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 			ep = candidates[0]
 		} else {
 			t0 := time.Now()
-			ep, err = s.policy.Pick(ctx, &rreq, candidates)
+			ep, err = set.policy.Pick(ctx, &rreq, candidates)
 			s.metrics.RecordStep(ctx, telemetry.StepPick, time.Since(t0).Seconds())
 			if err != nil {
 				writeError(w, r, err)
@@ -178,7 +182,8 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 // size limits), the model and the stream flag. Errors are APIErrors (400,
 // 413, 415, 408, 503) or the client's context error; no engine slot is
 // taken for any of them.
-func (s *Server) read(w http.ResponseWriter, r *http.Request, op *operation, held *int64) (in inbound, err error) {
+func (s *Server) read(w http.ResponseWriter, r *http.Request, op *operation, set *settings, held *int64) (in inbound, err error) {
+	in.set = set
 	if op.body == bodyForm {
 		// A body that cannot be a form is refused before it is read, by
 		// the rules ParseForm applies.
@@ -189,12 +194,12 @@ func (s *Server) read(w http.ResponseWriter, r *http.Request, op *operation, hel
 	}
 	switch op.body {
 	case bodyJSON, bodyForm:
-		limit := s.cfg.MaxBodyBytes
+		limit := set.cfg.MaxBodyBytes
 		if op.body == bodyForm {
-			limit = s.cfg.MaxFormBytes
+			limit = set.cfg.MaxFormBytes
 		}
 		t0 := time.Now()
-		in.body, err = s.readBody(w, r, held, limit)
+		in.body, err = s.readBody(w, r, held, limit, set.cfg.BodyReadTimeout)
 		if st := stateFrom(r.Context()); st != nil {
 			st.waited += time.Since(t0) // the client's pace, not the gateway's
 		}
@@ -210,7 +215,7 @@ func (s *Server) read(w http.ResponseWriter, r *http.Request, op *operation, hel
 	}()
 	switch op.body {
 	case bodyJSON:
-		if in.req, err = s.parser.Parse(op.schema, in.body); err != nil {
+		if in.req, err = set.parser.Parse(op.schema, in.body); err != nil {
 			return in, requestError(err)
 		}
 		in.model, in.stream = in.req.Model, in.req.Stream
@@ -307,13 +312,13 @@ func (s *Server) candidates(op *operation, in *inbound) (*route, error) {
 func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Request, op *operation, in *inbound, out *outBody, eng *engine, mayRetry bool) (again bool) {
 	ctx, a := s.startAttempt(ctx, eng, op, in)
 	defer a.finish()
-	if s.cfg.EngineHeader {
+	if in.set.cfg.EngineHeader {
 		// Set now, so the gateway's own errors name the engine tried too.
 		w.Header()["X-Switchboard-Engine"] = eng.header // shared: no one mutates it
 	}
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	c := call{op: op, stream: in.stream, observe: in.observe, out: out, a: a, eng: eng, actx: actx, cancel: cancel}
+	c := call{set: in.set, op: op, stream: in.stream, observe: in.observe, out: out, a: a, eng: eng, actx: actx, cancel: cancel}
 	defer c.stop()
 	res := s.send(&c, r, out)
 	if res.resp != nil {
@@ -337,6 +342,7 @@ const maxDrain = 4 << 10
 // call is one engine attempt's request-scoped state, shared by send and
 // commit.
 type call struct {
+	set     *settings
 	op      *operation
 	stream  bool // the client asked for a stream
 	observe bool // a non-streaming request sent as a stream, to reassemble
@@ -418,10 +424,10 @@ func (s *Server) send(c *call, r *http.Request, body *outBody) result {
 	s.prop.Inject(c.actx, propagation.HeaderCarrier(ureq.Header))
 
 	if c.stream {
-		if d := s.cfg.Timeouts.FirstToken; d > 0 {
+		if d := c.set.cfg.Timeouts.FirstToken; d > 0 {
 			c.firstBy = a.start.Add(d)
 		}
-	} else if d := s.cfg.Timeouts.Attempt; d > 0 {
+	} else if d := c.set.cfg.Timeouts.Attempt; d > 0 {
 		cancel := c.cancel
 		c.timer = time.AfterFunc(d, func() { cancel(errAttemptTimeout) })
 	}
@@ -429,7 +435,7 @@ func (s *Server) send(c *call, r *http.Request, body *outBody) result {
 	if c.stream {
 		// The wait for a stream's headers ends at the response-header
 		// timeout or the first-token deadline, whichever comes first.
-		cause, d := errHeaderTimeout, s.cfg.Timeouts.ResponseHeader
+		cause, d := errHeaderTimeout, c.set.cfg.Timeouts.ResponseHeader
 		if !c.firstBy.IsZero() && (d <= 0 || a.start.Add(d).After(c.firstBy)) {
 			cause, d = errFirstTokenTimeout, c.firstBy.Sub(a.start)
 		}
@@ -520,7 +526,7 @@ const initialBodyBuf = 16 << 10
 // when the request ends. Errors: 413 (too large), 408 (deadline), 503 (the
 // budget is full), 400 (unreadable or empty), or the context's error when
 // the client went away.
-func (s *Server) readBody(w http.ResponseWriter, r *http.Request, held *int64, limit int64) (body []byte, err error) {
+func (s *Server) readBody(w http.ResponseWriter, r *http.Request, held *int64, limit int64, timeout time.Duration) (body []byte, err error) {
 	rc := http.NewResponseController(w)
 	defer func() {
 		if err != nil && err != errBodyEmpty {
@@ -530,7 +536,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request, held *int64, l
 	if r.ContentLength > limit {
 		return nil, errBodyTooLarge(limit)
 	}
-	if d := s.cfg.BodyReadTimeout; d > 0 && rc.SetReadDeadline(time.Now().Add(d)) == nil {
+	if d := timeout; d > 0 && rc.SetReadDeadline(time.Now().Add(d)) == nil {
 		defer func() {
 			if err == nil || err == errBodyEmpty {
 				// Cleared at once: net/http keeps reading the connection
@@ -563,7 +569,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request, held *int64, l
 					break
 				}
 				if err != nil {
-					return nil, s.bodyReadError(r, err, limit)
+					return nil, s.bodyReadError(r, err, limit, timeout)
 				}
 				continue
 			}
@@ -582,7 +588,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request, held *int64, l
 			break
 		}
 		if err != nil {
-			return nil, s.bodyReadError(r, err, limit)
+			return nil, s.bodyReadError(r, err, limit, timeout)
 		}
 	}
 	if len(buf) == 0 {
@@ -592,7 +598,7 @@ func (s *Server) readBody(w http.ResponseWriter, r *http.Request, held *int64, l
 }
 
 // bodyReadError maps a failed body read to what the client is answered.
-func (s *Server) bodyReadError(r *http.Request, err error, limit int64) error {
+func (s *Server) bodyReadError(r *http.Request, err error, limit int64, timeout time.Duration) error {
 	var mbe *http.MaxBytesError
 	switch {
 	case errors.As(err, &mbe):
@@ -600,7 +606,7 @@ func (s *Server) bodyReadError(r *http.Request, err error, limit int64) error {
 	case errors.Is(err, os.ErrDeadlineExceeded):
 		// Before the context check: net/http cancels the request context
 		// on any failed read of the connection, this one included.
-		return errBodyTimeout(s.cfg.BodyReadTimeout)
+		return errBodyTimeout(timeout)
 	case r.Context().Err() != nil:
 		return r.Context().Err()
 	}
@@ -753,7 +759,7 @@ func (s *Server) outgoing(op *operation, in *inbound) outBody {
 	// With vLLM's continuous_usage_stats every chunk would carry usage the
 	// client did not ask for, and only usage-only chunks can be kept from
 	// it: such a stream is left as the client sent it.
-	inject := s.cfg.InjectUsage && op.injectUsage && op.body == bodyJSON && req.Stream && !req.IncludeUsage && !req.ContinuousUsage
+	inject := in.set.cfg.InjectUsage && op.injectUsage && op.body == bodyJSON && req.Stream && !req.IncludeUsage && !req.ContinuousUsage
 	switch {
 	case in.observe:
 		// A non-streaming request asked for as a stream with usage; it

@@ -35,9 +35,13 @@ import (
 // [Server.AdminHandler], and [Server.Close] it after the HTTP servers have
 // shut down. All methods are safe for concurrent use.
 type Server struct {
-	cfg     Config
-	pool    *Pool
-	policy  routing.Policy
+	// cfg is the configuration the server was built with; what a reload
+	// may change is read from set instead.
+	cfg  Config
+	pool *Pool
+	// set is the settings snapshot the request path reads, once per
+	// request; Reload swaps it.
+	set     atomic.Pointer[settings]
 	metrics *telemetry.Metrics
 	tracer  trace.Tracer
 	tp      trace.TracerProvider
@@ -58,14 +62,8 @@ type Server struct {
 	skipReq map[string]bool
 	trusted trustedProxies
 
-	// parser parses request bodies; it hashes prompt blocks when the
-	// policy routes on them (routing.PrefixHasher).
-	parser oai.Parser
 	// ops is the operation table served (operations; tests add rows).
 	ops []*operation
-	// sessionHeader is the canonical header carrying the session key, ""
-	// when the policy does not route on sessions (routing.SessionKeyed).
-	sessionHeader string
 
 	// live counts engine attempts that have started and not ended. It is
 	// the gateway's only per-request state outside the handler goroutines,
@@ -212,7 +210,6 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 		buffered: budget{limit: cfg.MaxBufferedBytes},
 		cfg:      cfg,
 		pool:     pool,
-		policy:   policy,
 		metrics:  m,
 		tp:       c.tp,
 		mp:       c.mp,
@@ -223,12 +220,7 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 		sticky:   newStickyIndex(stickyEntries),
 		ops:      operations,
 	}
-	if ph, ok := policy.(routing.PrefixHasher); ok {
-		s.parser.BlockBytes, s.parser.MaxBlocks = ph.PrefixBlocks()
-	}
-	if sk, ok := policy.(routing.SessionKeyed); ok {
-		s.sessionHeader = textproto.CanonicalMIMEHeaderKey(sk.SessionHeader())
-	}
+	s.set.Store(newSettings(cfg, policy))
 	s.base, s.abort = context.WithCancelCause(context.Background())
 	s.reg, err = m.ObserveInFlight(pool.observeInFlight)
 	if err != nil {
@@ -502,4 +494,31 @@ func (s *Server) AdminHandler(prom http.Handler) http.Handler {
 	r.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	r.Handle("/debug/pprof/{name}", http.HandlerFunc(pprof.Index))
 	return r
+}
+
+// settings are what the request path reads from the configuration, as one
+// immutable snapshot: a request loads it once (inbound.set) and keeps it to
+// its end, so a reload (Server.Reload) applies to the requests that arrive
+// after it and never changes one midway.
+type settings struct {
+	cfg    Config
+	policy routing.Policy
+	// parser parses request bodies; it hashes prompt blocks when the
+	// policy routes on them (routing.PrefixHasher).
+	parser oai.Parser
+	// sessionHeader is the canonical header carrying the session key, ""
+	// when the policy does not route on sessions (routing.SessionKeyed).
+	sessionHeader string
+}
+
+// newSettings builds the snapshot for cfg (validated) and policy (not nil).
+func newSettings(cfg Config, policy routing.Policy) *settings {
+	set := &settings{cfg: cfg, policy: policy}
+	if ph, ok := policy.(routing.PrefixHasher); ok {
+		set.parser.BlockBytes, set.parser.MaxBlocks = ph.PrefixBlocks()
+	}
+	if sk, ok := policy.(routing.SessionKeyed); ok {
+		set.sessionHeader = textproto.CanonicalMIMEHeaderKey(sk.SessionHeader())
+	}
+	return set
 }

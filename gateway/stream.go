@@ -249,9 +249,10 @@ type relay struct {
 // called does Timeouts.Idle bound the silence between touches. A
 // non-streaming body is bounded by Timeouts.Idle between reads from the
 // start.
-func (s *Server) newRelay(w http.ResponseWriter, r *http.Request, resp *http.Response, cancel context.CancelCauseFunc, sse, stream bool, firstBy time.Time) relay {
+func (s *Server) newRelay(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, sse, stream bool, firstBy time.Time) relay {
+	cancel := c.cancel
 	rl := relay{w: w, r: r, rc: http.NewResponseController(w), resp: resp, sse: sse,
-		idle: s.cfg.Timeouts.Idle, clientWrite: s.cfg.Timeouts.ClientWrite,
+		idle: c.set.cfg.Timeouts.Idle, clientWrite: c.set.cfg.Timeouts.ClientWrite,
 		cancel: cancel, waiting: stream}
 	if rl.events = isEventStream(resp.Header.Get("Content-Type")); rl.events {
 		rl.bufp = eventBufPool.Get().(*[]byte)
@@ -419,7 +420,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 	// A stream the client did not ask for (speech, images answered as
 	// events) has no first-token wait: the idle timeout bounds it from
 	// the start.
-	rl := s.newRelay(w, r, resp, c.cancel, true, c.stream, c.firstBy)
+	rl := s.newRelay(w, r, resp, c, true, c.stream, c.firstBy)
 	defer rl.close()
 	sc := scannerPool.Get().(*sse.Scanner)
 	sc.Reset()
@@ -583,14 +584,14 @@ func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Res
 	if mode == copyStream {
 		firstBy = c.firstBy
 	}
-	rl := s.newRelay(w, r, resp, c.cancel, false, mode == copyStream, firstBy)
+	rl := s.newRelay(w, r, resp, c, false, mode == copyStream, firstBy)
 	defer rl.close()
 	flush := mode == copyStream || resp.ContentLength < 0
 	// hold is the body kept: all of it while buffering, a prefix for the
 	// usage while relaying, nothing for copyStream.
 	hold := heldBuf{s: s, hint: resp.ContentLength}
 	defer hold.release()
-	bufLimit := s.cfg.MaxResponseBufferBytes
+	bufLimit := c.set.cfg.MaxResponseBufferBytes
 	buffering := mode == copyWhole && bufLimit > 0 && resp.ContentLength <= bufLimit
 	capturing := mode == copyWhole // keeping the body (or its first bytes) to read its usage
 	for {
