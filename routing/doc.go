@@ -44,4 +44,17 @@
 // expiry; a policy trusts them only while [Stats.Fresh], and otherwise falls
 // back to the gateway's own counters, so a stalled scrape can never steer
 // traffic by stale numbers.
+//
+// # Outlier detection and engine state
+//
+// Passive health, after Envoy's outlier detection: each [Endpoint] has an
+// [Outlier] that counts the outcomes of real traffic ([Outcome]) in
+// streaks of consecutive 5xx, connect failures and timeouts. A streak at
+// its threshold ([OutlierConfig]) ejects the engine for
+// base_ejection_time × its ejections, capped at max_ejection_time, never
+// more than max_ejection_percent of a model's engines at once; past its
+// ejection time it returns at its first passing probe. An engine's
+// [State] (ready, unhealthy, ejected, sleeping, draining) combines the
+// [Verdicts] of its writers, one each: probes, traffic, the admin API and
+// the engine's own stats, removal. Only ready engines are candidates.
 package routing

@@ -47,6 +47,7 @@ type Endpoint struct {
 	healthy atomic.Bool
 	stats   atomic.Pointer[Stats]
 	ring    atomic.Pointer[ringPoints] // session-affinity virtual nodes, built on first use
+	outlier Outlier                    // passive health: failure streaks and ejections
 }
 
 // endpointIDs numbers endpoint incarnations; 0 is never used.
@@ -106,6 +107,10 @@ func (e *Endpoint) Healthy() bool { return e.healthy.Load() }
 // counters: a probe must not reset them while requests are in flight
 // (shared/cases L02, vllm-project/router issue #197).
 func (e *Endpoint) SetHealthy(ok bool) { e.healthy.Store(ok) }
+
+// Outlier returns the endpoint's outlier detection state. It belongs to
+// this incarnation: an engine added again starts with none.
+func (e *Endpoint) Outlier() *Outlier { return &e.outlier }
 
 // Stats returns the last scraped stats, or nil when none has been stored.
 // Check [Stats.Fresh] before trusting them.
