@@ -193,7 +193,7 @@ func withOperation(op *operation, next http.Handler) http.Handler {
 // body is read; no engine is contacted.
 func (s *Server) admit(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if max := s.cfg.MaxConcurrentRequests; max > 0 && s.inflight.Add(1) > int64(max) {
+		if max := s.set.Load().cfg.MaxConcurrentRequests; max > 0 && s.inflight.Add(1) > int64(max) {
 			// Given back at once, so a flood of rejected requests does not
 			// itself keep admissible ones out.
 			s.inflight.Add(-1)

@@ -83,6 +83,8 @@ type Server struct {
 	// released its slot from.
 	onRelease func(engine string, p routing.Phase)
 	closeOnce sync.Once
+	// reloadMu applies one Reload at a time.
+	reloadMu sync.Mutex
 }
 
 type config struct {
@@ -222,7 +224,7 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 	}
 	s.set.Store(newSettings(cfg, policy))
 	s.base, s.abort = context.WithCancelCause(context.Background())
-	s.reg, err = m.ObserveInFlight(pool.observeInFlight)
+	s.reg, err = m.ObserveInFlight(pool.observeInFlightByName)
 	if err != nil {
 		return nil, fmt.Errorf("register in-flight gauge: %w", err)
 	}
@@ -231,7 +233,7 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 		_ = s.reg.Unregister()
 		return nil, fmt.Errorf("register engine stats gauges: %w", err)
 	}
-	s.stateReg, err = m.ObserveEngineState(pool.observeState)
+	s.stateReg, err = m.ObserveEngineState(pool.observeStateByName)
 	if err != nil {
 		_ = s.reg.Unregister()
 		_ = s.statsReg.Unregister()

@@ -1,0 +1,410 @@
+package gateway
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"maps"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/switchboard-gw/switchboard/routing"
+	"github.com/switchboard-gw/switchboard/telemetry"
+)
+
+// ReloadReport says what a [Server.Reload] changed. Engine names are in
+// configuration order (Removed: in the order the engines ran); keys are
+// spelled as the YAML file spells them ("server.timeouts.idle",
+// "models.aliases").
+type ReloadReport struct {
+	// Added are the engines new to the pool.
+	Added []string
+	// Removed are the engines taken out of routing; their requests in
+	// flight finish on them and release their slots there (draining).
+	Removed []string
+	// Changed are the engines whose configuration changed (URL, models,
+	// key, provider, any EngineConfig field): the old incarnation drains
+	// its requests in flight, a new one takes the new requests.
+	Changed []string
+	// PolicyChanged is set when the routing policy was replaced by
+	// another instance.
+	PolicyChanged bool
+	// Settings are the keys of the settings that changed and apply to the
+	// requests arriving after the reload (timeouts, limits, attempts,
+	// model aliases, ...).
+	Settings []string
+	// Restart are the keys whose new value differs from the running one
+	// but takes effect only after a restart (every setting not read
+	// through the settings snapshot: the transport's connect timeout,
+	// health checks, stats scraping, outlier detection, the buffered-bytes
+	// budget, header stripping, trusted proxies, the access log). The
+	// running values stay in force; a later reload reports them again
+	// until the process restarts.
+	Restart []string
+}
+
+// Applied reports whether the reload changed anything in force: an
+// engine, the policy or a setting. Keys that need a restart do not count.
+func (r ReloadReport) Applied() bool {
+	return len(r.Added)+len(r.Removed)+len(r.Changed)+len(r.Settings) > 0 || r.PolicyChanged
+}
+
+// Reload applies cfg and policy to a running server without dropping a
+// request. cfg is validated whole first (as [New] validates, plus every
+// engine's key variable); on any error nothing changes, the running
+// configuration stays in force and the error (wrapping ErrInvalidConfig,
+// joined with errors.Join) is returned with an empty report.
+//
+// Otherwise the engine set is applied as one batch, in one new routing
+// snapshot: engines new to cfg are added, engines missing from it are
+// removed, engines whose EngineConfig differs are replaced. A removed
+// engine, and the old incarnation of a replaced one, take no new request;
+// their requests in flight finish and release their slots into their own
+// incarnation, whose gauges are reported until they drain. Each new
+// incarnation is probed (health, and its models when none are
+// configured) before the batch is applied, each probe bounded by
+// HealthConfig.Timeout, so a new engine serves at once and one that is
+// down enters as unhealthy. A replaced engine's metrics and spans carry
+// its new server.address and server.port from its first request on. The
+// model aliases are then replaced, and last the settings snapshot the
+// request path reads: requests already in flight keep the settings they
+// started with.
+//
+// policy must not be nil; pass the running policy to keep its state
+// (round-robin position, session ring, prefix index). The settings that
+// cannot change at run time keep their running values and are listed in
+// ReloadReport.Restart. Call Reload after [Server.Start]; it is safe for
+// concurrent use (reloads are applied one at a time).
+func (s *Server) Reload(cfg Config, policy routing.Policy) (ReloadReport, error) {
+	if policy == nil {
+		return ReloadReport{}, fmt.Errorf("%w: nil routing policy", ErrInvalidConfig)
+	}
+	if err := cfg.Validate(); err != nil {
+		return ReloadReport{}, err
+	}
+	s.reloadMu.Lock()
+	defer s.reloadMu.Unlock()
+	cur := s.set.Load()
+	eff := keepRunning(cfg, s.cfg)
+	var rep ReloadReport
+	rep.Restart = configDiff(cfg, eff)
+	if err := eff.Validate(); err != nil {
+		return ReloadReport{}, fmt.Errorf("with the running values of the settings that need a restart (%s): %w",
+			strings.Join(rep.Restart, ", "), err)
+	}
+	added, removed, changed, err := s.pool.apply(eff.Engines, eff.Models.Aliases)
+	if err != nil {
+		return ReloadReport{}, err
+	}
+	rep.Added, rep.Removed, rep.Changed = added, removed, changed
+	rep.PolicyChanged = !samePolicy(policy, cur.policy)
+	rep.Settings = configDiff(cur.cfg, eff)
+	if rep.Applied() {
+		s.set.Store(newSettings(eff, policy))
+	}
+	return rep, nil
+}
+
+// reloadable are the keys of the settings the request path reads from the
+// settings snapshot, once per request, so a reload applies them to the
+// requests that follow (a key ending in "." stands for its whole section).
+// Every other setting is read once, where it is built, and needs a
+// restart: max_buffered_bytes (the budget's limit, read without a lock),
+// strip_request_headers and trusted_proxies (Server fields built by New),
+// timeouts.connect (the engine transport's dialer), health and
+// engine_stats (the pool's tickers and probe client), outlier (the
+// pool's detector), log.access (the access-log middleware, chosen when the
+// handler is built). A setting added later needs a restart until it is
+// listed here: it is never silently ignored.
+var reloadable = []string{
+	"server.max_body_bytes", "server.max_form_bytes", "server.body_read_timeout",
+	"server.max_concurrent_requests", "server.max_response_buffer_bytes",
+	"server.max_attempts", "server.retry.", "server.max_pending_per_model",
+	"server.timeouts.response_header", "server.timeouts.first_token", "server.timeouts.idle",
+	"server.timeouts.attempt", "server.timeouts.client_write", "server.timeouts.request",
+	"server.engine_header", "server.inject_usage", "server.observe_non_streaming",
+}
+
+func isReloadable(key string) bool {
+	for _, k := range reloadable {
+		if key == k || strings.HasSuffix(k, ".") && strings.HasPrefix(key, k) {
+			return true
+		}
+	}
+	return false
+}
+
+// keepRunning returns next with every setting that cannot change at run
+// time (see reloadable) set back to its running value: what a reload puts
+// in force. The engines and the model aliases are next's.
+func keepRunning(next, running Config) Config {
+	keepFields("server", reflect.ValueOf(&next).Elem(), reflect.ValueOf(running))
+	next.AccessLog = running.AccessLog
+	return next
+}
+
+// keepFields sets every field of next (a settable struct) whose key is not
+// reloadable to its value in running, recursing into sections.
+func keepFields(prefix string, next, running reflect.Value) {
+	t := next.Type()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("koanf"), ",")
+		if name == "-" || !f.IsExported() {
+			continue
+		}
+		key := prefix + "." + name
+		switch {
+		case isReloadable(key):
+		case f.Type.Kind() == reflect.Struct:
+			keepFields(key, next.Field(i), running.Field(i))
+		default:
+			next.Field(i).Set(running.Field(i))
+		}
+	}
+}
+
+// configDiff returns the keys whose values differ between a and b, as the
+// YAML file spells them, in field order; the engine list is not compared
+// (Pool.apply does).
+func configDiff(a, b Config) []string {
+	var keys []string
+	diffFields("server", reflect.ValueOf(a), reflect.ValueOf(b), &keys)
+	if a.AccessLog != b.AccessLog {
+		keys = append(keys, "log.access")
+	}
+	if !maps.Equal(a.Models.Aliases, b.Models.Aliases) {
+		keys = append(keys, "models.aliases")
+	}
+	return keys
+}
+
+// diffFields appends to keys the koanf key of every field of the structs a
+// and b whose values differ, recursing into nested sections; fields
+// tagged "-" are skipped. An empty slice equals a nil one.
+func diffFields(prefix string, a, b reflect.Value, keys *[]string) {
+	t := a.Type()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("koanf"), ",")
+		if name == "-" || !f.IsExported() {
+			continue
+		}
+		key := prefix + "." + name
+		fa, fb := a.Field(i), b.Field(i)
+		switch {
+		case f.Type.Kind() == reflect.Struct:
+			diffFields(key, fa, fb, keys)
+		case f.Type.Kind() == reflect.Slice && fa.Len() == 0 && fb.Len() == 0:
+		case !reflect.DeepEqual(fa.Interface(), fb.Interface()):
+			*keys = append(*keys, key)
+		}
+	}
+}
+
+// samePolicy reports whether a and b are the same policy instance (a
+// policy of a type that cannot be compared counts as a new one).
+func samePolicy(a, b routing.Policy) bool {
+	if reflect.TypeOf(a) != reflect.TypeOf(b) || !reflect.TypeOf(a).Comparable() {
+		return false
+	}
+	return a == b
+}
+
+// sameEngine reports whether a and b configure the same engine: every
+// field equal, the models compared as a set.
+func sameEngine(a, b EngineConfig) bool {
+	a.Models, b.Models = sortedSet(a.Models), sortedSet(b.Models)
+	return reflect.DeepEqual(a, b)
+}
+
+func sortedSet(s []string) []string {
+	if len(s) == 0 {
+		return nil
+	}
+	s = slices.Clone(s)
+	slices.Sort(s)
+	return slices.Compact(s)
+}
+
+// reloadTries bounds how often apply builds its batch again when the pool
+// changed (Add, Remove) while the new engines were being probed.
+const reloadTries = 3
+
+// errPoolChanged is apply's conflict, retried.
+var errPoolChanged = errors.New("the engine pool changed during the reload")
+
+// apply makes the pool's engines those of want (validated), in want's
+// order, as one batch, and the model aliases those of aliases. An engine
+// whose configuration is unchanged keeps its incarnation (its slots,
+// health, models, sleep state); a new or changed one gets a new
+// incarnation, probed before the batch is applied; a removed one, and the
+// old incarnation of a changed one, are retired (reported until drained).
+// It returns the names added, removed and changed, or an error (nothing
+// changed) when an engine cannot be built.
+func (p *Pool) apply(want []EngineConfig, aliases map[string]string) (added, removed, changed []string, err error) {
+	for range reloadTries {
+		added, removed, changed, err = p.tryApply(want, aliases)
+		if !errors.Is(err, errPoolChanged) {
+			return added, removed, changed, err
+		}
+	}
+	return nil, nil, nil, fmt.Errorf("%w: %w, %d times; try again", ErrInvalidConfig, errPoolChanged, reloadTries)
+}
+
+func (p *Pool) tryApply(want []EngineConfig, aliases map[string]string) (added, removed, changed []string, err error) {
+	// 1. Plan against the current engines and build the new incarnations.
+	p.mu.Lock()
+	base := slices.Clone(p.engines)
+	byName := make(map[string]*engine, len(base))
+	for _, e := range base {
+		byName[e.cfg.Name] = e
+	}
+	next := make([]*engine, len(want))
+	var fresh []*engine
+	var errs []error
+	for i, ec := range want {
+		old := byName[ec.Name]
+		if old != nil && sameEngine(old.cfg, ec) {
+			next[i] = old
+			continue
+		}
+		e, err := p.newIncarnation(ec)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("engines[%d]: %w", i, err))
+			continue
+		}
+		next[i] = e
+		fresh = append(fresh, e)
+		if old == nil {
+			added = append(added, ec.Name)
+		} else {
+			changed = append(changed, ec.Name)
+		}
+	}
+	p.mu.Unlock()
+	if err := errors.Join(errs...); err != nil {
+		return nil, nil, nil, err
+	}
+	wanted := make(map[string]bool, len(want))
+	for _, ec := range want {
+		wanted[ec.Name] = true
+	}
+	for _, e := range base {
+		if !wanted[e.cfg.Name] {
+			removed = append(removed, e.cfg.Name)
+		}
+	}
+	newAliases := aliasesOf(aliases)
+
+	// 2. Probe the new incarnations, outside the pool lock: a probe takes
+	// up to HealthConfig.Timeout, and the request path and the gauges must
+	// not wait for it. They are not in the pool yet, so only this
+	// goroutine touches their probe state; probeMu keeps a probe round
+	// from running beside them all the same.
+	if len(fresh) > 0 {
+		p.probeMu.Lock()
+		var wg sync.WaitGroup
+		for _, e := range fresh {
+			wg.Go(func() { p.probe(p.ctx, e) })
+		}
+		wg.Wait()
+		p.probeMu.Unlock()
+	}
+
+	// 3. Apply the batch, unless the pool changed meanwhile.
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !slices.Equal(p.engines, base) {
+		return nil, nil, nil, errPoolChanged
+	}
+	keep := make(map[*engine]bool, len(next))
+	for _, e := range next {
+		keep[e] = true
+	}
+	for _, e := range base {
+		if !keep[e] {
+			p.retired = append(p.retired, e)
+		}
+	}
+	for _, e := range fresh {
+		p.telByName[e.cfg.Name] = e.tel
+	}
+	for _, name := range removed {
+		// A later Add under this name builds attributes from its own URL.
+		delete(p.telByName, name)
+	}
+	p.engines = next
+	p.aliases = newAliases
+	p.rebuildLocked()
+	return added, removed, changed, nil
+}
+
+// newIncarnation builds a new incarnation of ec with its own
+// telemetry.Engine, so its metrics and spans carry its own server.address,
+// server.port and gen_ai.provider.name while an older incarnation under the
+// same name drains with its own. The pool's telemetry map is left as it
+// was (apply installs the new one with the batch). Call with p.mu held.
+func (p *Pool) newIncarnation(ec EngineConfig) (*engine, error) {
+	prev, had := p.telByName[ec.Name]
+	delete(p.telByName, ec.Name) // newEngine builds a fresh one from ec
+	e, err := p.newEngine(ec)
+	if had {
+		p.telByName[ec.Name] = prev
+	} else {
+		delete(p.telByName, ec.Name)
+	}
+	return e, err
+}
+
+// aliasesOf builds the alias table of Config.Models.Aliases.
+func aliasesOf(m map[string]string) map[string]alias {
+	out := make(map[string]alias, len(m))
+	for name, target := range m {
+		q, _ := json.Marshal(target)
+		out[name] = alias{target: target, quoted: q, raw: []byte(target)}
+	}
+	return out
+}
+
+// observeInFlightByName is observeInFlight with the reports of the
+// incarnations that share a name merged into one (their counts summed):
+// an engine replaced by a reload has two telemetry.Engines, with the same
+// engine and phase attributes, while its old incarnation drains, and an
+// observation callback must report each attribute set once.
+func (p *Pool) observeInFlightByName(report func(e *telemetry.Engine, prefill, decode int64)) {
+	type sum struct {
+		tel    *telemetry.Engine
+		pf, dc int64
+	}
+	var sums []sum
+	p.observeInFlight(func(t *telemetry.Engine, pf, dc int64) {
+		for i := range sums {
+			if sums[i].tel.Name() == t.Name() {
+				sums[i].pf += pf
+				sums[i].dc += dc
+				return
+			}
+		}
+		sums = append(sums, sum{t, pf, dc})
+	})
+	for _, s := range sums {
+		report(s.tel, s.pf, s.dc)
+	}
+}
+
+// observeStateByName is observeState reporting each engine name once: the
+// engine in the pool, not an older incarnation still draining under the
+// same name.
+func (p *Pool) observeStateByName(report func(e *telemetry.Engine, state int)) {
+	var seen []string
+	p.observeState(func(t *telemetry.Engine, state int) {
+		if slices.Contains(seen, t.Name()) {
+			return
+		}
+		seen = append(seen, t.Name())
+		report(t, state)
+	})
+}
