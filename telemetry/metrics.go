@@ -191,6 +191,7 @@ type Metrics struct {
 	prefixHitRatio metric.Float64ObservableGauge
 	drift          metric.Int64ObservableGauge
 	state          metric.Int64ObservableGauge
+	reload         reloadInstruments
 
 	genaiDuration   metric.Float64Histogram
 	genaiFirstChunk metric.Float64Histogram
@@ -312,6 +313,7 @@ func NewMetrics(mp metric.MeterProvider, opts ...MetricsOption) (*Metrics, error
 		"Requests the engine reports (running + waiting) minus the requests the gateway has in flight on it at scrape time; 0 when only this gateway uses the engine.")
 	m.state = ig(EngineStateName, "1",
 		"1 for the state the engine is in (ready, unhealthy, sleeping, draining), 0 for the others.")
+	errs = append(errs, m.reload.init(m.meter)...)
 	return m, errors.Join(errs...)
 }
 
