@@ -249,7 +249,9 @@ func TestCaseL03EngineFlap(t *testing.T) {
 
 // TestRetryOnConnectFailure: a connection refused by the picked engine fails
 // over to another before anything is sent; every attempt's slot is
-// released once, and the failed engine leaves routing.
+// released once, and the failed engine leaves routing (outlier detection
+// set to eject at the first connect failure; TestOutlierEjectsAfterStreak
+// has the default streak).
 func TestRetryOnConnectFailure(t *testing.T) {
 	live, sLive := sim(t, enginesim.Config{Models: []string{"m"}})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -259,6 +261,7 @@ func TestRetryOnConnectFailure(t *testing.T) {
 	deadURL := "http://" + ln.Addr().String()
 	ln.Close()
 	cfg := testConfig(EngineConfig{Name: "dead", URL: deadURL, Models: []string{"m"}}, EngineConfig{Name: "live", URL: sLive.URL, Models: []string{"m"}})
+	cfg.Outlier.ConsecutiveConnectFailures = 1
 	h := newHarness(t, cfg, withoutStart()) // no probe: "dead" starts healthy
 	var mu sync.Mutex
 	released := map[string]int{}

@@ -1,8 +1,251 @@
 package gateway
 
+import (
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/switchboard-gw/switchboard/routing"
+)
+
+// Outlier detection (passive health, Envoy's model; routing/outlier.go
+// holds the streaks, the back-off and the state machine): every attempt's
+// outcome is counted on its engine's routing.Outlier when the attempt ends
+// (observeOutcome); a streak at its threshold ejects the engine, if the
+// max_ejection_percent bound over its models allows, and the routing
+// snapshot is rebuilt without it (once per ejection, never per request). A
+// timer at the end of the ejection time probes the engine right then; it
+// returns at that probe or at any later one that passes (ProbeNow).
+
+// outliers is the pool's outlier detection state.
+type outliers struct {
+	cfg atomic.Pointer[routing.OutlierConfig]
+	// after starts a timer running f after d and returns its stop
+	// function; time.AfterFunc unless a test injects its clock.
+	after func(d time.Duration, f func()) (stop func() bool)
+
+	// Guarded by Pool.mu: the return timers of ejected engines, and
+	// closed (set by Close; no timer starts a probe after it).
+	timers map[*engine]returnTimer
+	seq    uint64 // numbers the return timers
+	closed bool
+	wg     sync.WaitGroup // return probes in progress
+}
+
+// returnTimer is an ejected engine's timer: its stop function and its
+// number, so a timer that fired late never forgets a newer one.
+type returnTimer struct {
+	stop func() bool
+	seq  uint64
+}
+
+func (o *outliers) init(c routing.OutlierConfig) {
+	o.cfg.Store(&c)
+	o.timers = map[*engine]returnTimer{}
+	o.after = func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
+}
+
+// outlierConfigErrors puts each of routing's outlier config errors under
+// the server section, wrapping ErrInvalidConfig.
+func outlierConfigErrors(err error) []error {
+	if err == nil {
+		return nil
+	}
+	var errs []error
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range j.Unwrap() {
+			errs = append(errs, fmt.Errorf("%w: server.%w", ErrInvalidConfig, e))
+		}
+		return errs
+	}
+	return []error{fmt.Errorf("%w: server.%w", ErrInvalidConfig, err)}
+}
+
+// outcomeOf classifies an attempt's end for outlier detection (see
+// routing.Outcome): status is the engine's response status (0 before
+// headers), errType the attempt's error.type ("" for success, an ErrType*
+// value, or the engine's status in decimal). Allocation-free.
+func outcomeOf(status int, errType string) routing.Outcome {
+	switch errType {
+	case "":
+		return routing.OutcomeSuccess
+	case ErrTypeConnect:
+		return routing.OutcomeConnectFailure
+	case ErrTypeHeaderTimeout, ErrTypeFirstToken, ErrTypeIdleTimeout, ErrTypeAttemptTimeout:
+		return routing.OutcomeTimeout
+	case ErrTypeEngineDisconnect, ErrTypeStreamError:
+		return routing.OutcomeServerError
+	}
+	// The engine's own error status: 5xx counts; 4xx (429 included: the
+	// engine shedding load is overload, for retries and circuit breaking)
+	// says nothing about the engine.
+	if status >= 500 && status <= 599 && isStatus(errType, status) {
+		return routing.OutcomeServerError
+	}
+	// client_cancelled, client_stalled, server_shutdown, request_timeout
+	// (the whole request's budget, spent partly elsewhere), panic and
+	// _OTHER (the gateway's own faults), 4xx.
+	return routing.OutcomeNeutral
+}
+
+// isStatus reports whether s is the three-digit decimal status.
+func isStatus(s string, status int) bool {
+	return len(s) == 3 && s[0] == byte('0'+status/100) && s[1] == byte('0'+status/10%10) && s[2] == byte('0'+status%10)
+}
+
 // observeOutcome is told the outcome of every engine attempt when it ends
 // (attempt.end, the single release path): the engine, the engine's
 // response status (0 when no response headers arrived) and the attempt's
 // error type ("" for success; the ErrType* values or an engine status).
-// Outlier detection hangs off it.
-func (p *Pool) observeOutcome(e *engine, status int, errType string) {}
+// It counts the outcome on the engine's own outlier state (an atomic load
+// and the endpoint's mutex, no allocation) and takes the pool's lock only
+// when a streak reaches its threshold.
+func (p *Pool) observeOutcome(e *engine, status int, errType string) {
+	c := p.out.cfg.Load()
+	if !c.Enabled {
+		return
+	}
+	if kind, trip := e.ep.Outlier().Record(c, outcomeOf(status, errType)); trip {
+		p.eject(e, c, kind)
+	}
+}
+
+// setOutlier swaps the outlier detection settings at run time (config
+// reload); c must be valid. New streak thresholds apply from the next
+// outcome, new ejection times from the next ejection. Turning detection
+// off returns every ejected engine at once.
+func (p *Pool) setOutlier(c routing.OutlierConfig) {
+	p.out.cfg.Store(&c)
+	if c.Enabled {
+		return
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	changed := false
+	for _, e := range p.engines {
+		if e.ep.Outlier().Forgive() {
+			changed = true
+		}
+	}
+	for e, t := range p.out.timers {
+		t.stop()
+		delete(p.out.timers, e)
+	}
+	if changed {
+		p.log.Info("outlier detection off: every ejected engine returned")
+		p.rebuildLocked()
+	}
+}
+
+// eject takes e out of routing after a streak of kind, unless e left the
+// pool or the max_ejection_percent bound forbids it, and arms the timer
+// that probes it when its ejection time ends.
+func (p *Pool) eject(e *engine, c *routing.OutlierConfig, kind routing.Outcome) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.out.closed || !slices.Contains(p.engines, e) {
+		return
+	}
+	if m, ok := p.ejectionAllowedLocked(e, c); !ok {
+		p.log.Warn("engine not ejected: too many engines of its model are ejected already",
+			"engine", e.cfg.Name, "reason", kind.String(), "model", m, "max_ejection_percent", c.MaxEjectionPercent)
+		return
+	}
+	now := p.now()
+	until, n, ok := e.ep.Outlier().Eject(c, now)
+	if !ok {
+		return
+	}
+	p.log.Warn("engine ejected", "engine", e.cfg.Name, "reason", kind.String(), "ejection", n, "for", until.Sub(now).String())
+	p.rebuildLocked()
+	if t, ok := p.out.timers[e]; ok {
+		t.stop()
+	}
+	p.out.seq++
+	seq := p.out.seq
+	p.out.timers[e] = returnTimer{stop: p.out.after(until.Sub(now), func() { p.returnProbe(e, seq) }), seq: seq}
+}
+
+// ejectionAllowedLocked applies max_ejection_percent: e may be ejected only
+// if, for every model it serves, the engines of that model already
+// ejected plus e stay within MaxEjected of all the engines in the pool
+// serving it. It returns the model that forbids it. An engine whose models
+// are not known yet serves no route and may be ejected.
+func (p *Pool) ejectionAllowedLocked(e *engine, c *routing.OutlierConfig) (string, bool) {
+	for _, m := range e.knownModels() {
+		n, ejected := 0, 1 // e itself
+		for _, o := range p.engines {
+			if !slices.Contains(o.knownModels(), m) {
+				continue
+			}
+			n++
+			if o != e && o.ep.Outlier().Ejected() {
+				ejected++
+			}
+		}
+		if ejected > c.MaxEjected(n) {
+			return m, false
+		}
+	}
+	return "", true
+}
+
+// returnProbe runs when e's ejection time has ended: it probes e at once
+// (the probe is the only writer of health) and returns e to routing if the
+// probe passes. If it fails, e stays out until a later probe passes.
+func (p *Pool) returnProbe(e *engine, seq uint64) {
+	p.mu.Lock()
+	if t, ok := p.out.timers[e]; ok && t.seq == seq {
+		delete(p.out.timers, e)
+	}
+	if p.out.closed || !slices.Contains(p.engines, e) {
+		p.mu.Unlock()
+		return
+	}
+	p.out.wg.Add(1)
+	p.mu.Unlock()
+	defer p.out.wg.Done()
+	p.probeMu.Lock()
+	ok := p.probe(p.ctx, e)
+	p.probeMu.Unlock()
+	if ok && p.returnEjected(e) {
+		p.rebuild()
+	}
+}
+
+// returnEjected ends e's ejection if its time has passed; the caller has
+// just seen e pass a probe and rebuilds the snapshot when it reports true.
+func (p *Pool) returnEjected(e *engine) bool {
+	if !e.ep.Outlier().Return(p.now()) {
+		return false
+	}
+	p.log.Info("engine returned from ejection", "engine", e.cfg.Name)
+	return true
+}
+
+// closeOutliers stops the return timers and waits for return probes in
+// progress (Close).
+func (p *Pool) closeOutliers() {
+	p.mu.Lock()
+	p.out.closed = true
+	for e, t := range p.out.timers {
+		t.stop()
+		delete(p.out.timers, e)
+	}
+	p.mu.Unlock()
+	p.out.wg.Wait()
+}
+
+// outlierStatus returns what /admin/engines shows of e's outlier state:
+// when its ejection time ends (nil unless ejected) and its ejection
+// multiplier after decay.
+func (p *Pool) outlierStatus(e *engine, now time.Time) (*time.Time, int) {
+	s := e.ep.Outlier().Status(p.out.cfg.Load(), now)
+	if !s.Ejected {
+		return nil, s.Ejections
+	}
+	u := s.Until
+	return &u, s.Ejections
+}

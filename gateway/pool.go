@@ -151,6 +151,8 @@ type Pool struct {
 
 	snap atomic.Pointer[snapshot]
 
+	out outliers // outlier detection (outlier.go)
+
 	probeMu   sync.Mutex // one probe round at a time
 	statsMu   sync.Mutex // one scrape round at a time
 	startOnce sync.Once
@@ -179,6 +181,7 @@ func newPool(cfg Config, m *telemetry.Metrics, rt http.RoundTripper, log *slog.L
 		p.aliases[name] = alias{target: target, quoted: q, raw: []byte(target)}
 	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
+	p.out.init(cfg.Outlier)
 	for _, ec := range cfg.Engines {
 		e, err := p.newEngine(ec)
 		if err != nil {
@@ -305,22 +308,21 @@ type modelObject struct {
 }
 
 // engineState is an engine's state as /admin/engines and
-// switchboard.engine.state show it; the index into telemetry.EngineStates.
+// switchboard.engine.state show it (routing's state machine, one verdict
+// per writer: removal, probes, outlier detection, the admin API and the
+// engine's stats); the index into telemetry.EngineStates.
 func (p *Pool) engineState(e *engine, retired bool) int {
-	switch {
-	case retired:
-		return 3 // draining
-	case !e.ep.Healthy():
-		return 1 // unhealthy
-	case e.sleeping.Load() || e.blocked:
-		return 2 // sleeping (or self-reported unhealthy in fresh stats)
-	}
-	return 0 // ready
+	return int(routing.Verdicts{
+		Draining:  retired,
+		Unhealthy: !e.ep.Healthy(),
+		Ejected:   e.ep.Outlier().Ejected(),
+		Sleeping:  e.sleeping.Load() || e.blocked, // or self-reported unhealthy in fresh stats
+	}.State())
 }
 
-// routable reports whether e may receive new requests.
+// routable reports whether e may receive new requests: it is ready.
 func (e *engine) routable() bool {
-	return e.ep.Healthy() && !e.blocked && !e.sleeping.Load()
+	return e.ep.Healthy() && !e.blocked && !e.sleeping.Load() && !e.ep.Outlier().Ejected()
 }
 
 func (p *Pool) rebuildLocked() {
@@ -412,16 +414,13 @@ func (p *Pool) lookup(model string) (*route, error) {
 	return nil, errModelNotFound(model)
 }
 
-// markFailed records a passive failure (the engine refused a connection):
-// the engine leaves routing until a probe succeeds.
+// markFailed records a refused connection as the engine's last error.
+// It no longer takes the engine out of routing: the attempt's
+// connect_error reaches outlier detection when the attempt ends
+// (observeOutcome), where a streak of them ejects the engine.
 func (p *Pool) markFailed(e *engine, err error) {
 	msg := err.Error()
 	e.lastErr.Store(&msg)
-	if e.ep.Healthy() {
-		e.ep.SetHealthy(false)
-		p.log.Warn("engine marked unhealthy", "engine", e.cfg.Name, "error", err)
-		p.rebuild()
-	}
 }
 
 // observeInFlight reports the in-flight counts of every engine name, summing
@@ -486,8 +485,8 @@ type EngineStatus struct {
 	Name      string   `json:"name"`                 // configured engine name
 	URL       string   `json:"url"`                  // base URL, userinfo redacted
 	Healthy   bool     `json:"healthy"`              // last health verdict
-	Routable  bool     `json:"routable"`             // healthy, in the pool, and not sleeping or self-reported unhealthy by fresh stats
-	State     string   `json:"state"`                // ready, unhealthy, sleeping or draining (telemetry.EngineStates)
+	Routable  bool     `json:"routable"`             // ready: healthy, in the pool, not ejected, not sleeping or self-reported unhealthy by fresh stats
+	State     string   `json:"state"`                // ready, unhealthy, sleeping, draining or ejected (telemetry.EngineStates)
 	Sleeping  bool     `json:"sleeping,omitempty"`   // put to sleep through the admin API and not woken yet
 	Models    []string `json:"models"`               // sorted; empty until discovered
 	Static    bool     `json:"models_configured"`    // models come from config, not discovery
@@ -495,6 +494,14 @@ type EngineStatus struct {
 	Decode    int64    `json:"decode"`               // requests in decode now
 	Retired   bool     `json:"retired,omitempty"`    // removed, still draining its requests
 	LastError string   `json:"last_error,omitempty"` // the last failed probe or refused connection
+	// EjectedUntil is when the engine's ejection time ends, while outlier
+	// detection has it ejected; it returns at its first passing probe
+	// after that.
+	EjectedUntil *time.Time `json:"ejected_until,omitempty"`
+	// Ejections is the engine's ejection multiplier (its ejections less
+	// those forgiven by time spent healthy): its next ejection lasts
+	// base_ejection_time × (Ejections + 1), capped.
+	Ejections int `json:"ejections"`
 	// Stats are the engine's last scraped stats, fresh or not; absent
 	// when none was ever scraped (or scraping is off).
 	Stats *EngineStatsStatus `json:"stats,omitempty"`
@@ -516,6 +523,7 @@ func (p *Pool) Status() []EngineStatus {
 		if s.Models == nil {
 			s.Models = []string{}
 		}
+		s.EjectedUntil, s.Ejections = p.outlierStatus(e, now)
 		if le := e.lastErr.Load(); le != nil {
 			s.LastError = *le
 		}
@@ -579,6 +587,7 @@ func (p *Pool) every(d time.Duration, fn func(context.Context)) {
 // not touch requests in flight.
 func (p *Pool) Close() {
 	p.cancel()
+	p.closeOutliers()
 	p.wg.Wait()
 	p.client.CloseIdleConnections()
 }
@@ -589,7 +598,12 @@ func (p *Pool) Close() {
 func (p *Pool) ProbeNow(ctx context.Context) {
 	p.probeMu.Lock()
 	defer p.probeMu.Unlock()
-	p.forEachEngine(func(e *engine) { p.probe(ctx, e) })
+	// A passing probe also ends an ejection whose time has passed.
+	p.forEachEngine(func(e *engine) {
+		if p.probe(ctx, e) {
+			p.returnEjected(e)
+		}
+	})
 	p.rebuild()
 }
 
@@ -606,7 +620,10 @@ func (p *Pool) forEachEngine(fn func(*engine)) {
 	wg.Wait()
 }
 
-func (p *Pool) probe(ctx context.Context, e *engine) {
+// probe asks e's /health (and /v1/models, /is_sleeping when due) and
+// records the verdict; it reports whether the probe passed. The caller
+// holds probeMu.
+func (p *Pool) probe(ctx context.Context, e *engine) bool {
 	err := p.get(ctx, e, "/health", nil)
 	if err == nil && (!e.static && (e.models.Load() == nil || time.Since(e.lastDiscover) >= p.cfg.DiscoveryInterval)) {
 		err = p.discover(ctx, e)
@@ -636,7 +653,7 @@ func (p *Pool) probe(ctx context.Context, e *engine) {
 			e.ep.SetHealthy(false)
 			p.log.Warn("engine unhealthy", "engine", e.cfg.Name, "error", err)
 		}
-		return
+		return false
 	}
 	e.fails = 0
 	e.lastErr.Store(nil)
@@ -644,6 +661,7 @@ func (p *Pool) probe(ctx context.Context, e *engine) {
 		e.ep.SetHealthy(true)
 		p.log.Info("engine healthy", "engine", e.cfg.Name)
 	}
+	return true
 }
 
 // discover reads the engine's /v1/models: the model ids it serves (LoRA

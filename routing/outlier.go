@@ -90,17 +90,28 @@ func DefaultOutlierConfig() OutlierConfig {
 	}
 }
 
-// ErrInvalidOutlierConfig wraps every error of [OutlierConfig.Validate].
+// ErrInvalidOutlierConfig is wrapped by every error of
+// [OutlierConfig.Validate] (errors.Is finds it; the messages start with the
+// key instead of repeating it).
 var ErrInvalidOutlierConfig = errors.New("invalid outlier detection config")
 
+// outlierConfigError is one problem of an [OutlierConfig]: its message
+// names the key, and it wraps [ErrInvalidOutlierConfig].
+type outlierConfigError struct{ msg string }
+
+func (e *outlierConfigError) Error() string { return e.msg }
+func (e *outlierConfigError) Unwrap() error { return ErrInvalidOutlierConfig }
+
 // Validate reports every problem with c, joined; each wraps
-// [ErrInvalidOutlierConfig] and names its key under `outlier.` (the caller
-// adds the section the config is mounted in). Every key is checked even
-// when c is disabled, so enabling it later cannot reveal an old mistake.
+// [ErrInvalidOutlierConfig] and its message starts with its key under
+// `outlier.` (the caller adds the section the config is mounted in, e.g.
+// "outlier.max_ejection_percent must be 0..100, got 150"). Every key is
+// checked even when c is disabled, so enabling it later cannot reveal an
+// old mistake.
 func (c OutlierConfig) Validate() error {
 	var errs []error
 	bad := func(format string, a ...any) {
-		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidOutlierConfig}, a...)...))
+		errs = append(errs, &outlierConfigError{msg: fmt.Sprintf(format, a...)})
 	}
 	for _, t := range []struct {
 		key string

@@ -1,0 +1,734 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
+	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/routing"
+	"github.com/switchboard-gw/switchboard/telemetry"
+)
+
+// fakeClock is the injected clock of the outlier tests: the pool reads its
+// time, and the ejection timers fire when the test advances it, on the
+// test's goroutine, so nothing waits on the wall clock.
+type fakeClock struct {
+	mu     sync.Mutex
+	now    time.Time
+	timers []*fakeTimer
+}
+
+type fakeTimer struct {
+	at      time.Time
+	f       func()
+	stopped bool
+}
+
+func newFakeClock() *fakeClock {
+	return &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+}
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// AfterFunc is outliers.after.
+func (c *fakeClock) AfterFunc(d time.Duration, f func()) func() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	t := &fakeTimer{at: c.now.Add(d), f: f}
+	c.timers = append(c.timers, t)
+	return func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		was := !t.stopped
+		t.stopped = true
+		return was
+	}
+}
+
+// Advance moves the clock by d and runs the timers due, in time order.
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	var due []*fakeTimer
+	keep := c.timers[:0]
+	for _, t := range c.timers {
+		switch {
+		case t.stopped:
+		case !t.at.After(c.now):
+			t.stopped = true
+			due = append(due, t)
+		default:
+			keep = append(keep, t)
+		}
+	}
+	c.timers = keep
+	c.mu.Unlock()
+	sort.Slice(due, func(i, j int) bool { return due[i].at.Before(due[j].at) })
+	for _, t := range due {
+		t.f()
+	}
+}
+
+// pending returns how many timers are armed.
+func (c *fakeClock) pending() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, t := range c.timers {
+		if !t.stopped {
+			n++
+		}
+	}
+	return n
+}
+
+// outlierRig is a gateway in front of simulated engines serving model m,
+// with an injected clock and a count of each engine's ended attempts.
+type outlierRig struct {
+	*harness
+	clk     *fakeClock
+	sims    map[string]*enginesim.Engine
+	mu      sync.Mutex
+	ended   map[string]int
+	chat    string
+	streams string
+}
+
+// newOutlierRig starts one simulated engine per name (a name "dead" gets a
+// URL where nothing listens, "errevent" an engine whose every stream is one
+// error event), all serving "m" (static models, so no probe
+// is needed before traffic), with round-robin routing, one attempt per
+// request, no probe at start, and mod applied to the config.
+func newOutlierRig(t *testing.T, names []string, mod func(*Config)) *outlierRig {
+	t.Helper()
+	r := &outlierRig{clk: newFakeClock(), sims: map[string]*enginesim.Engine{}, ended: map[string]int{},
+		chat:    `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`,
+		streams: `{"model":"m","stream":true,"max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`}
+	var engines []EngineConfig
+	for _, n := range names {
+		url := ""
+		switch n {
+		case "errevent":
+			url = serveSim(t, http.HandlerFunc(errorEventEngine)).URL
+		case "dead":
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			url = "http://" + ln.Addr().String()
+			ln.Close()
+		default:
+			e, srv := sim(t, enginesim.Config{Models: []string{"m"}, OutputTokens: 2})
+			r.sims[n] = e
+			url = srv.URL
+		}
+		engines = append(engines, EngineConfig{Name: n, URL: url, Models: []string{"m"}})
+	}
+	cfg := testConfig(engines...)
+	cfg.MaxAttempts = 1
+	if mod != nil {
+		mod(&cfg)
+	}
+	r.harness = newHarnessWith(t, cfg, []Option{withClock(r.clk.Now)}, withoutStart())
+	r.gw.pool.out.after = r.clk.AfterFunc
+	r.gw.onRelease = func(name string, _ routing.Phase) {
+		r.mu.Lock()
+		r.ended[name]++
+		r.mu.Unlock()
+	}
+	return r
+}
+
+// errorEventEngine answers /health, and every other request with a stream
+// holding one error event (an engine failing mid-generation the way vLLM
+// reports it), then closes.
+func errorEventEngine(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/health" {
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	_, _ = io.WriteString(w, "data: {\"error\":{\"message\":\"engine failure\",\"type\":\"InternalServerError\",\"code\":500}}\n\n")
+}
+
+func (r *outlierRig) attempts(name string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ended[name]
+}
+
+// send posts body and returns the status and the engine that answered.
+func (r *outlierRig) send(body string, hdr ...string) (int, string) {
+	r.t.Helper()
+	resp := r.post("/v1/chat/completions", body, hdr...)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode, resp.Header.Get("X-Switchboard-Engine")
+}
+
+// sendUntil sends body until engine name has ended n attempts in total
+// (bounded), checking before each request that name is still routable.
+func (r *outlierRig) sendUntil(name string, n int, body string, hdr ...string) {
+	r.t.Helper()
+	for i := 0; r.attempts(name) < n; i++ {
+		if i > 20*n+20 {
+			r.t.Fatalf("%s ended %d attempts after %d requests, want %d", name, r.attempts(name), i, n)
+		}
+		if st := r.status(name); st.State != "ready" {
+			r.t.Fatalf("%s is %s after %d of its attempts, before the streak of %d", name, st.State, r.attempts(name), n)
+		}
+		r.send(body, hdr...)
+	}
+}
+
+func (r *outlierRig) state(name string) string { return r.status(name).State }
+
+// TestOutlierEjectsAfterStreak: each failure kind ejects the engine after
+// exactly its configured streak: 5xx answers, engines dropping a stream
+// mid-way (after content reached the client), error events, refused
+// connections, header timeouts. The ejected engine leaves routing at once
+// and the state shows in /admin/engines and the state gauge.
+func TestOutlierEjectsAfterStreak(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		fault  string // the bad engine's default fault
+		stream bool
+		n      func(*routing.OutlierConfig) int
+		mod    func(*Config)
+	}{
+		{name: "engine 500", fault: "status=500", n: func(c *routing.OutlierConfig) int { return c.Consecutive5xx }},
+		{name: "engine 503", fault: "status=503", n: func(c *routing.OutlierConfig) int { return c.Consecutive5xx }},
+		{name: "mid-stream disconnect", fault: "close-after=2", stream: true, n: func(c *routing.OutlierConfig) int { return c.Consecutive5xx }},
+		{name: "error event", stream: true, n: func(c *routing.OutlierConfig) int { return c.Consecutive5xx }},
+		{name: "connect failure", n: func(c *routing.OutlierConfig) int { return c.ConsecutiveConnectFailures }},
+		{name: "header timeout", fault: "stall-before-headers", stream: true, n: func(c *routing.OutlierConfig) int { return c.ConsecutiveTimeouts },
+			mod: func(c *Config) { c.Timeouts.ResponseHeader = 20 * time.Millisecond }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bad := "bad"
+			switch tc.name {
+			case "connect failure":
+				bad = "dead"
+			case "error event":
+				bad = "errevent"
+			}
+			r := newOutlierRig(t, []string{bad, "good"}, tc.mod)
+			if e := r.sims[bad]; e != nil {
+				if err := e.SetFault(tc.fault); err != nil {
+					t.Fatal(err)
+				}
+			}
+			body := r.chat
+			if tc.stream {
+				body = r.streams
+			}
+			n := tc.n(r.gw.pool.out.cfg.Load())
+			r.sendUntil(bad, n, body)
+			st := r.status(bad)
+			if st.State != "ejected" || st.Routable || st.EjectedUntil == nil || st.Ejections != 1 {
+				t.Fatalf("after %d failures: %+v, want ejected once", n, st)
+			}
+			if want := r.clk.Now().Add(30 * time.Second); !st.EjectedUntil.Equal(want) {
+				t.Errorf("ejected_until %s, want %s (base_ejection_time)", st.EjectedUntil, want)
+			}
+			if s := r.engineStates()[bad]; s != "ejected" {
+				t.Errorf("state gauge %q, want ejected", s)
+			}
+			for range 6 {
+				if code, eng := r.send(r.chat); code != 200 || eng != "good" {
+					t.Fatalf("after the ejection: %d from %q, want 200 from good", code, eng)
+				}
+			}
+			if got := r.attempts(bad); got != n {
+				t.Errorf("%s ended %d attempts, want %d: nothing more after its ejection", bad, got, n)
+			}
+			r.waitIdle()
+		})
+	}
+}
+
+// TestOutlierNeutralOutcomes: 4xx (429 too) and clients that cancel never
+// count against an engine, however many.
+func TestOutlierNeutralOutcomes(t *testing.T) {
+	for _, fault := range []string{"status=400", "status=404", "status=429,retry-after=1"} {
+		t.Run(fault, func(t *testing.T) {
+			r := newOutlierRig(t, []string{"bad", "good"}, nil)
+			if err := r.sims["bad"].SetFault(fault); err != nil {
+				t.Fatal(err)
+			}
+			for range 40 {
+				r.send(r.chat)
+			}
+			if r.attempts("bad") < 10 {
+				t.Fatalf("bad ended %d attempts, want many", r.attempts("bad"))
+			}
+			if st := r.status("bad"); st.State != "ready" || st.Ejections != 0 {
+				t.Errorf("after %d answers %s: %+v, want ready", r.attempts("bad"), fault, st)
+			}
+			r.waitIdle()
+		})
+	}
+	t.Run("client cancels", func(t *testing.T) {
+		r := newOutlierRig(t, []string{"bad", "good"}, nil)
+		if err := r.sims["bad"].SetFault("stall-before-headers"); err != nil {
+			t.Fatal(err)
+		}
+		// bad never sends headers; every client gives up after 30 ms.
+		for i := 0; r.attempts("bad") < 12; i++ {
+			if i > 100 {
+				t.Fatal("bad engine not reached")
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, r.srv.URL+"/v1/chat/completions", strings.NewReader(r.streams))
+			req.Header.Set("Content-Type", "application/json")
+			if resp, err := r.client.Do(req); err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			cancel()
+			r.waitIdle()
+		}
+		if et := r.errorTypes(); et[ErrTypeClientCancelled] < 12 {
+			t.Fatalf("error types %v, want >= 12 client_cancelled", et)
+		}
+		if st := r.status("bad"); st.State != "ready" {
+			t.Errorf("after %d cancelled requests: %+v, want ready", r.attempts("bad"), st)
+		}
+	})
+}
+
+// TestOutlierSuccessResets: a success between failures ends the streak.
+func TestOutlierSuccessResets(t *testing.T) {
+	r := newOutlierRig(t, []string{"bad", "good"}, nil)
+	n := r.gw.pool.out.cfg.Load().Consecutive5xx
+	bad := r.sims["bad"]
+	_ = bad.SetFault("status=500")
+	r.sendUntil("bad", n-1, r.chat)
+	_ = bad.SetFault("")
+	r.sendUntil("bad", n, r.chat) // one success
+	_ = bad.SetFault("status=500")
+	r.sendUntil("bad", 2*n-1, r.chat)
+	if s := r.state("bad"); s != "ready" {
+		t.Fatalf("after %d failures, a success and %d failures: %s, want ready", n-1, n-1, s)
+	}
+	r.sendUntil("bad", 2*n, r.chat)
+	if s := r.state("bad"); s != "ejected" {
+		t.Errorf("after a full streak: %s, want ejected", s)
+	}
+	r.waitIdle()
+}
+
+// TestOutlierReturnAfterTimeAndProbe: an ejected engine returns only once
+// its ejection time has passed and a probe passes: a probe passing before
+// then changes nothing; the timer at the end probes at once; a failing
+// probe then keeps it out (and unhealthy) until a later probe passes.
+func TestOutlierReturnAfterTimeAndProbe(t *testing.T) {
+	r := newOutlierRig(t, []string{"bad", "good"}, nil)
+	bad := r.sims["bad"]
+	_ = bad.SetFault("status=500")
+	r.sendUntil("bad", 5, r.chat)
+	if s := r.state("bad"); s != "ejected" {
+		t.Fatalf("state %s, want ejected", s)
+	}
+	_ = bad.SetFault("")
+	r.gw.pool.ProbeNow(context.Background())
+	if s := r.state("bad"); s != "ejected" {
+		t.Fatalf("a passing probe before the ejection time: %s, want ejected", s)
+	}
+	r.clk.Advance(29 * time.Second)
+	if s := r.state("bad"); s != "ejected" {
+		t.Fatalf("at 29s of 30s: %s, want ejected", s)
+	}
+	bad.SetHealthy(false)
+	r.clk.Advance(time.Second) // the timer fires: its probe fails
+	st := r.status("bad")
+	if st.State != "unhealthy" || st.Routable || st.EjectedUntil == nil {
+		t.Fatalf("after a failed return probe: %+v, want unhealthy, still ejected", st)
+	}
+	if code, eng := r.send(r.chat); code != 200 || eng != "good" {
+		t.Fatalf("while bad is out: %d from %q", code, eng)
+	}
+	bad.SetHealthy(true)
+	r.gw.pool.ProbeNow(context.Background())
+	st = r.status("bad")
+	if st.State != "ready" || !st.Routable || st.EjectedUntil != nil || st.Ejections != 1 {
+		t.Fatalf("after a passing probe past the ejection time: %+v, want ready", st)
+	}
+	seen := map[string]int{}
+	for range 6 {
+		_, eng := r.send(r.chat)
+		seen[eng]++
+	}
+	if seen["bad"] == 0 {
+		t.Errorf("the returned engine got no traffic: %v", seen)
+	}
+
+	// The timer alone brings it back when its probe passes.
+	_ = bad.SetFault("status=500")
+	r.sendUntil("bad", r.attempts("bad")+5, r.chat)
+	st = r.status("bad")
+	if st.State != "ejected" || st.Ejections != 2 {
+		t.Fatalf("second ejection: %+v", st)
+	}
+	_ = bad.SetFault("")
+	r.clk.Advance(st.EjectedUntil.Sub(r.clk.Now()))
+	if s := r.state("bad"); s != "ready" {
+		t.Errorf("after the second ejection's time and the timer's probe: %s, want ready", s)
+	}
+	if n := r.clk.pending(); n != 0 {
+		t.Errorf("%d timers still armed", n)
+	}
+	r.waitIdle()
+}
+
+// TestOutlierBackoff: each ejection lasts base × its number, capped at
+// max_ejection_time; time healthy forgives earlier ones.
+func TestOutlierBackoff(t *testing.T) {
+	r := newOutlierRig(t, []string{"bad", "good"}, func(c *Config) {
+		c.Outlier.Consecutive5xx = 2
+		c.Outlier.BaseEjectionTime = 10 * time.Second
+		c.Outlier.MaxEjectionTime = 25 * time.Second
+	})
+	bad := r.sims["bad"]
+	_ = bad.SetFault("status=500")
+	for i, want := range []time.Duration{10 * time.Second, 20 * time.Second, 25 * time.Second, 25 * time.Second} {
+		r.sendUntil("bad", r.attempts("bad")+2, r.chat)
+		st := r.status("bad")
+		if st.State != "ejected" || st.EjectedUntil == nil {
+			t.Fatalf("ejection %d: %+v", i+1, st)
+		}
+		if got := st.EjectedUntil.Sub(r.clk.Now()); got != want {
+			t.Errorf("ejection %d lasts %s, want %s", i+1, got, want)
+		}
+		r.clk.Advance(want) // the timer's probe passes (/health is fine)
+		if s := r.state("bad"); s != "ready" {
+			t.Fatalf("after ejection %d: %s, want ready", i+1, s)
+		}
+	}
+	// Healthy for 2 base times: the multiplier (3, capped) drops by 2, so
+	// the next ejection is the second: 20 s.
+	r.clk.Advance(20 * time.Second)
+	r.sendUntil("bad", r.attempts("bad")+2, r.chat)
+	if st := r.status("bad"); st.EjectedUntil == nil || st.EjectedUntil.Sub(r.clk.Now()) != 20*time.Second || st.Ejections != 2 {
+		t.Errorf("after 20s healthy: %+v, want the second ejection (20s)", st)
+	}
+	r.waitIdle()
+}
+
+// TestOutlierMaxEjectionPercent: never more than max_ejection_percent of a
+// model's engines are ejected at once, and the only engine of a model is
+// never ejected.
+func TestOutlierMaxEjectionPercent(t *testing.T) {
+	t.Run("3 of 4 failing at 50%", func(t *testing.T) {
+		r := newOutlierRig(t, []string{"b1", "b2", "b3", "good"}, nil)
+		for _, n := range []string{"b1", "b2", "b3"} {
+			_ = r.sims[n].SetFault("status=500")
+		}
+		for range 120 {
+			r.send(r.chat)
+		}
+		ejected := 0
+		for _, n := range []string{"b1", "b2", "b3"} {
+			if r.state(n) == "ejected" {
+				ejected++
+			}
+		}
+		if ejected != 2 {
+			t.Errorf("%d of 4 engines ejected, want 2 (50%%)", ejected)
+		}
+		if s := r.state("good"); s != "ready" {
+			t.Errorf("good is %s", s)
+		}
+		r.waitIdle()
+	})
+	t.Run("one engine", func(t *testing.T) {
+		r := newOutlierRig(t, []string{"only"}, nil)
+		_ = r.sims["only"].SetFault("status=500")
+		for range 30 {
+			if code, _ := r.send(r.chat); code != 500 {
+				t.Fatalf("status %d, want the engine's 500", code)
+			}
+		}
+		if s := r.state("only"); s != "ready" {
+			t.Errorf("the only engine of its model is %s, want ready", s)
+		}
+		r.waitIdle()
+	})
+	t.Run("100% ejects the only engine", func(t *testing.T) {
+		r := newOutlierRig(t, []string{"only"}, func(c *Config) { c.Outlier.MaxEjectionPercent = 100 })
+		_ = r.sims["only"].SetFault("status=500")
+		r.sendUntil("only", 5, r.chat)
+		if s := r.state("only"); s != "ejected" {
+			t.Fatalf("state %s, want ejected", s)
+		}
+		if code, _ := r.send(r.chat); code != http.StatusServiceUnavailable {
+			t.Errorf("with its only engine ejected the model answers %d, want 503", code)
+		}
+		r.waitIdle()
+	})
+}
+
+// TestOutlierDisabled: with outlier detection off nothing is ejected, and
+// turning it off at run time returns an ejected engine at once.
+func TestOutlierDisabled(t *testing.T) {
+	r := newOutlierRig(t, []string{"bad", "good"}, func(c *Config) { c.Outlier.Enabled = false })
+	_ = r.sims["bad"].SetFault("status=500")
+	for range 40 {
+		r.send(r.chat)
+	}
+	if s := r.state("bad"); s != "ready" {
+		t.Fatalf("disabled: %s, want ready", s)
+	}
+	c := *r.gw.pool.out.cfg.Load()
+	c.Enabled = true
+	r.gw.pool.setOutlier(c)
+	r.sendUntil("bad", r.attempts("bad")+5, r.chat)
+	if s := r.state("bad"); s != "ejected" {
+		t.Fatalf("enabled at run time: %s, want ejected", s)
+	}
+	c.Enabled = false
+	r.gw.pool.setOutlier(c)
+	if st := r.status("bad"); st.State != "ready" || !st.Routable {
+		t.Errorf("disabled at run time: %+v, want ready at once", st)
+	}
+	if n := r.clk.pending(); n != 0 {
+		t.Errorf("%d return timers still armed", n)
+	}
+	r.waitIdle()
+}
+
+// TestOutlierAdminEngines: GET /admin/engines shows an ejected engine with
+// state ejected, ejected_until and ejections.
+func TestOutlierAdminEngines(t *testing.T) {
+	r := newOutlierRig(t, []string{"bad", "good"}, nil)
+	_ = r.sims["bad"].SetFault("status=503")
+	r.sendUntil("bad", 5, r.chat)
+	admin := httptest.NewServer(r.gw.AdminHandler(nil))
+	t.Cleanup(admin.Close)
+	resp, err := admin.Client().Get(admin.URL + "/admin/engines")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var body struct {
+		Engines []map[string]any `json:"engines"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]map[string]any{}
+	for _, e := range body.Engines {
+		byName[e["name"].(string)] = e
+	}
+	b := byName["bad"]
+	until, _ := time.Parse(time.RFC3339Nano, asString(b["ejected_until"]))
+	if b["state"] != "ejected" || b["routable"] != false || b["ejections"] != float64(1) || !until.Equal(r.clk.Now().Add(30*time.Second)) {
+		t.Errorf("/admin/engines bad: %v", b)
+	}
+	g := byName["good"]
+	if _, ok := g["ejected_until"]; ok || g["state"] != "ready" || g["ejections"] != float64(0) {
+		t.Errorf("/admin/engines good: %v", g)
+	}
+	r.waitIdle()
+}
+
+func asString(v any) string { s, _ := v.(string); return s }
+
+// TestOutlierFlappingNeverNegative: an engine failing and recovering over
+// and over, ejected and returned many times while streams are in flight on
+// it and on the other engine, never drives an in-flight gauge below 0,
+// always reports exactly one state per engine, and leaves every gauge at
+// exactly 0.
+func TestOutlierFlappingNeverNegative(t *testing.T) {
+	r := newOutlierRig(t, []string{"flappy", "steady"}, func(c *Config) {
+		c.Outlier.Consecutive5xx = 2
+		c.Outlier.BaseEjectionTime = time.Second
+		c.Outlier.MaxEjectionTime = 3 * time.Second
+	})
+	ctx, stop := context.WithCancel(context.Background())
+	var watch sync.WaitGroup
+	var problems []string
+	var pmu sync.Mutex
+	problem := func(s string) {
+		pmu.Lock()
+		if len(problems) < 10 {
+			problems = append(problems, s)
+		}
+		pmu.Unlock()
+	}
+	watch.Go(func() {
+		for ctx.Err() == nil {
+			rm := r.collect()
+			for k, v := range gaugesOf(rm) {
+				if v < 0 {
+					problem(k + " below 0")
+				}
+			}
+			if m, ok := findMetric(rm, telemetry.EngineStateName); ok {
+				ones := map[string]int{}
+				for _, dp := range m.Data.(metricdata.Gauge[int64]).DataPoints {
+					e, _ := dp.Attributes.Value(telemetry.AttrEngine)
+					if dp.Value != 0 && dp.Value != 1 {
+						problem("state gauge value out of {0,1}")
+					}
+					ones[e.AsString()] += int(dp.Value)
+				}
+				for e, n := range ones {
+					if n != 1 {
+						problem(e + ": not exactly one state at 1")
+					}
+				}
+			}
+		}
+	})
+	var load sync.WaitGroup
+	for range 6 {
+		load.Go(func() {
+			for ctx.Err() == nil {
+				resp, err := r.client.Post(r.srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(r.streams))
+				if err != nil {
+					continue
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+		})
+	}
+	flappy := r.sims["flappy"]
+	tracker := r.gw.pool.engines[0].ep.Outlier()
+	total := func() uint64 { return tracker.Status(r.gw.pool.out.cfg.Load(), r.clk.Now()).Total }
+	for round := 0; total() < 8 && round < 400; round++ {
+		switch round % 4 {
+		case 0:
+			_ = flappy.SetFault("close-after=1")
+		case 1:
+			_ = flappy.SetFault("status=502")
+		case 2:
+			_ = flappy.SetFault("")
+		case 3:
+			r.clk.Advance(time.Second)
+			r.gw.pool.ProbeNow(context.Background())
+		}
+		for range 4 {
+			r.send(r.streams)
+		}
+		if !slices.Contains([]string{"ready", "ejected"}, r.state("flappy")) {
+			t.Fatalf("flappy is %s", r.state("flappy"))
+		}
+	}
+	stop()
+	load.Wait()
+	watch.Wait()
+	if n := total(); n < 3 {
+		t.Errorf("flappy was ejected %d times, want a flapping engine", n)
+	}
+	pmu.Lock()
+	for _, p := range problems {
+		t.Error(p)
+	}
+	pmu.Unlock()
+	r.waitIdle()
+	for e, s := range r.engineStates() {
+		if !slices.Contains(telemetry.EngineStates[:], s) {
+			t.Errorf("%s in state %q", e, s)
+		}
+	}
+}
+
+// TestOutcomeOf: the classification of an attempt's end.
+func TestOutcomeOf(t *testing.T) {
+	for _, tc := range []struct {
+		status  int
+		errType string
+		want    routing.Outcome
+	}{
+		{200, "", routing.OutcomeSuccess},
+		{404, "", routing.OutcomeSuccess}, // a sticky route's 404 is no error
+		{500, "500", routing.OutcomeServerError},
+		{503, "503", routing.OutcomeServerError},
+		{599, "599", routing.OutcomeServerError},
+		{200, ErrTypeEngineDisconnect, routing.OutcomeServerError},
+		{0, ErrTypeEngineDisconnect, routing.OutcomeServerError},
+		{200, ErrTypeStreamError, routing.OutcomeServerError},
+		{0, ErrTypeConnect, routing.OutcomeConnectFailure},
+		{0, ErrTypeHeaderTimeout, routing.OutcomeTimeout},
+		{200, ErrTypeFirstToken, routing.OutcomeTimeout},
+		{200, ErrTypeIdleTimeout, routing.OutcomeTimeout},
+		{0, ErrTypeAttemptTimeout, routing.OutcomeTimeout},
+		{429, "429", routing.OutcomeNeutral},
+		{400, "400", routing.OutcomeNeutral},
+		{404, "404", routing.OutcomeNeutral},
+		{200, ErrTypeClientCancelled, routing.OutcomeNeutral},
+		{503, ErrTypeClientCancelled, routing.OutcomeNeutral}, // the client left while the error was relayed
+		{200, ErrTypeClientStalled, routing.OutcomeNeutral},
+		{200, ErrTypeShutdown, routing.OutcomeNeutral},
+		{0, ErrTypeRequestTimeout, routing.OutcomeNeutral},
+		{0, ErrTypePanic, routing.OutcomeNeutral},
+		{0, ErrTypeInternal, routing.OutcomeNeutral},
+		{502, "503", routing.OutcomeNeutral}, // not the status it names
+	} {
+		if got := outcomeOf(tc.status, tc.errType); got != tc.want {
+			t.Errorf("outcomeOf(%d, %q) = %v, want %v", tc.status, tc.errType, got, tc.want)
+		}
+	}
+}
+
+// TestEngineStatesMatchRouting: the state gauge's values are routing's
+// states, index for index.
+func TestEngineStatesMatchRouting(t *testing.T) {
+	for i, name := range telemetry.EngineStates {
+		if got := routing.State(i).String(); got != name {
+			t.Errorf("telemetry.EngineStates[%d] = %q, routing.State(%d) = %q", i, name, i, got)
+		}
+	}
+}
+
+// TestObserveOutcomeDoesNotAllocate: the per-attempt hook allocates
+// nothing.
+func TestObserveOutcomeDoesNotAllocate(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the race detector allocates")
+	}
+	r := newOutlierRig(t, []string{"a", "b"}, func(c *Config) { c.Outlier.Consecutive5xx = 1 << 30 })
+	e := r.gw.pool.engines[0]
+	i := 0
+	if a := testing.AllocsPerRun(1000, func() {
+		if i%2 == 0 {
+			r.gw.pool.observeOutcome(e, 503, "503")
+		} else {
+			r.gw.pool.observeOutcome(e, 200, "")
+		}
+		i++
+	}); a != 0 {
+		t.Errorf("observeOutcome allocates %v per call", a)
+	}
+}
+
+// TestSetOutlierConfigValidate: server.outlier errors name their key and
+// wrap ErrInvalidConfig.
+func TestSetOutlierConfigValidate(t *testing.T) {
+	cfg := testConfig(EngineConfig{Name: "e", URL: "http://127.0.0.1:1", Models: []string{"m"}})
+	cfg.Outlier.MaxEjectionPercent = 150
+	cfg.Outlier.BaseEjectionTime = 0
+	err := cfg.Validate()
+	if !errors.Is(err, ErrInvalidConfig) || !errors.Is(err, routing.ErrInvalidOutlierConfig) ||
+		!strings.Contains(err.Error(), "server.outlier.max_ejection_percent") || !strings.Contains(err.Error(), "server.outlier.base_ejection_time") {
+		t.Errorf("Validate() = %v", err)
+	}
+}
