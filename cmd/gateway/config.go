@@ -37,6 +37,7 @@ type Config struct {
 	Telemetry telemetry.Config       `koanf:"telemetry"`
 	Log       LogConfig              `koanf:"log"`
 	Simulate  SimulateConfig         `koanf:"simulate"`
+	Reload    ReloadConfig           `koanf:"reload"`
 }
 
 // ServerConfig is the public listener plus the gateway's request handling.
@@ -100,6 +101,7 @@ func defaults() Config {
 		Telemetry: telemetry.DefaultConfig(),
 		Log:       LogConfig{Level: "info", Format: "text", Access: true},
 		Simulate:  SimulateConfig{TTFT: 150 * time.Millisecond, ITL: 40 * time.Millisecond, OutputTokens: 24, MaxNumSeqs: 64},
+		Reload:    ReloadConfig{Watch: true, Debounce: 200 * time.Millisecond},
 	}
 }
 
@@ -118,6 +120,9 @@ func (c Config) Validate() error {
 	}
 	if c.Server.ShutdownTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("server.shutdown_timeout must be > 0, got %s", c.Server.ShutdownTimeout))
+	}
+	if c.Reload.Debounce < 0 {
+		errs = append(errs, fmt.Errorf("reload.debounce must be >= 0, got %s", c.Reload.Debounce))
 	}
 	if c.Simulate.Engines < 0 {
 		errs = append(errs, fmt.Errorf("simulate.engines must be >= 0, got %d", c.Simulate.Engines))

@@ -118,7 +118,6 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 		return err
 	}
 
-	engines := cfg.Engines
 	// The simulated engines trace like vLLM with --otlp-traces-endpoint
 	// when traces are exported: their server spans, children of the
 	// gateway's engine spans, go out through the same provider.
@@ -135,18 +134,16 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 	if err != nil {
 		return err
 	}
-	for _, s := range sims {
-		engines = append(engines, s.engine)
-	}
 
 	policy, err := routing.NewPolicy(cfg.Routing)
 	if err != nil {
 		return err
 	}
-	gcfg := cfg.Server.Config
-	gcfg.Engines = engines
-	gcfg.Models = cfg.Models
-	gcfg.AccessLog = cfg.Log.Access
+	var simEngines []gateway.EngineConfig
+	for _, s := range sims {
+		simEngines = append(simEngines, s.engine)
+	}
+	gcfg := gatewayConfig(cfg, simEngines)
 	// With no trace exporter, spans would be recorded for nothing: the
 	// gateway then records none (a no-op provider), and the client's trace
 	// context still reaches the engines unchanged. Metrics never depend on
@@ -200,6 +197,11 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 			_ = admin.Close()
 		}
 	}
+	// Reloads (SIGHUP, the watched config file) stop before the gateway
+	// closes: this defer runs first.
+	rl := &reloader{args: args, environ: environ, log: log, gw: gw, metrics: metrics, sims: simEngines,
+		started: cfg, routing: cfg.Routing, policy: policy}
+	defer rl.startReloads(ctx, configFile(args), cfg.Reload.Watch, cfg.Reload.Debounce)()
 	log.Info("switchboard listening", "addr", ln.Addr().String(), "policy", cfg.Routing.Policy, "engines", gw.Pool().String())
 	if ready != nil {
 		ready(ln.Addr().String(), adminAddr)

@@ -1,0 +1,294 @@
+package main
+
+// This file reloads the configuration while the gateway runs: on SIGHUP,
+// and when the config file changes (reload.watch). Each reload runs the
+// whole load of start-up again (defaults < file < environment < flags),
+// validates it, builds the routing policy when its section changed and
+// hands the gateway section to gateway.Server.Reload. A rejected config is
+// logged on one line and counted; the running one stays in force.
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+
+	"github.com/switchboard-gw/switchboard/gateway"
+	"github.com/switchboard-gw/switchboard/routing"
+	"github.com/switchboard-gw/switchboard/telemetry"
+)
+
+// ReloadConfig is the `reload` section: how configuration changes reach the
+// running gateway (SIGHUP always reloads).
+type ReloadConfig struct {
+	// Watch, when true (the default), reloads when the --config file
+	// changes: its directory is watched, so an editor's rename into place
+	// and a Kubernetes ConfigMap's symlink swap are seen, not only writes.
+	Watch bool `koanf:"watch"`
+	// Debounce is how long the file must stay quiet after a change before
+	// it is read, so a burst of writes becomes one reload. Default 200 ms.
+	Debounce time.Duration `koanf:"debounce"`
+}
+
+// gatewayConfig is the gateway section of cfg with the engine list (cfg's
+// engines, then extra: the simulated ones), the model aliases and the
+// access-log switch filled in.
+func gatewayConfig(cfg Config, extra []gateway.EngineConfig) gateway.Config {
+	g := cfg.Server.Config
+	g.Engines = append(slices.Clone(cfg.Engines), extra...)
+	g.Models = cfg.Models
+	g.AccessLog = cfg.Log.Access
+	return g
+}
+
+// reloader re-reads the configuration and applies it to the gateway. One
+// reload runs at a time.
+type reloader struct {
+	args    []string
+	environ func() []string
+	log     *slog.Logger
+	gw      *gateway.Server
+	metrics *telemetry.Metrics
+	sims    []gateway.EngineConfig // appended to every engine list
+
+	mu      sync.Mutex
+	started Config         // the configuration the process started with
+	routing routing.Config // the routing section of the policy in force
+	policy  routing.Policy
+}
+
+// reload loads the configuration again and applies it, logging and
+// counting the result. trigger says what asked for it ("SIGHUP", "file").
+func (r *reloader) reload(trigger string) telemetry.ReloadResult {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	res, err := r.apply(trigger)
+	if err != nil {
+		// One line, however many problems the config has.
+		msg := strings.ReplaceAll(err.Error(), "\n", "; ")
+		r.log.Error("config reload rejected; the running config is kept", "trigger", trigger, "error", msg)
+	}
+	r.metrics.RecordReload(context.Background(), res)
+	return res
+}
+
+func (r *reloader) apply(trigger string) (telemetry.ReloadResult, error) {
+	cfg, err := loadConfig(r.args, r.environ)
+	if err != nil {
+		return telemetry.ReloadRejected, err
+	}
+	policy := r.policy
+	if !reflect.DeepEqual(cfg.Routing, r.routing) {
+		// A new policy starts with empty state (its round-robin position,
+		// session ring, prefix index), so it is built only when its
+		// section changed.
+		if policy, err = routing.NewPolicy(cfg.Routing); err != nil {
+			return telemetry.ReloadRejected, err
+		}
+	}
+	rep, err := r.gw.Reload(gatewayConfig(cfg, r.sims), policy)
+	if err != nil {
+		return telemetry.ReloadRejected, err
+	}
+	r.policy, r.routing = policy, cfg.Routing
+	restart := append(restartKeys(r.started, cfg), rep.Restart...)
+	res := telemetry.ReloadUnchanged
+	if rep.Applied() {
+		res = telemetry.ReloadApplied
+	}
+	attrs := []any{"trigger", trigger, "result", res.String()}
+	add := func(key string, v []string) {
+		if len(v) > 0 {
+			attrs = append(attrs, key, strings.Join(v, ","))
+		}
+	}
+	add("engines_added", rep.Added)
+	add("engines_removed", rep.Removed)
+	add("engines_changed", rep.Changed)
+	if rep.PolicyChanged {
+		attrs = append(attrs, "policy", cfg.Routing.Policy)
+	}
+	add("settings", rep.Settings)
+	r.log.Info("config reloaded", attrs...)
+	if len(restart) > 0 {
+		r.log.Warn("config changes that need a restart to apply; the running values stay in force", "keys", strings.Join(restart, ", "))
+	}
+	return res, nil
+}
+
+// restartKeys returns the keys outside the gateway section whose values
+// differ between the running configuration and next and that only a
+// restart applies: the listeners and their timeouts, admin, telemetry,
+// log level and format, simulate, reload. The engines, models and routing
+// sections apply at once, and the gateway section's own keys are reported
+// by gateway.Server.Reload.
+func restartKeys(running, next Config) []string {
+	var keys []string
+	diffKeys("", reflect.ValueOf(running), reflect.ValueOf(next), &keys)
+	return keys
+}
+
+// diffKeys appends to keys the key of every field of the structs a and b
+// that differs, skipping the sections applied at run time. An empty list
+// equals a nil one.
+func diffKeys(prefix string, a, b reflect.Value, keys *[]string) {
+	t := a.Type()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, opts, _ := strings.Cut(f.Tag.Get("koanf"), ",")
+		key := joinKey(prefix, name)
+		switch {
+		case name == "-" || !f.IsExported() || opts == "squash": // the gateway section
+		case key == "engines" || key == "models" || key == "routing" || key == "log.access":
+		case f.Type.Kind() == reflect.Struct:
+			diffKeys(key, a.Field(i), b.Field(i), keys)
+		case f.Type.Kind() == reflect.Slice && a.Field(i).Len() == 0 && b.Field(i).Len() == 0:
+		case !reflect.DeepEqual(a.Field(i).Interface(), b.Field(i).Interface()):
+			*keys = append(*keys, key)
+		}
+	}
+}
+
+// configFile returns the --config path in args ("" when none).
+func configFile(args []string) string {
+	fs := newFlagSet()
+	if fs.Parse(args) != nil {
+		return ""
+	}
+	path, _ := fs.GetString("config")
+	return path
+}
+
+// startReloads reloads on SIGHUP and, when watch is set and path is not
+// empty, when the file at path changes (debounced by debounce), until ctx
+// ends (the shutdown starts) or stop is called. stop waits for a reload in
+// progress. A watch that cannot be set up is logged; SIGHUP still works.
+func (r *reloader) startReloads(ctx context.Context, path string, watch bool, debounce time.Duration) (stop func()) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	var w *fsnotify.Watcher
+	if path != "" && watch {
+		var err error
+		if w, err = newFileWatch(path); err != nil {
+			r.log.Warn("config file not watched; reload with SIGHUP", "path", path, "error", err)
+			w = nil
+		} else {
+			r.log.Info("watching the config file for changes", "path", path, "debounce", debounce)
+		}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	sum := fileSum(path) // after the watch is set up: no change is missed
+	go func() {
+		defer close(done)
+		watchLoop(ctx, w, path, sum, debounce, hup, r.log, func(trigger string) { r.reload(trigger) })
+	}()
+	return func() {
+		signal.Stop(hup)
+		cancel()
+		<-done
+		if w != nil {
+			_ = w.Close()
+		}
+	}
+}
+
+// newFileWatch watches the directory of path, and that of the file it
+// resolves to when it is a symlink elsewhere: a file replaced by a rename,
+// or a ConfigMap's ..data symlink swapped, is seen only there.
+func newFileWatch(path string) (*fsnotify.Watcher, error) {
+	w, err := fsnotify.NewWatcher()
+	if err != nil {
+		return nil, err
+	}
+	if err := w.Add(filepath.Dir(path)); err != nil {
+		_ = w.Close()
+		return nil, err
+	}
+	addRealDir(w, path)
+	return w, nil
+}
+
+// addRealDir adds the directory of the file path resolves to, if it is
+// not watched yet (errors ignored: the file may be gone for a moment).
+func addRealDir(w *fsnotify.Watcher, path string) {
+	real, err := filepath.EvalSymlinks(path)
+	if err != nil {
+		return
+	}
+	dir := filepath.Dir(real)
+	if !slices.Contains(w.WatchList(), dir) {
+		_ = w.Add(dir)
+	}
+}
+
+// fileSum is the SHA-256 of path's content, or of its read error: a change
+// of either is a change.
+func fileSum(path string) [32]byte {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return sha256.Sum256([]byte("error: " + err.Error()))
+	}
+	return sha256.Sum256(b)
+}
+
+// watchLoop serves SIGHUP and the events of w (nil: none) until ctx ends,
+// calling reload with "SIGHUP" or "file"; last is the file's sum as
+// loaded (fileSum). Any event in a watched directory
+// (re)starts the debounce timer; when it fires the file is read again and
+// reloaded only if its content changed, so editors' swap files, chmods and
+// unrelated files do not count as reloads.
+func watchLoop(ctx context.Context, w *fsnotify.Watcher, path string, last [32]byte, debounce time.Duration, hup <-chan os.Signal, log *slog.Logger, reload func(trigger string)) {
+	var events <-chan fsnotify.Event
+	var errs <-chan error
+	if w != nil {
+		events, errs = w.Events, w.Errors
+	}
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+			last = fileSum(path)
+			reload("SIGHUP")
+		case _, ok := <-events:
+			if !ok {
+				events = nil
+				continue
+			}
+			timer.Reset(debounce)
+		case err, ok := <-errs:
+			if !ok {
+				errs = nil
+				continue
+			}
+			if !errors.Is(err, fsnotify.ErrEventOverflow) {
+				log.Warn("config file watch", "error", err)
+				continue
+			}
+			timer.Reset(debounce) // events were lost: look at the file
+		case <-timer.C:
+			if w != nil {
+				addRealDir(w, path)
+			}
+			if sum := fileSum(path); sum != last {
+				last = sum
+				reload("file")
+			}
+		}
+	}
+}

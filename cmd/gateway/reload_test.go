@@ -1,0 +1,534 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/switchboard-gw/switchboard/gateway"
+	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/testutil"
+)
+
+// watched runs watchLoop on path and records each reload's trigger.
+type watched struct {
+	mu       sync.Mutex
+	triggers []string
+	hup      chan os.Signal
+}
+
+func watch(t *testing.T, path string, debounce time.Duration) *watched {
+	t.Helper()
+	w, err := newFileWatch(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wd := &watched{hup: make(chan os.Signal, 1)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	sum := fileSum(path)
+	go func() {
+		defer close(done)
+		watchLoop(ctx, w, path, sum, debounce, wd.hup, slog.New(slog.NewTextHandler(io.Discard, nil)), func(trigger string) {
+			wd.mu.Lock()
+			wd.triggers = append(wd.triggers, trigger)
+			wd.mu.Unlock()
+		})
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		_ = w.Close()
+	})
+	return wd
+}
+
+func (wd *watched) got() []string {
+	wd.mu.Lock()
+	defer wd.mu.Unlock()
+	return slices.Clone(wd.triggers)
+}
+
+// waitFor polls until n reloads were triggered, then checks that no more
+// come within settle.
+func (wd *watched) waitFor(t *testing.T, n int, settle time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for len(wd.got()) < n && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(settle) // a debounced extra reload would come within this
+	if got := wd.got(); len(got) != n {
+		t.Fatalf("reloads triggered: %v, want %d", got, n)
+	}
+}
+
+func writeFile(t *testing.T, path, s string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(s), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestWatchConfigFile: the watch sees in-place writes, an editor's rename
+// into place and a Kubernetes ConfigMap's symlink swap; a burst of writes
+// is one reload; a rewrite with the same content, a chmod and another
+// file in the directory are none; SIGHUP always reloads.
+func TestWatchConfigFile(t *testing.T) {
+	const debounce = 50 * time.Millisecond
+	settle := 3 * debounce
+
+	t.Run("write, rename, burst", func(t *testing.T) {
+		dir := t.TempDir()
+		path := filepath.Join(dir, "gateway.yaml")
+		writeFile(t, path, "a: 1\n")
+		wd := watch(t, path, debounce)
+
+		writeFile(t, path, "a: 2\n")
+		wd.waitFor(t, 1, settle)
+
+		tmp := filepath.Join(dir, ".gateway.yaml.swp")
+		writeFile(t, tmp, "a: 3\n")
+		if err := os.Rename(tmp, path); err != nil {
+			t.Fatal(err)
+		}
+		wd.waitFor(t, 2, settle)
+
+		for i := range 5 {
+			writeFile(t, path, "a: 4\n"+string(rune('a'+i))+": 0\n")
+			time.Sleep(5 * time.Millisecond)
+		}
+		wd.waitFor(t, 3, settle)
+
+		writeFile(t, path, "a: 4\ne: 0\n") // the same content again
+		if err := os.Chmod(path, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		writeFile(t, filepath.Join(dir, "other.txt"), "x")
+		wd.waitFor(t, 3, settle)
+
+		wd.hup <- syscall.SIGHUP
+		wd.waitFor(t, 4, settle)
+		if got := wd.got(); !slices.Equal(got, []string{"file", "file", "file", "SIGHUP"}) {
+			t.Errorf("triggers %v", got)
+		}
+	})
+
+	t.Run("configmap symlink swap", func(t *testing.T) {
+		// The kubelet's layout: gateway.yaml -> ..data/gateway.yaml,
+		// ..data -> ..<timestamp>; an update writes a new timestamped
+		// directory and renames a new ..data symlink over the old one.
+		dir := t.TempDir()
+		v1 := filepath.Join(dir, "..2026_01_01_v1")
+		if err := os.Mkdir(v1, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		writeFile(t, filepath.Join(v1, "gateway.yaml"), "a: 1\n")
+		if err := os.Symlink("..2026_01_01_v1", filepath.Join(dir, "..data")); err != nil {
+			t.Fatal(err)
+		}
+		path := filepath.Join(dir, "gateway.yaml")
+		if err := os.Symlink("..data/gateway.yaml", path); err != nil {
+			t.Fatal(err)
+		}
+		wd := watch(t, path, debounce)
+
+		swap := func(name, content string) {
+			d := filepath.Join(dir, name)
+			if err := os.Mkdir(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			writeFile(t, filepath.Join(d, "gateway.yaml"), content)
+			tmp := filepath.Join(dir, "..data_tmp")
+			if err := os.Symlink(name, tmp); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(tmp, filepath.Join(dir, "..data")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		swap("..2026_01_01_v2", "a: 2\n")
+		wd.waitFor(t, 1, settle)
+		if err := os.RemoveAll(v1); err != nil {
+			t.Fatal(err)
+		}
+		swap("..2026_01_01_v3", "a: 3\n")
+		wd.waitFor(t, 2, settle)
+	})
+}
+
+func TestRestartKeys(t *testing.T) {
+	run := defaults()
+	next := defaults()
+	next.Server.Listen = "0.0.0.0:1"
+	next.Server.IdleTimeout = time.Minute
+	next.Admin.Listen = ""
+	next.Telemetry.CardinalityLimit = 10
+	next.Log.Level = "debug"
+	next.Log.Access = false                   // the gateway reports it
+	next.Server.MaxAttempts = 7               // the gateway's own key
+	next.Routing.Policy = "least-loaded"      // applied
+	next.Engines = []gateway.EngineConfig{{}} // applied
+	next.Models.Aliases = map[string]string{"a": "b"}
+	next.Reload.Debounce = time.Second
+	want := []string{"server.listen", "server.idle_timeout", "admin.listen", "telemetry.cardinality_limit", "log.level", "reload.debounce"}
+	if got := restartKeys(run, next); !slices.Equal(got, want) {
+		t.Errorf("restartKeys = %v, want %v", got, want)
+	}
+	if got := restartKeys(run, defaults()); got != nil {
+		t.Errorf("restartKeys of equal configs = %v", got)
+	}
+}
+
+// simEngine is a simulated engine on a real loopback HTTP server.
+type simEngine struct {
+	e   *enginesim.Engine
+	url string
+}
+
+func startSim(t *testing.T) simEngine {
+	t.Helper()
+	e, err := enginesim.New(enginesim.Config{Models: []string{"demo-model"}, TTFT: 2 * time.Millisecond, ITL: 2 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(e.Handler())
+	t.Cleanup(func() {
+		srv.CloseClientConnections()
+		srv.Close()
+	})
+	return simEngine{e: e, url: srv.URL}
+}
+
+// replaceFile writes content to path the way editors do: a temporary file
+// renamed into place.
+func replaceFile(t *testing.T, path, content string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	writeFile(t, tmp, content)
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// reloads returns switchboard_config_reloads_total by result.
+func reloads(t *testing.T, client *http.Client, admin string) map[string]float64 {
+	t.Helper()
+	out := map[string]float64{}
+	for _, m := range scrape(t, client, admin+"/metrics")["switchboard_config_reloads_total"].GetMetric() {
+		out[label(m, "result")] = m.GetCounter().GetValue()
+	}
+	return out
+}
+
+// waitReloads polls the reloads counter until it reads want.
+func waitReloads(t *testing.T, client *http.Client, p *gatewayProc, want map[string]float64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got := reloads(t, client, p.admin)
+		if mapsEqual(got, want) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("reloads = %v, want %v; logs:\n%s", got, want, p.logs)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// loadResult is one request of the load loop.
+type loadResult struct {
+	engine string // X-Switchboard-Engine
+	err    string // "" for a complete stream
+}
+
+// load runs streaming chat requests on workers goroutines until stop is
+// closed (or a minute passes), and reports each result.
+type load struct {
+	mu      sync.Mutex
+	results []loadResult
+	stop    chan struct{}
+	wg      sync.WaitGroup
+}
+
+func startLoad(t *testing.T, client *http.Client, base string, workers int) *load {
+	l := &load{stop: make(chan struct{})}
+	end := time.Now().Add(time.Minute)
+	body := `{"model":"demo-model","stream":true,"max_tokens":12,"messages":[{"role":"user","content":"hello"}]}`
+	for range workers {
+		l.wg.Go(func() {
+			for time.Now().Before(end) {
+				select {
+				case <-l.stop:
+					return
+				default:
+				}
+				var r loadResult
+				resp, err := client.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(body))
+				if err != nil {
+					r.err = err.Error()
+				} else {
+					r.engine = resp.Header.Get("X-Switchboard-Engine")
+					evs, err := readSSE(resp.Body, nil)
+					resp.Body.Close()
+					switch {
+					case resp.StatusCode != http.StatusOK:
+						r.err = "status " + strconv.Itoa(resp.StatusCode)
+					case err != nil:
+						r.err = err.Error()
+					case len(evs) == 0 || evs[len(evs)-1].data != "[DONE]":
+						r.err = "stream without [DONE]"
+					default:
+						for _, ev := range evs {
+							if strings.Contains(ev.data, `"error"`) {
+								r.err = "error event: " + ev.data
+							}
+						}
+					}
+				}
+				l.mu.Lock()
+				l.results = append(l.results, r)
+				l.mu.Unlock()
+			}
+		})
+	}
+	t.Cleanup(l.end)
+	return l
+}
+
+func (l *load) end() {
+	select {
+	case <-l.stop:
+	default:
+		close(l.stop)
+	}
+	l.wg.Wait()
+}
+
+// served counts the complete requests per engine so far.
+func (l *load) served() (map[string]int, int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	out := map[string]int{}
+	for _, r := range l.results {
+		if r.err == "" {
+			out[r.engine]++
+		}
+	}
+	return out, len(l.results)
+}
+
+// waitServed polls until cond holds of the per-engine counts.
+func (l *load) waitServed(t *testing.T, what string, cond func(map[string]int) bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, _ := l.served()
+		if cond(got) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: served %v", what, got)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// TestRunReloadUnderLoad: while a load loop streams through the gateway
+// (run in-process, simulated engines on real sockets), the config file is
+// edited: an engine is added (and probed by the reload: the health
+// interval is an hour), one is removed, the policy changes with a setting
+// that needs a restart, and an invalid edit is rejected with the old
+// config still serving. No request fails but on the removed engine, the
+// removed engine gets nothing once drained, every gauge ends at exactly 0
+// and the reloads counter shows 3 applied and 1 rejected.
+func TestRunReloadUnderLoad(t *testing.T) {
+	testutil.UnsetOTEL(t)
+	e1, e2, e3 := startSim(t), startSim(t), startSim(t)
+	path := filepath.Join(t.TempDir(), "gateway.yaml")
+	config := func(policy, idle string, engines ...string) string {
+		return "server:\n  idle_timeout: " + idle + "\n  health: {interval: 1h}\n  engine_stats: {enabled: false}\n" +
+			"log: {access: false}\nreload: {debounce: 50ms}\nrouting: {policy: " + policy + "}\nengines:\n" + strings.Join(engines, "")
+	}
+	eng := func(name string, s simEngine, models bool) string {
+		out := "  - name: " + name + "\n    url: " + s.url + "\n"
+		if models {
+			out += "    models: [demo-model]\n"
+		}
+		return out
+	}
+	writeFile(t, path, config("round-robin", "2m", eng("e1", e1, true), eng("e2", e2, false)))
+	p := startRun(t, []string{"--config", path, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, nil)
+	tr := &http.Transport{MaxIdleConnsPerHost: 16}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+
+	l := startLoad(t, client, p.public, 4)
+	l.waitServed(t, "warm-up", func(m map[string]int) bool { return m["e1"] >= 5 && m["e2"] >= 5 })
+
+	// 1. Add e3, models left to discovery.
+	replaceFile(t, path, config("round-robin", "2m", eng("e1", e1, true), eng("e2", e2, false), eng("e3", e3, false)))
+	waitReloads(t, client, p, map[string]float64{"applied": 1})
+	l.waitServed(t, "e3 added", func(m map[string]int) bool { return m["e3"] >= 5 })
+
+	// 2. Remove e1 (written in place).
+	writeFile(t, path, config("round-robin", "2m", eng("e2", e2, false), eng("e3", e3, false)))
+	waitReloads(t, client, p, map[string]float64{"applied": 2})
+	waitEngines(t, client, p, []string{"e2", "e3"}) // e1 drained
+	e1Received := e1.e.Stats().Received
+	_, total := l.served()
+	l.waitServed(t, "after removing e1", func(m map[string]int) bool { return m["e2"]+m["e3"] >= total+20 })
+	if n := e1.e.Stats().Received; n != e1Received {
+		t.Errorf("e1 received %d requests after it was removed and drained", n-e1Received)
+	}
+
+	// 3. The policy changes, and a setting that needs a restart.
+	writeFile(t, path, config("least-loaded", "3m", eng("e2", e2, false), eng("e3", e3, false)))
+	waitReloads(t, client, p, map[string]float64{"applied": 3})
+
+	// 4. An invalid edit: rejected whole, the old config still serving.
+	replaceFile(t, path, config("least-loaded", "3m", eng("e2", e2, false), eng("e3", e3, false), "  - name: e4\n    url: ftp://nowhere\n"))
+	waitReloads(t, client, p, map[string]float64{"applied": 3, "rejected": 1})
+	_, total = l.served()
+	l.waitServed(t, "after the rejected edit", func(m map[string]int) bool { return m["e2"]+m["e3"] >= total+20 })
+	waitEngines(t, client, p, []string{"e2", "e3"})
+
+	l.end()
+	served, total := l.served()
+	t.Logf("%d requests, complete per engine: %v", total, served)
+	for _, r := range l.results {
+		if r.err != "" && r.engine != "e1" {
+			t.Errorf("request on %q failed: %s", r.engine, r.err)
+		}
+	}
+	waitIdle(t, client, p)
+	if got := reloads(t, client, p.admin); !mapsEqual(got, map[string]float64{"applied": 3, "rejected": 1}) {
+		t.Errorf("reloads = %v", got)
+	}
+
+	logs := p.logs.String()
+	if testing.Verbose() {
+		for _, line := range strings.Split(logs, "\n") {
+			if strings.Contains(line, "reload") || strings.Contains(line, "restart") {
+				t.Log(line)
+			}
+		}
+	}
+	for _, want := range []string{"engines_added=e3", "engines_removed=e1", "policy=least-loaded",
+		"need a restart to apply; the running values stay in force\" keys=server.idle_timeout", "config reload rejected"} {
+		if !strings.Contains(logs, want) {
+			t.Errorf("logs lack %q:\n%s", want, logs)
+		}
+	}
+	for _, line := range strings.Split(logs, "\n") {
+		if strings.Contains(line, "config reload rejected") && !strings.Contains(line, `engine \"e4\": url scheme must be http or https`) {
+			t.Errorf("rejection line does not name the problem: %s", line)
+		}
+	}
+}
+
+// waitEngines polls /admin/engines until the engines are exactly names
+// (no retired incarnation left).
+func waitEngines(t *testing.T, client *http.Client, p *gatewayProc, names []string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var st struct {
+			Engines []struct {
+				Name string `json:"name"`
+			} `json:"engines"`
+		}
+		getJSON(t, client, p.admin+"/admin/engines", &st)
+		var got []string
+		for _, e := range st.Engines {
+			got = append(got, e.Name)
+		}
+		if slices.Equal(got, names) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("engines %v, want %v", got, names)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitIdle polls until every in-flight gauge and every engine's counters
+// read exactly 0 and no attempt is live.
+func waitIdle(t *testing.T, client *http.Client, p *gatewayProc) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var st struct {
+			Engines []struct {
+				Name            string `json:"name"`
+				Prefill, Decode int64
+				Retired         bool `json:"retired"`
+			} `json:"engines"`
+			LiveAttempts int64 `json:"live_attempts"`
+			Requests     int64 `json:"requests_in_flight"`
+		}
+		getJSON(t, client, p.admin+"/admin/engines", &st)
+		idle := st.LiveAttempts == 0 && st.Requests == 0
+		for _, e := range st.Engines {
+			idle = idle && e.Prefill == 0 && e.Decode == 0 && !e.Retired
+		}
+		gauges := activeRequests(scrape(t, client, p.admin+"/metrics"))
+		for _, v := range gauges {
+			idle = idle && v == 0
+		}
+		if idle {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("not idle: engines %+v, gauges %v", st, gauges)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestRunReloadSIGHUP: with the watch off, SIGHUP reloads the file; a
+// change that needs a restart alone is counted as unchanged and logged.
+func TestRunReloadSIGHUP(t *testing.T) {
+	testutil.UnsetOTEL(t)
+	e1, e2 := startSim(t), startSim(t)
+	path := filepath.Join(t.TempDir(), "gateway.yaml")
+	base := "reload: {watch: false}\nlog: {access: false}\nengines:\n  - {name: e1, url: \"" + e1.url + "\"}\n"
+	writeFile(t, path, base)
+	p := startRun(t, []string{"--config", path, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, nil)
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+
+	writeFile(t, path, base+"  - {name: e2, url: \""+e2.url+"\"}\n")
+	time.Sleep(100 * time.Millisecond) // the watch is off: nothing may happen
+	if got := reloads(t, client, p.admin); len(got) != 0 {
+		t.Fatalf("reloads %v with the watch off and no SIGHUP", got)
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitReloads(t, client, p, map[string]float64{"applied": 1})
+	waitEngines(t, client, p, []string{"e1", "e2"})
+
+	writeFile(t, path, strings.Replace(base, "log: {access: false}", "log: {access: true, level: debug}", 1)+"  - {name: e2, url: \""+e2.url+"\"}\n")
+	if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	waitReloads(t, client, p, map[string]float64{"applied": 1, "unchanged": 1})
+	if logs := p.logs.String(); !strings.Contains(logs, "keys=\"log.level, log.access\"") {
+		t.Errorf("logs do not name log.level and log.access as needing a restart:\n%s", logs)
+	}
+}
