@@ -38,7 +38,7 @@ type ReloadReport struct {
 	// Restart are the keys whose new value differs from the running one
 	// but takes effect only after a restart (every setting not read
 	// through the settings snapshot: the transport's connect timeout,
-	// health checks, stats scraping, outlier detection, the buffered-bytes
+	// health checks, stats scraping, the buffered-bytes
 	// budget, header stripping, trusted proxies, the access log). The
 	// running values stay in force; a later reload reports them again
 	// until the process restarts.
@@ -99,6 +99,11 @@ func (s *Server) Reload(cfg Config, policy routing.Policy) (ReloadReport, error)
 		return ReloadReport{}, err
 	}
 	rep.Added, rep.Removed, rep.Changed = added, removed, changed
+	if !reflect.DeepEqual(cur.cfg.Outlier, eff.Outlier) {
+		// New thresholds from the next outcome, new ejection times from
+		// the next ejection; turned off, every ejected engine returns.
+		s.pool.setOutlier(eff.Outlier)
+	}
 	rep.PolicyChanged = !samePolicy(policy, cur.policy)
 	rep.Settings = configDiff(cur.cfg, eff)
 	if rep.Applied() {
@@ -114,14 +119,13 @@ func (s *Server) Reload(cfg Config, policy routing.Policy) (ReloadReport, error)
 // restart: max_buffered_bytes (the budget's limit, read without a lock),
 // strip_request_headers and trusted_proxies (Server fields built by New),
 // timeouts.connect (the engine transport's dialer), health and
-// engine_stats (the pool's tickers and probe client), outlier (the
-// pool's detector), log.access (the access-log middleware, chosen when the
+// engine_stats (the pool's tickers and probe client), log.access (the access-log middleware, chosen when the
 // handler is built). A setting added later needs a restart until it is
 // listed here: it is never silently ignored.
 var reloadable = []string{
 	"server.max_body_bytes", "server.max_form_bytes", "server.body_read_timeout",
 	"server.max_concurrent_requests", "server.max_response_buffer_bytes",
-	"server.max_attempts", "server.retry.", "server.max_pending_per_model",
+	"server.max_attempts", "server.retry.", "server.max_pending_per_model", "server.outlier.",
 	"server.timeouts.response_header", "server.timeouts.first_token", "server.timeouts.idle",
 	"server.timeouts.attempt", "server.timeouts.client_write", "server.timeouts.request",
 	"server.engine_header", "server.inject_usage", "server.observe_non_streaming",

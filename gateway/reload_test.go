@@ -463,8 +463,9 @@ func TestReloadSettings(t *testing.T) {
 	cfg.Timeouts.Connect = 3 * time.Second
 	cfg.TrustedProxies = []string{"10.0.0.0/8"}
 	cfg.StripRequestHeaders = []string{} // empty equals the running nil
+	cfg.Outlier.ConsecutiveTimeouts = 9
 	rep := h.reload(cfg, h.policy())
-	wantSettings := []string{"server.max_attempts", "server.timeouts.idle", "server.engine_header", "models.aliases"}
+	wantSettings := []string{"server.max_attempts", "server.timeouts.idle", "server.outlier.consecutive_timeouts", "server.engine_header", "models.aliases"}
 	wantRestart := []string{"server.trusted_proxies", "server.timeouts.connect", "server.health.interval"}
 	if !slices.Equal(rep.Settings, wantSettings) || !slices.Equal(rep.Restart, wantRestart) || !rep.Applied() {
 		t.Fatalf("report = %+v, want settings %v and restart %v", rep, wantSettings, wantRestart)
@@ -473,6 +474,9 @@ func TestReloadSettings(t *testing.T) {
 	if set.MaxAttempts != 3 || set.Timeouts.Idle != 7*time.Second || set.Health.Interval != running.Health.Interval ||
 		set.Timeouts.Connect != running.Timeouts.Connect || set.TrustedProxies != nil {
 		t.Errorf("settings in force: %+v", set)
+	}
+	if c := h.gw.pool.out.cfg.Load(); c.ConsecutiveTimeouts != 9 {
+		t.Errorf("outlier detection in force: %+v, want consecutive_timeouts 9", *c)
 	}
 	resp := h.post("/v1/chat/completions", `{"model":"public","messages":[{"role":"user","content":"x"}],"max_tokens":1}`)
 	_, _ = io.Copy(io.Discard, resp.Body)
