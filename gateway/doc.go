@@ -144,6 +144,22 @@
 // every handler has returned, so the telemetry providers can be flushed
 // after it with every request recorded.
 //
+// # Reloading
+//
+// [Server.Reload] applies a new configuration while requests run. It is
+// validated whole and rejected whole. The engine set changes as one batch
+// (one new routing snapshot): an engine removed or replaced keeps its
+// incarnation, with its own slot counters, until its requests in flight
+// have finished, so every slot is released where it was taken; a new
+// incarnation is probed before it takes traffic and has its own metric and
+// span attributes (server.address, server.port). The settings the request
+// path reads (timeouts, limits, attempts, retries, the policy) are one
+// immutable snapshot behind an atomic pointer, loaded once per request:
+// a reload swaps it, and a request keeps the settings it started with.
+// Settings read only where they are built (listener-side timeouts, health
+// checks, stats scraping, the buffered-bytes budget, header rules) keep
+// their running values and are reported as needing a restart.
+//
 // # Errors
 //
 // Every error the gateway produces is an error object in its route's

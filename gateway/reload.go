@@ -38,10 +38,10 @@ type ReloadReport struct {
 	// Restart are the keys whose new value differs from the running one
 	// but takes effect only after a restart (every setting not read
 	// through the settings snapshot: the transport's connect timeout,
-	// health checks, stats scraping, the buffered-bytes
-	// budget, header stripping, trusted proxies, the access log). The
-	// running values stay in force; a later reload reports them again
-	// until the process restarts.
+	// health checks, stats scraping, the buffered-bytes budget, header
+	// stripping, trusted proxies, the access log). The running values stay
+	// in force; a later reload reports them again until the process
+	// restarts.
 	Restart []string
 }
 
@@ -113,15 +113,17 @@ func (s *Server) Reload(cfg Config, policy routing.Policy) (ReloadReport, error)
 }
 
 // reloadable are the keys of the settings the request path reads from the
-// settings snapshot, once per request, so a reload applies them to the
-// requests that follow (a key ending in "." stands for its whole section).
-// Every other setting is read once, where it is built, and needs a
-// restart: max_buffered_bytes (the budget's limit, read without a lock),
+// settings snapshot, once per request (or that Reload hands to their
+// owner, as outlier detection), so a reload applies them to the requests
+// that follow; a key ending in "." stands for its whole section. Every
+// other setting is read once, where it is built, and needs a restart:
+// max_buffered_bytes (the budget's limit, read without a lock),
 // strip_request_headers and trusted_proxies (Server fields built by New),
 // timeouts.connect (the engine transport's dialer), health and
-// engine_stats (the pool's tickers and probe client), log.access (the access-log middleware, chosen when the
-// handler is built). A setting added later needs a restart until it is
-// listed here: it is never silently ignored.
+// engine_stats (the pool's tickers and probe client), log.access (the
+// access-log middleware, chosen when the handler is built). A setting
+// added later needs a restart until it is listed here: it is never
+// silently ignored.
 var reloadable = []string{
 	"server.max_body_bytes", "server.max_form_bytes", "server.body_read_timeout",
 	"server.max_concurrent_requests", "server.max_response_buffer_bytes",
