@@ -466,15 +466,16 @@ func TestObserveEngineStats(t *testing.T) {
 	metricdatatest.AssertEqual(t, want, got, metricdatatest.IgnoreTimestamp())
 }
 
-// TestObserveEngineState reports one engine ready and one draining: each
-// gets 1 for its state and 0 for the three others, with the engine and
-// state attributes only.
+// TestObserveEngineState reports one engine ready, one draining and one
+// ejected: each gets 1 for its state and 0 for the four others, with the
+// engine and state attributes only.
 func TestObserveEngineState(t *testing.T) {
 	m, reader := newTestMetrics(t)
-	e1, e2 := m.Engine("e1"), m.Engine("e2")
+	e1, e2, e3 := m.Engine("e1"), m.Engine("e2"), m.Engine("e3")
 	reg, err := m.ObserveEngineState(func(report func(e *Engine, state int)) {
 		report(e1, 0)
 		report(e2, 3)
+		report(e3, 4)
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -498,8 +499,9 @@ func TestObserveEngineState(t *testing.T) {
 		}
 	}
 	want := map[string]int64{
-		"e1/ready": 1, "e1/unhealthy": 0, "e1/sleeping": 0, "e1/draining": 0,
-		"e2/ready": 0, "e2/unhealthy": 0, "e2/sleeping": 0, "e2/draining": 1,
+		"e1/ready": 1, "e1/unhealthy": 0, "e1/sleeping": 0, "e1/draining": 0, "e1/ejected": 0,
+		"e2/ready": 0, "e2/unhealthy": 0, "e2/sleeping": 0, "e2/draining": 1, "e2/ejected": 0,
+		"e3/ready": 0, "e3/unhealthy": 0, "e3/sleeping": 0, "e3/draining": 0, "e3/ejected": 1,
 	}
 	if !maps.Equal(got, want) {
 		t.Errorf("got %v, want %v", got, want)
