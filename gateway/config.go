@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/switchboard-gw/switchboard/routing"
 )
 
 // Config is the gateway's operator configuration (the `server` and
@@ -63,10 +65,22 @@ type Config struct {
 	// sticky Responses routes ask every engine in turn for a stored
 	// response.
 	MaxAttempts int `koanf:"max_attempts"`
+	// Retry says which failures before the first byte reaches the client
+	// go to another engine, within which budgets (RetryConfig).
+	Retry RetryConfig `koanf:"retry"`
+	// MaxPendingPerModel caps the requests waiting for their first token
+	// (in prefill, the engines' queues included) across the engines of one
+	// model. Over it a request for that model is answered 503 with
+	// Retry-After at once, without contacting an engine, rather than
+	// queued without bound. 0 (the default) = no limit.
+	MaxPendingPerModel int `koanf:"max_pending_per_model"`
 	// Timeouts bound each phase of an engine attempt.
 	Timeouts Timeouts `koanf:"timeouts"`
 	// Health configures active health checks and model discovery.
 	Health HealthConfig `koanf:"health"`
+	// Outlier configures outlier detection: engines failing traffic are
+	// ejected for a while (routing.OutlierConfig).
+	Outlier routing.OutlierConfig `koanf:"outlier"`
 	// EngineStats configures the scraping of each engine's Prometheus
 	// metrics (queue, KV cache, prefix cache, sleep state).
 	EngineStats EngineStatsConfig `koanf:"engine_stats"`
@@ -215,6 +229,14 @@ type EngineConfig struct {
 	// "openai" when the engine is that provider's API, else a custom one).
 	// Default telemetry.DefaultProvider ("vllm").
 	Provider string `koanf:"provider"`
+	// MaxInFlight is the engine's circuit breaker: the most requests the
+	// gateway has on it at once (prefill + decode, the counters the
+	// in-flight gauges report). A request finding it full goes to another
+	// engine, or is answered 503 with Retry-After at once when every
+	// engine of its model is full. Concurrent admissions in the same
+	// instant may pass it by a few (Envoy's circuit breakers are
+	// approximate the same way). 0 (the default) = no limit.
+	MaxInFlight int `koanf:"max_in_flight"`
 }
 
 // DefaultConfig returns the gateway defaults documented on each field.
@@ -227,6 +249,7 @@ func DefaultConfig() Config {
 		MaxBufferedBytes:       512 << 20,
 		MaxResponseBufferBytes: 4 << 20,
 		MaxAttempts:            2,
+		Retry:                  DefaultRetryConfig(),
 		EngineHeader:           true,
 		InjectUsage:            true,
 		AccessLog:              true,
@@ -245,6 +268,7 @@ func DefaultConfig() Config {
 			UnhealthyAfter:    2,
 			DiscoveryInterval: 30 * time.Second,
 		},
+		Outlier: routing.DefaultOutlierConfig(),
 		EngineStats: EngineStatsConfig{
 			Enabled:  true,
 			Interval: time.Second,
@@ -323,6 +347,10 @@ func (c Config) ValidateSettings() error {
 			}
 		}
 	}
+	errs = append(errs, c.Retry.validate()...)
+	if c.MaxPendingPerModel < 0 {
+		bad("server.max_pending_per_model must be >= 0, got %d", c.MaxPendingPerModel)
+	}
 	if c.MaxAttempts < 1 {
 		bad("server.max_attempts must be >= 1, got %d", c.MaxAttempts)
 	}
@@ -369,6 +397,7 @@ func (c Config) ValidateSettings() error {
 		bad("server.health.discovery_interval must be > 0, got %s", c.Health.DiscoveryInterval)
 	}
 	errs = append(errs, c.EngineStats.validate()...)
+	errs = append(errs, outlierConfigErrors(c.Outlier.Validate())...)
 	return errors.Join(errs...)
 }
 
@@ -453,6 +482,9 @@ func (e EngineConfig) Validate() error {
 	}
 	if e.Name == "" {
 		bad("engine name must not be empty")
+	}
+	if e.MaxInFlight < 0 {
+		bad("engine %q: max_in_flight must be >= 0, got %d", e.Name, e.MaxInFlight)
 	}
 	u, err := url.Parse(e.URL)
 	switch {

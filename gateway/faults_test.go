@@ -12,6 +12,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -199,7 +200,7 @@ func TestFaultMatrix(t *testing.T) {
 			}
 			base := goleak.IgnoreCurrent()
 			t.Run(prefix+"/"+fc.name+"/"+mode, func(t *testing.T) {
-				runFaultCase(t, fc, stream, sampler, fr)
+				runFaultCase(t, fc, stream, sampler, fr, false)
 			})
 			if err := goleak.Find(base); err != nil {
 				t.Errorf("%s/%s/%s: goroutines left behind: %v", prefix, fc.name, mode, err)
@@ -231,7 +232,48 @@ func TestFaultMatrix(t *testing.T) {
 	}
 }
 
-func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Sampler, fr faultFraming) {
+// TestFaultMatrixWithRetries runs the chat fault matrix again with every
+// retry condition on and three attempts allowed (one engine, so each retry
+// goes to it again after a 1 ms back-off): a retryable fault makes three
+// attempts, each releasing its own slot exactly once from the phase it was
+// in and recording its own duration with the fault's error.type; every
+// other fault makes exactly one; the client's answer is the same as
+// without retries; and every gauge is back to 0.
+func TestFaultMatrixWithRetries(t *testing.T) {
+	for _, fc := range faultMatrix {
+		for _, stream := range fc.stream {
+			mode := "non-stream"
+			if stream {
+				mode = "stream"
+			}
+			base := goleak.IgnoreCurrent()
+			t.Run(fc.name+"/"+mode, func(t *testing.T) {
+				runFaultCase(t, fc, stream, sdktrace.AlwaysSample(), chatFraming, true)
+			})
+			if err := goleak.Find(base); err != nil {
+				t.Errorf("%s/%s: goroutines left behind: %v", fc.name, mode, err)
+			}
+		}
+	}
+}
+
+// retriedAttempts is how many attempts a fault case makes with every retry
+// condition on and maxAttempts allowed: maxAttempts when the fault happens
+// before the response is committed and is a retry condition (connect
+// failure, the engine's 429/500/502, a reset before headers, no headers in
+// time), else 1.
+func retriedAttempts(fc faultCase, stream bool, maxAttempts int) int {
+	switch fc.errType[idx(stream)] {
+	case ErrTypeConnect, "429", "500", "502", "503", "504", ErrTypeHeaderTimeout:
+		return maxAttempts
+	}
+	if fc.fault == "close-before-headers" {
+		return maxAttempts
+	}
+	return 1
+}
+
+func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Sampler, fr faultFraming, retries bool) {
 	i := idx(stream)
 	simEng, simSrv := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: 30 * time.Millisecond, ITL: 15 * time.Millisecond, OutputTokens: 8})
 	url := simSrv.URL
@@ -263,6 +305,13 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 	cfg.Timeouts.FirstToken = cmp.Or(fc.firstToken, time.Second)
 	cfg.Timeouts.Attempt = fc.attempt
 	cfg.MaxAttempts = 1
+	attempts := 1
+	if retries {
+		cfg.MaxAttempts = 3
+		cfg.Retry.On = []string{"connect-failure", "reset", "header-timeout", "429", "500", "502", "503", "504"}
+		cfg.Retry.Backoff = time.Millisecond
+		attempts = retriedAttempts(fc, stream, cfg.MaxAttempts)
+	}
 	h := newHarnessWith(t, cfg, opts, withSampler(sampler), withoutStart())
 	if fc.setup == unhealthy {
 		h.gw.pool.engines[0].ep.SetHealthy(false)
@@ -445,8 +494,11 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 		for simEng.Stats().Aborted == abortedBefore && time.Since(start) < 2*time.Second {
 			time.Sleep(time.Millisecond)
 		}
-		if simEng.Stats().Aborted != abortedBefore+1 {
-			t.Errorf("engine aborted %d requests, want 1", simEng.Stats().Aborted-abortedBefore)
+		for simEng.Stats().Aborted < abortedBefore+int64(attempts) && time.Since(start) < 2*time.Second {
+			time.Sleep(time.Millisecond)
+		}
+		if simEng.Stats().Aborted != abortedBefore+int64(attempts) {
+			t.Errorf("engine aborted %d requests, want %d", simEng.Stats().Aborted-abortedBefore, attempts)
 		} else if !cancelledAt.IsZero() {
 			if d := time.Since(cancelledAt); d > time.Second {
 				t.Errorf("engine saw the cancellation %v after the client left, want < 1s", d)
@@ -475,8 +527,8 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 		return
 	}
 	relMu.Lock()
-	if len(released) != 1 || released[0] != fc.phase[i] {
-		t.Errorf("released from %v, want exactly one release from %v", released, fc.phase[i])
+	if len(released) != attempts || slices.ContainsFunc(released, func(p routing.Phase) bool { return p != fc.phase[i] }) {
+		t.Errorf("released from %v, want exactly %d release(s), each from %v", released, attempts, fc.phase[i])
 	}
 	relMu.Unlock()
 	if fc.observe {
@@ -492,8 +544,13 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 		}
 	}
 	et := h.errorTypes()
-	if len(et) != 1 || et[fc.errType[i]] != 1 {
-		t.Errorf("request.duration by error.type %v, want exactly one %q", et, fc.errType[i])
+	if len(et) != 1 || et[fc.errType[i]] != uint64(attempts) {
+		t.Errorf("request.duration by error.type %v, want exactly %d %q", et, attempts, fc.errType[i])
+	}
+	if retries {
+		if n := h.counter(telemetry.RetriesName); n != int64(attempts-1) {
+			t.Errorf("%s = %d, want %d", telemetry.RetriesName, n, attempts-1)
+		}
 	}
 	if fc.parseErrs > 0 {
 		if n := h.counter(telemetry.ParseErrorsName); n != fc.parseErrs {

@@ -106,6 +106,7 @@ type inbound struct {
 // its row says, find the candidates, pick an engine and run attempts until
 // one is committed to the client (commit) or there is nothing left to try.
 func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
+	arrived := time.Now()
 	var held int64 // bytes of the buffered-bytes budget this request holds
 	defer func() { s.buffered.give(held) }()
 	in, err := s.read(w, r, op, s.set.Load(), &held)
@@ -137,19 +138,33 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 			rreq.SessionKey = v[0]
 		}
 	}
+	if max := set.cfg.MaxPendingPerModel; max > 0 && in.target != "" && pending(rt) >= int64(max) {
+		writeError(w, r, errOverloaded("too many requests are waiting for model "+strconv.Quote(in.model)))
+		return
+	}
 	candidates := rt.eps
 	if op.sticky {
 		candidates = s.stickyOrder(in.id, rt)
 	}
-	maxAttempts := set.cfg.MaxAttempts
+	rs := retryState{s: s, set: set, sticky: op.sticky, max: set.cfg.MaxAttempts}
 	if op.sticky {
-		maxAttempts = len(candidates) // a stored response is looked for on every engine
+		rs.max = len(candidates) // a stored response is looked for on every engine
 	}
+	if d := set.cfg.Retry.Within; d > 0 {
+		rs.deadline = arrived.Add(d)
+	}
+	defer rs.done()
 	for n := 1; ; n++ {
 		var ep *routing.Endpoint
 		if op.sticky {
 			ep = candidates[0]
 		} else {
+			candidates = admissible(rt, candidates)
+			if len(candidates) == 0 {
+				// Every engine of the model is at its max_in_flight.
+				writeError(w, r, errOverloaded("every engine serving model "+strconv.Quote(in.model)+" is at its limit of requests in flight"))
+				return
+			}
 			t0 := time.Now()
 			ep, err = set.policy.Pick(ctx, &rreq, candidates)
 			s.metrics.RecordStep(ctx, telemetry.StepPick, time.Since(t0).Seconds())
@@ -163,19 +178,75 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 			writeError(w, r, &APIError{Status: http.StatusInternalServerError, Type: TypeServer, Code: "internal_error", Message: "routing policy returned an unknown engine"})
 			return
 		}
-		// Another engine may be tried when there is one and attempts are
-		// left; the rest of the candidates are only listed then.
-		if !s.exchange(ctx, w, r, op, &in, &out, eng, n < maxAttempts && len(candidates) > 1) {
+		rs.n, rs.others = n, len(candidates) > 1
+		if !s.exchange(ctx, w, r, op, &in, &out, eng, &rs) {
 			return
 		}
-		rest := make([]*routing.Endpoint, 0, len(candidates)-1)
-		for _, c := range candidates {
-			if c != ep {
-				rest = append(rest, c)
+		// The attempt has ended: its context is cancelled and its body
+		// closed, so the engine has stopped working on it.
+		if rs.reason != retryNone { // not a sticky route's lookup of the next engine
+			s.metrics.RecordRetry(ctx, rs.reason.String())
+		}
+		if !rs.same {
+			candidates = without(candidates, ep)
+		}
+		if rs.wait > 0 {
+			t := time.NewTimer(rs.wait)
+			select {
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				_, ae := s.classify(r, ctx, context.Cause(ctx))
+				writeError(w, r, ae)
+				return
 			}
 		}
-		candidates = rest
 	}
+}
+
+// pending returns the requests in prefill across rt's engines: the
+// model's requests that have no first token yet.
+func pending(rt *route) int64 {
+	var n int64
+	for _, ep := range rt.eps {
+		pf, _ := ep.InFlight()
+		n += pf
+	}
+	return n
+}
+
+// admissible returns the candidates whose engine is under its
+// EngineConfig.MaxInFlight: cands itself when all are (no allocation), a
+// new slice otherwise.
+func admissible(rt *route, cands []*routing.Endpoint) []*routing.Endpoint {
+	full := -1
+	for i, ep := range cands {
+		if atCapacity(rt, ep) {
+			full = i
+			break
+		}
+	}
+	if full < 0 {
+		return cands
+	}
+	out := make([]*routing.Endpoint, 0, len(cands)-1)
+	out = append(out, cands[:full]...)
+	for _, ep := range cands[full+1:] {
+		if !atCapacity(rt, ep) {
+			out = append(out, ep)
+		}
+	}
+	return out
+}
+
+// atCapacity reports whether ep's engine has a MaxInFlight and is at it.
+func atCapacity(rt *route, ep *routing.Endpoint) bool {
+	e := rt.engineFor(ep)
+	if e == nil || e.cfg.MaxInFlight <= 0 {
+		return false
+	}
+	pf, dc := ep.InFlight()
+	return pf+dc >= int64(e.cfg.MaxInFlight)
 }
 
 // read reads and checks the request as op's row says: the body (under the
@@ -303,13 +374,12 @@ func (s *Server) candidates(op *operation, in *inbound) (*route, error) {
 }
 
 // exchange runs one attempt of the request on eng: it sends the request,
-// decides on the result (the one place that does) and, unless it goes to
-// another engine, commits it to the client. It reports whether the request
-// should be tried on another engine: only when mayRetry is set and the
-// result says nothing was sent to the client and the engine did not take
-// the request (a refused connection; an engine without the stored response
-// on a sticky route).
-func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Request, op *operation, in *inbound, out *outBody, eng *engine, mayRetry bool) (again bool) {
+// decides on the result (rs.decide, the one place that does) and, unless
+// it is tried again, commits it to the client. It reports whether the
+// request should be tried again (rs then says where, after what wait and
+// why). Nothing has reached the client then: a result is only what
+// arrived before the response is committed.
+func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Request, op *operation, in *inbound, out *outBody, eng *engine, rs *retryState) (again bool) {
 	ctx, a := s.startAttempt(ctx, eng, op, in)
 	defer a.finish()
 	if in.set.cfg.EngineHeader {
@@ -324,14 +394,24 @@ func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Re
 	if res.resp != nil {
 		defer res.resp.Body.Close()
 	}
-	if mayRetry && res.retry(op) {
-		if !res.connFailed {
+	if rs.decide(&res, a.errType) {
+		if res.resp != nil {
 			// Read the short answer so the connection is reused.
 			_, _ = io.CopyN(io.Discard, res.resp.Body, maxDrain)
 		}
 		return true
 	}
+	// Held on every attempt, the last one too: a request whose every
+	// attempt timed out before content gets a real 504, not a 200 with an
+	// error event.
+	c.holdFirst = in.stream && !rs.sticky && rs.set.retryOn.has(retryFirstToken)
 	s.commit(w, r, &c, &res)
+	if c.unsent != nil {
+		if rs.decide(&result{err: c.unsent}, ErrTypeFirstToken) {
+			return true
+		}
+		writeError(w, r, c.unsent)
+	}
 	return false
 }
 
@@ -351,8 +431,14 @@ type call struct {
 	eng     *engine
 	actx    context.Context // the attempt's context: cancelled by its timeouts
 	cancel  context.CancelCauseFunc
-	firstBy time.Time   // a stream's first-token deadline; zero when none
-	timer   *time.Timer // a non-streaming answer's attempt timeout
+	firstBy time.Time // a stream's first-token deadline; zero when none
+	// holdFirst: a first-token timeout may be retried, so the stream
+	// sends nothing before its first content event; unsent is then the
+	// error of a stream that timed out with nothing sent, for exchange to
+	// retry or write.
+	holdFirst bool
+	unsent    *APIError
+	timer     *time.Timer // a non-streaming answer's attempt timeout
 }
 
 // stop stops the attempt timeout.
@@ -371,13 +457,6 @@ type result struct {
 	// connFailed: the connection to the engine was never established, so
 	// the engine did not see the request.
 	connFailed bool
-}
-
-// retry reports whether the result may go to another engine: nothing has
-// been sent to the client by construction, and either the engine never saw
-// the request or, on a sticky route, it does not hold the response (404).
-func (res *result) retry(op *operation) bool {
-	return res.connFailed || op.sticky && res.resp != nil && res.resp.StatusCode == http.StatusNotFound
 }
 
 // send sends the request to the engine and waits for its response headers

@@ -71,6 +71,9 @@ type Server struct {
 	live atomic.Int64
 	// inflight counts the proxied requests being handled (admit).
 	inflight atomic.Int64
+	// retrying counts the requests holding a share of the retry budget
+	// (retryBudget).
+	retrying atomic.Int64
 	// buffered is the gateway-wide budget of request and response bytes
 	// held in memory (Config.MaxBufferedBytes).
 	buffered budget
@@ -511,11 +514,13 @@ type settings struct {
 	// sessionHeader is the canonical header carrying the session key, ""
 	// when the policy does not route on sessions (routing.SessionKeyed).
 	sessionHeader string
+	// retryOn is cfg.Retry.On parsed.
+	retryOn retryMask
 }
 
 // newSettings builds the snapshot for cfg (validated) and policy (not nil).
 func newSettings(cfg Config, policy routing.Policy) *settings {
-	set := &settings{cfg: cfg, policy: policy}
+	set := &settings{cfg: cfg, policy: policy, retryOn: cfg.Retry.mask()}
 	if ph, ok := policy.(routing.PrefixHasher); ok {
 		set.parser.BlockBytes, set.parser.MaxBlocks = ph.PrefixBlocks()
 	}

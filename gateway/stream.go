@@ -35,6 +35,11 @@ var (
 	scannerPool  = sync.Pool{New: func() any { return sse.NewScanner(0) }}
 )
 
+// maxHeldBeforeFirst caps what a stream holds back before its first
+// content event while a first-token retry is possible (a role chunk is
+// about 200 bytes).
+const maxHeldBeforeFirst = 16 << 10
+
 // streamState is what the stream loop learns from the events it forwards.
 type streamState struct {
 	a        *attempt
@@ -429,6 +434,27 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 	st := streamState{a: a, framing: c.op.framing, injected: c.out.injected}
 	endsAtEOF := c.op.framing == frameAny
 	onEvent := st.onEvent
+	// With a first-token retry possible (c.holdFirst), nothing is sent
+	// before the first content event: the role chunk and anything else
+	// before it are held (up to maxHeldBeforeFirst; more is sent and the
+	// retry given up), so a first-token timeout leaves the client
+	// untouched and the request can go to another engine.
+	var held []byte
+	hold := c.holdFirst
+	emit := func(p []byte, flush bool) error {
+		if hold && a.first.IsZero() && len(held)+len(p) <= maxHeldBeforeFirst {
+			held = append(held, p...)
+			return nil
+		}
+		if hold {
+			hold = false
+			if len(held) > 0 {
+				p = append(held, p...)
+				held = nil
+			}
+		}
+		return rl.write(p, flush)
+	}
 	defer func() {
 		if rl.maxGap > 0 {
 			a.s.metrics.RecordMaxGap(a.ctx, a.attrs, rl.maxGap.Seconds())
@@ -452,7 +478,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 				// Forward around the usage chunk the client did not ask for.
 				rest := out[st.dropTo:]
 				if st.dropFrom > 0 {
-					if err := rl.write(out[:st.dropFrom], len(rest) == 0); err != nil {
+					if err := emit(out[:st.dropFrom], len(rest) == 0); err != nil {
 						a.fail(clientWriteErrType(err))
 						return
 					}
@@ -460,7 +486,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 				out = rest
 			}
 			if len(out) > 0 {
-				if err := rl.write(out, true); err != nil {
+				if err := emit(out, true); err != nil {
 					a.fail(clientWriteErrType(err))
 					return
 				}
@@ -481,6 +507,11 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 			if st.errEvent {
 				a.fail(ErrTypeStreamError)
 			}
+			if len(held) > 0 { // a stream that ended with no content
+				if err := rl.write(held, true); err != nil {
+					a.fail(clientWriteErrType(err))
+				}
+			}
 			rl.start()
 			return
 		}
@@ -493,6 +524,10 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 		}
 		a.fail(et)
 		switch {
+		case !rl.started && c.holdFirst && et == ErrTypeFirstToken:
+			// Nothing was sent: exchange decides between another attempt
+			// and this error.
+			c.unsent = ae
 		case !rl.started:
 			writeError(w, r, ae)
 		case et != ErrTypeClientCancelled:

@@ -26,6 +26,14 @@
 //	switchboard.engine.kv_cache_usage         Gauge         1          engine
 //	switchboard.engine.prefix_cache_hit_ratio Gauge         1          engine
 //	switchboard.engine.accounting_drift       Gauge         {request}  engine
+//	switchboard.request.retries               Counter       {retry}    reason
+//	switchboard.request.retry_budget_exhausted Counter      {retry}
+//
+// switchboard.request.retries counts the attempts a request was tried
+// again before anything reached its client, by reason ([AttrRetryReason]:
+// connect_failure, reset, header_timeout, first_token_timeout or the
+// engine's 429, 500, 502, 503, 504); retry_budget_exhausted the retries
+// refused because too many requests were already retrying.
 //
 // operation is the gateway route's row of its operation table ("chat",
 // "responses", "messages", "rerank", ...). switchboard.engine.state is 1

@@ -180,6 +180,7 @@ type Metrics struct {
 	itl            metric.Float64Histogram
 	duration       metric.Float64Histogram
 	parseErrors    metric.Int64Counter
+	retry          retryInstruments
 	ttfb           metric.Float64Histogram
 	maxGap         metric.Float64Histogram
 	overhead       metric.Float64Histogram
@@ -277,6 +278,7 @@ func NewMetrics(mp metric.MeterProvider, opts ...MetricsOption) (*Metrics, error
 		errs = append(errs, err)
 		m.tokenUsage, _ = noop.NewMeterProvider().Meter("").Int64Histogram(GenAIClientTokenUsageName)
 	}
+	errs = append(errs, m.retry.init(m.meter)...)
 	if m.parseErrors, err = m.meter.Int64Counter(ParseErrorsName, metric.WithUnit("{event}"),
 		metric.WithDescription("Stream events from an engine whose JSON could not be parsed (still forwarded).")); err != nil {
 		errs = append(errs, err)
@@ -312,7 +314,7 @@ func NewMetrics(mp metric.MeterProvider, opts ...MetricsOption) (*Metrics, error
 	m.drift = ig(AccountingDriftName, "{request}",
 		"Requests the engine reports (running + waiting) minus the requests the gateway has in flight on it at scrape time; 0 when only this gateway uses the engine.")
 	m.state = ig(EngineStateName, "1",
-		"1 for the state the engine is in (ready, unhealthy, sleeping, draining), 0 for the others.")
+		"1 for the state the engine is in (ready, unhealthy, sleeping, draining, ejected), 0 for the others.")
 	errs = append(errs, m.reload.init(m.meter)...)
 	return m, errors.Join(errs...)
 }
@@ -320,11 +322,12 @@ func NewMetrics(mp metric.MeterProvider, opts ...MetricsOption) (*Metrics, error
 // EngineStates are the values of the state attribute of
 // switchboard.engine.state, in the order [Metrics.ObserveEngineState]
 // takes their index: ready (receives traffic), unhealthy (failed its
-// probes or refused a connection), sleeping (put to sleep through the
-// admin API or reporting vllm:engine_sleep_state, or reporting itself
-// unhealthy in fresh stats), draining (removed from the pool, finishing its
-// requests).
-var EngineStates = [4]string{"ready", "unhealthy", "sleeping", "draining"}
+// probes), sleeping (put to sleep through the admin API or reporting
+// vllm:engine_sleep_state, or reporting itself unhealthy in fresh stats),
+// draining (removed from the pool, finishing its requests), ejected (taken
+// out by outlier detection after failing traffic, until its ejection time
+// has passed and a probe passes). The order is routing.State's.
+var EngineStates = [5]string{"ready", "unhealthy", "sleeping", "draining", "ejected"}
 
 // EngineStateFunc reports every engine's state as an index into
 // [EngineStates], by calling report once per engine.
