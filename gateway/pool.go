@@ -95,6 +95,9 @@ func (e *engine) knownModels() []string {
 type route struct {
 	eps  []*routing.Endpoint
 	engs []*engine
+	// limited: some engine of the route has a circuit breaker
+	// (EngineConfig.MaxInFlight), so candidates are checked against it.
+	limited bool
 }
 
 func (rt *route) engineFor(ep *routing.Endpoint) *engine {
@@ -347,6 +350,7 @@ func (p *Pool) rebuildLocked() {
 		if ok {
 			s.all.eps = append(s.all.eps, e.ep)
 			s.all.engs = append(s.all.engs, e)
+			s.all.limited = s.all.limited || e.cfg.MaxInFlight > 0
 		}
 		var ec map[string]modelObject
 		if c := e.cards.Load(); c != nil {
@@ -371,6 +375,7 @@ func (p *Pool) rebuildLocked() {
 			}
 			rt.eps = append(rt.eps, e.ep)
 			rt.engs = append(rt.engs, e)
+			rt.limited = rt.limited || e.cfg.MaxInFlight > 0
 		}
 	}
 	for name, a := range p.aliases {

@@ -219,6 +219,9 @@ func pending(rt *route) int64 {
 // EngineConfig.MaxInFlight: cands itself when all are (no allocation), a
 // new slice otherwise.
 func admissible(rt *route, cands []*routing.Endpoint) []*routing.Endpoint {
+	if !rt.limited {
+		return cands
+	}
 	full := -1
 	for i, ep := range cands {
 		if atCapacity(rt, ep) {
