@@ -90,6 +90,29 @@
 // prefix_cache_hit_ratio and accounting_drift gauges (see package
 // telemetry) and shown on GET /admin/engines ([EngineStatsStatus]).
 //
+// # Outlier detection
+//
+// Passive health after Envoy's outlier detection (Config.Outlier,
+// routing.OutlierConfig). When an attempt ends its outcome is counted on
+// its engine: engine 5xx answers and engines failing mid-response
+// (engine_disconnect, stream_error), failed connections, and the
+// per-attempt timeouts (header, first token, idle, attempt) each have a
+// streak; a success ends them all; 4xx (429 included), clients that cancel
+// or stall, the shutdown and the whole-request timeout count for nothing.
+// A streak at its threshold ejects the engine for base_ejection_time × its
+// ejections (capped at max_ejection_time, forgiven one per
+// base_ejection_time back in routing), unless more than
+// max_ejection_percent of a model's engines would then be ejected (so the
+// only engine of a model is never ejected at the default 50%). The
+// routing snapshot is rebuilt without it at once; when its ejection time
+// ends a timer probes it, and it returns at that probe or any later one
+// that passes. Its in-flight requests finish and release their slots as
+// usual. An engine's state (GET /admin/engines, switchboard.engine.state)
+// combines one verdict per writer: removal (draining), the probes
+// (unhealthy), outlier detection (ejected, with ejected_until and
+// ejections), the admin API and the engine's stats (sleeping); only a
+// ready engine is routed to.
+//
 // # Streaming
 //
 // SSE responses are scanned with internal/sse; the complete events of every
