@@ -732,3 +732,83 @@ func TestSetOutlierConfigValidate(t *testing.T) {
 		t.Errorf("Validate() = %v", err)
 	}
 }
+
+// TestOutlierIncarnations: an ejected engine removed from the pool shows
+// draining (its return timer then does nothing), and the engine added
+// again under its name is a new incarnation: ready, never ejected.
+func TestOutlierIncarnations(t *testing.T) {
+	r := newOutlierRig(t, []string{"bad", "good"}, nil)
+	_ = r.sims["bad"].SetFault("status=500")
+	r.sendUntil("bad", 5, r.chat)
+	old := r.gw.pool.byName("bad")
+	if s := r.state("bad"); s != "ejected" {
+		t.Fatalf("state %s, want ejected", s)
+	}
+	if !r.gw.pool.Remove("bad") {
+		t.Fatal("Remove")
+	}
+	r.clk.Advance(time.Minute) // the return timer fires for an engine no longer in the pool
+	if !old.ep.Outlier().Ejected() {
+		t.Error("the retired incarnation was probed back")
+	}
+	if err := r.gw.pool.Add(old.cfg); err != nil {
+		t.Fatal(err)
+	}
+	if st := r.status("bad"); st.State != "ready" || st.Ejections != 0 || st.EjectedUntil != nil {
+		t.Errorf("the new incarnation: %+v, want ready and never ejected", st)
+	}
+	r.waitIdle()
+}
+
+// TestOutlierRealTimer: with the real clock and time.AfterFunc the return
+// timer fires by itself at the end of a short ejection and its probe
+// brings the engine back; Close stops an armed timer (goleak checks
+// nothing is left). The test waits on the timer, not on a sleep.
+func TestOutlierRealTimer(t *testing.T) {
+	_, sBad := sim(t, enginesim.Config{Models: []string{"m"}, Fault: "status=500"})
+	_, sGood := sim(t, enginesim.Config{Models: []string{"m"}})
+	cfg := testConfig(EngineConfig{Name: "bad", URL: sBad.URL, Models: []string{"m"}}, EngineConfig{Name: "good", URL: sGood.URL, Models: []string{"m"}})
+	cfg.MaxAttempts = 1
+	cfg.Outlier.Consecutive5xx = 1
+	cfg.Outlier.BaseEjectionTime = 20 * time.Millisecond
+	h := newHarness(t, cfg, withoutStart())
+	// The real timer, telling the test when its function has returned.
+	fired := make(chan struct{}, 4)
+	h.gw.pool.out.after = func(d time.Duration, f func()) func() bool {
+		return time.AfterFunc(d, func() { f(); fired <- struct{}{} }).Stop
+	}
+	chat := `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`
+	for i := 0; h.status("bad").State != "ejected"; i++ {
+		if i > 10 {
+			t.Fatal("bad never ejected")
+		}
+		resp := h.post("/v1/chat/completions", chat)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	select {
+	case <-fired:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the return timer of a 20 ms ejection did not fire within 5 s")
+	}
+	if s := h.status("bad").State; s != "ready" {
+		t.Fatalf("after the return timer's probe: %s, want ready", s)
+	}
+	// Ejected again, for 40 ms, and closed while the timer is armed.
+	for i := 0; h.status("bad").State != "ejected"; i++ {
+		if i > 10 {
+			t.Fatal("bad never ejected again")
+		}
+		resp := h.post("/v1/chat/completions", chat)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	h.waitIdle()
+	h.gw.pool.Close()
+	h.gw.pool.mu.Lock()
+	armed := len(h.gw.pool.out.timers)
+	h.gw.pool.mu.Unlock()
+	if armed != 0 {
+		t.Errorf("%d return timers armed after Close", armed)
+	}
+}
