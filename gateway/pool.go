@@ -265,10 +265,14 @@ func (p *Pool) Add(ec EngineConfig) error {
 			return fmt.Errorf("%w: engine %q already in the pool", ErrInvalidConfig, ec.Name)
 		}
 	}
-	e, err := p.newEngine(ec)
+	// Its own telemetry.Engine: an engine re-added under a name that is
+	// still draining (perhaps with another URL) reports its own
+	// server.address; the gauges merge the incarnations by name.
+	e, err := p.newIncarnation(ec)
 	if err != nil {
 		return err
 	}
+	p.telByName[ec.Name] = e.tel
 	p.engines = append(p.engines, e)
 	p.rebuildLocked()
 	return nil

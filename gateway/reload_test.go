@@ -583,3 +583,31 @@ func TestReloadConcurrentSafe(t *testing.T) {
 		}
 	}
 }
+
+// TestPoolAddAfterRemoveNewURL: Pool.Add of a name removed a moment ago
+// with another URL builds the new incarnation's own telemetry, so its
+// metrics carry the new server.port, not the first incarnation's.
+func TestPoolAddAfterRemoveNewURL(t *testing.T) {
+	_, sA := sim(t, enginesim.Config{Models: []string{"m"}})
+	_, sB := sim(t, enginesim.Config{Models: []string{"m"}})
+	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: sA.URL, Models: []string{"m"}}))
+	if got := h.servedBy(1, "m"); got["e1"] != 1 {
+		t.Fatalf("served %v", got)
+	}
+	if !h.gw.Pool().Remove("e1") {
+		t.Fatal("e1 not removed")
+	}
+	if err := h.gw.Pool().Add(EngineConfig{Name: "e1", URL: sB.URL, Models: []string{"m"}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.servedBy(2, "m"); got["e1"] != 2 {
+		t.Fatalf("served %v", got)
+	}
+	h.waitIdle()
+	count := func(url string) uint64 {
+		return h.histCount(telemetry.GenAIClientOperationDurationName, telemetry.AttrServerPort.Int(portOf(t, url)))
+	}
+	if a, b := count(sA.URL), count(sB.URL); a != 1 || b != 2 {
+		t.Errorf("operation.duration by server.port: old %d, new %d; want 1 and 2", a, b)
+	}
+}
