@@ -82,12 +82,30 @@ type actionResult struct {
 //	POST /admin/engines/{name}/unload_lora_adapter  body {"lora_name"}
 //	POST /admin/models/load_lora_adapter?model=BASE    the same on every engine serving BASE
 //	POST /admin/models/unload_lora_adapter?model=BASE
+//	POST /admin/engines/{name}/drain              no new requests; in-flight ones finish (the gateway's own)
+//	POST /admin/engines/{name}/resume             back in routing
 //
 // The query string and body go to the engine unchanged, with the engine's
 // credentials. The answer is {"results":[actionResult...]}, 200 when every
 // engine answered 2xx, else 502. The routing view is updated before the
 // answer is written.
 func (s *Server) mountEngineAdmin(r chi.Router) {
+	// drain and resume are the gateway's own: the engine is not called.
+	// The answer is the engine's status (GET /admin/engines' entry), whose
+	// prefill and decode say how many requests are still finishing.
+	drain := func(on bool) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			st, ok := s.pool.setDrained(chi.URLParam(r, "name"), on)
+			if !ok {
+				writeError(w, r, &APIError{Status: http.StatusNotFound, Type: TypeInvalidRequest, Code: "engine_not_found", Message: "no engine named " + chi.URLParam(r, "name")})
+				return
+			}
+			w.Header().Set("Content-Type", "application/json")
+			_ = json.NewEncoder(w).Encode(st)
+		}
+	}
+	r.Post("/admin/engines/{name}/drain", drain(true))
+	r.Post("/admin/engines/{name}/resume", drain(false))
 	r.HandleFunc("/admin/engines/{name}/{action}", func(w http.ResponseWriter, r *http.Request) {
 		act, ok := engineActions[chi.URLParam(r, "action")]
 		if !ok {
@@ -287,4 +305,31 @@ func (p *Pool) serving(model string) []*engine {
 		}
 	}
 	return out
+}
+
+// setDrained sets or clears the admin drain of the named engine and
+// rebuilds the routing snapshot; it returns the engine's status after the
+// change, and false when no engine in the pool has that name. A drained
+// engine stays in the pool (probed, its stats scraped) but takes no new
+// requests; the drain belongs to the incarnation, so a reload that changes
+// the engine's config starts the new incarnation in routing.
+func (p *Pool) setDrained(name string, on bool) (EngineStatus, bool) {
+	e := p.byName(name)
+	if e == nil {
+		return EngineStatus{}, false
+	}
+	if e.drained.Swap(on) != on {
+		if on {
+			p.log.Info("engine drained: no new requests", "engine", name)
+		} else {
+			p.log.Info("engine resumed", "engine", name)
+		}
+	}
+	p.rebuild()
+	for _, st := range p.Status() {
+		if st.Name == name && !st.Retired {
+			return st, true
+		}
+	}
+	return EngineStatus{}, false
 }

@@ -54,6 +54,10 @@ type engine struct {
 	// API, cleared by wake-up (or by a probe that finds it awake); a
 	// sleeping engine leaves routing.
 	sleeping atomic.Bool
+	// drained is set by POST /admin/engines/{name}/drain and cleared by
+	// .../resume: the engine takes no new requests and finishes the ones
+	// it has (state draining), while staying in the pool and probed.
+	drained atomic.Bool
 	// sleepGen counts the admin sleep and wake-up calls, so a probe that
 	// asked /is_sleeping before one of them does not undo it.
 	sleepGen atomic.Uint64
@@ -320,7 +324,7 @@ type modelObject struct {
 // engine's stats); the index into telemetry.EngineStates.
 func (p *Pool) engineState(e *engine, retired bool) int {
 	return int(routing.Verdicts{
-		Draining:  retired,
+		Draining:  retired || e.drained.Load(),
 		Unhealthy: !e.ep.Healthy(),
 		Ejected:   e.ep.Outlier().Ejected(),
 		Sleeping:  e.sleeping.Load() || e.blocked, // or self-reported unhealthy in fresh stats
@@ -329,7 +333,7 @@ func (p *Pool) engineState(e *engine, retired bool) int {
 
 // routable reports whether e may receive new requests: it is ready.
 func (e *engine) routable() bool {
-	return e.ep.Healthy() && !e.blocked && !e.sleeping.Load() && !e.ep.Outlier().Ejected()
+	return e.ep.Healthy() && !e.blocked && !e.sleeping.Load() && !e.ep.Outlier().Ejected() && !e.drained.Load()
 }
 
 func (p *Pool) rebuildLocked() {
@@ -502,6 +506,7 @@ type EngineStatus struct {
 	Prefill   int64    `json:"prefill"`              // requests in prefill now
 	Decode    int64    `json:"decode"`               // requests in decode now
 	Retired   bool     `json:"retired,omitempty"`    // removed, still draining its requests
+	Drained   bool     `json:"drained,omitempty"`    // drained through the admin API (POST .../drain) and not resumed
 	LastError string   `json:"last_error,omitempty"` // the last failed probe or refused connection
 	// EjectedUntil is when the engine's ejection time ends, while outlier
 	// detection has it ejected; it returns at its first passing probe
@@ -528,7 +533,7 @@ func (p *Pool) Status() []EngineStatus {
 		s := EngineStatus{Name: e.cfg.Name, URL: e.shown, Healthy: e.ep.Healthy(), Models: e.knownModels(),
 			Static: e.static, Prefill: pf, Decode: dc, Retired: retired,
 			Routable: !retired && e.routable(), State: telemetry.EngineStates[p.engineState(e, retired)],
-			Sleeping: e.sleeping.Load(), Stats: statsStatus(e.ep.Stats(), now)}
+			Sleeping: e.sleeping.Load(), Drained: e.drained.Load(), Stats: statsStatus(e.ep.Stats(), now)}
 		if s.Models == nil {
 			s.Models = []string{}
 		}

@@ -1,0 +1,70 @@
+package gateway
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/switchboard-gw/switchboard/internal/enginesim"
+)
+
+// TestAdminDrainAndResume: POST /admin/engines/e1/drain while a stream is
+// in flight on e1: new requests go to e2 only, e1 is "draining" on the
+// state gauge and in its status (which shows the request still finishing),
+// the held stream completes cleanly and releases its slot, and after
+// .../resume e1 takes requests again. Unknown engines get 404.
+func TestAdminDrainAndResume(t *testing.T) {
+	g := newGated(t)
+	_, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
+	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: g.srv.URL, Models: []string{"m"}}, EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}}))
+	admin := httptest.NewServer(h.gw.AdminHandler(nil))
+	t.Cleanup(admin.Close)
+	post := func(path string) (int, EngineStatus) {
+		t.Helper()
+		resp, err := http.Post(admin.URL+path, "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		var st EngineStatus
+		if resp.StatusCode == 200 {
+			if err := json.Unmarshal(b, &st); err != nil {
+				t.Fatalf("%s: %v in %q", path, err, b)
+			}
+		}
+		return resp.StatusCode, st
+	}
+
+	finish := h.heldStream() // round-robin starts at e1
+	g.waitStarted(t)
+	code, st := post("/admin/engines/e1/drain")
+	if code != 200 || st.State != "draining" || !st.Drained || st.Routable || st.Prefill+st.Decode != 1 {
+		t.Fatalf("drain: %d %+v, want 200, draining, one request finishing", code, st)
+	}
+	if got := h.servedBy(4, "m"); got["e2"] != 4 {
+		t.Errorf("while e1 drains: served %v, want all 4 on e2", got)
+	}
+	if s := h.engineStates(); s["e1"] != "draining" || s["e2"] != "ready" {
+		t.Errorf("states %v, want e1 draining, e2 ready", s)
+	}
+	g.open()
+	if err := finish(); err != nil {
+		t.Errorf("the stream on the draining engine: %v", err)
+	}
+	h.waitIdle()
+
+	code, st = post("/admin/engines/e1/resume")
+	if code != 200 || st.State != "ready" || st.Drained || !st.Routable {
+		t.Fatalf("resume: %d %+v, want 200, ready", code, st)
+	}
+	if got := h.servedBy(4, "m"); got["e1"] == 0 {
+		t.Errorf("after resume: served %v, want e1 back in rotation", got)
+	}
+	if code, _ := post("/admin/engines/nope/drain"); code != 404 {
+		t.Errorf("unknown engine: %d, want 404", code)
+	}
+	h.waitIdle()
+}
