@@ -2,10 +2,13 @@ package gateway
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 )
@@ -67,4 +70,37 @@ func TestAdminDrainAndResume(t *testing.T) {
 		t.Errorf("unknown engine: %d, want 404", code)
 	}
 	h.waitIdle()
+}
+
+// TestStatusDropsDrainedRetiredEngine: a removed engine is listed (retired)
+// only while it has requests finishing, whether or not anything has
+// collected the metrics since (the retired list itself is pruned by the
+// gauges' callback, which a gateway without a scrape never runs).
+func TestStatusDropsDrainedRetiredEngine(t *testing.T) {
+	g := newGated(t)
+	_, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
+	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: g.srv.URL, Models: []string{"m"}}, EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}}))
+	finish := h.heldStream() // on e1
+	g.waitStarted(t)
+	h.gw.Pool().Remove("e1")
+	names := func() (out []string) {
+		for _, st := range h.gw.Pool().Status() {
+			out = append(out, fmt.Sprintf("%s/retired=%t", st.Name, st.Retired))
+		}
+		return out
+	}
+	if got := names(); !slices.Equal(got, []string{"e2/retired=false", "e1/retired=true"}) {
+		t.Errorf("while e1's stream finishes: %v", got)
+	}
+	g.open()
+	if err := finish(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(2 * time.Second)
+	for h.gw.LiveAttempts() != 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if got := names(); !slices.Equal(got, []string{"e2/retired=false"}) {
+		t.Errorf("after it drained, with no metrics collection: %v, want e2 only", got)
+	}
 }

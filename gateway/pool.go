@@ -547,7 +547,12 @@ func (p *Pool) Status() []EngineStatus {
 		out = append(out, st(e, false))
 	}
 	for _, e := range p.retired {
-		out = append(out, st(e, true))
+		// Shown while it still has requests finishing: the list is
+		// pruned when the gauges report the last 0 (observeInFlight),
+		// which waits for a metrics collection that may never come.
+		if pf, dc := e.ep.InFlight(); pf+dc > 0 {
+			out = append(out, st(e, true))
+		}
 	}
 	return out
 }

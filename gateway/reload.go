@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 
+	"github.com/switchboard-gw/switchboard/internal/cfgdiff"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
@@ -177,7 +178,7 @@ func keepFields(prefix string, next, running reflect.Value) {
 // (Pool.apply does).
 func configDiff(a, b Config) []string {
 	var keys []string
-	diffFields("server", reflect.ValueOf(a), reflect.ValueOf(b), &keys)
+	cfgdiff.Diff("server", reflect.ValueOf(a), reflect.ValueOf(b), nil, &keys)
 	if a.AccessLog != b.AccessLog {
 		keys = append(keys, "log.access")
 	}
@@ -185,29 +186,6 @@ func configDiff(a, b Config) []string {
 		keys = append(keys, "models.aliases")
 	}
 	return keys
-}
-
-// diffFields appends to keys the koanf key of every field of the structs a
-// and b whose values differ, recursing into nested sections; fields
-// tagged "-" are skipped. An empty slice equals a nil one.
-func diffFields(prefix string, a, b reflect.Value, keys *[]string) {
-	t := a.Type()
-	for i := range t.NumField() {
-		f := t.Field(i)
-		name, _, _ := strings.Cut(f.Tag.Get("koanf"), ",")
-		if name == "-" || !f.IsExported() {
-			continue
-		}
-		key := prefix + "." + name
-		fa, fb := a.Field(i), b.Field(i)
-		switch {
-		case f.Type.Kind() == reflect.Struct:
-			diffFields(key, fa, fb, keys)
-		case f.Type.Kind() == reflect.Slice && fa.Len() == 0 && fb.Len() == 0:
-		case !reflect.DeepEqual(fa.Interface(), fb.Interface()):
-			*keys = append(*keys, key)
-		}
-	}
 }
 
 // samePolicy reports whether a and b are the same policy instance (a

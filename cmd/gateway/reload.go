@@ -25,6 +25,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 
 	"github.com/switchboard-gw/switchboard/gateway"
+	"github.com/switchboard-gw/switchboard/internal/cfgdiff"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
@@ -135,29 +136,12 @@ func (r *reloader) apply(trigger string) (telemetry.ReloadResult, error) {
 // by gateway.Server.Reload.
 func restartKeys(running, next Config) []string {
 	var keys []string
-	diffKeys("", reflect.ValueOf(running), reflect.ValueOf(next), &keys)
+	// The gateway section (squashed into server) is Reload's to report;
+	// engines, models and routing apply at once.
+	cfgdiff.Diff("", reflect.ValueOf(running), reflect.ValueOf(next), func(key, opts string) bool {
+		return opts == "squash" || key == "engines" || key == "models" || key == "routing" || key == "log.access"
+	}, &keys)
 	return keys
-}
-
-// diffKeys appends to keys the key of every field of the structs a and b
-// that differs, skipping the sections applied at run time. An empty list
-// equals a nil one.
-func diffKeys(prefix string, a, b reflect.Value, keys *[]string) {
-	t := a.Type()
-	for i := range t.NumField() {
-		f := t.Field(i)
-		name, opts, _ := strings.Cut(f.Tag.Get("koanf"), ",")
-		key := joinKey(prefix, name)
-		switch {
-		case name == "-" || !f.IsExported() || opts == "squash": // the gateway section
-		case key == "engines" || key == "models" || key == "routing" || key == "log.access":
-		case f.Type.Kind() == reflect.Struct:
-			diffKeys(key, a.Field(i), b.Field(i), keys)
-		case f.Type.Kind() == reflect.Slice && a.Field(i).Len() == 0 && b.Field(i).Len() == 0:
-		case !reflect.DeepEqual(a.Field(i).Interface(), b.Field(i).Interface()):
-			*keys = append(*keys, key)
-		}
-	}
 }
 
 // configFile returns the --config path in args ("" when none).
