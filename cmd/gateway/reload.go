@@ -217,6 +217,20 @@ func addRealDir(w *fsnotify.Watcher, path string) {
 	}
 }
 
+// concerns reports whether a watch event on name may have changed the
+// config file at path: it is the file itself (written, or renamed into
+// place), the file path resolves to, or one of the ..-prefixed entries of
+// Kubernetes' atomic writer (the ..data symlink, the ..<timestamp>
+// directories) that a ConfigMap update swaps.
+func concerns(name, path string) bool {
+	name = filepath.Clean(name)
+	if name == filepath.Clean(path) || strings.HasPrefix(filepath.Base(name), "..") {
+		return true
+	}
+	real, err := filepath.EvalSymlinks(path)
+	return err == nil && name == filepath.Clean(real)
+}
+
 // fileSum is the SHA-256 of path's content, or of its read error: a change
 // of either is a change.
 func fileSum(path string) [32]byte {
@@ -229,10 +243,12 @@ func fileSum(path string) [32]byte {
 
 // watchLoop serves SIGHUP and the events of w (nil: none) until ctx ends,
 // calling reload with "SIGHUP" or "file"; last is the file's sum as
-// loaded (fileSum). Any event in a watched directory
-// (re)starts the debounce timer; when it fires the file is read again and
-// reloaded only if its content changed, so editors' swap files, chmods and
-// unrelated files do not count as reloads.
+// loaded (fileSum). An event that concerns the file (concerns: its name,
+// what it resolves to, or a ConfigMap's ..data swap) (re)starts the
+// debounce timer; other files in the directory are ignored, so a log
+// written next to the config cannot keep putting a reload off. When the
+// timer fires the file is read again and reloaded only if its content
+// changed, so chmods and rewrites of the same bytes do not count.
 func watchLoop(ctx context.Context, w *fsnotify.Watcher, path string, last [32]byte, debounce time.Duration, hup <-chan os.Signal, log *slog.Logger, reload func(trigger string)) {
 	var events <-chan fsnotify.Event
 	var errs <-chan error
@@ -249,12 +265,14 @@ func watchLoop(ctx context.Context, w *fsnotify.Watcher, path string, last [32]b
 		case <-hup:
 			last = fileSum(path)
 			reload("SIGHUP")
-		case _, ok := <-events:
+		case ev, ok := <-events:
 			if !ok {
 				events = nil
 				continue
 			}
-			timer.Reset(debounce)
+			if concerns(ev.Name, path) {
+				timer.Reset(debounce)
+			}
 		case err, ok := <-errs:
 			if !ok {
 				errs = nil

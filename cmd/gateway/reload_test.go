@@ -125,6 +125,37 @@ func TestWatchConfigFile(t *testing.T) {
 		}
 	})
 
+	// A file written all the time next to the config (a log) does not
+	// put the reload off: only events on the config file restart the
+	// debounce.
+	t.Run("busy directory", func(t *testing.T) {
+		dir := t.TempDir()
+		path := filepath.Join(dir, "gateway.yaml")
+		writeFile(t, path, "a: 1\n")
+		wd := watch(t, path, debounce)
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			f, err := os.OpenFile(filepath.Join(dir, "gateway.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+			if err != nil {
+				return
+			}
+			defer f.Close()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-time.After(debounce / 5):
+					_, _ = f.WriteString("line\n")
+				}
+			}
+		}()
+		defer func() { close(stop); <-done }()
+		writeFile(t, path, "a: 2\n")
+		wd.waitFor(t, 1, settle) // within 5 s, while the log keeps being written
+	})
+
 	t.Run("configmap symlink swap", func(t *testing.T) {
 		// The kubelet's layout: gateway.yaml -> ..data/gateway.yaml,
 		// ..data -> ..<timestamp>; an update writes a new timestamped
