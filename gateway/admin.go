@@ -95,6 +95,11 @@ func (s *Server) mountEngineAdmin(r chi.Router) {
 	// prefill and decode say how many requests are still finishing.
 	drain := func(on bool) http.HandlerFunc {
 		return func(w http.ResponseWriter, r *http.Request) {
+			if r.Method != http.MethodPost {
+				w.Header().Set("Allow", http.MethodPost)
+				writeError(w, r, &APIError{Status: http.StatusMethodNotAllowed, Type: TypeInvalidRequest, Code: "method_not_allowed", Message: "method " + r.Method + " is not allowed on " + r.URL.Path})
+				return
+			}
 			st, ok := s.pool.setDrained(chi.URLParam(r, "name"), on)
 			if !ok {
 				writeError(w, r, &APIError{Status: http.StatusNotFound, Type: TypeInvalidRequest, Code: "engine_not_found", Message: "no engine named " + chi.URLParam(r, "name")})
@@ -104,8 +109,8 @@ func (s *Server) mountEngineAdmin(r chi.Router) {
 			_ = json.NewEncoder(w).Encode(st)
 		}
 	}
-	r.Post("/admin/engines/{name}/drain", drain(true))
-	r.Post("/admin/engines/{name}/resume", drain(false))
+	r.HandleFunc("/admin/engines/{name}/drain", drain(true))
+	r.HandleFunc("/admin/engines/{name}/resume", drain(false))
 	r.HandleFunc("/admin/engines/{name}/{action}", func(w http.ResponseWriter, r *http.Request) {
 		act, ok := engineActions[chi.URLParam(r, "action")]
 		if !ok {

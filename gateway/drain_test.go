@@ -69,6 +69,14 @@ func TestAdminDrainAndResume(t *testing.T) {
 	if code, _ := post("/admin/engines/nope/drain"); code != 404 {
 		t.Errorf("unknown engine: %d, want 404", code)
 	}
+	resp, err := http.Get(admin.URL + "/admin/engines/e1/drain")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 405 || resp.Header.Get("Allow") != "POST" {
+		t.Errorf("GET .../drain: %d Allow %q, want 405 and POST", resp.StatusCode, resp.Header.Get("Allow"))
+	}
 	h.waitIdle()
 }
 

@@ -495,19 +495,22 @@ func (p *Pool) observeState(report func(e *telemetry.Engine, state int)) {
 
 // EngineStatus is one engine's state as shown on GET /admin/engines.
 type EngineStatus struct {
-	Name      string   `json:"name"`                 // configured engine name
-	URL       string   `json:"url"`                  // base URL, userinfo redacted
-	Healthy   bool     `json:"healthy"`              // last health verdict
-	Routable  bool     `json:"routable"`             // ready: healthy, in the pool, not ejected, not sleeping or self-reported unhealthy by fresh stats
-	State     string   `json:"state"`                // ready, unhealthy, sleeping, draining or ejected (telemetry.EngineStates)
-	Sleeping  bool     `json:"sleeping,omitempty"`   // put to sleep through the admin API and not woken yet
-	Models    []string `json:"models"`               // sorted; empty until discovered
-	Static    bool     `json:"models_configured"`    // models come from config, not discovery
-	Prefill   int64    `json:"prefill"`              // requests in prefill now
-	Decode    int64    `json:"decode"`               // requests in decode now
-	Retired   bool     `json:"retired,omitempty"`    // removed, still draining its requests
-	Drained   bool     `json:"drained,omitempty"`    // drained through the admin API (POST .../drain) and not resumed
-	LastError string   `json:"last_error,omitempty"` // the last failed probe or refused connection
+	Name     string   `json:"name"`               // configured engine name
+	URL      string   `json:"url"`                // base URL, userinfo redacted
+	Healthy  bool     `json:"healthy"`            // last health verdict
+	Routable bool     `json:"routable"`           // ready: healthy, in the pool, not ejected, not sleeping or self-reported unhealthy by fresh stats
+	State    string   `json:"state"`              // ready, unhealthy, sleeping, draining or ejected (telemetry.EngineStates)
+	Sleeping bool     `json:"sleeping,omitempty"` // put to sleep through the admin API and not woken yet
+	Models   []string `json:"models"`             // sorted; empty until discovered
+	Static   bool     `json:"models_configured"`  // models come from config, not discovery
+	Prefill  int64    `json:"prefill"`            // requests in prefill now
+	Decode   int64    `json:"decode"`             // requests in decode now
+	Retired  bool     `json:"retired,omitempty"`  // removed, still draining its requests
+	Drained  bool     `json:"drained,omitempty"`  // drained through the admin API (POST .../drain) and not resumed
+	// MaxInFlight is the engine's circuit breaker (EngineConfig.MaxInFlight);
+	// absent when it has none.
+	MaxInFlight int    `json:"max_in_flight,omitempty"`
+	LastError   string `json:"last_error,omitempty"` // the last failed probe or refused connection
 	// EjectedUntil is when the engine's ejection time ends, while outlier
 	// detection has it ejected; it returns at its first passing probe
 	// after that.
@@ -533,7 +536,7 @@ func (p *Pool) Status() []EngineStatus {
 		s := EngineStatus{Name: e.cfg.Name, URL: e.shown, Healthy: e.ep.Healthy(), Models: e.knownModels(),
 			Static: e.static, Prefill: pf, Decode: dc, Retired: retired,
 			Routable: !retired && e.routable(), State: telemetry.EngineStates[p.engineState(e, retired)],
-			Sleeping: e.sleeping.Load(), Drained: e.drained.Load(), Stats: statsStatus(e.ep.Stats(), now)}
+			Sleeping: e.sleeping.Load(), Drained: e.drained.Load(), MaxInFlight: e.cfg.MaxInFlight, Stats: statsStatus(e.ep.Stats(), now)}
 		if s.Models == nil {
 			s.Models = []string{}
 		}
