@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -53,6 +54,10 @@ type attempt struct {
 	status                  int    // engine response status, 0 before headers
 	errType                 string // "" while successful
 	ended                   bool
+	// pending is the model's counter of attempts without a first token
+	// (Config.MaxPendingPerModel) while this attempt is counted in it; it
+	// is given back at the first token or at the end, once.
+	pending *atomic.Int64
 }
 
 // startAttempt starts the engine span and, unless the route is light,
@@ -95,6 +100,10 @@ func (s *Server) startAttempt(ctx context.Context, eng *engine, op *operation, i
 	if op.class != classLight {
 		a.slot.Acquire(eng.ep)
 	}
+	if in.set.cfg.MaxPendingPerModel > 0 && op.class == classGenerative && in.target != "" {
+		a.pending = s.pendingFor(in.target)
+		a.pending.Add(1)
+	}
 	s.live.Add(1)
 	a.start = time.Now()
 	if st := stateFrom(ctx); st != nil {
@@ -112,6 +121,7 @@ func (a *attempt) onContent(now time.Time) {
 	a.contentEvents++
 	if a.first.IsZero() {
 		a.first, a.last = now, now
+		a.unpend()
 		if a.slot.Promote() {
 			a.s.metrics.RecordFirstToken(a.ctx, a.attrs, now.Sub(a.start).Seconds())
 			if a.span.IsRecording() {
@@ -122,6 +132,14 @@ func (a *attempt) onContent(now time.Time) {
 	}
 	a.s.metrics.RecordInterToken(a.ctx, a.attrs, now.Sub(a.last).Seconds())
 	a.last = now
+}
+
+// unpend takes the attempt out of its model's pending count, once.
+func (a *attempt) unpend() {
+	if a.pending != nil {
+		a.pending.Add(-1)
+		a.pending = nil
+	}
 }
 
 // answered records the model the engine's answer names (raw bytes): the
@@ -174,6 +192,7 @@ func (a *attempt) end() {
 	}
 	a.ended = true
 	phase := a.slot.Release()
+	a.unpend()
 	if a.s.onRelease != nil {
 		a.s.onRelease(a.eng.cfg.Name, phase)
 	}

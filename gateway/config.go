@@ -68,11 +68,15 @@ type Config struct {
 	// Retry says which failures before the first byte reaches the client
 	// go to another engine, within which budgets (RetryConfig).
 	Retry RetryConfig `koanf:"retry"`
-	// MaxPendingPerModel caps the requests waiting for their first token
-	// (in prefill, the engines' queues included) across the engines of one
-	// model. Over it a request for that model is answered 503 with
-	// Retry-After at once, without contacting an engine, rather than
-	// queued without bound. 0 (the default) = no limit.
+	// MaxPendingPerModel caps, per model, the generative requests (chat,
+	// completions, Responses, Messages, ...) in flight with no first token
+	// yet: queued or prefilling in an engine. A non-streaming request shows
+	// no first token, so it counts until it ends (with ObserveNonStreaming,
+	// until its first token like a stream); embeddings and the other
+	// pooling and light routes are not counted. Over it a request for that
+	// model is answered 503 with Retry-After at once, without contacting
+	// an engine, rather than queued without bound. Requests admitted in
+	// the same instant may pass it by a few. 0 (the default) = no limit.
 	MaxPendingPerModel int `koanf:"max_pending_per_model"`
 	// Timeouts bound each phase of an engine attempt.
 	Timeouts Timeouts `koanf:"timeouts"`

@@ -233,7 +233,8 @@ func TestFaultMatrix(t *testing.T) {
 }
 
 // TestFaultMatrixWithRetries runs the chat fault matrix again with every
-// retry condition on and three attempts allowed (one engine, so each retry
+// retry condition on, three attempts allowed and the per-model pending
+// count on (it must be back to 0 after every case) (one engine, so each retry
 // goes to it again after a 1 ms back-off): a retryable fault makes three
 // attempts, each releasing its own slot exactly once from the phase it was
 // in and recording its own duration with the fault's error.type; every
@@ -310,6 +311,7 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 		cfg.MaxAttempts = 3
 		cfg.Retry.On = []string{"connect-failure", "reset", "header-timeout", "429", "500", "502", "503", "504"}
 		cfg.Retry.Backoff = time.Millisecond
+		cfg.MaxPendingPerModel = 1000 // counted on every path, never reached
 		attempts = retriedAttempts(fc, stream, cfg.MaxAttempts)
 	}
 	h := newHarnessWith(t, cfg, opts, withSampler(sampler), withoutStart())
@@ -548,6 +550,9 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 		t.Errorf("request.duration by error.type %v, want exactly %d %q", et, attempts, fc.errType[i])
 	}
 	if retries {
+		if n := h.gw.pendingFor("m").Load(); n != 0 {
+			t.Errorf("pending count of m = %d after the request ended, want 0", n)
+		}
 		if n := h.counter(telemetry.RetriesName); n != int64(attempts-1) {
 			t.Errorf("%s = %d, want %d", telemetry.RetriesName, n, attempts-1)
 		}

@@ -12,6 +12,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -138,7 +139,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 			rreq.SessionKey = v[0]
 		}
 	}
-	if max := set.cfg.MaxPendingPerModel; max > 0 && in.target != "" && pending(rt) >= int64(max) {
+	if max := set.cfg.MaxPendingPerModel; max > 0 && in.target != "" && op.class == classGenerative && s.pendingFor(in.target).Load() >= int64(max) {
 		writeError(w, r, errOverloaded("too many requests are waiting for model "+strconv.Quote(in.model)))
 		return
 	}
@@ -204,15 +205,16 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 	}
 }
 
-// pending returns the requests in prefill across rt's engines: the
-// model's requests that have no first token yet.
-func pending(rt *route) int64 {
-	var n int64
-	for _, ep := range rt.eps {
-		pf, _ := ep.InFlight()
-		n += pf
+// pendingFor returns the counter of model's generative attempts that have
+// no first token yet (Config.MaxPendingPerModel), creating it on first
+// use; model is a served model name (the route lookup found it), so the
+// set is bounded.
+func (s *Server) pendingFor(model string) *atomic.Int64 {
+	if c, ok := s.pending.Load(model); ok {
+		return c.(*atomic.Int64)
 	}
-	return n
+	c, _ := s.pending.LoadOrStore(model, new(atomic.Int64))
+	return c.(*atomic.Int64)
 }
 
 // admissible returns the candidates whose engine is under its

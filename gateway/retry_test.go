@@ -347,32 +347,63 @@ func TestCircuitBreakerMaxInFlight(t *testing.T) {
 	h.waitIdle()
 }
 
-// TestMaxPendingPerModel: with a pending limit of 1, a second request for
-// the model while the first has no token yet is answered 503 at once.
+// TestMaxPendingPerModel: with a pending limit of 1 per model, a second
+// request for m while a non-streaming one is in flight (it shows no first
+// token) is answered 503 at once, while a request for m2 on the same engine
+// is not; a stream that has had its first token no longer counts; and the
+// counters are back to 0 at the end.
 func TestMaxPendingPerModel(t *testing.T) {
-	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: 300 * time.Millisecond})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}})
+	_, s1 := sim(t, enginesim.Config{Models: []string{"m", "m2"}, TTFT: 300 * time.Millisecond, ITL: 50 * time.Millisecond})
+	cfg := testConfig(EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m", "m2"}})
 	cfg.MaxPendingPerModel = 1
 	h := newHarness(t, cfg)
-	done := make(chan int)
+	waitGauge := func(key string, want int64) {
+		t.Helper()
+		deadline := time.Now().Add(3 * time.Second)
+		for h.gauges()[key] != want && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		if got := h.gauges()[key]; got != want {
+			t.Fatalf("%s = %d, want %d", key, got, want)
+		}
+	}
+	done := make(chan int, 1)
 	go func() {
 		resp := h.post("/v1/chat/completions", fmt.Sprintf(retryChat, false))
 		_ = readBodyT(t, resp)
 		done <- resp.StatusCode
 	}()
-	deadline := time.Now().Add(2 * time.Second)
-	for h.gauges()["e1/prefill"] != 1 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	waitGauge("e1/prefill", 1)
 	resp := h.post("/v1/chat/completions", fmt.Sprintf(retryChat, false))
 	_ = readBodyT(t, resp)
 	if resp.StatusCode != 503 || resp.Header.Get("Retry-After") == "" {
-		t.Errorf("second request: status %d Retry-After %q, want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+		t.Errorf("second request for m: status %d Retry-After %q, want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	resp = h.post("/v1/chat/completions", strings.Replace(fmt.Sprintf(retryChat, false), `"model":"m"`, `"model":"m2"`, 1))
+	_ = readBodyT(t, resp)
+	if resp.StatusCode != 200 {
+		t.Errorf("request for m2 meanwhile: status %d, want 200 (pending is counted per model)", resp.StatusCode)
 	}
 	if s := <-done; s != 200 {
 		t.Errorf("first request: status %d, want 200", s)
 	}
 	h.waitIdle()
+
+	// A stream past its first token: m has nothing pending.
+	resp = h.post("/v1/chat/completions", `{"model":"m","stream":true,"max_tokens":30,"messages":[{"role":"user","content":"x"}]}`)
+	waitGauge("e1/decode", 1)
+	second := h.post("/v1/chat/completions", fmt.Sprintf(retryChat, false))
+	_ = readBodyT(t, second)
+	if second.StatusCode != 200 {
+		t.Errorf("request for m while a stream decodes: status %d, want 200", second.StatusCode)
+	}
+	_ = readBodyT(t, resp)
+	h.waitIdle()
+	for _, m := range []string{"m", "m2"} {
+		if n := h.gw.pendingFor(m).Load(); n != 0 {
+			t.Errorf("pending[%s] = %d after every request ended, want 0", m, n)
+		}
+	}
 }
 
 // TestRetryAfterParse covers the two forms of Retry-After.

@@ -74,6 +74,10 @@ type Server struct {
 	// retrying counts the requests holding a share of the retry budget
 	// (retryBudget).
 	retrying atomic.Int64
+	// pending maps a served model to its generative attempts without a
+	// first token yet (*atomic.Int64), counted while
+	// Config.MaxPendingPerModel is set (pendingFor).
+	pending sync.Map
 	// buffered is the gateway-wide budget of request and response bytes
 	// held in memory (Config.MaxBufferedBytes).
 	buffered budget
