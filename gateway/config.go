@@ -352,6 +352,7 @@ func (c Config) ValidateSettings() error {
 		}
 	}
 	errs = append(errs, c.Retry.validate()...)
+	errs = append(errs, c.retryTimingErrors()...)
 	if c.MaxPendingPerModel < 0 {
 		bad("server.max_pending_per_model must be >= 0, got %d", c.MaxPendingPerModel)
 	}

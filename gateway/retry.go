@@ -154,6 +154,28 @@ func (c RetryConfig) validate() []error {
 	return errs
 }
 
+// retryTimingErrors refuses a timeout retry condition that could never
+// fire: an attempt cut by the timeout ends later than the time budget
+// (RetryConfig.Within) allows a new attempt to start.
+func (c Config) retryTimingErrors() []error {
+	var errs []error
+	m := c.Retry.mask()
+	for _, t := range []struct {
+		reason    retryReason
+		cond, key string
+		d         time.Duration
+	}{
+		{retryHeaderTimeout, "header-timeout", "response_header", c.Timeouts.ResponseHeader},
+		{retryFirstToken, "first-token-timeout", "first_token", c.Timeouts.FirstToken},
+	} {
+		if m.has(t.reason) && c.Retry.Within > 0 && t.d > 0 && c.Retry.Within <= t.d {
+			errs = append(errs, fmt.Errorf("%w: server.retry.on has %s, but server.retry.within (%s) is not longer than server.timeouts.%s (%s): the retry could never start; raise within or lower %s",
+				ErrInvalidConfig, t.cond, c.Retry.Within, t.key, t.d, t.key))
+		}
+	}
+	return errs
+}
+
 // reason classifies an attempt's result as a retry condition, or retryNone.
 // errType is the attempt's error type for a result without a response.
 func (res *result) reason(errType string) retryReason {

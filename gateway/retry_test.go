@@ -440,6 +440,8 @@ func TestRetryConfigValidate(t *testing.T) {
 		func(c *RetryConfig) { c.BudgetRatio = 1.5 },
 		func(c *RetryConfig) { c.BudgetMin = -1 },
 		func(c *RetryConfig) { c.Within = -time.Second },
+		func(c *RetryConfig) { c.Backoff = -time.Millisecond },
+		func(c *RetryConfig) { c.RetryAfterCap = -time.Second },
 	} {
 		c := DefaultRetryConfig()
 		tc(&c)
@@ -503,4 +505,29 @@ func TestRetryFirstTokenTimeout(t *testing.T) {
 		t.Errorf("body %q, want an OpenAI error with code %s", body, ErrTypeFirstToken)
 	}
 	rh.waitIdle()
+}
+
+// TestRetryTimeoutConditionNeedsBudget: a timeout condition whose timeout
+// is not shorter than the time budget could never be retried; the config
+// says so instead of accepting it.
+func TestRetryTimeoutConditionNeedsBudget(t *testing.T) {
+	for _, tc := range []struct {
+		cond    string
+		timeout func(*Config, time.Duration)
+	}{
+		{"header-timeout", func(c *Config, d time.Duration) { c.Timeouts.ResponseHeader = d }},
+		{"first-token-timeout", func(c *Config, d time.Duration) { c.Timeouts.FirstToken = d }},
+	} {
+		cfg := testConfig(EngineConfig{Name: "e1", URL: "http://127.0.0.1:1", Models: []string{"m"}})
+		cfg.Retry.On = append(cfg.Retry.On, tc.cond)
+		cfg.Retry.Within = 10 * time.Second
+		tc.timeout(&cfg, 10*time.Second)
+		if err := cfg.Validate(); err == nil || !strings.Contains(err.Error(), tc.cond) {
+			t.Errorf("%s with a %s timeout and within %s: err %v, want one naming it", tc.cond, 10*time.Second, cfg.Retry.Within, err)
+		}
+		tc.timeout(&cfg, 2*time.Second)
+		if err := cfg.Validate(); err != nil {
+			t.Errorf("%s with a 2s timeout and within 10s: %v, want valid", tc.cond, err)
+		}
+	}
 }
