@@ -412,7 +412,7 @@ func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Re
 	c.holdFirst = in.stream && !rs.sticky && rs.set.retryOn.has(retryFirstToken)
 	s.commit(w, r, &c, &res)
 	if c.unsent != nil {
-		if rs.decide(&result{err: c.unsent}, ErrTypeFirstToken) {
+		if rs.decide(&result{err: c.unsent}, c.unsentType) {
 			return true
 		}
 		writeError(w, r, c.unsent)
@@ -441,9 +441,10 @@ type call struct {
 	// sends nothing before its first content event; unsent is then the
 	// error of a stream that timed out with nothing sent, for exchange to
 	// retry or write.
-	holdFirst bool
-	unsent    *APIError
-	timer     *time.Timer // a non-streaming answer's attempt timeout
+	holdFirst  bool
+	unsent     *APIError
+	unsentType string      // unsent's error type
+	timer      *time.Timer // a non-streaming answer's attempt timeout
 }
 
 // stop stops the attempt timeout.

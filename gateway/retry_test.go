@@ -531,3 +531,26 @@ func TestRetryTimeoutConditionNeedsBudget(t *testing.T) {
 		}
 	}
 }
+
+// TestRetryHeldStreamResetBeforeContent: with first-token-timeout on (so
+// streams are held until their first content), an engine that sends its
+// role chunk and then drops the connection has sent the client nothing: the
+// request goes to e2 (reason reset) and the client gets one clean stream.
+func TestRetryHeldStreamResetBeforeContent(t *testing.T) {
+	rh := newRetryHarness(t, "close-after=0", "", func(c *Config) {
+		c.Retry.On = append(c.Retry.On, "reset", "first-token-timeout")
+		c.Timeouts.FirstToken = 2 * time.Second
+	})
+	resp := rh.post("/v1/chat/completions", fmt.Sprintf(retryChat, true))
+	body := readBodyT(t, resp)
+	if resp.StatusCode != 200 || resp.Header.Get("X-Switchboard-Engine") != "e2" {
+		t.Fatalf("status %d from %q, want 200 from e2: %s", resp.StatusCode, resp.Header.Get("X-Switchboard-Engine"), body)
+	}
+	if strings.Contains(body, `"error"`) || strings.Count(body, `"role":"assistant"`) != 1 || strings.Count(body, "data: [DONE]") != 1 {
+		t.Errorf("want one clean stream with one role chunk: %q", body)
+	}
+	rh.waitIdle()
+	if et := rh.errorTypes(); et[ErrTypeEngineDisconnect] != 1 || et[""] != 1 {
+		t.Errorf("attempt outcomes %v, want one engine_disconnect and one success", et)
+	}
+}

@@ -524,10 +524,11 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 		}
 		a.fail(et)
 		switch {
-		case !rl.started && c.holdFirst && et == ErrTypeFirstToken:
-			// Nothing was sent: exchange decides between another attempt
-			// and this error.
-			c.unsent = ae
+		case !rl.started && c.holdFirst && et != ErrTypeClientCancelled:
+			// Nothing was sent (the stream was held before its first
+			// content): exchange decides between another attempt and
+			// this error, a real status.
+			c.unsent, c.unsentType = ae, et
 		case !rl.started:
 			writeError(w, r, ae)
 		case et != ErrTypeClientCancelled:
