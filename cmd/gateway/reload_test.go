@@ -230,7 +230,14 @@ type simEngine struct {
 
 func startSim(t *testing.T) simEngine {
 	t.Helper()
-	e, err := enginesim.New(enginesim.Config{Models: []string{"demo-model"}, TTFT: 2 * time.Millisecond, ITL: 2 * time.Millisecond})
+	return startSimITL(t, 2*time.Millisecond)
+}
+
+// startSimITL is startSim with itl between tokens (a 12-token stream lasts
+// about 12 × itl).
+func startSimITL(t *testing.T, itl time.Duration) simEngine {
+	t.Helper()
+	e, err := enginesim.New(enginesim.Config{Models: []string{"demo-model"}, TTFT: 2 * time.Millisecond, ITL: itl})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -281,8 +288,9 @@ func waitReloads(t *testing.T, client *http.Client, p *gatewayProc, want map[str
 
 // loadResult is one request of the load loop.
 type loadResult struct {
-	engine string // X-Switchboard-Engine
-	err    string // "" for a complete stream
+	engine     string // X-Switchboard-Engine
+	err        string // "" for a complete stream
+	start, end time.Time
 }
 
 // load runs streaming chat requests on workers goroutines until stop is
@@ -306,7 +314,7 @@ func startLoad(t *testing.T, client *http.Client, base string, workers int) *loa
 					return
 				default:
 				}
-				var r loadResult
+				r := loadResult{start: time.Now()}
 				resp, err := client.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(body))
 				if err != nil {
 					r.err = err.Error()
@@ -329,6 +337,7 @@ func startLoad(t *testing.T, client *http.Client, base string, workers int) *loa
 						}
 					}
 				}
+				r.end = time.Now()
 				l.mu.Lock()
 				l.results = append(l.results, r)
 				l.mu.Unlock()
@@ -382,12 +391,15 @@ func (l *load) waitServed(t *testing.T, what string, cond func(map[string]int) b
 // edited: an engine is added (and probed by the reload: the health
 // interval is an hour), one is removed, the policy changes with a setting
 // that needs a restart, and an invalid edit is rejected with the old
-// config still serving. No request fails but on the removed engine, the
-// removed engine gets nothing once drained, every gauge ends at exactly 0
-// and the reloads counter shows 3 applied and 1 rejected.
+// config still serving. No request fails, not even one in flight on the
+// removed engine (it stays healthy and drains), the removed engine gets
+// nothing once drained, every gauge ends at exactly 0 and the reloads
+// counter shows 3 applied and 1 rejected.
 func TestRunReloadUnderLoad(t *testing.T) {
 	testutil.UnsetOTEL(t)
-	e1, e2, e3 := startSim(t), startSim(t), startSim(t)
+	// e1 streams for about 360 ms, so it has streams in flight when it is
+	// removed: they must drain on it and complete.
+	e1, e2, e3 := startSimITL(t, 30*time.Millisecond), startSim(t), startSim(t)
 	path := filepath.Join(t.TempDir(), "gateway.yaml")
 	config := func(policy, idle string, engines ...string) string {
 		return "server:\n  idle_timeout: " + idle + "\n  health: {interval: 1h}\n  engine_stats: {enabled: false}\n" +
@@ -415,8 +427,11 @@ func TestRunReloadUnderLoad(t *testing.T) {
 	l.waitServed(t, "e3 added", func(m map[string]int) bool { return m["e3"] >= 5 })
 
 	// 2. Remove e1 (written in place).
+	removing := time.Now()
 	writeFile(t, path, config("round-robin", "2m", eng("e2", e2, false), eng("e3", e3, false)))
 	waitReloads(t, client, p, map[string]float64{"applied": 2})
+	// The removal applied before this instant.
+	removed := time.Now()
 	waitEngines(t, client, p, []string{"e2", "e3"}) // e1 drained
 	e1Received := e1.e.Stats().Received
 	_, total := l.served()
@@ -439,11 +454,21 @@ func TestRunReloadUnderLoad(t *testing.T) {
 	l.end()
 	served, total := l.served()
 	t.Logf("%d requests, complete per engine: %v", total, served)
+	// e1 was removed but stayed healthy: the streams it had in flight
+	// drain on it, so its removal fails none of them.
+	spanned := 0
 	for _, r := range l.results {
-		if r.err != "" && r.engine != "e1" {
+		if r.err != "" {
 			t.Errorf("request on %q failed: %s", r.engine, r.err)
 		}
+		if r.engine == "e1" && r.start.Before(removing) && r.end.After(removed) {
+			spanned++
+		}
 	}
+	if spanned == 0 {
+		t.Error("no stream was in flight on e1 while it was removed: the drain went untested")
+	}
+	t.Logf("%d streams on e1 were in flight while it was removed", spanned)
 	waitIdle(t, client, p)
 	if got := reloads(t, client, p.admin); !mapsEqual(got, map[string]float64{"applied": 3, "rejected": 1}) {
 		t.Errorf("reloads = %v", got)
