@@ -211,7 +211,12 @@ func (a *attempt) end() {
 	// Recording ignores the context's cancellation by contract; the request
 	// context is kept for exemplars even when the client has gone.
 	a.s.metrics.RecordEnd(a.ctx, a.attrs, o)
-	a.s.pool.observeOutcome(a.eng, a.status, a.errType)
+	if a.class != classLight {
+		// A light route (tokenize, a sticky lookup, model retrieval)
+		// says nothing of the engine's health for real work: neither
+		// its success nor its failure counts for outlier detection.
+		a.s.pool.observeOutcome(a.eng, a.status, a.errType)
+	}
 	if st := stateFrom(a.ctx); st != nil { // for the access log: the last attempt's outcome
 		st.errType = a.errType
 		st.inTok, st.outTok = o.InputTokens, o.OutputTokens

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -104,6 +105,7 @@ func (c *fakeClock) pending() int {
 type outlierRig struct {
 	*harness
 	clk     *fakeClock
+	logs    *logRecorder // what the gateway logged
 	sims    map[string]*enginesim.Engine
 	mu      sync.Mutex
 	ended   map[string]int
@@ -118,7 +120,7 @@ type outlierRig struct {
 // request, no probe at start, and mod applied to the config.
 func newOutlierRig(t *testing.T, names []string, mod func(*Config)) *outlierRig {
 	t.Helper()
-	r := &outlierRig{clk: newFakeClock(), sims: map[string]*enginesim.Engine{}, ended: map[string]int{},
+	r := &outlierRig{clk: newFakeClock(), logs: &logRecorder{}, sims: map[string]*enginesim.Engine{}, ended: map[string]int{},
 		chat:    `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`,
 		streams: `{"model":"m","stream":true,"max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`}
 	var engines []EngineConfig
@@ -146,7 +148,7 @@ func newOutlierRig(t *testing.T, names []string, mod func(*Config)) *outlierRig 
 	if mod != nil {
 		mod(&cfg)
 	}
-	r.harness = newHarnessWith(t, cfg, []Option{withClock(r.clk.Now)}, withoutStart())
+	r.harness = newHarnessWith(t, cfg, []Option{withClock(r.clk.Now), WithLogger(slog.New(r.logs))}, withoutStart())
 	r.gw.pool.out.after = r.clk.AfterFunc
 	r.gw.onRelease = func(name string, _ routing.Phase) {
 		r.mu.Lock()
@@ -154,6 +156,39 @@ func newOutlierRig(t *testing.T, names []string, mod func(*Config)) *outlierRig 
 		r.mu.Unlock()
 	}
 	return r
+}
+
+// logRecorder is a slog.Handler that counts the records of every level by
+// message (bounded: a map of the distinct messages).
+type logRecorder struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+func (l *logRecorder) Enabled(context.Context, slog.Level) bool { return true }
+func (l *logRecorder) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *logRecorder) WithGroup(string) slog.Handler            { return l }
+func (l *logRecorder) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.n == nil {
+		l.n = map[string]int{}
+	}
+	l.n[r.Message]++
+	return nil
+}
+
+// count returns how many records had a message starting with prefix.
+func (l *logRecorder) count(prefix string) int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n := 0
+	for m, c := range l.n {
+		if strings.HasPrefix(m, prefix) {
+			n += c
+		}
+	}
+	return n
 }
 
 // errorEventEngine answers /health, and every other request with a stream
@@ -811,4 +846,58 @@ func TestOutlierRealTimer(t *testing.T) {
 	if armed != 0 {
 		t.Errorf("%d return timers armed after Close", armed)
 	}
+}
+
+// TestOutlierLightRoutesDoNotCount: attempts on light routes (tokenize
+// here; also sticky lookups, model retrieval, count_tokens) say nothing
+// about the engine's health for generation, so they count for nothing:
+// their successes do not end a streak (an engine failing every generation
+// between tokenize calls is still ejected) and their failures do not make
+// one.
+func TestOutlierLightRoutesDoNotCount(t *testing.T) {
+	const tokenize = `{"model":"m","prompt":"hello there"}`
+	t.Run("successes do not end a streak", func(t *testing.T) {
+		r := newOutlierRig(t, []string{"bad", "good"}, nil)
+		_ = r.sims["bad"].SetFault("status=500")
+		n := r.gw.pool.out.cfg.Load().Consecutive5xx
+		for i := 1; i <= n; i++ {
+			r.sendUntil("bad", r.attempts("bad")+1, r.chat) // one more generation failure
+			if i == n {
+				break
+			}
+			// Then one tokenize call the engine answers (a per-request
+			// fault spec without status overrides its default 500).
+			for j, want := 0, r.attempts("bad")+1; r.attempts("bad") < want; j++ {
+				if j > 20 {
+					t.Fatal("tokenize never reached bad")
+				}
+				resp := r.post("/tokenize", tokenize, enginesim.FaultHeader, "powered-by")
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if eng := resp.Header.Get("X-Switchboard-Engine"); eng == "bad" && resp.StatusCode != 200 {
+					t.Fatalf("tokenize on bad: %d, want 200", resp.StatusCode)
+				}
+			}
+		}
+		if st := r.status("bad"); st.State != "ejected" {
+			t.Errorf("after %d generation failures, each but the last followed by a tokenize success: %+v, want ejected", n, st)
+		}
+		r.waitIdle()
+	})
+	t.Run("failures do not count", func(t *testing.T) {
+		r := newOutlierRig(t, []string{"bad", "good"}, nil)
+		_ = r.sims["bad"].SetFault("status=500")
+		for range 40 {
+			resp := r.post("/tokenize", tokenize)
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}
+		if a := r.attempts("bad"); a < 10 {
+			t.Fatalf("bad ended %d tokenize attempts, want many", a)
+		}
+		if st := r.status("bad"); st.State != "ready" || st.Ejections != 0 {
+			t.Errorf("after %d tokenize 500s: %+v, want ready", r.attempts("bad"), st)
+		}
+		r.waitIdle()
+	})
 }
