@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -147,7 +148,9 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 	if op.sticky {
 		candidates = s.stickyOrder(in.id, rt)
 	}
-	rs := retryState{s: s, set: set, sticky: op.sticky, max: set.cfg.MaxAttempts}
+	rs := retryState{s: s, set: set, ctx: r.Context(), sticky: op.sticky, max: set.cfg.MaxAttempts}
+	var tried []*routing.Endpoint
+	retried := retryNone // why the coming attempt is a retry
 	if op.sticky {
 		rs.max = len(candidates) // a stored response is looked for on every engine
 	}
@@ -180,17 +183,16 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 			return
 		}
 		rs.n, rs.others = n, len(candidates) > 1
+		if retried != retryNone { // counted when the retry happens; not a sticky route's lookup of the next engine
+			s.metrics.RecordRetry(ctx, retried.String())
+		}
 		if !s.exchange(ctx, w, r, op, &in, &out, eng, &rs) {
 			return
 		}
 		// The attempt has ended: its context is cancelled and its body
 		// closed, so the engine has stopped working on it.
-		if rs.reason != retryNone { // not a sticky route's lookup of the next engine
-			s.metrics.RecordRetry(ctx, rs.reason.String())
-		}
-		if !rs.same {
-			candidates = without(candidates, ep)
-		}
+		retried = rs.reason
+		tried = append(tried, ep)
 		if rs.wait > 0 {
 			t := time.NewTimer(rs.wait)
 			select {
@@ -202,7 +204,40 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 				return
 			}
 		}
+		if op.sticky {
+			candidates = without(candidates, ep)
+			continue
+		}
+		// The routing view may have changed while the attempt ran (an
+		// engine ejected, drained, removed or back): the next attempt
+		// picks from the current one, without the engines already tried,
+		// or the same engine when it is the only one left.
+		if rt, err = s.currentRoute(&in); err != nil {
+			writeError(w, r, err)
+			return
+		}
+		candidates = excluding(rt.eps, tried)
+		if len(candidates) == 0 && rs.same && slices.Contains(rt.eps, ep) {
+			candidates = []*routing.Endpoint{ep}
+		}
+		if len(candidates) == 0 {
+			writeError(w, r, routing.ErrNoEndpoint)
+			return
+		}
 	}
+}
+
+// currentRoute returns the route of in's model in the current routing
+// snapshot (every routable engine when it names none).
+func (s *Server) currentRoute(in *inbound) (*route, error) {
+	if in.target == "" {
+		snap := s.pool.snap.Load()
+		if len(snap.all.eps) == 0 {
+			return nil, routing.ErrNoEndpoint
+		}
+		return &snap.all, nil
+	}
+	return s.pool.lookup(in.target)
 }
 
 // pendingFor returns the counter of model's generative attempts that have
@@ -245,13 +280,19 @@ func admissible(rt *route, cands []*routing.Endpoint) []*routing.Endpoint {
 }
 
 // atCapacity reports whether ep's engine has a MaxInFlight and is at it.
+// The limit is the engine's current one: a reload may change it under the
+// requests in flight, which count against the new limit.
 func atCapacity(rt *route, ep *routing.Endpoint) bool {
 	e := rt.engineFor(ep)
-	if e == nil || e.cfg.MaxInFlight <= 0 {
+	if e == nil {
+		return false
+	}
+	limit := e.maxInFlight.Load()
+	if limit <= 0 {
 		return false
 	}
 	pf, dc := ep.InFlight()
-	return pf+dc >= int64(e.cfg.MaxInFlight)
+	return pf+dc >= limit
 }
 
 // read reads and checks the request as op's row says: the body (under the
@@ -400,8 +441,9 @@ func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Re
 		defer res.resp.Body.Close()
 	}
 	if rs.decide(&res, a.errType) {
-		if res.resp != nil {
-			// Read the short answer so the connection is reused.
+		if res.resp != nil && res.resp.ContentLength >= 0 && res.resp.ContentLength <= maxDrain {
+			// Read the short answer so the connection is reused; one of
+			// unknown length may stall, and is dropped with its connection.
 			_, _ = io.CopyN(io.Discard, res.resp.Body, maxDrain)
 		}
 		return true

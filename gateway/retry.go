@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -211,11 +212,11 @@ func (res *result) reason(errType string) retryReason {
 // retryAfter parses an engine's Retry-After: delay-seconds or an HTTP date
 // (RFC 9110, section 10.2.3). ok is false when it is absent or unreadable.
 func retryAfter(h http.Header, now time.Time) (d time.Duration, ok bool) {
-	v := h.Get("Retry-After")
+	v := strings.TrimSpace(h.Get("Retry-After"))
 	if v == "" {
 		return 0, false
 	}
-	if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
+	if n, err := strconv.ParseInt(v, 10, 64); err == nil {
 		if n < 0 {
 			return 0, false
 		}
@@ -257,6 +258,17 @@ func (b retryBudget) take(cfg *RetryConfig) bool {
 
 func (b retryBudget) give() { b.s.retrying.Add(-1) }
 
+// excluding returns eps without any of drop, in a new slice.
+func excluding(eps, drop []*routing.Endpoint) []*routing.Endpoint {
+	out := make([]*routing.Endpoint, 0, len(eps))
+	for _, e := range eps {
+		if !slices.Contains(drop, e) {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
 // without returns eps without ep, in a new slice.
 func without(eps []*routing.Endpoint, ep *routing.Endpoint) []*routing.Endpoint {
 	rest := make([]*routing.Endpoint, 0, len(eps))
@@ -272,10 +284,11 @@ func without(eps []*routing.Endpoint, ep *routing.Endpoint) []*routing.Endpoint 
 type retryState struct {
 	s        *Server
 	set      *settings
-	sticky   bool      // a sticky route: a 404 means "ask the next engine"
-	max      int       // attempts allowed
-	deadline time.Time // no attempt starts after it; zero = no time budget
-	held     bool      // this request holds a share of the retry budget
+	ctx      context.Context // the client's: once it is done, nothing is retried
+	sticky   bool            // a sticky route: a 404 means "ask the next engine"
+	max      int             // attempts allowed
+	deadline time.Time       // no attempt starts after it; zero = no time budget
+	held     bool            // this request holds a share of the retry budget
 
 	// Set by the loop before each attempt.
 	n      int  // the attempt's number, from 1
@@ -291,7 +304,7 @@ type retryState struct {
 // where, after which wait and why. errType is the attempt's error type.
 // Nothing reached the client: a result is what arrived before commit.
 func (rs *retryState) decide(res *result, errType string) bool {
-	if rs.n >= rs.max {
+	if rs.n >= rs.max || rs.ctx.Err() != nil {
 		return false
 	}
 	if rs.sticky {

@@ -220,6 +220,7 @@ func TestNoRetryAfterContent(t *testing.T) {
 	rh := newRetryHarness(t, "close-after=2", "", func(c *Config) {
 		c.MaxAttempts = 3
 		c.Retry.On = []string{"connect-failure", "reset", "header-timeout", "429", "500", "502", "503", "504"}
+		c.Timeouts.ResponseHeader = time.Second
 	})
 	resp := rh.post("/v1/chat/completions", fmt.Sprintf(retryChat, true))
 	body := readBodyT(t, resp)
@@ -251,6 +252,7 @@ func TestRetryBudgetStopsStorm(t *testing.T) {
 		c.MaxAttempts = 4
 		c.Retry.BudgetMin = 1
 		c.Retry.BudgetRatio = 0
+		c.Outlier.Enabled = false // the budget alone, not ejections, stops the storm here
 	})
 	const n = 8
 	var wg sync.WaitGroup
@@ -553,4 +555,30 @@ func TestRetryHeldStreamResetBeforeContent(t *testing.T) {
 	if et := rh.errorTypes(); et[ErrTypeEngineDisconnect] != 1 || et[""] != 1 {
 		t.Errorf("attempt outcomes %v, want one engine_disconnect and one success", et)
 	}
+}
+
+// TestRetryUsesCurrentRoutingView: e1 answers 503 after 200 ms; while it
+// does, e2 is drained. The retry must not go to e2 (it picks from the
+// routing view of the moment, not of the request's arrival): with no engine
+// left the client gets 503, and e2 receives nothing.
+func TestRetryUsesCurrentRoutingView(t *testing.T) {
+	rh := newRetryHarness(t, "stall-before-headers=200ms,status=503", "", func(c *Config) { c.Outlier.Enabled = false })
+	done := make(chan *http.Response, 1)
+	go func() { done <- rh.post("/v1/chat/completions", fmt.Sprintf(retryChat, false)) }()
+	deadline := time.Now().Add(2 * time.Second)
+	for rh.e1.Stats().Received == 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if _, ok := rh.gw.pool.setDrained("e2", true); !ok {
+		t.Fatal("no e2")
+	}
+	resp := <-done
+	body := readBodyT(t, resp)
+	if resp.StatusCode != 503 {
+		t.Errorf("status %d, want 503: %s", resp.StatusCode, body)
+	}
+	if n := rh.e2.Stats().Received; n != 0 {
+		t.Errorf("drained e2 received %d requests, want 0", n)
+	}
+	rh.waitIdle()
 }
