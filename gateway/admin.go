@@ -83,7 +83,7 @@ type actionResult struct {
 //	POST /admin/models/load_lora_adapter?model=BASE    the same on every engine serving BASE
 //	POST /admin/models/unload_lora_adapter?model=BASE
 //	POST /admin/engines/{name}/drain              no new requests; in-flight ones finish (the gateway's own)
-//	POST /admin/engines/{name}/resume             back in routing
+//	POST /admin/engines/{name}/undrain            back in routing (also .../resume)
 //
 // The query string and body go to the engine unchanged, with the engine's
 // credentials. The answer is {"results":[actionResult...]}, 200 when every
@@ -110,6 +110,7 @@ func (s *Server) mountEngineAdmin(r chi.Router) {
 		}
 	}
 	r.HandleFunc("/admin/engines/{name}/drain", drain(true))
+	r.HandleFunc("/admin/engines/{name}/undrain", drain(false))
 	r.HandleFunc("/admin/engines/{name}/resume", drain(false))
 	r.HandleFunc("/admin/engines/{name}/{action}", func(w http.ResponseWriter, r *http.Request) {
 		act, ok := engineActions[chi.URLParam(r, "action")]
@@ -312,7 +313,7 @@ func (p *Pool) serving(model string) []*engine {
 	return out
 }
 
-// setDrained sets or clears the admin drain of the named engine and
+// setDrained sets or clears (undrain) the admin drain of the named engine and
 // rebuilds the routing snapshot; it returns the engine's status after the
 // change, and false when no engine in the pool has that name. A drained
 // engine stays in the pool (probed, its stats scraped) but takes no new

@@ -17,7 +17,8 @@ import (
 // in flight on e1: new requests go to e2 only, e1 is "draining" on the
 // state gauge and in its status (which shows the request still finishing),
 // the held stream completes cleanly and releases its slot, and after
-// .../resume e1 takes requests again. Unknown engines get 404.
+// .../undrain (or .../resume) e1 takes requests again. Unknown engines get
+// 404, other methods 405.
 func TestAdminDrainAndResume(t *testing.T) {
 	g := newGated(t)
 	_, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
@@ -59,9 +60,16 @@ func TestAdminDrainAndResume(t *testing.T) {
 	}
 	h.waitIdle()
 
-	code, st = post("/admin/engines/e1/resume")
+	code, st = post("/admin/engines/e1/undrain")
 	if code != 200 || st.State != "ready" || st.Drained || !st.Routable {
-		t.Fatalf("resume: %d %+v, want 200, ready", code, st)
+		t.Fatalf("undrain: %d %+v, want 200, ready", code, st)
+	}
+	// .../resume is the same.
+	if code, st = post("/admin/engines/e1/drain"); code != 200 || !st.Drained {
+		t.Fatalf("drain again: %d %+v", code, st)
+	}
+	if code, st = post("/admin/engines/e1/resume"); code != 200 || st.Drained {
+		t.Fatalf("resume: %d %+v, want 200, not drained", code, st)
 	}
 	if got := h.servedBy(4, "m"); got["e1"] == 0 {
 		t.Errorf("after resume: served %v, want e1 back in rotation", got)

@@ -478,7 +478,7 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 //	                     attempts, requests in flight and buffered bytes
 //	GET /debug/pprof/*   the runtime profiles
 //	/admin/engines/{name}/... and /admin/models/...  engine admin (sleep, wake_up, is_sleeping,
-//	                     reset_prefix_cache, LoRA load/unload, drain, resume): see mountEngineAdmin
+//	                     reset_prefix_cache, LoRA load/unload, drain, undrain): see mountEngineAdmin
 //
 // Serve it on a separate, private listener.
 func (s *Server) AdminHandler(prom http.Handler) http.Handler {
