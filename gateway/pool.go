@@ -28,8 +28,13 @@ import (
 // engine is one incarnation of a configured engine. Removing an engine and
 // adding it again under the same name creates a new incarnation with its own
 // routing.Endpoint, so slots held on the old one are released there
-// (shared/cases L03).
+// (shared/cases L03). A reload that changes only an engine's max_in_flight
+// or its configured models keeps the incarnation and updates it in place
+// (Pool.tryApply).
 type engine struct {
+	// cfg is the engine's configuration. Its Models and MaxInFlight are
+	// rewritten in place by a reload, under Pool.mu: read them under it,
+	// or through models and maxInFlight.
 	cfg    EngineConfig
 	ep     *routing.Endpoint
 	tel    *telemetry.Engine
@@ -43,6 +48,11 @@ type engine struct {
 	// spanAttrs are the engine span attributes that never change:
 	// server.address, server.port, switchboard.engine.
 	spanAttrs []attribute.KeyValue
+
+	// maxInFlight is the engine's circuit breaker (EngineConfig.MaxInFlight,
+	// 0 for none), an atomic so a reload changes it under the requests in
+	// flight, which keep counting against it.
+	maxInFlight atomic.Int64
 
 	models  atomic.Pointer[[]string] // sorted; nil until known
 	lastErr atomic.Pointer[string]
@@ -229,6 +239,7 @@ func (p *Pool) newEngine(ec EngineConfig) (*engine, error) {
 		p.telByName[ec.Name] = tel
 	}
 	e := &engine{cfg: ec, ep: routing.NewEndpoint(ec.Name, base), tel: tel, shown: redactURL(ec.URL), header: []string{ec.Name}}
+	e.maxInFlight.Store(int64(ec.MaxInFlight))
 	// gen_ai.provider.name, server.address and server.port are set when
 	// the span starts (telemetry.Attrs.SpanStart).
 	e.spanAttrs = []attribute.KeyValue{attribute.String("switchboard.engine", ec.Name)}
@@ -358,7 +369,7 @@ func (p *Pool) rebuildLocked() {
 		if ok {
 			s.all.eps = append(s.all.eps, e.ep)
 			s.all.engs = append(s.all.engs, e)
-			s.all.limited = s.all.limited || e.cfg.MaxInFlight > 0
+			s.all.limited = s.all.limited || e.maxInFlight.Load() > 0
 		}
 		var ec map[string]modelObject
 		if c := e.cards.Load(); c != nil {
@@ -383,7 +394,7 @@ func (p *Pool) rebuildLocked() {
 			}
 			rt.eps = append(rt.eps, e.ep)
 			rt.engs = append(rt.engs, e)
-			rt.limited = rt.limited || e.cfg.MaxInFlight > 0
+			rt.limited = rt.limited || e.maxInFlight.Load() > 0
 		}
 	}
 	for name, a := range p.aliases {
@@ -536,7 +547,7 @@ func (p *Pool) Status() []EngineStatus {
 		s := EngineStatus{Name: e.cfg.Name, URL: e.shown, Healthy: e.ep.Healthy(), Models: e.knownModels(),
 			Static: e.static, Prefill: pf, Decode: dc, Retired: retired,
 			Routable: !retired && e.routable(), State: telemetry.EngineStates[p.engineState(e, retired)],
-			Sleeping: e.sleeping.Load(), Drained: e.drained.Load(), MaxInFlight: e.cfg.MaxInFlight, Stats: statsStatus(e.ep.Stats(), now)}
+			Sleeping: e.sleeping.Load(), Drained: e.drained.Load(), MaxInFlight: int(e.maxInFlight.Load()), Stats: statsStatus(e.ep.Stats(), now)}
 		if s.Models == nil {
 			s.Models = []string{}
 		}

@@ -25,9 +25,16 @@ type ReloadReport struct {
 	// Removed are the engines taken out of routing; their requests in
 	// flight finish on them and release their slots there (draining).
 	Removed []string
-	// Changed are the engines whose configuration changed (URL, models,
-	// key, provider, any EngineConfig field): the old incarnation drains
-	// its requests in flight, a new one takes the new requests.
+	// Changed are the engines whose configuration changed. A change of
+	// max_in_flight or of the configured models alone is applied to the
+	// running incarnation: its requests in flight count against the new
+	// limit, and its health, outlier state (an ejection, the failure
+	// streak), sleep and admin drain stay. Any other change (URL, key,
+	// key variable, provider, or models switching between configured and
+	// discovered) is another server or identity: the old incarnation
+	// drains its requests in flight, a new one takes the new requests
+	// with fresh circuit breaker counts and outlier state (an admin drain
+	// carries over).
 	Changed []string
 	// PolicyChanged is set when the routing policy was replaced by
 	// another instance.
@@ -60,8 +67,10 @@ func (r ReloadReport) Applied() bool {
 //
 // Otherwise the engine set is applied as one batch, in one new routing
 // snapshot: engines new to cfg are added, engines missing from it are
-// removed, engines whose EngineConfig differs are replaced. A removed
-// engine, and the old incarnation of a replaced one, take no new request;
+// removed, engines whose max_in_flight or configured models alone changed
+// are updated in place, engines whose EngineConfig otherwise differs are
+// replaced (see ReloadReport.Changed). A removed engine, and the old
+// incarnation of a replaced one, take no new request;
 // their requests in flight finish and release their slots into their own
 // incarnation, whose gauges are reported until they drain. Each new
 // incarnation is probed (health, and its models when none are
@@ -223,9 +232,12 @@ var errPoolChanged = errors.New("the engine pool changed during the reload")
 // apply makes the pool's engines those of want (validated), in want's
 // order, as one batch, and the model aliases those of aliases. An engine
 // whose configuration is unchanged keeps its incarnation (its slots,
-// health, models, sleep state); a new or changed one gets a new
-// incarnation, probed before the batch is applied; a removed one, and the
-// old incarnation of a changed one, are retired (reported until drained).
+// health, models, sleep state, outlier state, admin drain), and so does
+// one whose max_in_flight or configured models alone changed (updated in
+// place, see inPlace); a new one, or one changed otherwise, gets a new
+// incarnation, probed before the batch is applied (a replaced engine's
+// admin drain carries over to it); a removed one, and the old incarnation
+// of a replaced one, are retired (reported until drained).
 // It returns the names added, removed and changed, or an error (nothing
 // changed) when an engine cannot be built.
 func (p *Pool) apply(want []EngineConfig, aliases map[string]string) (added, removed, changed []string, err error) {
@@ -248,11 +260,23 @@ func (p *Pool) tryApply(want []EngineConfig, aliases map[string]string) (added, 
 	}
 	next := make([]*engine, len(want))
 	var fresh []*engine
+	replaces := map[*engine]*engine{} // a new incarnation: the one it replaces
+	type update struct {
+		e  *engine
+		ec EngineConfig
+	}
+	var updates []update
 	var errs []error
 	for i, ec := range want {
 		old := byName[ec.Name]
-		if old != nil && sameEngine(old.cfg, ec) {
+		switch {
+		case old != nil && sameEngine(old.cfg, ec):
 			next[i] = old
+			continue
+		case old != nil && inPlace(old.cfg, ec):
+			next[i] = old
+			updates = append(updates, update{old, ec})
+			changed = append(changed, ec.Name)
 			continue
 		}
 		e, err := p.newIncarnation(ec)
@@ -265,6 +289,7 @@ func (p *Pool) tryApply(want []EngineConfig, aliases map[string]string) (added, 
 		if old == nil {
 			added = append(added, ec.Name)
 		} else {
+			replaces[e] = old
 			changed = append(changed, ec.Name)
 		}
 	}
@@ -313,8 +338,15 @@ func (p *Pool) tryApply(want []EngineConfig, aliases map[string]string) (added, 
 			p.retired = append(p.retired, e)
 		}
 	}
+	for _, u := range updates {
+		u.e.updateLocked(u.ec)
+	}
 	for _, e := range fresh {
 		p.telByName[e.cfg.Name] = e.tel
+		if old := replaces[e]; old != nil {
+			// The operator drained the engine, not its URL or key.
+			e.drained.Store(old.drained.Load())
+		}
 	}
 	for _, name := range removed {
 		// A later Add under this name builds attributes from its own URL.
@@ -324,6 +356,41 @@ func (p *Pool) tryApply(want []EngineConfig, aliases map[string]string) (added, 
 	p.aliases = newAliases
 	p.rebuildLocked()
 	return added, removed, changed, nil
+}
+
+// inPlace reports whether next, the new configuration of the engine
+// configured as cur, differs from it only in what its running incarnation
+// can take: max_in_flight, and the configured models as long as both
+// configure some (switching between configured and discovered models
+// changes how the engine is probed). The URL, key, key variable and
+// provider are the server and its identity: a change of one is a new
+// incarnation.
+func inPlace(cur, next EngineConfig) bool {
+	if (len(cur.Models) == 0) != (len(next.Models) == 0) {
+		return false
+	}
+	cur.MaxInFlight, cur.Models = next.MaxInFlight, next.Models
+	return sameEngine(cur, next)
+}
+
+// updateLocked applies ec, an inPlace change of e's configuration, to e:
+// its circuit breaker, and its configured models, keeping the adapters
+// loaded on it at run time (they are in its models, not in its config).
+// Call with Pool.mu held, and rebuild the snapshot after.
+func (e *engine) updateLocked(ec EngineConfig) {
+	e.maxInFlight.Store(int64(ec.MaxInFlight))
+	e.cfg.MaxInFlight = ec.MaxInFlight
+	if want := sortedSet(ec.Models); !slices.Equal(sortedSet(e.cfg.Models), want) {
+		ms := want
+		for _, m := range e.knownModels() {
+			if !slices.Contains(e.cfg.Models, m) && !slices.Contains(ms, m) {
+				ms = append(ms, m)
+			}
+		}
+		slices.Sort(ms)
+		e.models.Store(&ms)
+	}
+	e.cfg.Models = slices.Clone(ec.Models)
 }
 
 // newIncarnation builds a new incarnation of ec with its own

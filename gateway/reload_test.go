@@ -611,3 +611,162 @@ func TestPoolAddAfterRemoveNewURL(t *testing.T) {
 		t.Errorf("operation.duration by server.port: old %d, new %d; want 1 and 2", a, b)
 	}
 }
+
+// TestReloadInPlaceKeepsBreaker: a reload that changes only an engine's
+// max_in_flight or its configured models keeps its incarnation, so the
+// request it has in flight counts against the (new) limit and a second
+// one is refused; the models are updated in place, and the same config
+// again changes nothing.
+func TestReloadInPlaceKeepsBreaker(t *testing.T) {
+	for _, tt := range []struct {
+		name         string
+		before, next EngineConfig
+	}{
+		{"models changed", EngineConfig{MaxInFlight: 1, Models: []string{"m"}}, EngineConfig{MaxInFlight: 1, Models: []string{"m2", "m"}}},
+		{"max_in_flight from none", EngineConfig{Models: []string{"m"}}, EngineConfig{MaxInFlight: 1, Models: []string{"m"}}},
+		{"max_in_flight lowered", EngineConfig{MaxInFlight: 2, Models: []string{"m"}}, EngineConfig{MaxInFlight: 1, Models: []string{"m"}}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			g := newGated(t)
+			before, next := tt.before, tt.next
+			before.Name, before.URL = "e1", g.srv.URL
+			next.Name, next.URL = "e1", g.srv.URL
+			h := newHarness(t, testConfig(before))
+			finish := h.heldStream()
+			g.waitStarted(t)
+
+			rep := h.reload(testConfig(next), h.policy())
+			if !slices.Equal(rep.Changed, []string{"e1"}) || rep.Added != nil || rep.Removed != nil {
+				t.Fatalf("report = %+v, want e1 changed", rep)
+			}
+			resp := h.post("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"x"}]}`)
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusServiceUnavailable {
+				t.Errorf("a second request with one in flight and max_in_flight 1: %d, want 503", resp.StatusCode)
+			}
+			if n := g.served.Load(); n != 1 {
+				t.Errorf("engine received %d requests, want only the held one", n)
+			}
+			st := statusByName(h.gw.Pool())["e1"]
+			want := sortedSet(next.Models)
+			if len(st) != 1 || st[0].Retired || st[0].Prefill+st[0].Decode != 1 || st[0].MaxInFlight != 1 || !slices.Equal(st[0].Models, want) {
+				t.Errorf("e1 after the reload: %+v, want one incarnation with its stream, max_in_flight 1, models %v", st, want)
+			}
+			if rep := h.reload(testConfig(next), h.policy()); rep.Applied() {
+				t.Errorf("the same config again: %+v, want nothing applied", rep)
+			}
+
+			g.open()
+			if err := finish(); err != nil {
+				t.Fatal(err)
+			}
+			h.waitIdle()
+			for _, m := range want {
+				if got := h.servedBy(1, m); got["e1"] != 1 {
+					t.Errorf("request for %s after the stream ended: served %v, want e1", m, got)
+				}
+			}
+		})
+	}
+}
+
+// TestReloadInPlaceKeepsEjection: an ejected engine whose max_in_flight
+// changes stays ejected (its outlier state belongs to the incarnation the
+// reload keeps); it does not come back at once.
+func TestReloadInPlaceKeepsEjection(t *testing.T) {
+	r := newOutlierRig(t, []string{"bad", "good"}, nil)
+	_ = r.sims["bad"].SetFault("status=500")
+	r.sendUntil("bad", 5, r.chat)
+	if s := r.state("bad"); s != "ejected" {
+		t.Fatalf("state %s, want ejected", s)
+	}
+	cfg := r.gw.set.Load().cfg
+	cfg.Engines = slices.Clone(cfg.Engines)
+	cfg.Engines[0].MaxInFlight = 10
+	if rep := r.reload(cfg, r.policy()); !slices.Equal(rep.Changed, []string{"bad"}) {
+		t.Fatalf("report = %+v, want bad changed", rep)
+	}
+	if st := r.status("bad"); st.State != "ejected" || st.EjectedUntil == nil || st.MaxInFlight != 10 {
+		t.Errorf("bad after the reload: %+v, want still ejected, max_in_flight 10", st)
+	}
+	for range 4 {
+		if _, engine := r.send(r.chat); engine != "good" {
+			t.Errorf("a request went to %q, want good (bad is ejected)", engine)
+		}
+	}
+	r.waitIdle()
+}
+
+// TestReloadKeepsAdminDrain: an engine drained through the admin API stays
+// drained when a reload changes its models (the same incarnation) and when
+// it changes its URL (a new incarnation, which takes the drain over): no
+// request reaches it either way until it is resumed.
+func TestReloadKeepsAdminDrain(t *testing.T) {
+	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
+	_, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
+	moved, s3 := sim(t, enginesim.Config{Models: []string{"m"}})
+	e2 := EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}}
+	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}, e2))
+	if _, ok := h.gw.Pool().setDrained("e1", true); !ok {
+		t.Fatal("setDrained: e1 not found")
+	}
+	for _, step := range []struct {
+		name string
+		e1   EngineConfig
+	}{
+		{"models changed", EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m", "m2"}}},
+		{"url changed", EngineConfig{Name: "e1", URL: s3.URL, Models: []string{"m", "m2"}}},
+	} {
+		if rep := h.reload(testConfig(step.e1, e2), h.policy()); !slices.Equal(rep.Changed, []string{"e1"}) {
+			t.Fatalf("%s: report = %+v, want e1 changed", step.name, rep)
+		}
+		if st := h.status("e1"); !st.Drained || st.State != "draining" || st.Routable {
+			t.Errorf("%s: e1 %+v, want still drained", step.name, st)
+		}
+		if got := h.servedBy(4, "m"); got["e2"] != 4 {
+			t.Errorf("%s: served %v, want all on e2 (e1 drained)", step.name, got)
+		}
+	}
+	if n := moved.Stats().Received; n != 0 {
+		t.Errorf("e1's new URL received %d requests while drained", n)
+	}
+	if st, _ := h.gw.Pool().setDrained("e1", false); st.State != "ready" {
+		t.Fatalf("resume: %+v", st)
+	}
+	if got := h.servedBy(4, "m"); got["e1"] != 2 || moved.Stats().Received != 2 {
+		t.Errorf("after resume: served %v, new URL received %d; want e1 at its new URL back in rotation", got, moved.Stats().Received)
+	}
+	h.waitIdle()
+}
+
+// TestReloadInPlaceKeepsLoadedAdapter: a LoRA adapter loaded through the
+// admin API on an engine with configured models is still routed to it
+// after a reload that changes those models.
+func TestReloadInPlaceKeepsLoadedAdapter(t *testing.T) {
+	_, srv := sim(t, enginesim.Config{Models: []string{"base", "other"}, OutputTokens: 2})
+	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"base"}}))
+	admin := httptest.NewServer(h.gw.AdminHandler(nil))
+	t.Cleanup(admin.Close)
+	resp, err := admin.Client().Post(admin.URL+"/admin/engines/e1/load_lora_adapter", "application/json", strings.NewReader(`{"lora_name":"sql","lora_path":"/adapters/sql"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("load: %d", resp.StatusCode)
+	}
+	if rep := h.reload(testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"base", "other"}}), h.policy()); !slices.Equal(rep.Changed, []string{"e1"}) {
+		t.Fatalf("report = %+v, want e1 changed", rep)
+	}
+	if st := h.status("e1"); !slices.Equal(st.Models, []string{"base", "other", "sql"}) {
+		t.Errorf("e1 models %v, want base, other and the loaded sql", st.Models)
+	}
+	for _, m := range []string{"sql", "other"} {
+		if got := h.servedBy(1, m); got["e1"] != 1 {
+			t.Errorf("%s: served %v, want e1", m, got)
+		}
+	}
+	h.waitIdle()
+}
