@@ -13,11 +13,13 @@ import (
 // Outlier detection (passive health, Envoy's model; routing/outlier.go
 // holds the streaks, the back-off and the state machine): every attempt's
 // outcome is counted on its engine's routing.Outlier when the attempt ends
-// (observeOutcome); a streak at its threshold ejects the engine, if the
-// max_ejection_percent bound over its models allows, and the routing
-// snapshot is rebuilt without it (once per ejection, never per request). A
-// timer at the end of the ejection time probes the engine right then; it
-// returns at that probe or at any later one that passes (ProbeNow).
+// (observeOutcome; light routes count for nothing); a streak at its
+// threshold ejects the engine, if every model it serves keeps another
+// ready engine and the max_ejection_percent bound over its models allows,
+// and the routing snapshot is rebuilt without it (once per ejection, never
+// per request). A timer at the end of the ejection time probes the engine
+// right then; it returns at that probe or at any later one that passes
+// (ProbeNow).
 
 // outliers is the pool's outlier detection state.
 type outliers struct {
@@ -31,7 +33,22 @@ type outliers struct {
 	timers map[*engine]returnTimer
 	seq    uint64 // numbers the return timers
 	closed bool
-	wg     sync.WaitGroup // return probes in progress
+	// refused is, per engine, when a refused ejection was last logged and
+	// how many were refused since (one line per base_ejection_time, not
+	// one per streak: a lone engine answering 500s at 1k QPS trips a
+	// streak every 5 ms). Guarded by Pool.mu.
+	refused map[*engine]refusal
+	wg      sync.WaitGroup // return probes in progress
+
+	// tripped, when set (tests only), runs after a streak has tripped and
+	// before its ejection takes the pool's lock.
+	tripped func(*engine)
+}
+
+// refusal is an engine's refused ejections since the last one logged.
+type refusal struct {
+	logged time.Time
+	since  int
 }
 
 // returnTimer is an ejected engine's timer: its stop function and its
@@ -44,6 +61,7 @@ type returnTimer struct {
 func (o *outliers) init(c routing.OutlierConfig) {
 	o.cfg.Store(&c)
 	o.timers = map[*engine]returnTimer{}
+	o.refused = map[*engine]refusal{}
 	o.after = func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
 }
 
@@ -108,7 +126,10 @@ func (p *Pool) observeOutcome(e *engine, status int, errType string) {
 		return
 	}
 	if kind, trip := e.ep.Outlier().Record(c, outcomeOf(status, errType)); trip {
-		p.eject(e, c, kind)
+		if p.out.tripped != nil {
+			p.out.tripped(e)
+		}
+		p.eject(e, kind)
 	}
 }
 
@@ -133,31 +154,40 @@ func (p *Pool) setOutlier(c routing.OutlierConfig) {
 		t.stop()
 		delete(p.out.timers, e)
 	}
+	clear(p.out.refused)
 	if changed {
 		p.log.Info("outlier detection off: every ejected engine returned")
 		p.rebuildLocked()
 	}
 }
 
-// eject takes e out of routing after a streak of kind, unless e left the
-// pool or the max_ejection_percent bound forbids it, and arms the timer
-// that probes it when its ejection time ends.
-func (p *Pool) eject(e *engine, c *routing.OutlierConfig, kind routing.Outcome) {
+// eject takes e out of routing after a streak of kind, unless detection
+// is off by now, e left the pool or ejectionAllowedLocked forbids it, and
+// arms the timer that probes it when its ejection time ends.
+func (p *Pool) eject(e *engine, kind routing.Outcome) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if p.out.closed || !slices.Contains(p.engines, e) {
-		return
-	}
-	if m, ok := p.ejectionAllowedLocked(e, c); !ok {
-		p.log.Warn("engine not ejected: too many engines of its model are ejected already",
-			"engine", e.cfg.Name, "reason", kind.String(), "model", m, "max_ejection_percent", c.MaxEjectionPercent)
+	// The settings are read again under the lock, not taken from the
+	// outcome that tripped: a setOutlier turning detection off stores its
+	// settings before it takes the lock to return every ejected engine,
+	// so either it runs after this ejection and returns the engine, or
+	// this sees detection off. Without this, an ejection waiting for the
+	// lock while detection was turned off would happen after the return,
+	// under the old settings, with a return timer armed.
+	c := p.out.cfg.Load()
+	if !c.Enabled || p.out.closed || !slices.Contains(p.engines, e) {
 		return
 	}
 	now := p.now()
+	if m, why, ok := p.ejectionAllowedLocked(e, c); !ok {
+		p.refusedLocked(e, c, now, kind, m, why)
+		return
+	}
 	until, n, ok := e.ep.Outlier().Eject(c, now)
 	if !ok {
 		return
 	}
+	delete(p.out.refused, e)
 	p.log.Warn("engine ejected", "engine", e.cfg.Name, "reason", kind.String(), "ejection", n, "for", until.Sub(now).String())
 	p.rebuildLocked()
 	if t, ok := p.out.timers[e]; ok {
@@ -168,28 +198,71 @@ func (p *Pool) eject(e *engine, c *routing.OutlierConfig, kind routing.Outcome) 
 	p.out.timers[e] = returnTimer{stop: p.out.after(until.Sub(now), func() { p.returnProbe(e, seq) }), seq: seq}
 }
 
-// ejectionAllowedLocked applies max_ejection_percent: e may be ejected only
-// if, for every model it serves, the engines of that model already
-// ejected plus e stay within MaxEjected of all the engines in the pool
-// serving it. It returns the model that forbids it. An engine whose models
-// are not known yet serves no route and may be ejected.
-func (p *Pool) ejectionAllowedLocked(e *engine, c *routing.OutlierConfig) (string, bool) {
+// ejectionAllowedLocked reports whether e may be ejected; if not, the
+// model that forbids it and why (a log message's end). For every model e
+// serves:
+//
+//   - another engine of the model must be ready (routable): an ejection
+//     never leaves a model with nothing to route to, whatever the cap
+//     allows, for Envoy's panic threshold's reason. Traffic on the last
+//     ready engine gets that engine's answers, some of which may succeed,
+//     instead of a 503 for every request; a dead engine is still taken
+//     out by the probes (and probed at once on a refused connection:
+//     probeOnConnectFailure). The other engines may be out for any reason
+//     (drained, unhealthy, sleeping, ejected);
+//   - max_ejection_percent: the engines of the model already ejected
+//     plus e stay within MaxEjected of all the engines in the pool serving
+//     it, whatever their state.
+//
+// An engine whose models are not known yet serves no route and may be
+// ejected.
+func (p *Pool) ejectionAllowedLocked(e *engine, c *routing.OutlierConfig) (model, why string, ok bool) {
 	for _, m := range e.knownModels() {
-		n, ejected := 0, 1 // e itself
+		n, ejected, ready := 0, 1, 0 // e itself is ejected, not ready
 		for _, o := range p.engines {
 			if !slices.Contains(o.knownModels(), m) {
 				continue
 			}
 			n++
-			if o != e && o.ep.Outlier().Ejected() {
+			if o == e {
+				continue
+			}
+			if o.ep.Outlier().Ejected() {
 				ejected++
 			}
+			if o.routable() {
+				ready++
+			}
+		}
+		if ready == 0 {
+			return m, "it is its model's last ready engine", false
 		}
 		if ejected > c.MaxEjected(n) {
-			return m, false
+			return m, "too many engines of its model are ejected already", false
 		}
 	}
-	return "", true
+	return "", "", true
+}
+
+// refusedLocked logs that e was not ejected (see ejectionAllowedLocked)
+// at most once per base_ejection_time per engine, with the number of
+// refusals since the last line: a refusal comes again at every streak.
+func (p *Pool) refusedLocked(e *engine, c *routing.OutlierConfig, now time.Time, kind routing.Outcome, model, why string) {
+	r, seen := p.out.refused[e]
+	r.since++
+	if seen && now.Sub(r.logged) < c.BaseEjectionTime {
+		p.out.refused[e] = r
+		return
+	}
+	p.log.Warn("engine not ejected: "+why, "engine", e.cfg.Name, "reason", kind.String(), "model", model,
+		"max_ejection_percent", c.MaxEjectionPercent, "refused", r.since, "since", c.BaseEjectionTime.String())
+	p.out.refused[e] = refusal{logged: now}
+	// Forget the engines that left the pool (rarely more than a few).
+	for o := range p.out.refused {
+		if !slices.Contains(p.engines, o) {
+			delete(p.out.refused, o)
+		}
+	}
 }
 
 // returnProbe runs when e's ejection time has ended: it probes e at once

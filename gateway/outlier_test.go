@@ -467,8 +467,8 @@ func TestOutlierBackoff(t *testing.T) {
 }
 
 // TestOutlierMaxEjectionPercent: never more than max_ejection_percent of a
-// model's engines are ejected at once, and the only engine of a model is
-// never ejected.
+// model's engines are ejected at once, the only engine of a model is never
+// ejected, and even at 100% a model keeps its last ready engine.
 func TestOutlierMaxEjectionPercent(t *testing.T) {
 	t.Run("3 of 4 failing at 50%", func(t *testing.T) {
 		r := newOutlierRig(t, []string{"b1", "b2", "b3", "good"}, nil)
@@ -505,15 +505,38 @@ func TestOutlierMaxEjectionPercent(t *testing.T) {
 		}
 		r.waitIdle()
 	})
-	t.Run("100% ejects the only engine", func(t *testing.T) {
-		r := newOutlierRig(t, []string{"only"}, func(c *Config) { c.Outlier.MaxEjectionPercent = 100 })
-		_ = r.sims["only"].SetFault("status=500")
-		r.sendUntil("only", 5, r.chat)
-		if s := r.state("only"); s != "ejected" {
-			t.Fatalf("state %s, want ejected", s)
+	t.Run("100% keeps the last ready engine", func(t *testing.T) {
+		// 100% lifts the cap, not the rule that a model keeps a ready
+		// engine (TestOutlierKeepsLastReadyEngine): of three engines all
+		// failing, two are ejected (50% would allow one) and the third
+		// keeps answering, with its own 500s rather than a 503.
+		names := []string{"b1", "b2", "b3"}
+		r := newOutlierRig(t, names, func(c *Config) { c.Outlier.MaxEjectionPercent = 100 })
+		for _, n := range names {
+			_ = r.sims[n].SetFault("status=500")
 		}
-		if code, _ := r.send(r.chat); code != http.StatusServiceUnavailable {
-			t.Errorf("with its only engine ejected the model answers %d, want 503", code)
+		for range 60 {
+			r.send(r.chat)
+		}
+		var ejected, ready []string
+		for _, n := range names {
+			switch r.state(n) {
+			case "ejected":
+				ejected = append(ejected, n)
+			case "ready":
+				ready = append(ready, n)
+			}
+		}
+		if len(ejected) != 2 || len(ready) != 1 {
+			t.Fatalf("ejected %v, ready %v: want 2 ejected and the last one ready", ejected, ready)
+		}
+		for range 10 {
+			if code, eng := r.send(r.chat); code != 500 || eng != ready[0] {
+				t.Fatalf("%d from %q, want %s's own 500", code, eng, ready[0])
+			}
+		}
+		if s := r.state(ready[0]); s != "ready" {
+			t.Errorf("the last ready engine is %s", s)
 		}
 		r.waitIdle()
 	})
@@ -900,4 +923,126 @@ func TestOutlierLightRoutesDoNotCount(t *testing.T) {
 		}
 		r.waitIdle()
 	})
+}
+
+// TestOutlierKeepsLastReadyEngine: an engine is never ejected when that
+// would leave one of its models without a ready engine, whatever
+// max_ejection_percent allows (it counts every engine of the model,
+// whatever its state): with e1 out of routing (drained through the admin
+// API, or failing its probes), e2 failing every request stays in and the
+// model keeps answering (the engine's own 500s), never 503. With e1 back,
+// the next streak ejects e2.
+func TestOutlierKeepsLastReadyEngine(t *testing.T) {
+	admin := func(r *outlierRig, path string) {
+		srv := httptest.NewServer(r.gw.AdminHandler(nil))
+		defer srv.Close()
+		resp, err := srv.Client().Post(srv.URL+path, "application/json", nil)
+		if err != nil {
+			r.t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			r.t.Fatalf("POST %s: %d", path, resp.StatusCode)
+		}
+	}
+	for _, tc := range []struct {
+		name      string
+		out, back func(*outlierRig)
+	}{
+		{"drained", func(r *outlierRig) { admin(r, "/admin/engines/e1/drain") }, func(r *outlierRig) { admin(r, "/admin/engines/e1/resume") }},
+		{"unhealthy", func(r *outlierRig) {
+			r.sims["e1"].SetHealthy(false)
+			r.gw.pool.ProbeNow(context.Background())
+		}, func(r *outlierRig) {
+			r.sims["e1"].SetHealthy(true)
+			r.gw.pool.ProbeNow(context.Background())
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newOutlierRig(t, []string{"e1", "e2"}, nil)
+			tc.out(r)
+			if s := r.state("e1"); s == "ready" {
+				t.Fatalf("e1 is %s", s)
+			}
+			_ = r.sims["e2"].SetFault("status=500")
+			n := r.gw.pool.out.cfg.Load().Consecutive5xx
+			for i := range 6 * n {
+				if code, eng := r.send(r.chat); code != 500 || eng != "e2" {
+					t.Fatalf("request %d: %d from %q, want e2's 500 (the model's last ready engine stays in)", i, code, eng)
+				}
+			}
+			if st := r.status("e2"); st.State != "ready" || st.Ejections != 0 {
+				t.Fatalf("after %d failures as the last ready engine: %+v, want ready", 6*n, st)
+			}
+			if got := r.logs.count("engine not ejected"); got != 1 {
+				t.Errorf("%d refusals logged, want 1", got)
+			}
+			tc.back(r)
+			r.sendUntil("e2", r.attempts("e2")+n, r.chat)
+			if st := r.status("e2"); st.State != "ejected" {
+				t.Fatalf("with e1 back, after a streak: %+v, want ejected", st)
+			}
+			if code, eng := r.send(r.chat); code != 200 || eng != "e1" {
+				t.Errorf("after e2's ejection: %d from %q, want 200 from e1", code, eng)
+			}
+			r.waitIdle()
+		})
+	}
+}
+
+// TestOutlierDisableDuringEjection: outlier detection turned off (a
+// reload's setOutlier) between a streak tripping and its ejection taking
+// the pool's lock ejects nothing and arms no return timer: the ejection
+// reads the settings again under the lock.
+func TestOutlierDisableDuringEjection(t *testing.T) {
+	r := newOutlierRig(t, []string{"bad", "good"}, nil)
+	off := *r.gw.pool.out.cfg.Load()
+	off.Enabled = false
+	var once sync.Once
+	r.gw.pool.out.tripped = func(*engine) { once.Do(func() { r.gw.pool.setOutlier(off) }) }
+	_ = r.sims["bad"].SetFault("status=500")
+	r.sendUntil("bad", off.Consecutive5xx, r.chat)
+	if st := r.status("bad"); st.State != "ready" || !st.Routable || st.EjectedUntil != nil || st.Ejections != 0 {
+		t.Errorf("detection turned off as the streak tripped: %+v, want ready, never ejected", st)
+	}
+	if n := r.clk.pending(); n != 0 {
+		t.Errorf("%d return timers armed with detection off", n)
+	}
+	r.waitIdle()
+}
+
+// TestOutlierRefusedEjectionLogsOnce: an ejection refused streak after
+// streak (the only engine of its model answering 500s; at 1k QPS that is a
+// streak every 5 ms) is logged once per base_ejection_time per engine, not
+// once per streak.
+func TestOutlierRefusedEjectionLogsOnce(t *testing.T) {
+	r := newOutlierRig(t, []string{"only"}, nil)
+	_ = r.sims["only"].SetFault("status=500")
+	c := r.gw.pool.out.cfg.Load()
+	streaks := func(k int) {
+		for range k * c.Consecutive5xx {
+			if code, _ := r.send(r.chat); code != 500 {
+				t.Fatalf("status %d, want the engine's 500", code)
+			}
+		}
+	}
+	streaks(10)
+	if got := r.logs.count("engine not ejected"); got != 1 {
+		t.Fatalf("10 refused streaks logged %d times, want once", got)
+	}
+	r.clk.Advance(c.BaseEjectionTime - time.Second)
+	streaks(3)
+	if got := r.logs.count("engine not ejected"); got != 1 {
+		t.Fatalf("within base_ejection_time: %d lines, want still 1", got)
+	}
+	r.clk.Advance(time.Second)
+	streaks(3)
+	if got := r.logs.count("engine not ejected"); got != 2 {
+		t.Errorf("a base_ejection_time later: %d lines, want 2", got)
+	}
+	if s := r.state("only"); s != "ready" {
+		t.Errorf("the only engine is %s", s)
+	}
+	r.waitIdle()
 }

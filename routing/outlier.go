@@ -13,8 +13,8 @@ import (
 // and the config.cluster.v3.OutlierDetection reference). This file holds
 // what routing decides: the settings, the outcome classes, the per-endpoint
 // tracker and the engine state machine. The gateway feeds the outcomes in,
-// applies the max_ejection_percent cap over a model's engines, and runs the
-// probe that ends an ejection.
+// applies the max_ejection_percent cap over a model's engines (and keeps a
+// model's last ready engine), and runs the probe that ends an ejection.
 
 // OutlierConfig configures outlier detection (the `server.outlier` section
 // of the gateway's YAML file). The zero value is not valid: start from
@@ -25,8 +25,9 @@ import (
 // where it is. When a streak reaches its threshold the engine is ejected
 // for BaseEjectionTime × the number of times it has been ejected, capped at
 // MaxEjectionTime, unless that would eject more than MaxEjectionPercent of
-// the engines of a model it serves. When the ejection time has passed the
-// engine returns only after a passing health probe.
+// the engines of a model it serves, or leave such a model without a ready
+// engine. When the ejection time has passed the engine returns only after a
+// passing health probe.
 type OutlierConfig struct {
 	// Enabled turns outlier detection on. Default true. Off, traffic never
 	// ejects an engine (the probes alone decide), and turning it off at
@@ -73,7 +74,11 @@ type OutlierConfig struct {
 	// nowhere else to send its traffic; the probes still take a dead
 	// engine out), two engines may lose one, four may lose two. Current
 	// Envoy enforces the cap the same way (always_eject_one_host is off by
-	// default).
+	// default). Whatever the cap allows, 100 included, an engine is never
+	// ejected while it is the last ready engine of a model it serves (the
+	// others drained, unhealthy, sleeping or ejected), for the reason of
+	// Envoy's panic threshold: its answers, some of which may succeed, beat
+	// a 503 for every request.
 	MaxEjectionPercent int `koanf:"max_ejection_percent"`
 }
 
