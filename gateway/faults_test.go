@@ -200,7 +200,7 @@ func TestFaultMatrix(t *testing.T) {
 			}
 			base := goleak.IgnoreCurrent()
 			t.Run(prefix+"/"+fc.name+"/"+mode, func(t *testing.T) {
-				runFaultCase(t, fc, stream, sampler, fr, false)
+				runFaultCase(t, fc, stream, sampler, fr, noRetries)
 			})
 			if err := goleak.Find(base); err != nil {
 				t.Errorf("%s/%s/%s: goroutines left behind: %v", prefix, fc.name, mode, err)
@@ -240,30 +240,50 @@ func TestFaultMatrix(t *testing.T) {
 // in and recording its own duration with the fault's error.type; every
 // other fault makes exactly one; the client's answer is the same as
 // without retries; and every gauge is back to 0.
+//
+// The "held" run adds first-token-timeout, so every stream is held until
+// its first content: a stream that fails before it (no first token in
+// time, headers then a dropped connection) has sent nothing and is retried
+// too, and a first-token timeout ends in a real 504 instead of an error
+// event.
 func TestFaultMatrixWithRetries(t *testing.T) {
-	for _, fc := range faultMatrix {
-		for _, stream := range fc.stream {
-			mode := "non-stream"
-			if stream {
-				mode = "stream"
-			}
-			base := goleak.IgnoreCurrent()
-			t.Run(fc.name+"/"+mode, func(t *testing.T) {
-				runFaultCase(t, fc, stream, sdktrace.AlwaysSample(), chatFraming, true)
-			})
-			if err := goleak.Find(base); err != nil {
-				t.Errorf("%s/%s: goroutines left behind: %v", fc.name, mode, err)
+	for _, rm := range []retryMode{withRetries, withRetriesHeld} {
+		for _, fc := range faultMatrix {
+			for _, stream := range fc.stream {
+				mode := "non-stream"
+				if stream {
+					mode = "stream"
+				}
+				name := map[retryMode]string{withRetries: "retries", withRetriesHeld: "held"}[rm] + "/" + fc.name + "/" + mode
+				base := goleak.IgnoreCurrent()
+				t.Run(name, func(t *testing.T) {
+					runFaultCase(t, fc, stream, sdktrace.AlwaysSample(), chatFraming, rm)
+				})
+				if err := goleak.Find(base); err != nil {
+					t.Errorf("%s: goroutines left behind: %v", name, err)
+				}
 			}
 		}
 	}
 }
+
+// retryMode is how a fault case runs: without retries (the fault matrix),
+// with every retry condition on, or with first-token-timeout too (held
+// streams).
+type retryMode int
+
+const (
+	noRetries retryMode = iota
+	withRetries
+	withRetriesHeld
+)
 
 // retriedAttempts is how many attempts a fault case makes with every retry
 // condition on and maxAttempts allowed: maxAttempts when the fault happens
 // before the response is committed and is a retry condition (connect
 // failure, the engine's 429/500/502, a reset before headers, no headers in
 // time), else 1.
-func retriedAttempts(fc faultCase, stream bool, maxAttempts int) int {
+func retriedAttempts(fc faultCase, stream bool, maxAttempts int, rm retryMode) int {
 	switch fc.errType[idx(stream)] {
 	case ErrTypeConnect, "429", "500", "502", "503", "504", ErrTypeHeaderTimeout:
 		return maxAttempts
@@ -271,10 +291,18 @@ func retriedAttempts(fc faultCase, stream bool, maxAttempts int) int {
 	if fc.fault == "close-before-headers" {
 		return maxAttempts
 	}
+	if rm == withRetriesHeld && stream && (fc.errType[1] == ErrTypeFirstToken || fc.fault == "close-after-headers") {
+		return maxAttempts // nothing was sent: the stream was held
+	}
 	return 1
 }
 
-func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Sampler, fr faultFraming, retries bool) {
+func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Sampler, fr faultFraming, rm retryMode) {
+	retries := rm != noRetries
+	if rm == withRetriesHeld && stream && fc.errType[1] == ErrTypeFirstToken {
+		// Nothing reached the client: a real status, no error event.
+		fc.status[1], fc.errEvent = http.StatusGatewayTimeout, false
+	}
 	i := idx(stream)
 	simEng, simSrv := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: 30 * time.Millisecond, ITL: 15 * time.Millisecond, OutputTokens: 8})
 	url := simSrv.URL
@@ -310,9 +338,12 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 	if retries {
 		cfg.MaxAttempts = 3
 		cfg.Retry.On = []string{"connect-failure", "reset", "header-timeout", "429", "500", "502", "503", "504"}
+		if rm == withRetriesHeld {
+			cfg.Retry.On = append(cfg.Retry.On, "first-token-timeout")
+		}
 		cfg.Retry.Backoff = time.Millisecond
 		cfg.MaxPendingPerModel = 1000 // counted on every path, never reached
-		attempts = retriedAttempts(fc, stream, cfg.MaxAttempts)
+		attempts = retriedAttempts(fc, stream, cfg.MaxAttempts, rm)
 	}
 	h := newHarnessWith(t, cfg, opts, withSampler(sampler), withoutStart())
 	if fc.setup == unhealthy {
