@@ -19,9 +19,10 @@ import (
 //
 // A request is retried only before anything of its response reached the
 // client, so no token is ever sent twice, and only when its previous
-// attempt has been cancelled on its engine (the attempt's context is
-// cancelled and its body closed before the next attempt starts), so two
-// engines never generate the same request. Each attempt has its own engine
+// attempt has been cancelled (its context cancelled and its body closed,
+// so its engine connection is gone, before the next attempt starts; vLLM
+// aborts a request whose connection closes), so the gateway never keeps
+// two engines working on one request. Each attempt has its own engine
 // span and slot. The number of attempts is Config.MaxAttempts.
 //
 // The model is Envoy's (envoy.config.route.v3.RetryPolicy and the
