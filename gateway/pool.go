@@ -163,7 +163,7 @@ type Pool struct {
 
 	mu        sync.Mutex
 	engines   []*engine
-	retired   []*engine // removed, still holding slots; reported until drained
+	retired   []*engine // removed, still holding slots; reported until drained (pruneRetiredLocked, observeInFlight)
 	telByName map[string]*telemetry.Engine
 
 	snap atomic.Pointer[snapshot]
@@ -289,6 +289,7 @@ func (p *Pool) Add(ec EngineConfig) error {
 	}
 	p.telByName[ec.Name] = e.tel
 	p.engines = append(p.engines, e)
+	p.pruneRetiredLocked()
 	p.rebuildLocked()
 	return nil
 }
@@ -305,6 +306,7 @@ func (p *Pool) Remove(name string) bool {
 	}
 	p.retired = append(p.retired, p.engines[i])
 	p.engines = slices.Delete(p.engines, i, i+1)
+	p.pruneRetiredLocked()
 	p.rebuildLocked()
 	return true
 }
@@ -561,9 +563,10 @@ func (p *Pool) Status() []EngineStatus {
 		out = append(out, st(e, false))
 	}
 	for _, e := range p.retired {
-		// Shown while it still has requests finishing: the list is
-		// pruned when the gauges report the last 0 (observeInFlight),
-		// which waits for a metrics collection that may never come.
+		// Shown while it still has requests finishing: a drained one
+		// may stay listed until the gauges report its last 0
+		// (observeInFlight), or a reload, Add or Remove prunes it
+		// (pruneRetiredLocked).
 		if pf, dc := e.ep.InFlight(); pf+dc > 0 {
 			out = append(out, st(e, true))
 		}

@@ -354,6 +354,7 @@ func (p *Pool) tryApply(want []EngineConfig, aliases map[string]string) (added, 
 	}
 	p.engines = next
 	p.aliases = newAliases
+	p.pruneRetiredLocked()
 	p.rebuildLocked()
 	return added, removed, changed, nil
 }
@@ -391,6 +392,50 @@ func (e *engine) updateLocked(ec EngineConfig) {
 		e.models.Store(&ms)
 	}
 	e.cfg.Models = slices.Clone(ec.Models)
+}
+
+// maxRetired bounds Pool.retired when nothing collects the metrics: past
+// it, drained incarnations are dropped even when their name owes the
+// gauges a last 0.
+const maxRetired = 256
+
+// pruneRetiredLocked drops the retired incarnations that have drained and
+// whose name an engine in the pool has (that engine continues the name's
+// gauge series, so no last 0 is owed), then, while the list is longer
+// than maxRetired, the oldest drained ones. Without it the list would
+// only shrink when the gauges are collected (observeInFlight), so a
+// gateway nobody scrapes would keep every incarnation each reload or
+// Remove retired. Call with Pool.mu held.
+func (p *Pool) pruneRetiredLocked() {
+	live := make(map[string]bool, len(p.engines))
+	for _, e := range p.engines {
+		live[e.cfg.Name] = true
+	}
+	drained := func(e *engine) bool {
+		pf, dc := e.ep.InFlight()
+		return pf == 0 && dc == 0
+	}
+	excess := 0
+	for _, e := range p.retired {
+		if !(live[e.cfg.Name] && drained(e)) {
+			excess++
+		}
+	}
+	excess -= maxRetired
+	keep := p.retired[:0]
+	for _, e := range p.retired {
+		switch {
+		case !drained(e):
+		case live[e.cfg.Name]:
+			continue
+		case excess > 0:
+			excess--
+			continue
+		}
+		keep = append(keep, e)
+	}
+	clear(p.retired[len(keep):])
+	p.retired = keep
 }
 
 // newIncarnation builds a new incarnation of ec with its own

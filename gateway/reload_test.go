@@ -770,3 +770,61 @@ func TestReloadInPlaceKeepsLoadedAdapter(t *testing.T) {
 	}
 	h.waitIdle()
 }
+
+// retiredLen is how many retired incarnations the pool keeps.
+func retiredLen(p *Pool) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.retired)
+}
+
+// TestPoolPrunesRetired: with no metrics collection at all, the retired
+// list does not grow with reloads that replace an engine (the drained old
+// incarnations are dropped: the engine in the pool continues the name's
+// series) and is bounded when engines are removed for good; a removed
+// name still reports a last 0 once when a collection does come.
+func TestPoolPrunesRetired(t *testing.T) {
+	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
+	_, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
+	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}))
+	p := h.gw.Pool()
+	for i := range 20 {
+		url := s1.URL
+		if i%2 == 0 {
+			url = s2.URL
+		}
+		if rep := h.reload(testConfig(EngineConfig{Name: "e1", URL: url, Models: []string{"m"}}), h.policy()); !slices.Equal(rep.Changed, []string{"e1"}) {
+			t.Fatalf("reload %d: %+v, want e1 changed", i, rep)
+		}
+	}
+	if n := retiredLen(p); n != 0 {
+		t.Errorf("after 20 reloads that replaced e1: %d retired incarnations kept, want 0", n)
+	}
+
+	ec := func(name string) EngineConfig { return EngineConfig{Name: name, URL: s1.URL, Models: []string{"m"}} }
+	if err := p.Add(ec("gone")); err != nil {
+		t.Fatal(err)
+	}
+	p.Remove("gone")
+	if dps := h.points(telemetry.ActiveRequestsName, telemetry.AttrEngine.String("gone")); len(dps) != 2 || dps[0].Value != 0 || dps[1].Value != 0 {
+		t.Errorf("first collection after removing gone: %+v, want its last 0 for both phases", dps)
+	}
+	if dps := h.points(telemetry.ActiveRequestsName, telemetry.AttrEngine.String("gone")); len(dps) != 0 {
+		t.Errorf("second collection: %+v, want gone no longer reported", dps)
+	}
+
+	for i := range maxRetired + 50 {
+		name := fmt.Sprintf("x%d", i)
+		if err := p.Add(ec(name)); err != nil {
+			t.Fatal(err)
+		}
+		p.Remove(name)
+	}
+	if n := retiredLen(p); n > maxRetired {
+		t.Errorf("after removing %d engines: %d retired incarnations kept, want at most %d", maxRetired+50, n, maxRetired)
+	}
+	if got := h.servedBy(2, "m"); got["e1"] != 2 {
+		t.Errorf("served %v", got)
+	}
+	h.waitIdle()
+}
