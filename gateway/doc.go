@@ -172,16 +172,19 @@
 // [Server.Reload] applies a new configuration while requests run. It is
 // validated whole and rejected whole. The engine set changes as one batch
 // (one new routing snapshot): an engine removed or replaced keeps its
-// incarnation, with its own slot counters, until its requests in flight
-// have finished, so every slot is released where it was taken; a new
-// incarnation is probed before it takes traffic and has its own metric and
-// span attributes (server.address, server.port). The settings the request
-// path reads (timeouts, limits, attempts, retries, the policy) are one
-// immutable snapshot behind an atomic pointer, loaded once per request:
-// a reload swaps it, and a request keeps the settings it started with.
-// Settings read only where they are built (listener-side timeouts, health
-// checks, stats scraping, the buffered-bytes budget, header rules) keep
-// their running values and are reported as needing a restart.
+// incarnation, with its own slot counters, until its requests in flight have
+// finished, so every slot is released where it was taken; a new incarnation
+// is probed before it takes traffic and has its own metric and span
+// attributes (server.address, server.port), fresh circuit breaker counts and
+// outlier state, and the admin drain of the one it replaces. An engine whose
+// max_in_flight or configured models alone changed is no new server: it
+// keeps its incarnation (slots, ejection, drain), updated in place. The
+// settings the request path reads (timeouts, limits, attempts, retries, the
+// policy) are one immutable snapshot behind an atomic pointer, loaded once
+// per request: a reload swaps it, and a request keeps the settings it
+// started with. Settings read only where they are built (listener-side
+// timeouts, health checks, stats scraping, the buffered-bytes budget, header
+// rules) keep their running values and are reported as needing a restart.
 //
 // # Errors
 //
