@@ -582,3 +582,66 @@ func TestRetryUsesCurrentRoutingView(t *testing.T) {
 	}
 	rh.waitIdle()
 }
+
+// cancelCheckTransport records, when each engine request starts, whether
+// every earlier engine request's context was already cancelled.
+type cancelCheckTransport struct {
+	next     http.RoundTripper
+	mu       sync.Mutex
+	prev     []*http.Request
+	overlaps int // requests started while an earlier one was still live
+}
+
+func (c *cancelCheckTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.Method == http.MethodPost {
+		c.mu.Lock()
+		for _, p := range c.prev {
+			if p.Context().Err() == nil {
+				c.overlaps++
+			}
+		}
+		c.prev = append(c.prev, r)
+		c.mu.Unlock()
+	}
+	return c.next.RoundTrip(r)
+}
+
+// TestRetryCancelsPreviousAttemptFirst: when the retry's engine request
+// starts, the previous attempt's request is already cancelled (its
+// connection closed, so the engine aborts it): the gateway never has two
+// engines working on one request, for a 503 (non-streaming), a header
+// timeout and a first-token timeout (streaming).
+func TestRetryCancelsPreviousAttemptFirst(t *testing.T) {
+	for _, tc := range []struct {
+		name, fault string
+		stream      bool
+	}{
+		{"503", "status=503", false},
+		{"header timeout", "stall-before-headers", true},
+		{"first-token timeout", "stall-after=0", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, s1 := sim(t, enginesim.Config{Models: []string{"m"}, Fault: tc.fault})
+			_, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
+			cfg := testConfig(EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}, EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}})
+			cfg.Retry.On = append(cfg.Retry.On, "header-timeout", "first-token-timeout")
+			cfg.Timeouts.ResponseHeader = 200 * time.Millisecond
+			cfg.Timeouts.FirstToken = 300 * time.Millisecond
+			tr := NewTransport(time.Second)
+			t.Cleanup(tr.CloseIdleConnections)
+			cc := &cancelCheckTransport{next: tr}
+			h := newHarnessWith(t, cfg, []Option{WithTransport(cc)})
+			resp := h.post("/v1/chat/completions", fmt.Sprintf(retryChat, tc.stream))
+			body := readBodyT(t, resp)
+			if resp.StatusCode != 200 || resp.Header.Get("X-Switchboard-Engine") != "e2" {
+				t.Fatalf("status %d from %q, want 200 from e2: %s", resp.StatusCode, resp.Header.Get("X-Switchboard-Engine"), body)
+			}
+			cc.mu.Lock()
+			defer cc.mu.Unlock()
+			if len(cc.prev) != 2 || cc.overlaps != 0 {
+				t.Errorf("%d engine requests, %d started while an earlier one was live; want 2 and 0", len(cc.prev), cc.overlaps)
+			}
+			h.waitIdle()
+		})
+	}
+}
