@@ -20,8 +20,15 @@ import (
 // per request). A timer at the end of the ejection time probes the engine
 // right then; it returns at that probe or at any later one that passes
 // (ProbeNow).
+//
+// A refused connection is passive health too, with or without outlier
+// detection: markFailed probes the engine at once (probeOnConnectFailure)
+// rather than at the next round, health.interval away, while every request
+// sent to a dead engine pays a failed connection (up to the connect
+// timeout) before its retry.
 
-// outliers is the pool's outlier detection state.
+// outliers is the pool's passive health state: outlier detection, and the
+// probes started by refused connections.
 type outliers struct {
 	cfg atomic.Pointer[routing.OutlierConfig]
 	// after starts a timer running f after d and returns its stop
@@ -29,16 +36,20 @@ type outliers struct {
 	after func(d time.Duration, f func()) (stop func() bool)
 
 	// Guarded by Pool.mu: the return timers of ejected engines, and
-	// closed (set by Close; no timer starts a probe after it).
+	// closed (set by Close; neither a timer nor a refused connection
+	// starts a probe after it).
 	timers map[*engine]returnTimer
 	seq    uint64 // numbers the return timers
 	closed bool
+	wg     sync.WaitGroup // return probes in progress
 	// refused is, per engine, when a refused ejection was last logged and
 	// how many were refused since (one line per base_ejection_time, not
 	// one per streak: a lone engine answering 500s at 1k QPS trips a
 	// streak every 5 ms). Guarded by Pool.mu.
 	refused map[*engine]refusal
-	wg      sync.WaitGroup // return probes in progress
+	// connProbes is, per engine, its last probe started by a refused
+	// connection. Guarded by Pool.mu.
+	connProbes map[*engine]connProbe
 
 	// tripped, when set (tests only), runs after a streak has tripped and
 	// before its ejection takes the pool's lock.
@@ -49,6 +60,13 @@ type outliers struct {
 type refusal struct {
 	logged time.Time
 	since  int
+}
+
+// connProbe is an engine's last probe started by a refused connection:
+// when it started and whether it is still running.
+type connProbe struct {
+	started time.Time
+	running bool
 }
 
 // returnTimer is an ejected engine's timer: its stop function and its
@@ -62,6 +80,7 @@ func (o *outliers) init(c routing.OutlierConfig) {
 	o.cfg.Store(&c)
 	o.timers = map[*engine]returnTimer{}
 	o.refused = map[*engine]refusal{}
+	o.connProbes = map[*engine]connProbe{}
 	o.after = func(d time.Duration, f func()) func() bool { return time.AfterFunc(d, f).Stop }
 }
 
@@ -296,6 +315,50 @@ func (p *Pool) returnEjected(e *engine) bool {
 	}
 	p.log.Info("engine returned from ejection", "engine", e.cfg.Name)
 	return true
+}
+
+// probeOnConnectFailure probes e at once, on its own goroutine, after a
+// connection to it was refused or timed out (markFailed), so a dead engine
+// leaves routing without waiting for the next probe round. The probe is an
+// ordinary one (probeMu held, the verdict by its rules: the first probe of
+// an engine never probed decides at once, later ones after
+// health.unhealthy_after failures in a row; a pass also ends an ejection
+// whose time has passed), and the snapshot is rebuilt after it. Debounced
+// per engine: none while one is running (the refused connections of a
+// burst share it) nor within health.timeout of the last one's start, so a
+// dead engine at unhealthy_after 2 leaves after about health.timeout, and
+// a live engine refusing the odd connection gets one extra probe per
+// health.timeout at most. The goroutine is counted by the pool's WaitGroup
+// and none starts after Close (closed is set under mu before Close waits).
+func (p *Pool) probeOnConnectFailure(e *engine) {
+	p.mu.Lock()
+	now := p.now()
+	last := p.out.connProbes[e]
+	if p.out.closed || last.running || (!last.started.IsZero() && now.Sub(last.started) < p.cfg.Timeout) || !slices.Contains(p.engines, e) {
+		p.mu.Unlock()
+		return
+	}
+	p.out.connProbes[e] = connProbe{started: now, running: true}
+	p.wg.Add(1)
+	p.mu.Unlock()
+	go func() {
+		defer p.wg.Done()
+		p.probeMu.Lock()
+		if p.ctx.Err() == nil && p.probe(p.ctx, e) { // closed while waiting for the lock: no probe
+			p.returnEjected(e)
+		}
+		p.probeMu.Unlock()
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		p.out.connProbes[e] = connProbe{started: now}
+		// Forget the engines that left the pool (rarely more than a few).
+		for o := range p.out.connProbes {
+			if !slices.Contains(p.engines, o) {
+				delete(p.out.connProbes, o)
+			}
+		}
+		p.rebuildLocked()
+	}()
 }
 
 // closeOutliers stops the return timers and waits for return probes in
