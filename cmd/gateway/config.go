@@ -186,31 +186,58 @@ func newFlagSet() *pflag.FlagSet {
 // named as the operator wrote it: "config file my.yaml: server.listn: ..."
 // or "environment SWITCHBOARD_SERVER__LISTN: ...".
 func loadConfig(args []string, environ func() []string) (Config, error) {
+	cfg, _, err := loadConfigSum(args, environ)
+	return cfg, err
+}
+
+// summed is a koanf provider that keeps the contentSum of the bytes it
+// read.
+type summed struct {
+	koanf.Provider
+	sum [32]byte
+}
+
+func (s *summed) ReadBytes() ([]byte, error) {
+	b, err := s.Provider.ReadBytes()
+	s.sum = contentSum(b, err)
+	return b, err
+}
+
+// loadConfigSum is loadConfig that also returns the contentSum of the
+// --config file's bytes it loaded (or of their read error), whether or not
+// the config is valid: what the file watch compares the file with, so an
+// edit made after this read is a change even when it comes before the
+// watch is set up. It is the zero value without --config.
+func loadConfigSum(args []string, environ func() []string) (Config, [32]byte, error) {
+	var sum [32]byte
 	fs := newFlagSet()
 	if err := fs.Parse(args); err != nil {
-		return Config{}, err
+		return Config{}, sum, err
 	}
 	if v, _ := fs.GetBool("version"); v {
-		return Config{}, errVersion
+		return Config{}, sum, errVersion
 	}
 	k := koanf.New(".")
 	if err := k.Load(confmap.Provider(map[string]any{}, "."), nil); err != nil {
-		return Config{}, err
+		return Config{}, sum, err
 	}
 	var problems []error
 	if path, _ := fs.GetString("config"); path != "" {
 		fk := koanf.New(".")
-		if err := fk.Load(file.Provider(path), yaml.Parser()); err != nil {
-			return Config{}, fmt.Errorf("config file %s: %w", path, err)
+		src := &summed{Provider: file.Provider(path)}
+		err := fk.Load(src, yaml.Parser())
+		sum = src.sum
+		if err != nil {
+			return Config{}, sum, fmt.Errorf("config file %s: %w", path, err)
 		}
 		problems = append(problems, fileErrors(path, fk.Raw())...)
 		if err := k.Merge(fk); err != nil {
-			return Config{}, fmt.Errorf("config file %s: %w", path, err)
+			return Config{}, sum, fmt.Errorf("config file %s: %w", path, err)
 		}
 	}
 	problems = append(problems, envErrors(environ())...)
 	if len(problems) > 0 {
-		return Config{}, errors.Join(problems...)
+		return Config{}, sum, errors.Join(problems...)
 	}
 	if err := k.Load(env.Provider(".", env.Opt{
 		Prefix:      envPrefix,
@@ -219,7 +246,7 @@ func loadConfig(args []string, environ func() []string) (Config, error) {
 			return envKey(key), v
 		},
 	}), nil); err != nil {
-		return Config{}, fmt.Errorf("environment: %w", err)
+		return Config{}, sum, fmt.Errorf("environment: %w", err)
 	}
 	if err := k.Load(posflag.ProviderWithFlag(fs, ".", nil, func(f *pflag.Flag) (string, any) {
 		key, ok := flagKeys[f.Name]
@@ -228,7 +255,7 @@ func loadConfig(args []string, environ func() []string) (Config, error) {
 		}
 		return key, posflag.FlagVal(fs, f)
 	}), nil); err != nil {
-		return Config{}, fmt.Errorf("flags: %w", err)
+		return Config{}, sum, fmt.Errorf("flags: %w", err)
 	}
 	// Defaults hold no slices: decoding into a non-empty slice would merge
 	// element by element instead of replacing it.
@@ -239,15 +266,15 @@ func loadConfig(args []string, environ func() []string) (Config, error) {
 	dc := decoderConfig()
 	dc.ErrorUnused = true
 	if err := k.UnmarshalWithConf("", &cfg, koanf.UnmarshalConf{Tag: "koanf", DecoderConfig: dc}); err != nil {
-		return Config{}, fmt.Errorf("config: %w", err)
+		return Config{}, sum, fmt.Errorf("config: %w", err)
 	}
 	if cfg.Simulate.Engines > 0 && len(cfg.Simulate.Models) == 0 {
 		cfg.Simulate.Models = []string{"demo-model"}
 	}
 	if err := cfg.Validate(); err != nil {
-		return cfg, withSources(err, k, fs, environ)
+		return cfg, sum, withSources(err, k, fs, environ)
 	}
-	return cfg, nil
+	return cfg, sum, nil
 }
 
 // withSources adds to each line of a validation error that names a key

@@ -86,7 +86,18 @@ func main() {
 // is "" when the admin listener is disabled. run returns nil after a clean
 // drain, even when the drain deadline passed and connections were closed.
 func run(ctx context.Context, args []string, environ func() []string, logw io.Writer, ready func(public, admin string)) (err error) {
-	cfg, err := loadConfig(args, environ)
+	// SIGHUP reloads. It is caught from the first instant, before the
+	// config is even read: its default action ends the process, and one
+	// sent while the gateway starts (probing its engines can take
+	// seconds) waits here, one deep, for the reloader. Stopped last, so
+	// a SIGHUP during the drain is ignored rather than fatal.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	// loaded is the sum of the file's bytes this config was built from:
+	// an edit made from now on, before the watch is set up, is still a
+	// change.
+	cfg, loaded, err := loadConfigSum(args, environ)
 	if err != nil {
 		return err
 	}
@@ -201,7 +212,7 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 	// closes: this defer runs first.
 	rl := &reloader{args: args, environ: environ, log: log, gw: gw, metrics: metrics, sims: simEngines,
 		started: cfg, routing: cfg.Routing, policy: policy}
-	defer rl.startReloads(ctx, configFile(args), cfg.Reload.Watch, cfg.Reload.Debounce)()
+	defer rl.startReloads(ctx, hup, configFile(args), loaded, cfg.Reload.Watch, cfg.Reload.Debounce)()
 	log.Info("switchboard listening", "addr", ln.Addr().String(), "policy", cfg.Routing.Policy, "engines", gw.Pool().String())
 	if ready != nil {
 		ready(ln.Addr().String(), adminAddr)

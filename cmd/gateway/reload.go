@@ -13,13 +13,11 @@ import (
 	"errors"
 	"log/slog"
 	"os"
-	"os/signal"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/fsnotify/fsnotify"
@@ -71,23 +69,27 @@ type reloader struct {
 
 // reload loads the configuration again and applies it, logging and
 // counting the result. trigger says what asked for it ("SIGHUP", "file").
-func (r *reloader) reload(trigger string) telemetry.ReloadResult {
+// It returns the sum (contentSum) of the config file's bytes it loaded,
+// applied or rejected: the content the watch compares the file with next.
+func (r *reloader) reload(trigger string) (loaded [32]byte) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	res, err := r.apply(trigger)
+	res, loaded, err := r.apply(trigger)
 	if err != nil {
 		// One line, however many problems the config has.
 		msg := strings.ReplaceAll(err.Error(), "\n", "; ")
 		r.log.Error("config reload rejected; the running config is kept", "trigger", trigger, "error", msg)
 	}
 	r.metrics.RecordReload(context.Background(), res)
-	return res
+	return loaded
 }
 
-func (r *reloader) apply(trigger string) (telemetry.ReloadResult, error) {
-	cfg, err := loadConfig(r.args, r.environ)
+// apply is reload's work: the result, the sum of the bytes loaded, and
+// why the config was rejected.
+func (r *reloader) apply(trigger string) (telemetry.ReloadResult, [32]byte, error) {
+	cfg, loaded, err := loadConfigSum(r.args, r.environ)
 	if err != nil {
-		return telemetry.ReloadRejected, err
+		return telemetry.ReloadRejected, loaded, err
 	}
 	policy := r.policy
 	if !reflect.DeepEqual(cfg.Routing, r.routing) {
@@ -95,12 +97,12 @@ func (r *reloader) apply(trigger string) (telemetry.ReloadResult, error) {
 		// session ring, prefix index), so it is built only when its
 		// section changed.
 		if policy, err = routing.NewPolicy(cfg.Routing); err != nil {
-			return telemetry.ReloadRejected, err
+			return telemetry.ReloadRejected, loaded, err
 		}
 	}
 	rep, err := r.gw.Reload(gatewayConfig(cfg, r.sims), policy)
 	if err != nil {
-		return telemetry.ReloadRejected, err
+		return telemetry.ReloadRejected, loaded, err
 	}
 	r.policy, r.routing = policy, cfg.Routing
 	restart := append(restartKeys(r.started, cfg), rep.Restart...)
@@ -125,7 +127,7 @@ func (r *reloader) apply(trigger string) (telemetry.ReloadResult, error) {
 	if len(restart) > 0 {
 		r.log.Warn("config changes that need a restart to apply; the running values stay in force", "keys", strings.Join(restart, ", "))
 	}
-	return res, nil
+	return res, loaded, nil
 }
 
 // restartKeys returns the keys outside the gateway section whose values
@@ -154,13 +156,16 @@ func configFile(args []string) string {
 	return path
 }
 
-// startReloads reloads on SIGHUP and, when watch is set and path is not
-// empty, when the file at path changes (debounced by debounce), until ctx
-// ends (the shutdown starts) or stop is called. stop waits for a reload in
-// progress. A watch that cannot be set up is logged; SIGHUP still works.
-func (r *reloader) startReloads(ctx context.Context, path string, watch bool, debounce time.Duration) (stop func()) {
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
+// startReloads reloads on each signal from hup (SIGHUP, which run catches
+// from its start, so a signal sent while the gateway started is waiting
+// there) and, when watch is set and path is not empty, when the file at
+// path changes (debounced by debounce), until ctx ends (the shutdown
+// starts) or stop is called. loaded is the sum (contentSum) of the file's
+// bytes the running configuration was loaded from: a file that differs
+// from it once the watch is set up (edited while the gateway started) is
+// reloaded after debounce. stop waits for a reload in progress. A watch
+// that cannot be set up is logged; SIGHUP still works.
+func (r *reloader) startReloads(ctx context.Context, hup <-chan os.Signal, path string, loaded [32]byte, watch bool, debounce time.Duration) (stop func()) {
 	var w *fsnotify.Watcher
 	if path != "" && watch {
 		var err error
@@ -173,13 +178,11 @@ func (r *reloader) startReloads(ctx context.Context, path string, watch bool, de
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
-	sum := fileSum(path) // after the watch is set up: no change is missed
 	go func() {
 		defer close(done)
-		watchLoop(ctx, w, path, sum, debounce, hup, r.log, func(trigger string) { r.reload(trigger) })
+		watchLoop(ctx, w, path, loaded, debounce, hup, r.log, r.reload)
 	}()
 	return func() {
-		signal.Stop(hup)
 		cancel()
 		<-done
 		if w != nil {
@@ -231,10 +234,16 @@ func concerns(name, path string) bool {
 	return err == nil && name == filepath.Clean(real)
 }
 
-// fileSum is the SHA-256 of path's content, or of its read error: a change
-// of either is a change.
+// fileSum is the contentSum of the file at path as it is now.
 func fileSum(path string) [32]byte {
-	b, err := os.ReadFile(path)
+	// Cleaned as koanf's file provider cleans it, so a read error is
+	// worded (and summed) as the load words it.
+	return contentSum(os.ReadFile(filepath.Clean(path)))
+}
+
+// contentSum is the SHA-256 of a config file's content b, or of its read
+// error err: a change of either is a change.
+func contentSum(b []byte, err error) [32]byte {
 	if err != nil {
 		return sha256.Sum256([]byte("error: " + err.Error()))
 	}
@@ -242,14 +251,17 @@ func fileSum(path string) [32]byte {
 }
 
 // watchLoop serves SIGHUP and the events of w (nil: none) until ctx ends,
-// calling reload with "SIGHUP" or "file"; last is the file's sum as
-// loaded (fileSum). An event that concerns the file (concerns: its name,
+// calling reload with "SIGHUP" or "file"; reload returns the sum
+// (contentSum) of the bytes it loaded, and last is that of the running
+// configuration's. An event that concerns the file (concerns: its name,
 // what it resolves to, or a ConfigMap's ..data swap) (re)starts the
 // debounce timer; other files in the directory are ignored, so a log
 // written next to the config cannot keep putting a reload off. When the
 // timer fires the file is read again and reloaded only if its content
-// changed, so chmods and rewrites of the same bytes do not count.
-func watchLoop(ctx context.Context, w *fsnotify.Watcher, path string, last [32]byte, debounce time.Duration, hup <-chan os.Signal, log *slog.Logger, reload func(trigger string)) {
+// changed, so chmods and rewrites of the same bytes do not count. With a
+// watch the timer also runs once at the start: a change made before the
+// watch was set up has no event.
+func watchLoop(ctx context.Context, w *fsnotify.Watcher, path string, last [32]byte, debounce time.Duration, hup <-chan os.Signal, log *slog.Logger, reload func(trigger string) [32]byte) {
 	var events <-chan fsnotify.Event
 	var errs <-chan error
 	if w != nil {
@@ -258,13 +270,15 @@ func watchLoop(ctx context.Context, w *fsnotify.Watcher, path string, last [32]b
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
+	if w != nil {
+		timer.Reset(debounce)
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-hup:
-			last = fileSum(path)
-			reload("SIGHUP")
+			last = reload("SIGHUP")
 		case ev, ok := <-events:
 			if !ok {
 				events = nil
@@ -287,9 +301,8 @@ func watchLoop(ctx context.Context, w *fsnotify.Watcher, path string, last [32]b
 			if w != nil {
 				addRealDir(w, path)
 			}
-			if sum := fileSum(path); sum != last {
-				last = sum
-				reload("file")
+			if fileSum(path) != last {
+				last = reload("file")
 			}
 		}
 	}

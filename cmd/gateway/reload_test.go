@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -30,6 +31,13 @@ type watched struct {
 
 func watch(t *testing.T, path string, debounce time.Duration) *watched {
 	t.Helper()
+	return watchFrom(t, path, fileSum(path), debounce)
+}
+
+// watchFrom is watch with loaded the sum of the content the running
+// configuration was loaded from; each reload loads the file as it is.
+func watchFrom(t *testing.T, path string, loaded [32]byte, debounce time.Duration) *watched {
+	t.Helper()
 	w, err := newFileWatch(path)
 	if err != nil {
 		t.Fatal(err)
@@ -37,13 +45,13 @@ func watch(t *testing.T, path string, debounce time.Duration) *watched {
 	wd := &watched{hup: make(chan os.Signal, 1)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	sum := fileSum(path)
 	go func() {
 		defer close(done)
-		watchLoop(ctx, w, path, sum, debounce, wd.hup, slog.New(slog.NewTextHandler(io.Discard, nil)), func(trigger string) {
+		watchLoop(ctx, w, path, loaded, debounce, wd.hup, slog.New(slog.NewTextHandler(io.Discard, nil)), func(trigger string) [32]byte {
 			wd.mu.Lock()
 			wd.triggers = append(wd.triggers, trigger)
 			wd.mu.Unlock()
+			return fileSum(path)
 		})
 	}()
 	t.Cleanup(func() {
@@ -154,6 +162,19 @@ func TestWatchConfigFile(t *testing.T) {
 		defer func() { close(stop); <-done }()
 		writeFile(t, path, "a: 2\n")
 		wd.waitFor(t, 1, settle) // within 5 s, while the log keeps being written
+	})
+
+	// The file changed after the running config was loaded but before the
+	// watch was set up (while the gateway started): no event will come,
+	// and the first check finds the change.
+	t.Run("changed before the watch", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "gateway.yaml")
+		writeFile(t, path, "a: 2\n")
+		wd := watchFrom(t, path, contentSum([]byte("a: 1\n"), nil), debounce)
+		wd.waitFor(t, 1, settle)
+		if got := wd.got(); !slices.Equal(got, []string{"file"}) {
+			t.Errorf("triggers %v", got)
+		}
 	})
 
 	t.Run("configmap symlink swap", func(t *testing.T) {
@@ -586,5 +607,108 @@ func TestRunReloadSIGHUP(t *testing.T) {
 	waitReloads(t, client, p, map[string]float64{"applied": 1, "unchanged": 1})
 	if logs := p.logs.String(); !strings.Contains(logs, "keys=\"log.level, log.access\"") {
 		t.Errorf("logs do not name log.level and log.access as needing a restart:\n%s", logs)
+	}
+}
+
+// startSimHook is startSim whose first /health request runs hook before
+// it is answered: run's first probe round, inside gw.Start, after the
+// config was loaded and before the reloader (and its watch) runs.
+func startSimHook(t *testing.T, hook func()) simEngine {
+	t.Helper()
+	e, err := enginesim.New(enginesim.Config{Models: []string{"demo-model"}, TTFT: 2 * time.Millisecond, ITL: 2 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var once sync.Once
+	h := e.Handler()
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" {
+			once.Do(hook)
+		}
+		h.ServeHTTP(w, r)
+	}))
+	t.Cleanup(func() {
+		srv.CloseClientConnections()
+		srv.Close()
+	})
+	return simEngine{e: e, url: srv.URL}
+}
+
+// startupConfig is a config for the start-up tests: the engines given,
+// the health interval an hour (only the start's probe round comes).
+func startupConfig(reload string, engines ...simEngine) string {
+	out := "server:\n  health: {interval: 1h}\n  engine_stats: {enabled: false}\nlog: {access: false}\nreload: " + reload + "\nengines:\n"
+	for i, e := range engines {
+		out += "  - {name: e" + strconv.Itoa(i+1) + ", url: \"" + e.url + "\"}\n"
+	}
+	return out
+}
+
+// TestRunReloadEditDuringStart: the config file is edited while the
+// gateway starts (during its first probe round, before the watch is set
+// up, so no event ever reports it): the edit is applied all the same, as
+// the file no longer holds what was loaded.
+func TestRunReloadEditDuringStart(t *testing.T) {
+	testutil.UnsetOTEL(t)
+	path := filepath.Join(t.TempDir(), "gateway.yaml")
+	const reload = "{debounce: 50ms}"
+	e2 := startSim(t)
+	var e1 simEngine
+	e1 = startSimHook(t, func() {
+		if err := os.WriteFile(path, []byte(startupConfig(reload, e1, e2)), 0o644); err != nil {
+			t.Error(err)
+		}
+	})
+	writeFile(t, path, startupConfig(reload, e1))
+	p := startRun(t, []string{"--config", path, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, nil)
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	waitReloads(t, client, p, map[string]float64{"applied": 1})
+	waitEngines(t, client, p, []string{"e1", "e2"})
+	if logs := p.logs.String(); !strings.Contains(logs, "trigger=file") {
+		t.Errorf("logs lack the file reload:\n%s", logs)
+	}
+}
+
+// TestRunSIGHUPDuringStart: a SIGHUP sent while the gateway starts (during
+// its first probe round, before the reloader runs) neither ends the
+// process (SIGHUP's default action) nor is lost: the reload it asked for
+// runs once the gateway is up. The signal goes to the whole process, so
+// the gateway runs in a child process of this test: a gateway that does
+// not catch it yet dies there, and this test fails.
+func TestRunSIGHUPDuringStart(t *testing.T) {
+	const child = "SWITCHBOARD_TEST_SIGHUP_CHILD"
+	if os.Getenv(child) != "1" {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestRunSIGHUPDuringStart$", "-test.count=1", "-test.v", "-test.timeout=60s")
+		cmd.Env = append(os.Environ(), child+"=1")
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "--- PASS: TestRunSIGHUPDuringStart") {
+			t.Fatalf("the gateway's process: %v\n%s", err, out)
+		}
+		return
+	}
+	testutil.UnsetOTEL(t)
+	path := filepath.Join(t.TempDir(), "gateway.yaml")
+	const reload = "{watch: false}"
+	e2 := startSim(t)
+	var e1 simEngine
+	e1 = startSimHook(t, func() {
+		if err := os.WriteFile(path, []byte(startupConfig(reload, e1, e2)), 0o644); err != nil {
+			t.Error(err)
+		}
+		if err := syscall.Kill(os.Getpid(), syscall.SIGHUP); err != nil {
+			t.Error(err)
+		}
+	})
+	writeFile(t, path, startupConfig(reload, e1))
+	p := startRun(t, []string{"--config", path, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, nil)
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	waitReloads(t, client, p, map[string]float64{"applied": 1})
+	waitEngines(t, client, p, []string{"e1", "e2"})
+	if logs := p.logs.String(); !strings.Contains(logs, "trigger=SIGHUP") {
+		t.Errorf("logs lack the SIGHUP reload:\n%s", logs)
 	}
 }
