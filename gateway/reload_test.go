@@ -520,8 +520,9 @@ func TestReloadMaxConcurrentRequests(t *testing.T) {
 }
 
 // TestReloadConcurrentSafe: reloads that add, change and remove an engine
-// while requests flow never fail a request on the engine that stays, and
-// every gauge ends at 0. Run with -race.
+// (and change the one that stays in place: its max_in_flight) while
+// requests flow never fail a request on the engine that stays, and every
+// gauge ends at 0. Run with -race.
 func TestReloadConcurrentSafe(t *testing.T) {
 	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
 	_, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
@@ -557,6 +558,8 @@ func TestReloadConcurrentSafe(t *testing.T) {
 	}
 	policies := []routing.Policy{h.policy(), routing.NewLeastLoaded(2)}
 	for i := range 30 {
+		e1 := e1
+		e1.MaxInFlight = 1000 * (i % 2) // changed in place under the requests
 		var cfg Config
 		switch i % 3 {
 		case 0:
