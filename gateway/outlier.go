@@ -236,31 +236,38 @@ func (p *Pool) eject(e *engine, kind routing.Outcome) {
 // An engine whose models are not known yet serves no route and may be
 // ejected.
 func (p *Pool) ejectionAllowedLocked(e *engine, c *routing.OutlierConfig) (model, why string, ok bool) {
+	if m, last := p.lastReadyLocked(e); last {
+		return m, "it is its model's last ready engine", false
+	}
 	for _, m := range e.knownModels() {
-		n, ejected, ready := 0, 1, 0 // e itself is ejected, not ready
+		n, ejected := 0, 1 // e itself
 		for _, o := range p.engines {
 			if !slices.Contains(o.knownModels(), m) {
 				continue
 			}
 			n++
-			if o == e {
-				continue
-			}
-			if o.ep.Outlier().Ejected() {
+			if o != e && o.ep.Outlier().Ejected() {
 				ejected++
 			}
-			if o.routable() {
-				ready++
-			}
-		}
-		if ready == 0 {
-			return m, "it is its model's last ready engine", false
 		}
 		if ejected > c.MaxEjected(n) {
 			return m, "too many engines of its model are ejected already", false
 		}
 	}
 	return "", "", true
+}
+
+// lastReadyLocked returns a model e serves that no other ready (routable)
+// engine in the pool serves, if there is one.
+func (p *Pool) lastReadyLocked(e *engine) (string, bool) {
+	for _, m := range e.knownModels() {
+		if !slices.ContainsFunc(p.engines, func(o *engine) bool {
+			return o != e && o.routable() && slices.Contains(o.knownModels(), m)
+		}) {
+			return m, true
+		}
+	}
+	return "", false
 }
 
 // refusedLocked logs that e was not ejected (see ejectionAllowedLocked)
@@ -330,11 +337,22 @@ func (p *Pool) returnEjected(e *engine) bool {
 // a live engine refusing the odd connection gets one extra probe per
 // health.timeout at most. The goroutine is counted by the pool's WaitGroup
 // and none starts after Close (closed is set under mu before Close waits).
+//
+// The last ready engine of one of its models is not probed early, for the
+// reason it is never ejected (ejectionAllowedLocked): there is nowhere
+// else to send that model's requests, so taking it out sooner only turns
+// the engine's own failure (502 engine_unreachable, 504 on a connect
+// timeout; the request's retry asks it again) into 503 no_healthy_engine.
+// The probe rounds still take it out.
 func (p *Pool) probeOnConnectFailure(e *engine) {
 	p.mu.Lock()
 	now := p.now()
 	last := p.out.connProbes[e]
 	if p.out.closed || last.running || (!last.started.IsZero() && now.Sub(last.started) < p.cfg.Timeout) || !slices.Contains(p.engines, e) {
+		p.mu.Unlock()
+		return
+	}
+	if _, sole := p.lastReadyLocked(e); sole {
 		p.mu.Unlock()
 		return
 	}

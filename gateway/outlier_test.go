@@ -6,7 +6,6 @@ import (
 	"errors"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -113,29 +112,28 @@ type outlierRig struct {
 	streams string
 }
 
-// newOutlierRig starts one simulated engine per name (a name "dead" gets a
-// URL where nothing listens, "errevent" an engine whose every stream is one
-// error event), all serving "m" (static models, so no probe
-// is needed before traffic), with round-robin routing, one attempt per
-// request, no probe at start, and mod applied to the config.
+// newOutlierRig starts one simulated engine per name (a name "dead" gets an
+// engine that passed a probe and then stopped listening, "errevent" an
+// engine whose every stream is one error event), all serving "m" (static
+// models, so no probe is needed before traffic), with round-robin routing,
+// one attempt per request, no probe at start (but the one "dead" passed),
+// and mod applied to the config.
 func newOutlierRig(t *testing.T, names []string, mod func(*Config)) *outlierRig {
 	t.Helper()
 	r := &outlierRig{clk: newFakeClock(), logs: &logRecorder{}, sims: map[string]*enginesim.Engine{}, ended: map[string]int{},
 		chat:    `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`,
 		streams: `{"model":"m","stream":true,"max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`}
 	var engines []EngineConfig
+	var dead []*httptest.Server
 	for _, n := range names {
 		url := ""
 		switch n {
 		case "errevent":
 			url = serveSim(t, http.HandlerFunc(errorEventEngine)).URL
 		case "dead":
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			url = "http://" + ln.Addr().String()
-			ln.Close()
+			_, srv := sim(t, enginesim.Config{Models: []string{"m"}})
+			dead = append(dead, srv)
+			url = srv.URL
 		default:
 			e, srv := sim(t, enginesim.Config{Models: []string{"m"}, OutputTokens: 2})
 			r.sims[n] = e
@@ -150,6 +148,14 @@ func newOutlierRig(t *testing.T, names []string, mod func(*Config)) *outlierRig 
 	}
 	r.harness = newHarnessWith(t, cfg, []Option{withClock(r.clk.Now), WithLogger(slog.New(r.logs))}, withoutStart())
 	r.gw.pool.out.after = r.clk.AfterFunc
+	if dead != nil {
+		// Healthy at its last probe, then gone: its first refused
+		// connection's probe is not the engine's first verdict.
+		r.gw.pool.ProbeNow(context.Background())
+		for _, srv := range dead {
+			srv.Close()
+		}
+	}
 	r.gw.onRelease = func(name string, _ routing.Phase) {
 		r.mu.Lock()
 		r.ended[name]++
@@ -251,7 +257,12 @@ func TestOutlierEjectsAfterStreak(t *testing.T) {
 		{name: "engine 503", fault: "status=503", n: func(c *routing.OutlierConfig) int { return c.Consecutive5xx }},
 		{name: "mid-stream disconnect", fault: "close-after=2", stream: true, n: func(c *routing.OutlierConfig) int { return c.Consecutive5xx }},
 		{name: "error event", stream: true, n: func(c *routing.OutlierConfig) int { return c.Consecutive5xx }},
-		{name: "connect failure", n: func(c *routing.OutlierConfig) int { return c.ConsecutiveConnectFailures }},
+		// The refused connections also probe the engine (once: the clock
+		// stands still, and a probe is debounced for health.timeout); at
+		// unhealthy_after 2 (the default) its one failure leaves the engine
+		// in, so the streak is what takes it out.
+		{name: "connect failure", n: func(c *routing.OutlierConfig) int { return c.ConsecutiveConnectFailures },
+			mod: func(c *Config) { c.Health.UnhealthyAfter = 2 }},
 		{name: "header timeout", fault: "stall-before-headers", stream: true, n: func(c *routing.OutlierConfig) int { return c.ConsecutiveTimeouts },
 			mod: func(c *Config) { c.Timeouts.ResponseHeader = 20 * time.Millisecond }},
 	} {

@@ -440,13 +440,17 @@ func (p *Pool) lookup(model string) (*route, error) {
 	return nil, errModelNotFound(model)
 }
 
-// markFailed records a refused connection as the engine's last error.
-// It no longer takes the engine out of routing: the attempt's
-// connect_error reaches outlier detection when the attempt ends
-// (observeOutcome), where a streak of them ejects the engine.
+// markFailed records a refused (or timed-out) connection as the engine's
+// last error and probes the engine at once (probeOnConnectFailure): the
+// probe's verdict, by its usual rules, takes a dead engine out of routing
+// without waiting for the next round, with outlier detection off or when
+// its cap refuses. The attempt's connect_error also reaches outlier
+// detection when the attempt ends (observeOutcome), where a streak of them
+// ejects the engine.
 func (p *Pool) markFailed(e *engine, err error) {
 	msg := err.Error()
 	e.lastErr.Store(&msg)
+	p.probeOnConnectFailure(e)
 }
 
 // observeInFlight reports the in-flight counts of every engine name, summing
