@@ -98,16 +98,31 @@
 // (engine_disconnect, stream_error), failed connections, and the
 // per-attempt timeouts (header, first token, idle, attempt) each have a
 // streak; a success ends them all; 4xx (429 included), clients that cancel
-// or stall, the shutdown and the whole-request timeout count for nothing.
-// A streak at its threshold ejects the engine for base_ejection_time × its
-// ejections (capped at max_ejection_time, forgiven one per
-// base_ejection_time back in routing), unless more than
+// or stall, the shutdown and the whole-request timeout count for nothing,
+// and so does every attempt on a light route (tokenize, detokenize,
+// count_tokens, stored-response lookups), whose success says nothing of
+// the engine's generations. A streak at its threshold ejects the engine
+// for base_ejection_time × its ejections (capped at max_ejection_time,
+// forgiven one per base_ejection_time back in routing), unless more than
 // max_ejection_percent of a model's engines would then be ejected (so the
-// only engine of a model is never ejected at the default 50%). The
-// routing snapshot is rebuilt without it at once; when its ejection time
-// ends a timer probes it, and it returns at that probe or any later one
-// that passes. Its in-flight requests finish and release their slots as
-// usual. An engine's state (GET /admin/engines, switchboard.engine.state)
+// only engine of a model is never ejected at the default 50%), or it is
+// the last ready engine of a model it serves (the others drained,
+// unhealthy, sleeping or ejected; at any max_ejection_percent, 100
+// included: Envoy's panic threshold exists for the same reason, and the
+// engine's own answers beat a 503 for every request). A refused ejection
+// is logged once per base_ejection_time per engine. The routing snapshot
+// is rebuilt without it at once; when its ejection time ends a timer
+// probes it, and it returns at that probe or any later one that passes.
+// Its in-flight requests finish and release their slots as usual. The
+// ejection reads the settings under the pool's lock, so turning detection
+// off (a reload) while a streak trips ejects nothing.
+//
+// A refused or timed-out connection also probes its engine at once, with
+// outlier detection on or off: one probe at a time per engine and at most
+// one per health.timeout, judged by the probes' own rule
+// (health.unhealthy_after), so a dead engine leaves routing without
+// waiting for the next round. A model's last ready engine is not probed
+// early (its requests have nowhere else to go; the rounds take it out). An engine's state (GET /admin/engines, switchboard.engine.state)
 // combines one verdict per writer: removal (draining), the probes
 // (unhealthy), outlier detection (ejected, with ejected_until and
 // ejections), the admin API and the engine's stats (sleeping); only a
