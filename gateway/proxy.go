@@ -221,7 +221,13 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 			candidates = []*routing.Endpoint{ep}
 		}
 		if len(candidates) == 0 {
-			writeError(w, r, routing.ErrNoEndpoint)
+			// Nowhere left to go: the last attempt's own error (a refused
+			// connection stays a 502) when it was the gateway's.
+			if rs.lastErr != nil {
+				writeError(w, r, rs.lastErr)
+			} else {
+				writeError(w, r, routing.ErrNoEndpoint)
+			}
 			return
 		}
 	}

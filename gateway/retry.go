@@ -296,9 +296,10 @@ type retryState struct {
 	others bool // another candidate is left besides this attempt's engine
 
 	// Set by decide when it says yes.
-	reason retryReason
-	same   bool          // the next attempt goes to the same engine
-	wait   time.Duration // the pause before it
+	lastErr *APIError // the retried attempt's error when it got no response
+	reason  retryReason
+	same    bool          // the next attempt goes to the same engine
+	wait    time.Duration // the pause before it
 }
 
 // decide reports whether an attempt's result is tried again, and sets
@@ -352,7 +353,7 @@ func (rs *retryState) decide(res *result, errType string) bool {
 		}
 		rs.held = true
 	}
-	rs.reason, rs.same, rs.wait = reason, same, wait
+	rs.reason, rs.same, rs.wait, rs.lastErr = reason, same, wait, res.err
 	return true
 }
 
