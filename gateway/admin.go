@@ -313,25 +313,36 @@ func (p *Pool) serving(model string) []*engine {
 	return out
 }
 
-// setDrained sets or clears (undrain) the admin drain of the named engine and
-// rebuilds the routing snapshot; it returns the engine's status after the
-// change, and false when no engine in the pool has that name. A drained
-// engine stays in the pool (probed, its stats scraped) but takes no new
-// requests; the drain belongs to the incarnation, so a reload that changes
-// the engine's config starts the new incarnation in routing.
+// setDrained sets or clears (undrain) the admin drain of the named engine
+// and rebuilds the routing snapshot; it returns the engine's status after
+// the change, and false when no engine in the pool has that name. A
+// drained engine stays in the pool (probed, its stats scraped) but takes no
+// new requests. The flag is set under the pool's lock, so a reload that
+// replaces the engine at the same moment carries it over to the new
+// incarnation (Pool.apply), never leaves it on the old one alone.
 func (p *Pool) setDrained(name string, on bool) (EngineStatus, bool) {
-	e := p.byName(name)
+	p.mu.Lock()
+	var e *engine
+	for _, c := range p.engines {
+		if c.cfg.Name == name {
+			e = c
+			break
+		}
+	}
 	if e == nil {
+		p.mu.Unlock()
 		return EngineStatus{}, false
 	}
-	if e.drained.Swap(on) != on {
+	changed := e.drained.Swap(on) != on
+	p.rebuildLocked()
+	p.mu.Unlock()
+	if changed {
 		if on {
 			p.log.Info("engine drained: no new requests", "engine", name)
 		} else {
-			p.log.Info("engine resumed", "engine", name)
+			p.log.Info("engine undrained", "engine", name)
 		}
 	}
-	p.rebuild()
 	for _, st := range p.Status() {
 		if st.Name == name && !st.Retired {
 			return st, true
