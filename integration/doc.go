@@ -21,4 +21,30 @@
 //
 // runs them too. Set IT_GATEWAY_ENV to extra KEY=VALUE pairs
 // (comma-separated) to add to their gateway's environment.
+//
+// # A real Kubernetes control plane for tests
+//
+// integration/kube.sh builds etcd and kube-apiserver from the Go module proxy
+// at the versions pinned in integration/tools/kube/go.mod (a module of its
+// own; update.sh there regenerates it), caches them in .tools/bin (rebuilt
+// only when that module changes; the first build takes several minutes and
+// about 2.4 GB of RAM, see kube.sh), and starts them the way
+// controller-runtime's envtest does: on free loopback ports, with a CA, a
+// serving certificate, service-account keys and an admin token made with
+// openssl in a temporary directory, RBAC on, and no kubelet, controller
+// manager or scheduler. Tests create and edit EndpointSlices themselves, and
+// each makes its own namespace (a deleted one stays Terminating). kube.sh
+// waits for /readyz, describes the server with IT_KUBE_URL, IT_KUBE_TOKEN,
+// IT_KUBE_CA and IT_KUBE_CONFIG (a kubeconfig), and stops the processes by
+// PID, kube-apiserver before etcd:
+//
+//	integration/kube.sh run go test -count=1 -tags integration -run TestKube ./integration/
+//
+//	eval "$(integration/kube.sh start)"  # or, for a shell session
+//	go test -count=1 -tags integration -run TestKube ./integration/
+//	integration/kube.sh restart          # kube-apiserver only, same port
+//	integration/kube.sh stop
+//
+// The tests on it (kube_test.go) skip when those variables are not set;
+// run.sh and .ci/run do not start it yet.
 package integration
