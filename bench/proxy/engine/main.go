@@ -11,7 +11,8 @@
 //	GET  /health               200, empty
 //	GET  /metrics              vLLM's scheduler gauges (the gateway scrapes them)
 //
-// The shapes are those internal/enginesim (and vLLM) emit. Any other request
+// The bodies are recorded once from internal/enginesim at start, so their
+// shapes are the simulator's (and vLLM's). Any other request
 // gets a 404. It logs one line, msg="bench engine listening" addr=HOST:PORT,
 // once it listens (--listen 127.0.0.1:0 picks a free port), and stops on
 // SIGTERM or SIGINT.
@@ -20,13 +21,13 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"log"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/signal"
 	"strconv"
@@ -35,6 +36,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/switchboard-gw/switchboard/internal/enginesim"
 )
 
 func main() {
@@ -43,7 +46,10 @@ func main() {
 	tokens := flag.Int("tokens", 16, "tokens per response")
 	flag.Parse()
 
-	e := newEngine(*model, *tokens)
+	e, err := newEngine(*model, *tokens)
+	if err != nil {
+		log.Fatal(err)
+	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		log.Fatal(err)
@@ -85,130 +91,43 @@ var (
 	trueLitera = []byte("true")
 )
 
-func newEngine(model string, tokens int) *engine {
-	created := time.Now().Unix()
-	id := "chatcmpl-0123456789abcdef0123456789abcdef"
-	mustJSON := func(v any) []byte {
-		b, err := json.Marshal(v)
-		if err != nil {
-			panic(err)
+// newEngine records the responses once from internal/enginesim, the
+// project's vLLM simulator, so their shapes are the simulator's (and
+// vLLM's) without a second copy of its types: a non-streaming chat
+// completion, a stream with usage split into its events, and GET
+// /v1/models. It fails if the simulator does not answer 200.
+func newEngine(model string, tokens int) (*engine, error) {
+	sim, err := enginesim.New(enginesim.Config{Models: []string{model}, OutputTokens: tokens, MaxOutputTokens: tokens,
+		TTFT: time.Microsecond, ITL: time.Microsecond})
+	if err != nil {
+		return nil, err
+	}
+	record := func(method, path, body string) ([]byte, error) {
+		rec := httptest.NewRecorder()
+		sim.Handler().ServeHTTP(rec, httptest.NewRequest(method, path, strings.NewReader(body)))
+		if rec.Code != http.StatusOK {
+			return nil, fmt.Errorf("enginesim %s %s: status %d: %s", method, path, rec.Code, rec.Body.Bytes())
 		}
-		return b
+		return rec.Body.Bytes(), nil
 	}
-	var content strings.Builder
-	for i := 0; i < tokens; i++ {
-		fmt.Fprintf(&content, "tok%d ", i)
+	req := `{"model":` + strconv.Quote(model) + `,"max_tokens":` + strconv.Itoa(tokens) + `,"messages":[{"role":"user","content":"bench"}]`
+	full, err := record(http.MethodPost, "/v1/chat/completions", req+"}")
+	if err != nil {
+		return nil, err
 	}
-	// Field order as vLLM (and enginesim) writes them: ordered structs, not maps.
-	type message struct {
-		Role             string `json:"role"`
-		Content          string `json:"content"`
-		Refusal          any    `json:"refusal"`
-		Annotations      any    `json:"annotations"`
-		Audio            any    `json:"audio"`
-		FunctionCall     any    `json:"function_call"`
-		ToolCalls        []any  `json:"tool_calls"`
-		ReasoningContent any    `json:"reasoning_content"`
+	stream, err := record(http.MethodPost, "/v1/chat/completions", req+`,"stream":true,"stream_options":{"include_usage":true}}`)
+	if err != nil {
+		return nil, err
 	}
-	type choice struct {
-		Index        int     `json:"index"`
-		Message      message `json:"message"`
-		Logprobs     any     `json:"logprobs"`
-		FinishReason string  `json:"finish_reason"`
-		StopReason   any     `json:"stop_reason"`
+	models, err := record(http.MethodGet, "/v1/models", "")
+	if err != nil {
+		return nil, err
 	}
-	type fullUsage struct {
-		PromptTokens        int `json:"prompt_tokens"`
-		TotalTokens         int `json:"total_tokens"`
-		CompletionTokens    int `json:"completion_tokens"`
-		PromptTokensDetails any `json:"prompt_tokens_details"`
+	var events [][]byte
+	for ev := range bytes.SplitAfterSeq(stream, []byte("\n\n")) {
+		events = append(events, ev)
 	}
-	full := mustJSON(struct {
-		ID                string    `json:"id"`
-		Object            string    `json:"object"`
-		Created           int64     `json:"created"`
-		Model             string    `json:"model"`
-		Choices           []choice  `json:"choices"`
-		ServiceTier       any       `json:"service_tier"`
-		SystemFingerprint any       `json:"system_fingerprint"`
-		Usage             fullUsage `json:"usage"`
-		PromptLogprobs    any       `json:"prompt_logprobs"`
-		KVTransferParams  any       `json:"kv_transfer_params"`
-	}{
-		ID: id, Object: "chat.completion", Created: created, Model: model,
-		Choices: []choice{{Message: message{Role: "assistant", Content: content.String(), ToolCalls: []any{}}, FinishReason: "length"}},
-		Usage:   fullUsage{PromptTokens: 1, TotalTokens: 1 + tokens, CompletionTokens: tokens},
-	})
-
-	type delta struct {
-		Role    string  `json:"role,omitempty"`
-		Content *string `json:"content,omitempty"`
-	}
-	type chunkChoice struct {
-		Index        int   `json:"index"`
-		Delta        delta `json:"delta"`
-		Logprobs     any   `json:"logprobs"`
-		FinishReason any   `json:"finish_reason"`
-		StopReason   *any  `json:"stop_reason,omitempty"` // on the finish chunk only
-	}
-	type chunk struct {
-		ID      string        `json:"id"`
-		Object  string        `json:"object"`
-		Created int64         `json:"created"`
-		Model   string        `json:"model"`
-		Choices []chunkChoice `json:"choices"`
-		Usage   *streamUsage  `json:"usage,omitempty"`
-	}
-	event := func(c chunk) []byte {
-		c.ID, c.Object, c.Created, c.Model = id, "chat.completion.chunk", created, model
-		return append(append([]byte("data: "), mustJSON(c)...), "\n\n"...)
-	}
-	empty := ""
-	events := [][]byte{event(chunk{Choices: []chunkChoice{{Delta: delta{Role: "assistant", Content: &empty}}}})}
-	for i := 0; i < tokens; i++ {
-		s := "tok" + strconv.Itoa(i) + " "
-		events = append(events, event(chunk{Choices: []chunkChoice{{Delta: delta{Content: &s}}}}))
-	}
-	var null any
-	events = append(events,
-		event(chunk{Choices: []chunkChoice{{FinishReason: "length", StopReason: &null}}}),
-		event(chunk{Choices: []chunkChoice{}, Usage: &streamUsage{PromptTokens: 1, TotalTokens: 1 + tokens, CompletionTokens: tokens}}),
-		[]byte("data: [DONE]\n\n"))
-
-	type permission struct {
-		ID                 string `json:"id"`
-		Object             string `json:"object"`
-		Created            int64  `json:"created"`
-		AllowCreateEngine  bool   `json:"allow_create_engine"`
-		AllowSampling      bool   `json:"allow_sampling"`
-		AllowLogprobs      bool   `json:"allow_logprobs"`
-		AllowSearchIndices bool   `json:"allow_search_indices"`
-		AllowView          bool   `json:"allow_view"`
-		AllowFineTuning    bool   `json:"allow_fine_tuning"`
-		Organization       string `json:"organization"`
-		Group              any    `json:"group"`
-		IsBlocking         bool   `json:"is_blocking"`
-	}
-	type card struct {
-		ID          string       `json:"id"`
-		Object      string       `json:"object"`
-		Created     int64        `json:"created"`
-		OwnedBy     string       `json:"owned_by"`
-		Root        string       `json:"root"`
-		Parent      any          `json:"parent"`
-		MaxModelLen int          `json:"max_model_len"`
-		Permission  []permission `json:"permission"`
-	}
-	models := mustJSON(struct {
-		Object string `json:"object"`
-		Data   []card `json:"data"`
-	}{"list", []card{{
-		ID: model, Object: "model", Created: created, OwnedBy: "vllm", Root: model, MaxModelLen: 8192,
-		Permission: []permission{{ID: "modelperm-0123456789abcdef0123456789abcdef", Object: "model_permission",
-			Created: created, AllowSampling: true, AllowLogprobs: true, AllowView: true, Organization: "*"}},
-	}}})
-
-	return &engine{full: full, fullLen: []string{strconv.Itoa(len(full))}, events: events, models: models}
+	return &engine{full: full, fullLen: []string{strconv.Itoa(len(full))}, events: events, models: models}, nil
 }
 
 func (e *engine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -283,11 +202,4 @@ func isStream(b []byte) bool {
 			return bytes.HasPrefix(b[j:], trueLitera)
 		}
 	}
-}
-
-// streamUsage is the usage chunk's object, in vLLM's field order.
-type streamUsage struct {
-	PromptTokens     int `json:"prompt_tokens"`
-	TotalTokens      int `json:"total_tokens"`
-	CompletionTokens int `json:"completion_tokens"`
 }
