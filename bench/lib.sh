@@ -16,3 +16,22 @@ wait_http() {
 	echo "timed out waiting for $1" >&2
 	exit 1
 }
+
+# read_params sets each NAME of the params array ("NAME=default" entries)
+# to its default unless the environment gives it another value, and lists
+# those other values in the overrides array as NAME=value (shell-quoted), so
+# a run can print the exact command that reproduces it; RESULTS (where the
+# results go) does not change them and is not listed.
+read_params() {
+	overrides=()
+	local p name default
+	for p in "${params[@]}"; do
+		name="${p%%=*}"
+		default="${p#*=}"
+		if [[ -n "${!name+set}" && "${!name}" != "$default" ]]; then
+			[[ "$name" == RESULTS ]] || overrides+=("$name=$(printf '%q' "${!name}")")
+		else
+			printf -v "$name" '%s' "$default"
+		fi
+	done
+}

@@ -46,20 +46,11 @@ while read -r v; do unset "$v"; done < <(compgen -e | grep -E '^(OTEL_|SWITCHBOA
 prom_version=3.16.0
 prom_ldflags="-X github.com/prometheus/common/version.Version=$prom_version -X github.com/prometheus/common/version.Revision=v0.316.0 -X github.com/prometheus/common/version.Branch=HEAD"
 
-build() { # name dir package [ldflags]: go build, cached by a hash of the module's files
-	local out="$bin/$1" stamp="$bin/$1.stamp" sum
-	sum="$({ cat "$2/go.mod" "$2/go.sum" $(find "$2" -name '*.go'); printf '%s' "${4:-}"; } | sha256sum | cut -d' ' -f1)"
-	if [[ -x "$out" && -f "$stamp" && "$(cat "$stamp")" == "$sum" ]]; then
-		return
-	fi
-	echo "building $1 (cached in .tools/bin afterwards)..."
-	(cd "$2" && go build -trimpath -ldflags "${4:-}" -o "$out.tmp.$$" "$3")
-	mv -f "$out.tmp.$$" "$out" # atomic: a concurrent run never sees half a binary
-	echo "$sum" >"$stamp"
-}
-build otelcol "$root/integration/tools/otelcol" .
-build jaeger "$root/integration/tools/jaeger" github.com/jaegertracing/jaeger/cmd/jaeger
-build prometheus "$root/integration/tools/prometheus" github.com/prometheus/prometheus/cmd/prometheus "$prom_ldflags"
+# shellcheck source=tools/build.sh
+. "$root/integration/tools/build.sh"
+build_tool otelcol "$root/integration/tools/otelcol" .
+build_tool jaeger "$root/integration/tools/jaeger" github.com/jaegertracing/jaeger/cmd/jaeger
+build_tool prometheus "$root/integration/tools/prometheus" github.com/prometheus/prometheus/cmd/prometheus "$prom_ldflags"
 
 # The Node client test (TestNodeOpenAIClient) needs the pinned openai
 # package; install it once from package-lock.json.

@@ -52,17 +52,9 @@ usage() {
 	echo "Targets: $all_targets"
 }
 
-overrides=()
-for p in "${params[@]}"; do
-	name="${p%%=*}"
-	default="${p#*=}"
-	if [[ -n "${!name+set}" && "${!name}" != "$default" ]]; then
-		# Where the results go does not change them.
-		[[ "$name" == RESULTS ]] || overrides+=("$name=$(printf '%q' "${!name}")")
-	else
-		printf -v "$name" '%s' "$default"
-	fi
-done
+# shellcheck source=../lib.sh
+. "$root/bench/lib.sh"
+read_params
 case "${1:-}" in -h | --help)
 	usage
 	exit 0
@@ -307,15 +299,11 @@ if [[ "$ENGINE" == enginesim ]]; then
 	(cd "$root" && go build -o "$bin/" ./cmd/enginesim)
 fi
 if [[ " $TARGETS " == *" switchboard-metrics-otlp "* || " $TARGETS " == *" switchboard-tracing-10pct "* ]]; then
-	# The collector of bench/telemetry/run.sh, built the same way, once.
+	# The integration tests' collector, built once into .tools/bin.
 	tools="$root/.tools/bin"
-	mkdir -p "$tools"
-	sum="$(cat "$root/integration/tools/otelcol/go.mod" "$root/integration/tools/otelcol/go.sum" "$root/integration/tools/otelcol"/*.go | sha256sum | cut -d' ' -f1)"
-	if [[ ! -x "$tools/otelcol" || "$(cat "$tools/otelcol.stamp" 2>/dev/null)" != "$sum" ]]; then
-		echo "building the collector (once, into .tools/bin; minutes on 2 cores) ..." >&2
-		(cd "$root/integration/tools/otelcol" && go build -o "$tools/otelcol" .)
-		echo "$sum" >"$tools/otelcol.stamp"
-	fi
+	# shellcheck source=../../integration/tools/build.sh
+	. "$root/integration/tools/build.sh"
+	bin="$tools" build_tool otelcol "$root/integration/tools/otelcol" .
 fi
 commit="$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 if [[ -n "$(git -C "$root" status --porcelain -- cmd gateway routing internal telemetry bench/proxy 2>/dev/null)" ]]; then

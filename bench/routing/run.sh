@@ -59,17 +59,9 @@ usage() {
 	for p in "${params[@]}"; do echo "  $p"; done
 }
 
-overrides=()
-for p in "${params[@]}"; do
-	name="${p%%=*}"
-	default="${p#*=}"
-	if [[ -n "${!name+set}" && "${!name}" != "$default" ]]; then
-		# Where the results go does not change them.
-		[[ "$name" == RESULTS ]] || overrides+=("$name=$(printf '%q' "${!name}")")
-	else
-		printf -v "$name" '%s' "$default"
-	fi
-done
+# shellcheck source=../lib.sh
+. "$root/bench/lib.sh"
+read_params
 case "${1:-}" in -h | --help)
 	usage
 	exit 0

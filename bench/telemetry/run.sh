@@ -34,12 +34,9 @@ trap cleanup EXIT
 
 bin="$root/.tools/bin"
 mkdir -p "$bin"
-sum="$(cat "$root/integration/tools/otelcol/go.mod" "$root/integration/tools/otelcol/go.sum" "$root/integration/tools/otelcol"/*.go | sha256sum | cut -d' ' -f1)"
-if [[ ! -x "$bin/otelcol" || "$(cat "$bin/otelcol.stamp" 2>/dev/null)" != "$sum" ]]; then
-	echo "building the collector (once, into .tools/bin)..." >&2
-	(cd "$root/integration/tools/otelcol" && go build -o "$bin/otelcol" .)
-	echo "$sum" >"$bin/otelcol.stamp"
-fi
+# shellcheck source=../../integration/tools/build.sh
+. "$root/integration/tools/build.sh"
+build_tool otelcol "$root/integration/tools/otelcol" .
 (cd "$root" && go build -o "$work/gateway" ./cmd/gateway && go build -o "$work/enginesim" ./cmd/enginesim &&
 	go build -o "$work/loadgen" ./cmd/loadgen && go build -o "$work/blackhole" ./bench/telemetry/blackhole)
 
