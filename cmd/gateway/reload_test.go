@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -294,14 +295,24 @@ func reloads(t *testing.T, client *http.Client, admin string) map[string]float64
 // waitReloads polls the reloads counter until it reads want.
 func waitReloads(t *testing.T, client *http.Client, p *gatewayProc, want map[string]float64) {
 	t.Helper()
+	pollFor(t, func() (bool, string) {
+		got := reloads(t, client, p.admin)
+		return mapsEqual(got, want), fmt.Sprintf("reloads = %v, want %v; logs:\n%s", got, want, p.logs)
+	})
+}
+
+// pollFor calls check every 10 ms until it reports done, for up to 10 s,
+// and fails the test with check's last message if it never does.
+func pollFor(t *testing.T, check func() (done bool, msg string)) {
+	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		got := reloads(t, client, p.admin)
-		if mapsEqual(got, want) {
+		done, msg := check()
+		if done {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("reloads = %v, want %v; logs:\n%s", got, want, p.logs)
+			t.Fatal(msg)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -394,17 +405,10 @@ func (l *load) served() (map[string]int, int) {
 // waitServed polls until cond holds of the per-engine counts.
 func (l *load) waitServed(t *testing.T, what string, cond func(map[string]int) bool) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	pollFor(t, func() (bool, string) {
 		got, _ := l.served()
-		if cond(got) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: served %v", what, got)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+		return cond(got), fmt.Sprintf("%s: served %v", what, got)
+	})
 }
 
 // TestRunReloadUnderLoad: while a load loop streams through the gateway
@@ -537,8 +541,7 @@ func logTime(t *testing.T, logs, s string) time.Time {
 // (no retired incarnation left).
 func waitEngines(t *testing.T, client *http.Client, p *gatewayProc, names []string) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	pollFor(t, func() (bool, string) {
 		var st struct {
 			Engines []struct {
 				Name string `json:"name"`
@@ -549,22 +552,15 @@ func waitEngines(t *testing.T, client *http.Client, p *gatewayProc, names []stri
 		for _, e := range st.Engines {
 			got = append(got, e.Name)
 		}
-		if slices.Equal(got, names) {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("engines %v, want %v", got, names)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return slices.Equal(got, names), fmt.Sprintf("engines %v, want %v", got, names)
+	})
 }
 
 // waitIdle polls until every in-flight gauge and every engine's counters
 // read exactly 0 and no attempt is live.
 func waitIdle(t *testing.T, client *http.Client, p *gatewayProc) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
+	pollFor(t, func() (bool, string) {
 		var st struct {
 			Engines []struct {
 				Name            string `json:"name"`
@@ -583,14 +579,8 @@ func waitIdle(t *testing.T, client *http.Client, p *gatewayProc) {
 		for _, v := range gauges {
 			idle = idle && v == 0
 		}
-		if idle {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not idle: engines %+v, gauges %v", st, gauges)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+		return idle, fmt.Sprintf("not idle: engines %+v, gauges %v", st, gauges)
+	})
 }
 
 // TestRunReloadSIGHUP: with the watch off, SIGHUP reloads the file; a
