@@ -109,11 +109,11 @@ var retryConditions = map[string]retryReason{
 	"first-token-timeout": retryFirstToken,
 }
 
-// RetryReasons are the values of switchboard.request.retries' reason
+// retryReasons are the values of switchboard.request.retries' reason
 // attribute, indexed by retryReason.
-var RetryReasons = [numRetryReasons]string{"", "connect_failure", "reset", "header_timeout", "429", "500", "502", "503", "504", "first_token_timeout"}
+var retryReasons = [numRetryReasons]string{"", "connect_failure", "reset", "header_timeout", "429", "500", "502", "503", "504", "first_token_timeout"}
 
-func (r retryReason) String() string { return RetryReasons[r] }
+func (r retryReason) String() string { return retryReasons[r] }
 
 // retryMask is the parsed RetryConfig.On: bit r set = reason r retried.
 type retryMask uint16
@@ -241,23 +241,22 @@ func backoff(base time.Duration, n int) time.Duration {
 	return time.Duration(rand.Int64N(int64(ceil) + 1))
 }
 
-// retryBudget caps the requests being retried at once (Envoy's
-// RetryBudget): at most max(min, ratio x active) of them, where active is
-// the requests in flight. take and give are safe for concurrent use.
-type retryBudget struct{ s *Server }
-
-// take reserves a retry for one request; the caller gives it back with
-// give when that request ends. It reports false when the budget is spent.
-func (b retryBudget) take(cfg *RetryConfig) bool {
-	limit := max(int64(cfg.BudgetMin), int64(math.Ceil(cfg.BudgetRatio*float64(b.s.inflight.Load()))))
-	if b.s.retrying.Add(1) > limit {
-		b.s.retrying.Add(-1)
+// takeRetry reserves a share of the retry budget for one request (Envoy's
+// RetryBudget: at most max(BudgetMin, BudgetRatio x the requests in
+// flight) are being retried at once); the caller gives it back with
+// giveRetry when that request ends. It reports false when the budget is
+// spent. Safe for concurrent use.
+func (s *Server) takeRetry(cfg *RetryConfig) bool {
+	limit := max(int64(cfg.BudgetMin), int64(math.Ceil(cfg.BudgetRatio*float64(s.inflight.Load()))))
+	if s.retrying.Add(1) > limit {
+		s.retrying.Add(-1)
 		return false
 	}
 	return true
 }
 
-func (b retryBudget) give() { b.s.retrying.Add(-1) }
+// giveRetry gives back a share taken by takeRetry.
+func (s *Server) giveRetry() { s.retrying.Add(-1) }
 
 // excluding returns eps without any of drop, in a new slice.
 func excluding(eps, drop []*routing.Endpoint) []*routing.Endpoint {
@@ -347,7 +346,7 @@ func (rs *retryState) decide(res *result, errType string) bool {
 		return false
 	}
 	if !rs.held {
-		if !(retryBudget{rs.s}).take(&rs.set.cfg.Retry) {
+		if !rs.s.takeRetry(&rs.set.cfg.Retry) {
 			rs.s.metrics.RecordRetryBudgetExhausted(context.Background())
 			return false
 		}
@@ -361,6 +360,6 @@ func (rs *retryState) decide(res *result, errType string) bool {
 func (rs *retryState) done() {
 	if rs.held {
 		rs.held = false
-		(retryBudget{rs.s}).give()
+		rs.s.giveRetry()
 	}
 }

@@ -72,7 +72,7 @@ type Server struct {
 	// inflight counts the proxied requests being handled (admit).
 	inflight atomic.Int64
 	// retrying counts the requests holding a share of the retry budget
-	// (retryBudget).
+	// (takeRetry).
 	retrying atomic.Int64
 	// pending maps a served model to its generative attempts without a
 	// first token yet (*atomic.Int64), counted while
