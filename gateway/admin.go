@@ -291,6 +291,11 @@ func (p *Pool) loraChanged(ctx context.Context, e *engine, body []byte, loaded b
 func (p *Pool) byName(name string) *engine {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	return p.byNameLocked(name)
+}
+
+// byNameLocked is byName with p.mu held.
+func (p *Pool) byNameLocked(name string) *engine {
 	for _, e := range p.engines {
 		if e.cfg.Name == name {
 			return e
@@ -322,13 +327,7 @@ func (p *Pool) serving(model string) []*engine {
 // incarnation (Pool.apply), never leaves it on the old one alone.
 func (p *Pool) setDrained(name string, on bool) (EngineStatus, bool) {
 	p.mu.Lock()
-	var e *engine
-	for _, c := range p.engines {
-		if c.cfg.Name == name {
-			e = c
-			break
-		}
-	}
+	e := p.byNameLocked(name)
 	if e == nil {
 		p.mu.Unlock()
 		return EngineStatus{}, false
