@@ -275,10 +275,8 @@ func (p *Pool) newEngine(ec EngineConfig) (*engine, error) {
 func (p *Pool) Add(ec EngineConfig) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	for _, e := range p.engines {
-		if e.cfg.Name == ec.Name {
-			return fmt.Errorf("%w: engine %q already in the pool", ErrInvalidConfig, ec.Name)
-		}
+	if p.byNameLocked(ec.Name) != nil {
+		return fmt.Errorf("%w: engine %q already in the pool", ErrInvalidConfig, ec.Name)
 	}
 	// Its own telemetry.Engine: an engine re-added under a name that is
 	// still draining (perhaps with another URL) reports its own
