@@ -156,30 +156,9 @@ func isReloadable(key string) bool {
 // time (see reloadable) set back to its running value: what a reload puts
 // in force. The engines and the model aliases are next's.
 func keepRunning(next, running Config) Config {
-	keepFields("server", reflect.ValueOf(&next).Elem(), reflect.ValueOf(running))
+	cfgdiff.Keep("server", reflect.ValueOf(&next).Elem(), reflect.ValueOf(running), isReloadable)
 	next.AccessLog = running.AccessLog
 	return next
-}
-
-// keepFields sets every field of next (a settable struct) whose key is not
-// reloadable to its value in running, recursing into sections.
-func keepFields(prefix string, next, running reflect.Value) {
-	t := next.Type()
-	for i := range t.NumField() {
-		f := t.Field(i)
-		name, _, _ := strings.Cut(f.Tag.Get("koanf"), ",")
-		if name == "-" || !f.IsExported() {
-			continue
-		}
-		key := prefix + "." + name
-		switch {
-		case isReloadable(key):
-		case f.Type.Kind() == reflect.Struct:
-			keepFields(key, next.Field(i), running.Field(i))
-		default:
-			next.Field(i).Set(running.Field(i))
-		}
-	}
 }
 
 // configDiff returns the keys whose values differ between a and b, as the

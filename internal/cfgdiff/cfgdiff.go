@@ -1,6 +1,6 @@
-// Package cfgdiff compares two configuration structs key by key, the keys
-// named as their koanf tags name them in the YAML file, so a reload can say
-// which settings changed.
+// Package cfgdiff compares and merges two configuration structs key by key,
+// the keys named as their koanf tags name them in the YAML file, so a
+// reload can say which settings changed and keep those it cannot apply.
 package cfgdiff
 
 import (
@@ -35,6 +35,32 @@ func Diff(prefix string, a, b reflect.Value, skip func(key, opts string) bool, k
 		case f.Type.Kind() == reflect.Slice && fa.Len() == 0 && fb.Len() == 0:
 		case !reflect.DeepEqual(fa.Interface(), fb.Interface()):
 			*keys = append(*keys, key)
+		}
+	}
+}
+
+// Keep sets every field of next (a settable struct) to its value in
+// running unless apply reports its key as one a reload applies, recursing
+// into struct fields whose own key is not applied whole; keys are named as
+// in Diff, and fields tagged "-" and unexported fields are left alone.
+func Keep(prefix string, next, running reflect.Value, apply func(key string) bool) {
+	t := next.Type()
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name, _, _ := strings.Cut(f.Tag.Get("koanf"), ",")
+		if name == "-" || !f.IsExported() {
+			continue
+		}
+		key := name
+		if prefix != "" {
+			key = prefix + "." + name
+		}
+		switch {
+		case apply(key):
+		case f.Type.Kind() == reflect.Struct:
+			Keep(key, next.Field(i), running.Field(i), apply)
+		default:
+			next.Field(i).Set(running.Field(i))
 		}
 	}
 }

@@ -34,3 +34,13 @@ func TestDiff(t *testing.T) {
 		t.Errorf("Diff with skip = %v, want %v", keys, want)
 	}
 }
+
+func TestKeep(t *testing.T) {
+	running := outer{Listen: ":1", Inner: inner{Idle: time.Second, Names: []string{"a"}}, Skipped: 1}
+	next := outer{Listen: ":2", Inner: inner{Idle: 2 * time.Second, Names: []string{"b"}}, Skipped: 2}
+	Keep("server", reflect.ValueOf(&next).Elem(), reflect.ValueOf(running), func(key string) bool { return key == "server.timeouts.idle" })
+	want := outer{Listen: ":1", Inner: inner{Idle: 2 * time.Second, Names: []string{"a"}}, Skipped: 2}
+	if !reflect.DeepEqual(next, want) {
+		t.Errorf("Keep = %+v, want %+v (only server.timeouts.idle from next; - fields untouched)", next, want)
+	}
+}
