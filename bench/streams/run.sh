@@ -6,7 +6,10 @@
 # at most 2x the engine's ITL: no stream stalls) and the ITL percentiles,
 # and, from the gateway while every stream is open, its heap in use (its
 # admin /metrics, go_memstats_heap_inuse_bytes) and RSS (/proc/PID/status)
-# above its idle baseline, per stream.
+# above its idle baseline, per stream. It also prints the largest gap
+# through the gateway over the largest gap straight to the engine (the
+# BENCHMARKS.md "gap / direct" column). A measurement, not a test: it exits
+# 0 whether or not a stream stalled (STALL: ... says so).
 #
 #   bench/streams/run.sh
 #   STREAMS=2000 EVENTS=32 bench/streams/run.sh
@@ -21,7 +24,7 @@ STREAMS="${STREAMS:-1000}"
 EVENTS="${EVENTS:-64}"
 ITL="${ITL:-20ms}"
 TTFT="${TTFT:-20ms}"
-case "${1:-}" in -h | --help) sed -n '2,14s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
+case "${1:-}" in -h | --help) sed -n '2,17s/^# \{0,1\}//p' "$0"; exit 0 ;; esac
 
 work="$(mktemp -d)"
 pids=()
@@ -87,4 +90,8 @@ echo "gateway RSS: idle $((rss0 / 1024)) KiB, with $STREAMS streams open $((rss1
 max="$(jq .itl.max_ms "$work/run.json")"
 limit="$(echo "2 * ${ITL%ms}" | bc)"
 if (($(echo "$max <= $limit" | bc))); then echo "no stream stalled: largest gap $max ms <= 2 x ITL ($limit ms)"; else echo "STALL: largest gap $max ms > 2 x ITL ($limit ms)"; fi
+# The same clients straight to the engine show what the machine itself
+# does: the gateway's share of the largest gap is the ratio of the two.
+direct_max="$(jq .itl.max_ms "$work/direct.json")"
+echo "largest gap through the gateway / straight to the engine: $(echo "scale=2; $max / $direct_max" | bc)"
 echo "command: STREAMS=$STREAMS EVENTS=$EVENTS ITL=$ITL TTFT=$TTFT bench/streams/run.sh (commit $(git -C "$root" rev-parse --short HEAD))"
