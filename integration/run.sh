@@ -7,18 +7,26 @@
 #        -> Jaeger (traces)      -> Prometheus 3 (metrics, OTLP receiver;
 #                                   it also scrapes the gateway's admin /metrics)
 #
+# and beside it a Kubernetes control plane, etcd and kube-apiserver, started
+# by integration/kube.sh the way envtest does (no kubelet or controllers).
+#
 # It builds the collector distribution (integration/tools/otelcol), Jaeger
-# (integration/tools/jaeger) and Prometheus (integration/tools/prometheus)
-# from the Go module proxy once, cached in .tools/bin (the first run takes
-# several minutes; later runs reuse them), and the gateway and the simulator
-# from this tree into the run directory. Every listener gets a free loopback
-# port, so two runs on one machine do not clash. It then runs
+# (integration/tools/jaeger), Prometheus (integration/tools/prometheus) and
+# etcd and kube-apiserver (integration/tools/kube) from the Go module proxy
+# once, cached in .tools/bin (rebuilt only when their tools module changes),
+# and the gateway and the simulator from this tree into the run directory.
+# The first run takes about 10 minutes for the collector, Jaeger and
+# Prometheus and another 10 to 13 for kube-apiserver and etcd on 2 cores
+# (2.4 GB peak RSS; kube.sh's header has the measurements); with
+# everything in .tools/bin the builds cost nothing and the control plane
+# starts in about 4 s (kube.sh needs openssl and curl). Every listener gets a free loopback port, so two runs
+# on one machine do not clash. It then runs
 #
 #   go test -count=1 -tags integration "$@" ./integration/
 #
 # with the stack described by the IT_* variables below, and stops everything
-# it started when it exits (also on failure or Ctrl-C), printing the end of
-# each log when something failed.
+# it started when it exits (also on failure or Ctrl-C; kube-apiserver before
+# etcd), printing the end of each log when something failed.
 #
 #   IT_JAEGER_URL, IT_PROM_URL, IT_GATEWAY_URL, IT_GATEWAY_ADMIN_URL,
 #   IT_OTLP_HTTP_URL   http://127.0.0.1:PORT of Jaeger's query API, Prometheus'
@@ -30,6 +38,12 @@
 #   IT_MODEL           the model they serve (it-model)
 #   IT_GATEWAY_BIN, IT_ENGINESIM_BIN, IT_OTELCOL_BIN, IT_JAEGER_BIN,
 #   IT_PROM_BIN        the binaries
+#   IT_KUBE_URL, IT_KUBE_TOKEN, IT_KUBE_CA, IT_KUBE_CONFIG, IT_KUBE_ETCD_URL,
+#   IT_KUBE_DIR, IT_KUBE_SCRIPT
+#                      the control plane, as integration/kube.sh describes
+#                      them: the apiserver's https URL, an admin token, its
+#                      CA, a kubeconfig, etcd's URL, its directory (under
+#                      the run directory: kube/) and kube.sh itself
 #
 # Set IT_KEEP=1 to keep the run directory (logs, configs, Prometheus data)
 # after a successful run; it is always kept after a failure.
@@ -51,6 +65,11 @@ prom_ldflags="-X github.com/prometheus/common/version.Version=$prom_version -X g
 build_tool otelcol "$root/integration/tools/otelcol" .
 build_tool jaeger "$root/integration/tools/jaeger" github.com/jaegertracing/jaeger/cmd/jaeger
 build_tool prometheus "$root/integration/tools/prometheus" github.com/prometheus/prometheus/cmd/prometheus "$prom_ldflags"
+# etcd and kube-apiserver (kube_build, kube_start, kube_stop_procs: the
+# processes are this shell's children, their PIDs in $run/kube/*.pid).
+# shellcheck source=kube.sh
+. "$root/integration/kube.sh"
+kube_build
 
 # The Node client test (TestNodeOpenAIClient) needs the pinned openai
 # package; install it once from package-lock.json.
@@ -77,6 +96,10 @@ launch() { # name command...: start it in the background, output to $run/name.lo
 cleanup() {
 	local rc=$? i pid
 	trap - EXIT INT TERM
+	# The control plane first (started last): kube-apiserver, then etcd.
+	if [[ -d "$run/kube" ]]; then
+		kube_stop_procs "$run/kube"
+	fi
 	for ((i = ${#pids[@]} - 1; i >= 0; i--)); do # the gateway first, Jaeger last
 		kill -TERM "${pids[i]}" 2>/dev/null || true
 		for _ in {1..50}; do
@@ -90,6 +113,11 @@ cleanup() {
 		for name in "${names[@]}"; do
 			echo "--- $name: last 30 lines of $run/$name.log"
 			tail -n 30 "$run/$name.log" || true
+		done
+		for name in etcd kube-apiserver; do
+			[[ -f "$run/kube/$name.log" ]] || continue
+			echo "--- $name: last 30 lines of $run/kube/$name.log"
+			tail -n 30 "$run/kube/$name.log" || true
 		done
 		echo "run directory kept: $run"
 	elif [[ "${IT_KEEP:-}" == 1 ]]; then
@@ -224,6 +252,10 @@ launch gateway env \
 ready gateway "http://127.0.0.1:$gw/ready" ok
 ready gateway "http://127.0.0.1:$gw_admin/metrics" ok
 
+# The control plane, once the stack is up: kube_start waits for /readyz and
+# exports IT_KUBE_* here (its ports avoid the ones taken above).
+kube_start "$run/kube"
+
 export IT_JAEGER_URL="http://127.0.0.1:$jaeger_http"
 export IT_PROM_URL="http://127.0.0.1:$prom"
 export IT_GATEWAY_URL="http://127.0.0.1:$gw"
@@ -238,7 +270,7 @@ export IT_ENGINESIM_BIN="$run/enginesim"
 export IT_OTELCOL_BIN="$bin/otelcol"
 export IT_JAEGER_BIN="$bin/jaeger"
 export IT_PROM_BIN="$bin/prometheus"
-echo "stack ready: gateway $IT_GATEWAY_URL (admin $IT_GATEWAY_ADMIN_URL), Jaeger $IT_JAEGER_URL, Prometheus $IT_PROM_URL"
+echo "stack ready: gateway $IT_GATEWAY_URL (admin $IT_GATEWAY_ADMIN_URL), Jaeger $IT_JAEGER_URL, Prometheus $IT_PROM_URL, kube-apiserver $IT_KUBE_URL"
 
 cd "$root"
 go test -count=1 -tags integration "$@" ./integration/
