@@ -65,6 +65,10 @@ type Providers struct {
 	// OTLPTraces and OTLPMetrics report whether an OTLP (or other
 	// autoexport) exporter was configured from the environment.
 	OTLPTraces, OTLPMetrics bool
+
+	// series drops gone engines' series from the Prometheus handler and
+	// the OTLP metric exporter ([Providers.SetEngineLive]).
+	series *seriesFilter
 }
 
 // Setup builds the tracer and meter providers from cfg and the OTEL_*
@@ -94,7 +98,7 @@ func Setup(ctx context.Context, cfg Config, log *slog.Logger) (*Providers, func(
 	otel.SetErrorHandler(errLog)
 	disabled := strings.EqualFold(strings.TrimSpace(os.Getenv("OTEL_SDK_DISABLED")), "true")
 
-	p := &Providers{Propagator: propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{})}
+	p := &Providers{Propagator: propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}), series: newSeriesFilter()}
 	var shutdowns []func(context.Context) error
 	shutdown := func(ctx context.Context) error {
 		var errs []error
@@ -136,8 +140,9 @@ func Setup(ctx context.Context, cfg Config, log *slog.Logger) (*Providers, func(
 	}
 	// OpenMetrics when the scraper asks for it (Prometheus does): it is
 	// the text format that carries exemplars, each histogram sample's
-	// trace id.
-	p.Prometheus = promhttp.HandlerFor(reg, promhttp.HandlerOpts{EnableOpenMetrics: true})
+	// trace id. The gatherer leaves out gone engines' samples
+	// (SetEngineLive).
+	p.Prometheus = promhttp.HandlerFor(seriesGatherer{reg, p.series}, promhttp.HandlerOpts{EnableOpenMetrics: true})
 	mpOpts := []sdkmetric.Option{sdkmetric.WithResource(res), sdkmetric.WithReader(promExp)}
 	if cfg.CardinalityLimit > 0 {
 		mpOpts = append(mpOpts, sdkmetric.WithCardinalityLimit(cfg.CardinalityLimit))
@@ -145,7 +150,9 @@ func Setup(ctx context.Context, cfg Config, log *slog.Logger) (*Providers, func(
 	if os.Getenv("OTEL_METRICS_EXPORTER") == "prometheus" {
 		log.Info("OTEL_METRICS_EXPORTER=prometheus: metrics are already served on the admin listener's /metrics; no second Prometheus server started")
 	} else if !disabled && signalConfigured("METRICS") {
-		r, err := autoexport.NewMetricReader(ctx)
+		// autoexport's reader, but for OTLP with the exporter wrapped so
+		// gone engines' points are left out (SetEngineLive).
+		r, err := newMetricReader(ctx, p.series)
 		if err != nil {
 			_ = shutdown(ctx)
 			return nil, nil, fmt.Errorf("metric reader: %w", err)

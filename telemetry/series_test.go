@@ -1,0 +1,693 @@
+package telemetry
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	colmetricpb "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
+	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
+	metricpb "go.opentelemetry.io/proto/otlp/metrics/v1"
+	"google.golang.org/grpc"
+
+	"github.com/switchboard-gw/switchboard/internal/testutil"
+)
+
+// fakeClock is the linger's clock in these tests. Safe for concurrent use.
+type fakeClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func newFakeClock() *fakeClock { return &fakeClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)} }
+
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *fakeClock) Add(d time.Duration) {
+	c.mu.Lock()
+	c.t = c.t.Add(d)
+	c.mu.Unlock()
+}
+
+// liveSet is the engine liveness the tests switch. Safe for concurrent use.
+type liveSet struct {
+	mu    sync.Mutex
+	names map[string]bool
+	calls int
+}
+
+func newLiveSet(names ...string) *liveSet {
+	l := &liveSet{names: map[string]bool{}}
+	for _, n := range names {
+		l.names[n] = true
+	}
+	return l
+}
+
+func (l *liveSet) Live(name string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.calls++
+	return l.names[name]
+}
+
+func (l *liveSet) set(name string, live bool) {
+	l.mu.Lock()
+	l.names[name] = live
+	l.mu.Unlock()
+}
+
+// sdkEngines returns, per metric name, the engine attribute of each data
+// point ("-" for a point without one), sorted.
+func sdkEngines(rm *metricdata.ResourceMetrics) map[string][]string {
+	out := map[string][]string{}
+	eng := func(s attribute.Set) string {
+		if v, ok := s.Value(AttrEngine); ok {
+			return v.AsString()
+		}
+		return "-"
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			var es []string
+			switch d := m.Data.(type) {
+			case metricdata.Histogram[float64]:
+				for _, p := range d.DataPoints {
+					es = append(es, eng(p.Attributes))
+				}
+			case metricdata.Histogram[int64]:
+				for _, p := range d.DataPoints {
+					es = append(es, eng(p.Attributes))
+				}
+			case metricdata.Sum[int64]:
+				for _, p := range d.DataPoints {
+					es = append(es, eng(p.Attributes))
+				}
+			default:
+				es = append(es, fmt.Sprintf("%T", d))
+			}
+			slices.Sort(es)
+			out[m.Name] = es
+		}
+	}
+	return out
+}
+
+// recordTwoEngines records, on e1 and e2, a TTFT sample (with its
+// gen_ai.* twin, which has no engine attribute), a parse error on e2 only,
+// and a step duration (no engine).
+func recordTwoEngines(t *testing.T, m *Metrics) {
+	t.Helper()
+	ctx := context.Background()
+	a1 := m.Engine("e1").Attrs("m1", "chat", "chat")
+	a2 := m.Engine("e2").Attrs("m1", "chat", "chat")
+	m.RecordFirstToken(ctx, a1, 0.1)
+	m.RecordFirstToken(ctx, a2, 0.2)
+	m.RecordParseError(ctx, a2)
+	m.RecordStep(ctx, StepParse, 0.0001)
+}
+
+func filterOnce(f *seriesFilter, rm *metricdata.ResourceMetrics) *metricdata.ResourceMetrics {
+	pass := f.begin()
+	if pass == nil {
+		return rm
+	}
+	defer pass.end()
+	return pass.resourceMetrics(rm)
+}
+
+func TestSeriesFilterManualReader(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer func() { _ = mp.Shutdown(context.Background()) }()
+	m, err := NewMetrics(mp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recordTwoEngines(t, m)
+	collect := func() *metricdata.ResourceMetrics {
+		rm := &metricdata.ResourceMetrics{}
+		if err := reader.Collect(context.Background(), rm); err != nil {
+			t.Fatal(err)
+		}
+		return rm
+	}
+
+	f := newSeriesFilter()
+	rm := collect()
+	if got := filterOnce(f, rm); got != rm {
+		t.Error("no rule installed: the export is not rm itself")
+	}
+
+	clk := newFakeClock()
+	live := newLiveSet("e1", "e2")
+	const linger = 5 * time.Minute
+	f.rule.Store(&seriesRule{live: live.Live, linger: linger, now: clk.Now})
+	rm = collect()
+	if got := filterOnce(f, rm); got != rm {
+		t.Error("every engine live: the export is not rm itself")
+	}
+	all := sdkEngines(rm)
+	if want := []string{"e1", "e2"}; !slices.Equal(all[TimeToFirstTokenName], want) || !slices.Equal(all[ParseErrorsName], []string{"e2"}) {
+		t.Fatalf("collected %v, want %s on e1 and e2, %s on e2", all, TimeToFirstTokenName, ParseErrorsName)
+	}
+
+	// e2 goes away: exported for the linger after the last collection
+	// that found it live, then left out.
+	live.set("e2", false)
+	clk.Add(linger - time.Second)
+	if got := sdkEngines(filterOnce(f, collect())); !slices.Equal(got[TimeToFirstTokenName], []string{"e1", "e2"}) {
+		t.Errorf("within the linger: %s on %v, want e1 and e2", TimeToFirstTokenName, got[TimeToFirstTokenName])
+	}
+	clk.Add(time.Second)
+	rm = collect()
+	before := sdkEngines(rm)
+	got := sdkEngines(filterOnce(f, rm))
+	if !slices.Equal(got[TimeToFirstTokenName], []string{"e1"}) {
+		t.Errorf("past the linger: %s on %v, want e1 only", TimeToFirstTokenName, got[TimeToFirstTokenName])
+	}
+	if _, ok := got[ParseErrorsName]; ok {
+		t.Errorf("past the linger: %s (e2 only) still exported: %v", ParseErrorsName, got[ParseErrorsName])
+	}
+	for _, name := range []string{GenAIClientTimeToFirstChunkName, StepDurationName} {
+		if !slices.Equal(got[name], []string{"-", "-"}) && !slices.Equal(got[name], []string{"-"}) {
+			t.Errorf("%s (no engine attribute) = %v, want kept", name, got[name])
+		}
+	}
+	if after := sdkEngines(rm); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Errorf("filtering wrote the SDK's data:\nbefore %v\nafter  %v", before, after)
+	}
+	f.mu.Lock()
+	n := len(f.lastLive)
+	f.mu.Unlock()
+	if n != 1 {
+		t.Errorf("%d engines in the bookkeeping, want 1 (e1; e2 swept past its linger)", n)
+	}
+
+	// Back under the same name: exported again, its cumulative count
+	// continuing.
+	live.set("e2", true)
+	m.RecordFirstToken(context.Background(), m.Engine("e2").Attrs("m1", "chat", "chat"), 0.3)
+	rm = filterOnce(f, collect())
+	if got := sdkEngines(rm); !slices.Equal(got[TimeToFirstTokenName], []string{"e1", "e2"}) || !slices.Equal(got[ParseErrorsName], []string{"e2"}) {
+		t.Errorf("e2 back: %v", got)
+	}
+	for _, sm := range rm.ScopeMetrics {
+		for _, mt := range sm.Metrics {
+			if mt.Name != TimeToFirstTokenName {
+				continue
+			}
+			for _, p := range mt.Data.(metricdata.Histogram[float64]).DataPoints {
+				if v, _ := p.Attributes.Value(AttrEngine); v.AsString() == "e2" && p.Count != 2 {
+					t.Errorf("e2 back: TTFT count %d, want 2 (cumulative)", p.Count)
+				}
+			}
+		}
+	}
+
+	// A live engine's name is asked once per collection, however many
+	// series carry it.
+	live.mu.Lock()
+	live.calls = 0
+	live.mu.Unlock()
+	filterOnce(f, collect())
+	live.mu.Lock()
+	calls := live.calls
+	live.mu.Unlock()
+	if calls != 2 {
+		t.Errorf("live called %d times in one collection, want 2 (once per engine)", calls)
+	}
+}
+
+// TestSeriesFilterDelta: a delta point is new data; it is never dropped,
+// even for an engine gone for longer than the linger.
+func TestSeriesFilterDelta(t *testing.T) {
+	reader := sdkmetric.NewManualReader(sdkmetric.WithTemporalitySelector(func(sdkmetric.InstrumentKind) metricdata.Temporality {
+		return metricdata.DeltaTemporality
+	}))
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer func() { _ = mp.Shutdown(context.Background()) }()
+	m, err := NewMetrics(mp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := newFakeClock()
+	f := newSeriesFilter()
+	f.rule.Store(&seriesRule{live: newLiveSet("e1").Live, linger: time.Minute, now: clk.Now})
+	recordTwoEngines(t, m)
+	rm := &metricdata.ResourceMetrics{}
+	if err := reader.Collect(context.Background(), rm); err != nil {
+		t.Fatal(err)
+	}
+	clk.Add(time.Hour)
+	if got := sdkEngines(filterOnce(f, rm)); !slices.Equal(got[TimeToFirstTokenName], []string{"e1", "e2"}) || !slices.Equal(got[ParseErrorsName], []string{"e2"}) {
+		t.Errorf("delta points of a never-live engine: %v, want kept", got)
+	}
+}
+
+// TestSeriesFilterBounded: the bookkeeping holds the engines live within
+// the last linger, however many came and went before.
+func TestSeriesFilterBounded(t *testing.T) {
+	clk := newFakeClock()
+	live := newLiveSet("static")
+	f := newSeriesFilter()
+	const linger, step = 5 * time.Minute, time.Minute
+	f.rule.Store(&seriesRule{live: live.Live, linger: linger, now: clk.Now})
+	maxEntries := 0
+	for i := range 10000 {
+		name := fmt.Sprintf("pod-%d", i)
+		live.set(name, true)
+		pass := f.begin()
+		if !pass.keep(name) || !pass.keep("static") {
+			t.Fatalf("%s: a live engine dropped", name)
+		}
+		pass.end()
+		live.set(name, false)
+		clk.Add(step)
+		pass = f.begin()
+		if !pass.keep(name) {
+			t.Fatalf("%s: dropped one step after it went away, within the linger", name)
+		}
+		if i >= 6 && pass.keep(fmt.Sprintf("pod-%d", i-6)) {
+			t.Fatalf("pod-%d: still exported six steps (past the linger) after it went away", i-6)
+		}
+		pass.end()
+		f.mu.Lock()
+		maxEntries = max(maxEntries, len(f.lastLive))
+		f.mu.Unlock()
+		live.mu.Lock()
+		delete(live.names, name) // the test's own set must not grow either
+		live.mu.Unlock()
+	}
+	// Live within the last linger: "static" and at most linger/step pods.
+	if want := int(linger/step) + 1; maxEntries > want {
+		t.Errorf("bookkeeping reached %d entries, want at most %d", maxEntries, want)
+	}
+}
+
+func TestKeepPoints(t *testing.T) {
+	set := func(p *int) *attribute.Set { s := attribute.NewSet(attribute.Int("v", *p)); return &s }
+	odd := func(s *attribute.Set) bool { v, _ := s.Value("v"); return v.AsInt64()%2 == 1 }
+	all := []int{1, 3, 5}
+	if got, ch := keepPoints(all, set, odd); ch || &got[0] != &all[0] {
+		t.Errorf("nothing dropped: %v (changed %t), want the input slice itself", got, ch)
+	}
+	in := []int{2, 1, 4, 3, 6}
+	got, ch := keepPoints(in, set, odd)
+	if !ch || !slices.Equal(got, []int{1, 3}) || !slices.Equal(in, []int{2, 1, 4, 3, 6}) {
+		t.Errorf("keepPoints(%v) = %v (changed %t); input after %v", []int{2, 1, 4, 3, 6}, got, ch, in)
+	}
+	if got, ch := keepPoints([]int{2, 4}, set, odd); !ch || len(got) != 0 {
+		t.Errorf("all dropped: %v (changed %t)", got, ch)
+	}
+}
+
+func TestSetEngineLiveNil(t *testing.T) {
+	var none *Providers
+	none.SetEngineLive(newLiveSet().Live) // no panic
+	(&Providers{}).SetEngineLive(newLiveSet().Live)
+
+	f := newSeriesFilter()
+	p := &Providers{series: f}
+	p.SetEngineLive(newLiveSet().Live, WithSeriesLinger(-1), nil)
+	r := f.rule.Load()
+	if r == nil || r.linger != DefaultSeriesLinger || r.now == nil {
+		t.Fatalf("rule %+v, want the default linger and clock", r)
+	}
+	p.SetEngineLive(newLiveSet().Live, WithSeriesLinger(time.Minute))
+	if r := f.rule.Load(); r.linger != time.Minute {
+		t.Errorf("linger %v, want 1m", r.linger)
+	}
+	p.SetEngineLive(nil)
+	if f.begin() != nil {
+		t.Error("SetEngineLive(nil): still filtering")
+	}
+}
+
+// promEngines returns the engine label of each sample of family name
+// ("-" for none), sorted, and whether the family is there.
+func promEngines(mfs map[string]*dto.MetricFamily, name string) ([]string, bool) {
+	mf, ok := mfs[name]
+	if !ok {
+		return nil, false
+	}
+	var es []string
+	for _, m := range mf.GetMetric() {
+		e := promLabel(m, "engine")
+		if e == "" {
+			e = "-"
+		}
+		es = append(es, e)
+	}
+	slices.Sort(es)
+	return es, true
+}
+
+// TestSetEngineLivePrometheus scrapes the Prometheus handler Setup built.
+func TestSetEngineLivePrometheus(t *testing.T) {
+	testutil.UnsetOTEL(t)
+	p, _, _ := setup(t, DefaultConfig())
+	m, err := NewMetrics(p.MeterProvider)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recordTwoEngines(t, m)
+	const ttft, parse = "switchboard_engine_time_to_first_token_seconds", "switchboard_engine_stream_parse_errors_total"
+
+	if es, _ := promEngines(scrapeHandler(t, p.Prometheus), ttft); !slices.Equal(es, []string{"e1", "e2"}) {
+		t.Errorf("before SetEngineLive: %s on %v, want e1 and e2", ttft, es)
+	}
+	clk := newFakeClock()
+	live := newLiveSet("e1", "e2")
+	p.SetEngineLive(live.Live, WithSeriesLinger(time.Minute), withSeriesClock(clk.Now))
+	scrapeHandler(t, p.Prometheus) // sees both live
+	live.set("e2", false)
+	clk.Add(59 * time.Second)
+	if es, _ := promEngines(scrapeHandler(t, p.Prometheus), ttft); !slices.Equal(es, []string{"e1", "e2"}) {
+		t.Errorf("within the linger: %s on %v, want e1 and e2", ttft, es)
+	}
+	clk.Add(time.Second)
+	mfs := scrapeHandler(t, p.Prometheus)
+	if es, _ := promEngines(mfs, ttft); !slices.Equal(es, []string{"e1"}) {
+		t.Errorf("past the linger: %s on %v, want e1", ttft, es)
+	}
+	if es, ok := promEngines(mfs, parse); ok {
+		t.Errorf("past the linger: %s (e2 only) still there: %v", parse, es)
+	}
+	for _, name := range []string{"gen_ai_client_operation_time_to_first_chunk_seconds", "switchboard_gateway_step_duration_seconds", "target_info", "go_goroutines"} {
+		if _, ok := mfs[name]; !ok {
+			t.Errorf("%s (no engine label) left out", name)
+		}
+	}
+	// The OpenMetrics exposition is filtered the same way.
+	req := httptest.NewRequest(http.MethodGet, "/metrics", nil)
+	req.Header.Set("Accept", "application/openmetrics-text; version=1.0.0")
+	rec := httptest.NewRecorder()
+	p.Prometheus.ServeHTTP(rec, req)
+	if body := rec.Body.String(); rec.Code != http.StatusOK || strings.Contains(body, `engine="e2"`) || !strings.Contains(body, `engine="e1"`) {
+		t.Errorf("OpenMetrics scrape (status %d, %s): want e1's series and none of e2's", rec.Code, rec.Header().Get("Content-Type"))
+	}
+
+	p.SetEngineLive(nil)
+	if es, _ := promEngines(scrapeHandler(t, p.Prometheus), ttft); !slices.Equal(es, []string{"e1", "e2"}) {
+		t.Errorf("SetEngineLive(nil): %s on %v, want e1 and e2 again", ttft, es)
+	}
+}
+
+// otlpEngines returns, per metric name of the Switchboard scope, the engine
+// attribute of each data point ("-" for none), sorted, from one export
+// request.
+func otlpEngines(req *colmetricpb.ExportMetricsServiceRequest) map[string][]string {
+	out := map[string][]string{}
+	eng := func(kvs []*commonpb.KeyValue) string {
+		if e := attrString(kvs, "engine"); e != "" {
+			return e
+		}
+		return "-"
+	}
+	for _, rm := range req.GetResourceMetrics() {
+		for _, sm := range rm.GetScopeMetrics() {
+			if sm.GetScope().GetName() != ScopeName {
+				continue
+			}
+			for _, mt := range sm.GetMetrics() {
+				var es []string
+				for _, dp := range mt.GetHistogram().GetDataPoints() {
+					es = append(es, eng(dp.GetAttributes()))
+				}
+				for _, dp := range mt.GetSum().GetDataPoints() {
+					es = append(es, eng(dp.GetAttributes()))
+				}
+				slices.Sort(es)
+				out[mt.GetName()] = es
+			}
+		}
+	}
+	return out
+}
+
+// temporality returns the aggregation temporality of metric name in req.
+func temporality(req *colmetricpb.ExportMetricsServiceRequest, name string) metricpb.AggregationTemporality {
+	for _, rm := range req.GetResourceMetrics() {
+		for _, sm := range rm.GetScopeMetrics() {
+			for _, mt := range sm.GetMetrics() {
+				if mt.GetName() == name {
+					return mt.GetHistogram().GetAggregationTemporality()
+				}
+			}
+		}
+	}
+	return metricpb.AggregationTemporality_AGGREGATION_TEMPORALITY_UNSPECIFIED
+}
+
+// grpcReceiver is an OTLP/gRPC metrics receiver keeping every request.
+type grpcReceiver struct {
+	colmetricpb.UnimplementedMetricsServiceServer
+	mu   sync.Mutex
+	reqs []*colmetricpb.ExportMetricsServiceRequest
+}
+
+func (g *grpcReceiver) Export(_ context.Context, req *colmetricpb.ExportMetricsServiceRequest) (*colmetricpb.ExportMetricsServiceResponse, error) {
+	g.mu.Lock()
+	g.reqs = append(g.reqs, req)
+	g.mu.Unlock()
+	return &colmetricpb.ExportMetricsServiceResponse{}, nil
+}
+
+func (g *grpcReceiver) Metrics() []*colmetricpb.ExportMetricsServiceRequest {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.reqs)
+}
+
+// TestSetEngineLiveOTLP exports through the OTLP metric reader Setup
+// built, over OTLP/HTTP and OTLP/gRPC to in-process receivers, with the
+// export interval so long that only ForceFlush exports.
+func TestSetEngineLiveOTLP(t *testing.T) {
+	for _, proto := range []string{"http/protobuf", "grpc"} {
+		t.Run(strings.ReplaceAll(proto, "/", "-"), func(t *testing.T) {
+			testutil.UnsetOTEL(t)
+			var received func() []*colmetricpb.ExportMetricsServiceRequest
+			if proto == "grpc" {
+				ln, err := net.Listen("tcp", "127.0.0.1:0")
+				if err != nil {
+					t.Fatal(err)
+				}
+				srv := grpc.NewServer()
+				rc := &grpcReceiver{}
+				colmetricpb.RegisterMetricsServiceServer(srv, rc)
+				go func() { _ = srv.Serve(ln) }()
+				t.Cleanup(srv.Stop) // after setup's shutdown has flushed
+
+				t.Setenv("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "http://"+ln.Addr().String())
+				t.Setenv("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", proto)
+				t.Setenv("OTEL_TRACES_EXPORTER", "none")
+				received = rc.Metrics
+			} else {
+				rc := &testutil.OTLPReceiver{}
+				srv := httptest.NewServer(rc)
+				t.Cleanup(srv.Close)
+				t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", srv.URL)
+				t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", proto)
+				received = rc.Metrics
+			}
+			t.Setenv("OTEL_METRIC_EXPORT_INTERVAL", "3600000") // an hour: ForceFlush exports
+			p, _, _ := setup(t, DefaultConfig())
+			if !p.OTLPMetrics {
+				t.Fatal("OTLPMetrics = false")
+			}
+			m, err := NewMetrics(p.MeterProvider)
+			if err != nil {
+				t.Fatal(err)
+			}
+			recordTwoEngines(t, m)
+			clk := newFakeClock()
+			live := newLiveSet("e1", "e2")
+			p.SetEngineLive(live.Live, WithSeriesLinger(time.Minute), withSeriesClock(clk.Now))
+			flush := func() map[string][]string {
+				t.Helper()
+				n := len(received())
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				if err := p.MeterProvider.ForceFlush(ctx); err != nil {
+					t.Fatalf("ForceFlush: %v", err)
+				}
+				reqs := received()
+				if len(reqs) != n+1 {
+					t.Fatalf("%d export requests after ForceFlush, want %d", len(reqs), n+1)
+				}
+				if got := temporality(reqs[n], TimeToFirstTokenName); got != metricpb.AggregationTemporality_AGGREGATION_TEMPORALITY_CUMULATIVE {
+					t.Errorf("%s temporality %v, want cumulative", TimeToFirstTokenName, got)
+				}
+				return otlpEngines(reqs[n])
+			}
+
+			if got := flush(); !slices.Equal(got[TimeToFirstTokenName], []string{"e1", "e2"}) || !slices.Equal(got[ParseErrorsName], []string{"e2"}) {
+				t.Errorf("both live: %v", got)
+			}
+			live.set("e2", false)
+			clk.Add(30 * time.Second)
+			if got := flush(); !slices.Equal(got[TimeToFirstTokenName], []string{"e1", "e2"}) {
+				t.Errorf("within the linger: %s on %v, want e1 and e2", TimeToFirstTokenName, got[TimeToFirstTokenName])
+			}
+			clk.Add(30 * time.Second)
+			got := flush()
+			if !slices.Equal(got[TimeToFirstTokenName], []string{"e1"}) {
+				t.Errorf("past the linger: %s on %v, want e1", TimeToFirstTokenName, got[TimeToFirstTokenName])
+			}
+			if es, ok := got[ParseErrorsName]; ok {
+				t.Errorf("past the linger: %s (e2 only) still exported: %v", ParseErrorsName, es)
+			}
+			for _, name := range []string{GenAIClientTimeToFirstChunkName, StepDurationName} {
+				if es := got[name]; len(es) == 0 || es[0] != "-" {
+					t.Errorf("%s (no engine attribute) = %v, want kept", name, es)
+				}
+			}
+		})
+	}
+}
+
+// TestSetupOTLPTemporalityPreference: the wrapped exporter's temporality
+// (OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE) reaches the reader,
+// and delta points are never dropped.
+func TestSetupOTLPTemporalityPreference(t *testing.T) {
+	testutil.UnsetOTEL(t)
+	rc := &testutil.OTLPReceiver{}
+	srv := httptest.NewServer(rc)
+	defer srv.Close()
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", srv.URL)
+	t.Setenv("OTEL_METRIC_EXPORT_INTERVAL", "3600000")
+	t.Setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta")
+	p, _, _ := setup(t, DefaultConfig())
+	m, err := NewMetrics(p.MeterProvider)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := newFakeClock()
+	p.SetEngineLive(newLiveSet("e1").Live, WithSeriesLinger(time.Minute), withSeriesClock(clk.Now))
+	clk.Add(time.Hour)
+	recordTwoEngines(t, m)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := p.MeterProvider.ForceFlush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	reqs := rc.Metrics()
+	if len(reqs) != 1 {
+		t.Fatalf("%d export requests, want 1", len(reqs))
+	}
+	if got := temporality(reqs[0], TimeToFirstTokenName); got != metricpb.AggregationTemporality_AGGREGATION_TEMPORALITY_DELTA {
+		t.Errorf("%s temporality %v, want delta", TimeToFirstTokenName, got)
+	}
+	if got := otlpEngines(reqs[0]); !slices.Equal(got[TimeToFirstTokenName], []string{"e1", "e2"}) {
+		t.Errorf("delta: %s on %v, want e1 and e2", TimeToFirstTokenName, got[TimeToFirstTokenName])
+	}
+}
+
+// TestSetupMetricReaderSelection: what newMetricReader accepts and
+// refuses, as autoexport does.
+func TestSetupMetricReaderSelection(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		env     map[string]string
+		metrics bool
+		wantErr string
+	}{
+		{name: "otlp named", env: map[string]string{"OTEL_METRICS_EXPORTER": "otlp", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:1"}, metrics: true},
+		{name: "grpc", env: map[string]string{"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://127.0.0.1:1", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "grpc"}, metrics: true},
+		{name: "metrics protocol wins", env: map[string]string{"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://127.0.0.1:1", "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "OTEL_EXPORTER_OTLP_METRICS_PROTOCOL": "carrier-pigeon"}, wantErr: "carrier-pigeon"},
+		{name: "producers", env: map[string]string{"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://127.0.0.1:1", "OTEL_METRICS_PRODUCERS": "prometheus,none"}, metrics: true},
+		{name: "unknown producer", env: map[string]string{"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": "http://127.0.0.1:1", "OTEL_METRICS_PRODUCERS": "abacus"}, wantErr: "abacus"},
+		{name: "console through autoexport", env: map[string]string{"OTEL_METRICS_EXPORTER": "console"}, metrics: true},
+		{name: "unknown exporter through autoexport", env: map[string]string{"OTEL_METRICS_EXPORTER": "abacus"}, wantErr: "metric reader"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			testutil.UnsetOTEL(t)
+			t.Setenv("OTEL_TRACES_EXPORTER", "none")
+			for k, v := range tc.env {
+				t.Setenv(k, v)
+			}
+			p, shutdown, err := Setup(context.Background(), DefaultConfig(), slog.New(slog.DiscardHandler))
+			if tc.wantErr != "" {
+				if err == nil {
+					_ = shutdown(context.Background())
+					t.Fatal("Setup: nil error")
+				}
+				if !strings.Contains(err.Error(), tc.wantErr) {
+					t.Errorf("Setup: %v, want it to mention %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("Setup: %v", err)
+			}
+			defer func() {
+				// Nothing listens: bound the flush.
+				ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+				defer cancel()
+				_ = shutdown(ctx)
+			}()
+			if p.OTLPMetrics != tc.metrics {
+				t.Errorf("OTLPMetrics = %t, want %t", p.OTLPMetrics, tc.metrics)
+			}
+		})
+	}
+}
+
+// TestSetEngineLiveConcurrent scrapes, flushes and switches the rule at
+// once (for the race detector).
+func TestSetEngineLiveConcurrent(t *testing.T) {
+	testutil.UnsetOTEL(t)
+	rc := &testutil.OTLPReceiver{}
+	srv := httptest.NewServer(rc)
+	defer srv.Close()
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", srv.URL)
+	t.Setenv("OTEL_METRIC_EXPORT_INTERVAL", "3600000")
+	p, _, _ := setup(t, DefaultConfig())
+	m, err := NewMetrics(p.MeterProvider)
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk := newFakeClock()
+	live := newLiveSet("e1")
+	var wg sync.WaitGroup
+	for g := range 3 {
+		wg.Go(func() {
+			for i := range 20 {
+				switch g {
+				case 0:
+					rec := httptest.NewRecorder()
+					p.Prometheus.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
+				case 1:
+					_ = p.MeterProvider.ForceFlush(context.Background())
+				default:
+					if i%5 == 0 {
+						p.SetEngineLive(nil)
+					} else {
+						p.SetEngineLive(live.Live, withSeriesClock(clk.Now))
+					}
+					recordTwoEngines(t, m)
+					live.set("e2", i%2 == 0)
+					clk.Add(time.Minute)
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
