@@ -9,7 +9,9 @@
 // OTEL_TRACES_SAMPLER, OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES, ...). With
 // none of them set, nothing is exported over OTLP and the metrics are served
 // only on the Prometheus handler. Exporters run in the background: an
-// unreachable collector never blocks a request.
+// unreachable collector never blocks a request. The OTLP metric exporter is
+// built as autoexport builds it (same variables, same defaults) but by
+// Setup itself, so that its data points can be filtered (see Cardinality).
 //
 // # Metrics
 //
@@ -117,4 +119,19 @@
 // The meter provider's cardinality limit is a backstop. Attribute sets are
 // built once per engine and (engine, model, GenAI operation, operation) and reused, so
 // recording on the request path does not allocate on success.
+//
+// Engines come and go (a reload, Kubernetes pods replaced on every
+// rollout). The observable gauges stop reporting an engine once it is gone
+// and drained, but under cumulative temporality the SDK keeps every series
+// of a synchronous instrument (the switchboard.engine.* histograms and
+// counters) for the life of the meter provider and reports it on every
+// collection: it cannot forget one yet (open-telemetry/opentelemetry-go#8905
+// covers Int64Counter only, and not in v1.47). [Providers.SetEngineLive]
+// drops them at the export boundary instead: the Prometheus handler and the
+// OTLP exporter leave out the points whose engine attribute names an engine
+// that is no longer live, once it has been gone for [DefaultSeriesLinger]
+// (5 min, so its last samples are exported at least once more). Points
+// without an engine attribute, and delta points, are never dropped. The
+// SDK's own memory for the dropped series stays bounded by the cardinality
+// limit only; an engine that comes back under its name is exported again.
 package telemetry
