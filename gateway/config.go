@@ -299,12 +299,16 @@ var ErrInvalidConfig = errors.New("invalid gateway config")
 
 // Validate reports every problem with c, each wrapping [ErrInvalidConfig],
 // joined with errors.Join.
-func (c Config) Validate() error {
+func (c Config) Validate() error { return c.validate(false) }
+
+// validate is Validate; dynamic allows an empty engine list (a discovery
+// source adds engines at run time, [WithDynamicEngines]).
+func (c Config) validate(dynamic bool) error {
 	errs := []error{c.ValidateSettings()}
 	bad := func(format string, a ...any) {
 		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...))
 	}
-	if len(c.Engines) == 0 {
+	if len(c.Engines) == 0 && !dynamic {
 		bad("no engines configured")
 	}
 	seen := map[string]bool{}

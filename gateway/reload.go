@@ -91,7 +91,7 @@ func (s *Server) Reload(cfg Config, policy routing.Policy) (ReloadReport, error)
 	if policy == nil {
 		return ReloadReport{}, fmt.Errorf("%w: nil routing policy", ErrInvalidConfig)
 	}
-	if err := cfg.Validate(); err != nil {
+	if err := cfg.validate(s.dynamic); err != nil {
 		return ReloadReport{}, err
 	}
 	s.reloadMu.Lock()
@@ -100,14 +100,16 @@ func (s *Server) Reload(cfg Config, policy routing.Policy) (ReloadReport, error)
 	eff := keepRunning(cfg, s.cfg)
 	var rep ReloadReport
 	rep.Restart = configDiff(cfg, eff)
-	if err := eff.Validate(); err != nil {
+	if err := eff.validate(s.dynamic); err != nil {
 		return ReloadReport{}, fmt.Errorf("with the running values of the settings that need a restart (%s): %w",
 			strings.Join(rep.Restart, ", "), err)
 	}
-	added, removed, changed, err := s.pool.apply(eff.Engines, eff.Models.Aliases)
+	want, _ := s.engineSetLocked(eff.Engines, s.discovered)
+	added, removed, changed, err := s.pool.apply(want, eff.Models.Aliases)
 	if err != nil {
 		return ReloadReport{}, err
 	}
+	s.static = slices.Clone(eff.Engines)
 	rep.Added, rep.Removed, rep.Changed = added, removed, changed
 	if !reflect.DeepEqual(cur.cfg.Outlier, eff.Outlier) {
 		// New thresholds from the next outcome, new ejection times from

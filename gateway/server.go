@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"net/textproto"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -90,8 +91,20 @@ type Server struct {
 	// released its slot from.
 	onRelease func(engine string, p routing.Phase)
 	closeOnce sync.Once
-	// reloadMu applies one Reload at a time.
+	// reloadMu applies one Reload or SetDiscovered at a time, and guards
+	// static and discovered.
 	reloadMu sync.Mutex
+	// dynamic: the engine list may be empty (WithDynamicEngines).
+	dynamic bool
+	// static are the configured engines in force; discovered the engines
+	// of each discovery source (SetDiscovered), by source. The pool's
+	// engines are static followed by every source's, in source order.
+	static     []EngineConfig
+	discovered map[string][]EngineConfig
+	// holds are the reasons /ready is held at 503 (HoldReady), under
+	// holdMu.
+	holdMu sync.Mutex
+	holds  []*readyHold
 }
 
 type config struct {
@@ -101,6 +114,7 @@ type config struct {
 	transport http.RoundTripper
 	log       *slog.Logger
 	now       func() time.Time // the engine stats clock; tests inject one
+	dynamic   bool             // WithDynamicEngines
 }
 
 // Option configures what a test or embedder injects into [New].
@@ -184,15 +198,6 @@ func NewTransport(connectTimeout time.Duration) *http.Transport {
 // telemetry.NewMetrics(nil) for no-op metrics). Errors wrap
 // ErrInvalidConfig.
 func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option) (*Server, error) {
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
-	if policy == nil {
-		return nil, fmt.Errorf("%w: nil routing policy", ErrInvalidConfig)
-	}
-	if m == nil {
-		return nil, fmt.Errorf("%w: nil metrics", ErrInvalidConfig)
-	}
 	c := config{
 		tp:   tracenoop.NewTracerProvider(),
 		prop: propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}),
@@ -201,6 +206,15 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 	}
 	for _, o := range opts {
 		o.apply(&c)
+	}
+	if err := cfg.validate(c.dynamic); err != nil {
+		return nil, err
+	}
+	if policy == nil {
+		return nil, fmt.Errorf("%w: nil routing policy", ErrInvalidConfig)
+	}
+	if m == nil {
+		return nil, fmt.Errorf("%w: nil metrics", ErrInvalidConfig)
 	}
 	if c.transport == nil {
 		c.transport = NewTransport(cfg.Timeouts.Connect)
@@ -218,6 +232,8 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 		trusted:  trusted,
 		buffered: budget{limit: cfg.MaxBufferedBytes},
 		cfg:      cfg,
+		dynamic:  c.dynamic,
+		static:   slices.Clone(cfg.Engines),
 		pool:     pool,
 		metrics:  m,
 		tp:       c.tp,
@@ -462,6 +478,8 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case s.draining.Load():
 		writeError(w, r, &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "draining", Message: "the gateway is shutting down"})
+	case s.heldReady() != "":
+		writeError(w, r, &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "starting", Message: "waiting for " + s.heldReady()})
 	case !s.pool.Ready():
 		writeError(w, r, &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "no_ready_engine", Message: "no healthy engine has reported its models yet"})
 	default:

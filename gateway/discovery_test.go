@@ -1,0 +1,207 @@
+package gateway
+
+import (
+	"encoding/json"
+	"errors"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/switchboard-gw/switchboard/internal/enginesim"
+)
+
+// TestSetDiscoveredCombinesWithStatic: a discovery source's engines join
+// the configured ones and serve; a later batch without one retires it
+// (its stream in flight completes on it), and a Reload of the configured
+// engines keeps every discovered one.
+func TestSetDiscoveredCombinesWithStatic(t *testing.T) {
+	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
+	_, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
+	g := newGated(t)
+	e1 := EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}
+	h := newHarness(t, testConfig(e1))
+
+	d1 := EngineConfig{Name: "pod-a", URL: g.srv.URL} // models from /v1/models
+	d2 := EngineConfig{Name: "pod-b", URL: s2.URL, Models: []string{"m"}}
+	rep, err := h.gw.SetDiscovered("kubernetes", []EngineConfig{d1, d2})
+	if err != nil || !slices.Equal(rep.Added, []string{"pod-a", "pod-b"}) || rep.Removed != nil || rep.Changed != nil {
+		t.Fatalf("SetDiscovered = %+v, %v; want pod-a and pod-b added", rep, err)
+	}
+	if got := h.gw.Pool().String(); !strings.Contains(got, "e1") || !strings.Contains(got, "pod-a") || !strings.Contains(got, "pod-b") {
+		t.Fatalf("pool %s, want e1, pod-a, pod-b", got)
+	}
+	if got := h.servedBy(3, "m"); got["e1"] != 1 || got["pod-a"] != 1 || got["pod-b"] != 1 {
+		t.Fatalf("round-robin over configured and discovered engines: %v, want one each", got)
+	}
+
+	// A stream on pod-a, then pod-a leaves (its endpoint turned terminating).
+	var finish func() error
+	for i := 0; finish == nil; i++ {
+		if i == 3 {
+			t.Fatal("no stream landed on pod-a in 3 round-robin requests")
+		}
+		finish = h.heldStreamOn("pod-a")
+	}
+	g.waitStarted(t)
+	rep, err = h.gw.SetDiscovered("kubernetes", []EngineConfig{d2})
+	if err != nil || rep.Added != nil || !slices.Equal(rep.Removed, []string{"pod-a"}) {
+		t.Fatalf("SetDiscovered without pod-a = %+v, %v; want pod-a removed", rep, err)
+	}
+	if st := h.engineStates(); st["pod-a"] != "draining" {
+		t.Errorf("pod-a state %q while its stream runs, want draining", st["pod-a"])
+	}
+	if got := h.servedBy(4, "m"); got["pod-a"] != 0 || got["e1"] != 2 || got["pod-b"] != 2 {
+		t.Errorf("after pod-a left: %v, want e1:2 pod-b:2", got)
+	}
+
+	// A reload of the configured engines keeps pod-b.
+	_, s3 := sim(t, enginesim.Config{Models: []string{"m"}})
+	e3 := EngineConfig{Name: "e3", URL: s3.URL, Models: []string{"m"}}
+	rep = h.reload(testConfig(e3), h.policy())
+	if !slices.Equal(rep.Added, []string{"e3"}) || !slices.Equal(rep.Removed, []string{"e1"}) {
+		t.Fatalf("reload = %+v, want e3 added, e1 removed, pod-b kept", rep)
+	}
+	if got := h.servedBy(4, "m"); got["e3"] != 2 || got["pod-b"] != 2 {
+		t.Errorf("after the reload: %v, want e3:2 pod-b:2", got)
+	}
+	if got := h.gw.Discovered("kubernetes"); len(got) != 1 || got[0].Name != "pod-b" {
+		t.Errorf("Discovered = %+v, want pod-b", got)
+	}
+
+	g.open()
+	if err := finish(); err != nil {
+		t.Fatalf("the stream on the engine that left: %v", err)
+	}
+	h.waitIdle()
+	if _, ok := statusByName(h.gw.Pool())["pod-a"]; ok {
+		t.Error("pod-a is still listed after its stream drained")
+	}
+}
+
+// heldStreamOn starts held streams until one lands on engine (round-robin
+// over a known set: at most one per engine), closing the others at once;
+// it returns the held stream's finish, or nil when this one went
+// elsewhere.
+func (h *harness) heldStreamOn(engine string) func() error {
+	h.t.Helper()
+	resp := h.post("/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`)
+	if resp.StatusCode != http.StatusOK {
+		h.t.Fatalf("stream: %d", resp.StatusCode)
+	}
+	if resp.Header.Get("X-Switchboard-Engine") != engine {
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		return nil
+	}
+	return func() error {
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(string(b), "data: [DONE]") {
+			return errors.New("no [DONE]: " + string(b))
+		}
+		return nil
+	}
+}
+
+// TestSetDiscoveredLeavesOutBadAndTaken: a discovered engine whose name a
+// configured engine has, or that is invalid, is left out with an error
+// wrapping ErrEngineLeftOut; the others are applied.
+func TestSetDiscoveredLeavesOutBadAndTaken(t *testing.T) {
+	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
+	e1 := EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}
+	h := newHarness(t, testConfig(e1))
+	rep, err := h.gw.SetDiscovered("kubernetes", []EngineConfig{
+		{Name: "e1", URL: "http://10.0.0.1:8000", Models: []string{"m"}},
+		{Name: "bad", URL: "ftp://x", Models: []string{"m"}},
+		{Name: "ok", URL: s1.URL, Models: []string{"m"}},
+		{Name: "ok", URL: "http://10.0.0.2:8000", Models: []string{"m"}},
+	})
+	if !errors.Is(err, ErrEngineLeftOut) || !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("err = %v, want ErrEngineLeftOut and ErrInvalidConfig", err)
+	}
+	for _, want := range []string{`"e1": the name is taken by a configured engine`, `"bad": url scheme`, `"ok": the name is taken by another engine of kubernetes discovery`} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("err = %v, want it to say %s", err, want)
+		}
+	}
+	if !slices.Equal(rep.Added, []string{"ok"}) {
+		t.Fatalf("report %+v, want only ok added", rep)
+	}
+	st := statusByName(h.gw.Pool())
+	if len(st["e1"]) != 1 || st["e1"][0].URL != s1.URL {
+		t.Errorf("e1 = %+v, want the configured one, untouched", st["e1"])
+	}
+}
+
+// TestDynamicEnginesStartEmpty: WithDynamicEngines accepts a config with
+// no engines; requests get 503 until a source adds one, and Reload also
+// accepts an empty list then.
+func TestDynamicEnginesStartEmpty(t *testing.T) {
+	if _, err := New(testConfig(), nil, nil); err == nil || !strings.Contains(err.Error(), "no engines configured") {
+		t.Fatalf("New without engines and without WithDynamicEngines: %v, want no engines configured", err)
+	}
+	h := newHarnessWith(t, testConfig(), []Option{WithDynamicEngines()})
+	resp := h.post("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"x"}]}`)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound && resp.StatusCode != http.StatusServiceUnavailable {
+		t.Fatalf("no engine: %d, want 404 or 503", resp.StatusCode)
+	}
+	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
+	if _, err := h.gw.SetDiscovered("kubernetes", []EngineConfig{{Name: "pod-a", URL: s1.URL}}); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.servedBy(2, "m"); got["pod-a"] != 2 {
+		t.Fatalf("served %v, want pod-a:2", got)
+	}
+	if _, err := h.gw.Reload(testConfig(), h.policy()); err != nil {
+		t.Fatalf("reload with no configured engines: %v", err)
+	}
+	if got := h.servedBy(1, "m"); got["pod-a"] != 1 {
+		t.Fatalf("after the reload: %v, want pod-a kept", got)
+	}
+}
+
+// TestHoldReady: /ready answers 503 "starting" with every hold's reason
+// until each is released; release is idempotent.
+func TestHoldReady(t *testing.T) {
+	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
+	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}))
+	ready := func() (int, apiErr) {
+		t.Helper()
+		resp, err := h.client.Get(h.srv.URL + "/ready")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var e apiErr
+		if resp.StatusCode != http.StatusOK {
+			if err := json.NewDecoder(resp.Body).Decode(&e); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return resp.StatusCode, e
+	}
+	if code, _ := ready(); code != http.StatusOK {
+		t.Fatalf("/ready = %d before any hold", code)
+	}
+	r1 := h.gw.HoldReady("kubernetes discovery")
+	r2 := h.gw.HoldReady("something else")
+	code, e := ready()
+	if code != http.StatusServiceUnavailable || e.code() != "starting" || e.Error.Message != "waiting for kubernetes discovery; something else" {
+		t.Fatalf("/ready = %d %+v, want 503 starting naming both holds", code, e)
+	}
+	r1()
+	r1()
+	if code, e := ready(); code != http.StatusServiceUnavailable || e.Error.Message != "waiting for something else" {
+		t.Fatalf("/ready = %d %+v after one release, want the other hold", code, e)
+	}
+	r2()
+	if code, _ := ready(); code != http.StatusOK {
+		t.Fatalf("/ready = %d after both releases, want 200", code)
+	}
+}
