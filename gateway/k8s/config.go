@@ -1,0 +1,162 @@
+package k8s
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/util/validation"
+)
+
+// Engine names ([Config.Names]).
+const (
+	// NamesPod names an engine after its pod (the endpoint's targetRef),
+	// "<namespace>/<pod>" when several namespaces are watched; an endpoint
+	// without a pod reference falls back to NamesSliceAddress.
+	NamesPod = "pod"
+	// NamesSliceAddress names an engine "<slice>/<address>". The name
+	// changes when the EndpointSlice controller moves the endpoint to
+	// another slice.
+	NamesSliceAddress = "slice-address"
+	// NamesServiceAddress names an engine "<service>/<address>", the
+	// service from the slice's kubernetes.io/service-name label: stable
+	// across slices, changes with the pod's IP.
+	NamesServiceAddress = "service-address"
+)
+
+// Config is the discovery.kubernetes section: which EndpointSlices hold
+// the engines, and how each endpoint becomes an engine. configs/gateway.yaml
+// documents every key with its default.
+type Config struct {
+	// Enabled turns discovery on. Default false.
+	Enabled bool `koanf:"enabled"`
+	// Kubeconfig is a kubeconfig file to reach the API server with. Empty
+	// (the default): the pod's service account (in-cluster), else
+	// $KUBECONFIG or ~/.kube/config.
+	Kubeconfig string `koanf:"kubeconfig"`
+	// Namespaces are the namespaces whose EndpointSlices are watched, one
+	// informer each. Empty (the default): the gateway's own namespace (the
+	// service account's, or the kubeconfig context's).
+	Namespaces []string `koanf:"namespaces"`
+	// Service selects the slices of one Service (the
+	// kubernetes.io/service-name label); Selector is a label selector on
+	// the slices (the EndpointSlice controller copies the Service's labels
+	// to them). Set either or both (then both must match); at least one.
+	Service  string `koanf:"service"`
+	Selector string `koanf:"selector"`
+	// Port is the name of the engines' port in the slices (the Service
+	// port's name). Empty: the slices must have exactly one port.
+	Port string `koanf:"port"`
+	// Scheme is the engines' URL scheme, http (default) or https.
+	Scheme string `koanf:"scheme"`
+	// Names is how engines are named (the `engine` attribute of every
+	// metric): NamesPod (default), NamesSliceAddress or
+	// NamesServiceAddress.
+	Names string `koanf:"names"`
+	// Models, when set, are the models every discovered engine serves.
+	// Else ModelsAnnotation (a comma-separated list in that annotation of
+	// the slice) or ModelsLabel (one model in that label of the slice,
+	// which the EndpointSlice controller copies from the Service), else
+	// each engine's GET /v1/models, refreshed every
+	// server.health.discovery_interval.
+	Models           []string `koanf:"models"`
+	ModelsAnnotation string   `koanf:"models_annotation"`
+	ModelsLabel      string   `koanf:"models_label"`
+	// MaxInFlight, APIKeyEnv and Provider are every discovered engine's
+	// engines[].max_in_flight, api_key_env and provider.
+	MaxInFlight int    `koanf:"max_in_flight"`
+	APIKeyEnv   string `koanf:"api_key_env"`
+	Provider    string `koanf:"provider"`
+	// SyncTimeout bounds how long /ready waits for the informers' first
+	// complete list; after it the gateway serves with the engines it has
+	// (the configured ones, and what was listed) and logs it. Default 30 s.
+	SyncTimeout time.Duration `koanf:"sync_timeout"`
+	// Batch is how long discovery collects EndpointSlice changes before
+	// applying them as one routing snapshot. Default 100 ms.
+	Batch time.Duration `koanf:"batch"`
+}
+
+// DefaultConfig returns the defaults documented on each field.
+func DefaultConfig() Config {
+	return Config{Namespaces: []string{}, Models: []string{}, Scheme: "http", Names: NamesPod, SyncTimeout: 30 * time.Second, Batch: 100 * time.Millisecond}
+}
+
+// ServiceNameLabel is the label the EndpointSlice controller sets on every
+// slice to its Service's name (discovery.k8s.io/v1, LabelServiceName).
+const ServiceNameLabel = "kubernetes.io/service-name"
+
+// selector returns the slices' label selector: Selector and Service.
+func (c Config) selector() (labels.Selector, error) {
+	s := c.Selector
+	if c.Service != "" {
+		if s != "" {
+			s += ","
+		}
+		s += ServiceNameLabel + "=" + c.Service
+	}
+	return labels.Parse(s)
+}
+
+// Validate reports every problem with an enabled c, joined.
+func (c Config) Validate() error {
+	if !c.Enabled {
+		return nil
+	}
+	var errs []error
+	bad := func(format string, a ...any) {
+		errs = append(errs, fmt.Errorf("discovery.kubernetes."+format, a...))
+	}
+	if c.Service == "" && c.Selector == "" {
+		bad("service or selector must be set (all slices of a namespace are not all engines)")
+	} else if _, err := c.selector(); err != nil {
+		bad("selector: %v", err)
+	}
+	if c.Service != "" {
+		if msgs := validation.IsDNS1035Label(c.Service); len(msgs) > 0 {
+			bad("service %q: %s", c.Service, strings.Join(msgs, "; "))
+		}
+	}
+	for _, ns := range c.Namespaces {
+		if msgs := validation.IsDNS1123Label(ns); len(msgs) > 0 {
+			bad("namespaces: %q: %s", ns, strings.Join(msgs, "; "))
+		}
+	}
+	if n := len(c.Namespaces); n != len(slices.Compact(slices.Sorted(slices.Values(c.Namespaces)))) {
+		bad("namespaces: a namespace is listed twice")
+	}
+	if c.Scheme != "http" && c.Scheme != "https" {
+		bad("scheme must be http or https, got %q", c.Scheme)
+	}
+	switch c.Names {
+	case NamesPod, NamesSliceAddress, NamesServiceAddress:
+	default:
+		bad("names must be %s, %s or %s, got %q", NamesPod, NamesSliceAddress, NamesServiceAddress, c.Names)
+	}
+	sources := 0
+	for _, set := range []bool{len(c.Models) > 0, c.ModelsAnnotation != "", c.ModelsLabel != ""} {
+		if set {
+			sources++
+		}
+	}
+	if sources > 1 {
+		bad("models, models_annotation and models_label: set only one of them")
+	}
+	for _, m := range c.Models {
+		if strings.TrimSpace(m) == "" {
+			bad("models: empty model name")
+		}
+	}
+	if c.MaxInFlight < 0 {
+		bad("max_in_flight must be >= 0, got %d", c.MaxInFlight)
+	}
+	if c.SyncTimeout <= 0 {
+		bad("sync_timeout must be > 0, got %s", c.SyncTimeout)
+	}
+	if c.Batch < 0 {
+		bad("batch must be >= 0, got %s", c.Batch)
+	}
+	return errors.Join(errs...)
+}
