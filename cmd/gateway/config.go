@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/switchboard-gw/switchboard/gateway"
+	"github.com/switchboard-gw/switchboard/gateway/k8s"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
@@ -38,6 +39,14 @@ type Config struct {
 	Log       LogConfig              `koanf:"log"`
 	Simulate  SimulateConfig         `koanf:"simulate"`
 	Reload    ReloadConfig           `koanf:"reload"`
+	Discovery DiscoveryConfig        `koanf:"discovery"`
+}
+
+// DiscoveryConfig holds the engine discovery sources besides the static
+// engines list (combined with it).
+type DiscoveryConfig struct {
+	// Kubernetes discovers engines from EndpointSlices.
+	Kubernetes k8s.Config `koanf:"kubernetes"`
 }
 
 // ServerConfig is the public listener plus the gateway's request handling.
@@ -102,6 +111,7 @@ func defaults() Config {
 		Log:       LogConfig{Level: "info", Format: "text", Access: true},
 		Simulate:  SimulateConfig{TTFT: 150 * time.Millisecond, ITL: 40 * time.Millisecond, OutputTokens: 24, MaxNumSeqs: 64},
 		Reload:    ReloadConfig{Watch: true, Debounce: 200 * time.Millisecond},
+		Discovery: DiscoveryConfig{Kubernetes: k8s.DefaultConfig()},
 	}
 }
 
@@ -136,9 +146,10 @@ func (c Config) Validate() error {
 	if c.Log.Format != "text" && c.Log.Format != "json" {
 		errs = append(errs, fmt.Errorf("log.format must be text or json, got %q", c.Log.Format))
 	}
-	if len(c.Engines) == 0 && c.Simulate.Engines == 0 {
-		errs = append(errs, errors.New("no engines: configure `engines` or `simulate.engines`"))
+	if len(c.Engines) == 0 && c.Simulate.Engines == 0 && !c.Discovery.Kubernetes.Enabled {
+		errs = append(errs, errors.New("no engines: configure `engines`, `discovery.kubernetes` or `simulate.engines`"))
 	}
+	errs = append(errs, c.Discovery.Kubernetes.Validate())
 	// The gateway's own settings and the configured engines are checked now,
 	// before simulated engines start, so every problem is reported at once;
 	// gateway.New checks the whole again with the simulated engines added.

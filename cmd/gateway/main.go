@@ -24,8 +24,10 @@ import (
 	"github.com/spf13/pflag"
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
+	"k8s.io/klog/v2"
 
 	"github.com/switchboard-gw/switchboard/gateway"
+	"github.com/switchboard-gw/switchboard/gateway/k8s"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
@@ -163,17 +165,37 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 	if !providers.OTLPTraces {
 		tp = tracenoop.NewTracerProvider()
 	}
-	gw, err := gateway.New(gcfg, policy, metrics,
+	gopts := []gateway.Option{
 		gateway.WithTracerProvider(tp),
 		gateway.WithMeterProvider(providers.MeterProvider),
 		gateway.WithPropagator(providers.Propagator),
 		gateway.WithLogger(log),
-	)
+	}
+	kube := cfg.Discovery.Kubernetes
+	if kube.Enabled {
+		gopts = append(gopts, gateway.WithDynamicEngines())
+	}
+	gw, err := gateway.New(gcfg, policy, metrics, gopts...)
 	if err != nil {
 		return err
 	}
+	// The series of an engine gone and drained leave the metric exports
+	// after a linger (telemetry.DefaultSeriesLinger): discovery churn does
+	// not grow them without bound.
+	providers.SetEngineLive(gw.Pool().Live)
 	defer func() { err = errors.Join(err, gw.Close()) }()
 	gw.Start()
+	if kube.Enabled {
+		// client-go logs through klog: into this log, warnings and up.
+		klog.SetSlogLogger(slog.New(levelAtLeast{h, slog.LevelWarn}))
+		disc, err := k8s.Start(ctx, kube, gw, log)
+		if err != nil {
+			return err
+		}
+		// Stopped before the gateway closes: the engines stay as they
+		// are for the drain.
+		defer disc.Close()
+	}
 
 	// No ReadTimeout or WriteTimeout: they would cut long streams. The
 	// gateway bounds body reads (server.body_read_timeout) and client
@@ -304,4 +326,23 @@ func startSimulated(cfg SimulateConfig, tp trace.TracerProvider, log *slog.Logge
 		log.Info("simulated engine started", "engine", name, "url", url, "models", cfg.Models)
 	}
 	return out, nil
+}
+
+// levelAtLeast is h without the records below min (client-go's klog
+// chatter: only its warnings and errors reach the gateway's log).
+type levelAtLeast struct {
+	slog.Handler
+	min slog.Level
+}
+
+func (l levelAtLeast) Enabled(ctx context.Context, lv slog.Level) bool {
+	return lv >= l.min && l.Handler.Enabled(ctx, lv)
+}
+
+func (l levelAtLeast) WithAttrs(as []slog.Attr) slog.Handler {
+	return levelAtLeast{l.Handler.WithAttrs(as), l.min}
+}
+
+func (l levelAtLeast) WithGroup(name string) slog.Handler {
+	return levelAtLeast{l.Handler.WithGroup(name), l.min}
 }
