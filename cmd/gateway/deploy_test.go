@@ -135,6 +135,7 @@ type k8sPodTemplate struct {
 	Spec struct {
 		ServiceAccountName            string         `yaml:"serviceAccountName"`
 		EnableServiceLinks            *bool          `yaml:"enableServiceLinks"`
+		AutomountServiceAccountToken  *bool          `yaml:"automountServiceAccountToken"`
 		TerminationGracePeriodSeconds *int           `yaml:"terminationGracePeriodSeconds"`
 		SecurityContext               k8sSecContext  `yaml:"securityContext"`
 		Containers                    []k8sContainer `yaml:"containers"`
@@ -407,14 +408,33 @@ func TestDeployManifests(t *testing.T) {
 		// What run checks beyond loadConfig before it serves.
 		gcfg := cfg.Server.Config
 		gcfg.Engines = cfg.Engines
-		if err := gcfg.Validate(); err != nil {
+		validate := gcfg.Validate
+		if cfg.Discovery.Kubernetes.Enabled {
+			validate = gcfg.ValidateSettings // gateway.WithDynamicEngines: the engines may all be discovered
+		}
+		if err := validate(); err != nil {
 			t.Errorf("gateway section: %v", err)
 		}
 		if _, err := routing.NewPolicy(cfg.Routing); err != nil {
 			t.Error(err)
 		}
-		if len(cfg.Engines) == 0 {
-			t.Error("the ConfigMap lists no engines")
+		kube := cfg.Discovery.Kubernetes
+		if len(cfg.Engines) == 0 && !kube.Enabled {
+			t.Error("the ConfigMap lists no engines and discovery.kubernetes is off")
+		}
+		if kube.Enabled {
+			if pod.AutomountServiceAccountToken == nil || !*pod.AutomountServiceAccountToken {
+				t.Error("discovery.kubernetes is on but the pod mounts no service account token: in-cluster discovery needs it")
+			}
+			if kube.Kubeconfig != "" {
+				t.Errorf("discovery.kubernetes.kubeconfig = %q in the cluster, want the service account", kube.Kubeconfig)
+			}
+			// The Role is namespaced, in the gateway's namespace: discovery
+			// must watch that one (namespaces empty) unless the overlay adds
+			// a Role elsewhere.
+			if len(kube.Namespaces) > 0 {
+				t.Errorf("discovery.kubernetes.namespaces = %v; the base's Role grants only the gateway's own namespace", kube.Namespaces)
+			}
 		}
 		if !cfg.Reload.Watch {
 			t.Error("reload.watch is off: ConfigMap updates would need a SIGHUP or a restart")
