@@ -45,6 +45,8 @@
 //	integration/kube.sh restart          # kube-apiserver only, same port
 //	integration/kube.sh stop
 //
-// The tests on it (kube_test.go) skip when those variables are not set;
-// run.sh and .ci/run do not start it yet.
+// run.sh starts it for the whole suite. The tests on it (kube_test.go,
+// kube_discovery_test.go: EndpointSlice discovery with the gateway binary
+// under the shipped Role; manifests_test.go: server-side dry-run of
+// deploy/kubernetes) skip when those variables are not set.
 package integration
