@@ -223,6 +223,16 @@ func (d *Discovery) loop(ctx context.Context) {
 	d.synced = synced
 	d.mu.Unlock()
 	d.release()
+	if !synced {
+		// The informers may sync later with no event to wake the loop (a
+		// namespace without slices), or their last event may wake it just
+		// before HasSynced turns true: wake it once they have synced.
+		d.wg.Go(func() {
+			if cache.WaitForCacheSync(ctx.Done(), syncs...) {
+				d.mark()
+			}
+		})
+	}
 	retry := time.NewTimer(0)
 	retry.Stop()
 	for {
@@ -234,10 +244,10 @@ func (d *Discovery) loop(ctx context.Context) {
 		}
 		if !synced {
 			if synced = allSynced(syncs); synced {
-				d.log.Info("kubernetes discovery synced", "engines", len(d.current()))
 				d.mu.Lock()
 				d.synced = true
 				d.mu.Unlock()
+				d.log.Info("kubernetes discovery synced", "engines", len(d.current()))
 			}
 		}
 		// Collect the changes of one batch window: a rollout's many

@@ -1,0 +1,416 @@
+package k8s
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/switchboard-gw/switchboard/gateway"
+)
+
+// testConfig is an enabled, valid Config picking the slices of Service
+// "vllm", with the defaults.
+func testConfig() Config {
+	c := DefaultConfig()
+	c.Enabled = true
+	c.Service = "vllm"
+	return c
+}
+
+// eslice returns the EndpointSlice ns/name of Service service ("" for no
+// service label) with ports and endpoints.
+func eslice(ns, name, service string, ports []discoveryv1.EndpointPort, eps ...discoveryv1.Endpoint) *discoveryv1.EndpointSlice {
+	s := &discoveryv1.EndpointSlice{
+		ObjectMeta:  metav1.ObjectMeta{Namespace: ns, Name: name, Labels: map[string]string{}},
+		AddressType: discoveryv1.AddressTypeIPv4,
+		Ports:       ports,
+		Endpoints:   eps,
+	}
+	if service != "" {
+		s.Labels[ServiceNameLabel] = service
+	}
+	return s
+}
+
+// port returns an EndpointPort; name "" leaves it unnamed.
+func port(name string, n int32) discoveryv1.EndpointPort {
+	p := discoveryv1.EndpointPort{Port: new(n)}
+	if name != "" {
+		p.Name = new(name)
+	}
+	return p
+}
+
+// http8000 is the usual one port of the slices: "http" 8000.
+func http8000() []discoveryv1.EndpointPort { return []discoveryv1.EndpointPort{port("http", 8000)} }
+
+// podEP returns an endpoint of pod at addrs, conditions unset (ready).
+func podEP(pod string, addrs ...string) discoveryv1.Endpoint {
+	return discoveryv1.Endpoint{Addresses: addrs, TargetRef: &corev1.ObjectReference{Kind: "Pod", Name: pod}}
+}
+
+// withConditions returns ep with conditions c.
+func withConditions(ep discoveryv1.Endpoint, c discoveryv1.EndpointConditions) discoveryv1.Endpoint {
+	ep.Conditions = c
+	return ep
+}
+
+// eng returns the engine the defaults of testConfig give name at url.
+func eng(name, url string, models ...string) gateway.EngineConfig {
+	return gateway.EngineConfig{Name: name, URL: url, Models: models}
+}
+
+// sameEngines reports whether got and want are equal, nil and empty alike.
+func sameEngines(got, want []gateway.EngineConfig) bool {
+	if len(got) == 0 && len(want) == 0 {
+		return true
+	}
+	return reflect.DeepEqual(got, want)
+}
+
+func TestEngines(t *testing.T) {
+	const ns = "default"
+	tests := []struct {
+		name     string
+		cfg      func(*Config) // applied to testConfig; nil: as is
+		slices   []*discoveryv1.EndpointSlice
+		prefixNS bool
+		want     []gateway.EngineConfig
+		// skipped are the left-out lines, each given by substrings it
+		// must contain.
+		skipped [][]string
+	}{
+		{
+			name:   "ready unset is ready",
+			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-1", "vllm", http8000(), podEP("vllm-0", "10.0.0.1"))},
+			want:   []gateway.EngineConfig{eng("vllm-0", "http://10.0.0.1:8000")},
+		},
+		{
+			name: "ready true, ready false",
+			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-1", "vllm", http8000(),
+				withConditions(podEP("vllm-0", "10.0.0.1"), discoveryv1.EndpointConditions{Ready: new(true)}),
+				withConditions(podEP("vllm-1", "10.0.0.2"), discoveryv1.EndpointConditions{Ready: new(false)}),
+			)},
+			want: []gateway.EngineConfig{eng("vllm-0", "http://10.0.0.1:8000")},
+		},
+		{
+			name: "terminating is left out, ready false or serving true",
+			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-1", "vllm", http8000(),
+				withConditions(podEP("vllm-0", "10.0.0.1"), discoveryv1.EndpointConditions{Ready: new(false), Terminating: new(true)}),
+				withConditions(podEP("vllm-1", "10.0.0.2"), discoveryv1.EndpointConditions{Serving: new(true), Terminating: new(true)}),
+				withConditions(podEP("vllm-2", "10.0.0.3"), discoveryv1.EndpointConditions{Ready: new(true), Serving: new(true), Terminating: new(true)}),
+				withConditions(podEP("vllm-3", "10.0.0.4"), discoveryv1.EndpointConditions{Ready: new(true), Serving: new(true), Terminating: new(false)}),
+			)},
+			want: []gateway.EngineConfig{eng("vllm-3", "http://10.0.0.4:8000")},
+		},
+		{
+			name: "an endpoint without addresses is left out silently",
+			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-1", "vllm", http8000(),
+				podEP("vllm-0"), podEP("vllm-1", "10.0.0.2"))},
+			want: []gateway.EngineConfig{eng("vllm-1", "http://10.0.0.2:8000")},
+		},
+		{
+			name:   "several addresses: the first",
+			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-1", "vllm", http8000(), podEP("vllm-0", "10.0.0.7", "10.0.0.8"))},
+			want:   []gateway.EngineConfig{eng("vllm-0", "http://10.0.0.7:8000")},
+		},
+		{
+			name: "IPv6 address in brackets",
+			cfg:  func(c *Config) { c.Names = NamesSliceAddress },
+			slices: []*discoveryv1.EndpointSlice{func() *discoveryv1.EndpointSlice {
+				s := eslice(ns, "vllm-v6", "vllm", http8000(), podEP("vllm-0", "fd00::1"))
+				s.AddressType = discoveryv1.AddressTypeIPv6
+				return s
+			}()},
+			want: []gateway.EngineConfig{eng("vllm-v6/fd00::1", "http://[fd00::1]:8000")},
+		},
+		{
+			name: "port by name among several",
+			cfg:  func(c *Config) { c.Port = "http" },
+			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-1", "vllm",
+				[]discoveryv1.EndpointPort{port("metrics", 9090), port("http", 8000), port("", 7000)},
+				podEP("vllm-0", "10.0.0.1"))},
+			want: []gateway.EngineConfig{eng("vllm-0", "http://10.0.0.1:8000")},
+		},
+		{
+			name: "the only port, unnamed, no port configured",
+			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-1", "vllm",
+				[]discoveryv1.EndpointPort{port("", 8080)}, podEP("vllm-0", "10.0.0.1"))},
+			want: []gateway.EngineConfig{eng("vllm-0", "http://10.0.0.1:8080")},
+		},
+		{
+			name: "several ports and no port configured: the slice is left out",
+			slices: []*discoveryv1.EndpointSlice{
+				eslice(ns, "vllm-1", "vllm", []discoveryv1.EndpointPort{port("http", 8000), port("metrics", 9090)}, podEP("vllm-0", "10.0.0.1")),
+				eslice(ns, "vllm-2", "vllm", http8000(), podEP("vllm-1", "10.0.0.2")),
+			},
+			want:    []gateway.EngineConfig{eng("vllm-1", "http://10.0.0.2:8000")},
+			skipped: [][]string{{"EndpointSlice default/vllm-1", "exactly one port", "left out"}},
+		},
+		{
+			name: "the named port is missing: the slice is left out",
+			cfg:  func(c *Config) { c.Port = "http" },
+			slices: []*discoveryv1.EndpointSlice{
+				eslice(ns, "vllm-1", "vllm", []discoveryv1.EndpointPort{port("grpc", 9000)}, podEP("vllm-0", "10.0.0.1")),
+			},
+			skipped: [][]string{{"EndpointSlice default/vllm-1", `port named "http"`, "left out"}},
+		},
+		{
+			name: "no port number: the slice is left out",
+			slices: []*discoveryv1.EndpointSlice{
+				eslice(ns, "vllm-1", "vllm", []discoveryv1.EndpointPort{{Name: new("http")}}, podEP("vllm-0", "10.0.0.1")),
+			},
+			skipped: [][]string{{"EndpointSlice default/vllm-1", "left out"}},
+		},
+		{
+			name: "a slice without a usable port and without endpoints says nothing",
+			cfg:  func(c *Config) { c.Port = "http" },
+			slices: []*discoveryv1.EndpointSlice{
+				eslice(ns, "vllm-1", "vllm", nil),
+				eslice(ns, "vllm-2", "vllm", http8000(), podEP("vllm-0", "10.0.0.1")),
+			},
+			want: []gateway.EngineConfig{eng("vllm-0", "http://10.0.0.1:8000")},
+		},
+		{
+			name: "names pod; no pod reference or not a pod: slice-address",
+			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-1", "vllm", http8000(),
+				podEP("vllm-0", "10.0.0.1"),
+				discoveryv1.Endpoint{Addresses: []string{"10.0.0.2"}},
+				discoveryv1.Endpoint{Addresses: []string{"10.0.0.3"}, TargetRef: &corev1.ObjectReference{Kind: "Node", Name: "node-1"}},
+				discoveryv1.Endpoint{Addresses: []string{"10.0.0.4"}, TargetRef: &corev1.ObjectReference{Kind: "Pod"}},
+			)},
+			want: []gateway.EngineConfig{
+				eng("vllm-0", "http://10.0.0.1:8000"),
+				eng("vllm-1/10.0.0.2", "http://10.0.0.2:8000"),
+				eng("vllm-1/10.0.0.3", "http://10.0.0.3:8000"),
+				eng("vllm-1/10.0.0.4", "http://10.0.0.4:8000"),
+			},
+		},
+		{
+			name:   "names slice-address",
+			cfg:    func(c *Config) { c.Names = NamesSliceAddress },
+			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-abcde", "vllm", http8000(), podEP("vllm-0", "10.0.0.1"))},
+			want:   []gateway.EngineConfig{eng("vllm-abcde/10.0.0.1", "http://10.0.0.1:8000")},
+		},
+		{
+			name: "names service-address; no service label: slice-address",
+			cfg:  func(c *Config) { c.Names = NamesServiceAddress; c.Service = ""; c.Selector = "app=vllm" },
+			slices: []*discoveryv1.EndpointSlice{
+				eslice(ns, "vllm-abcde", "vllm", http8000(), podEP("vllm-0", "10.0.0.1")),
+				eslice(ns, "manual", "", http8000(), podEP("vllm-1", "10.0.0.2")),
+			},
+			want: []gateway.EngineConfig{
+				eng("manual/10.0.0.2", "http://10.0.0.2:8000"),
+				eng("vllm/10.0.0.1", "http://10.0.0.1:8000"),
+			},
+		},
+		{
+			name: "prefixNS",
+			slices: []*discoveryv1.EndpointSlice{
+				eslice("team-b", "vllm-1", "vllm", http8000(), podEP("vllm-0", "10.0.1.1")),
+				eslice("team-a", "vllm-1", "vllm", http8000(), podEP("vllm-0", "10.0.0.1"), discoveryv1.Endpoint{Addresses: []string{"10.0.0.2"}}),
+			},
+			prefixNS: true,
+			want: []gateway.EngineConfig{
+				eng("team-a/vllm-0", "http://10.0.0.1:8000"),
+				eng("team-a/vllm-1/10.0.0.2", "http://10.0.0.2:8000"),
+				eng("team-b/vllm-0", "http://10.0.1.1:8000"),
+			},
+		},
+		{
+			name: "prefixNS with service-address",
+			cfg:  func(c *Config) { c.Names = NamesServiceAddress },
+			slices: []*discoveryv1.EndpointSlice{
+				eslice("team-a", "vllm-1", "vllm", http8000(), podEP("vllm-0", "10.0.0.1")),
+			},
+			prefixNS: true,
+			want:     []gateway.EngineConfig{eng("team-a/vllm/10.0.0.1", "http://10.0.0.1:8000")},
+		},
+		{
+			name: "models from the configuration",
+			cfg:  func(c *Config) { c.Models = []string{"llama-3-8b", "qwen"} },
+			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-1", "vllm", http8000(),
+				podEP("vllm-0", "10.0.0.1"), podEP("vllm-1", "10.0.0.2"))},
+			want: []gateway.EngineConfig{
+				eng("vllm-0", "http://10.0.0.1:8000", "llama-3-8b", "qwen"),
+				eng("vllm-1", "http://10.0.0.2:8000", "llama-3-8b", "qwen"),
+			},
+		},
+		{
+			name: "models from the annotation: trimmed, deduplicated, empty items dropped; absent: nil",
+			cfg:  func(c *Config) { c.ModelsAnnotation = "switchboard.io/models" },
+			slices: []*discoveryv1.EndpointSlice{
+				func() *discoveryv1.EndpointSlice {
+					s := eslice(ns, "vllm-1", "vllm", http8000(), podEP("vllm-0", "10.0.0.1"))
+					s.Annotations = map[string]string{"switchboard.io/models": " llama-3-8b, qwen ,,llama-3-8b, , mistral"}
+					return s
+				}(),
+				eslice(ns, "vllm-2", "vllm", http8000(), podEP("vllm-1", "10.0.0.2")),
+				func() *discoveryv1.EndpointSlice {
+					s := eslice(ns, "vllm-3", "vllm", http8000(), podEP("vllm-2", "10.0.0.3"))
+					s.Annotations = map[string]string{"switchboard.io/models": " , "}
+					return s
+				}(),
+			},
+			want: []gateway.EngineConfig{
+				eng("vllm-0", "http://10.0.0.1:8000", "llama-3-8b", "qwen", "mistral"),
+				eng("vllm-1", "http://10.0.0.2:8000"),
+				eng("vllm-2", "http://10.0.0.3:8000"),
+			},
+		},
+		{
+			name: "models from the label",
+			cfg:  func(c *Config) { c.ModelsLabel = "switchboard.io/model" },
+			slices: []*discoveryv1.EndpointSlice{
+				func() *discoveryv1.EndpointSlice {
+					s := eslice(ns, "vllm-1", "vllm", http8000(), podEP("vllm-0", "10.0.0.1"))
+					s.Labels["switchboard.io/model"] = "llama-3-8b"
+					return s
+				}(),
+				eslice(ns, "vllm-2", "vllm", http8000(), podEP("vllm-1", "10.0.0.2")),
+			},
+			want: []gateway.EngineConfig{
+				eng("vllm-0", "http://10.0.0.1:8000", "llama-3-8b"),
+				eng("vllm-1", "http://10.0.0.2:8000"),
+			},
+		},
+		{
+			name: "the same endpoint in two slices at the same URL: one engine",
+			slices: []*discoveryv1.EndpointSlice{
+				eslice(ns, "vllm-2", "vllm", http8000(), podEP("vllm-0", "10.0.0.1")),
+				eslice(ns, "vllm-1", "vllm", http8000(), podEP("vllm-0", "10.0.0.1"), podEP("vllm-1", "10.0.0.2")),
+			},
+			want: []gateway.EngineConfig{eng("vllm-0", "http://10.0.0.1:8000"), eng("vllm-1", "http://10.0.0.2:8000")},
+		},
+		{
+			name: "the same name in two slices at another URL: the first slice by name wins",
+			slices: []*discoveryv1.EndpointSlice{
+				eslice(ns, "vllm-b", "vllm", http8000(), podEP("vllm-0", "10.0.0.9")),
+				eslice(ns, "vllm-a", "vllm", http8000(), podEP("vllm-0", "10.0.0.1")),
+			},
+			want: []gateway.EngineConfig{eng("vllm-0", "http://10.0.0.1:8000")},
+			skipped: [][]string{{"vllm-0", "http://10.0.0.9:8000", "EndpointSlice default/vllm-b",
+				"left out", "http://10.0.0.1:8000"}},
+		},
+		{
+			name: "sorted by name",
+			slices: []*discoveryv1.EndpointSlice{
+				eslice(ns, "vllm-1", "vllm", http8000(), podEP("vllm-c", "10.0.0.3"), podEP("vllm-a", "10.0.0.1")),
+				eslice(ns, "vllm-0", "vllm", http8000(), podEP("vllm-d", "10.0.0.4"), podEP("vllm-b", "10.0.0.2")),
+			},
+			want: []gateway.EngineConfig{
+				eng("vllm-a", "http://10.0.0.1:8000"),
+				eng("vllm-b", "http://10.0.0.2:8000"),
+				eng("vllm-c", "http://10.0.0.3:8000"),
+				eng("vllm-d", "http://10.0.0.4:8000"),
+			},
+		},
+		{
+			name: "engine settings carried",
+			cfg: func(c *Config) {
+				c.Scheme = "https"
+				c.MaxInFlight = 32
+				c.APIKeyEnv = "VLLM_API_KEY"
+				c.Provider = "openai"
+				c.Models = []string{"llama-3-8b"}
+			},
+			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-1", "vllm", http8000(), podEP("vllm-0", "10.0.0.1"))},
+			want: []gateway.EngineConfig{{Name: "vllm-0", URL: "https://10.0.0.1:8000", Models: []string{"llama-3-8b"},
+				APIKeyEnv: "VLLM_API_KEY", Provider: "openai", MaxInFlight: 32}},
+		},
+		{
+			name: "no slices",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := testConfig()
+			if tt.cfg != nil {
+				tt.cfg(&cfg)
+			}
+			in := slices.Clone(tt.slices)
+			got, skipped := Engines(cfg, in, tt.prefixNS)
+			if !sameEngines(got, tt.want) {
+				t.Errorf("engines:\n got %+v\nwant %+v", got, tt.want)
+			}
+			if !slices.Equal(in, tt.slices) {
+				t.Errorf("Engines reordered its input")
+			}
+			if len(skipped) != len(tt.skipped) {
+				t.Fatalf("skipped %q, want %d lines", skipped, len(tt.skipped))
+			}
+			for i, line := range skipped {
+				for _, sub := range tt.skipped[i] {
+					if !strings.Contains(line, sub) {
+						t.Errorf("skipped line %q does not contain %q", line, sub)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestEnginesModelsNotShared checks that the engines do not alias
+// Config.Models. (The engines of one slice share one list, which the
+// gateway clones before keeping.)
+func TestEnginesModelsNotShared(t *testing.T) {
+	cfg := testConfig()
+	cfg.Models = []string{"llama-3-8b"}
+	got, _ := Engines(cfg, []*discoveryv1.EndpointSlice{eslice("default", "vllm-1", "vllm", http8000(),
+		podEP("vllm-0", "10.0.0.1"), podEP("vllm-1", "10.0.0.2"))}, false)
+	if len(got) != 2 {
+		t.Fatalf("got %+v", got)
+	}
+	got[0].Models[0] = "changed"
+	if cfg.Models[0] != "llama-3-8b" {
+		t.Errorf("Config.Models aliased: %q", cfg.Models)
+	}
+}
+
+// TestEnginesOrderIndependent shuffles the slices: every gateway replica
+// must build the same engines and the same left-out lines whatever order
+// its informers list them in.
+func TestEnginesOrderIndependent(t *testing.T) {
+	cfg := testConfig()
+	var in []*discoveryv1.EndpointSlice
+	for i := range 8 {
+		ns := []string{"team-a", "team-b"}[i%2]
+		var eps []discoveryv1.Endpoint
+		for j := range 4 {
+			pod := fmt.Sprintf("vllm-%d", (i+j)%6) // pods shared between slices
+			addr := fmt.Sprintf("10.0.%d.%d", (i+j)%6, i%3)
+			ep := podEP(pod, addr)
+			if j == 3 {
+				ep.Conditions.Ready = new(i%2 == 0)
+			}
+			eps = append(eps, ep)
+		}
+		ports := http8000()
+		if i == 5 {
+			ports = append(ports, port("metrics", 9090))
+		}
+		in = append(in, eslice(ns, fmt.Sprintf("vllm-%c", 'a'+i), "vllm", ports, eps...))
+	}
+	for _, prefixNS := range []bool{false, true} {
+		want, wantSkipped := Engines(cfg, in, prefixNS)
+		if len(want) == 0 || len(wantSkipped) == 0 {
+			t.Fatalf("the input should give engines and left-out lines: %+v, %q", want, wantSkipped)
+		}
+		r := rand.New(rand.NewPCG(1, 2))
+		for i := range 50 {
+			shuffled := slices.Clone(in)
+			r.Shuffle(len(shuffled), func(a, b int) { shuffled[a], shuffled[b] = shuffled[b], shuffled[a] })
+			got, skipped := Engines(cfg, shuffled, prefixNS)
+			if !reflect.DeepEqual(got, want) || !slices.Equal(skipped, wantSkipped) {
+				t.Fatalf("prefixNS %v, shuffle %d: got %+v, %q; want %+v, %q", prefixNS, i, got, skipped, want, wantSkipped)
+			}
+		}
+	}
+}
