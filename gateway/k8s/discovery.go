@@ -235,6 +235,9 @@ func (d *Discovery) loop(ctx context.Context) {
 	}
 	retry := time.NewTimer(0)
 	retry.Stop()
+	if n < 0 {
+		retry.Reset(time.Second)
+	}
 	for {
 		select {
 		case <-ctx.Done():

@@ -32,11 +32,11 @@ func Engines(c Config, list []*discoveryv1.EndpointSlice, prefixNS bool) (engine
 		port, ok := slicePort(c, s)
 		if !ok {
 			if len(s.Endpoints) > 0 {
-				want := "exactly one port"
+				why := "does not have exactly one port"
 				if c.Port != "" {
-					want = "a port named " + strconv.Quote(c.Port)
+					why = "has no port named " + strconv.Quote(c.Port)
 				}
-				skipped = append(skipped, "EndpointSlice "+s.Namespace+"/"+s.Name+" has no "+want+": its endpoints are left out")
+				skipped = append(skipped, "EndpointSlice "+s.Namespace+"/"+s.Name+" "+why+": its endpoints are left out")
 			}
 			continue
 		}
