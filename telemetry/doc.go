@@ -130,8 +130,14 @@
 // drops them at the export boundary instead: the Prometheus handler and the
 // OTLP exporter leave out the points whose engine attribute names an engine
 // that is no longer live, once it has been gone for [DefaultSeriesLinger]
-// (5 min, so its last samples are exported at least once more). Points
-// without an engine attribute, and delta points, are never dropped. The
-// SDK's own memory for the dropped series stays bounded by the cardinality
-// limit only; an engine that comes back under its name is exported again.
+// (5 min, so its last samples are exported at least once more). The GenAI
+// client instruments (gen_ai.client.*) carry no engine attribute but
+// server.address and server.port, the engine's URL host and port (under
+// Kubernetes discovery, each pod's IP): with [WithServerLive] their points
+// are dropped the same way once no live engine has that address and port.
+// Other points without an engine attribute (and GenAI points without
+// server.address), and delta points, are never dropped. The SDK's own
+// memory for the dropped series stays bounded by the cardinality limit
+// only; an engine that comes back under its name (a server at its address
+// and port) is exported again.
 package telemetry

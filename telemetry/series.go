@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,6 +35,11 @@ import (
 // "Experimental synchronous instrument Finish support", covers
 // Int64Counter only and is not in v1.47), so the series are dropped where
 // they leave the process: the Prometheus gatherer and the OTLP exporter.
+//
+// The GenAI client instruments (gen_ai.client.*) carry no engine attribute
+// but server.address and server.port, the engine's URL host and port:
+// under Kubernetes discovery each pod's IP, so they churn the same way.
+// [WithServerLive] drops those by server.
 
 // DefaultSeriesLinger is how long the series of an engine that is no
 // longer live keep being exported, counted from the last collection that
@@ -63,6 +69,37 @@ func WithSeriesLinger(d time.Duration) SeriesOption {
 	}
 }
 
+// WithServerLive makes [Providers.SetEngineLive] drop, too, the data
+// points of the GenAI client instruments (gen_ai.client.operation.duration,
+// gen_ai.client.operation.time_to_first_chunk,
+// gen_ai.client.operation.time_per_output_chunk, gen_ai.client.token.usage:
+// the gen_ai.client.* metrics of [ScopeName], gen_ai_client_* families on
+// the Prometheus handler) whose server ([AttrServerAddress] and
+// [AttrServerPort], as [WithServer] set them) no live engine has, once it
+// has been gone for the linger, with the same linger and the same
+// bookkeeping as engine names, keyed by (address, port) instead.
+//
+// live is given the point's server.address, a string, and its
+// server.port, an int attribute (the Prometheus label parsed as a decimal
+// number), or 0 when the point has none (or one of another type or that
+// does not parse): live should then match the address on any port. A
+// point without server.address (or with an empty one: an engine built
+// without [WithServer]) is never dropped by server. A point that
+// has an engine attribute as well is kept only while both its engine and
+// its server are live or within the linger.
+//
+// Only those instruments are judged by server: other instruments with a
+// server.address name other servers (otelhttp's http.server.* metrics, on
+// the same meter provider, carry the gateway's own address, from the
+// request's Host), which no engine has, so they would be dropped after
+// the linger. live is called like SetEngineLive's (at collection time,
+// once per (address, port) per collection, possibly from two collections
+// at once): it must be cheap and safe for concurrent use. A nil live
+// judges no point by server (the default).
+func WithServerLive(live func(address string, port int) bool) SeriesOption {
+	return func(r *seriesRule) { r.server = live }
+}
+
 // withSeriesClock sets the clock the linger is measured by (tests); nil
 // keeps time.Now.
 func withSeriesClock(now func() time.Time) SeriesOption {
@@ -79,13 +116,14 @@ func withSeriesClock(now func() time.Time) SeriesOption {
 // default [DefaultSeriesLinger]): the Prometheus handler's samples (a
 // metric family left with none is left out), and the points of the OTLP
 // exporter [Setup] built. Data points with no engine attribute (the
-// gen_ai.* instruments, the gateway's own overhead, target_info, the
-// runtime collectors, the cardinality limit's overflow series) are never
-// dropped, and neither are delta-temporality points (each is new data; the
-// SDK forgets a delta series that saw no measurement). The SDK still holds
-// the dropped series (bounded by the cardinality limit); an engine that
-// comes back under the same name is exported again, its cumulative values
-// continuing where they were.
+// gateway's own overhead, target_info, the runtime collectors, the
+// cardinality limit's overflow series, and the gen_ai.client.* instruments
+// unless [WithServerLive] judges them by server) are never dropped, and
+// neither are delta-temporality points (each is new data; the SDK forgets
+// a delta series that saw no measurement). The SDK still holds the dropped
+// series (bounded by the cardinality limit); an engine that comes back
+// under the same name (a server at the same address and port) is exported
+// again, its cumulative values continuing where they were.
 //
 // live is called at collection time only (a Prometheus scrape, an OTLP
 // export), never on the request path, once per engine name per
@@ -95,9 +133,10 @@ func withSeriesClock(now func() time.Time) SeriesOption {
 // it live); so is one first seen after [Setup] already gone.
 //
 // The linger is counted from the last collection that found the engine
-// live, and the bookkeeping holds one entry per engine seen live within
-// the last linger: its memory follows the live engines and the churn rate,
-// not the number of engines that ever existed.
+// live, and the bookkeeping holds one entry per engine (and, with
+// [WithServerLive], per server) seen live within the last linger: its
+// memory follows the live engines and the churn rate, not the number of
+// engines that ever existed.
 //
 // Until SetEngineLive is called, everything is exported; a nil live
 // restores that. It may be called at any time, from any goroutine. On
@@ -122,14 +161,22 @@ func (p *Providers) SetEngineLive(live func(engine string) bool, opts ...SeriesO
 // seriesRule is what SetEngineLive installed.
 type seriesRule struct {
 	live   func(engine string) bool
+	server func(address string, port int) bool // nil: no point is judged by server (WithServerLive)
 	linger time.Duration
 	now    func() time.Time
 }
 
-// seriesFilter decides, at collection time, which engines' series are
-// exported. One filter is shared by every exporter of a Providers, so a
-// collection by either (scrape or push) counts as having seen an engine
-// live. Safe for concurrent use.
+// serverKey is a GenAI data point's server: its server.address, and its
+// server.port or 0 when it has none.
+type serverKey struct {
+	address string
+	port    int
+}
+
+// seriesFilter decides, at collection time, which engines' (and
+// servers') series are exported. One filter is shared by every exporter of
+// a Providers, so a collection by either (scrape or push) counts as having
+// seen an engine live. Safe for concurrent use.
 type seriesFilter struct {
 	rule atomic.Pointer[seriesRule] // nil: export everything
 
@@ -139,19 +186,23 @@ type seriesFilter struct {
 	// of every collection, so it holds the engines live within the last
 	// linger and no more.
 	lastLive map[string]time.Time
+	// serverLastLive is lastLive for servers (WithServerLive), swept the
+	// same way: the servers live within the last linger.
+	serverLastLive map[serverKey]time.Time
 }
 
 func newSeriesFilter() *seriesFilter {
-	return &seriesFilter{lastLive: map[string]time.Time{}}
+	return &seriesFilter{lastLive: map[string]time.Time{}, serverLastLive: map[serverKey]time.Time{}}
 }
 
 // seriesPass is one collection's view of the filter: one clock reading
-// and one verdict per engine name.
+// and one verdict per engine name and per server.
 type seriesPass struct {
-	f        *seriesFilter
-	rule     *seriesRule
-	now      time.Time
-	verdicts map[string]bool
+	f              *seriesFilter
+	rule           *seriesRule
+	now            time.Time
+	verdicts       map[string]bool
+	serverVerdicts map[serverKey]bool
 }
 
 // begin starts filtering one collection, or returns nil when everything is
@@ -172,19 +223,39 @@ func (s *seriesPass) keep(engine string) bool {
 	if k, ok := s.verdicts[engine]; ok {
 		return k
 	}
-	live := s.rule.live(engine)
-	s.f.mu.Lock()
-	t, seen := s.f.lastLive[engine]
-	if live && (!seen || s.now.After(t)) {
-		s.f.lastLive[engine] = s.now
-	}
-	s.f.mu.Unlock()
-	k := live || seen && s.now.Sub(t) < s.rule.linger
+	k := judge(s, s.f.lastLive, engine, s.rule.live(engine))
 	if s.verdicts == nil {
 		s.verdicts = map[string]bool{}
 	}
 	s.verdicts[engine] = k
 	return k
+}
+
+// keepServer reports whether the GenAI series of server k are exported in
+// this pass. Call only when the rule has a server liveness.
+func (s *seriesPass) keepServer(k serverKey) bool {
+	if v, ok := s.serverVerdicts[k]; ok {
+		return v
+	}
+	v := judge(s, s.f.serverLastLive, k, s.rule.server(k.address, k.port))
+	if s.serverVerdicts == nil {
+		s.serverVerdicts = map[serverKey]bool{}
+	}
+	s.serverVerdicts[k] = v
+	return v
+}
+
+// judge returns the verdict on key k of book (lastLive or serverLastLive),
+// which this pass found live or not: kept while live, and for the linger
+// after the last pass that found it live, which it records.
+func judge[K comparable](s *seriesPass, book map[K]time.Time, k K, live bool) bool {
+	s.f.mu.Lock()
+	t, seen := book[k]
+	if live && (!seen || s.now.After(t)) {
+		book[k] = s.now
+	}
+	s.f.mu.Unlock()
+	return live || seen && s.now.Sub(t) < s.rule.linger
 }
 
 // keepSet reports whether a data point with attributes set is exported:
@@ -194,24 +265,86 @@ func (s *seriesPass) keepSet(set *attribute.Set) bool {
 	return !ok || v.Type() != attribute.STRING || s.keep(v.AsString())
 }
 
-// keepLabels is keepSet for a Prometheus sample's labels.
-func (s *seriesPass) keepLabels(labels []*dto.LabelPair) bool {
-	for _, l := range labels {
-		if l.GetName() == string(AttrEngine) {
-			return s.keep(l.GetValue())
-		}
+// keepGenAISet is keepSet for a point of a GenAI client instrument (call
+// only when the rule has a server liveness): its engine, if it has one,
+// and its server, if it has a server.address, must both be kept. Both are
+// asked, so the bookkeeping records every live one a pass saw.
+func (s *seriesPass) keepGenAISet(set *attribute.Set) bool {
+	keep := s.keepSet(set)
+	v, ok := set.Value(AttrServerAddress)
+	if !ok || v.Type() != attribute.STRING || v.AsString() == "" {
+		return keep
 	}
-	return true
+	k := serverKey{address: v.AsString()}
+	if p, ok := set.Value(AttrServerPort); ok && p.Type() == attribute.INT64 {
+		k.port = int(p.AsInt64())
+	}
+	return s.keepServer(k) && keep
 }
 
-// end sweeps the entries past the linger: an engine not seen live for
-// that long needs no entry (its series are dropped without one).
+// The Prometheus label names of server.address and server.port: the
+// exporter escapes a dot to an underscore (unless configured to keep UTF-8
+// names, so both spellings are read).
+const (
+	promServerAddress = "server_address"
+	promServerPort    = "server_port"
+)
+
+// keepLabels is keepSet for a Prometheus sample's labels, and
+// keepGenAISet when genai (a family of a GenAI client instrument, with a
+// server liveness).
+func (s *seriesPass) keepLabels(labels []*dto.LabelPair, genai bool) bool {
+	var engine, address, port string
+	hasEngine := false
+	for _, l := range labels {
+		switch l.GetName() {
+		case string(AttrEngine):
+			engine, hasEngine = l.GetValue(), true
+		case promServerAddress, string(AttrServerAddress):
+			address = l.GetValue()
+		case promServerPort, string(AttrServerPort):
+			port = l.GetValue()
+		}
+	}
+	keep := !hasEngine || s.keep(engine)
+	if genai && address != "" {
+		k := serverKey{address: address}
+		if port != "" {
+			k.port, _ = strconv.Atoi(port) // 0 when not a number
+		}
+		keep = s.keepServer(k) && keep
+	}
+	return keep
+}
+
+// genAIMetric reports whether metric name of scope is a GenAI client
+// instrument of Switchboard's, judged by server (WithServerLive).
+func genAIMetric(scope, name string) bool {
+	return scope == ScopeName && strings.HasPrefix(name, "gen_ai.client.")
+}
+
+// genAIFamily is genAIMetric for a Prometheus family name (the exporter
+// runs WithoutScopeInfo, so the scope is not on the samples: the name
+// alone tells, gen_ai_client_* escaped or gen_ai.client.* kept as UTF-8).
+func genAIFamily(name string) bool {
+	return strings.HasPrefix(name, "gen_ai_client_") || strings.HasPrefix(name, "gen_ai.client.")
+}
+
+// end sweeps the entries past the linger: an engine or server not seen
+// live for that long needs no entry (its series are dropped without one).
 func (s *seriesPass) end() {
 	s.f.mu.Lock()
 	defer s.f.mu.Unlock()
-	for name, t := range s.f.lastLive {
-		if s.now.Sub(t) >= s.rule.linger {
-			delete(s.f.lastLive, name)
+	sweep(s.f.lastLive, s.now, s.rule.linger)
+	sweep(s.f.serverLastLive, s.now, s.rule.linger)
+}
+
+// sweep deletes the entries of book last found live a linger or more
+// before now.
+func sweep[K comparable](book map[K]time.Time, now time.Time, linger time.Duration) {
+	for k, t := range book {
+		if now.Sub(t) >= linger {
+			delete(book, k)
 		}
 	}
 }
@@ -253,11 +386,11 @@ func expHistAttrs[N int64 | float64](p *metricdata.ExponentialHistogramDataPoint
 
 func summaryAttrs(p *metricdata.SummaryDataPoint) *attribute.Set { return &p.Attributes }
 
-// filterData returns d without the data points s drops, the number of
-// points left, and whether anything was dropped. Delta sums and
+// filterData returns d without the data points keep rejects, the number
+// of points left, and whether anything was dropped. Delta sums and
 // histograms are kept whole; an aggregation of a type it does not know is
 // kept whole.
-func (s *seriesPass) filterData(d metricdata.Aggregation) (metricdata.Aggregation, int, bool) {
+func filterData(d metricdata.Aggregation, keep func(*attribute.Set) bool) (metricdata.Aggregation, int, bool) {
 	var n int
 	var ch bool
 	switch a := d.(type) {
@@ -265,46 +398,46 @@ func (s *seriesPass) filterData(d metricdata.Aggregation) (metricdata.Aggregatio
 		if a.Temporality == metricdata.DeltaTemporality {
 			return d, len(a.DataPoints), false
 		}
-		a.DataPoints, ch = keepPoints(a.DataPoints, dpAttrs[int64], s.keepSet)
+		a.DataPoints, ch = keepPoints(a.DataPoints, dpAttrs[int64], keep)
 		d, n = a, len(a.DataPoints)
 	case metricdata.Sum[float64]:
 		if a.Temporality == metricdata.DeltaTemporality {
 			return d, len(a.DataPoints), false
 		}
-		a.DataPoints, ch = keepPoints(a.DataPoints, dpAttrs[float64], s.keepSet)
+		a.DataPoints, ch = keepPoints(a.DataPoints, dpAttrs[float64], keep)
 		d, n = a, len(a.DataPoints)
 	case metricdata.Gauge[int64]:
-		a.DataPoints, ch = keepPoints(a.DataPoints, dpAttrs[int64], s.keepSet)
+		a.DataPoints, ch = keepPoints(a.DataPoints, dpAttrs[int64], keep)
 		d, n = a, len(a.DataPoints)
 	case metricdata.Gauge[float64]:
-		a.DataPoints, ch = keepPoints(a.DataPoints, dpAttrs[float64], s.keepSet)
+		a.DataPoints, ch = keepPoints(a.DataPoints, dpAttrs[float64], keep)
 		d, n = a, len(a.DataPoints)
 	case metricdata.Histogram[int64]:
 		if a.Temporality == metricdata.DeltaTemporality {
 			return d, len(a.DataPoints), false
 		}
-		a.DataPoints, ch = keepPoints(a.DataPoints, histAttrs[int64], s.keepSet)
+		a.DataPoints, ch = keepPoints(a.DataPoints, histAttrs[int64], keep)
 		d, n = a, len(a.DataPoints)
 	case metricdata.Histogram[float64]:
 		if a.Temporality == metricdata.DeltaTemporality {
 			return d, len(a.DataPoints), false
 		}
-		a.DataPoints, ch = keepPoints(a.DataPoints, histAttrs[float64], s.keepSet)
+		a.DataPoints, ch = keepPoints(a.DataPoints, histAttrs[float64], keep)
 		d, n = a, len(a.DataPoints)
 	case metricdata.ExponentialHistogram[int64]:
 		if a.Temporality == metricdata.DeltaTemporality {
 			return d, len(a.DataPoints), false
 		}
-		a.DataPoints, ch = keepPoints(a.DataPoints, expHistAttrs[int64], s.keepSet)
+		a.DataPoints, ch = keepPoints(a.DataPoints, expHistAttrs[int64], keep)
 		d, n = a, len(a.DataPoints)
 	case metricdata.ExponentialHistogram[float64]:
 		if a.Temporality == metricdata.DeltaTemporality {
 			return d, len(a.DataPoints), false
 		}
-		a.DataPoints, ch = keepPoints(a.DataPoints, expHistAttrs[float64], s.keepSet)
+		a.DataPoints, ch = keepPoints(a.DataPoints, expHistAttrs[float64], keep)
 		d, n = a, len(a.DataPoints)
 	case metricdata.Summary:
-		a.DataPoints, ch = keepPoints(a.DataPoints, summaryAttrs, s.keepSet)
+		a.DataPoints, ch = keepPoints(a.DataPoints, summaryAttrs, keep)
 		d, n = a, len(a.DataPoints)
 	default:
 		return d, 1, false
@@ -318,11 +451,19 @@ func (s *seriesPass) filterData(d metricdata.Aggregation) (metricdata.Aggregatio
 // left without metrics, are left out.
 func (s *seriesPass) resourceMetrics(rm *metricdata.ResourceMetrics) *metricdata.ResourceMetrics {
 	var out *metricdata.ResourceMetrics
+	keepEngine, keepGenAI := s.keepSet, s.keepSet
+	if s.rule.server != nil {
+		keepGenAI = s.keepGenAISet
+	}
 	for i, sm := range rm.ScopeMetrics {
 		var ms []metricdata.Metrics
 		changed := false
 		for j, m := range sm.Metrics {
-			d, n, ch := s.filterData(m.Data)
+			keep := keepEngine
+			if genAIMetric(sm.Scope.Name, m.Name) {
+				keep = keepGenAI
+			}
+			d, n, ch := filterData(m.Data, keep)
 			if !ch {
 				if changed {
 					ms = append(ms, m)
@@ -370,8 +511,9 @@ func (s *seriesPass) families(mfs []*dto.MetricFamily) []*dto.MetricFamily {
 	for i, mf := range mfs {
 		var kept []*dto.Metric
 		dropped := false
+		genai := s.rule.server != nil && genAIFamily(mf.GetName())
 		for j, m := range mf.GetMetric() {
-			if s.keepLabels(m.GetLabel()) {
+			if s.keepLabels(m.GetLabel(), genai) {
 				if dropped {
 					kept = append(kept, m)
 				}
@@ -405,7 +547,7 @@ func (s *seriesPass) families(mfs []*dto.MetricFamily) []*dto.MetricFamily {
 }
 
 // seriesGatherer is the Prometheus handler's gatherer: g's families
-// without the gone engines' samples.
+// without the gone engines' (and servers') samples.
 type seriesGatherer struct {
 	g prometheus.Gatherer
 	f *seriesFilter
@@ -426,7 +568,7 @@ func (g seriesGatherer) Gather() ([]*dto.MetricFamily, error) {
 }
 
 // seriesExporter is an OTLP metric exporter that leaves out the gone
-// engines' data points. Temporality, Aggregation, ForceFlush and Shutdown
+// engines' (and servers') data points. Temporality, Aggregation, ForceFlush and Shutdown
 // are the wrapped exporter's, so the periodic reader selects what the
 // exporter's own OTEL_* settings ask for (temporality preference
 // included).

@@ -15,6 +15,8 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/sdk/instrumentation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	colmetricpb "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
@@ -650,8 +652,8 @@ func TestSetupMetricReaderSelection(t *testing.T) {
 	}
 }
 
-// TestSetEngineLiveConcurrent scrapes, flushes and switches the rule at
-// once (for the race detector).
+// TestSetEngineLiveConcurrent scrapes, flushes and switches the rule
+// (with a server liveness) at once (for the race detector).
 func TestSetEngineLiveConcurrent(t *testing.T) {
 	testutil.UnsetOTEL(t)
 	rc := &testutil.OTLPReceiver{}
@@ -666,6 +668,7 @@ func TestSetEngineLiveConcurrent(t *testing.T) {
 	}
 	clk := newFakeClock()
 	live := newLiveSet("e1")
+	servers := newServerSet("10.0.0.1:8000")
 	var wg sync.WaitGroup
 	for g := range 3 {
 		wg.Go(func() {
@@ -680,14 +683,582 @@ func TestSetEngineLiveConcurrent(t *testing.T) {
 					if i%5 == 0 {
 						p.SetEngineLive(nil)
 					} else {
-						p.SetEngineLive(live.Live, withSeriesClock(clk.Now))
+						p.SetEngineLive(live.Live, WithServerLive(servers.Live), withSeriesClock(clk.Now))
 					}
 					recordTwoEngines(t, m)
+					recordServers(m)
 					live.set("e2", i%2 == 0)
+					servers.set("10.0.0.2:8000", i%2 == 0)
 					clk.Add(time.Minute)
 				}
 			}
 		})
 	}
 	wg.Wait()
+}
+
+// serverSet is the server liveness the tests switch, by "address:port".
+// Safe for concurrent use.
+type serverSet struct {
+	mu    sync.Mutex
+	live  map[string]bool
+	calls int
+	asked []string // every (address, port) asked, as "address:port"
+}
+
+func newServerSet(servers ...string) *serverSet {
+	s := &serverSet{live: map[string]bool{}}
+	for _, a := range servers {
+		s.live[a] = true
+	}
+	return s
+}
+
+func (s *serverSet) Live(address string, port int) bool {
+	k := net.JoinHostPort(address, fmt.Sprint(port))
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls++
+	s.asked = append(s.asked, k)
+	return s.live[k]
+}
+
+func (s *serverSet) set(server string, live bool) {
+	s.mu.Lock()
+	if live {
+		s.live[server] = true
+	} else {
+		delete(s.live, server)
+	}
+	s.mu.Unlock()
+}
+
+// serverOf is a point's server as "address:port" ("address:-" without a
+// port), or "-" without server.address.
+func serverOf(s attribute.Set) string {
+	a, ok := s.Value(AttrServerAddress)
+	if !ok {
+		return "-"
+	}
+	if p, ok := s.Value(AttrServerPort); ok {
+		return net.JoinHostPort(a.AsString(), fmt.Sprint(p.AsInt64()))
+	}
+	return a.AsString() + ":-"
+}
+
+// sdkServers returns, per "scope metric" name, the server of each data
+// point (serverOf), sorted.
+func sdkServers(rm *metricdata.ResourceMetrics) map[string][]string {
+	out := map[string][]string{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			var ss []string
+			switch d := m.Data.(type) {
+			case metricdata.Histogram[float64]:
+				for _, p := range d.DataPoints {
+					ss = append(ss, serverOf(p.Attributes))
+				}
+			case metricdata.Histogram[int64]:
+				for _, p := range d.DataPoints {
+					ss = append(ss, serverOf(p.Attributes))
+				}
+			case metricdata.Sum[int64]:
+				for _, p := range d.DataPoints {
+					ss = append(ss, serverOf(p.Attributes))
+				}
+			default:
+				ss = append(ss, fmt.Sprintf("%T", d))
+			}
+			slices.Sort(ss)
+			name := m.Name
+			if sm.Scope.Name != ScopeName {
+				name = sm.Scope.Name + " " + name
+			}
+			out[name] = ss
+		}
+	}
+	return out
+}
+
+// genAIInstruments are the four GenAI client instruments, each recorded
+// by recordServers.
+var genAIInstruments = []string{GenAIClientOperationDurationName, GenAIClientTimeToFirstChunkName, GenAIClientTimePerOutputChunkName, GenAIClientTokenUsageName}
+
+// recordServers records, on engines a (10.0.0.1:8000), b (10.0.0.2:8000)
+// and c (no server), a sample of every GenAI client instrument (and its
+// switchboard.engine.* twin, with the engine attribute and no server).
+func recordServers(m *Metrics) {
+	ctx := context.Background()
+	for _, e := range []*Engine{
+		m.Engine("a", WithServer("10.0.0.1", 8000)),
+		m.Engine("b", WithServer("10.0.0.2", 8000)),
+		m.Engine("c"),
+	} {
+		at := e.Attrs("m1", "chat", "chat")
+		m.RecordFirstToken(ctx, at, 0.1)
+		m.RecordInterToken(ctx, at, 0.01)
+		m.RecordEnd(ctx, at, Outcome{Seconds: 1, InputTokens: 10, OutputTokens: 20})
+	}
+}
+
+// genAIServers is the server of every point of each GenAI client
+// instrument, as recordServers records them with servers of a, b and c
+// (token usage has an input and an output point per engine).
+func genAIServers(servers ...string) map[string][]string {
+	out := map[string][]string{}
+	for _, name := range genAIInstruments {
+		var ss []string
+		for _, s := range servers {
+			ss = append(ss, s)
+			if name == GenAIClientTokenUsageName {
+				ss = append(ss, s)
+			}
+		}
+		slices.Sort(ss)
+		out[name] = ss
+	}
+	return out
+}
+
+func checkGenAI(t *testing.T, when string, got map[string][]string, want map[string][]string) {
+	t.Helper()
+	for name, w := range want {
+		if !slices.Equal(got[name], w) {
+			t.Errorf("%s: %s on %v, want %v", when, name, got[name], w)
+		}
+	}
+}
+
+// TestSeriesFilterServers: the GenAI client instruments' points of a
+// server no live engine has are dropped past the linger and kept within
+// it; a point without server.address is never dropped; the engine series
+// and other scopes' server.address are not judged by server; a server
+// that comes back is exported again with its cumulative values.
+func TestSeriesFilterServers(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer func() { _ = mp.Shutdown(context.Background()) }()
+	m, err := NewMetrics(mp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recordServers(m)
+	// Another scope's instruments with a server.address no engine has:
+	// otelhttp's server metrics (the gateway's own address), and a
+	// gen_ai.client.* instrument of some client library.
+	httpCount, _ := mp.Meter("go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp").Int64Counter("http.server.request.count")
+	httpCount.Add(context.Background(), 1, metric.WithAttributes(AttrServerAddress.String("gw.example"), AttrServerPort.Int(8080)))
+	other, _ := mp.Meter("example.com/genai-client").Int64Counter(GenAIClientTokenUsageName)
+	other.Add(context.Background(), 1, metric.WithAttributes(AttrServerAddress.String("api.example.com"), AttrServerPort.Int(443)))
+	const foreignHTTP, foreignGenAI = "go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp http.server.request.count", "example.com/genai-client " + GenAIClientTokenUsageName
+	collect := func() *metricdata.ResourceMetrics {
+		rm := &metricdata.ResourceMetrics{}
+		if err := reader.Collect(context.Background(), rm); err != nil {
+			t.Fatal(err)
+		}
+		return rm
+	}
+
+	clk := newFakeClock()
+	engines := newLiveSet("a", "b", "c")
+	servers := newServerSet("10.0.0.1:8000", "10.0.0.2:8000")
+	const linger = 5 * time.Minute
+	f := newSeriesFilter()
+	f.rule.Store(&seriesRule{live: engines.Live, server: servers.Live, linger: linger, now: clk.Now})
+	rm := collect()
+	if got := filterOnce(f, rm); got != rm {
+		t.Error("every server live: the export is not rm itself")
+	}
+	all := genAIServers("10.0.0.1:8000", "10.0.0.2:8000", "-")
+	checkGenAI(t, "all live", sdkServers(rm), all)
+
+	// b's server goes away (its engine name stays live: a pod replaced
+	// under a stable name gets a new address).
+	servers.set("10.0.0.2:8000", false)
+	clk.Add(linger - time.Second)
+	checkGenAI(t, "within the linger", sdkServers(filterOnce(f, collect())), all)
+	clk.Add(time.Second)
+	rm = collect()
+	before := sdkServers(rm)
+	got := sdkServers(filterOnce(f, rm))
+	checkGenAI(t, "past the linger", got, genAIServers("10.0.0.1:8000", "-"))
+	if es := sdkEngines(filterOnce(f, collect())); !slices.Equal(es[TimeToFirstTokenName], []string{"a", "b", "c"}) {
+		t.Errorf("past the linger: %s on %v, want a, b and c (engines are not judged by server)", TimeToFirstTokenName, es[TimeToFirstTokenName])
+	}
+	if !slices.Equal(got[foreignHTTP], []string{"gw.example:8080"}) || !slices.Equal(got[foreignGenAI], []string{"api.example.com:443"}) {
+		t.Errorf("another scope's server.address judged by server: %v, %v", got[foreignHTTP], got[foreignGenAI])
+	}
+	if after := sdkServers(rm); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Errorf("filtering wrote the SDK's data:\nbefore %v\nafter  %v", before, after)
+	}
+	f.mu.Lock()
+	n := len(f.serverLastLive)
+	f.mu.Unlock()
+	if n != 1 {
+		t.Errorf("%d servers in the bookkeeping, want 1 (10.0.0.1:8000; 10.0.0.2:8000 swept past its linger)", n)
+	}
+
+	// Back at the same address and port: exported again, cumulative.
+	servers.set("10.0.0.2:8000", true)
+	m.RecordFirstToken(context.Background(), m.Engine("b", WithServer("10.0.0.2", 8000)).Attrs("m1", "chat", "chat"), 0.3)
+	rm = filterOnce(f, collect())
+	checkGenAI(t, "back", sdkServers(rm), all)
+	found := false
+	for _, sm := range rm.ScopeMetrics {
+		for _, mt := range sm.Metrics {
+			if mt.Name != GenAIClientTimeToFirstChunkName {
+				continue
+			}
+			for _, p := range mt.Data.(metricdata.Histogram[float64]).DataPoints {
+				if serverOf(p.Attributes) == "10.0.0.2:8000" {
+					found = true
+					if p.Count != 2 {
+						t.Errorf("back: %s count %d, want 2 (cumulative)", mt.Name, p.Count)
+					}
+				}
+			}
+		}
+	}
+	if !found {
+		t.Errorf("back: no %s point of 10.0.0.2:8000", GenAIClientTimeToFirstChunkName)
+	}
+
+	// A server is asked once per collection, however many points carry
+	// it; a point without server.address asks nothing.
+	servers.mu.Lock()
+	servers.calls, servers.asked = 0, nil
+	servers.mu.Unlock()
+	filterOnce(f, collect())
+	servers.mu.Lock()
+	asked := slices.Sorted(slices.Values(servers.asked))
+	servers.mu.Unlock()
+	if !slices.Equal(asked, []string{"10.0.0.1:8000", "10.0.0.2:8000"}) {
+		t.Errorf("server liveness asked for %v in one collection, want each server once", asked)
+	}
+
+	// Every server gone for longer than the linger, every engine too:
+	// c's GenAI points (no server.address) and the other scopes' stay.
+	servers.set("10.0.0.1:8000", false)
+	servers.set("10.0.0.2:8000", false)
+	for _, e := range []string{"a", "b", "c"} {
+		engines.set(e, false)
+	}
+	clk.Add(linger)
+	got = sdkServers(filterOnce(f, collect()))
+	checkGenAI(t, "all gone", got, genAIServers("-"))
+	if _, ok := got[TimeToFirstTokenName]; ok {
+		t.Errorf("all gone: %s still exported", TimeToFirstTokenName)
+	}
+	if !slices.Equal(got[foreignHTTP], []string{"gw.example:8080"}) || !slices.Equal(got[foreignGenAI], []string{"api.example.com:443"}) {
+		t.Errorf("all gone: another scope's points %v, %v, want kept", got[foreignHTTP], got[foreignGenAI])
+	}
+}
+
+// TestSeriesFilterEngineAndServer: a GenAI point with both an engine and
+// a server.address is kept only while both are live or within the linger;
+// one with server.address and no server.port is asked with port 0.
+func TestSeriesFilterEngineAndServer(t *testing.T) {
+	clk := newFakeClock()
+	engines := newLiveSet("e-live", "e-gone")
+	servers := newServerSet("10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:0")
+	const linger = time.Minute
+	f := newSeriesFilter()
+	f.rule.Store(&seriesRule{live: engines.Live, server: servers.Live, linger: linger, now: clk.Now})
+	pt := func(kvs ...attribute.KeyValue) metricdata.DataPoint[int64] {
+		return metricdata.DataPoint[int64]{Attributes: attribute.NewSet(kvs...), Value: 1}
+	}
+	srv := func(addr string, port int) []attribute.KeyValue {
+		return []attribute.KeyValue{AttrServerAddress.String(addr), AttrServerPort.Int(port)}
+	}
+	rm := &metricdata.ResourceMetrics{ScopeMetrics: []metricdata.ScopeMetrics{{
+		Scope: instrumentation.Scope{Name: ScopeName},
+		Metrics: []metricdata.Metrics{{
+			Name: GenAIClientTokenUsageName,
+			Data: metricdata.Sum[int64]{Temporality: metricdata.CumulativeTemporality, DataPoints: []metricdata.DataPoint[int64]{
+				pt(append(srv("10.0.0.1", 8000), AttrEngine.String("e-live"))...), // both live
+				pt(append(srv("10.0.0.2", 8000), AttrEngine.String("e-gone"))...), // engine goes
+				pt(append(srv("10.0.0.9", 8000), AttrEngine.String("e-live"))...), // server never live
+				pt(AttrServerAddress.String("10.0.0.3")),                          // no port: asked with 0
+				pt(AttrServerAddress.String(""), AttrServerPort.Int(1)),           // empty address: not judged
+			}},
+		}},
+	}}}
+	kept := func() []string {
+		var out []string
+		for _, sm := range filterOnce(f, rm).ScopeMetrics {
+			for _, m := range sm.Metrics {
+				for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {
+					e, _ := p.Attributes.Value(AttrEngine)
+					out = append(out, serverOf(p.Attributes)+"/"+e.AsString())
+				}
+			}
+		}
+		return out
+	}
+	// 10.0.0.9:8000 was never found live: dropped at once.
+	want := []string{"10.0.0.1:8000/e-live", "10.0.0.2:8000/e-gone", "10.0.0.3:-/", ":1/"}
+	if got := kept(); !slices.Equal(got, want) {
+		t.Errorf("all but one live: kept %v, want %v", got, want)
+	}
+	engines.set("e-gone", false)
+	clk.Add(linger)
+	want = []string{"10.0.0.1:8000/e-live", "10.0.0.3:-/", ":1/"}
+	if got := kept(); !slices.Equal(got, want) {
+		t.Errorf("e-gone past the linger, its server live: kept %v, want %v", got, want)
+	}
+	servers.mu.Lock()
+	asked := slices.Clone(servers.asked)
+	servers.mu.Unlock()
+	if !slices.Contains(asked, "10.0.0.3:0") || slices.Contains(asked, ":1") {
+		t.Errorf("asked %v: want 10.0.0.3 asked with port 0, the empty address never", asked)
+	}
+	// A point with both kept on the engine's linger while its server is
+	// live, and on the server's while its engine is.
+	servers.set("10.0.0.1:8000", false)
+	clk.Add(linger - time.Second)
+	if got := kept(); !slices.Contains(got, "10.0.0.1:8000/e-live") {
+		t.Errorf("server within its linger: kept %v", got)
+	}
+	clk.Add(time.Second)
+	if got := kept(); slices.Contains(got, "10.0.0.1:8000/e-live") {
+		t.Errorf("server past its linger, engine live: kept %v", got)
+	}
+}
+
+// TestSeriesFilterServersBounded: the server bookkeeping holds the
+// servers live within the last linger, through a churn of 10,000
+// addresses (a pod IP each).
+func TestSeriesFilterServersBounded(t *testing.T) {
+	clk := newFakeClock()
+	servers := newServerSet("10.0.0.1:8000")
+	f := newSeriesFilter()
+	const linger, step = 5 * time.Minute, time.Minute
+	f.rule.Store(&seriesRule{live: newLiveSet().Live, server: servers.Live, linger: linger, now: clk.Now})
+	pod := func(i int) serverKey { return serverKey{fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255), 8000} }
+	key := func(k serverKey) string { return net.JoinHostPort(k.address, fmt.Sprint(k.port)) }
+	static := serverKey{"10.0.0.1", 8000}
+	maxEntries := 0
+	for i := range 10000 {
+		k := pod(i + 256)
+		servers.set(key(k), true)
+		pass := f.begin()
+		if !pass.keepServer(k) || !pass.keepServer(static) {
+			t.Fatalf("%v: a live server dropped", k)
+		}
+		pass.end()
+		servers.set(key(k), false) // deleted: the test's own set does not grow
+		clk.Add(step)
+		pass = f.begin()
+		if !pass.keepServer(k) {
+			t.Fatalf("%v: dropped one step after it went away, within the linger", k)
+		}
+		if i >= 6 && pass.keepServer(pod(i+256-6)) {
+			t.Fatalf("%v: still exported six steps (past the linger) after it went away", pod(i+256-6))
+		}
+		pass.end()
+		f.mu.Lock()
+		maxEntries = max(maxEntries, len(f.serverLastLive))
+		f.mu.Unlock()
+		servers.mu.Lock()
+		servers.asked = servers.asked[:0]
+		servers.mu.Unlock()
+	}
+	if want := int(linger/step) + 1; maxEntries > want {
+		t.Errorf("server bookkeeping reached %d entries, want at most %d", maxEntries, want)
+	}
+	f.mu.Lock()
+	n, e := len(f.serverLastLive), len(f.lastLive)
+	f.mu.Unlock()
+	if n > int(linger/step)+1 || e != 0 {
+		t.Errorf("after the churn: %d servers, %d engines in the bookkeeping", n, e)
+	}
+}
+
+func TestWithServerLive(t *testing.T) {
+	f := newSeriesFilter()
+	p := &Providers{series: f}
+	p.SetEngineLive(newLiveSet().Live)
+	if r := f.rule.Load(); r.server != nil {
+		t.Error("without WithServerLive: a server liveness installed")
+	}
+	p.SetEngineLive(newLiveSet().Live, WithServerLive(newServerSet().Live))
+	if r := f.rule.Load(); r.server == nil {
+		t.Error("WithServerLive: no server liveness installed")
+	}
+	p.SetEngineLive(newLiveSet().Live, WithServerLive(nil))
+	if r := f.rule.Load(); r.server != nil {
+		t.Error("WithServerLive(nil): a server liveness installed")
+	}
+}
+
+// recordForeignServer records, on mp, a counter of another scope with a
+// server.address no engine has, as otelhttp's server metrics carry the
+// gateway's own.
+func recordForeignServer(t *testing.T, mp metric.MeterProvider) {
+	t.Helper()
+	c, err := mp.Meter("go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp").Int64Counter("http.server.request.count")
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Add(context.Background(), 1, metric.WithAttributes(AttrServerAddress.String("gw.example"), AttrServerPort.Int(8080)))
+}
+
+// promServers returns, per gen_ai_client_* family, the server of each
+// sample ("address:port", "-" for none), sorted.
+func promServers(mfs map[string]*dto.MetricFamily) map[string][]string {
+	out := map[string][]string{}
+	for name, mf := range mfs {
+		if !strings.HasPrefix(name, "gen_ai_client_") {
+			continue
+		}
+		var ss []string
+		for _, m := range mf.GetMetric() {
+			s := "-"
+			if a := promLabel(m, "server_address"); a != "" {
+				s = net.JoinHostPort(a, promLabel(m, "server_port"))
+			}
+			ss = append(ss, s)
+		}
+		slices.Sort(ss)
+		out[name] = ss
+	}
+	return out
+}
+
+// TestSetEngineLiveServersPrometheus scrapes the Prometheus handler Setup
+// built, with WithServerLive.
+func TestSetEngineLiveServersPrometheus(t *testing.T) {
+	testutil.UnsetOTEL(t)
+	p, _, _ := setup(t, DefaultConfig())
+	m, err := NewMetrics(p.MeterProvider)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recordServers(m)
+	recordForeignServer(t, p.MeterProvider)
+	const httpCount, ttft = "http_server_request_count_total", "switchboard_engine_time_to_first_token_seconds"
+
+	clk := newFakeClock()
+	servers := newServerSet("10.0.0.1:8000", "10.0.0.2:8000")
+	p.SetEngineLive(newLiveSet("a", "b", "c").Live, WithServerLive(servers.Live), WithSeriesLinger(time.Minute), withSeriesClock(clk.Now))
+	got := promServers(scrapeHandler(t, p.Prometheus))
+	if len(got) != len(genAIInstruments) {
+		t.Fatalf("gen_ai_client_* families %v, want %d", got, len(genAIInstruments))
+	}
+	for name, ss := range got {
+		if w := []string{"-", "10.0.0.1:8000", "10.0.0.2:8000"}; !slices.Equal(slices.Compact(ss), w) {
+			t.Errorf("all live: %s on %v, want %v", name, ss, w)
+		}
+	}
+	servers.set("10.0.0.2:8000", false)
+	clk.Add(59 * time.Second)
+	for name, ss := range promServers(scrapeHandler(t, p.Prometheus)) {
+		if !slices.Contains(ss, "10.0.0.2:8000") {
+			t.Errorf("within the linger: %s on %v, want 10.0.0.2:8000 kept", name, ss)
+		}
+	}
+	clk.Add(time.Second)
+	mfs := scrapeHandler(t, p.Prometheus)
+	got = promServers(mfs)
+	if len(got) != len(genAIInstruments) {
+		t.Errorf("past the linger: gen_ai_client_* families %v, want %d", got, len(genAIInstruments))
+	}
+	for name, ss := range got {
+		if w := []string{"-", "10.0.0.1:8000"}; !slices.Equal(slices.Compact(ss), w) {
+			t.Errorf("past the linger: %s on %v, want %v", name, ss, w)
+		}
+	}
+	if mf, ok := mfs[httpCount]; !ok || promLabel(mf.GetMetric()[0], "server_address") != "gw.example" {
+		t.Errorf("%s (another scope's server.address) left out", httpCount)
+	}
+	if es, _ := promEngines(mfs, ttft); !slices.Equal(es, []string{"a", "b", "c"}) {
+		t.Errorf("past the linger: %s on %v, want a, b and c", ttft, es)
+	}
+}
+
+// otlpServers is promServers for the gen_ai.client.* metrics of the
+// Switchboard scope in one OTLP export request.
+func otlpServers(req *colmetricpb.ExportMetricsServiceRequest) map[string][]string {
+	out := map[string][]string{}
+	srv := func(kvs []*commonpb.KeyValue) string {
+		a := attrString(kvs, string(AttrServerAddress))
+		if a == "" {
+			return "-"
+		}
+		for _, kv := range kvs {
+			if kv.GetKey() == string(AttrServerPort) {
+				return net.JoinHostPort(a, fmt.Sprint(kv.GetValue().GetIntValue()))
+			}
+		}
+		return a + ":-"
+	}
+	for _, rm := range req.GetResourceMetrics() {
+		for _, sm := range rm.GetScopeMetrics() {
+			for _, mt := range sm.GetMetrics() {
+				if sm.GetScope().GetName() != ScopeName || !strings.HasPrefix(mt.GetName(), "gen_ai.client.") {
+					if mt.GetName() == "http.server.request.count" {
+						for _, dp := range mt.GetSum().GetDataPoints() {
+							out[mt.GetName()] = append(out[mt.GetName()], srv(dp.GetAttributes()))
+						}
+					}
+					continue
+				}
+				var ss []string
+				for _, dp := range mt.GetHistogram().GetDataPoints() {
+					ss = append(ss, srv(dp.GetAttributes()))
+				}
+				slices.Sort(ss)
+				out[mt.GetName()] = ss
+			}
+		}
+	}
+	return out
+}
+
+// TestSetEngineLiveServersOTLP exports through the OTLP/HTTP metric
+// reader Setup built, with WithServerLive.
+func TestSetEngineLiveServersOTLP(t *testing.T) {
+	testutil.UnsetOTEL(t)
+	rc := &testutil.OTLPReceiver{}
+	srv := httptest.NewServer(rc)
+	defer srv.Close()
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", srv.URL)
+	t.Setenv("OTEL_METRIC_EXPORT_INTERVAL", "3600000") // ForceFlush exports
+	p, _, _ := setup(t, DefaultConfig())
+	m, err := NewMetrics(p.MeterProvider)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recordServers(m)
+	recordForeignServer(t, p.MeterProvider)
+	clk := newFakeClock()
+	servers := newServerSet("10.0.0.1:8000", "10.0.0.2:8000")
+	p.SetEngineLive(newLiveSet("a", "b", "c").Live, WithServerLive(servers.Live), WithSeriesLinger(time.Minute), withSeriesClock(clk.Now))
+	flush := func() map[string][]string {
+		t.Helper()
+		n := len(rc.Metrics())
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := p.MeterProvider.ForceFlush(ctx); err != nil {
+			t.Fatalf("ForceFlush: %v", err)
+		}
+		reqs := rc.Metrics()
+		if len(reqs) != n+1 {
+			t.Fatalf("%d export requests after ForceFlush, want %d", len(reqs), n+1)
+		}
+		return otlpServers(reqs[n])
+	}
+	check := func(when string, got map[string][]string, servers ...string) {
+		t.Helper()
+		checkGenAI(t, when, got, genAIServers(servers...))
+		if !slices.Equal(got["http.server.request.count"], []string{"gw.example:8080"}) {
+			t.Errorf("%s: http.server.request.count (another scope's server.address) on %v, want kept", when, got["http.server.request.count"])
+		}
+	}
+	check("all live", flush(), "-", "10.0.0.1:8000", "10.0.0.2:8000")
+	servers.set("10.0.0.2:8000", false)
+	clk.Add(30 * time.Second)
+	check("within the linger", flush(), "-", "10.0.0.1:8000", "10.0.0.2:8000")
+	clk.Add(30 * time.Second)
+	check("past the linger", flush(), "-", "10.0.0.1:8000")
 }
