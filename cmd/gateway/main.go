@@ -182,7 +182,7 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 	// The series of an engine gone and drained leave the metric exports
 	// after a linger (telemetry.DefaultSeriesLinger): discovery churn does
 	// not grow them without bound.
-	providers.SetEngineLive(gw.Pool().Live)
+	providers.SetEngineLive(gw.Pool().Live, telemetry.WithServerLive(gw.Pool().LiveServer))
 	defer func() { err = errors.Join(err, gw.Close()) }()
 	gw.Start()
 	if kube.Enabled {
