@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/url"
 	"slices"
 	"sort"
 	"strings"
@@ -100,9 +101,9 @@ func (s *Server) mountEngineAdmin(r chi.Router) {
 				writeError(w, r, &APIError{Status: http.StatusMethodNotAllowed, Type: TypeInvalidRequest, Code: "method_not_allowed", Message: "method " + r.Method + " is not allowed on " + r.URL.Path})
 				return
 			}
-			st, ok := s.pool.setDrained(chi.URLParam(r, "name"), on)
+			st, ok := s.pool.setDrained(engineParam(r), on)
 			if !ok {
-				writeError(w, r, &APIError{Status: http.StatusNotFound, Type: TypeInvalidRequest, Code: "engine_not_found", Message: "no engine named " + chi.URLParam(r, "name")})
+				writeError(w, r, &APIError{Status: http.StatusNotFound, Type: TypeInvalidRequest, Code: "engine_not_found", Message: "no engine named " + engineParam(r)})
 				return
 			}
 			w.Header().Set("Content-Type", "application/json")
@@ -123,9 +124,9 @@ func (s *Server) mountEngineAdmin(r chi.Router) {
 			writeError(w, r, &APIError{Status: http.StatusMethodNotAllowed, Type: TypeInvalidRequest, Code: "method_not_allowed", Message: "method " + r.Method + " is not allowed on " + r.URL.Path})
 			return
 		}
-		e := s.pool.byName(chi.URLParam(r, "name"))
+		e := s.pool.byName(engineParam(r))
 		if e == nil {
-			writeError(w, r, &APIError{Status: http.StatusNotFound, Type: TypeInvalidRequest, Code: "engine_not_found", Message: "no engine named " + chi.URLParam(r, "name")})
+			writeError(w, r, &APIError{Status: http.StatusNotFound, Type: TypeInvalidRequest, Code: "engine_not_found", Message: "no engine named " + engineParam(r)})
 			return
 		}
 		s.runAction(w, r, act, []*engine{e})
@@ -348,4 +349,16 @@ func (p *Pool) setDrained(name string, on bool) (EngineStatus, bool) {
 		}
 	}
 	return EngineStatus{}, false
+}
+
+// engineParam is the {name} of an admin engine route, unescaped: a
+// discovered engine's name may hold a "/" ("<namespace>/<pod>",
+// "<slice>/<address>"), which a client sends as %2F and chi hands over
+// still escaped.
+func engineParam(r *http.Request) string {
+	name := chi.URLParam(r, "name")
+	if un, err := url.PathUnescape(name); err == nil {
+		return un
+	}
+	return name
 }

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
@@ -25,7 +27,7 @@ func TestSetDiscoveredCombinesWithStatic(t *testing.T) {
 
 	d1 := EngineConfig{Name: "pod-a", URL: g.srv.URL} // models from /v1/models
 	d2 := EngineConfig{Name: "pod-b", URL: s2.URL, Models: []string{"m"}}
-	rep, err := h.gw.SetDiscovered("kubernetes", []EngineConfig{d1, d2})
+	rep, err := h.gw.SetDiscovered("kubernetes", discovered(d1, d2))
 	if err != nil || !slices.Equal(rep.Added, []string{"pod-a", "pod-b"}) || rep.Removed != nil || rep.Changed != nil {
 		t.Fatalf("SetDiscovered = %+v, %v; want pod-a and pod-b added", rep, err)
 	}
@@ -45,7 +47,32 @@ func TestSetDiscoveredCombinesWithStatic(t *testing.T) {
 		finish = h.heldStreamOn("pod-a")
 	}
 	g.waitStarted(t)
-	rep, err = h.gw.SetDiscovered("kubernetes", []EngineConfig{d2})
+	// pod-a turns unready (its endpoint terminating): it stays, draining,
+	// its stream goes on, new requests go elsewhere.
+	inc := h.gw.Pool().byName("pod-a")
+	rep, err = h.gw.SetDiscovered("kubernetes", []DiscoveredEngine{{EngineConfig: d1, Unready: true}, {EngineConfig: d2}})
+	if err != nil || rep.Added != nil || rep.Removed != nil || !slices.Equal(rep.Unready, []string{"pod-a"}) || rep.Ready != nil || !rep.Applied() {
+		t.Fatalf("SetDiscovered with pod-a unready = %+v, %v; want pod-a unready", rep, err)
+	}
+	if st := statusByName(h.gw.Pool())["pod-a"]; len(st) != 1 || st[0].State != "draining" || !st[0].Unready || st[0].Routable || st[0].Decode != 1 {
+		t.Errorf("pod-a while unready with its stream: %+v, want one incarnation, draining, decode 1", st)
+	}
+	if got := h.servedBy(4, "m"); got["pod-a"] != 0 || got["e1"] != 2 || got["pod-b"] != 2 {
+		t.Errorf("while pod-a is unready: %v, want e1:2 pod-b:2", got)
+	}
+	// Ready again: the same incarnation serves at once.
+	rep, err = h.gw.SetDiscovered("kubernetes", discovered(d1, d2))
+	if err != nil || !slices.Equal(rep.Ready, []string{"pod-a"}) || rep.Added != nil || rep.Changed != nil {
+		t.Fatalf("SetDiscovered with pod-a ready again = %+v, %v", rep, err)
+	}
+	if h.gw.Pool().byName("pod-a") != inc {
+		t.Error("pod-a got a new incarnation by turning ready again")
+	}
+	if got := h.servedBy(3, "m"); got["pod-a"] != 1 {
+		t.Errorf("pod-a ready again: %v, want it served", got)
+	}
+	// Gone from the slices: retired, its stream still going.
+	rep, err = h.gw.SetDiscovered("kubernetes", discovered(d2))
 	if err != nil || rep.Added != nil || !slices.Equal(rep.Removed, []string{"pod-a"}) {
 		t.Fatalf("SetDiscovered without pod-a = %+v, %v; want pod-a removed", rep, err)
 	}
@@ -66,7 +93,7 @@ func TestSetDiscoveredCombinesWithStatic(t *testing.T) {
 	if got := h.servedBy(4, "m"); got["e3"] != 2 || got["pod-b"] != 2 {
 		t.Errorf("after the reload: %v, want e3:2 pod-b:2", got)
 	}
-	if got := h.gw.Discovered("kubernetes"); len(got) != 1 || got[0].Name != "pod-b" {
+	if got := h.gw.Discovered("kubernetes"); len(got) != 1 || got[0].Name != "pod-b" || got[0].Unready {
 		t.Errorf("Discovered = %+v, want pod-b", got)
 	}
 
@@ -115,12 +142,12 @@ func TestSetDiscoveredLeavesOutBadAndTaken(t *testing.T) {
 	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
 	e1 := EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}
 	h := newHarness(t, testConfig(e1))
-	rep, err := h.gw.SetDiscovered("kubernetes", []EngineConfig{
-		{Name: "e1", URL: "http://10.0.0.1:8000", Models: []string{"m"}},
-		{Name: "bad", URL: "ftp://x", Models: []string{"m"}},
-		{Name: "ok", URL: s1.URL, Models: []string{"m"}},
-		{Name: "ok", URL: "http://10.0.0.2:8000", Models: []string{"m"}},
-	})
+	rep, err := h.gw.SetDiscovered("kubernetes", discovered(
+		EngineConfig{Name: "e1", URL: "http://10.0.0.1:8000", Models: []string{"m"}},
+		EngineConfig{Name: "bad", URL: "ftp://x", Models: []string{"m"}},
+		EngineConfig{Name: "ok", URL: s1.URL, Models: []string{"m"}},
+		EngineConfig{Name: "ok", URL: "http://10.0.0.2:8000", Models: []string{"m"}},
+	))
 	if !errors.Is(err, ErrEngineLeftOut) || !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("err = %v, want ErrEngineLeftOut and ErrInvalidConfig", err)
 	}
@@ -152,7 +179,7 @@ func TestDynamicEnginesStartEmpty(t *testing.T) {
 		t.Fatalf("no engine: %d, want 404 or 503", resp.StatusCode)
 	}
 	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
-	if _, err := h.gw.SetDiscovered("kubernetes", []EngineConfig{{Name: "pod-a", URL: s1.URL}}); err != nil {
+	if _, err := h.gw.SetDiscovered("kubernetes", discovered(EngineConfig{Name: "pod-a", URL: s1.URL})); err != nil {
 		t.Fatal(err)
 	}
 	if got := h.servedBy(2, "m"); got["pod-a"] != 2 {
@@ -204,4 +231,85 @@ func TestHoldReady(t *testing.T) {
 	if code, _ := ready(); code != http.StatusOK {
 		t.Fatalf("/ready = %d after both releases, want 200", code)
 	}
+}
+
+// discovered wraps engines as ready discovered engines.
+func discovered(ecs ...EngineConfig) []DiscoveredEngine {
+	out := make([]DiscoveredEngine, len(ecs))
+	for i, ec := range ecs {
+		out[i] = DiscoveredEngine{EngineConfig: ec}
+	}
+	return out
+}
+
+// TestAdminEngineNameWithSlash: the admin engine routes find a discovered
+// engine whose name holds a "/" ("<namespace>/<pod>"), sent as %2F.
+func TestAdminEngineNameWithSlash(t *testing.T) {
+	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
+	h := newHarnessWith(t, testConfig(), []Option{WithDynamicEngines()})
+	if _, err := h.gw.SetDiscovered("kubernetes", discovered(EngineConfig{Name: "team-a/vllm-0", URL: s1.URL, Models: []string{"m"}})); err != nil {
+		t.Fatal(err)
+	}
+	admin := httptest.NewServer(h.gw.AdminHandler(nil))
+	defer admin.Close()
+	resp, err := admin.Client().Post(admin.URL+"/admin/engines/team-a%2Fvllm-0/drain", "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"name":"team-a/vllm-0"`) || !strings.Contains(string(b), `"drained":true`) {
+		t.Fatalf("drain team-a%%2Fvllm-0: %d %s", resp.StatusCode, b)
+	}
+}
+
+// TestSetDiscoveredReloadConcurrentSafe races discovery batches against
+// reloads and requests: every reload keeps the discovered engines, every
+// batch keeps the configured one, no request fails, and the gauges end at
+// 0.
+func TestSetDiscoveredReloadConcurrentSafe(t *testing.T) {
+	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
+	_, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
+	e1 := EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}
+	h := newHarness(t, testConfig(e1))
+	pods := []EngineConfig{{Name: "pod-a", URL: s2.URL, Models: []string{"m"}}, {Name: "pod-b", URL: s2.URL, Models: []string{"m"}}}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for i := range 50 {
+			set := []DiscoveredEngine{{EngineConfig: pods[0], Unready: i%3 == 0}}
+			if i%2 == 0 {
+				set = append(set, DiscoveredEngine{EngineConfig: pods[1]})
+			}
+			if _, err := h.gw.SetDiscovered("kubernetes", set); err != nil {
+				t.Errorf("SetDiscovered: %v", err)
+			}
+		}
+	})
+	wg.Go(func() {
+		for i := range 50 {
+			cfg := testConfig(e1)
+			cfg.MaxAttempts = 2 + i%2
+			if _, err := h.gw.Reload(cfg, h.policy()); err != nil {
+				t.Errorf("Reload: %v", err)
+			}
+		}
+	})
+	for range 4 {
+		wg.Go(func() {
+			for range 25 {
+				resp := h.post("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"x"}]}`)
+				_, _ = io.Copy(io.Discard, resp.Body)
+				_ = resp.Body.Close()
+				if resp.StatusCode != http.StatusOK {
+					t.Errorf("request: %d", resp.StatusCode)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	st := statusByName(h.gw.Pool())
+	if len(st["e1"]) != 1 || len(st["pod-a"]) == 0 || st["pod-a"][0].Retired {
+		t.Errorf("after the race: %+v, want e1 and pod-a in the pool", st)
+	}
+	h.waitIdle()
 }

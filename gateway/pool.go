@@ -68,6 +68,12 @@ type engine struct {
 	// .../resume: the engine takes no new requests and finishes the ones
 	// it has (state draining), while staying in the pool and probed.
 	drained atomic.Bool
+	// unready is set while the engine's discovery source reports it not
+	// ready (a Kubernetes endpoint not ready or terminating,
+	// DiscoveredEngine.Draining): like drained, it takes no new requests
+	// and finishes the ones it has, keeping its health, outlier state and
+	// stats, so turning ready again is instant. Set by Pool.tryApply.
+	unready atomic.Bool
 	// sleepGen counts the admin sleep and wake-up calls, so a probe that
 	// asked /is_sleeping before one of them does not undo it.
 	sleepGen atomic.Uint64
@@ -335,7 +341,7 @@ type modelObject struct {
 // engine's stats); the index into telemetry.EngineStates.
 func (p *Pool) engineState(e *engine, retired bool) int {
 	return int(routing.Verdicts{
-		Draining:  retired || e.drained.Load(),
+		Draining:  retired || e.drained.Load() || e.unready.Load(),
 		Unhealthy: !e.ep.Healthy(),
 		Ejected:   e.ep.Outlier().Ejected(),
 		Sleeping:  e.sleeping.Load() || e.blocked, // or self-reported unhealthy in fresh stats
@@ -344,7 +350,7 @@ func (p *Pool) engineState(e *engine, retired bool) int {
 
 // routable reports whether e may receive new requests: it is ready.
 func (e *engine) routable() bool {
-	return e.ep.Healthy() && !e.blocked && !e.sleeping.Load() && !e.ep.Outlier().Ejected() && !e.drained.Load()
+	return e.ep.Healthy() && !e.blocked && !e.sleeping.Load() && !e.ep.Outlier().Ejected() && !e.drained.Load() && !e.unready.Load()
 }
 
 func (p *Pool) rebuildLocked() {
@@ -522,6 +528,10 @@ type EngineStatus struct {
 	Decode   int64    `json:"decode"`             // requests in decode now
 	Retired  bool     `json:"retired,omitempty"`  // removed, still draining its requests
 	Drained  bool     `json:"drained,omitempty"`  // drained through the admin API (POST .../drain) and not resumed
+	// Unready: its discovery source reports it not ready (a Kubernetes
+	// endpoint not ready or terminating); state draining until it is
+	// ready again or gone.
+	Unready bool `json:"unready,omitempty"`
 	// MaxInFlight is the engine's circuit breaker (EngineConfig.MaxInFlight);
 	// absent when it has none.
 	MaxInFlight int    `json:"max_in_flight,omitempty"`
@@ -551,7 +561,7 @@ func (p *Pool) Status() []EngineStatus {
 		s := EngineStatus{Name: e.cfg.Name, URL: e.shown, Healthy: e.ep.Healthy(), Models: e.knownModels(),
 			Static: e.static, Prefill: pf, Decode: dc, Retired: retired,
 			Routable: !retired && e.routable(), State: telemetry.EngineStates[p.engineState(e, retired)],
-			Sleeping: e.sleeping.Load(), Drained: e.drained.Load(), MaxInFlight: int(e.maxInFlight.Load()), Stats: statsStatus(e.ep.Stats(), now)}
+			Sleeping: e.sleeping.Load(), Drained: e.drained.Load(), Unready: e.unready.Load(), MaxInFlight: int(e.maxInFlight.Load()), Stats: statsStatus(e.ep.Stats(), now)}
 		if s.Models == nil {
 			s.Models = []string{}
 		}

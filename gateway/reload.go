@@ -36,6 +36,10 @@ type ReloadReport struct {
 	// with fresh circuit breaker counts and outlier state (an admin drain
 	// carries over).
 	Changed []string
+	// Unready and Ready are the discovered engines that turned unready
+	// (no new requests, their requests in flight finishing) or ready
+	// again ([Server.SetDiscovered] only).
+	Unready, Ready []string
 	// PolicyChanged is set when the routing policy was replaced by
 	// another instance.
 	PolicyChanged bool
@@ -56,7 +60,7 @@ type ReloadReport struct {
 // Applied reports whether the reload changed anything in force: an
 // engine, the policy or a setting. Keys that need a restart do not count.
 func (r ReloadReport) Applied() bool {
-	return len(r.Added)+len(r.Removed)+len(r.Changed)+len(r.Settings) > 0 || r.PolicyChanged
+	return len(r.Added)+len(r.Removed)+len(r.Changed)+len(r.Settings)+len(r.Unready)+len(r.Ready) > 0 || r.PolicyChanged
 }
 
 // Reload applies cfg and policy to a running server without dropping a
@@ -104,8 +108,13 @@ func (s *Server) Reload(cfg Config, policy routing.Policy) (ReloadReport, error)
 		return ReloadReport{}, fmt.Errorf("with the running values of the settings that need a restart (%s): %w",
 			strings.Join(rep.Restart, ", "), err)
 	}
-	want, _ := s.engineSetLocked(eff.Engines, s.discovered)
-	added, removed, changed, err := s.pool.apply(want, eff.Models.Aliases)
+	want, unready, left := s.engineSetLocked(eff.Engines, s.discovered)
+	if left != nil {
+		// A configured engine now has a discovered engine's name: the
+		// configured one wins.
+		s.log.Warn("discovered engines left out by the reload", "error", left)
+	}
+	added, removed, changed, err := s.pool.apply(want, unready, eff.Models.Aliases)
 	if err != nil {
 		return ReloadReport{}, err
 	}
@@ -219,11 +228,12 @@ var errPoolChanged = errors.New("the engine pool changed during the reload")
 // incarnation, probed before the batch is applied (a replaced engine's
 // admin drain carries over to it); a removed one, and the old incarnation
 // of a replaced one, are retired (reported until drained).
-// It returns the names added, removed and changed, or an error (nothing
-// changed) when an engine cannot be built.
-func (p *Pool) apply(want []EngineConfig, aliases map[string]string) (added, removed, changed []string, err error) {
+// The engines named in unready take no new requests (engine.unready),
+// the others may. It returns the names added, removed and changed, or an
+// error (nothing changed) when an engine cannot be built.
+func (p *Pool) apply(want []EngineConfig, unready map[string]bool, aliases map[string]string) (added, removed, changed []string, err error) {
 	for range reloadTries {
-		added, removed, changed, err = p.tryApply(want, aliases)
+		added, removed, changed, err = p.tryApply(want, unready, aliases)
 		if !errors.Is(err, errPoolChanged) {
 			return added, removed, changed, err
 		}
@@ -231,7 +241,7 @@ func (p *Pool) apply(want []EngineConfig, aliases map[string]string) (added, rem
 	return nil, nil, nil, fmt.Errorf("%w: %w, %d times; try again", ErrInvalidConfig, errPoolChanged, reloadTries)
 }
 
-func (p *Pool) tryApply(want []EngineConfig, aliases map[string]string) (added, removed, changed []string, err error) {
+func (p *Pool) tryApply(want []EngineConfig, unready map[string]bool, aliases map[string]string) (added, removed, changed []string, err error) {
 	// 1. Plan against the current engines and build the new incarnations.
 	p.mu.Lock()
 	base := slices.Clone(p.engines)
@@ -332,6 +342,9 @@ func (p *Pool) tryApply(want []EngineConfig, aliases map[string]string) (added, 
 	for _, name := range removed {
 		// A later Add under this name builds attributes from its own URL.
 		delete(p.telByName, name)
+	}
+	for _, e := range next {
+		e.unready.Store(unready[e.cfg.Name])
 	}
 	p.engines = next
 	p.aliases = newAliases

@@ -68,7 +68,7 @@ func TestPoolLive(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Acquire(p.byName("e2").ep)
-	if _, removed, _, err := p.apply(nil, nil); err != nil || len(removed) != 1 {
+	if _, removed, _, err := p.apply(nil, nil, nil); err != nil || len(removed) != 1 {
 		t.Fatalf("apply(no engines): removed %v, %v", removed, err)
 	}
 	check("e2 dropped by a reload, one slot held", map[string]bool{"e2": true})
@@ -144,7 +144,7 @@ func TestPoolLiveServer(t *testing.T) {
 		}
 		next = append(next, ec)
 	}
-	if _, _, changed, err := p.apply(next, nil); err != nil || len(changed) != 1 {
+	if _, _, changed, err := p.apply(next, nil, nil); err != nil || len(changed) != 1 {
 		t.Fatalf("apply(https moved): changed %v, %v", changed, err)
 	}
 	check("https moved, old incarnation holding a slot", map[srv]bool{{"10.0.0.2", 443}: true, {"127.0.0.1", 1}: true})

@@ -100,7 +100,7 @@ type Server struct {
 	// of each discovery source (SetDiscovered), by source. The pool's
 	// engines are static followed by every source's, in source order.
 	static     []EngineConfig
-	discovered map[string][]EngineConfig
+	discovered map[string][]DiscoveredEngine
 	// holds are the reasons /ready is held at 503 (HoldReady), under
 	// holdMu.
 	holdMu sync.Mutex
@@ -475,11 +475,12 @@ func (s *Server) model(w http.ResponseWriter, r *http.Request) {
 }
 
 func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
+	held := s.heldReady()
 	switch {
 	case s.draining.Load():
 		writeError(w, r, &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "draining", Message: "the gateway is shutting down"})
-	case s.heldReady() != "":
-		writeError(w, r, &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "starting", Message: "waiting for " + s.heldReady()})
+	case held != "":
+		writeError(w, r, &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "starting", Message: "waiting for " + held})
 	case !s.pool.Ready():
 		writeError(w, r, &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "no_ready_engine", Message: "no healthy engine has reported its models yet"})
 	default:
