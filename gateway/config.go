@@ -114,6 +114,15 @@ type Config struct {
 	// and for the body rebuilt from it (over it: 502; the budget full:
 	// 503). Default false.
 	ObserveNonStreaming bool `koanf:"observe_non_streaming"`
+	// ReadyRequiresEngine, when true (the default), makes /ready answer
+	// 503 no_ready_engine while no healthy engine has reported its
+	// models. Set it false where readiness only decides whether the
+	// gateway gets traffic at all (a Kubernetes Service): with every
+	// engine gone (scaled to zero, an outage) the replicas stay ready and
+	// clients get the gateway's 503 with Retry-After instead of refused
+	// connections, and a rollout of the gateway does not stall. /ready
+	// still waits for discovery's first sync and fails while draining.
+	ReadyRequiresEngine bool `koanf:"ready_requires_engine"`
 	// AccessLog, when true (the default), logs one line per request at
 	// info level (the `log.access` key; the loader fills it in).
 	AccessLog bool `koanf:"-"`
@@ -256,6 +265,7 @@ func DefaultConfig() Config {
 		Retry:                  DefaultRetryConfig(),
 		EngineHeader:           true,
 		InjectUsage:            true,
+		ReadyRequiresEngine:    true,
 		AccessLog:              true,
 		Timeouts: Timeouts{
 			Connect:        5 * time.Second,

@@ -313,3 +313,39 @@ func TestSetDiscoveredReloadConcurrentSafe(t *testing.T) {
 	}
 	h.waitIdle()
 }
+
+// TestReadyRequiresEngine: with no engine up, /ready answers 503
+// no_ready_engine by default and 200 with ready_requires_engine false
+// (a reload switches it), while requests get 503 or 404 either way.
+func TestReadyRequiresEngine(t *testing.T) {
+	h := newHarnessWith(t, testConfig(), []Option{WithDynamicEngines()})
+	ready := func() int {
+		t.Helper()
+		resp, err := h.client.Get(h.srv.URL + "/ready")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
+	if code := ready(); code != http.StatusServiceUnavailable {
+		t.Fatalf("/ready = %d with no engine, want 503", code)
+	}
+	cfg := testConfig()
+	cfg.ReadyRequiresEngine = false
+	if _, err := h.gw.Reload(cfg, h.policy()); err != nil {
+		t.Fatal(err)
+	}
+	if code := ready(); code != http.StatusOK {
+		t.Fatalf("/ready = %d with ready_requires_engine false, want 200", code)
+	}
+	release := h.gw.HoldReady("discovery")
+	if code := ready(); code != http.StatusServiceUnavailable {
+		t.Errorf("/ready = %d while a hold is taken, want 503", code)
+	}
+	release()
+	h.gw.Drain()
+	if code := ready(); code != http.StatusServiceUnavailable {
+		t.Errorf("/ready = %d while draining, want 503", code)
+	}
+}

@@ -151,7 +151,7 @@ var reloadable = []string{
 	"server.max_attempts", "server.retry.", "server.max_pending_per_model", "server.outlier.",
 	"server.timeouts.response_header", "server.timeouts.first_token", "server.timeouts.idle",
 	"server.timeouts.attempt", "server.timeouts.client_write", "server.timeouts.request",
-	"server.engine_header", "server.inject_usage", "server.observe_non_streaming",
+	"server.engine_header", "server.inject_usage", "server.observe_non_streaming", "server.ready_requires_engine",
 }
 
 func isReloadable(key string) bool {

@@ -481,7 +481,7 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "draining", Message: "the gateway is shutting down"})
 	case held != "":
 		writeError(w, r, &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "starting", Message: "waiting for " + held})
-	case !s.pool.Ready():
+	case !s.pool.Ready() && s.set.Load().cfg.ReadyRequiresEngine:
 		writeError(w, r, &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "no_ready_engine", Message: "no healthy engine has reported its models yet"})
 	default:
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
