@@ -148,8 +148,12 @@ kube_kill() { # dir name seconds: SIGTERM the process, SIGKILL after seconds
 	if kube_alive "$pid"; then
 		kube_log "$2 (PID $pid) still running after $3 s: SIGKILL"
 		kill -KILL "$pid" 2>/dev/null || true
+		for ((i = 0; i < 20; i++)); do
+			kube_alive "$pid" || break
+			sleep 0.1
+		done
 	fi
-	wait "$pid" 2>/dev/null || true # reap it when it is this shell's child
+	# No wait: kube_launch disowned it (a zombie counts as gone, bash reaps it).
 	rm -f "$1/$2.pid"
 }
 
@@ -158,6 +162,10 @@ kube_launch() { # dir name binary args...: start it in the background, log to DI
 	shift 2
 	"$@" </dev/null >>"$dir/$name.log" 2>&1 &
 	echo $! >"$dir/$name.pid"
+	# Not a job of this shell: bash still reaps it, but prints no "Killed"
+	# notice when it dies of a signal (a SIGKILL from kube_kill, here or in
+	# another kube.sh, such as "restart" run by a test under "run").
+	disown $!
 }
 
 kube_wait() { # dir name deadline curl-args...: poll until curl succeeds while name runs
@@ -265,6 +273,17 @@ kube_start_etcd() { # dir deadline: etcd on two free ports; sets DIR/etcd.url
 
 kube_apiserver_args() { # dir port etcd-url: kube-apiserver's flags, one a line, into DIR/kube-apiserver.args
 	local pki="$1/pki"
+	# On SIGTERM the apiserver stops listening at once (--shutdown-delay-duration
+	# is 0) and calls http.Server.Shutdown, which waits for every connection to
+	# go idle, bounded by --request-timeout (60 s). An open watch never goes
+	# idle: by default (--shutdown-watch-termination-grace-period=0) the watch
+	# handlers are not told about the shutdown and run on until their
+	# --min-request-timeout (30-60 min), so one informer held the apiserver
+	# for the whole minute (kube_kill's SIGKILL after 15 s, in practice).
+	# With a grace period the watch handlers return as soon as shutdown starts
+	# (drained at 200/s at least; 2 s is only the upper bound): each watch
+	# ends cleanly, so its client watches again (the informers reconnect to
+	# the restarted apiserver), and the apiserver exits in about a second.
 	printf '%s\n' \
 		--etcd-servers="$3" \
 		--etcd-prefix=/registry \
@@ -285,6 +304,7 @@ kube_apiserver_args() { # dir port etcd-url: kube-apiserver's flags, one a line,
 		--disable-admission-plugins=ServiceAccount \
 		--allow-privileged=true \
 		--profiling=false \
+		--shutdown-watch-termination-grace-period=2s \
 		>"$1/kube-apiserver.args"
 }
 
