@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	discoveryv1 "k8s.io/api/discovery/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/util/validation"
 )
@@ -27,6 +28,14 @@ const (
 	NamesServiceAddress = "service-address"
 )
 
+// Address types ([Config.AddressType]), spelled as discovery.k8s.io/v1
+// spells a slice's addressType.
+const (
+	AddressTypeIPv4 = string(discoveryv1.AddressTypeIPv4)
+	AddressTypeIPv6 = string(discoveryv1.AddressTypeIPv6)
+	AddressTypeFQDN = string(discoveryv1.AddressTypeFQDN)
+)
+
 // Config is the discovery.kubernetes section: which EndpointSlices hold
 // the engines, and how each endpoint becomes an engine. configs/gateway.yaml
 // documents every key with its default.
@@ -38,8 +47,10 @@ type Config struct {
 	// $KUBECONFIG or ~/.kube/config.
 	Kubeconfig string `koanf:"kubeconfig"`
 	// Namespaces are the namespaces whose EndpointSlices are watched, one
-	// informer each. Empty (the default): the gateway's own namespace (the
-	// service account's, or the kubeconfig context's).
+	// informer each. Empty (the default): the gateway's own namespace. In
+	// a cluster that is the service account's (its namespace file), else
+	// the namespace of the kubeconfig's current context, else "default";
+	// [Start] logs which one it chose and why.
 	Namespaces []string `koanf:"namespaces"`
 	// Service selects the slices of one Service (the
 	// kubernetes.io/service-name label); Selector is a label selector on
@@ -50,23 +61,44 @@ type Config struct {
 	// Port is the name of the engines' port in the slices (the Service
 	// port's name). Empty: the slices must have exactly one port.
 	Port string `koanf:"port"`
+	// AddressType is the address family of the slices whose endpoints
+	// become engines: AddressTypeIPv4 ("IPv4", the default),
+	// AddressTypeIPv6 ("IPv6") or AddressTypeFQDN ("FQDN"). Slices of
+	// another type are ignored, silently: a dual-stack Service has an
+	// IPv4 and an IPv6 slice for the same pods, and taking both would
+	// make each pod's engine depend on which slice sorts first.
+	AddressType string `koanf:"address_type"`
 	// Scheme is the engines' URL scheme, http (default) or https.
 	Scheme string `koanf:"scheme"`
 	// Names is how engines are named (the `engine` attribute of every
 	// metric): NamesPod (default), NamesSliceAddress or
-	// NamesServiceAddress.
+	// NamesServiceAddress. With NamesPod an endpoint that has no pod
+	// targetRef (a slice written by hand or by another controller) is
+	// named "<slice>/<address>" all the same.
 	Names string `koanf:"names"`
 	// Models, when set, are the models every discovered engine serves.
-	// Else ModelsAnnotation (a comma-separated list in that annotation of
-	// the slice) or ModelsLabel (one model in that label of the slice,
-	// which the EndpointSlice controller copies from the Service), else
-	// each engine's GET /v1/models, refreshed every
-	// server.health.discovery_interval.
-	Models           []string `koanf:"models"`
-	ModelsAnnotation string   `koanf:"models_annotation"`
-	ModelsLabel      string   `koanf:"models_label"`
+	// Else ModelsAnnotation, else ModelsLabel, else each engine's GET
+	// /v1/models, refreshed every server.health.discovery_interval. Set at
+	// most one of the three.
+	Models []string `koanf:"models"`
+	// ModelsAnnotation is an annotation key (a qualified name, such as
+	// switchboard.io/models) of the slice holding a comma-separated list
+	// of its engines' models. The EndpointSlice controller copies a
+	// Service's labels to its slices but not its annotations: this works
+	// on slices you manage yourself, or that a mirroring controller
+	// annotates, not by annotating the Service.
+	ModelsAnnotation string `koanf:"models_annotation"`
+	// ModelsLabel is a label key (a qualified name) of the slice holding
+	// its engines' one model; the EndpointSlice controller copies it from
+	// the Service. A label value cannot hold "/" (63 characters at most,
+	// alphanumerics, '-', '_' and '.'), so a Hugging Face id such as
+	// meta-llama/Llama-3.1-8B does not fit a label: use the model's
+	// served name (vllm --served-model-name), Models or /v1/models.
+	ModelsLabel string `koanf:"models_label"`
 	// MaxInFlight, APIKeyEnv and Provider are every discovered engine's
-	// engines[].max_in_flight, api_key_env and provider.
+	// engines[].max_in_flight, api_key_env and provider. [Start] fails
+	// when APIKeyEnv names a variable that is unset or empty, as the
+	// gateway does for a configured engine.
 	MaxInFlight int    `koanf:"max_in_flight"`
 	APIKeyEnv   string `koanf:"api_key_env"`
 	Provider    string `koanf:"provider"`
@@ -81,7 +113,8 @@ type Config struct {
 
 // DefaultConfig returns the defaults documented on each field.
 func DefaultConfig() Config {
-	return Config{Namespaces: []string{}, Models: []string{}, Scheme: "http", Names: NamesPod, SyncTimeout: 30 * time.Second, Batch: 100 * time.Millisecond}
+	return Config{Namespaces: []string{}, Models: []string{}, AddressType: AddressTypeIPv4, Scheme: "http", Names: NamesPod,
+		SyncTimeout: 30 * time.Second, Batch: 100 * time.Millisecond}
 }
 
 // ServiceNameLabel is the label the EndpointSlice controller sets on every
@@ -127,6 +160,11 @@ func (c Config) Validate() error {
 	if n := len(c.Namespaces); n != len(slices.Compact(slices.Sorted(slices.Values(c.Namespaces)))) {
 		bad("namespaces: a namespace is listed twice")
 	}
+	switch c.AddressType {
+	case AddressTypeIPv4, AddressTypeIPv6, AddressTypeFQDN:
+	default:
+		bad("address_type must be %s, %s or %s, got %q", AddressTypeIPv4, AddressTypeIPv6, AddressTypeFQDN, c.AddressType)
+	}
 	if c.Scheme != "http" && c.Scheme != "https" {
 		bad("scheme must be http or https, got %q", c.Scheme)
 	}
@@ -143,6 +181,16 @@ func (c Config) Validate() error {
 	}
 	if sources > 1 {
 		bad("models, models_annotation and models_label: set only one of them")
+	}
+	if c.ModelsAnnotation != "" {
+		if msgs := validation.IsQualifiedName(c.ModelsAnnotation); len(msgs) > 0 {
+			bad("models_annotation %q is not an annotation key: %s", c.ModelsAnnotation, strings.Join(msgs, "; "))
+		}
+	}
+	if c.ModelsLabel != "" {
+		if msgs := validation.IsQualifiedName(c.ModelsLabel); len(msgs) > 0 {
+			bad("models_label %q is not a label key: %s", c.ModelsLabel, strings.Join(msgs, "; "))
+		}
 	}
 	for _, m := range c.Models {
 		if strings.TrimSpace(m) == "" {

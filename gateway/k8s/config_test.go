@@ -34,6 +34,10 @@ func TestConfigValidate(t *testing.T) {
 		{name: "bad namespace", cfg: func(c *Config) { c.Namespaces = []string{"team-a", "Team_B"} }, keys: []string{"namespaces"}},
 		{name: "empty namespace", cfg: func(c *Config) { c.Namespaces = []string{""} }, keys: []string{"namespaces"}},
 		{name: "duplicate namespace", cfg: func(c *Config) { c.Namespaces = []string{"team-a", "team-b", "team-a"} }, keys: []string{"namespaces"}},
+		{name: "address_type IPv6", cfg: func(c *Config) { c.AddressType = AddressTypeIPv6 }},
+		{name: "address_type FQDN", cfg: func(c *Config) { c.AddressType = AddressTypeFQDN }},
+		{name: "address_type spelled otherwise", cfg: func(c *Config) { c.AddressType = "ipv4" }, keys: []string{"address_type"}},
+		{name: "empty address_type", cfg: func(c *Config) { c.AddressType = "" }, keys: []string{"address_type"}},
 		{name: "https", cfg: func(c *Config) { c.Scheme = "https" }},
 		{name: "bad scheme", cfg: func(c *Config) { c.Scheme = "ftp" }, keys: []string{"scheme"}},
 		{name: "empty scheme", cfg: func(c *Config) { c.Scheme = "" }, keys: []string{"scheme"}},
@@ -44,6 +48,12 @@ func TestConfigValidate(t *testing.T) {
 		{name: "models", cfg: func(c *Config) { c.Models = []string{"llama-3-8b"} }},
 		{name: "models annotation", cfg: func(c *Config) { c.ModelsAnnotation = "switchboard.io/models" }},
 		{name: "models label", cfg: func(c *Config) { c.ModelsLabel = "switchboard.io/model" }},
+		{name: "models annotation without a prefix", cfg: func(c *Config) { c.ModelsAnnotation = "models" }},
+		{name: "models annotation with two slashes", cfg: func(c *Config) { c.ModelsAnnotation = "switchboard.io/models/v1" }, keys: []string{"models_annotation"}},
+		{name: "models annotation with a space", cfg: func(c *Config) { c.ModelsAnnotation = "switchboard models" }, keys: []string{"models_annotation"}},
+		{name: "models annotation with a bad prefix", cfg: func(c *Config) { c.ModelsAnnotation = "Switchboard_IO/models" }, keys: []string{"models_annotation"}},
+		{name: "models label too long", cfg: func(c *Config) { c.ModelsLabel = strings.Repeat("m", 64) }, keys: []string{"models_label"}},
+		{name: "models label ending in a dash", cfg: func(c *Config) { c.ModelsLabel = "switchboard.io/model-" }, keys: []string{"models_label"}},
 		{name: "models and annotation", cfg: func(c *Config) { c.Models = []string{"m"}; c.ModelsAnnotation = "a" }, keys: []string{"models"}},
 		{name: "annotation and label", cfg: func(c *Config) { c.ModelsAnnotation = "a"; c.ModelsLabel = "l" }, keys: []string{"models"}},
 		{name: "all three models sources", cfg: func(c *Config) { c.Models = []string{"m"}; c.ModelsAnnotation = "a"; c.ModelsLabel = "l" }, keys: []string{"models"}},
@@ -93,7 +103,8 @@ func TestConfigValidate(t *testing.T) {
 
 func TestConfigValidateDefaults(t *testing.T) {
 	c := DefaultConfig()
-	if c.Enabled || c.Scheme != "http" || c.Names != NamesPod || c.SyncTimeout != 30*time.Second || c.Batch != 100*time.Millisecond {
+	if c.Enabled || c.AddressType != AddressTypeIPv4 || c.Scheme != "http" || c.Names != NamesPod || c.SyncTimeout != 30*time.Second ||
+		c.Batch != 100*time.Millisecond {
 		t.Errorf("DefaultConfig() = %+v", c)
 	}
 	c.Enabled = true

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"log/slog"
 	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -13,6 +16,7 @@ import (
 
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/informers"
@@ -22,16 +26,19 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/switchboard-gw/switchboard/gateway"
+	"github.com/switchboard-gw/switchboard/telemetry"
 )
 
 // Source is the discovery source name given to [Sink.SetDiscovered].
 const Source = "kubernetes"
 
 // Sink receives the discovered engines; *gateway.Server is one.
+// Implementations must be safe for concurrent use.
 type Sink interface {
 	// SetDiscovered replaces the engines of source with engines, applied
-	// as one batch ([gateway.Server.SetDiscovered]).
-	SetDiscovered(source string, engines []gateway.EngineConfig) (gateway.ReloadReport, error)
+	// as one batch ([gateway.Server.SetDiscovered]); an Unready engine
+	// stays in the pool but takes no new requests.
+	SetDiscovered(source string, engines []gateway.DiscoveredEngine) (gateway.ReloadReport, error)
 	// HoldReady holds readiness until release is called.
 	HoldReady(reason string) (release func())
 }
@@ -45,19 +52,28 @@ type Rule struct {
 }
 
 // Rules are every permission discovery uses, in each watched namespace:
-// get, list and watch on EndpointSlices (list for the informer's first
-// sync, watch for its changes, get for reading one slice). Nothing else:
-// deploy/kubernetes/base/role.yaml grants exactly these, and a test checks
-// it.
-var Rules = []Rule{{APIGroup: discoveryv1.GroupName, Resource: "endpointslices", Verbs: []string{"get", "list", "watch"}}}
+// list and watch on EndpointSlices (list for the informer's first sync
+// and the access check at start, watch for the changes). Nothing reads a
+// slice by name, so there is no get; nothing else is read (the models come
+// from the configuration, a slice's annotation or label, or the engines'
+// /v1/models). deploy/kubernetes/base/role.yaml grants exactly these, and
+// a test checks it.
+var Rules = []Rule{{APIGroup: discoveryv1.GroupName, Resource: "endpointslices", Verbs: []string{"list", "watch"}}}
 
 // ErrForbidden wraps the error Start returns when the API server refuses
 // the gateway's credentials (401) or one of [Rules] (403).
 var ErrForbidden = errors.New("kubernetes discovery is not allowed")
 
+// accessTimeout bounds the access check at start, all namespaces
+// together: the gateway opens its listener only after Start returns, and
+// the Deployment's startupProbe must not run out while an API server that
+// does not answer is waited for.
+const accessTimeout = 10 * time.Second
+
 type options struct {
-	rest *rest.Config
-	cs   kubernetes.Interface
+	rest          *rest.Config
+	cs            kubernetes.Interface
+	accessTimeout time.Duration
 }
 
 // Option configures what a test injects into [Start].
@@ -84,8 +100,20 @@ func WithClientset(cs kubernetes.Interface) Option {
 	}
 }
 
+// withAccessTimeout replaces the access check's 10 s deadline (tests). A
+// value <= 0 is ignored.
+func withAccessTimeout(d time.Duration) Option {
+	return func(o *options) {
+		if d > 0 {
+			o.accessTimeout = d
+		}
+	}
+}
+
 // Discovery watches EndpointSlices and keeps a Sink's engines equal to the
-// ready endpoints they list. Start it with [Start]; stop it with Close.
+// endpoints they list (see [Engines]: the not ready and terminating ones
+// marked Unready). Start it with [Start]; stop it with Close. Its methods
+// are safe for concurrent use.
 type Discovery struct {
 	cfg        Config
 	sink       Sink
@@ -99,10 +127,13 @@ type Discovery struct {
 	wg         sync.WaitGroup
 
 	mu      sync.Mutex
-	applied []gateway.EngineConfig // the last list the sink took
+	applied []gateway.DiscoveredEngine // the last list the sink took
 	synced  bool
 	skipped string // the last skipped lines logged, so a batch that changes nothing logs nothing
 	failed  string // the last apply failure logged, "" after a success
+	none    bool   // no slice matched after the sync, warned until one does
+
+	now func() time.Time // the log rate limits' clock (tests set it)
 }
 
 // Start checks that the gateway may list and watch the EndpointSlices of
@@ -112,13 +143,21 @@ type Discovery struct {
 // serves with what it has and logs a warning), it holds the sink's
 // readiness. Changes are collected for cfg.Batch and applied as one batch.
 //
-// Errors: the API server cannot be configured (no kubeconfig and not in a
-// cluster); or it refuses the credentials or a permission (wrapping
-// ErrForbidden, with what the Role must grant). An API server that cannot
-// be reached is not an error: the informers retry with client-go's
-// back-off (0.8 s doubling to 30 s, jittered) while readiness waits, and
-// afterwards, when the API server goes away, the last known engines keep
-// serving until it answers again and the informers list afresh.
+// The access check asks every namespace at once, all under one 10 s
+// deadline, so an API server that does not answer delays the gateway's
+// start by 10 s at most, however many namespaces are watched.
+//
+// Errors: cfg.APIKeyEnv names a variable that is unset or empty (the
+// engines would have no key); the API server cannot be configured (no
+// kubeconfig and not in a cluster, or in a cluster without the service
+// account token); it refuses the credentials or a permission (wrapping
+// ErrForbidden, with what the Role must grant); or it does not serve
+// discovery.k8s.io/v1 EndpointSlices (Kubernetes before 1.21). An API
+// server that cannot be reached is not an error: the informers retry with
+// client-go's back-off (0.8 s doubling to 30 s, jittered) while readiness
+// waits, and afterwards, when the API server goes away, the last known
+// engines keep serving until it answers again and the informers list
+// afresh.
 func Start(ctx context.Context, cfg Config, sink Sink, log *slog.Logger, opts ...Option) (*Discovery, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -126,39 +165,50 @@ func Start(ctx context.Context, cfg Config, sink Sink, log *slog.Logger, opts ..
 	if log == nil {
 		log = slog.Default()
 	}
-	var o options
+	o := options{accessTimeout: accessTimeout}
 	for _, opt := range opts {
 		opt(&o)
 	}
+	if cfg.APIKeyEnv != "" && os.Getenv(cfg.APIKeyEnv) == "" {
+		// The pool would refuse every batch (it fails closed for a
+		// configured engine too): say so now, not once a second forever.
+		return nil, fmt.Errorf("kubernetes discovery: discovery.kubernetes.api_key_env is %s, but that variable is unset or empty: the discovered engines would have no key", cfg.APIKeyEnv)
+	}
 	namespaces := slices.Clone(cfg.Namespaces)
+	ns, why := "default", "no API server configuration to take one from (a clientset given to Start)"
 	cs := o.cs
 	if cs == nil {
-		rc, ns, err := restConfig(cfg, o.rest)
+		rc, rns, rwhy, err := restConfig(cfg, o.rest)
 		if err != nil {
 			return nil, fmt.Errorf("kubernetes discovery: %w", err)
 		}
-		if len(namespaces) == 0 {
-			namespaces = []string{ns}
+		ns, why = rns, rwhy
+		if rc.UserAgent == "" {
+			rc.UserAgent = userAgent()
 		}
 		if cs, err = kubernetes.NewForConfig(rc); err != nil {
 			return nil, fmt.Errorf("kubernetes discovery: %w", err)
 		}
-	} else if len(namespaces) == 0 {
-		namespaces = []string{"default"}
+	}
+	if len(namespaces) == 0 {
+		namespaces = []string{ns}
+		log.Info("kubernetes discovery: discovery.kubernetes.namespaces is empty: watching the gateway's own namespace",
+			"namespace", ns, "why", why)
 	}
 	sel, _ := cfg.selector() // Validate parsed it
-	if err := checkAccess(ctx, cs, namespaces, sel.String(), log); err != nil {
+	if err := checkAccess(ctx, cs, namespaces, sel.String(), o.accessTimeout, log); err != nil {
 		return nil, err
 	}
 
 	d := &Discovery{cfg: cfg, sink: sink, log: log.With("discovery", Source), namespaces: namespaces, sel: sel,
-		dirty: make(chan struct{}, 1)}
+		dirty: make(chan struct{}, 1), now: time.Now}
 	d.release = sink.HoldReady(fmt.Sprintf("kubernetes discovery to list the EndpointSlices (%s) in %s", sel, strings.Join(namespaces, ", ")))
 	rctx, cancel := context.WithCancel(context.Background())
 	d.cancel = cancel
 	for _, ns := range namespaces {
 		f := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithNamespace(ns),
-			informers.WithTweakListOptions(func(lo *metav1.ListOptions) { lo.LabelSelector = sel.String() }))
+			informers.WithTweakListOptions(func(lo *metav1.ListOptions) { lo.LabelSelector = sel.String() }),
+			informers.WithTransform(stripManagedFields))
 		inf := f.Discovery().V1().EndpointSlices().Informer()
 		mark := func(any) { d.mark() }
 		if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
@@ -176,6 +226,26 @@ func Start(ctx context.Context, cfg Config, sink Sink, log *slog.Logger, opts ..
 	return d, nil
 }
 
+// stripManagedFields is the informers' transform: it drops each slice's
+// managedFields (server-side apply bookkeeping, often larger than the
+// endpoints, and never read here) before the cache keeps it, which keeps
+// memory down on a big fleet. client-go v0.37 has no such helper
+// (cache.TransformStripManagedFields came later). Objects it cannot read
+// (a cache.DeletedFinalStateUnknown) pass unchanged.
+func stripManagedFields(obj any) (any, error) {
+	if a, err := meta.Accessor(obj); err == nil {
+		a.SetManagedFields(nil)
+	}
+	return obj, nil
+}
+
+// userAgent is the User-Agent of discovery's requests, so that the API
+// server's audit log and metrics tell the gateway apart:
+// "switchboard/v0.1.0 (linux/amd64) gateway/k8s".
+func userAgent() string {
+	return "switchboard/v" + telemetry.Version + " (" + runtime.GOOS + "/" + runtime.GOARCH + ") gateway/k8s"
+}
+
 // Close stops the informers; the engines discovered so far stay in the
 // sink. Safe to call more than once.
 func (d *Discovery) Close() {
@@ -185,7 +255,8 @@ func (d *Discovery) Close() {
 }
 
 // Synced reports whether every informer has listed its namespace once and
-// that view has been applied.
+// the sink has taken the engines of that view (it stays false while the
+// first apply after the sync fails). Safe for concurrent use.
 func (d *Discovery) Synced() bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -207,23 +278,24 @@ func (d *Discovery) loop(ctx context.Context) {
 	for i, inf := range d.informers {
 		syncs[i] = inf.HasSynced
 	}
-	synced := cache.WaitForCacheSync(sctx.Done(), syncs...)
+	listed := cache.WaitForCacheSync(sctx.Done(), syncs...)
 	cancel()
 	if ctx.Err() != nil {
 		return
 	}
-	n := d.apply()
-	if synced {
-		d.log.Info("kubernetes discovery synced", "namespaces", strings.Join(d.namespaces, ","), "selector", d.sel.String(), "engines", n)
-	} else {
+	n := d.apply(listed)
+	switch {
+	case listed && n >= 0:
+		d.setSynced(n)
+	case listed:
+		d.log.Warn("kubernetes discovery listed the EndpointSlices but its engines could not be applied: serving without them; retrying every second",
+			"namespaces", strings.Join(d.namespaces, ","), "selector", d.sel.String())
+	default:
 		d.log.Warn("kubernetes discovery has not synced within sync_timeout: serving with the engines known so far; discovery keeps trying",
 			"sync_timeout", d.cfg.SyncTimeout, "engines", n, "namespaces", strings.Join(d.namespaces, ","))
 	}
-	d.mu.Lock()
-	d.synced = synced
-	d.mu.Unlock()
 	d.release()
-	if !synced {
+	if !listed {
 		// The informers may sync later with no event to wake the loop (a
 		// namespace without slices), or their last event may wake it just
 		// before HasSynced turns true: wake it once they have synced.
@@ -245,13 +317,8 @@ func (d *Discovery) loop(ctx context.Context) {
 		case <-d.dirty:
 		case <-retry.C:
 		}
-		if !synced {
-			if synced = allSynced(syncs); synced {
-				d.mu.Lock()
-				d.synced = true
-				d.mu.Unlock()
-				d.log.Info("kubernetes discovery synced", "engines", len(d.current()))
-			}
+		if !listed {
+			listed = allSynced(syncs)
 		}
 		// Collect the changes of one batch window: a rollout's many
 		// slice updates become one routing snapshot.
@@ -264,10 +331,22 @@ func (d *Discovery) loop(ctx context.Context) {
 			case <-t.C:
 			}
 		}
-		if d.apply() < 0 {
+		n := d.apply(listed)
+		if n < 0 {
 			retry.Reset(time.Second)
+		} else if listed && !d.Synced() {
+			d.setSynced(n)
 		}
 	}
+}
+
+// setSynced marks discovery synced and logs it, with n engines applied.
+func (d *Discovery) setSynced(n int) {
+	d.mu.Lock()
+	d.synced = true
+	d.mu.Unlock()
+	d.log.Info("kubernetes discovery synced", "namespaces", strings.Join(d.namespaces, ","), "selector", d.sel.String(),
+		"address_type", d.cfg.AddressType, "engines", n)
 }
 
 func allSynced(fs []cache.InformerSynced) bool {
@@ -279,40 +358,61 @@ func allSynced(fs []cache.InformerSynced) bool {
 	return true
 }
 
-// current returns the engines the informers' caches describe now.
-func (d *Discovery) current() []gateway.EngineConfig {
-	es, _ := d.engines()
-	return es
-}
-
-func (d *Discovery) engines() ([]gateway.EngineConfig, []string) {
+// engines returns the engines the informers' caches describe now, the
+// left-out lines, how many slices match the selector and address type,
+// and how many match the selector but are of another address type.
+func (d *Discovery) engines() (es []gateway.DiscoveredEngine, skipped []string, matched, otherType int) {
 	var all []*discoveryv1.EndpointSlice
 	for _, inf := range d.informers {
 		for _, o := range inf.GetStore().List() {
 			if s, ok := o.(*discoveryv1.EndpointSlice); ok && d.sel.Matches(labels.Set(s.Labels)) {
 				all = append(all, s)
+				if string(s.AddressType) == d.cfg.AddressType {
+					matched++
+				} else {
+					otherType++
+				}
 			}
 		}
 	}
-	return Engines(d.cfg, all, len(d.namespaces) > 1)
+	es, skipped = Engines(d.cfg, all, len(d.namespaces) > 1)
+	return es, skipped, matched, otherType
+}
+
+// sameEngine reports whether the sink already has b as a: same name, URL,
+// models and readiness (the other settings come from the configuration).
+func sameEngine(a, b gateway.DiscoveredEngine) bool {
+	return a.Name == b.Name && a.URL == b.URL && slices.Equal(a.Models, b.Models) && a.Unready == b.Unready
 }
 
 // apply gives the sink the engines of the informers' caches when they
 // differ from the last applied; it returns how many engines there are, or
-// -1 when the sink could not take them (retried a second later).
-func (d *Discovery) apply() int {
-	es, skipped := d.engines()
+// -1 when the sink could not take them (retried a second later). listed
+// says the informers have synced: only then does a view without any
+// matching slice mean there is none, and it is warned about (once each
+// time the count drops to zero).
+func (d *Discovery) apply(listed bool) int {
+	es, skipped, matched, otherType := d.engines()
 	d.mu.Lock()
-	same := slices.EqualFunc(es, d.applied, func(a, b gateway.EngineConfig) bool {
-		return a.Name == b.Name && a.URL == b.URL && slices.Equal(a.Models, b.Models)
-	})
+	same := slices.EqualFunc(es, d.applied, sameEngine)
 	if msg := strings.Join(skipped, "; "); msg != d.skipped {
 		d.skipped = msg
 		if msg != "" {
 			d.log.Warn("kubernetes discovery left endpoints out", "why", msg)
 		}
 	}
+	warnNone := false
+	if listed {
+		none := matched == 0
+		warnNone = none && !d.none
+		d.none = none
+	}
 	d.mu.Unlock()
+	if warnNone {
+		d.log.Warn("kubernetes discovery: no EndpointSlice matches the selector and address type in any watched namespace, so it discovers no engine: check discovery.kubernetes.service, selector and address_type, and that the Service exists there",
+			"selector", d.sel.String(), "address_type", d.cfg.AddressType, "namespaces", strings.Join(d.namespaces, ","),
+			"slices_of_another_address_type", otherType)
+	}
 	if same {
 		return len(es)
 	}
@@ -333,49 +433,90 @@ func (d *Discovery) apply() int {
 	d.applied, d.failed = es, ""
 	d.mu.Unlock()
 	if rep.Applied() {
-		d.log.Info("kubernetes discovery applied", "engines", len(es), "added", rep.Added, "removed", rep.Removed, "changed", rep.Changed)
+		d.log.Info("kubernetes discovery applied", "engines", len(es), "added", rep.Added, "removed", rep.Removed,
+			"changed", rep.Changed, "unready", rep.Unready, "ready", rep.Ready)
 	}
 	return len(es)
 }
 
-// watchError logs the informer's list and watch failures at a bounded
-// rate (the first, then at most one a minute with the count in between);
-// the reflector retries on its own back-off.
+// logLimit lets the first line through, then at most one a minute,
+// counting the ones held back in between. Safe for concurrent use.
+type logLimit struct {
+	mu         sync.Mutex
+	last       time.Time
+	suppressed int
+}
+
+// allow reports whether to log at now, and how many lines were held back
+// since the last one logged.
+func (l *logLimit) allow(now time.Time) (suppressed int, ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.last.IsZero() && now.Sub(l.last) < time.Minute {
+		l.suppressed++
+		return 0, false
+	}
+	suppressed, l.last, l.suppressed = l.suppressed, now, 0
+	return suppressed, true
+}
+
+// watchError logs the list and watch failures of the informer of
+// namespace ns; the reflector retries on its own back-off, and the known
+// engines keep serving meanwhile. The cases are client-go's
+// (cache.DefaultWatchErrorHandler):
+//   - an expired resource version (410 Gone, "too old resource version")
+//     and a watch the server closed (io.EOF, io.ErrUnexpectedEOF) are
+//     routine, the informer lists or watches again: Debug;
+//   - a refused permission or credentials (403, 401) needs the operator:
+//     Error, saying what the Role must grant;
+//   - anything else (the API server unreachable, 5xx): Warn.
+//
+// The Error and Warn lines are rate-limited apart (the first, then at most
+// one a minute with the count in between), so an outage's warnings do not
+// hide a permission revoked after it.
 func (d *Discovery) watchError(ns string) cache.WatchErrorHandlerWithContext {
-	var mu sync.Mutex
-	var last time.Time
-	suppressed := 0
+	var denied, failed logLimit
 	return func(_ context.Context, _ *cache.Reflector, err error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if now := time.Now(); now.Sub(last) >= time.Minute {
-			d.log.Warn("kubernetes discovery: the API server is not answering the watch; the known engines keep serving, retrying with back-off",
-				"namespace", ns, "error", err, "suppressed", suppressed)
-			last, suppressed = now, 0
-			return
+		switch {
+		case apierrors.IsResourceExpired(err) || apierrors.IsGone(err):
+			d.log.Debug("kubernetes discovery: the watch expired (too old resource version); the informer lists afresh", "namespace", ns, "error", err)
+		case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+			d.log.Debug("kubernetes discovery: the API server closed the watch; the informer watches again", "namespace", ns, "error", err)
+		case apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err):
+			if n, ok := denied.allow(d.now()); ok {
+				d.log.Error("kubernetes discovery: the API server refuses the informer; the known engines keep serving, retrying with back-off",
+					"namespace", ns, "error", accessError("list or watch", ns, err), "suppressed", n)
+			}
+		default:
+			if n, ok := failed.allow(d.now()); ok {
+				d.log.Warn("kubernetes discovery: the API server is not answering the watch; the known engines keep serving, retrying with back-off",
+					"namespace", ns, "error", err, "suppressed", n)
+			}
 		}
-		suppressed++
 	}
 }
 
-// restConfig returns the API server configuration and the default
-// namespace: explicit (tests), cfg.Kubeconfig, in-cluster, or the default
-// kubeconfig loading rules ($KUBECONFIG, ~/.kube/config).
-func restConfig(cfg Config, explicit *rest.Config) (*rest.Config, string, error) {
+// restConfig returns the API server configuration, the default namespace
+// and why it is that one: explicit (tests), cfg.Kubeconfig, in-cluster, or
+// the default kubeconfig loading rules ($KUBECONFIG, ~/.kube/config).
+func restConfig(cfg Config, explicit *rest.Config) (rc *rest.Config, ns, why string, err error) {
 	if explicit != nil {
-		return rest.CopyConfig(explicit), "default", nil
+		return rest.CopyConfig(explicit), "default", "a rest config given to Start names no namespace", nil
 	}
 	if cfg.Kubeconfig == "" {
 		rc, err := rest.InClusterConfig()
 		if err == nil {
-			ns := "default"
-			if b, err := os.ReadFile("/var/run/secrets/kubernetes.io/serviceaccount/namespace"); err == nil && len(b) > 0 {
-				ns = strings.TrimSpace(string(b))
+			b, err := os.ReadFile(serviceAccountDir + "/namespace")
+			if ns := strings.TrimSpace(string(b)); err == nil && ns != "" {
+				return rc, ns, "the service account's namespace (in a cluster)", nil
 			}
-			return rc, ns, nil
+			return rc, "default", "in a cluster, but the service account's namespace file cannot be read", nil
+		}
+		if errors.Is(err, fs.ErrNotExist) {
+			return nil, "", "", fmt.Errorf("in a cluster (KUBERNETES_SERVICE_HOST is set), but the service account token is not mounted (%w): is automountServiceAccountToken false? Discovery reads the API with it", err)
 		}
 		if !errors.Is(err, rest.ErrNotInCluster) {
-			return nil, "", err
+			return nil, "", "", err
 		}
 	}
 	rules := clientcmd.NewDefaultClientConfigLoadingRules()
@@ -383,55 +524,99 @@ func restConfig(cfg Config, explicit *rest.Config) (*rest.Config, string, error)
 		rules.ExplicitPath = cfg.Kubeconfig
 	}
 	cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{})
-	rc, err := cc.ClientConfig()
+	if rc, err = cc.ClientConfig(); err != nil {
+		return nil, "", "", fmt.Errorf("no API server: not in a cluster, and the kubeconfig: %w", err)
+	}
+	raw, err := cc.RawConfig()
 	if err != nil {
-		return nil, "", fmt.Errorf("no API server: not in a cluster, and the kubeconfig: %w", err)
+		return rc, "default", "the kubeconfig's context cannot be read", nil
 	}
-	ns, _, err := cc.Namespace()
-	if err != nil || ns == "" {
-		ns = "default"
+	if c := raw.Contexts[raw.CurrentContext]; c != nil && c.Namespace != "" {
+		return rc, c.Namespace, fmt.Sprintf("the namespace of the kubeconfig's current context %q", raw.CurrentContext), nil
 	}
-	return rc, ns, nil
+	return rc, "default", fmt.Sprintf("the kubeconfig's current context %q names no namespace", raw.CurrentContext), nil
 }
 
-// checkAccess lists and watches the slices of every namespace once, so a
-// missing permission is reported at start with what to grant, rather than
-// as informer retries forever. An API server that does not answer is
-// logged and left to the informers' retries.
-func checkAccess(ctx context.Context, cs kubernetes.Interface, namespaces []string, sel string, log *slog.Logger) error {
-	var errs []error
-	for _, ns := range namespaces {
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-		err := func() error {
-			api := cs.DiscoveryV1().EndpointSlices(ns)
-			l, err := api.List(cctx, metav1.ListOptions{LabelSelector: sel, Limit: 1})
-			if err != nil {
-				return accessError("list", ns, err)
-			}
-			w, err := api.Watch(cctx, metav1.ListOptions{LabelSelector: sel, ResourceVersion: l.ResourceVersion, TimeoutSeconds: new(int64(1))})
-			if err != nil {
-				return accessError("watch", ns, err)
-			}
-			w.Stop()
-			return nil
-		}()
-		cancel()
-		if errors.Is(err, ErrForbidden) {
-			errs = append(errs, err)
-		} else if err != nil {
+// serviceAccountDir is where the kubelet mounts the pod's service account
+// token and namespace (rest.InClusterConfig reads the token there).
+const serviceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
+
+// errNotServed marks an API server without discovery.k8s.io/v1
+// EndpointSlices: Start fails rather than retry forever.
+var errNotServed = errors.New("kubernetes discovery: the API server does not serve discovery.k8s.io/v1 EndpointSlices")
+
+// checkAccess lists and watches the slices of every namespace once, all
+// at once under one overall deadline (timeout), so a missing permission or
+// API is reported at start with what to do, rather than as informer
+// retries forever. A namespace whose check has not answered by the
+// deadline, or failed otherwise, is logged and left to the informers'
+// retries; its request is cancelled and its goroutine ends with it, not
+// waited for.
+func checkAccess(ctx context.Context, cs kubernetes.Interface, namespaces []string, sel string, timeout time.Duration, log *slog.Logger) error {
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	type result struct {
+		i   int
+		err error
+	}
+	results := make(chan result, len(namespaces)) // buffered: a late answer does not block
+	for i, ns := range namespaces {
+		go func() { results <- result{i, checkNamespace(cctx, cs, ns, sel)} }()
+	}
+	errs := make([]error, len(namespaces))
+	answered := make([]bool, len(namespaces))
+wait:
+	for range namespaces {
+		select {
+		case r := <-results:
+			errs[r.i], answered[r.i] = r.err, true
+		case <-cctx.Done():
+			break wait
+		}
+	}
+	var fatal []error
+	for i, ns := range namespaces {
+		switch err := errs[i]; {
+		case !answered[i]:
+			log.Warn("kubernetes discovery: the API server did not answer the access check; the informers keep trying",
+				"namespace", ns, "error", fmt.Sprintf("no answer within %s (%v)", timeout, context.Cause(cctx)))
+		case errors.Is(err, ErrForbidden) || errors.Is(err, errNotServed):
+			fatal = append(fatal, err)
+		case err != nil:
 			log.Warn("kubernetes discovery: the API server did not answer the access check; the informers keep trying", "namespace", ns, "error", err)
 		}
 	}
-	return errors.Join(errs...)
+	return errors.Join(fatal...)
 }
 
+// checkNamespace lists and watches the slices of ns once.
+func checkNamespace(ctx context.Context, cs kubernetes.Interface, ns, sel string) error {
+	api := cs.DiscoveryV1().EndpointSlices(ns)
+	l, err := api.List(ctx, metav1.ListOptions{LabelSelector: sel, Limit: 1})
+	if err != nil {
+		return accessError("list", ns, err)
+	}
+	w, err := api.Watch(ctx, metav1.ListOptions{LabelSelector: sel, ResourceVersion: l.ResourceVersion, TimeoutSeconds: new(int64(1))})
+	if err != nil {
+		return accessError("watch", ns, err)
+	}
+	w.Stop()
+	return nil
+}
+
+// accessError says what an API error on verb in namespace ns means and
+// what to do about it: a refused permission (wrapping ErrForbidden, with
+// what the Role must grant), refused credentials (ErrForbidden too), or
+// EndpointSlices not served (errNotServed).
 func accessError(verb, ns string, err error) error {
 	switch {
 	case apierrors.IsForbidden(err):
-		return fmt.Errorf("%w: may not %s endpointslices.discovery.k8s.io in namespace %q (%v): the gateway's Role there must grant get, list and watch on discovery.k8s.io endpointslices, as deploy/kubernetes/base/role.yaml does",
+		return fmt.Errorf("%w: may not %s endpointslices.discovery.k8s.io in namespace %q (%v): the gateway's Role there must grant list and watch on discovery.k8s.io endpointslices, as deploy/kubernetes/base/role.yaml does",
 			ErrForbidden, verb, ns, err)
 	case apierrors.IsUnauthorized(err):
 		return fmt.Errorf("%w: the API server refused the gateway's credentials (%v): check its service account token or the kubeconfig", ErrForbidden, err)
+	case apierrors.IsNotFound(err):
+		return fmt.Errorf("%w (%s in namespace %q: %v): EndpointSlice discovery needs Kubernetes 1.21 or later", errNotServed, verb, ns, err)
 	}
 	return fmt.Errorf("%s endpointslices in namespace %q: %w", verb, ns, err)
 }

@@ -1,17 +1,26 @@
 // Package k8s discovers engines from Kubernetes EndpointSlices.
 //
 // [Start] runs one client-go informer per namespace on the slices that
-// Config's service name or label selector picks, and keeps a [Sink]'s
-// (the gateway's) discovered engines equal to the slices' ready, not
-// terminating endpoints, each change batch applied as one routing
-// snapshot. An endpoint that turns terminating or not ready, or whose slice
-// is deleted, leaves the engine set: the pool retires it, so it takes no
-// new request and its requests in flight finish and release their slots on
-// its own incarnation.
+// Config's service name or label selector picks (of Config's address
+// type: a dual-stack Service's slices of the other family are ignored),
+// and keeps a [Sink]'s (the gateway's) discovered engines equal to the
+// slices' endpoints, each change batch applied as one routing snapshot.
+//
+// # Readiness
+//
+// A ready, not terminating endpoint takes requests. One that turns not
+// ready or terminating stays in the engine set, Unready: it takes no new
+// request, its requests in flight finish on it, and it keeps its
+// incarnation (health, outlier state, stats), so a ready, not ready, ready
+// flap serves again at once without a new one. An endpoint leaves the set
+// only when it leaves its slice, or its slice is deleted: the pool retires
+// it, and its requests in flight finish and release their slots on its own
+// incarnation.
 //
 // # Names
 //
-// Engines are named after their pod (Config.Names "pod", the default), or
+// Engines are named after their pod (Config.Names "pod", the default; an
+// endpoint without a pod targetRef falls back to "<slice>/<address>"), or
 // "<slice>/<address>", or "<service>/<address>". The names, not the order
 // of events, determine the engine list (sorted by name), so every gateway
 // replica watching the same slices has the same engines in the same order,
@@ -19,7 +28,8 @@
 //
 // # Permissions
 //
-// Discovery needs exactly [Rules] (get, list, watch on EndpointSlices) in
-// each watched namespace; [Start] checks list and watch before it starts
-// and fails with ErrForbidden and what to grant otherwise.
+// Discovery needs exactly [Rules] (list and watch on EndpointSlices) in
+// each watched namespace, nothing else; [Start] checks them in every
+// namespace at once before it starts, and fails with ErrForbidden and what
+// to grant otherwise.
 package k8s

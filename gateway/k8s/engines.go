@@ -12,64 +12,93 @@ import (
 )
 
 // Engines returns the engines the slices describe under c, sorted by name,
-// with one line per endpoint left out saying why (no usable port, a name
-// seen twice with another URL). An endpoint is an engine when it is ready
-// (conditions.ready true or unset, which the API defines as ready) and not
-// terminating; a not-ready or terminating endpoint, or one whose slice is
-// gone, is not, and the pool drains it: it takes no new request and its
-// requests in flight finish on it. The same endpoint in two slices (the
-// EndpointSlice controller moving it) is one engine. prefixNS names pods
-// "<namespace>/<pod>" (several namespaces are watched). The result
-// depends only on the slices' contents, never on their order, so every
-// gateway replica builds the same list.
-func Engines(c Config, list []*discoveryv1.EndpointSlice, prefixNS bool) (engines []gateway.EngineConfig, skipped []string) {
-	byName := map[string]gateway.EngineConfig{}
+// with one line per slice or endpoint left out saying why (no usable port,
+// a name seen twice with another URL).
+//
+// Only the slices of c.AddressType count; the others are skipped without a
+// line (a dual-stack Service's other family). Every endpoint with an
+// address is an engine. One that is ready (conditions.ready true or unset,
+// which the API defines as ready) and not terminating takes requests; one
+// that is not ready, or terminating, is Unready: it stays in the pool,
+// draining (no new request; its requests in flight finish on it), and
+// keeps its incarnation, so a readiness flap does not make a new one. An
+// engine leaves the set only when its endpoint leaves the slice or the
+// slice goes.
+//
+// The same endpoint in two slices (the EndpointSlice controller moving it)
+// is one engine: a ready copy wins over an unready one, else the first
+// slice by namespace and name. prefixNS names pods "<namespace>/<pod>"
+// (several namespaces are watched). The result depends only on the
+// slices' contents, never on their order, so every gateway replica builds
+// the same list.
+func Engines(c Config, list []*discoveryv1.EndpointSlice, prefixNS bool) (engines []gateway.DiscoveredEngine, skipped []string) {
+	type candidate struct {
+		de    gateway.DiscoveredEngine
+		slice string // namespace/name
+	}
+	byName := map[string][]candidate{}
+	var names []string
 	sorted := slices.Clone(list)
 	slices.SortFunc(sorted, func(a, b *discoveryv1.EndpointSlice) int {
 		return strings.Compare(a.Namespace+"/"+a.Name, b.Namespace+"/"+b.Name)
 	})
 	for _, s := range sorted {
-		port, ok := slicePort(c, s)
-		if !ok {
+		if string(s.AddressType) != c.AddressType {
+			continue
+		}
+		port, why := slicePort(c, s)
+		if why != "" {
 			if len(s.Endpoints) > 0 {
-				why := "does not have exactly one port"
-				if c.Port != "" {
-					why = "has no port named " + strconv.Quote(c.Port)
-				}
 				skipped = append(skipped, "EndpointSlice "+s.Namespace+"/"+s.Name+" "+why+": its endpoints are left out")
 			}
 			continue
 		}
 		models := sliceModels(c, s)
 		for _, ep := range s.Endpoints {
-			if !usable(ep) || len(ep.Addresses) == 0 {
+			if len(ep.Addresses) == 0 {
 				continue
 			}
 			addr := ep.Addresses[0] // the others are the same endpoint's (the API uses only the first)
 			name := engineName(c, s, ep, addr, prefixNS)
-			ec := gateway.EngineConfig{
-				Name:        name,
-				URL:         c.Scheme + "://" + net.JoinHostPort(addr, strconv.Itoa(int(port))),
-				Models:      models,
-				APIKeyEnv:   c.APIKeyEnv,
-				Provider:    c.Provider,
-				MaxInFlight: c.MaxInFlight,
+			de := gateway.DiscoveredEngine{
+				EngineConfig: gateway.EngineConfig{
+					Name:        name,
+					URL:         c.Scheme + "://" + net.JoinHostPort(addr, strconv.Itoa(int(port))),
+					Models:      models,
+					APIKeyEnv:   c.APIKeyEnv,
+					Provider:    c.Provider,
+					MaxInFlight: c.MaxInFlight,
+				},
+				Unready: !usable(ep),
 			}
-			if prev, dup := byName[name]; dup {
-				if prev.URL != ec.URL {
-					skipped = append(skipped, "endpoint "+name+" at "+ec.URL+" in EndpointSlice "+s.Namespace+"/"+s.Name+
-						" left out: another slice has it at "+prev.URL)
-				}
-				continue
+			if _, seen := byName[name]; !seen {
+				names = append(names, name)
 			}
-			byName[name] = ec
+			byName[name] = append(byName[name], candidate{de: de, slice: s.Namespace + "/" + s.Name})
 		}
 	}
-	engines = make([]gateway.EngineConfig, 0, len(byName))
-	for _, ec := range byName {
-		engines = append(engines, ec)
+	slices.Sort(names)
+	engines = make([]gateway.DiscoveredEngine, 0, len(names))
+	for _, name := range names {
+		cands := byName[name] // in slice order
+		win := 0
+		if i := slices.IndexFunc(cands, func(c candidate) bool { return !c.de.Unready }); i >= 0 {
+			win = i
+		}
+		w := cands[win]
+		engines = append(engines, w.de)
+		for i, o := range cands {
+			if i == win || o.de.URL == w.de.URL {
+				continue
+			}
+			state := ""
+			if !w.de.Unready && o.de.Unready {
+				state = " ready"
+			}
+			skipped = append(skipped, "endpoint "+name+" at "+o.de.URL+" in EndpointSlice "+o.slice+
+				" left out: EndpointSlice "+w.slice+" has it"+state+" at "+w.de.URL)
+		}
 	}
-	slices.SortFunc(engines, func(a, b gateway.EngineConfig) int { return strings.Compare(a.Name, b.Name) })
 	return engines, skipped
 }
 
@@ -81,14 +110,16 @@ func usable(ep discoveryv1.Endpoint) bool {
 }
 
 // slicePort returns the slice's engine port: the one named c.Port, or its
-// only port when c.Port is empty.
-func slicePort(c Config, s *discoveryv1.EndpointSlice) (int32, bool) {
+// only port when c.Port is empty; else why there is none, naming the
+// ports the slice has.
+func slicePort(c Config, s *discoveryv1.EndpointSlice) (int32, string) {
 	var found *discoveryv1.EndpointPort
 	for i := range s.Ports {
 		p := &s.Ports[i]
 		if c.Port == "" {
 			if found != nil {
-				return 0, false // several ports and none named
+				return 0, "has " + strconv.Itoa(len(s.Ports)) + " ports (" + describePorts(s.Ports) +
+					") and discovery.kubernetes.port does not name one"
 			}
 			found = p
 			continue
@@ -98,10 +129,34 @@ func slicePort(c Config, s *discoveryv1.EndpointSlice) (int32, bool) {
 			break
 		}
 	}
-	if found == nil || found.Port == nil || *found.Port <= 0 {
-		return 0, false
+	switch {
+	case found == nil && c.Port == "":
+		return 0, "has no port"
+	case found == nil:
+		if len(s.Ports) == 0 {
+			return 0, "has no port named " + strconv.Quote(c.Port) + " (it has no ports)"
+		}
+		return 0, "has no port named " + strconv.Quote(c.Port) + " (its ports: " + describePorts(s.Ports) + ")"
+	case found.Port == nil || *found.Port <= 0:
+		return 0, "has no port number for port " + describePorts([]discoveryv1.EndpointPort{*found})
 	}
-	return *found.Port, true
+	return *found.Port, ""
+}
+
+// describePorts lists ports for an operator: "http" 8000, unnamed 9090.
+func describePorts(ports []discoveryv1.EndpointPort) string {
+	out := make([]string, 0, len(ports))
+	for _, p := range ports {
+		d := "unnamed"
+		if p.Name != nil && *p.Name != "" {
+			d = strconv.Quote(*p.Name)
+		}
+		if p.Port != nil {
+			d += " " + strconv.Itoa(int(*p.Port))
+		}
+		out = append(out, d)
+	}
+	return strings.Join(out, ", ")
 }
 
 // sliceModels returns the models c gives every engine of s, nil when they

@@ -62,13 +62,26 @@ func withConditions(ep discoveryv1.Endpoint, c discoveryv1.EndpointConditions) d
 	return ep
 }
 
-// eng returns the engine the defaults of testConfig give name at url.
-func eng(name, url string, models ...string) gateway.EngineConfig {
-	return gateway.EngineConfig{Name: name, URL: url, Models: models}
+// eng returns the ready engine the defaults of testConfig give name at
+// url.
+func eng(name, url string, models ...string) gateway.DiscoveredEngine {
+	return gateway.DiscoveredEngine{EngineConfig: gateway.EngineConfig{Name: name, URL: url, Models: models}}
+}
+
+// unready returns de marked Unready.
+func unready(de gateway.DiscoveredEngine) gateway.DiscoveredEngine {
+	de.Unready = true
+	return de
+}
+
+// family returns s with address type t.
+func family(s *discoveryv1.EndpointSlice, t discoveryv1.AddressType) *discoveryv1.EndpointSlice {
+	s.AddressType = t
+	return s
 }
 
 // sameEngines reports whether got and want are equal, nil and empty alike.
-func sameEngines(got, want []gateway.EngineConfig) bool {
+func sameEngines(got, want []gateway.DiscoveredEngine) bool {
 	if len(got) == 0 && len(want) == 0 {
 		return true
 	}
@@ -82,7 +95,7 @@ func TestEngines(t *testing.T) {
 		cfg      func(*Config) // applied to testConfig; nil: as is
 		slices   []*discoveryv1.EndpointSlice
 		prefixNS bool
-		want     []gateway.EngineConfig
+		want     []gateway.DiscoveredEngine
 		// skipped are the left-out lines, each given by substrings it
 		// must contain.
 		skipped [][]string
@@ -90,46 +103,86 @@ func TestEngines(t *testing.T) {
 		{
 			name:   "ready unset is ready",
 			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-1", "vllm", http8000(), podEP("vllm-0", "10.0.0.1"))},
-			want:   []gateway.EngineConfig{eng("vllm-0", "http://10.0.0.1:8000")},
+			want:   []gateway.DiscoveredEngine{eng("vllm-0", "http://10.0.0.1:8000")},
 		},
 		{
-			name: "ready true, ready false",
+			name: "ready true is ready, ready false is unready",
 			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-1", "vllm", http8000(),
 				withConditions(podEP("vllm-0", "10.0.0.1"), discoveryv1.EndpointConditions{Ready: new(true)}),
 				withConditions(podEP("vllm-1", "10.0.0.2"), discoveryv1.EndpointConditions{Ready: new(false)}),
+				withConditions(podEP("vllm-2", "10.0.0.3"), discoveryv1.EndpointConditions{Ready: new(false), Serving: new(true)}),
 			)},
-			want: []gateway.EngineConfig{eng("vllm-0", "http://10.0.0.1:8000")},
+			want: []gateway.DiscoveredEngine{
+				eng("vllm-0", "http://10.0.0.1:8000"),
+				unready(eng("vllm-1", "http://10.0.0.2:8000")),
+				unready(eng("vllm-2", "http://10.0.0.3:8000")),
+			},
 		},
 		{
-			name: "terminating is left out, ready false or serving true",
+			name: "terminating is unready, whether ready or serving",
 			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-1", "vllm", http8000(),
 				withConditions(podEP("vllm-0", "10.0.0.1"), discoveryv1.EndpointConditions{Ready: new(false), Terminating: new(true)}),
 				withConditions(podEP("vllm-1", "10.0.0.2"), discoveryv1.EndpointConditions{Serving: new(true), Terminating: new(true)}),
 				withConditions(podEP("vllm-2", "10.0.0.3"), discoveryv1.EndpointConditions{Ready: new(true), Serving: new(true), Terminating: new(true)}),
 				withConditions(podEP("vllm-3", "10.0.0.4"), discoveryv1.EndpointConditions{Ready: new(true), Serving: new(true), Terminating: new(false)}),
 			)},
-			want: []gateway.EngineConfig{eng("vllm-3", "http://10.0.0.4:8000")},
+			want: []gateway.DiscoveredEngine{
+				unready(eng("vllm-0", "http://10.0.0.1:8000")),
+				unready(eng("vllm-1", "http://10.0.0.2:8000")),
+				unready(eng("vllm-2", "http://10.0.0.3:8000")),
+				eng("vllm-3", "http://10.0.0.4:8000"),
+			},
 		},
 		{
 			name: "an endpoint without addresses is left out silently",
 			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-1", "vllm", http8000(),
 				podEP("vllm-0"), podEP("vllm-1", "10.0.0.2"))},
-			want: []gateway.EngineConfig{eng("vllm-1", "http://10.0.0.2:8000")},
+			want: []gateway.DiscoveredEngine{eng("vllm-1", "http://10.0.0.2:8000")},
 		},
 		{
 			name:   "several addresses: the first",
 			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-1", "vllm", http8000(), podEP("vllm-0", "10.0.0.7", "10.0.0.8"))},
-			want:   []gateway.EngineConfig{eng("vllm-0", "http://10.0.0.7:8000")},
+			want:   []gateway.DiscoveredEngine{eng("vllm-0", "http://10.0.0.7:8000")},
 		},
 		{
-			name: "IPv6 address in brackets",
-			cfg:  func(c *Config) { c.Names = NamesSliceAddress },
-			slices: []*discoveryv1.EndpointSlice{func() *discoveryv1.EndpointSlice {
-				s := eslice(ns, "vllm-v6", "vllm", http8000(), podEP("vllm-0", "fd00::1"))
-				s.AddressType = discoveryv1.AddressTypeIPv6
-				return s
-			}()},
-			want: []gateway.EngineConfig{eng("vllm-v6/fd00::1", "http://[fd00::1]:8000")},
+			name:   "IPv6 address in brackets",
+			cfg:    func(c *Config) { c.Names = NamesSliceAddress; c.AddressType = AddressTypeIPv6 },
+			slices: []*discoveryv1.EndpointSlice{family(eslice(ns, "vllm-v6", "vllm", http8000(), podEP("vllm-0", "fd00::1")), discoveryv1.AddressTypeIPv6)},
+			want:   []gateway.DiscoveredEngine{eng("vllm-v6/fd00::1", "http://[fd00::1]:8000")},
+		},
+		{
+			// The IPv6 slice sorts first: taking both families, the
+			// first slice by name would win.
+			name: "dual stack: IPv4 by default, the IPv6 slice ignored silently",
+			slices: []*discoveryv1.EndpointSlice{
+				family(eslice(ns, "vllm-a6", "vllm", http8000(), podEP("vllm-0", "fd00::1"), podEP("vllm-1", "fd00::2")), discoveryv1.AddressTypeIPv6),
+				eslice(ns, "vllm-b4", "vllm", http8000(), podEP("vllm-0", "10.0.0.1"), podEP("vllm-1", "10.0.0.2")),
+			},
+			want: []gateway.DiscoveredEngine{eng("vllm-0", "http://10.0.0.1:8000"), eng("vllm-1", "http://10.0.0.2:8000")},
+		},
+		{
+			name: "dual stack: address_type IPv6 takes the IPv6 slice",
+			cfg:  func(c *Config) { c.AddressType = AddressTypeIPv6 },
+			slices: []*discoveryv1.EndpointSlice{
+				eslice(ns, "vllm-a4", "vllm", http8000(), podEP("vllm-0", "10.0.0.1"), podEP("vllm-1", "10.0.0.2")),
+				family(eslice(ns, "vllm-b6", "vllm", http8000(), podEP("vllm-0", "fd00::1"), podEP("vllm-1", "fd00::2")), discoveryv1.AddressTypeIPv6),
+			},
+			want: []gateway.DiscoveredEngine{eng("vllm-0", "http://[fd00::1]:8000"), eng("vllm-1", "http://[fd00::2]:8000")},
+		},
+		{
+			name: "address_type FQDN",
+			cfg:  func(c *Config) { c.AddressType = AddressTypeFQDN },
+			slices: []*discoveryv1.EndpointSlice{
+				eslice(ns, "vllm-a4", "vllm", http8000(), podEP("vllm-0", "10.0.0.1")),
+				family(eslice(ns, "vllm-ext", "vllm", http8000(), discoveryv1.Endpoint{Addresses: []string{"vllm.example.com"}}), discoveryv1.AddressTypeFQDN),
+			},
+			want: []gateway.DiscoveredEngine{eng("vllm-ext/vllm.example.com", "http://vllm.example.com:8000")},
+		},
+		{
+			name: "a slice of another address type says nothing, even without a usable port",
+			slices: []*discoveryv1.EndpointSlice{
+				family(eslice(ns, "vllm-a6", "vllm", []discoveryv1.EndpointPort{port("http", 8000), port("metrics", 9090)}, podEP("vllm-0", "fd00::1")), discoveryv1.AddressTypeIPv6),
+			},
 		},
 		{
 			name: "port by name among several",
@@ -137,13 +190,13 @@ func TestEngines(t *testing.T) {
 			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-1", "vllm",
 				[]discoveryv1.EndpointPort{port("metrics", 9090), port("http", 8000), port("", 7000)},
 				podEP("vllm-0", "10.0.0.1"))},
-			want: []gateway.EngineConfig{eng("vllm-0", "http://10.0.0.1:8000")},
+			want: []gateway.DiscoveredEngine{eng("vllm-0", "http://10.0.0.1:8000")},
 		},
 		{
 			name: "the only port, unnamed, no port configured",
 			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-1", "vllm",
 				[]discoveryv1.EndpointPort{port("", 8080)}, podEP("vllm-0", "10.0.0.1"))},
-			want: []gateway.EngineConfig{eng("vllm-0", "http://10.0.0.1:8080")},
+			want: []gateway.DiscoveredEngine{eng("vllm-0", "http://10.0.0.1:8080")},
 		},
 		{
 			name: "several ports and no port configured: the slice is left out",
@@ -151,23 +204,35 @@ func TestEngines(t *testing.T) {
 				eslice(ns, "vllm-1", "vllm", []discoveryv1.EndpointPort{port("http", 8000), port("metrics", 9090)}, podEP("vllm-0", "10.0.0.1")),
 				eslice(ns, "vllm-2", "vllm", http8000(), podEP("vllm-1", "10.0.0.2")),
 			},
-			want:    []gateway.EngineConfig{eng("vllm-1", "http://10.0.0.2:8000")},
-			skipped: [][]string{{"EndpointSlice default/vllm-1", "exactly one port", "left out"}},
+			want: []gateway.DiscoveredEngine{eng("vllm-1", "http://10.0.0.2:8000")},
+			skipped: [][]string{{"EndpointSlice default/vllm-1 has 2 ports", `"http" 8000, "metrics" 9090`,
+				"discovery.kubernetes.port does not name one", "left out"}},
 		},
 		{
-			name: "the named port is missing: the slice is left out",
+			name: "the named port is missing: the slice is left out, its ports listed",
 			cfg:  func(c *Config) { c.Port = "http" },
 			slices: []*discoveryv1.EndpointSlice{
-				eslice(ns, "vllm-1", "vllm", []discoveryv1.EndpointPort{port("grpc", 9000)}, podEP("vllm-0", "10.0.0.1")),
+				eslice(ns, "vllm-1", "vllm", []discoveryv1.EndpointPort{port("grpc", 9000), port("", 9090)}, podEP("vllm-0", "10.0.0.1")),
+				eslice(ns, "vllm-2", "vllm", nil, podEP("vllm-1", "10.0.0.2")),
 			},
-			skipped: [][]string{{"EndpointSlice default/vllm-1", `port named "http"`, "left out"}},
+			skipped: [][]string{
+				{"EndpointSlice default/vllm-1", `has no port named "http" (its ports: "grpc" 9000, unnamed 9090)`, "left out"},
+				{"EndpointSlice default/vllm-2", `has no port named "http" (it has no ports)`, "left out"},
+			},
+		},
+		{
+			name: "no port at all and no port configured: the slice is left out",
+			slices: []*discoveryv1.EndpointSlice{
+				eslice(ns, "vllm-1", "vllm", nil, podEP("vllm-0", "10.0.0.1")),
+			},
+			skipped: [][]string{{"EndpointSlice default/vllm-1 has no port", "left out"}},
 		},
 		{
 			name: "no port number: the slice is left out",
 			slices: []*discoveryv1.EndpointSlice{
 				eslice(ns, "vllm-1", "vllm", []discoveryv1.EndpointPort{{Name: new("http")}}, podEP("vllm-0", "10.0.0.1")),
 			},
-			skipped: [][]string{{"EndpointSlice default/vllm-1", "left out"}},
+			skipped: [][]string{{"EndpointSlice default/vllm-1 has no port number for port \"http\"", "left out"}},
 		},
 		{
 			name: "a slice without a usable port and without endpoints says nothing",
@@ -176,7 +241,7 @@ func TestEngines(t *testing.T) {
 				eslice(ns, "vllm-1", "vllm", nil),
 				eslice(ns, "vllm-2", "vllm", http8000(), podEP("vllm-0", "10.0.0.1")),
 			},
-			want: []gateway.EngineConfig{eng("vllm-0", "http://10.0.0.1:8000")},
+			want: []gateway.DiscoveredEngine{eng("vllm-0", "http://10.0.0.1:8000")},
 		},
 		{
 			name: "names pod; no pod reference or not a pod: slice-address",
@@ -186,7 +251,7 @@ func TestEngines(t *testing.T) {
 				discoveryv1.Endpoint{Addresses: []string{"10.0.0.3"}, TargetRef: &corev1.ObjectReference{Kind: "Node", Name: "node-1"}},
 				discoveryv1.Endpoint{Addresses: []string{"10.0.0.4"}, TargetRef: &corev1.ObjectReference{Kind: "Pod"}},
 			)},
-			want: []gateway.EngineConfig{
+			want: []gateway.DiscoveredEngine{
 				eng("vllm-0", "http://10.0.0.1:8000"),
 				eng("vllm-1/10.0.0.2", "http://10.0.0.2:8000"),
 				eng("vllm-1/10.0.0.3", "http://10.0.0.3:8000"),
@@ -197,7 +262,7 @@ func TestEngines(t *testing.T) {
 			name:   "names slice-address",
 			cfg:    func(c *Config) { c.Names = NamesSliceAddress },
 			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-abcde", "vllm", http8000(), podEP("vllm-0", "10.0.0.1"))},
-			want:   []gateway.EngineConfig{eng("vllm-abcde/10.0.0.1", "http://10.0.0.1:8000")},
+			want:   []gateway.DiscoveredEngine{eng("vllm-abcde/10.0.0.1", "http://10.0.0.1:8000")},
 		},
 		{
 			name: "names service-address; no service label: slice-address",
@@ -206,7 +271,7 @@ func TestEngines(t *testing.T) {
 				eslice(ns, "vllm-abcde", "vllm", http8000(), podEP("vllm-0", "10.0.0.1")),
 				eslice(ns, "manual", "", http8000(), podEP("vllm-1", "10.0.0.2")),
 			},
-			want: []gateway.EngineConfig{
+			want: []gateway.DiscoveredEngine{
 				eng("manual/10.0.0.2", "http://10.0.0.2:8000"),
 				eng("vllm/10.0.0.1", "http://10.0.0.1:8000"),
 			},
@@ -218,7 +283,7 @@ func TestEngines(t *testing.T) {
 				eslice("team-a", "vllm-1", "vllm", http8000(), podEP("vllm-0", "10.0.0.1"), discoveryv1.Endpoint{Addresses: []string{"10.0.0.2"}}),
 			},
 			prefixNS: true,
-			want: []gateway.EngineConfig{
+			want: []gateway.DiscoveredEngine{
 				eng("team-a/vllm-0", "http://10.0.0.1:8000"),
 				eng("team-a/vllm-1/10.0.0.2", "http://10.0.0.2:8000"),
 				eng("team-b/vllm-0", "http://10.0.1.1:8000"),
@@ -231,14 +296,14 @@ func TestEngines(t *testing.T) {
 				eslice("team-a", "vllm-1", "vllm", http8000(), podEP("vllm-0", "10.0.0.1")),
 			},
 			prefixNS: true,
-			want:     []gateway.EngineConfig{eng("team-a/vllm/10.0.0.1", "http://10.0.0.1:8000")},
+			want:     []gateway.DiscoveredEngine{eng("team-a/vllm/10.0.0.1", "http://10.0.0.1:8000")},
 		},
 		{
 			name: "models from the configuration",
 			cfg:  func(c *Config) { c.Models = []string{"llama-3-8b", "qwen"} },
 			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-1", "vllm", http8000(),
 				podEP("vllm-0", "10.0.0.1"), podEP("vllm-1", "10.0.0.2"))},
-			want: []gateway.EngineConfig{
+			want: []gateway.DiscoveredEngine{
 				eng("vllm-0", "http://10.0.0.1:8000", "llama-3-8b", "qwen"),
 				eng("vllm-1", "http://10.0.0.2:8000", "llama-3-8b", "qwen"),
 			},
@@ -259,7 +324,7 @@ func TestEngines(t *testing.T) {
 					return s
 				}(),
 			},
-			want: []gateway.EngineConfig{
+			want: []gateway.DiscoveredEngine{
 				eng("vllm-0", "http://10.0.0.1:8000", "llama-3-8b", "qwen", "mistral"),
 				eng("vllm-1", "http://10.0.0.2:8000"),
 				eng("vllm-2", "http://10.0.0.3:8000"),
@@ -276,7 +341,7 @@ func TestEngines(t *testing.T) {
 				}(),
 				eslice(ns, "vllm-2", "vllm", http8000(), podEP("vllm-1", "10.0.0.2")),
 			},
-			want: []gateway.EngineConfig{
+			want: []gateway.DiscoveredEngine{
 				eng("vllm-0", "http://10.0.0.1:8000", "llama-3-8b"),
 				eng("vllm-1", "http://10.0.0.2:8000"),
 			},
@@ -287,7 +352,33 @@ func TestEngines(t *testing.T) {
 				eslice(ns, "vllm-2", "vllm", http8000(), podEP("vllm-0", "10.0.0.1")),
 				eslice(ns, "vllm-1", "vllm", http8000(), podEP("vllm-0", "10.0.0.1"), podEP("vllm-1", "10.0.0.2")),
 			},
-			want: []gateway.EngineConfig{eng("vllm-0", "http://10.0.0.1:8000"), eng("vllm-1", "http://10.0.0.2:8000")},
+			want: []gateway.DiscoveredEngine{eng("vllm-0", "http://10.0.0.1:8000"), eng("vllm-1", "http://10.0.0.2:8000")},
+		},
+		{
+			name: "the same endpoint in two slices, unready in the first: the ready one",
+			slices: []*discoveryv1.EndpointSlice{
+				eslice(ns, "vllm-b", "vllm", http8000(), podEP("vllm-0", "10.0.0.1")),
+				eslice(ns, "vllm-a", "vllm", http8000(), withConditions(podEP("vllm-0", "10.0.0.1"), discoveryv1.EndpointConditions{Ready: new(false)})),
+			},
+			want: []gateway.DiscoveredEngine{eng("vllm-0", "http://10.0.0.1:8000")},
+		},
+		{
+			name: "the same endpoint unready in both slices: unready",
+			slices: []*discoveryv1.EndpointSlice{
+				eslice(ns, "vllm-b", "vllm", http8000(), withConditions(podEP("vllm-0", "10.0.0.1"), discoveryv1.EndpointConditions{Terminating: new(true)})),
+				eslice(ns, "vllm-a", "vllm", http8000(), withConditions(podEP("vllm-0", "10.0.0.1"), discoveryv1.EndpointConditions{Ready: new(false)})),
+			},
+			want: []gateway.DiscoveredEngine{unready(eng("vllm-0", "http://10.0.0.1:8000"))},
+		},
+		{
+			name: "the same name at another URL, unready in the first slice: the ready one wins",
+			slices: []*discoveryv1.EndpointSlice{
+				eslice(ns, "vllm-b", "vllm", http8000(), podEP("vllm-0", "10.0.0.9")),
+				eslice(ns, "vllm-a", "vllm", http8000(), withConditions(podEP("vllm-0", "10.0.0.1"), discoveryv1.EndpointConditions{Terminating: new(true)})),
+			},
+			want: []gateway.DiscoveredEngine{eng("vllm-0", "http://10.0.0.9:8000")},
+			skipped: [][]string{{"endpoint vllm-0 at http://10.0.0.1:8000 in EndpointSlice default/vllm-a left out",
+				"EndpointSlice default/vllm-b has it ready at http://10.0.0.9:8000"}},
 		},
 		{
 			name: "the same name in two slices at another URL: the first slice by name wins",
@@ -295,9 +386,9 @@ func TestEngines(t *testing.T) {
 				eslice(ns, "vllm-b", "vllm", http8000(), podEP("vllm-0", "10.0.0.9")),
 				eslice(ns, "vllm-a", "vllm", http8000(), podEP("vllm-0", "10.0.0.1")),
 			},
-			want: []gateway.EngineConfig{eng("vllm-0", "http://10.0.0.1:8000")},
-			skipped: [][]string{{"vllm-0", "http://10.0.0.9:8000", "EndpointSlice default/vllm-b",
-				"left out", "http://10.0.0.1:8000"}},
+			want: []gateway.DiscoveredEngine{eng("vllm-0", "http://10.0.0.1:8000")},
+			skipped: [][]string{{"endpoint vllm-0 at http://10.0.0.9:8000 in EndpointSlice default/vllm-b left out",
+				"EndpointSlice default/vllm-a has it at http://10.0.0.1:8000"}},
 		},
 		{
 			name: "sorted by name",
@@ -305,7 +396,7 @@ func TestEngines(t *testing.T) {
 				eslice(ns, "vllm-1", "vllm", http8000(), podEP("vllm-c", "10.0.0.3"), podEP("vllm-a", "10.0.0.1")),
 				eslice(ns, "vllm-0", "vllm", http8000(), podEP("vllm-d", "10.0.0.4"), podEP("vllm-b", "10.0.0.2")),
 			},
-			want: []gateway.EngineConfig{
+			want: []gateway.DiscoveredEngine{
 				eng("vllm-a", "http://10.0.0.1:8000"),
 				eng("vllm-b", "http://10.0.0.2:8000"),
 				eng("vllm-c", "http://10.0.0.3:8000"),
@@ -322,8 +413,8 @@ func TestEngines(t *testing.T) {
 				c.Models = []string{"llama-3-8b"}
 			},
 			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-1", "vllm", http8000(), podEP("vllm-0", "10.0.0.1"))},
-			want: []gateway.EngineConfig{{Name: "vllm-0", URL: "https://10.0.0.1:8000", Models: []string{"llama-3-8b"},
-				APIKeyEnv: "VLLM_API_KEY", Provider: "openai", MaxInFlight: 32}},
+			want: []gateway.DiscoveredEngine{{EngineConfig: gateway.EngineConfig{Name: "vllm-0", URL: "https://10.0.0.1:8000",
+				Models: []string{"llama-3-8b"}, APIKeyEnv: "VLLM_API_KEY", Provider: "openai", MaxInFlight: 32}}},
 		},
 		{
 			name: "no slices",
@@ -392,16 +483,37 @@ func TestEnginesOrderIndependent(t *testing.T) {
 			}
 			eps = append(eps, ep)
 		}
+		if i%2 == 1 {
+			// A pod unready in every slice, at another address in each.
+			eps = append(eps, withConditions(podEP("vllm-draining", fmt.Sprintf("10.1.0.%d", i)), discoveryv1.EndpointConditions{Terminating: new(true)}))
+		}
 		ports := http8000()
 		if i == 5 {
 			ports = append(ports, port("metrics", 9090))
 		}
 		in = append(in, eslice(ns, fmt.Sprintf("vllm-%c", 'a'+i), "vllm", ports, eps...))
+		if i%3 == 0 {
+			// A dual-stack twin of the same pods, at other addresses.
+			v6 := slices.Clone(eps)
+			for j := range v6 {
+				v6[j].Addresses = []string{fmt.Sprintf("fd00::%d:%d", i, j)}
+			}
+			in = append(in, family(eslice(ns, fmt.Sprintf("vllm-%c6", 'a'+i), "vllm", ports, v6...), discoveryv1.AddressTypeIPv6))
+		}
 	}
 	for _, prefixNS := range []bool{false, true} {
 		want, wantSkipped := Engines(cfg, in, prefixNS)
 		if len(want) == 0 || len(wantSkipped) == 0 {
 			t.Fatalf("the input should give engines and left-out lines: %+v, %q", want, wantSkipped)
+		}
+		if !slices.ContainsFunc(want, func(de gateway.DiscoveredEngine) bool { return de.Unready }) ||
+			!slices.ContainsFunc(want, func(de gateway.DiscoveredEngine) bool { return !de.Unready }) {
+			t.Fatalf("the input should give ready and unready engines: %+v", want)
+		}
+		for _, de := range want {
+			if strings.Contains(de.URL, "[") {
+				t.Fatalf("an IPv6 engine with address_type IPv4: %+v", de)
+			}
 		}
 		r := rand.New(rand.NewPCG(1, 2))
 		for i := range 50 {
