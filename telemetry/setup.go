@@ -34,11 +34,15 @@ type Config struct {
 	// CardinalityLimit caps the attribute sets kept per instrument (a
 	// backstop against unbounded labels). Default 2000.
 	CardinalityLimit int `koanf:"cardinality_limit"`
+	// SeriesLinger is how long the series of an engine gone and drained
+	// keep being exported before they are dropped ([WithSeriesLinger]).
+	// Default [DefaultSeriesLinger] (5 min).
+	SeriesLinger time.Duration `koanf:"series_linger"`
 }
 
 // DefaultConfig returns the telemetry defaults.
 func DefaultConfig() Config {
-	return Config{ServiceName: "switchboard", CardinalityLimit: 2000}
+	return Config{ServiceName: "switchboard", CardinalityLimit: 2000, SeriesLinger: DefaultSeriesLinger}
 }
 
 // Validate reports every problem with c, joined.
@@ -49,6 +53,9 @@ func (c Config) Validate() error {
 	}
 	if c.CardinalityLimit < 0 {
 		errs = append(errs, fmt.Errorf("telemetry.cardinality_limit must be >= 0, got %d", c.CardinalityLimit))
+	}
+	if c.SeriesLinger <= 0 {
+		errs = append(errs, fmt.Errorf("telemetry.series_linger must be > 0, got %s", c.SeriesLinger))
 	}
 	return errors.Join(errs...)
 }

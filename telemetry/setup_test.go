@@ -397,8 +397,8 @@ func TestConfigValidate(t *testing.T) {
 		want []string
 	}{
 		{"defaults", DefaultConfig(), nil},
-		{"no limit", Config{ServiceName: "x", CardinalityLimit: 0}, nil},
-		{"all wrong", Config{CardinalityLimit: -1}, []string{"telemetry.service_name", "telemetry.cardinality_limit must be >= 0, got -1"}},
+		{"no limit", Config{ServiceName: "x", CardinalityLimit: 0, SeriesLinger: time.Second}, nil},
+		{"all wrong", Config{CardinalityLimit: -1, SeriesLinger: -time.Second}, []string{"telemetry.service_name", "telemetry.cardinality_limit must be >= 0, got -1", "telemetry.series_linger must be > 0, got -1s"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.cfg.Validate()

@@ -180,9 +180,10 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 		return err
 	}
 	// The series of an engine gone and drained leave the metric exports
-	// after a linger (telemetry.DefaultSeriesLinger): discovery churn does
+	// after telemetry.series_linger: discovery churn does
 	// not grow them without bound.
-	providers.SetEngineLive(gw.Pool().Live, telemetry.WithServerLive(gw.Pool().LiveServer))
+	providers.SetEngineLive(gw.Pool().Live, telemetry.WithServerLive(gw.Pool().LiveServer),
+		telemetry.WithSeriesLinger(cfg.Telemetry.SeriesLinger))
 	defer func() { err = errors.Join(err, gw.Close()) }()
 	gw.Start()
 	if kube.Enabled {
