@@ -238,6 +238,8 @@ routing:
   policy: %s
 log:
   access: false
+telemetry:
+  series_linger: 1s
 discovery:
   kubernetes:
     enabled: true
@@ -273,6 +275,7 @@ type adminEngines struct {
 		Prefill  int64  `json:"prefill"`
 		Decode   int64  `json:"decode"`
 		Retired  bool   `json:"retired"`
+		Unready  bool   `json:"unready"`
 	} `json:"engines"`
 	LiveAttempts int64 `json:"live_attempts"`
 	Requests     int64 `json:"requests_in_flight"`
@@ -308,9 +311,14 @@ func (g *kubeGateway) routable() []string {
 // the batch, a probe and the informer's watch latency are all well under).
 func (g *kubeGateway) waitRoutable(want ...string) {
 	g.t.Helper()
+	g.waitRoutableWithin(10*time.Second, want...)
+}
+
+func (g *kubeGateway) waitRoutableWithin(d time.Duration, want ...string) {
+	g.t.Helper()
 	slices.Sort(want)
 	var got []string
-	if !eventually(10*time.Second, func() bool { got = g.routable(); return slices.Equal(got, want) }) {
+	if !eventually(d, func() bool { got = g.routable(); return slices.Equal(got, want) }) {
 		g.t.Fatalf("routable engines %v, want %v", got, want)
 	}
 }
@@ -366,6 +374,26 @@ func (g *kubeGateway) activeGauges() map[string]float64 {
 		}
 		f, _ := strconv.ParseFloat(value, 64)
 		out[engine+"/"+phase] = f
+	}
+	return out
+}
+
+// seriesOf returns the /metrics sample lines of engine (its engine label)
+// or of its address (a gen_ai_client series with its server_port).
+func (g *kubeGateway) seriesOf(engine string, port int32) []string {
+	g.t.Helper()
+	resp, err := http.Get("http://" + g.admin + "/metrics")
+	if err != nil {
+		g.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out []string
+	for s := bufio.NewScanner(resp.Body); s.Scan(); {
+		line := s.Text()
+		if strings.Contains(line, `engine="`+engine+`"`) ||
+			strings.HasPrefix(line, "gen_ai_client") && strings.Contains(line, fmt.Sprintf(`server_port="%d"`, port)) {
+			out = append(out, line)
+		}
 	}
 	return out
 }
@@ -485,8 +513,25 @@ func TestKubeDiscoveryScaleUpAndDown(t *testing.T) {
 	}
 
 	// Scale down: vllm-2 terminates (ready false, serving, terminating).
+	// It stays listed, draining, with exactly the long stream in flight
+	// once the requests picked before the change have finished.
 	k.terminate(e2)
 	g.waitRoutable("vllm-0", "vllm-1")
+	var st string
+	if !eventually(10*time.Second, func() bool {
+		for _, e := range g.engines().Engines {
+			if e.Name == "vllm-2" {
+				st = fmt.Sprintf("%+v", e)
+				return e.State == "draining" && e.Unready && !e.Retired && e.Prefill == 0 && e.Decode == 1
+			}
+		}
+		return false
+	}) {
+		t.Fatalf("vllm-2 while terminating with the long stream: %s, want draining, unready, decode 1", st)
+	}
+	if gauges := g.activeGauges(); gauges["vllm-2/decode"] != 1 || gauges["vllm-2/prefill"] != 0 {
+		t.Errorf("vllm-2's gauges while it drains: decode %v prefill %v, want 1 and 0", gauges["vllm-2/decode"], gauges["vllm-2/prefill"])
+	}
 	// From here on (the load keeps running until stop) vllm-2 must receive
 	// nothing.
 	before := e2.sim.Stats().Received
@@ -535,6 +580,14 @@ func TestKubeDiscoveryScaleUpAndDown(t *testing.T) {
 	}
 	if !eventually(10*time.Second, gone) {
 		t.Errorf("the engine that left still has in-flight series: %v", g.activeGauges())
+	}
+	// Its latency histograms and the GenAI client series of its address
+	// leave /metrics after telemetry.series_linger (1 s here).
+	if !eventually(15*time.Second, func() bool { return len(g.seriesOf("vllm-2", e2.port)) == 0 }) {
+		t.Errorf("series of the engine that left still on /metrics after the linger: %v", g.seriesOf("vllm-2", e2.port))
+	}
+	if len(g.seriesOf("vllm-0", e0.port)) == 0 {
+		t.Error("no series of vllm-0 on /metrics: the check above cannot fail")
 	}
 }
 
@@ -613,30 +666,36 @@ func TestKubeDiscoveryReplicasAgree(t *testing.T) {
 	b.waitIdle()
 }
 
-// TestKubeDiscoveryRoleWithoutWatch: the gateway whose Role grants get
-// and list but not watch refuses to start, saying which permission is
-// missing in which namespace and where the Role is.
-func TestKubeDiscoveryRoleWithoutWatch(t *testing.T) {
-	k := newKubeEnv(t, func(v []string) []string {
-		return slices.DeleteFunc(slices.Clone(v), func(s string) bool { return s == "watch" })
-	})
-	g := k.startGateway(k.gatewayConfig("round-robin"))
-	done := make(chan error, 1)
-	go func() { done <- g.proc.cmd.Wait() }()
-	select {
-	case err := <-done:
-		var exit *exec.ExitError
-		if !errors.As(err, &exit) || exit.ExitCode() == 0 {
-			t.Fatalf("the gateway exited with %v, want a failure", err)
-		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("the gateway without watch permission still runs after 30 s")
-	}
-	out := g.proc.output()
-	for _, want := range []string{"may not watch endpointslices.discovery.k8s.io", fmt.Sprintf("namespace %q", k.ns), "role.yaml", "system:serviceaccount:" + k.ns + ":switchboard"} {
-		if !strings.Contains(out, want) {
-			t.Errorf("the gateway's output does not say %q:\n%s", want, out)
-		}
+// TestKubeDiscoveryRoleMissingVerb: for each verb the shipped Role
+// grants, the gateway whose Role lacks it refuses to start, saying which
+// permission is missing in which namespace, for which account, and where
+// the Role is. With the other tests, which run with the whole Role, this
+// proves the Role grants what discovery uses and nothing more.
+func TestKubeDiscoveryRoleMissingVerb(t *testing.T) {
+	for _, verb := range shippedRole(t).Rules[0].Verbs {
+		t.Run(verb, func(t *testing.T) {
+			k := newKubeEnv(t, func(v []string) []string {
+				return slices.DeleteFunc(slices.Clone(v), func(s string) bool { return s == verb })
+			})
+			g := k.startGateway(k.gatewayConfig("round-robin"))
+			done := make(chan error, 1)
+			go func() { done <- g.proc.cmd.Wait() }()
+			select {
+			case err := <-done:
+				var exit *exec.ExitError
+				if !errors.As(err, &exit) || exit.ExitCode() == 0 {
+					t.Fatalf("the gateway exited with %v, want a failure", err)
+				}
+			case <-time.After(30 * time.Second):
+				t.Fatalf("the gateway without %s permission still runs after 30 s", verb)
+			}
+			out := g.proc.output()
+			for _, want := range []string{"may not " + verb + " endpointslices.discovery.k8s.io", fmt.Sprintf("namespace %q", k.ns), "role.yaml", "system:serviceaccount:" + k.ns + ":switchboard"} {
+				if !strings.Contains(out, want) {
+					t.Errorf("the gateway's output does not say %q:\n%s", want, out)
+				}
+			}
+		})
 	}
 }
 
@@ -706,6 +765,8 @@ func TestKubeDiscoveryAPIServerRestart(t *testing.T) {
 		t.Errorf("/ready after the restart: %v %v", resp, err)
 	}
 	k.create(e2) // the admin client reconnects on its own
-	g.waitRoutable("vllm-0", "vllm-1", "vllm-2")
+	// The informer's next watch may wait out a back-off step (0.8 s
+	// doubling, jittered) begun while the API server was down.
+	g.waitRoutableWithin(30*time.Second, "vllm-0", "vllm-1", "vllm-2")
 	g.waitIdle()
 }
