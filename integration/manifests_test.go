@@ -24,6 +24,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -543,12 +544,12 @@ func checkWiring(t *testing.T, dir, ns string, r renderedObjects) {
 	}
 
 	for _, svc := range r["Service"] {
-		if sel, _, _ := unstructured.NestedStringMap(svc.Object, "spec", "selector"); !selects(sel, podLabels) {
+		if sel, _, _ := unstructured.NestedStringMap(svc.Object, "spec", "selector"); !testutil.Selects(sel, podLabels) {
 			t.Errorf("Service %s selects %v, not the gateway's pods %v", svc.GetName(), sel, podLabels)
 		}
 	}
 	for _, pdb := range r["PodDisruptionBudget"] {
-		if sel, _, _ := unstructured.NestedStringMap(pdb.Object, "spec", "selector", "matchLabels"); !selects(sel, podLabels) {
+		if sel, _, _ := unstructured.NestedStringMap(pdb.Object, "spec", "selector", "matchLabels"); !testutil.Selects(sel, podLabels) {
 			t.Errorf("PodDisruptionBudget %s selects %v, not the gateway's pods %v", pdb.GetName(), sel, podLabels)
 		}
 	}
@@ -557,7 +558,7 @@ func checkWiring(t *testing.T, dir, ns string, r renderedObjects) {
 		eps, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
 		var scraped bool
 		for _, svc := range r["Service"] {
-			if svc.GetNamespace() != sm.GetNamespace() || !selects(sel, svc.GetLabels()) {
+			if svc.GetNamespace() != sm.GetNamespace() || !testutil.Selects(sel, svc.GetLabels()) {
 				continue
 			}
 			ports, _, _ := unstructured.NestedSlice(svc.Object, "spec", "ports")
@@ -573,20 +574,6 @@ func checkWiring(t *testing.T, dir, ns string, r renderedObjects) {
 			t.Errorf("ServiceMonitor %s selects no port of a Service in its namespace %s", sm.GetName(), sm.GetNamespace())
 		}
 	}
-}
-
-// selects reports whether every label of sel is in labels (an empty
-// selector selects nothing here).
-func selects(sel, labels map[string]string) bool {
-	if len(sel) == 0 {
-		return false
-	}
-	for k, v := range sel {
-		if labels[k] != v {
-			return false
-		}
-	}
-	return true
 }
 
 // checkPodAdmission creates, with dry-run, the Pod the Deployment's

@@ -386,6 +386,16 @@ func expHistAttrs[N int64 | float64](p *metricdata.ExponentialHistogramDataPoint
 
 func summaryAttrs(p *metricdata.SummaryDataPoint) *attribute.Set { return &p.Attributes }
 
+// keepCumulative is keepPoints for a cumulative aggregation; a delta one
+// is kept whole (each delta point is new data, and the SDK forgets delta
+// series itself).
+func keepCumulative[P any](t metricdata.Temporality, pts []P, attrs func(*P) *attribute.Set, keep func(*attribute.Set) bool) ([]P, bool) {
+	if t == metricdata.DeltaTemporality {
+		return pts, false
+	}
+	return keepPoints(pts, attrs, keep)
+}
+
 // filterData returns d without the data points keep rejects, the number
 // of points left, and whether anything was dropped. Delta sums and
 // histograms are kept whole; an aggregation of a type it does not know is
@@ -395,16 +405,10 @@ func filterData(d metricdata.Aggregation, keep func(*attribute.Set) bool) (metri
 	var ch bool
 	switch a := d.(type) {
 	case metricdata.Sum[int64]:
-		if a.Temporality == metricdata.DeltaTemporality {
-			return d, len(a.DataPoints), false
-		}
-		a.DataPoints, ch = keepPoints(a.DataPoints, dpAttrs[int64], keep)
+		a.DataPoints, ch = keepCumulative(a.Temporality, a.DataPoints, dpAttrs[int64], keep)
 		d, n = a, len(a.DataPoints)
 	case metricdata.Sum[float64]:
-		if a.Temporality == metricdata.DeltaTemporality {
-			return d, len(a.DataPoints), false
-		}
-		a.DataPoints, ch = keepPoints(a.DataPoints, dpAttrs[float64], keep)
+		a.DataPoints, ch = keepCumulative(a.Temporality, a.DataPoints, dpAttrs[float64], keep)
 		d, n = a, len(a.DataPoints)
 	case metricdata.Gauge[int64]:
 		a.DataPoints, ch = keepPoints(a.DataPoints, dpAttrs[int64], keep)
@@ -413,28 +417,16 @@ func filterData(d metricdata.Aggregation, keep func(*attribute.Set) bool) (metri
 		a.DataPoints, ch = keepPoints(a.DataPoints, dpAttrs[float64], keep)
 		d, n = a, len(a.DataPoints)
 	case metricdata.Histogram[int64]:
-		if a.Temporality == metricdata.DeltaTemporality {
-			return d, len(a.DataPoints), false
-		}
-		a.DataPoints, ch = keepPoints(a.DataPoints, histAttrs[int64], keep)
+		a.DataPoints, ch = keepCumulative(a.Temporality, a.DataPoints, histAttrs[int64], keep)
 		d, n = a, len(a.DataPoints)
 	case metricdata.Histogram[float64]:
-		if a.Temporality == metricdata.DeltaTemporality {
-			return d, len(a.DataPoints), false
-		}
-		a.DataPoints, ch = keepPoints(a.DataPoints, histAttrs[float64], keep)
+		a.DataPoints, ch = keepCumulative(a.Temporality, a.DataPoints, histAttrs[float64], keep)
 		d, n = a, len(a.DataPoints)
 	case metricdata.ExponentialHistogram[int64]:
-		if a.Temporality == metricdata.DeltaTemporality {
-			return d, len(a.DataPoints), false
-		}
-		a.DataPoints, ch = keepPoints(a.DataPoints, expHistAttrs[int64], keep)
+		a.DataPoints, ch = keepCumulative(a.Temporality, a.DataPoints, expHistAttrs[int64], keep)
 		d, n = a, len(a.DataPoints)
 	case metricdata.ExponentialHistogram[float64]:
-		if a.Temporality == metricdata.DeltaTemporality {
-			return d, len(a.DataPoints), false
-		}
-		a.DataPoints, ch = keepPoints(a.DataPoints, expHistAttrs[float64], keep)
+		a.DataPoints, ch = keepCumulative(a.Temporality, a.DataPoints, expHistAttrs[float64], keep)
 		d, n = a, len(a.DataPoints)
 	case metricdata.Summary:
 		a.DataPoints, ch = keepPoints(a.DataPoints, summaryAttrs, keep)

@@ -78,34 +78,40 @@ func (l *liveSet) set(name string, live bool) {
 // sdkEngines returns, per metric name, the engine attribute of each data
 // point ("-" for a point without one), sorted.
 func sdkEngines(rm *metricdata.ResourceMetrics) map[string][]string {
-	out := map[string][]string{}
-	eng := func(s attribute.Set) string {
+	return sdkPoints(rm, func(_, metric string) string { return metric }, func(s attribute.Set) string {
 		if v, ok := s.Value(AttrEngine); ok {
 			return v.AsString()
 		}
 		return "-"
-	}
+	})
+}
+
+// sdkPoints returns, per key(scope, metric), of(attributes) for each data
+// point of the histogram and int64 sum metrics (the type's name for any
+// other), sorted.
+func sdkPoints(rm *metricdata.ResourceMetrics, key func(scope, metric string) string, of func(attribute.Set) string) map[string][]string {
+	out := map[string][]string{}
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
-			var es []string
+			var vs []string
 			switch d := m.Data.(type) {
 			case metricdata.Histogram[float64]:
 				for _, p := range d.DataPoints {
-					es = append(es, eng(p.Attributes))
+					vs = append(vs, of(p.Attributes))
 				}
 			case metricdata.Histogram[int64]:
 				for _, p := range d.DataPoints {
-					es = append(es, eng(p.Attributes))
+					vs = append(vs, of(p.Attributes))
 				}
 			case metricdata.Sum[int64]:
 				for _, p := range d.DataPoints {
-					es = append(es, eng(p.Attributes))
+					vs = append(vs, of(p.Attributes))
 				}
 			default:
-				es = append(es, fmt.Sprintf("%T", d))
+				vs = append(vs, fmt.Sprintf("%T", d))
 			}
-			slices.Sort(es)
-			out[m.Name] = es
+			slices.Sort(vs)
+			out[key(sm.Scope.Name, m.Name)] = vs
 		}
 	}
 	return out
@@ -746,38 +752,15 @@ func serverOf(s attribute.Set) string {
 	return a.AsString() + ":-"
 }
 
-// sdkServers returns, per "scope metric" name, the server of each data
-// point (serverOf), sorted.
+// sdkServers returns, per "scope metric" name (the metric name alone in
+// Switchboard's scope), the server of each data point (serverOf), sorted.
 func sdkServers(rm *metricdata.ResourceMetrics) map[string][]string {
-	out := map[string][]string{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			var ss []string
-			switch d := m.Data.(type) {
-			case metricdata.Histogram[float64]:
-				for _, p := range d.DataPoints {
-					ss = append(ss, serverOf(p.Attributes))
-				}
-			case metricdata.Histogram[int64]:
-				for _, p := range d.DataPoints {
-					ss = append(ss, serverOf(p.Attributes))
-				}
-			case metricdata.Sum[int64]:
-				for _, p := range d.DataPoints {
-					ss = append(ss, serverOf(p.Attributes))
-				}
-			default:
-				ss = append(ss, fmt.Sprintf("%T", d))
-			}
-			slices.Sort(ss)
-			name := m.Name
-			if sm.Scope.Name != ScopeName {
-				name = sm.Scope.Name + " " + name
-			}
-			out[name] = ss
+	return sdkPoints(rm, func(scope, metric string) string {
+		if scope != ScopeName {
+			return scope + " " + metric
 		}
-	}
-	return out
+		return metric
+	}, serverOf)
 }
 
 // genAIInstruments are the four GenAI client instruments, each recorded

@@ -27,6 +27,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/routing"
 )
 
@@ -487,7 +488,7 @@ func TestDeployManifests(t *testing.T) {
 		}
 		var sawPublic, sawAdmin bool
 		for _, svc := range b["Service"] {
-			if !selects(svc.Spec.Selector.labels(), dep.Spec.Template.Metadata.Labels) {
+			if !testutil.Selects(svc.Spec.Selector.labels(), dep.Spec.Template.Metadata.Labels) {
 				t.Errorf("Service %s selects %v, not the gateway pods (%v)", svc.Metadata.Name, svc.Spec.Selector.labels(), dep.Spec.Template.Metadata.Labels)
 			}
 			var targets []int
@@ -679,11 +680,11 @@ func TestDeployManifests(t *testing.T) {
 		if dep.Spec.Replicas == nil || *dep.Spec.Replicas < 2 {
 			t.Errorf("replicas %v, want at least 2", dep.Spec.Replicas)
 		}
-		if !selects(dep.Spec.Selector.labels(), dep.Spec.Template.Metadata.Labels) {
+		if !testutil.Selects(dep.Spec.Selector.labels(), dep.Spec.Template.Metadata.Labels) {
 			t.Error("the Deployment's selector does not match its pod template")
 		}
 		pdb := b.one(t, "PodDisruptionBudget")
-		if !selects(pdb.Spec.Selector.labels(), dep.Spec.Template.Metadata.Labels) {
+		if !testutil.Selects(pdb.Spec.Selector.labels(), dep.Spec.Template.Metadata.Labels) {
 			t.Error("the PodDisruptionBudget does not select the gateway pods")
 		}
 		if pdb.Spec.MaxUnavailable == nil && pdb.Spec.MinAvailable == nil {
@@ -710,7 +711,7 @@ func TestDeployComponents(t *testing.T) {
 		}
 		var ok bool
 		for _, svc := range b["Service"] {
-			if !selects(o.Spec.Selector.labels(), svc.Metadata.Labels) {
+			if !testutil.Selects(o.Spec.Selector.labels(), svc.Metadata.Labels) {
 				continue
 			}
 			for _, ep := range o.Spec.Endpoints {
@@ -850,20 +851,6 @@ func TestDockerfile(t *testing.T) {
 			t.Errorf("EXPOSE %v lacks %s (%s)", exposed, p, key)
 		}
 	}
-}
-
-// selects reports whether every label of sel is in labels (an empty
-// selector selects nothing here).
-func selects(sel, labels map[string]string) bool {
-	if len(sel) == 0 {
-		return false
-	}
-	for k, v := range sel {
-		if labels[k] != v {
-			return false
-		}
-	}
-	return true
 }
 
 func isTrue(b *bool) bool  { return b != nil && *b }

@@ -46,3 +46,18 @@ func (b *LockedBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
+
+// Selects reports whether every label of a Kubernetes equality selector
+// sel is in labels; an empty selector selects nothing here (a manifest
+// selecting every pod is a mistake the deploy tests want to catch).
+func Selects(sel, labels map[string]string) bool {
+	if len(sel) == 0 {
+		return false
+	}
+	for k, v := range sel {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
+}
