@@ -575,18 +575,7 @@ func TestSetEngineLiveOTLP(t *testing.T) {
 // (OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE) reaches the reader,
 // and delta points are never dropped.
 func TestSetupOTLPTemporalityPreference(t *testing.T) {
-	testutil.UnsetOTEL(t)
-	rc := &testutil.OTLPReceiver{}
-	srv := httptest.NewServer(rc)
-	defer srv.Close()
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", srv.URL)
-	t.Setenv("OTEL_METRIC_EXPORT_INTERVAL", "3600000")
-	t.Setenv("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta")
-	p, _, _ := setup(t, DefaultConfig())
-	m, err := NewMetrics(p.MeterProvider)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rc, p, m := setupOTLPHTTP(t, "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta")
 	clk := newFakeClock()
 	p.SetEngineLive(newLiveSet("e1").Live, WithSeriesLinger(time.Minute), withSeriesClock(clk.Now))
 	clk.Add(time.Hour)
@@ -661,17 +650,7 @@ func TestSetupMetricReaderSelection(t *testing.T) {
 // TestSetEngineLiveConcurrent scrapes, flushes and switches the rule
 // (with a server liveness) at once (for the race detector).
 func TestSetEngineLiveConcurrent(t *testing.T) {
-	testutil.UnsetOTEL(t)
-	rc := &testutil.OTLPReceiver{}
-	srv := httptest.NewServer(rc)
-	defer srv.Close()
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", srv.URL)
-	t.Setenv("OTEL_METRIC_EXPORT_INTERVAL", "3600000")
-	p, _, _ := setup(t, DefaultConfig())
-	m, err := NewMetrics(p.MeterProvider)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, p, m := setupOTLPHTTP(t)
 	clk := newFakeClock()
 	live := newLiveSet("e1")
 	servers := newServerSet("10.0.0.1:8000")
@@ -1201,17 +1180,7 @@ func otlpServers(req *colmetricpb.ExportMetricsServiceRequest) map[string][]stri
 // TestSetEngineLiveServersOTLP exports through the OTLP/HTTP metric
 // reader Setup built, with WithServerLive.
 func TestSetEngineLiveServersOTLP(t *testing.T) {
-	testutil.UnsetOTEL(t)
-	rc := &testutil.OTLPReceiver{}
-	srv := httptest.NewServer(rc)
-	defer srv.Close()
-	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", srv.URL)
-	t.Setenv("OTEL_METRIC_EXPORT_INTERVAL", "3600000") // ForceFlush exports
-	p, _, _ := setup(t, DefaultConfig())
-	m, err := NewMetrics(p.MeterProvider)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rc, p, m := setupOTLPHTTP(t)
 	recordServers(m)
 	recordForeignServer(t, p.MeterProvider)
 	clk := newFakeClock()
@@ -1244,4 +1213,27 @@ func TestSetEngineLiveServersOTLP(t *testing.T) {
 	check("within the linger", flush(), "-", "10.0.0.1:8000", "10.0.0.2:8000")
 	clk.Add(30 * time.Second)
 	check("past the linger", flush(), "-", "10.0.0.1:8000")
+}
+
+// setupOTLPHTTP runs Setup exporting metrics over OTLP/HTTP to an
+// in-process receiver, with the export interval at an hour (ForceFlush
+// exports) and the extra environment variables env (name, value pairs),
+// and builds the Metrics on its provider.
+func setupOTLPHTTP(t *testing.T, env ...string) (*testutil.OTLPReceiver, *Providers, *Metrics) {
+	t.Helper()
+	testutil.UnsetOTEL(t)
+	rc := &testutil.OTLPReceiver{}
+	srv := httptest.NewServer(rc)
+	t.Cleanup(srv.Close) // after setup's shutdown has flushed
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", srv.URL)
+	t.Setenv("OTEL_METRIC_EXPORT_INTERVAL", "3600000")
+	for i := 0; i+1 < len(env); i += 2 {
+		t.Setenv(env[i], env[i+1])
+	}
+	p, _, _ := setup(t, DefaultConfig())
+	m, err := NewMetrics(p.MeterProvider)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rc, p, m
 }
