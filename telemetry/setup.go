@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"os"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -22,6 +21,8 @@ import (
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
+
+	"github.com/switchboard-gw/switchboard/internal/loglimit"
 )
 
 // Config is the `telemetry` section of the gateway configuration. OTLP
@@ -192,41 +193,25 @@ const ErrorLogInterval = 10 * time.Second
 // suppressed since the last line. It never blocks an exporter for long:
 // one mutex and a log call. Safe for concurrent use.
 type errorLog struct {
-	log      *slog.Logger
-	interval time.Duration
-	now      func() time.Time
-
-	mu         sync.Mutex
-	last       time.Time // when the last line was logged; zero before
-	suppressed int
+	log   *slog.Logger
+	now   func() time.Time
+	limit loglimit.Limiter
 }
 
 func newErrorLog(log *slog.Logger, interval time.Duration, now func() time.Time) *errorLog {
-	return &errorLog{log: log, interval: interval, now: now}
+	return &errorLog{log: log, now: now, limit: loglimit.Limiter{Interval: interval}}
 }
 
 // Handle implements otel.ErrorHandler.
 func (l *errorLog) Handle(err error) {
-	l.mu.Lock()
-	t := l.now()
-	if !l.last.IsZero() && t.Sub(l.last) < l.interval {
-		l.suppressed++
-		l.mu.Unlock()
-		return
+	if n, ok := l.limit.Allow(l.now()); ok {
+		l.log.Warn("opentelemetry export error", "error", err, "suppressed", n)
 	}
-	n := l.suppressed
-	l.last, l.suppressed = t, 0
-	l.mu.Unlock()
-	l.log.Warn("opentelemetry export error", "error", err, "suppressed", n)
 }
 
 // flush logs the number of errors suppressed since the last line, if any.
 func (l *errorLog) flush() {
-	l.mu.Lock()
-	n := l.suppressed
-	l.suppressed = 0
-	l.mu.Unlock()
-	if n > 0 {
+	if n := l.limit.Flush(); n > 0 {
 		l.log.Warn("opentelemetry export errors not logged", "suppressed", n)
 	}
 }

@@ -26,6 +26,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/switchboard-gw/switchboard/gateway"
+	"github.com/switchboard-gw/switchboard/internal/loglimit"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
 
@@ -439,27 +440,6 @@ func (d *Discovery) apply(listed bool) int {
 	return len(es)
 }
 
-// logLimit lets the first line through, then at most one a minute,
-// counting the ones held back in between. Safe for concurrent use.
-type logLimit struct {
-	mu         sync.Mutex
-	last       time.Time
-	suppressed int
-}
-
-// allow reports whether to log at now, and how many lines were held back
-// since the last one logged.
-func (l *logLimit) allow(now time.Time) (suppressed int, ok bool) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if !l.last.IsZero() && now.Sub(l.last) < time.Minute {
-		l.suppressed++
-		return 0, false
-	}
-	suppressed, l.last, l.suppressed = l.suppressed, now, 0
-	return suppressed, true
-}
-
 // watchError logs the list and watch failures of the informer of
 // namespace ns; the reflector retries on its own back-off, and the known
 // engines keep serving meanwhile. The cases are client-go's
@@ -475,7 +455,7 @@ func (l *logLimit) allow(now time.Time) (suppressed int, ok bool) {
 // one a minute with the count in between), so an outage's warnings do not
 // hide a permission revoked after it.
 func (d *Discovery) watchError(ns string) cache.WatchErrorHandlerWithContext {
-	var denied, failed logLimit
+	denied, failed := loglimit.Limiter{Interval: time.Minute}, loglimit.Limiter{Interval: time.Minute}
 	return func(_ context.Context, _ *cache.Reflector, err error) {
 		switch {
 		case apierrors.IsResourceExpired(err) || apierrors.IsGone(err):
@@ -483,12 +463,12 @@ func (d *Discovery) watchError(ns string) cache.WatchErrorHandlerWithContext {
 		case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
 			d.log.Debug("kubernetes discovery: the API server closed the watch; the informer watches again", "namespace", ns, "error", err)
 		case apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err):
-			if n, ok := denied.allow(d.now()); ok {
+			if n, ok := denied.Allow(d.now()); ok {
 				d.log.Error("kubernetes discovery: the API server refuses the informer; the known engines keep serving, retrying with back-off",
 					"namespace", ns, "error", accessError("list or watch", ns, err), "suppressed", n)
 			}
 		default:
-			if n, ok := failed.allow(d.now()); ok {
+			if n, ok := failed.Allow(d.now()); ok {
 				d.log.Warn("kubernetes discovery: the API server is not answering the watch; the known engines keep serving, retrying with back-off",
 					"namespace", ns, "error", err, "suppressed", n)
 			}
