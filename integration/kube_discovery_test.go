@@ -218,6 +218,20 @@ func (k *kubeEnv) remove(e *kubeEngine) {
 	}
 }
 
+// twoOfThree starts three engines, vllm-0 to vllm-2, with slices for the
+// first two only, and a round-robin gateway on them; it returns once the
+// gateway is ready with both routable.
+func (k *kubeEnv) twoOfThree() (g *kubeGateway, e0, e1, e2 *kubeEngine) {
+	k.t.Helper()
+	e0, e1, e2 = k.engine("vllm-0"), k.engine("vllm-1"), k.engine("vllm-2")
+	k.create(e0)
+	k.create(e1)
+	g = k.startGateway(k.gatewayConfig("round-robin"))
+	waitHTTP(k.t, "http://"+g.public+"/ready", 200)
+	g.waitRoutable("vllm-0", "vllm-1")
+	return g, e0, e1, e2
+}
+
 // kubeGateway is a gateway process discovering the test's engines.
 type kubeGateway struct {
 	t             *testing.T
@@ -467,12 +481,7 @@ func (g *kubeGateway) load(workers int) (stop func() (sent int64, failures []str
 // longer has a series.
 func TestKubeDiscoveryScaleUpAndDown(t *testing.T) {
 	k := newKubeEnv(t, nil)
-	e0, e1, e2 := k.engine("vllm-0"), k.engine("vllm-1"), k.engine("vllm-2")
-	k.create(e0)
-	k.create(e1)
-	g := k.startGateway(k.gatewayConfig("round-robin"))
-	waitHTTP(t, "http://"+g.public+"/ready", 200)
-	g.waitRoutable("vllm-0", "vllm-1")
+	g, e0, e1, e2 := k.twoOfThree()
 	for _, e := range g.engines().Engines {
 		if want := fmt.Sprintf("http://%s:%d", k.ip, map[string]int32{"vllm-0": e0.port, "vllm-1": e1.port}[e.Name]); e.URL != want {
 			t.Errorf("engine %s at %s, want %s", e.Name, e.URL, want)
@@ -735,12 +744,7 @@ func TestKubeDiscoveryAPIServerRestart(t *testing.T) {
 	if script == "" || dir == "" {
 		t.Skip("IT_KUBE_SCRIPT and IT_KUBE_DIR are not set")
 	}
-	e0, e1, e2 := k.engine("vllm-0"), k.engine("vllm-1"), k.engine("vllm-2")
-	k.create(e0)
-	k.create(e1)
-	g := k.startGateway(k.gatewayConfig("round-robin"))
-	waitHTTP(t, "http://"+g.public+"/ready", 200)
-	g.waitRoutable("vllm-0", "vllm-1")
+	g, e0, e1, e2 := k.twoOfThree()
 
 	stop := g.load(2)
 	cmd := exec.Command(script, "restart", dir)
