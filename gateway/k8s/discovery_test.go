@@ -750,6 +750,9 @@ func TestDiscoveryWarnsWithoutMatchingSlices(t *testing.T) {
 	d := start(t, cfg, cs, sink)
 	const none = "no EndpointSlice matches"
 	sink.waitLogged(t, none)
+	// The warning comes from the first apply; synced is marked (before its
+	// line is logged) once that apply has returned.
+	sink.waitLogged(t, "kubernetes discovery synced")
 	if !d.Synced() {
 		t.Errorf("Synced() = false: no slice is no failure")
 	}
