@@ -536,6 +536,7 @@ func (s *Server) send(c *call, r *http.Request, body *outBody) result {
 	}
 	copyRequestHeaders(ureq.Header, r.Header, s.skipReq)
 	s.trusted.setForwarded(ureq.Header, r)
+	replayOnStaleConn(ureq.Header)
 	switch op.body {
 	case bodyJSON:
 		ureq.ContentLength = body.n
@@ -604,6 +605,34 @@ func (s *Server) send(c *call, r *http.Request, body *outBody) result {
 		a.fail(strconv.Itoa(resp.StatusCode))
 	}
 	return result{resp: resp}
+}
+
+// replayOnStaleConn lets net/http send the request again on a new
+// connection when a kept-alive one fails before the engine answered a byte
+// (Transport: a request is replayed on "a network error if the connection
+// has been already used successfully", and a POST is replayed only when
+// its header has an Idempotency-Key; a key with no values is not sent).
+//
+// That is the keep-alive race: the engine closes an idle connection
+// (uvicorn, vLLM's server, after 5 s idle; every connection at once when
+// the engine stops) while the gateway is taking it from its pool. Nothing
+// of the request was processed, yet without this the client got a 502
+// engine_disconnect and, with retry.on's default, no retry (reset is opt
+// in: a connection closed mid-request may have done work). The replay is
+// safe for every engine route here: the engine either closed the idle
+// connection unread, or died holding the request, and vLLM keeps nothing
+// of a request it did not answer. The replay stays inside the attempt (one
+// span, one slot); a new connection that fails again is the engine's
+// failure, classified as before. A client's own Idempotency-Key (or
+// X-Idempotency-Key) is forwarded untouched and has the same effect.
+func replayOnStaleConn(h http.Header) {
+	if _, ok := h["Idempotency-Key"]; ok {
+		return
+	}
+	if _, ok := h["X-Idempotency-Key"]; ok {
+		return
+	}
+	h["Idempotency-Key"] = nil
 }
 
 // commit writes an attempt's result to the client: the gateway's error in

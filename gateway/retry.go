@@ -34,8 +34,10 @@ type RetryConfig struct {
 	// On lists the conditions retried: "connect-failure" (the engine could
 	// not be reached: it never saw the request), "503" and "429" (the
 	// engine said it is unavailable or overloaded), and, opt-in, "500",
-	// "502", "504" (those engine statuses), "reset" (the engine closed the
-	// connection before its response headers) and "header-timeout" (no
+	// "502", "504" (those engine statuses), "reset" (the engine closed a
+	// new connection before its response headers; on a kept-alive one the
+	// request is first sent again on a new connection, see
+	// replayOnStaleConn) and "header-timeout" (no
 	// response headers within Timeouts.ResponseHeader) and
 	// "first-token-timeout" (a stream with no first content event within
 	// Timeouts.FirstToken; the stream then sends nothing to its client,
