@@ -131,6 +131,9 @@ type Config struct {
 	Engines []EngineConfig `koanf:"-"`
 	// Models is the top-level `models` section (the loader fills it in).
 	Models ModelsConfig `koanf:"-"`
+	// Auth is the top-level `auth` section (the loader fills it in): API
+	// keys and the models each may use; a reload applies it.
+	Auth AuthConfig `koanf:"-"`
 }
 
 // ModelsConfig is what the gateway does with model names.
@@ -365,6 +368,7 @@ func (c Config) ValidateSettings() error {
 			}
 		}
 	}
+	errs = append(errs, c.Auth.Validate())
 	errs = append(errs, c.Retry.validate()...)
 	errs = append(errs, c.retryTimingErrors()...)
 	if c.MaxPendingPerModel < 0 {

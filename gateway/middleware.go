@@ -37,6 +37,8 @@ type reqState struct {
 	env envelope
 	// op is the matched operation-table row; nil on other routes.
 	op *operation
+	// key is the request's API key (authenticate); nil when auth is off.
+	key *apiKey
 
 	// For the access log.
 	start    time.Time
@@ -140,7 +142,7 @@ func (s *Server) logRequest(r *http.Request) {
 	if status == 0 {
 		status = http.StatusOK
 	}
-	attrs := make([]slog.Attr, 0, 14)
+	attrs := make([]slog.Attr, 0, 15)
 	attrs = append(attrs,
 		slog.String("request_id", st.id),
 		slog.String("method", r.Method),
@@ -155,6 +157,9 @@ func (s *Server) logRequest(r *http.Request) {
 	)
 	if st.op != nil {
 		attrs = append(attrs, slog.String("operation", st.op.name))
+	}
+	if st.key != nil {
+		attrs = append(attrs, slog.String("key", st.key.name))
 	}
 	if st.model != "" {
 		attrs = append(attrs, slog.String("model", st.model))

@@ -120,6 +120,10 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 	if st != nil {
 		st.model = in.model
 	}
+	if err := s.authorize(st, in.set, op, in.model); err != nil {
+		writeError(w, r, err)
+		return
+	}
 	rt, err := s.candidates(op, &in)
 	if err != nil {
 		writeError(w, r, err)

@@ -184,6 +184,12 @@ func configDiff(a, b Config) []string {
 	if !maps.Equal(a.Models.Aliases, b.Models.Aliases) {
 		keys = append(keys, "models.aliases")
 	}
+	if !reflect.DeepEqual(a.Auth.Keys, b.Auth.Keys) && len(a.Auth.Keys)+len(b.Auth.Keys) > 0 {
+		keys = append(keys, "auth.keys")
+	}
+	if a.Auth.HideUnauthorizedModels != b.Auth.HideUnauthorizedModels {
+		keys = append(keys, "auth.hide_unauthorized_models")
+	}
 	return keys
 }
 

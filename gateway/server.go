@@ -395,13 +395,13 @@ func (s *Server) Handler() http.Handler {
 	r.Group(func(r chi.Router) {
 		r.Use(routeAttr)
 		for _, op := range s.ops {
-			h := withOperation(op, s.admit(s.proxyHandler(op)))
+			h := withOperation(op, s.authenticate(s.admit(s.proxyHandler(op))))
 			for _, path := range op.paths {
 				r.Method(op.method, path, h)
 			}
 		}
-		getHead(r, "/v1/models", s.models)
-		getHead(r, "/v1/models/*", s.model)
+		getHead(r, "/v1/models", s.authenticate(http.HandlerFunc(s.models)).ServeHTTP)
+		getHead(r, "/v1/models/*", s.authenticate(http.HandlerFunc(s.model)).ServeHTTP)
 		getHead(r, "/health", func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 			_, _ = w.Write([]byte("ok\n"))
@@ -448,6 +448,9 @@ func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 			Message: "no routable engine (healthy and awake) has reported its models"})
 		return
 	}
+	if key := keyOf(r); key != nil {
+		body = modelsFor(key, s.pool.snap.Load().cards)
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	_, _ = w.Write(body)
@@ -460,6 +463,11 @@ func (s *Server) model(w http.ResponseWriter, r *http.Request) {
 	id := strings.TrimPrefix(r.URL.Path, "/v1/models/")
 	snap := s.pool.snap.Load()
 	card, ok := snap.cards[id]
+	if key := keyOf(r); key != nil && !key.allows(id) {
+		// Listed only for the keys that may use it (modelsFor).
+		writeError(w, r, errModelNotFound(id))
+		return
+	}
 	if !ok {
 		if snap.known[id] {
 			writeError(w, r, routing.ErrNoEndpoint)
@@ -539,11 +547,13 @@ type settings struct {
 	sessionHeader string
 	// retryOn is cfg.Retry.On parsed.
 	retryOn retryMask
+	// keys are cfg.Auth.Keys compiled; none when auth is off.
+	keys []apiKey
 }
 
 // newSettings builds the snapshot for cfg (validated) and policy (not nil).
 func newSettings(cfg Config, policy routing.Policy) *settings {
-	set := &settings{cfg: cfg, policy: policy, retryOn: cfg.Retry.mask()}
+	set := &settings{cfg: cfg, policy: policy, retryOn: cfg.Retry.mask(), keys: compileKeys(cfg.Auth)}
 	if ph, ok := policy.(routing.PrefixHasher); ok {
 		set.parser.BlockBytes, set.parser.MaxBlocks = ph.PrefixBlocks()
 	}

@@ -139,6 +139,9 @@ const (
 	AttrGenAIOutputTok  = attribute.Key("gen_ai.usage.output_tokens")
 	AttrGenAIMaxTokens  = attribute.Key("gen_ai.request.max_tokens")
 	AttrRequestID       = attribute.Key("switchboard.request_id")
+	// AttrKey is the configured name of the request's API key (never the
+	// key): a bounded set.
+	AttrKey = attribute.Key("switchboard.key")
 )
 
 // Histogram bucket boundaries, in seconds unless noted.

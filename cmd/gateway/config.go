@@ -34,6 +34,7 @@ type Config struct {
 	Admin     AdminConfig            `koanf:"admin"`
 	Engines   []gateway.EngineConfig `koanf:"engines"`
 	Models    gateway.ModelsConfig   `koanf:"models"`
+	Auth      gateway.AuthConfig     `koanf:"auth"`
 	Routing   routing.Config         `koanf:"routing"`
 	Telemetry telemetry.Config       `koanf:"telemetry"`
 	Log       LogConfig              `koanf:"log"`
@@ -153,7 +154,7 @@ func (c Config) Validate() error {
 	// The gateway's own settings and the configured engines are checked now,
 	// before simulated engines start, so every problem is reported at once;
 	// gateway.New checks the whole again with the simulated engines added.
-	errs = append(errs, c.Routing.Validate(), c.Telemetry.Validate(), c.Server.Config.ValidateSettings())
+	errs = append(errs, c.Routing.Validate(), c.Telemetry.Validate(), c.Server.Config.ValidateSettings(), c.Auth.Validate())
 	for i, e := range c.Engines {
 		if err := e.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("engines[%d]: %w", i, err))

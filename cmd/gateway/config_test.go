@@ -347,6 +347,8 @@ func TestShippedConfigs(t *testing.T) {
 		want := defaults()
 		want.Engines = []gateway.EngineConfig{{Name: "e1", URL: "http://127.0.0.1:8001", Models: []string{"my-model"}}}
 		want.Simulate.Models = []string{"demo-model"}
+		// The example key (whose key nobody knows: auth on, fail closed).
+		want.Auth.Keys = []gateway.KeyConfig{{Name: "team-a", SHA256: "6b06e61934c28cc6e80eee09615352bf253539a7727e044324fdbff75f7542b5", Models: []string{"*"}}}
 		// The file writes the empty lists as [] (the default is nil).
 		want.Server.StripRequestHeaders, want.Server.TrustedProxies = []string{}, []string{}
 		if !reflect.DeepEqual(cfg, want) {

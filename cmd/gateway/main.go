@@ -3,6 +3,7 @@
 //
 //	gateway --config configs/gateway.yaml
 //	gateway --config configs/demo.yaml   # two in-process simulated engines
+//	gateway keys hash < key.txt          # the sha256 of an API key (auth.keys)
 //
 // See configs/gateway.yaml for every key and README.md for telemetry set-up.
 package main
@@ -34,6 +35,13 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "keys" {
+		if err := keysCommand(os.Args[2:], os.Stdin, os.Stdout); err != nil && !errors.Is(err, pflag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "switchboard:", err)
+			os.Exit(2)
+		}
+		return
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	sigs := make(chan os.Signal, 2)
 	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)

@@ -41,12 +41,13 @@ type ReloadConfig struct {
 }
 
 // gatewayConfig is the gateway section of cfg with the engine list (cfg's
-// engines, then extra: the simulated ones), the model aliases and the
-// access-log switch filled in.
+// engines, then extra: the simulated ones), the model aliases, the API
+// keys and the access-log switch filled in.
 func gatewayConfig(cfg Config, extra []gateway.EngineConfig) gateway.Config {
 	g := cfg.Server.Config
 	g.Engines = append(slices.Clone(cfg.Engines), extra...)
 	g.Models = cfg.Models
+	g.Auth = cfg.Auth
 	g.AccessLog = cfg.Log.Access
 	return g
 }
