@@ -43,6 +43,22 @@ type KeyConfig struct {
 	// names them: an alias, not its target) the key may use; "*" does not
 	// match a "/", so "*/*" or "meta-llama/*" for ids with one.
 	Models []string `koanf:"models"`
+	// Limits are the key's limits (none by default), shared by the fleet
+	// when LimitsConfig.Redis is set, per process otherwise.
+	Limits KeyLimits `koanf:"limits"`
+}
+
+// KeyLimits are one key's limits; 0 means no limit of that kind.
+type KeyLimits struct {
+	// RequestsPerMinute: at most this many requests in any minute (a
+	// bucket of this size refilling continuously: GCRA).
+	RequestsPerMinute int64 `koanf:"requests_per_minute"`
+	// TokensPerMinute: input plus output tokens per minute, reserved at
+	// admission (prompt estimate + max_tokens) and settled to the usage
+	// when the request ends.
+	TokensPerMinute int64 `koanf:"tokens_per_minute"`
+	// Concurrent: requests in flight at once.
+	Concurrent int64 `koanf:"concurrent"`
 }
 
 // MaxKeyNameLen caps a key's name, in bytes.
@@ -86,6 +102,9 @@ func (c AuthConfig) problems() []string {
 			bad = append(bad, fmt.Sprintf("%s.sha256: the same key as another (%q)", at, k.Name))
 		} else {
 			hashes[lh] = true
+		}
+		if k.Limits.RequestsPerMinute < 0 || k.Limits.TokensPerMinute < 0 || k.Limits.Concurrent < 0 {
+			bad = append(bad, at+".limits must not be negative (0 = no limit)")
 		}
 		if len(k.Models) == 0 {
 			bad = append(bad, at+".models must name at least one model glob (\"*\" for every model)")

@@ -1,0 +1,118 @@
+package quota
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Limits are one API key's limits. Zero means no limit of that kind.
+type Limits struct {
+	// RequestsPerMinute: requests admitted per minute, as a GCRA bucket
+	// that holds at most RequestsPerMinute and refills at
+	// RequestsPerMinute/60 per second.
+	RequestsPerMinute int64
+	// TokensPerMinute: tokens (input + output) per minute, the same kind
+	// of bucket; a request takes its reservation at admission and is
+	// settled to its real usage when it ends (Store.Release).
+	TokensPerMinute int64
+	// Concurrent: requests in flight at once.
+	Concurrent int64
+}
+
+// IsZero reports whether l limits nothing.
+func (l Limits) IsZero() bool { return l == Limits{} }
+
+// Ask is one admission.
+type Ask struct {
+	// Key is the key's configured name (bounded: configured names only).
+	Key string
+	// Limits are the key's limits (a reload may change them; the store
+	// applies the ones it is given).
+	Limits Limits
+	// Tokens is the reservation, in tokens: the prompt estimate plus the
+	// request's max_tokens (or the configured default). Ignored without a
+	// TokensPerMinute limit.
+	Tokens int64
+	// Lease names this request's concurrency slot, unique among the
+	// requests in flight in the fleet (a request id with the replica's
+	// id). Ignored without a Concurrent limit.
+	Lease string
+}
+
+// Refused names the limit a refused admission hit.
+type Refused string
+
+// The limits an admission can be refused by.
+const (
+	RefusedNone       Refused = ""
+	RefusedRequests   Refused = "requests"
+	RefusedTokens     Refused = "tokens"
+	RefusedConcurrent Refused = "concurrent"
+)
+
+// Bucket is one per-minute limit's state after an admission, as OpenAI's
+// x-ratelimit-* headers report it.
+type Bucket struct {
+	// Limit is the configured per-minute limit (0: none; the other fields
+	// are then zero).
+	Limit int64
+	// Remaining is what could still be taken at once, >= 0.
+	Remaining int64
+	// Reset is the time until the bucket is full again, >= 0.
+	Reset time.Duration
+}
+
+// Decision is a store's answer to an Ask.
+type Decision struct {
+	// Allowed: the request is admitted and holds what it asked (its
+	// request, its token reservation, its lease) until Release.
+	Allowed bool
+	// Refused names the limit that refused it (RefusedNone when allowed).
+	// When several would, the first of requests, tokens, concurrent.
+	Refused Refused
+	// RetryAfter is, when refused, the wait before the same Ask could be
+	// admitted (>= 1 ms for requests and tokens); 0 when it never can (a
+	// reservation larger than TokensPerMinute) or for concurrency (it
+	// depends on other requests ending).
+	RetryAfter time.Duration
+	// Requests and Tokens are the buckets after this admission (or as they
+	// stand, when refused: a refused Ask takes nothing).
+	Requests, Tokens Bucket
+	// InFlight is the key's requests in flight after this admission (0
+	// without a Concurrent limit).
+	InFlight int64
+}
+
+// Release is what a request gives back when it ends.
+type Release struct {
+	Key    string
+	Limits Limits
+	// Lease is the Ask's lease.
+	Lease string
+	// Reserved is the Ask's Tokens; Used is what the request really used
+	// (its usage, or the gateway's estimate). Used-Reserved is put into
+	// (positive) or given back to (negative) the tokens bucket; the bucket
+	// is never fuller than its limit.
+	Reserved, Used int64
+}
+
+// ErrUnavailable is returned (wrapped) by a store that cannot answer in
+// time (Redis unreachable or slower than its timeout). The caller applies
+// its fail mode: admit anyway (fail open) or refuse with 503 (fail closed).
+var ErrUnavailable = errors.New("quota store unavailable")
+
+// Store keeps every key's limits' state. Implementations must be safe for
+// concurrent use.
+//
+// Admit takes, atomically, one request, Ask.Tokens tokens and a lease,
+// or nothing: an Ask any limit refuses changes no state. Release gives back
+// the lease and settles the tokens; it is called exactly once per allowed
+// Ask, on every exit path, and never for a refused one.
+type Store interface {
+	Admit(ctx context.Context, a Ask) (Decision, error)
+	Release(ctx context.Context, r Release) error
+	// Close stops the store's background work (lease renewal) and waits
+	// for it.
+	Close() error
+}
