@@ -58,7 +58,9 @@ func refused(by Refused, retry time.Duration, req, tok Bucket) Decision {
 	return Decision{Refused: by, RetryAfter: retry, Requests: req, Tokens: tok}
 }
 
-func rb(remaining int64, reset time.Duration) Bucket { return Bucket{Remaining: remaining, Reset: reset} }
+func rb(remaining int64, reset time.Duration) Bucket {
+	return Bucket{Remaining: remaining, Reset: reset}
+}
 
 var none Bucket
 
