@@ -134,15 +134,15 @@ func (r *reloader) apply(trigger string) (telemetry.ReloadResult, [32]byte, erro
 // restartKeys returns the keys outside the gateway section whose values
 // differ between the running configuration and next and that only a
 // restart applies: the listeners and their timeouts, admin, telemetry,
-// log level and format, simulate, reload. The engines, models and routing
-// sections apply at once, and the gateway section's own keys are reported
-// by gateway.Server.Reload.
+// log level and format, simulate, reload. The engines, models, auth and
+// routing sections apply at once, and the gateway section's own keys (and
+// auth's) are reported by gateway.Server.Reload.
 func restartKeys(running, next Config) []string {
 	var keys []string
 	// The gateway section (squashed into server) is Reload's to report;
-	// engines, models and routing apply at once.
+	// engines, models, auth and routing apply at once.
 	cfgdiff.Diff("", reflect.ValueOf(running), reflect.ValueOf(next), func(key, opts string) bool {
-		return opts == "squash" || key == "engines" || key == "models" || key == "routing" || key == "log.access"
+		return opts == "squash" || key == "engines" || key == "models" || key == "auth" || key == "routing" || key == "log.access"
 	}, &keys)
 	return keys
 }

@@ -235,6 +235,8 @@ func TestRestartKeys(t *testing.T) {
 	next.Engines = []gateway.EngineConfig{{}} // applied
 	next.Models.Aliases = map[string]string{"a": "b"}
 	next.Reload.Debounce = time.Second
+	next.Auth.Keys = []gateway.KeyConfig{{Name: "a"}} // the gateway reports it
+	next.Auth.HideUnauthorizedModels = true           // the gateway reports it
 	want := []string{"server.listen", "server.idle_timeout", "admin.listen", "telemetry.cardinality_limit", "log.level", "reload.debounce"}
 	if got := restartKeys(run, next); !slices.Equal(got, want) {
 		t.Errorf("restartKeys = %v, want %v", got, want)
