@@ -2,6 +2,7 @@ package quota
 
 import (
 	"context"
+	"math"
 	"sync"
 	"testing"
 	"time"
@@ -134,6 +135,13 @@ var boundaryCases = []boundaryCase{
 		{tokens: 1001, want: refused(RefusedTokens, 0, none, rb(1000, 0))},
 		{tokens: 1000, want: allowed(none, rb(0, time.Minute))},
 	}},
+	{name: "a huge overrun is capped at 2^52", limits: Limits{TokensPerMinute: 1_000_000}, steps: []boundaryStep{
+		{release: &Release{Reserved: 0, Used: math.MaxInt64}},
+		// cell 60, per 1 µs: the debt 2^52 is repaid in 2^52 µs (142 years).
+		{tokens: 0, want: refused(RefusedTokens, (maxDebt-60_000_000)*time.Microsecond, none, rb(0, maxDebt*time.Microsecond))},
+		{release: &Release{Reserved: math.MaxInt64, Used: 0}},
+		{tokens: 1_000_000, want: allowed(none, rb(0, time.Minute))},
+	}},
 	{name: "a reload changes the limit: the fill carries over", limits: Limits{RequestsPerMinute: 60}, steps: []boundaryStep{
 		{n: 30, want: allowed(rb(30, 30*time.Second), none)},
 		// Half a minute's debt is half of the new bucket: 60 left, less
@@ -223,7 +231,9 @@ func checkBucket(t *testing.T, name string, i int, which string, got, want Bucke
 	if got.Limit != want.Limit {
 		t.Errorf("%s: step %d: %s limit %d, want %d", name, i, which, got.Limit, want.Limit)
 	}
-	// e can refill up to e*limit/minute (and one for rounding).
+	// e can refill up to e*limit/minute, and a tick more: a tick's refill
+	// comes at once (and one for rounding).
+	e += time.Duration(newRate(want.Limit).tick) * time.Microsecond
 	refill := int64(e*time.Duration(want.Limit)/time.Minute) + 1
 	if got.Remaining < want.Remaining || got.Remaining > min(want.Remaining+refill, want.Limit) {
 		t.Errorf("%s: step %d: %s remaining %d, want %d plus up to %d", name, i, which, got.Remaining, want.Remaining, refill)

@@ -95,7 +95,9 @@ func (b bucket) debtAt(r rate, now int64) int64 {
 			d -= el * b.r.per
 		}
 	}
-	if b.r != r {
+	if b.r.per != r.per || b.r.tick != r.tick {
+		// Another unit of debt. (Two limits can share one: debt/per ticks
+		// is the time ahead, so equal per and tick mean the same debt.)
 		d = rescale(d, b.r.full, r.full)
 	}
 	return d
@@ -212,7 +214,9 @@ func decide(l Limits, tokens int64, rr, tr rate, req, tok bucket, inFlight, now 
 	}
 	if tr.per != 0 {
 		tq, td = floorTo(now, tr.tick), tok.debtAt(tr, now)
-		tafter, tok2 = tr.take(td, tokens)
+		if !tr.tooBig(tokens) {
+			tafter, tok2 = tr.take(td, tokens)
+		}
 	}
 	nreq, ntok = req, tok
 	switch {

@@ -9,10 +9,20 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	// go-redis logs its dial failures to a process-wide logger; the outage
+	// tests cause them on purpose.
+	redis.SetLogger(silent{})
+	goleak.VerifyTestMain(m)
+}
+
+type silent struct{}
+
+func (silent) Printf(context.Context, string, ...any) {}
 
 func admit(t *testing.T, st Store, a Ask) Decision {
 	t.Helper()
