@@ -34,7 +34,7 @@ type Config struct {
 	Admin     AdminConfig            `koanf:"admin"`
 	Engines   []gateway.EngineConfig `koanf:"engines"`
 	Models    gateway.ModelsConfig   `koanf:"models"`
-	Auth      gateway.AuthConfig     `koanf:"auth"`
+	Auth      AuthConfig             `koanf:"auth"`
 	Routing   routing.Config         `koanf:"routing"`
 	Telemetry telemetry.Config       `koanf:"telemetry"`
 	Log       LogConfig              `koanf:"log"`
@@ -215,41 +215,55 @@ func (s *summed) ReadBytes() ([]byte, error) {
 	return b, err
 }
 
-// loadConfigSum is loadConfig that also returns the contentSum of the
-// --config file's bytes it loaded (or of their read error), whether or not
-// the config is valid: what the file watch compares the file with, so an
+// loadedFrom identifies the file content a configuration was loaded
+// from, valid or not: what the file watch compares the files with, so an
 // edit made after this read is a change even when it comes before the
-// watch is set up. It is the zero value without --config.
-func loadConfigSum(args []string, environ func() []string) (Config, [32]byte, error) {
-	var sum [32]byte
+// watch is set up. The zero value is no file at all.
+type loadedFrom struct {
+	// config is the contentSum of the --config file's bytes (or of their
+	// read error); zero without --config.
+	config [32]byte
+	// keysFile is auth.keys_file as loaded, "" when none or when the load
+	// failed before it was known (the keys file is then not looked at
+	// until the config loads again).
+	keysFile string
+	// keys is the contentSum of the keys file's bytes (or of their read
+	// error); zero without one.
+	keys [32]byte
+}
+
+// loadConfigSum is loadConfig that also returns what it loaded the
+// configuration from (loadedFrom), whether or not it is valid.
+func loadConfigSum(args []string, environ func() []string) (Config, loadedFrom, error) {
+	var from loadedFrom
 	fs := newFlagSet()
 	if err := fs.Parse(args); err != nil {
-		return Config{}, sum, err
+		return Config{}, from, err
 	}
 	if v, _ := fs.GetBool("version"); v {
-		return Config{}, sum, errVersion
+		return Config{}, from, errVersion
 	}
 	k := koanf.New(".")
 	if err := k.Load(confmap.Provider(map[string]any{}, "."), nil); err != nil {
-		return Config{}, sum, err
+		return Config{}, from, err
 	}
 	var problems []error
 	if path, _ := fs.GetString("config"); path != "" {
 		fk := koanf.New(".")
 		src := &summed{Provider: file.Provider(path)}
 		err := fk.Load(src, yaml.Parser())
-		sum = src.sum
+		from.config = src.sum
 		if err != nil {
-			return Config{}, sum, fmt.Errorf("config file %s: %w", path, err)
+			return Config{}, from, fmt.Errorf("config file %s: %w", path, err)
 		}
 		problems = append(problems, fileErrors(path, fk.Raw())...)
 		if err := k.Merge(fk); err != nil {
-			return Config{}, sum, fmt.Errorf("config file %s: %w", path, err)
+			return Config{}, from, fmt.Errorf("config file %s: %w", path, err)
 		}
 	}
 	problems = append(problems, envErrors(environ())...)
 	if len(problems) > 0 {
-		return Config{}, sum, errors.Join(problems...)
+		return Config{}, from, errors.Join(problems...)
 	}
 	if err := k.Load(env.Provider(".", env.Opt{
 		Prefix:      envPrefix,
@@ -258,7 +272,7 @@ func loadConfigSum(args []string, environ func() []string) (Config, [32]byte, er
 			return envKey(key), v
 		},
 	}), nil); err != nil {
-		return Config{}, sum, fmt.Errorf("environment: %w", err)
+		return Config{}, from, fmt.Errorf("environment: %w", err)
 	}
 	if err := k.Load(posflag.ProviderWithFlag(fs, ".", nil, func(f *pflag.Flag) (string, any) {
 		key, ok := flagKeys[f.Name]
@@ -267,7 +281,7 @@ func loadConfigSum(args []string, environ func() []string) (Config, [32]byte, er
 		}
 		return key, posflag.FlagVal(fs, f)
 	}), nil); err != nil {
-		return Config{}, sum, fmt.Errorf("flags: %w", err)
+		return Config{}, from, fmt.Errorf("flags: %w", err)
 	}
 	// Defaults hold no slices: decoding into a non-empty slice would merge
 	// element by element instead of replacing it.
@@ -278,15 +292,24 @@ func loadConfigSum(args []string, environ func() []string) (Config, [32]byte, er
 	dc := decoderConfig()
 	dc.ErrorUnused = true
 	if err := k.UnmarshalWithConf("", &cfg, koanf.UnmarshalConf{Tag: "koanf", DecoderConfig: dc}); err != nil {
-		return Config{}, sum, fmt.Errorf("config: %w", err)
+		return Config{}, from, fmt.Errorf("config: %w", err)
+	}
+	if path := cfg.Auth.KeysFile; path != "" {
+		keys, ksum, err := loadKeysFile(path)
+		from.keysFile, from.keys = path, ksum
+		if err != nil {
+			return Config{}, from, err
+		}
+		cfg.Auth.Keys = append(cfg.Auth.Keys, keys...)
+		cfg.Auth.fromFile = len(keys)
 	}
 	if cfg.Simulate.Engines > 0 && len(cfg.Simulate.Models) == 0 {
 		cfg.Simulate.Models = []string{"demo-model"}
 	}
 	if err := cfg.Validate(); err != nil {
-		return cfg, sum, withSources(err, k, fs, environ)
+		return cfg, from, withSources(err, k, fs, environ)
 	}
-	return cfg, sum, nil
+	return cfg, from, nil
 }
 
 // withSources adds to each line of a validation error that names a key

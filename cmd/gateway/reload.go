@@ -1,11 +1,12 @@
 package main
 
 // This file reloads the configuration while the gateway runs: on SIGHUP,
-// and when the config file changes (reload.watch). Each reload runs the
-// whole load of start-up again (defaults < file < environment < flags),
-// validates it, builds the routing policy when its section changed and
-// hands the gateway section to gateway.Server.Reload. A rejected config is
-// logged on one line and counted; the running one stays in force.
+// and when the config file or auth.keys_file changes (reload.watch). Each
+// reload runs the whole load of start-up again (defaults < file <
+// environment < flags, then the keys file), validates it, builds the
+// routing policy when its section changed and hands the gateway section to
+// gateway.Server.Reload. A rejected config is logged on one line and
+// counted; the running one stays in force.
 
 import (
 	"context"
@@ -31,9 +32,10 @@ import (
 // ReloadConfig is the `reload` section: how configuration changes reach the
 // running gateway (SIGHUP always reloads).
 type ReloadConfig struct {
-	// Watch, when true (the default), reloads when the --config file
-	// changes: its directory is watched, so an editor's rename into place
-	// and a Kubernetes ConfigMap's symlink swap are seen, not only writes.
+	// Watch, when true (the default), reloads when the --config file or
+	// the auth.keys_file changes: their directories are watched, so an
+	// editor's rename into place and a Kubernetes ConfigMap's or Secret's
+	// symlink swap are seen, not only writes.
 	Watch bool `koanf:"watch"`
 	// Debounce is how long the file must stay quiet after a change before
 	// it is read, so a burst of writes becomes one reload. Default 200 ms.
@@ -47,7 +49,7 @@ func gatewayConfig(cfg Config, extra []gateway.EngineConfig) gateway.Config {
 	g := cfg.Server.Config
 	g.Engines = append(slices.Clone(cfg.Engines), extra...)
 	g.Models = cfg.Models
-	g.Auth = cfg.Auth
+	g.Auth = cfg.Auth.AuthConfig
 	g.AccessLog = cfg.Log.Access
 	return g
 }
@@ -66,13 +68,14 @@ type reloader struct {
 	started Config         // the configuration the process started with
 	routing routing.Config // the routing section of the policy in force
 	policy  routing.Policy
+	auth    AuthConfig // the auth section in force (startReloads sets it)
 }
 
 // reload loads the configuration again and applies it, logging and
 // counting the result. trigger says what asked for it ("SIGHUP", "file").
-// It returns the sum (contentSum) of the config file's bytes it loaded,
-// applied or rejected: the content the watch compares the file with next.
-func (r *reloader) reload(trigger string) (loaded [32]byte) {
+// It returns what it loaded the configuration from, applied or rejected:
+// the content the watch compares the files with next.
+func (r *reloader) reload(trigger string) (loaded loadedFrom) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	res, loaded, err := r.apply(trigger)
@@ -85,9 +88,9 @@ func (r *reloader) reload(trigger string) (loaded [32]byte) {
 	return loaded
 }
 
-// apply is reload's work: the result, the sum of the bytes loaded, and
-// why the config was rejected.
-func (r *reloader) apply(trigger string) (telemetry.ReloadResult, [32]byte, error) {
+// apply is reload's work: the result, what was loaded, and why the config
+// was rejected.
+func (r *reloader) apply(trigger string) (telemetry.ReloadResult, loadedFrom, error) {
 	cfg, loaded, err := loadConfigSum(r.args, r.environ)
 	if err != nil {
 		return telemetry.ReloadRejected, loaded, err
@@ -106,6 +109,8 @@ func (r *reloader) apply(trigger string) (telemetry.ReloadResult, [32]byte, erro
 		return telemetry.ReloadRejected, loaded, err
 	}
 	r.policy, r.routing = policy, cfg.Routing
+	prevAuth := r.auth
+	r.auth = cfg.Auth
 	restart := append(restartKeys(r.started, cfg), rep.Restart...)
 	res := telemetry.ReloadUnchanged
 	if rep.Applied() {
@@ -124,6 +129,14 @@ func (r *reloader) apply(trigger string) (telemetry.ReloadResult, [32]byte, erro
 		attrs = append(attrs, "policy", cfg.Routing.Policy)
 	}
 	add("settings", rep.Settings)
+	// Which keys, by name (never a hash): of both sources together.
+	added, removed, changed := keyChanges(prevAuth.Keys, cfg.Auth.Keys)
+	add("keys_added", added)
+	add("keys_removed", removed)
+	add("keys_changed", changed)
+	if cfg.Auth.KeysFile != prevAuth.KeysFile {
+		attrs = append(attrs, "keys_file", cfg.Auth.KeysFile)
+	}
 	r.log.Info("config reloaded", attrs...)
 	if len(restart) > 0 {
 		r.log.Warn("config changes that need a restart to apply; the running values stay in force", "keys", strings.Join(restart, ", "))
@@ -140,11 +153,38 @@ func (r *reloader) apply(trigger string) (telemetry.ReloadResult, [32]byte, erro
 func restartKeys(running, next Config) []string {
 	var keys []string
 	// The gateway section (squashed into server) is Reload's to report;
-	// engines, models, auth and routing apply at once.
+	// engines, models, auth (auth.keys_file too: the watch follows it) and
+	// routing apply at once.
 	cfgdiff.Diff("", reflect.ValueOf(running), reflect.ValueOf(next), func(key, opts string) bool {
 		return opts == "squash" || key == "engines" || key == "models" || key == "auth" || key == "routing" || key == "log.access"
 	}, &keys)
 	return keys
+}
+
+// keyChanges returns the names of the keys of next that running lacks,
+// those of running that next lacks, and those in both whose hash, models
+// or limits differ; names are unique in a valid list.
+func keyChanges(running, next []gateway.KeyConfig) (added, removed, changed []string) {
+	old := make(map[string]gateway.KeyConfig, len(running))
+	for _, k := range running {
+		old[k.Name] = k
+	}
+	seen := make(map[string]bool, len(next))
+	for _, k := range next {
+		seen[k.Name] = true
+		switch o, ok := old[k.Name]; {
+		case !ok:
+			added = append(added, k.Name)
+		case !reflect.DeepEqual(o, k):
+			changed = append(changed, k.Name)
+		}
+	}
+	for _, k := range running {
+		if !seen[k.Name] {
+			removed = append(removed, k.Name)
+		}
+	}
+	return added, removed, changed
 }
 
 // configFile returns the --config path in args ("" when none).
@@ -159,22 +199,32 @@ func configFile(args []string) string {
 
 // startReloads reloads on each signal from hup (SIGHUP, which run catches
 // from its start, so a signal sent while the gateway started is waiting
-// there) and, when watch is set and path is not empty, when the file at
-// path changes (debounced by debounce), until ctx ends (the shutdown
-// starts) or stop is called. loaded is the sum (contentSum) of the file's
-// bytes the running configuration was loaded from: a file that differs
-// from it once the watch is set up (edited while the gateway started) is
-// reloaded after debounce. stop waits for a reload in progress. A watch
-// that cannot be set up is logged; SIGHUP still works.
-func (r *reloader) startReloads(ctx context.Context, hup <-chan os.Signal, path string, loaded [32]byte, watch bool, debounce time.Duration) (stop func()) {
+// there) and, when watch is set, when the config file at path ("" = none)
+// or the keys file (auth.keys_file) changes (debounced by debounce), until
+// ctx ends (the shutdown starts) or stop is called. loaded is what the
+// running configuration was loaded from: a file that differs from it once
+// the watch is set up (edited while the gateway started) is reloaded after
+// debounce. stop waits for a reload in progress. A watch that cannot be
+// set up is logged; SIGHUP still works.
+func (r *reloader) startReloads(ctx context.Context, hup <-chan os.Signal, path string, loaded loadedFrom, watch bool, debounce time.Duration) (stop func()) {
+	r.mu.Lock()
+	r.auth = r.started.Auth
+	r.mu.Unlock()
 	var w *fsnotify.Watcher
-	if path != "" && watch {
+	if watch && (path != "" || loaded.keysFile != "") {
+		var attrs []any
+		if path != "" {
+			attrs = append(attrs, "path", path)
+		}
+		if loaded.keysFile != "" {
+			attrs = append(attrs, "keys_file", loaded.keysFile)
+		}
 		var err error
-		if w, err = newFileWatch(path); err != nil {
-			r.log.Warn("config file not watched; reload with SIGHUP", "path", path, "error", err)
+		if w, err = newFileWatch(path, loaded.keysFile); err != nil {
+			r.log.Warn("config files not watched; reload with SIGHUP", append(attrs, "error", err)...)
 			w = nil
 		} else {
-			r.log.Info("watching the config file for changes", "path", path, "debounce", debounce)
+			r.log.Info("watching the config files for changes", append(attrs, "debounce", debounce)...)
 		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
@@ -192,47 +242,90 @@ func (r *reloader) startReloads(ctx context.Context, hup <-chan os.Signal, path 
 	}
 }
 
-// newFileWatch watches the directory of path, and that of the file it
-// resolves to when it is a symlink elsewhere: a file replaced by a rename,
-// or a ConfigMap's ..data symlink swapped, is seen only there.
-func newFileWatch(path string) (*fsnotify.Watcher, error) {
+// newFileWatch watches the directory of each path ("" skipped), and that
+// of the file it resolves to when it is a symlink elsewhere: a file
+// replaced by a rename, or a ConfigMap's ..data symlink swapped, is seen
+// only there.
+func newFileWatch(paths ...string) (*fsnotify.Watcher, error) {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return nil, err
 	}
-	if err := w.Add(filepath.Dir(path)); err != nil {
-		_ = w.Close()
-		return nil, err
+	for _, path := range paths {
+		if path == "" {
+			continue
+		}
+		if dir := filepath.Dir(path); !slices.Contains(w.WatchList(), dir) {
+			if err := w.Add(dir); err != nil {
+				_ = w.Close()
+				return nil, err
+			}
+		}
+		addRealDir(w, path)
 	}
-	addRealDir(w, path)
 	return w, nil
 }
 
+// watchDirs adds to w the directories of each path ("" skipped) and of
+// the file it resolves to that are not watched yet (errors ignored: a
+// directory may be missing for now), and reports whether it added one.
+func watchDirs(w *fsnotify.Watcher, paths ...string) bool {
+	added := false
+	for _, path := range paths {
+		if path == "" {
+			continue
+		}
+		added = watchDir(w, filepath.Dir(path)) || added
+		added = addRealDir(w, path) || added
+	}
+	return added
+}
+
+// watchDir adds dir to w if it is not watched yet, and reports whether it
+// added it.
+func watchDir(w *fsnotify.Watcher, dir string) bool {
+	return !slices.Contains(w.WatchList(), dir) && w.Add(dir) == nil
+}
+
 // addRealDir adds the directory of the file path resolves to, if it is
-// not watched yet (errors ignored: the file may be gone for a moment).
-func addRealDir(w *fsnotify.Watcher, path string) {
+// not watched yet (errors ignored: the file may be gone for a moment), and
+// reports whether it added it.
+func addRealDir(w *fsnotify.Watcher, path string) bool {
 	real, err := filepath.EvalSymlinks(path)
 	if err != nil {
-		return
+		return false
 	}
-	dir := filepath.Dir(real)
-	if !slices.Contains(w.WatchList(), dir) {
-		_ = w.Add(dir)
-	}
+	return watchDir(w, filepath.Dir(real))
 }
 
 // concerns reports whether a watch event on name may have changed the
-// config file at path: it is the file itself (written, or renamed into
-// place), the file path resolves to, or one of the ..-prefixed entries of
-// Kubernetes' atomic writer (the ..data symlink, the ..<timestamp>
-// directories) that a ConfigMap update swaps.
+// file at path ("" = none: false): it is the file itself (written, or
+// renamed into place), the file path resolves to, or one of the
+// ..-prefixed entries of Kubernetes' atomic writer (the ..data symlink,
+// the ..<timestamp> directories) that a ConfigMap or Secret update swaps.
 func concerns(name, path string) bool {
+	if path == "" {
+		return false
+	}
 	name = filepath.Clean(name)
 	if name == filepath.Clean(path) || strings.HasPrefix(filepath.Base(name), "..") {
 		return true
 	}
 	real, err := filepath.EvalSymlinks(path)
 	return err == nil && name == filepath.Clean(real)
+}
+
+// filesNow is what a load would read now: the config file at path (""
+// = none) and the keys file keysFile ("" = none), as loadedFrom.
+func filesNow(path, keysFile string) loadedFrom {
+	now := loadedFrom{keysFile: keysFile}
+	if path != "" {
+		now.config = fileSum(path)
+	}
+	if keysFile != "" {
+		now.keys = fileSum(keysFile)
+	}
+	return now
 }
 
 // fileSum is the contentSum of the file at path as it is now.
@@ -252,17 +345,20 @@ func contentSum(b []byte, err error) [32]byte {
 }
 
 // watchLoop serves SIGHUP and the events of w (nil: none) until ctx ends,
-// calling reload with "SIGHUP" or "file"; reload returns the sum
-// (contentSum) of the bytes it loaded, and last is that of the running
-// configuration's. An event that concerns the file (concerns: its name,
-// what it resolves to, or a ConfigMap's ..data swap) (re)starts the
-// debounce timer; other files in the directory are ignored, so a log
-// written next to the config cannot keep putting a reload off. When the
-// timer fires the file is read again and reloaded only if its content
-// changed, so chmods and rewrites of the same bytes do not count. With a
-// watch the timer also runs once at the start: a change made before the
-// watch was set up has no event.
-func watchLoop(ctx context.Context, w *fsnotify.Watcher, path string, last [32]byte, debounce time.Duration, hup <-chan os.Signal, log *slog.Logger, reload func(trigger string) [32]byte) {
+// calling reload with "SIGHUP" or "file"; reload returns what it loaded
+// the configuration from, and last is what the running configuration was
+// loaded from. The files watched are the config file at path and the keys
+// file last names, so a reload that names another keys file moves the
+// watch there (the new directory is added, then looked at once: a change
+// made before it was watched has no event). An event that concerns either
+// file (concerns: its name, what it resolves to, or a ConfigMap's ..data
+// swap) (re)starts the debounce timer; other files in the directories are
+// ignored, so a log written next to the config cannot keep putting a
+// reload off. When the timer fires the files are read again and reloaded
+// only if the content of either changed, so chmods and rewrites of the
+// same bytes do not count. With a watch the timer also runs once at the
+// start: a change made before the watch was set up has no event.
+func watchLoop(ctx context.Context, w *fsnotify.Watcher, path string, last loadedFrom, debounce time.Duration, hup <-chan os.Signal, log *slog.Logger, reload func(trigger string) loadedFrom) {
 	var events <-chan fsnotify.Event
 	var errs <-chan error
 	if w != nil {
@@ -274,18 +370,26 @@ func watchLoop(ctx context.Context, w *fsnotify.Watcher, path string, last [32]b
 	if w != nil {
 		timer.Reset(debounce)
 	}
+	// follow watches the directories of the files last names; one added
+	// is looked at after debounce.
+	follow := func() {
+		if w != nil && watchDirs(w, path, last.keysFile) {
+			timer.Reset(debounce)
+		}
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-hup:
 			last = reload("SIGHUP")
+			follow()
 		case ev, ok := <-events:
 			if !ok {
 				events = nil
 				continue
 			}
-			if concerns(ev.Name, path) {
+			if concerns(ev.Name, path) || concerns(ev.Name, last.keysFile) {
 				timer.Reset(debounce)
 			}
 		case err, ok := <-errs:
@@ -297,13 +401,12 @@ func watchLoop(ctx context.Context, w *fsnotify.Watcher, path string, last [32]b
 				log.Warn("config file watch", "error", err)
 				continue
 			}
-			timer.Reset(debounce) // events were lost: look at the file
+			timer.Reset(debounce) // events were lost: look at the files
 		case <-timer.C:
-			if w != nil {
-				addRealDir(w, path)
-			}
-			if fileSum(path) != last {
+			follow()
+			if filesNow(path, last.keysFile) != last {
 				last = reload("file")
+				follow()
 			}
 		}
 	}

@@ -32,14 +32,15 @@ type watched struct {
 
 func watch(t *testing.T, path string, debounce time.Duration) *watched {
 	t.Helper()
-	return watchFrom(t, path, fileSum(path), debounce)
+	return watchFrom(t, path, filesNow(path, ""), debounce)
 }
 
-// watchFrom is watch with loaded the sum of the content the running
-// configuration was loaded from; each reload loads the file as it is.
-func watchFrom(t *testing.T, path string, loaded [32]byte, debounce time.Duration) *watched {
+// watchFrom is watch with loaded what the running configuration was
+// loaded from (the keys file it names is watched too); each reload loads
+// the files as they are.
+func watchFrom(t *testing.T, path string, loaded loadedFrom, debounce time.Duration) *watched {
 	t.Helper()
-	w, err := newFileWatch(path)
+	w, err := newFileWatch(path, loaded.keysFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,11 +49,11 @@ func watchFrom(t *testing.T, path string, loaded [32]byte, debounce time.Duratio
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		watchLoop(ctx, w, path, loaded, debounce, wd.hup, slog.New(slog.NewTextHandler(io.Discard, nil)), func(trigger string) [32]byte {
+		watchLoop(ctx, w, path, loaded, debounce, wd.hup, slog.New(slog.NewTextHandler(io.Discard, nil)), func(trigger string) loadedFrom {
 			wd.mu.Lock()
 			wd.triggers = append(wd.triggers, trigger)
 			wd.mu.Unlock()
-			return fileSum(path)
+			return filesNow(path, loaded.keysFile)
 		})
 	}()
 	t.Cleanup(func() {
@@ -171,7 +172,7 @@ func TestWatchConfigFile(t *testing.T) {
 	t.Run("changed before the watch", func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "gateway.yaml")
 		writeFile(t, path, "a: 2\n")
-		wd := watchFrom(t, path, contentSum([]byte("a: 1\n"), nil), debounce)
+		wd := watchFrom(t, path, loadedFrom{config: contentSum([]byte("a: 1\n"), nil)}, debounce)
 		wd.waitFor(t, 1, settle)
 		if got := wd.got(); !slices.Equal(got, []string{"file"}) {
 			t.Errorf("triggers %v", got)
@@ -237,6 +238,7 @@ func TestRestartKeys(t *testing.T) {
 	next.Reload.Debounce = time.Second
 	next.Auth.Keys = []gateway.KeyConfig{{Name: "a"}} // the gateway reports it
 	next.Auth.HideUnauthorizedModels = true           // the gateway reports it
+	next.Auth.KeysFile = "/etc/switchboard/keys.yaml" // read and watched at once
 	want := []string{"server.listen", "server.idle_timeout", "admin.listen", "telemetry.cardinality_limit", "log.level", "reload.debounce"}
 	if got := restartKeys(run, next); !slices.Equal(got, want) {
 		t.Errorf("restartKeys = %v, want %v", got, want)
