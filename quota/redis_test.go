@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"math"
+	"math/rand/v2"
 	"net"
 	"slices"
 	"strconv"
@@ -536,6 +537,76 @@ func BenchmarkRedisAdmitRelease(b *testing.B) {
 		}
 		if err := st.Release(ctx, r); err != nil {
 			b.Fatal(err)
+		}
+	}
+}
+
+// gcraProbeLua runs gcra.lua's functions on given inputs (a bucket, a
+// rate, a time), so TestLuaMatchesGo can compare them with gcra.go's.
+const gcraProbeLua = `
+redis.call('DEL', KEYS[1])
+if ARGV[3] ~= '0' then
+  redis.call('HSET', KEYS[1], 'd', ARGV[1], 't', ARGV[2], 'p', ARGV[3], 'f', ARGV[4], 'k', ARGV[5])
+end
+local per, full, cell, tick = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local now, n, delta = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
+local d = debt_at(KEYS[1], per, full, tick, now)
+local q = floorto(now, tick)
+local after = d + n * cell
+local settled = d + delta * cell
+if settled < 0 then
+  settled = 0
+elseif settled > MAXDEBT then
+  settled = MAXDEBT
+end
+local retry = 0
+if after > full then
+  retry = untilrepaid(after - full, q, now, per, tick)
+end
+return {d, after, remaining(d, full, cell), untilrepaid(d, q, now, per, tick), retry, settled}
+`
+
+// TestLuaMatchesGo: gcra.lua computes exactly what gcra.go does, on
+// random buckets, limits (a reload between them included), times, costs
+// and settlements, up to the extremes (debts near 2^52, 1 ms ticks).
+func TestLuaMatchesGo(t *testing.T) {
+	srv := redistest.Start(t)
+	raw := rawClient(t, srv.Addr())
+	probe := redis.NewScript(gcraLua + gcraProbeLua)
+	ctx := context.Background()
+	rng := rand.New(rand.NewPCG(1, 2))
+	limits := append([]int64{3, 59, 61, 120, 997, 65_537, 7_000_001}, limitsUnderTest...)
+	const now0 = 1_800_000_000_123_457 // µs, not on a tick
+	for i := range 1500 {
+		old, cur := newRate(limits[rng.IntN(len(limits))]), newRate(limits[rng.IntN(len(limits))])
+		if i%3 == 0 {
+			old = cur // mostly no reload
+		}
+		var b bucket
+		if i%17 != 0 { // sometimes no bucket at all
+			debt := []int64{0, 1, old.cell, old.full, old.full + 1, maxDebt - 1, maxDebt, rng.Int64N(old.full + 1), rng.Int64N(maxDebt)}[rng.IntN(9)]
+			b = bucket{debt: debt, at: floorTo(now0-rng.Int64N(120_000_000), old.tick), r: old}
+		}
+		now := now0 + []int64{0, 1, -5_000_000, rng.Int64N(90_000_000)}[rng.IntN(4)] // -: the clock went back
+		n := []int64{0, 1, cur.limit(), rng.Int64N(cur.limit() + 1)}[rng.IntN(4)]
+		dt := []int64{0, -1, 1, math.MaxInt64, math.MinInt64, rng.Int64N(2*cur.limit()+1) - cur.limit()}[rng.IntN(6)]
+
+		d := b.debtAt(cur, now)
+		q := floorTo(now, cur.tick)
+		after, ok := cur.take(d, n)
+		var retry int64
+		if !ok {
+			retry = cur.until(after-cur.full, q, now)
+		}
+		want := []int64{d, after, cur.remaining(d), cur.until(d, q, now), retry, cur.settle(d, dt)}
+		got, err := probe.Run(ctx, raw, []string{"probe"},
+			b.debt, b.at, b.r.per, b.r.full, b.r.tick,
+			cur.per, cur.full, cur.cell, cur.tick, now, n, dt).Int64Slice()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("case %d: bucket %+v, rate %+v, now %d, n %d, delta %d:\n Lua %v\n  Go %v\n(debt, after, remaining, reset, retry, settled)", i, b, cur, now, n, dt, got, want)
 		}
 	}
 }
