@@ -5,8 +5,9 @@
 -- holds exactly: times are µs (Redis TIME), debts are in the per-limit
 -- units gcra.go's newRate computes (passed in as per, full, cell, tick).
 -- Division is idiv, the floor of a/b corrected for the double's rounding.
--- A bucket is a hash: d (debt), t (its time, µs, a multiple of k), and its
--- units p (per), f (full), k (tick).
+-- A bucket is a string key, "d t p f k": its debt, its time (µs, a
+-- multiple of k) and its units p (per), f (full), k (tick); one GET reads
+-- it, one SET with PX writes it and its expiry.
 
 local MAXDEBT = 4503599627370496 -- 2^52: gcra.go's maxDebt
 
@@ -42,17 +43,19 @@ end
 -- debt_at is bucket.debtAt (with bucket.rebase's write): the debt of the
 -- bucket at key as of now, in the units per, full, tick.
 local function debt_at(key, per, full, tick, now)
-  local v = redis.call('HMGET', key, 'd', 't', 'p', 'f', 'k')
-  if not v[1] then
+  local v = redis.call('GET', key)
+  if not v then
     return 0
   end
-  local d, t, p, f, k = tonumber(v[1]), tonumber(v[2]), tonumber(v[3]), tonumber(v[4]), tonumber(v[5])
-  if d <= 0 or p == 0 then
+  local d, t, p, f, k = string.match(v, '^(%d+) (%d+) (%d+) (%d+) (%d+)$')
+  d, t, p, f, k = tonumber(d), tonumber(t), tonumber(p), tonumber(f), tonumber(k)
+  if not k or d <= 0 or p == 0 then
     return 0
   end
   local q = floorto(now, k)
   if q < t then
-    redis.call('HSET', key, 't', num(q)) -- the clock went back: rebase
+    -- the clock went back: rebase
+    redis.call('SET', key, num(d) .. ' ' .. num(q) .. ' ' .. num(p) .. ' ' .. num(f) .. ' ' .. num(k), 'KEEPTTL')
   elseif q > t then
     local el = idiv(q - t, k)
     if el * p >= d then
@@ -79,8 +82,8 @@ local function save(key, d, now, per, full, tick)
     return
   end
   local q = floorto(now, tick)
-  redis.call('HSET', key, 'd', num(d), 't', num(q), 'p', num(per), 'f', num(full), 'k', num(tick))
-  redis.call('PEXPIRE', key, num(cdiv(q + cdiv(d, per) * tick - now, 1000) + 1))
+  redis.call('SET', key, num(d) .. ' ' .. num(q) .. ' ' .. num(per) .. ' ' .. num(full) .. ' ' .. num(tick),
+    'PX', num(cdiv(q + cdiv(d, per) * tick - now, 1000) + 1))
 end
 
 -- remaining is rate.remaining.

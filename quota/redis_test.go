@@ -546,7 +546,7 @@ func BenchmarkRedisAdmitRelease(b *testing.B) {
 const gcraProbeLua = `
 redis.call('DEL', KEYS[1])
 if ARGV[3] ~= '0' then
-  redis.call('HSET', KEYS[1], 'd', ARGV[1], 't', ARGV[2], 'p', ARGV[3], 'f', ARGV[4], 'k', ARGV[5])
+  redis.call('SET', KEYS[1], ARGV[1] .. ' ' .. ARGV[2] .. ' ' .. ARGV[3] .. ' ' .. ARGV[4] .. ' ' .. ARGV[5])
 end
 local per, full, cell, tick = tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local now, n, delta = tonumber(ARGV[10]), tonumber(ARGV[11]), tonumber(ARGV[12])
