@@ -103,7 +103,7 @@ type Release struct {
 var ErrUnavailable = errors.New("quota store unavailable")
 
 // Store keeps every key's limits' state. Implementations must be safe for
-// concurrent use.
+// concurrent use: [Memory] (per process) and [Redis] (shared by replicas).
 //
 // Admit takes, atomically, one request, Ask.Tokens tokens and a lease,
 // or nothing: an Ask any limit refuses changes no state. Release gives back
