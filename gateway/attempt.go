@@ -218,6 +218,7 @@ func (a *attempt) end() {
 		a.s.pool.observeOutcome(a.eng, a.status, a.errType)
 	}
 	if st := stateFrom(a.ctx); st != nil { // for the access log: the last attempt's outcome
+		a.countUsage(st)
 		st.errType = a.errType
 		st.inTok, st.outTok = o.InputTokens, o.OutputTokens
 		if !a.first.IsZero() {

@@ -15,6 +15,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/switchboard-gw/switchboard/quota"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
 
@@ -123,13 +124,16 @@ type apiKey struct {
 	name   string
 	hash   [sha256.Size]byte
 	models []string
+	limits quota.Limits
+	attrs  *telemetry.KeyAttrs
 }
 
 // compileKeys returns the keys of a validated c.
 func compileKeys(c AuthConfig) []apiKey {
 	keys := make([]apiKey, len(c.Keys))
 	for i, k := range c.Keys {
-		keys[i] = apiKey{name: k.Name, models: k.Models}
+		keys[i] = apiKey{name: k.Name, models: k.Models, attrs: telemetry.NewKeyAttrs(k.Name),
+			limits: quota.Limits{RequestsPerMinute: k.Limits.RequestsPerMinute, TokensPerMinute: k.Limits.TokensPerMinute, Concurrent: k.Limits.Concurrent}}
 		_, _ = hex.Decode(keys[i].hash[:], []byte(k.SHA256))
 	}
 	return keys

@@ -134,6 +134,10 @@ type Config struct {
 	// Auth is the top-level `auth` section (the loader fills it in): API
 	// keys and the models each may use; a reload applies it.
 	Auth AuthConfig `koanf:"-"`
+	// Limits is the top-level `limits` section (the loader fills it in):
+	// where the keys' limits are kept; Redis needs a restart, the rest
+	// a reload applies.
+	Limits LimitsConfig `koanf:"-"`
 }
 
 // ModelsConfig is what the gateway does with model names.
@@ -266,6 +270,7 @@ func DefaultConfig() Config {
 		MaxResponseBufferBytes: 4 << 20,
 		MaxAttempts:            2,
 		Retry:                  DefaultRetryConfig(),
+		Limits:                 DefaultLimitsConfig(),
 		EngineHeader:           true,
 		InjectUsage:            true,
 		ReadyRequiresEngine:    true,
@@ -368,7 +373,7 @@ func (c Config) ValidateSettings() error {
 			}
 		}
 	}
-	errs = append(errs, c.Auth.Validate())
+	errs = append(errs, c.Auth.Validate(), c.Limits.Validate())
 	errs = append(errs, c.Retry.validate()...)
 	errs = append(errs, c.retryTimingErrors()...)
 	if c.MaxPendingPerModel < 0 {

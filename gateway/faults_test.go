@@ -22,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/quota"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
@@ -267,6 +268,51 @@ func TestFaultMatrixWithRetries(t *testing.T) {
 	}
 }
 
+// TestFaultMatrixKeyed runs the fault matrix with a key whose limits are
+// all set (one request at a time): every exit path gives its lease back
+// and settles its reservation exactly once.
+func TestFaultMatrixKeyed(t *testing.T) {
+	for _, fc := range faultMatrix {
+		for _, stream := range fc.stream {
+			mode := map[bool]string{false: "non-stream", true: "stream"}[stream]
+			base := goleak.IgnoreCurrent()
+			t.Run(fc.name+"/"+mode, func(t *testing.T) {
+				runFaultCase(t, fc, stream, sdktrace.AlwaysSample(), chatFraming, keyed)
+			})
+			if err := goleak.Find(base); err != nil {
+				t.Errorf("keyed/%s/%s: goroutines left behind: %v", fc.name, mode, err)
+			}
+		}
+	}
+}
+
+// assertKeyReleased fails unless key holds nothing: none in flight, and a
+// one-at-a-time admission succeeds (the store holds no lease of it).
+func assertKeyReleased(t *testing.T, h *harness, key string) {
+	t.Helper()
+	deadline := time.Now().Add(3 * time.Second)
+	inFlight := func() int64 {
+		for _, k := range h.gw.Keys() {
+			if k.Name == key {
+				return k.InFlight
+			}
+		}
+		return -1
+	}
+	for inFlight() != 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if n := inFlight(); n != 0 {
+		t.Errorf("key %s: %d in flight after the request ended, want 0", key, n)
+	}
+	d, err := h.gw.limits.store.Admit(context.Background(), quota.Ask{Key: key, Limits: quota.Limits{Concurrent: 1}, Lease: "check"})
+	if err != nil || !d.Allowed {
+		t.Errorf("key %s: a one-at-a-time admission after the request ended: %+v, %v; a lease leaked", key, d, err)
+		return
+	}
+	_ = h.gw.limits.store.Release(context.Background(), quota.Release{Key: key, Limits: quota.Limits{Concurrent: 1}, Lease: "check"})
+}
+
 // retryMode is how a fault case runs: without retries (the fault matrix),
 // with every retry condition on, or with first-token-timeout too (held
 // streams).
@@ -276,6 +322,10 @@ const (
 	noRetries retryMode = iota
 	withRetries
 	withRetriesHeld
+	// keyed is noRetries with the request sent with an API key that has
+	// every limit (concurrency 1), so each exit path must give back its
+	// lease and settle its tokens.
+	keyed
 )
 
 // retriedAttempts is how many attempts a fault case makes with every retry
@@ -298,7 +348,7 @@ func retriedAttempts(fc faultCase, stream bool, maxAttempts int, rm retryMode) i
 }
 
 func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Sampler, fr faultFraming, rm retryMode) {
-	retries := rm != noRetries
+	retries := rm == withRetries || rm == withRetriesHeld
 	if rm == withRetriesHeld && stream && fc.errType[1] == ErrTypeFirstToken {
 		// Nothing reached the client: a real status, no error event.
 		fc.status[1], fc.errEvent = http.StatusGatewayTimeout, false
@@ -344,6 +394,10 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 		cfg.Retry.Backoff = time.Millisecond
 		cfg.MaxPendingPerModel = 1000 // counted on every path, never reached
 		attempts = retriedAttempts(fc, stream, cfg.MaxAttempts, rm)
+	}
+	if rm == keyed {
+		cfg.Auth = AuthConfig{Keys: []KeyConfig{{Name: "team-1", SHA256: sha("k-1"), Models: []string{"*"},
+			Limits: KeyLimits{RequestsPerMinute: 1000, TokensPerMinute: 1 << 20, Concurrent: 1}}}}
 	}
 	h := newHarnessWith(t, cfg, opts, withSampler(sampler), withoutStart())
 	if fc.setup == unhealthy {
@@ -410,6 +464,9 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 	req.Header.Set("Content-Type", "application/json")
 	if fc.fault != "" {
 		req.Header.Set(enginesim.FaultHeader, fc.fault)
+	}
+	if rm == keyed {
+		req.Header.Set("Authorization", "Bearer k-1")
 	}
 	abortedBefore := simEng.Stats().Aborted
 	var cancelledAt time.Time
@@ -540,6 +597,9 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 	}
 
 	h.waitIdle()
+	if rm == keyed {
+		assertKeyReleased(t, h, "team-1")
+	}
 	stopWatcher()
 	<-watched
 	if len(negative) > 0 {

@@ -50,6 +50,11 @@ type reqState struct {
 	inTok    int64                    // usage of the last attempt; -1 = unknown
 	outTok   int64
 
+	// For the key's token limit (limits.go): the request's prompt
+	// estimate, and the tokens its attempts used (countUsage).
+	promptEst       int64
+	usedIn, usedOut int64
+
 	// waited is the request's time spent waiting for its client (reading
 	// its body, writing the response) and for engines (response headers,
 	// body reads): its duration minus waited is the gateway's own time

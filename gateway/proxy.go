@@ -148,6 +148,14 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 		writeError(w, r, errOverloaded("too many requests are waiting for model "+strconv.Quote(in.model)))
 		return
 	}
+	grant, err := s.admitKey(w, r, st, op, &in)
+	if err != nil {
+		writeError(w, r, err)
+		return
+	}
+	if grant != nil {
+		defer s.settle(r.Context(), st, grant)
+	}
 	candidates := rt.eps
 	if op.sticky {
 		candidates = s.stickyOrder(in.id, rt)

@@ -169,6 +169,7 @@ func isReloadable(key string) bool {
 func keepRunning(next, running Config) Config {
 	cfgdiff.Keep("server", reflect.ValueOf(&next).Elem(), reflect.ValueOf(running), isReloadable)
 	next.AccessLog = running.AccessLog
+	next.Limits.Redis = running.Limits.Redis // the store is built at start
 	return next
 }
 
@@ -189,6 +190,12 @@ func configDiff(a, b Config) []string {
 	}
 	if a.Auth.HideUnauthorizedModels != b.Auth.HideUnauthorizedModels {
 		keys = append(keys, "auth.hide_unauthorized_models")
+	}
+	if a.Limits.DefaultMaxTokens != b.Limits.DefaultMaxTokens {
+		keys = append(keys, "limits.default_max_tokens")
+	}
+	if a.Limits.FailMode != b.Limits.FailMode {
+		keys = append(keys, "limits.fail_mode")
 	}
 	return keys
 }

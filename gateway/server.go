@@ -26,6 +26,7 @@ import (
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/switchboard-gw/switchboard/internal/oai"
+	"github.com/switchboard-gw/switchboard/quota"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
@@ -70,6 +71,8 @@ type Server struct {
 	// the gateway's only per-request state outside the handler goroutines,
 	// and it must read 0 whenever no request is in flight.
 	live atomic.Int64
+	// limits keeps the API keys' limits (limits.go).
+	limits *limiter
 	// inflight counts the proxied requests being handled (admit).
 	inflight atomic.Int64
 	// retrying counts the requests holding a share of the retry budget
@@ -115,6 +118,19 @@ type config struct {
 	log       *slog.Logger
 	now       func() time.Time // the engine stats clock; tests inject one
 	dynamic   bool             // WithDynamicEngines
+	store     quota.Store      // WithQuotaStore
+}
+
+// WithQuotaStore sets the store of the API keys' limits, such as a
+// quota.Redis shared by the replicas; the caller closes it after the
+// server. Default: a per-process quota.Memory the server owns. A nil
+// argument is ignored.
+func WithQuotaStore(st quota.Store) Option {
+	return optionFunc(func(c *config) {
+		if st != nil {
+			c.store = st
+		}
+	})
 }
 
 // Option configures what a test or embedder injects into [New].
@@ -231,6 +247,7 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 		skipReq:  notToEngine(cfg.StripRequestHeaders),
 		trusted:  trusted,
 		buffered: budget{limit: cfg.MaxBufferedBytes},
+		limits:   newLimiter(c.store, c.now, c.log),
 		cfg:      cfg,
 		dynamic:  c.dynamic,
 		static:   slices.Clone(cfg.Engines),
@@ -332,6 +349,9 @@ func (s *Server) Close() error {
 			err = errors.Join(err, s.stateReg.Unregister())
 		}
 		s.client.CloseIdleConnections()
+		if s.limits.owned {
+			err = errors.Join(err, s.limits.store.Close())
+		}
 	})
 	return err
 }
@@ -503,6 +523,8 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 //	GET /admin/engines   JSON: every engine's models, health, routability, in-flight prefill/decode
 //	                     and last scraped stats (EngineStatsStatus), plus the gateway's live
 //	                     attempts, requests in flight and buffered bytes
+//	GET /admin/keys      JSON: every API key's name, models, limits and this process's usage
+//	                     (KeyStatus); never a key or its hash
 //	GET /debug/pprof/*   the runtime profiles
 //	/admin/engines/{name}/... and /admin/models/...  engine admin (sleep, wake_up, is_sleeping,
 //	                     reset_prefix_cache, LoRA load/unload, drain, undrain): see mountEngineAdmin
@@ -521,6 +543,12 @@ func (s *Server) AdminHandler(prom http.Handler) http.Handler {
 			Requests      int64          `json:"requests_in_flight"` // proxied requests being handled
 			BufferedBytes int64          `json:"buffered_bytes"`     // request and response bytes held
 		}{s.pool.Status(), s.live.Load(), s.inflight.Load(), s.buffered.used.Load()})
+	})
+	r.Get("/admin/keys", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(struct {
+			Keys []KeyStatus `json:"keys"`
+		}{s.Keys()})
 	})
 	s.mountEngineAdmin(r)
 	r.HandleFunc("/debug/pprof/", pprof.Index)

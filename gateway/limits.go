@@ -1,0 +1,330 @@
+package gateway
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/switchboard-gw/switchboard/internal/loglimit"
+	"github.com/switchboard-gw/switchboard/quota"
+	"github.com/switchboard-gw/switchboard/telemetry"
+)
+
+// LimitsConfig is the top-level `limits` section (the loader fills it in):
+// how the keys' limits (KeyConfig.Limits) are kept.
+type LimitsConfig struct {
+	// DefaultMaxTokens is the output a generative request without
+	// max_tokens (max_completion_tokens, max_output_tokens) reserves
+	// against its key's tokens_per_minute, in tokens (default 4096). The
+	// reservation is settled to the request's usage when it ends.
+	DefaultMaxTokens int64 `koanf:"default_max_tokens"`
+	// FailMode is what a keyed request gets when the limits' store cannot
+	// answer within its timeout: "open" (default: admitted, uncounted) or
+	// "closed" (503 with Retry-After). Both count in
+	// switchboard.quota.store_errors and log at most once a minute.
+	FailMode string `koanf:"fail_mode"`
+	// Redis, when Redis.Address is set, keeps the limits in Redis, shared
+	// by every replica using it; otherwise each process keeps its own (a
+	// fleet of N replicas then admits up to N times each limit). Needs a
+	// restart.
+	Redis quota.RedisConfig `koanf:"redis"`
+}
+
+// The values of LimitsConfig.FailMode.
+const (
+	FailOpen   = "open"
+	FailClosed = "closed"
+)
+
+// DefaultLimitsConfig returns the defaults: 4096 tokens reserved for a
+// request without max_tokens, fail open, no Redis.
+func DefaultLimitsConfig() LimitsConfig {
+	return LimitsConfig{DefaultMaxTokens: 4096, FailMode: FailOpen, Redis: quota.DefaultRedisConfig()}
+}
+
+// Validate reports a negative default_max_tokens, an unknown fail_mode
+// and the Redis section's errors. Errors wrap [ErrInvalidConfig].
+func (c LimitsConfig) Validate() error {
+	var errs []error
+	if c.DefaultMaxTokens < 0 {
+		errs = append(errs, fmt.Errorf("%w: limits.default_max_tokens must not be negative", ErrInvalidConfig))
+	}
+	if c.FailMode != FailOpen && c.FailMode != FailClosed {
+		errs = append(errs, fmt.Errorf("%w: limits.fail_mode must be %q or %q, not %q", ErrInvalidConfig, FailOpen, FailClosed, c.FailMode))
+	}
+	if err := c.Redis.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("%w: limits.redis: %w", ErrInvalidConfig, err))
+	}
+	return errors.Join(errs...)
+}
+
+// keyUsage is one key's counts in this process, kept across reloads (by
+// name) for GET /admin/keys.
+type keyUsage struct {
+	admitted, refused, unavailable atomic.Int64
+	inFlight                       atomic.Int64 // admitted requests not yet ended
+	tokensIn, tokensOut            atomic.Int64
+}
+
+// keyGrant is a keyed request's hold on its key's limits, given back by
+// settle exactly once.
+type keyGrant struct {
+	key      *apiKey
+	usage    *keyUsage
+	lease    string
+	reserved int64
+	held     bool // the store admitted it: a Release is owed
+}
+
+// limiter is the server's side of the keys' limits: the store, the lease
+// ids, the usage per key and the bounded log of store errors.
+type limiter struct {
+	store  quota.Store
+	owned  bool   // built by New (closed by Close)
+	prefix string // this process's lease prefix: random, so replicas differ
+	seq    atomic.Uint64
+	usage  sync.Map // key name -> *keyUsage
+	logLim loglimit.Limiter
+	log    *slog.Logger
+}
+
+func newLimiter(store quota.Store, now func() time.Time, log *slog.Logger) *limiter {
+	l := &limiter{store: store, log: log, logLim: loglimit.Limiter{Interval: time.Minute}}
+	if l.store == nil {
+		l.store, l.owned = quota.NewMemory(quota.WithClock(now)), true
+	}
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	l.prefix = hex.EncodeToString(b[:]) + "-"
+	return l
+}
+
+func (l *limiter) usageOf(name string) *keyUsage {
+	if u, ok := l.usage.Load(name); ok {
+		return u.(*keyUsage)
+	}
+	u, _ := l.usage.LoadOrStore(name, new(keyUsage))
+	return u.(*keyUsage)
+}
+
+// reservation is what a request reserves against its key's
+// tokens_per_minute: its prompt estimate (PromptBytes / 4, the bytes of a
+// token of common BPE vocabularies) plus its max_tokens, or
+// LimitsConfig.DefaultMaxTokens when it sets none, for a generative route;
+// the prompt alone for a pooling one; nothing for a light one.
+func reservation(op *operation, in *inbound) (prompt, total int64) {
+	if op.class == classLight {
+		return 0, 0
+	}
+	prompt = (int64(in.req.PromptBytes) + 3) / 4
+	if op.class != classGenerative {
+		return prompt, prompt
+	}
+	out := in.req.MaxTokens
+	if out <= 0 {
+		out = in.set.cfg.Limits.DefaultMaxTokens
+	}
+	return prompt, prompt + out
+}
+
+// admitKey applies the request's key's limits before any engine is
+// picked: it returns the grant to settle when the request ends, or the
+// error to answer (429 with Retry-After and the x-ratelimit-* headers;
+// 503 when the store cannot answer and the gateway fails closed). It
+// returns nil, nil for a request without a key or a key without limits.
+func (s *Server) admitKey(w http.ResponseWriter, r *http.Request, st *reqState, op *operation, in *inbound) (*keyGrant, error) {
+	if st == nil || st.key == nil || st.key.limits.IsZero() {
+		return nil, nil
+	}
+	k := st.key
+	g := &keyGrant{key: k, usage: s.limits.usageOf(k.name)}
+	var prompt int64
+	prompt, g.reserved = reservation(op, in)
+	st.promptEst = prompt
+	ask := quota.Ask{Key: k.name, Limits: k.limits, Tokens: g.reserved}
+	if k.limits.Concurrent > 0 {
+		ask.Lease = s.limits.prefix + strconv.FormatUint(s.limits.seq.Add(1), 36)
+	}
+	g.lease = ask.Lease
+	d, err := s.limits.store.Admit(r.Context(), ask)
+	if err != nil {
+		if r.Context().Err() != nil {
+			return nil, context.Canceled
+		}
+		open := in.set.cfg.Limits.FailMode != FailClosed
+		s.metrics.RecordQuotaStoreError(r.Context(), open)
+		if suppressed, ok := s.limits.logLim.Allow(time.Now()); ok {
+			s.limits.log.Warn("the limits' store did not answer; requests are "+map[bool]string{true: "admitted without limits (fail_mode open)", false: "refused (fail_mode closed)"}[open],
+				"error", err, "suppressed", suppressed)
+		}
+		if open {
+			g.usage.admitted.Add(1)
+			g.usage.inFlight.Add(1)
+			s.metrics.RecordKeyRequest(r.Context(), k.attrs, telemetry.KeyAdmitted)
+			return g, nil // held is false: nothing to give back
+		}
+		g.usage.unavailable.Add(1)
+		s.metrics.RecordKeyRequest(r.Context(), k.attrs, telemetry.KeyUnavailable)
+		return nil, &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "rate_limits_unavailable",
+			Message: "the gateway cannot check this api key's rate limits right now; retry shortly", Err: err}
+	}
+	setRateLimitHeaders(w.Header(), k.limits, d)
+	if !d.Allowed {
+		g.usage.refused.Add(1)
+		s.metrics.RecordKeyRequest(r.Context(), k.attrs, string(d.Refused))
+		if v := retryAfterSeconds(d); v != "" {
+			w.Header()["Retry-After"] = []string{v}
+		}
+		return nil, errRateLimited(k, ask, d)
+	}
+	g.held = true
+	g.usage.admitted.Add(1)
+	g.usage.inFlight.Add(1)
+	s.metrics.RecordKeyRequest(r.Context(), k.attrs, telemetry.KeyAdmitted)
+	return g, nil
+}
+
+// settle ends a grant: the tokens the request used (summed over its
+// attempts by attempt.end) are counted and the store's reservation is
+// settled to them, the lease given back. It runs once, deferred right
+// after admitKey, so every exit path (success, error, cancellation, panic)
+// gives back exactly once; it does not wait on the client's context.
+func (s *Server) settle(ctx context.Context, st *reqState, g *keyGrant) {
+	in, out := st.usedIn, st.usedOut
+	g.usage.inFlight.Add(-1)
+	g.usage.tokensIn.Add(in)
+	g.usage.tokensOut.Add(out)
+	s.metrics.RecordKeyTokens(ctx, g.key.attrs, in, out)
+	if !g.held {
+		return
+	}
+	rel := quota.Release{Key: g.key.name, Limits: g.key.limits, Lease: g.lease, Reserved: g.reserved, Used: in + out}
+	if g.key.limits.TokensPerMinute == 0 {
+		rel.Reserved, rel.Used = 0, 0
+	}
+	if err := s.limits.store.Release(context.WithoutCancel(ctx), rel); err != nil {
+		if suppressed, ok := s.limits.logLim.Allow(time.Now()); ok {
+			s.limits.log.Warn("the limits' store did not take a request's release (its lease expires by itself)", "key", g.key.name, "error", err, "suppressed", suppressed)
+		}
+	}
+}
+
+// countUsage adds an ended attempt's tokens to its request's total, which
+// settle charges to the request's key: the engine's usage when it
+// reported one; else, for an attempt the engine accepted (2xx), the
+// prompt estimate plus one token per content event; else nothing (the
+// engine refused or never got it).
+func (a *attempt) countUsage(st *reqState) {
+	switch {
+	case a.class == classLight:
+	case a.hasUsage:
+		st.usedIn += max(a.usage.PromptTokens, 0)
+		if a.class == classGenerative {
+			st.usedOut += max(a.usage.CompletionTokens, 0)
+		}
+	case a.status >= 200 && a.status <= 299:
+		st.usedIn += st.promptEst
+		st.usedOut += a.contentEvents
+	}
+}
+
+// errRateLimited is the 429 for an Ask a limit refused, worded as OpenAI's
+// (type "requests" or "tokens", code rate_limit_exceeded), with
+// Retry-After (retryAfterSeconds) set by the caller.
+func errRateLimited(k *apiKey, ask quota.Ask, d quota.Decision) *APIError {
+	ae := &APIError{Status: http.StatusTooManyRequests, Type: string(d.Refused), Code: "rate_limit_exceeded"}
+	switch d.Refused {
+	case quota.RefusedRequests:
+		ae.Message = fmt.Sprintf("rate limit reached for api key %q on requests per minute: limit %d; try again in %s", k.name, k.limits.RequestsPerMinute, roundUp(d.RetryAfter))
+	case quota.RefusedTokens:
+		if d.RetryAfter <= 0 {
+			ae.Message = fmt.Sprintf("request too large for api key %q on tokens per minute: limit %d, requested %d (prompt estimate plus max_tokens); lower max_tokens", k.name, k.limits.TokensPerMinute, ask.Tokens)
+		} else {
+			ae.Message = fmt.Sprintf("rate limit reached for api key %q on tokens per minute: limit %d, requested %d; try again in %s", k.name, k.limits.TokensPerMinute, ask.Tokens, roundUp(d.RetryAfter))
+		}
+	default:
+		ae.Type = "requests"
+		ae.Message = fmt.Sprintf("api key %q has its limit of %d concurrent requests in flight; try again when one ends", k.name, k.limits.Concurrent)
+	}
+	return ae
+}
+
+// retryAfterSeconds is a refusal's Retry-After in whole seconds, rounded
+// up: "" when waiting cannot help (a reservation over the limit); "1" for
+// concurrency, whose room depends on other requests ending.
+func retryAfterSeconds(d quota.Decision) string {
+	switch {
+	case d.RetryAfter > 0:
+		return strconv.FormatInt(int64((d.RetryAfter+time.Second-1)/time.Second), 10)
+	case d.Refused == quota.RefusedConcurrent:
+		return "1"
+	}
+	return ""
+}
+
+// roundUp is d rounded up to the millisecond, for messages and headers.
+func roundUp(d time.Duration) time.Duration {
+	return (d + time.Millisecond - 1).Truncate(time.Millisecond)
+}
+
+// setRateLimitHeaders sets OpenAI's rate-limit headers for the key's
+// per-minute limits (only those set): x-ratelimit-limit-requests,
+// x-ratelimit-remaining-requests, x-ratelimit-reset-requests (the time
+// until the bucket is full again, as OpenAI writes it: "1s", "6m0s",
+// "17ms"), and the same with -tokens.
+func setRateLimitHeaders(h http.Header, l quota.Limits, d quota.Decision) {
+	if l.RequestsPerMinute > 0 {
+		h["X-Ratelimit-Limit-Requests"] = []string{strconv.FormatInt(l.RequestsPerMinute, 10)}
+		h["X-Ratelimit-Remaining-Requests"] = []string{strconv.FormatInt(d.Requests.Remaining, 10)}
+		h["X-Ratelimit-Reset-Requests"] = []string{roundUp(d.Requests.Reset).String()}
+	}
+	if l.TokensPerMinute > 0 {
+		h["X-Ratelimit-Limit-Tokens"] = []string{strconv.FormatInt(l.TokensPerMinute, 10)}
+		h["X-Ratelimit-Remaining-Tokens"] = []string{strconv.FormatInt(d.Tokens.Remaining, 10)}
+		h["X-Ratelimit-Reset-Tokens"] = []string{roundUp(d.Tokens.Reset).String()}
+	}
+}
+
+// KeyStatus is one API key as GET /admin/keys reports it: never the key
+// or its hash.
+type KeyStatus struct {
+	Name   string    `json:"name"`
+	Models []string  `json:"models"`
+	Limits KeyLimits `json:"limits"` // 0 = no limit
+	// Shared says the limits are kept in Redis for every replica; false:
+	// in this process only.
+	Shared bool `json:"shared"`
+	// This process's counts since it started (kept across reloads):
+	// requests admitted, refused by a limit, refused because the store
+	// could not answer (fail_mode closed), in flight now, and the tokens
+	// used (the engines' usage, else the gateway's estimate).
+	Admitted    int64 `json:"admitted"`
+	Refused     int64 `json:"refused"`
+	Unavailable int64 `json:"unavailable"`
+	InFlight    int64 `json:"in_flight"`
+	TokensIn    int64 `json:"input_tokens"`
+	TokensOut   int64 `json:"output_tokens"`
+}
+
+// Keys returns every configured key's status, in configuration order.
+// Safe for concurrent use.
+func (s *Server) Keys() []KeyStatus {
+	set := s.set.Load()
+	shared := set.cfg.Limits.Redis.Address != ""
+	out := make([]KeyStatus, len(set.cfg.Auth.Keys))
+	for i, k := range set.cfg.Auth.Keys {
+		u := s.limits.usageOf(k.Name)
+		out[i] = KeyStatus{Name: k.Name, Models: k.Models, Limits: k.Limits, Shared: shared,
+			Admitted: u.admitted.Load(), Refused: u.refused.Load(), Unavailable: u.unavailable.Load(),
+			InFlight: u.inFlight.Load(), TokensIn: u.tokensIn.Load(), TokensOut: u.tokensOut.Load()}
+	}
+	return out
+}

@@ -1,0 +1,425 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/quota"
+	"github.com/switchboard-gw/switchboard/telemetry"
+)
+
+// limitsRig is a gateway with one key, "k-1" (team-1), with limits, in
+// front of a simulated engine, on a frozen clock the test advances.
+type limitsRig struct {
+	*harness
+	clk *fakeClock
+	eng *enginesim.Engine
+}
+
+func newLimitsRig(t *testing.T, l KeyLimits, sc enginesim.Config, opts ...Option) *limitsRig {
+	t.Helper()
+	sc.Models = []string{"m"}
+	eng, srv := sim(t, sc)
+	cfg := testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+	cfg.Auth = AuthConfig{Keys: []KeyConfig{{Name: "team-1", SHA256: sha("k-1"), Models: []string{"*"}, Limits: l}}}
+	r := &limitsRig{clk: newFakeClock(), eng: eng}
+	r.harness = newHarnessWith(t, cfg, append([]Option{withClock(r.clk.Now)}, opts...), withoutStart())
+	return r
+}
+
+// chat sends a non-streaming chat request with key k-1 and returns the
+// response with its body read.
+func (r *limitsRig) chat(body string) (*http.Response, []byte) {
+	r.t.Helper()
+	resp := r.post("/v1/chat/completions", body, "Authorization", "Bearer k-1")
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	return resp, b
+}
+
+func chatBody(maxTokens int) string {
+	return fmt.Sprintf(`{"model":"m","max_tokens":%d,"messages":[{"role":"user","content":"hello there"}]}`, maxTokens)
+}
+
+func headerInt(t *testing.T, h http.Header, name string) int64 {
+	t.Helper()
+	v, err := strconv.ParseInt(h.Get(name), 10, 64)
+	if err != nil {
+		t.Fatalf("%s = %q: %v", name, h.Get(name), err)
+	}
+	return v
+}
+
+// TestKeyRequestsPerMinuteBoundary: a key with requests_per_minute 3 gets
+// exactly 3 requests at one instant, each telling the remaining count;
+// the 4th is 429 in the route's envelope with Retry-After 20 (a request
+// comes back every 60/3 s) and reaches no engine; 20 s later exactly one
+// more is admitted.
+func TestKeyRequestsPerMinuteBoundary(t *testing.T) {
+	r := newLimitsRig(t, KeyLimits{RequestsPerMinute: 3}, enginesim.Config{OutputTokens: 2})
+	for i := range 3 {
+		resp, b := r.chat(chatBody(2))
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("request %d: %d %s", i+1, resp.StatusCode, b)
+		}
+		if got := headerInt(t, resp.Header, "X-Ratelimit-Remaining-Requests"); got != int64(2-i) {
+			t.Errorf("request %d: remaining %d, want %d", i+1, got, 2-i)
+		}
+		if got := resp.Header.Get("X-Ratelimit-Limit-Requests"); got != "3" {
+			t.Errorf("limit header %q, want 3", got)
+		}
+		if got, want := resp.Header.Get("X-Ratelimit-Reset-Requests"), (time.Duration(i+1) * 20 * time.Second).String(); got != want {
+			t.Errorf("request %d: reset %q, want %q", i+1, got, want)
+		}
+		if resp.Header.Get("X-Ratelimit-Limit-Tokens") != "" {
+			t.Errorf("a key without a token limit got token headers")
+		}
+	}
+	resp, b := r.chat(chatBody(2))
+	var e apiErr
+	if err := json.Unmarshal(b, &e); err != nil || resp.StatusCode != http.StatusTooManyRequests || e.code() != "rate_limit_exceeded" || e.Error.Type != "requests" {
+		t.Fatalf("4th request: %d %s, want 429 rate_limit_exceeded of type requests", resp.StatusCode, b)
+	}
+	if got := resp.Header.Get("Retry-After"); got != "20" {
+		t.Errorf("Retry-After %q, want 20", got)
+	}
+	if got := headerInt(t, resp.Header, "X-Ratelimit-Remaining-Requests"); got != 0 {
+		t.Errorf("refused: remaining %d, want 0", got)
+	}
+	// Anthropic's envelope on the messages route.
+	am := r.post("/v1/messages", msgM, "X-Api-Key", "k-1")
+	ab, _ := io.ReadAll(am.Body)
+	am.Body.Close()
+	if am.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(ab), `"type":"error"`) || !strings.Contains(string(ab), `"rate_limit_error"`) {
+		t.Errorf("messages: %d %s, want 429 rate_limit_error in Anthropic's envelope", am.StatusCode, ab)
+	}
+	if n := r.eng.Stats().Received; n != 3 {
+		t.Errorf("the engine received %d requests, want 3", n)
+	}
+	r.clk.Advance(20*time.Second - time.Millisecond)
+	if resp, _ := r.chat(chatBody(2)); resp.StatusCode != http.StatusTooManyRequests {
+		t.Errorf("1 ms before the next request is due: %d, want 429", resp.StatusCode)
+	}
+	r.clk.Advance(time.Millisecond)
+	if resp, b := r.chat(chatBody(2)); resp.StatusCode != http.StatusOK {
+		t.Errorf("20 s later: %d %s, want 200", resp.StatusCode, b)
+	}
+	if resp, _ := r.chat(chatBody(2)); resp.StatusCode != http.StatusTooManyRequests {
+		t.Errorf("a second one 20 s later: %d, want 429", resp.StatusCode)
+	}
+	ks := r.gw.Keys()
+	if len(ks) != 1 || ks[0].Admitted != 4 || ks[0].Refused != 4 || ks[0].InFlight != 0 {
+		t.Errorf("admin keys %+v, want 4 admitted, 4 refused, none in flight", ks)
+	}
+	r.waitIdle()
+}
+
+// usageOf returns the usage object of a chat completion body.
+func usageOf(t *testing.T, b []byte) (in, out int64) {
+	t.Helper()
+	var v struct {
+		Usage struct {
+			Prompt     int64 `json:"prompt_tokens"`
+			Completion int64 `json:"completion_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal(b, &v); err != nil {
+		t.Fatalf("%s: %v", b, err)
+	}
+	return v.Usage.Prompt, v.Usage.Completion
+}
+
+// TestKeyTokensReserveAndSettle: admission reserves the prompt estimate
+// plus max_tokens against tokens_per_minute; the end settles to the usage
+// the engine reported, so a short answer gives back what it did not use
+// (on a frozen clock nothing refills, so the counts are exact); a request
+// whose reservation exceeds the limit is 429 with no Retry-After.
+func TestKeyTokensReserveAndSettle(t *testing.T) {
+	const limit = 1000
+	r := newLimitsRig(t, KeyLimits{TokensPerMinute: limit}, enginesim.Config{OutputTokens: 3, MaxOutputTokens: 3})
+	prompt := int64((len("hello there") + 3) / 4)
+	resp, b := r.chat(chatBody(400))
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	if got, want := headerInt(t, resp.Header, "X-Ratelimit-Remaining-Tokens"), limit-(prompt+400); got != want {
+		t.Errorf("remaining after reserving: %d, want %d (limit - prompt estimate %d - max_tokens 400)", got, want, prompt)
+	}
+	in, out := usageOf(t, b)
+	if out != 3 || in <= 0 {
+		t.Fatalf("usage %d in, %d out", in, out)
+	}
+	// The first request's reservation was settled to its usage.
+	resp, b = r.chat(chatBody(400))
+	if got, want := headerInt(t, resp.Header, "X-Ratelimit-Remaining-Tokens"), limit-(in+out)-(prompt+400); resp.StatusCode != http.StatusOK || got != want {
+		t.Errorf("second request: %d, remaining %d, want %d (the first settled to %d+%d)", resp.StatusCode, got, want, in, out)
+	}
+	in2, out2 := usageOf(t, b)
+	used := in + out + in2 + out2
+	// The largest reservation that still fits is admitted; one more token is not.
+	fits := int(limit - used - prompt)
+	if resp, b := r.chat(chatBody(fits + 1)); resp.StatusCode != http.StatusTooManyRequests {
+		t.Errorf("a reservation one token over what is left: %d %s, want 429", resp.StatusCode, b)
+	} else if ra := resp.Header.Get("Retry-After"); ra != "1" {
+		t.Errorf("Retry-After %q, want 1 (the missing token refills in 60 ms)", ra)
+	}
+	resp, b = r.chat(chatBody(fits))
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("a reservation of exactly what is left: %d %s, want 200", resp.StatusCode, b)
+	}
+	in4, out4 := usageOf(t, b)
+	r.clk.Advance(time.Minute)
+	resp, b = r.chat(chatBody(limit))
+	var e apiErr
+	_ = json.Unmarshal(b, &e)
+	if resp.StatusCode != http.StatusTooManyRequests || e.Error.Type != "tokens" || resp.Header.Get("Retry-After") != "" || !strings.Contains(e.Error.Message, "too large") {
+		t.Errorf("a reservation over the limit itself: %d %q Retry-After %q, want 429 tokens, too large, no Retry-After", resp.StatusCode, b, resp.Header.Get("Retry-After"))
+	}
+	ks := r.gw.Keys()
+	if ks[0].TokensIn != in+in2+in4 || ks[0].TokensOut != out+out2+out4 || ks[0].Admitted != 3 || ks[0].Refused != 2 {
+		t.Errorf("admin keys %+v, want input %d, output %d, 3 admitted, 2 refused", ks[0], in+in2+in4, out+out2+out4)
+	}
+	if got := r.counter(telemetry.KeyTokensName); got != ks[0].TokensIn+ks[0].TokensOut {
+		t.Errorf("%s = %d, want %d", telemetry.KeyTokensName, got, ks[0].TokensIn+ks[0].TokensOut)
+	}
+	r.waitIdle()
+}
+
+// TestKeyTokensSettledOnEveryEnd: a stream that ends early, one the engine
+// cuts, and one the client cancels each give back what they did not use:
+// after each, the next request finds the bucket at the limit minus exactly
+// what the ended ones used (their usage, else the prompt estimate plus one
+// token per content event).
+func TestKeyTokensSettledOnEveryEnd(t *testing.T) {
+	const limit = 10000
+	r := newLimitsRig(t, KeyLimits{TokensPerMinute: limit, Concurrent: 4}, enginesim.Config{OutputTokens: 40, MaxOutputTokens: 40, ITL: 5 * time.Millisecond})
+	prompt := int64((len("hello there") + 3) / 4)
+	// probe sends a 1-token request and returns the bucket as it was
+	// before the probe's own reservation, and what the probe used.
+	probe := func() (rem, used int64) {
+		t.Helper()
+		r.waitIdle()
+		resp, b := r.chat(`{"model":"m","max_tokens":1,"messages":[{"role":"user","content":"hello there"}]}`)
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("probe: %d %s", resp.StatusCode, b)
+		}
+		in, out := usageOf(t, b)
+		r.waitIdle()
+		return headerInt(t, resp.Header, "X-Ratelimit-Remaining-Tokens") + prompt + 1, in + out
+	}
+	stream := func(maxTokens int, fault string, cancelAfter int) {
+		t.Helper()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		body := fmt.Sprintf(`{"model":"m","stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"hello there"}]}`, maxTokens)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, r.srv.URL+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer k-1")
+		if fault != "" {
+			req.Header.Set(enginesim.FaultHeader, fault)
+		}
+		resp, err := r.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		sc := bufio.NewScanner(resp.Body)
+		n := 0
+		for sc.Scan() {
+			if strings.Contains(sc.Text(), `"content":"`) {
+				if n++; cancelAfter > 0 && n == cancelAfter {
+					cancel()
+					break
+				}
+			}
+		}
+	}
+	rem, probeUsed := probe()
+	if rem != limit {
+		t.Fatalf("the bucket before anything: %d, want %d", rem, limit)
+	}
+	promptTokens := probeUsed - 1 // the engine's count of the same prompt
+	for _, tc := range []struct {
+		name string
+		run  func()
+		// exact is the use when the engine reports usage; 0: estimated
+		// (prompt estimate + content events), at most max.
+		exact, max int64
+	}{
+		{"ends early (max_tokens 5 of a 400 reservation)", func() { stream(5, "", 0) }, promptTokens + 5, 0},
+		{"engine cuts it mid-stream", func() { stream(400, "close-after=3", 0) }, 0, prompt + 40},
+		{"client cancels after 3 tokens", func() { stream(400, "", 3) }, 0, prompt + 40},
+	} {
+		tc.run()
+		next, nextUsed := probe()
+		used := rem - probeUsed - next
+		switch {
+		case tc.exact > 0 && used != tc.exact:
+			t.Errorf("%s: the bucket lost %d tokens, want its usage %d (its reservation was %d)", tc.name, used, tc.exact, prompt+400)
+		case tc.exact == 0 && (used <= 0 || used > tc.max):
+			t.Errorf("%s: the bucket lost %d tokens, want its estimated use, in (0, %d] (its reservation was %d)", tc.name, used, tc.max, prompt+400)
+		}
+		rem, probeUsed = next, nextUsed
+	}
+	if ks := r.gw.Keys(); ks[0].InFlight != 0 {
+		t.Errorf("in flight %d after every stream ended", ks[0].InFlight)
+	}
+	d, err := r.gw.limits.store.Admit(context.Background(), quota.Ask{Key: "team-1", Limits: quota.Limits{Concurrent: 1}, Lease: "probe"})
+	if err != nil || !d.Allowed {
+		t.Errorf("a 1-concurrent admission after every stream ended: %+v %v; a lease leaked", d, err)
+	}
+	r.waitIdle()
+}
+
+// TestKeyConcurrentLimit: concurrent 1 admits one request at a time: a
+// second while the first streams is 429 with Retry-After 1; when the
+// first ends (whatever way), the next is admitted.
+func TestKeyConcurrentLimit(t *testing.T) {
+	r := newLimitsRig(t, KeyLimits{Concurrent: 1}, enginesim.Config{OutputTokens: 200, ITL: 10 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, r.srv.URL+"/v1/chat/completions",
+		strings.NewReader(`{"model":"m","stream":true,"max_tokens":200,"messages":[{"role":"user","content":"hi"}]}`))
+	req.Header.Set("Authorization", "Bearer k-1")
+	resp, err := r.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(resp.Body)
+	if _, err := br.ReadString('\n'); err != nil {
+		t.Fatal(err)
+	}
+	second, b := r.chat(chatBody(2))
+	if second.StatusCode != http.StatusTooManyRequests || second.Header.Get("Retry-After") != "1" || !strings.Contains(string(b), "concurrent") {
+		t.Errorf("second at once: %d %s Retry-After %q, want 429 concurrent, Retry-After 1", second.StatusCode, b, second.Header.Get("Retry-After"))
+	}
+	if ks := r.gw.Keys(); ks[0].InFlight != 1 {
+		t.Errorf("in flight %d, want 1", ks[0].InFlight)
+	}
+	cancel()
+	resp.Body.Close()
+	r.waitIdle()
+	deadline := time.Now().Add(3 * time.Second)
+	for r.gw.Keys()[0].InFlight != 0 && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if third, b := r.chat(chatBody(2)); third.StatusCode != http.StatusOK {
+		t.Errorf("after the first was cancelled: %d %s, want 200", third.StatusCode, b)
+	}
+	r.waitIdle()
+}
+
+// failingStore is a quota.Store that cannot answer.
+type failingStore struct {
+	mu       sync.Mutex
+	admits   int
+	releases int
+}
+
+func (f *failingStore) Admit(context.Context, quota.Ask) (quota.Decision, error) {
+	f.mu.Lock()
+	f.admits++
+	f.mu.Unlock()
+	return quota.Decision{}, fmt.Errorf("%w: dial tcp 127.0.0.1:1: connection refused", quota.ErrUnavailable)
+}
+
+func (f *failingStore) Release(context.Context, quota.Release) error {
+	f.mu.Lock()
+	f.releases++
+	f.mu.Unlock()
+	return nil
+}
+
+func (f *failingStore) Close() error { return nil }
+
+// TestKeyLimitsStoreUnavailable: when the store cannot answer, fail_mode
+// open admits (counted in switchboard.quota.store_errors as admitted, no
+// release owed) and closed answers 503 rate_limits_unavailable with
+// Retry-After in the route's envelope, reaching no engine.
+func TestKeyLimitsStoreUnavailable(t *testing.T) {
+	for _, mode := range []string{FailOpen, FailClosed} {
+		t.Run(mode, func(t *testing.T) {
+			fs := &failingStore{}
+			_, srv := sim(t, enginesim.Config{Models: []string{"m"}, OutputTokens: 2})
+			cfg := testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+			cfg.Auth = AuthConfig{Keys: []KeyConfig{{Name: "team-1", SHA256: sha("k-1"), Models: []string{"*"}, Limits: KeyLimits{RequestsPerMinute: 10}}}}
+			cfg.Limits.FailMode = mode
+			h := newHarnessWith(t, cfg, []Option{WithQuotaStore(fs)}, withoutStart())
+			resp := h.post("/v1/chat/completions", chatBody(2), "Authorization", "Bearer k-1")
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			am := h.post("/v1/messages", msgM, "X-Api-Key", "k-1")
+			ab, _ := io.ReadAll(am.Body)
+			am.Body.Close()
+			switch mode {
+			case FailOpen:
+				if resp.StatusCode != http.StatusOK || am.StatusCode != http.StatusOK {
+					t.Errorf("fail open: %d %s / %d %s, want 200s", resp.StatusCode, b, am.StatusCode, ab)
+				}
+			case FailClosed:
+				if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" || !strings.Contains(string(b), "rate_limits_unavailable") {
+					t.Errorf("fail closed: %d %s, want 503 rate_limits_unavailable with Retry-After", resp.StatusCode, b)
+				}
+				if am.StatusCode != http.StatusServiceUnavailable || !strings.Contains(string(ab), `"overloaded_error"`) {
+					t.Errorf("fail closed, messages: %d %s, want 503 in Anthropic's envelope", am.StatusCode, ab)
+				}
+			}
+			if got := h.counter(telemetry.QuotaStoreErrorsName); got != 2 {
+				t.Errorf("%s = %d, want 2", telemetry.QuotaStoreErrorsName, got)
+			}
+			fs.mu.Lock()
+			if fs.releases != 0 {
+				t.Errorf("%d releases for admissions the store never made", fs.releases)
+			}
+			fs.mu.Unlock()
+			h.waitIdle()
+		})
+	}
+}
+
+// TestKeyLimitsUnkeyedUntouched: a key without limits, and auth off, ask
+// the store nothing and get no rate-limit headers.
+func TestKeyLimitsUnkeyedUntouched(t *testing.T) {
+	fs := &failingStore{}
+	_, srv := sim(t, enginesim.Config{Models: []string{"m"}, OutputTokens: 2})
+	cfg := testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+	cfg.Auth = AuthConfig{Keys: []KeyConfig{{Name: "team-1", SHA256: sha("k-1"), Models: []string{"*"}}}}
+	h := newHarnessWith(t, cfg, []Option{WithQuotaStore(fs)}, withoutStart())
+	resp := h.post("/v1/chat/completions", chatBody(2), "Authorization", "Bearer k-1")
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Ratelimit-Limit-Requests") != "" || fs.admits != 0 {
+		t.Errorf("%d, headers %v, %d admissions; want 200, no rate-limit headers, the store not asked", resp.StatusCode, resp.Header, fs.admits)
+	}
+	h.waitIdle()
+}
+
+func TestLimitsConfigValidate(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		edit func(*LimitsConfig)
+		want string
+	}{
+		{"defaults", func(*LimitsConfig) {}, ""},
+		{"negative default_max_tokens", func(c *LimitsConfig) { c.DefaultMaxTokens = -1 }, "default_max_tokens"},
+		{"bad fail_mode", func(c *LimitsConfig) { c.FailMode = "maybe" }, "fail_mode"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := DefaultLimitsConfig()
+			tc.edit(&c)
+			err := c.Validate()
+			if tc.want == "" && err != nil || tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want) || !errors.Is(err, ErrInvalidConfig)) {
+				t.Errorf("Validate() = %v, want an error naming %q", err, tc.want)
+			}
+		})
+	}
+}
