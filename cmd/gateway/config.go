@@ -35,6 +35,7 @@ type Config struct {
 	Engines   []gateway.EngineConfig `koanf:"engines"`
 	Models    gateway.ModelsConfig   `koanf:"models"`
 	Auth      AuthConfig             `koanf:"auth"`
+	Limits    gateway.LimitsConfig   `koanf:"limits"`
 	Routing   routing.Config         `koanf:"routing"`
 	Telemetry telemetry.Config       `koanf:"telemetry"`
 	Log       LogConfig              `koanf:"log"`
@@ -107,6 +108,7 @@ func defaults() Config {
 		},
 		Admin:     AdminConfig{Listen: "127.0.0.1:9464"},
 		Models:    gateway.ModelsConfig{Aliases: map[string]string{}},
+		Limits:    gateway.DefaultLimitsConfig(),
 		Routing:   routing.DefaultConfig(),
 		Telemetry: telemetry.DefaultConfig(),
 		Log:       LogConfig{Level: "info", Format: "text", Access: true},
@@ -154,7 +156,7 @@ func (c Config) Validate() error {
 	// The gateway's own settings and the configured engines are checked now,
 	// before simulated engines start, so every problem is reported at once;
 	// gateway.New checks the whole again with the simulated engines added.
-	errs = append(errs, c.Routing.Validate(), c.Telemetry.Validate(), c.Server.Config.ValidateSettings(), c.Auth.Validate())
+	errs = append(errs, c.Routing.Validate(), c.Telemetry.Validate(), c.Server.Config.ValidateSettings(), c.Auth.Validate(), c.Limits.Validate())
 	for i, e := range c.Engines {
 		if err := e.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("engines[%d]: %w", i, err))

@@ -30,6 +30,7 @@ import (
 	"github.com/switchboard-gw/switchboard/gateway"
 	"github.com/switchboard-gw/switchboard/gateway/k8s"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/quota"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
@@ -182,6 +183,16 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 	kube := cfg.Discovery.Kubernetes
 	if kube.Enabled {
 		gopts = append(gopts, gateway.WithDynamicEngines())
+	}
+	if cfg.Limits.Redis.Address != "" {
+		// The keys' limits are shared by every replica using this Redis.
+		store, serr := quota.NewRedis(cfg.Limits.Redis)
+		if serr != nil {
+			return serr
+		}
+		defer func() { err = errors.Join(err, store.Close()) }() // after the gateway's Close
+		gopts = append(gopts, gateway.WithQuotaStore(store))
+		log.Info("api key limits are shared through redis", "address", cfg.Limits.Redis.Address, "fail_mode", cfg.Limits.FailMode)
 	}
 	gw, err := gateway.New(gcfg, policy, metrics, gopts...)
 	if err != nil {

@@ -50,6 +50,7 @@ func gatewayConfig(cfg Config, extra []gateway.EngineConfig) gateway.Config {
 	g.Engines = append(slices.Clone(cfg.Engines), extra...)
 	g.Models = cfg.Models
 	g.Auth = cfg.Auth.AuthConfig
+	g.Limits = cfg.Limits
 	g.AccessLog = cfg.Log.Access
 	return g
 }
@@ -156,7 +157,8 @@ func restartKeys(running, next Config) []string {
 	// engines, models, auth (auth.keys_file too: the watch follows it) and
 	// routing apply at once.
 	cfgdiff.Diff("", reflect.ValueOf(running), reflect.ValueOf(next), func(key, opts string) bool {
-		return opts == "squash" || key == "engines" || key == "models" || key == "auth" || key == "routing" || key == "log.access"
+		return opts == "squash" || key == "engines" || key == "models" || key == "auth" || key == "routing" || key == "log.access" ||
+			key == "limits.default_max_tokens" || key == "limits.fail_mode" // applied at once; limits.redis needs a restart
 	}, &keys)
 	return keys
 }
