@@ -1,15 +1,21 @@
 package gateway
 
 import (
+	"context"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/redistest"
+	"github.com/switchboard-gw/switchboard/quota"
 )
 
 // BenchmarkGatewayOverhead measures one request end to end, directly against
@@ -64,4 +70,93 @@ func BenchmarkGatewayOverhead(b *testing.B) {
 			b.Run(tc.name+"/gateway-observe", func(b *testing.B) { run(b, observing.srv.URL) })
 		}
 	}
+}
+
+// BenchmarkKeyLimits measures what API keys and their limits add to one
+// non-streaming request, against auth off, in the same run: auth (a key,
+// no limits: one SHA-256 and a constant-time compare per key), limits in
+// this process (quota.Memory) and limits in a real Redis on loopback
+// (quota.Redis: one round trip to admit, one to release). The limits are
+// set far above the load, so every request is admitted. cpu-µs/op is this
+// process's user+system CPU per request (client, gateway and engine: the
+// same in every row, so the differences are the gateway's);
+// redis-cpu-µs/op is the Redis server's own, from INFO cpu.
+//
+//	go test -run='^$' -bench=KeyLimits -benchmem -count=5 ./gateway/
+func BenchmarkKeyLimits(b *testing.B) {
+	const body = `{"model":"m","max_tokens":16,"messages":[{"role":"user","content":"hello there"}]}`
+	_, simSrv := sim(b, enginesim.Config{Models: []string{"m"}, TTFT: time.Nanosecond, ITL: time.Nanosecond})
+	rds := redistest.Start(b)
+	rc := quota.DefaultRedisConfig()
+	rc.Address = rds.Addr()
+	redisStore, err := quota.NewRedis(rc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = redisStore.Close() })
+	info := redis.NewClient(&redis.Options{Addr: rds.Addr()})
+	b.Cleanup(func() { _ = info.Close() })
+	redisCPU := func() float64 {
+		s, err := info.Info(context.Background(), "cpu").Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		var total float64
+		for _, line := range strings.Split(s, "\r\n") {
+			for _, k := range []string{"used_cpu_user:", "used_cpu_sys:"} {
+				if v, ok := strings.CutPrefix(line, k); ok {
+					f, _ := strconv.ParseFloat(v, 64)
+					total += f
+				}
+			}
+		}
+		return total
+	}
+	limits := KeyLimits{RequestsPerMinute: 1 << 40, TokensPerMinute: 1 << 40, Concurrent: 1 << 20}
+	gw := func(keyed bool, l KeyLimits, opts ...Option) *harness {
+		cfg := testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
+		cfg.AccessLog = false
+		if keyed {
+			cfg.Auth = AuthConfig{Keys: []KeyConfig{{Name: "team-1", SHA256: sha("k-1"), Models: []string{"*"}, Limits: l}}}
+		}
+		return newHarnessWith(b, cfg, opts, withSampler(sdktrace.NeverSample()))
+	}
+	tr := &http.Transport{MaxIdleConnsPerHost: 16}
+	b.Cleanup(tr.CloseIdleConnections)
+	client := &http.Client{Transport: tr}
+	run := func(b *testing.B, h *harness, keyed bool) {
+		b.ReportAllocs()
+		cpu0, r0 := processCPU(), redisCPU()
+		for b.Loop() {
+			req, _ := http.NewRequest(http.MethodPost, h.srv.URL+"/v1/chat/completions", strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			if keyed {
+				req.Header.Set("Authorization", "Bearer k-1")
+			}
+			resp, err := client.Do(req)
+			if err != nil {
+				b.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				b.Fatalf("status %d", resp.StatusCode)
+			}
+		}
+		b.ReportMetric(float64((processCPU()-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
+		b.ReportMetric((redisCPU()-r0)*1e6/float64(b.N), "redis-cpu-µs/op")
+	}
+	b.Run("auth-off", func(b *testing.B) { run(b, gw(false, KeyLimits{}), false) })
+	b.Run("auth", func(b *testing.B) { run(b, gw(true, KeyLimits{}), true) })
+	b.Run("limits-memory", func(b *testing.B) { run(b, gw(true, limits), true) })
+	b.Run("limits-redis", func(b *testing.B) { run(b, gw(true, limits, WithQuotaStore(redisStore)), true) })
+}
+
+// processCPU is this process's user plus system CPU time so far.
+func processCPU() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
