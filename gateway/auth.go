@@ -53,13 +53,13 @@ type KeyConfig struct {
 type KeyLimits struct {
 	// RequestsPerMinute: at most this many requests in any minute (a
 	// bucket of this size refilling continuously: GCRA).
-	RequestsPerMinute int64 `koanf:"requests_per_minute"`
+	RequestsPerMinute int64 `koanf:"requests_per_minute" json:"requests_per_minute"`
 	// TokensPerMinute: input plus output tokens per minute, reserved at
 	// admission (prompt estimate + max_tokens) and settled to the usage
 	// when the request ends.
-	TokensPerMinute int64 `koanf:"tokens_per_minute"`
+	TokensPerMinute int64 `koanf:"tokens_per_minute" json:"tokens_per_minute"`
 	// Concurrent: requests in flight at once.
-	Concurrent int64 `koanf:"concurrent"`
+	Concurrent int64 `koanf:"concurrent" json:"concurrent"`
 }
 
 // MaxKeyNameLen caps a key's name, in bytes.

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strconv"
 	"strings"
 	"sync"
@@ -421,5 +422,32 @@ func TestLimitsConfigValidate(t *testing.T) {
 				t.Errorf("Validate() = %v, want an error naming %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestAdminKeys: GET /admin/keys lists each key's name, models, limits
+// and counts as JSON, never its hash.
+func TestAdminKeys(t *testing.T) {
+	r := newLimitsRig(t, KeyLimits{RequestsPerMinute: 1, Concurrent: 2}, enginesim.Config{OutputTokens: 2})
+	r.chat(chatBody(2))
+	r.chat(chatBody(2))
+	r.waitIdle()
+	rec := httptest.NewRecorder()
+	r.gw.AdminHandler(nil).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/admin/keys", nil))
+	b := rec.Body.String()
+	if rec.Code != http.StatusOK || strings.Contains(b, sha("k-1")) {
+		t.Fatalf("%d %s", rec.Code, b)
+	}
+	var got struct {
+		Keys []map[string]any `json:"keys"`
+	}
+	if err := json.Unmarshal([]byte(b), &got); err != nil || len(got.Keys) != 1 {
+		t.Fatalf("%s: %v", b, err)
+	}
+	k := got.Keys[0]
+	lim, _ := k["limits"].(map[string]any)
+	if k["name"] != "team-1" || k["admitted"] != 1.0 || k["refused"] != 1.0 || k["in_flight"] != 0.0 || k["shared"] != false ||
+		lim["requests_per_minute"] != 1.0 || lim["concurrent"] != 2.0 || lim["tokens_per_minute"] != 0.0 {
+		t.Errorf("admin keys %s", b)
 	}
 }

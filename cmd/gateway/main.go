@@ -22,6 +22,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/spf13/pflag"
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
@@ -186,6 +187,9 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 	}
 	if cfg.Limits.Redis.Address != "" {
 		// The keys' limits are shared by every replica using this Redis.
+		// go-redis logs its own connection failures; the gateway already
+		// reports them (a warning at most once a minute, a metric).
+		redis.SetLogger(redisLog{log})
 		store, serr := quota.NewRedis(cfg.Limits.Redis)
 		if serr != nil {
 			return serr
@@ -365,4 +369,13 @@ func (l levelAtLeast) WithAttrs(as []slog.Attr) slog.Handler {
 
 func (l levelAtLeast) WithGroup(name string) slog.Handler {
 	return levelAtLeast{l.Handler.WithGroup(name), l.min}
+}
+
+// redisLog puts go-redis's own log lines at debug level.
+type redisLog struct{ log *slog.Logger }
+
+func (l redisLog) Printf(ctx context.Context, format string, v ...any) {
+	if l.log.Enabled(ctx, slog.LevelDebug) {
+		l.log.DebugContext(ctx, "redis: "+fmt.Sprintf(format, v...))
+	}
 }
