@@ -23,8 +23,9 @@ import (
 type LimitsConfig struct {
 	// DefaultMaxTokens is the output a generative request without
 	// max_tokens (max_completion_tokens, max_output_tokens) reserves
-	// against its key's tokens_per_minute, in tokens (default 4096). The
-	// reservation is settled to the request's usage when it ends.
+	// against its key's tokens_per_minute, in tokens (default 4096), but
+	// never more than that whole limit. The reservation is settled to the
+	// request's usage when it ends.
 	DefaultMaxTokens int64 `koanf:"default_max_tokens"`
 	// FailMode is what a keyed request gets when the limits' store cannot
 	// answer within its timeout: "open" (default: admitted, uncounted) or
@@ -149,6 +150,12 @@ func (s *Server) admitKey(w http.ResponseWriter, r *http.Request, st *reqState, 
 	var prompt int64
 	prompt, g.reserved = reservation(op, in)
 	st.promptEst = prompt
+	if tpm := k.limits.TokensPerMinute; tpm > 0 && in.req.MaxTokens <= 0 && g.reserved > tpm {
+		// A request that set no max_tokens is not refused as too large
+		// for a default it did not choose: it reserves at most the whole
+		// bucket, and its end settles the rest.
+		g.reserved = tpm
+	}
 	ask := quota.Ask{Key: k.name, Limits: k.limits, Tokens: g.reserved}
 	if k.limits.Concurrent > 0 {
 		ask.Lease = s.limits.prefix + strconv.FormatUint(s.limits.seq.Add(1), 36)

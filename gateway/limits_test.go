@@ -451,3 +451,25 @@ func TestAdminKeys(t *testing.T) {
 		t.Errorf("admin keys %s", b)
 	}
 }
+
+// TestKeyTokensDefaultReservationCapped: a request without max_tokens
+// reserves default_max_tokens, but never more than its key's whole
+// tokens_per_minute, so a key with a small limit is not refused as "too
+// large" for a default it did not choose; one that asks for more than the
+// limit is.
+func TestKeyTokensDefaultReservationCapped(t *testing.T) {
+	r := newLimitsRig(t, KeyLimits{TokensPerMinute: 1000}, enginesim.Config{OutputTokens: 3})
+	resp, b := r.chat(`{"model":"m","messages":[{"role":"user","content":"hello there"}]}`)
+	if resp.StatusCode != http.StatusOK || headerInt(t, resp.Header, "X-Ratelimit-Remaining-Tokens") != 0 {
+		t.Fatalf("no max_tokens, default 4096 over a 1000 limit: %d %s remaining %q, want 200 reserving the whole bucket", resp.StatusCode, b, resp.Header.Get("X-Ratelimit-Remaining-Tokens"))
+	}
+	in, out := usageOf(t, b)
+	resp, b = r.chat(chatBody(100))
+	if got, want := headerInt(t, resp.Header, "X-Ratelimit-Remaining-Tokens"), 1000-(in+out)-(3+100); resp.StatusCode != http.StatusOK || got != want {
+		t.Errorf("after it settled: %d %s remaining %d, want %d", resp.StatusCode, b, got, want)
+	}
+	if resp, _ := r.chat(chatBody(1000)); resp.StatusCode != http.StatusTooManyRequests {
+		t.Errorf("max_tokens 1000 on a 1000 limit (plus the prompt): %d, want 429", resp.StatusCode)
+	}
+	r.waitIdle()
+}
