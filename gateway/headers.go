@@ -98,9 +98,17 @@ func copyRequestHeaders(dst, src http.Header, skip map[string]bool) {
 // the client: all but hop-by-hop and engine-identifying ones
 // (hiddenResponseHeaders). Content-Length is dropped too when the body is
 // re-framed.
+//
+// When the request's key is limited (its x-ratelimit-* headers are set),
+// the engine's own x-ratelimit-* headers (an OpenAI-compatible upstream, a
+// gateway tier behind this one) are dropped: the client reads its key's.
 func copyResponseHeaders(dst, src http.Header, dropLength bool) {
+	_, limitedR := dst["X-Ratelimit-Limit-Requests"]
+	_, limitedT := dst["X-Ratelimit-Limit-Tokens"]
+	keyed := limitedR || limitedT
 	for k, vv := range src {
-		if skipHeader(src, k) || (dropLength && k == "Content-Length") || hiddenResponseHeaders[k] {
+		if skipHeader(src, k) || (dropLength && k == "Content-Length") || hiddenResponseHeaders[k] ||
+			keyed && len(k) > 12 && k[:12] == "X-Ratelimit-" {
 			continue
 		}
 		dst[k] = vv

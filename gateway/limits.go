@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net/http"
 	"strconv"
 	"sync"
@@ -79,6 +80,7 @@ type keyUsage struct {
 // settle exactly once.
 type keyGrant struct {
 	key      *apiKey
+	limits   quota.Limits // the key's, less the tokens limit on a light route
 	usage    *keyUsage
 	lease    string
 	reserved int64
@@ -92,13 +94,15 @@ type limiter struct {
 	owned  bool   // built by New (closed by Close)
 	prefix string // this process's lease prefix: random, so replicas differ
 	seq    atomic.Uint64
-	usage  sync.Map // key name -> *keyUsage
-	logLim loglimit.Limiter
-	log    *slog.Logger
+	usage  sync.Map       // key name -> *keyUsage
+	wg     sync.WaitGroup // background releases (a shared store)
+	// admitLog and releaseLog bound the store's error lines, each its own.
+	admitLog, releaseLog loglimit.Limiter
+	log                  *slog.Logger
 }
 
 func newLimiter(store quota.Store, now func() time.Time, log *slog.Logger) *limiter {
-	l := &limiter{store: store, log: log, logLim: loglimit.Limiter{Interval: time.Minute}}
+	l := &limiter{store: store, log: log, admitLog: loglimit.Limiter{Interval: time.Minute}, releaseLog: loglimit.Limiter{Interval: time.Minute}}
 	if l.store == nil {
 		l.store, l.owned = quota.NewMemory(quota.WithClock(now)), true
 	}
@@ -117,76 +121,91 @@ func (l *limiter) usageOf(name string) *keyUsage {
 }
 
 // reservation is what a request reserves against its key's
-// tokens_per_minute: its prompt estimate (PromptBytes / 4, the bytes of a
-// token of common BPE vocabularies) plus its max_tokens, or
-// LimitsConfig.DefaultMaxTokens when it sets none, for a generative route;
-// the prompt alone for a pooling one; nothing for a light one.
-func reservation(op *operation, in *inbound) (prompt, total int64) {
+// tokens_per_minute (and, with no such limit, the estimate its usage is
+// counted by when the engine reports none): its prompt estimate (PromptBytes / 4, the
+// bytes of a token of common BPE vocabularies) plus, on a generative
+// route, its output: max_tokens (of one choice: n > 1 is settled at the
+// end, as its usage says), or, when it sets none,
+// LimitsConfig.DefaultMaxTokens capped to what the bucket can hold beside
+// the prompt (a default the client did not choose never makes a request
+// too large). Pooling routes reserve the prompt alone, light ones nothing.
+// The sum saturates at math.MaxInt64 (a reservation over the limit, which
+// is refused as too large), so no value in a body can overflow it.
+func reservation(op *operation, in *inbound, tpm int64) (prompt, out int64) {
 	if op.class == classLight {
 		return 0, 0
 	}
 	prompt = (int64(in.req.PromptBytes) + 3) / 4
 	if op.class != classGenerative {
-		return prompt, prompt
+		return prompt, 0
 	}
-	out := in.req.MaxTokens
-	if out <= 0 {
-		out = in.set.cfg.Limits.DefaultMaxTokens
+	if m := in.req.MaxTokens; m > 0 {
+		return prompt, min(m, math.MaxInt64-prompt)
 	}
-	return prompt, prompt + out
+	if tpm <= 0 { // no tokens limit: the estimate only counts usage
+		return prompt, in.set.cfg.Limits.DefaultMaxTokens
+	}
+	return prompt, min(in.set.cfg.Limits.DefaultMaxTokens, max(tpm-prompt, 0))
 }
 
 // admitKey applies the request's key's limits before any engine is
 // picked: it returns the grant to settle when the request ends, or the
 // error to answer (429 with Retry-After and the x-ratelimit-* headers;
 // 503 when the store cannot answer and the gateway fails closed). It
-// returns nil, nil for a request without a key or a key without limits.
+// returns nil, nil for a request without a key; a key without limits gets
+// a grant that only counts (the store is not asked). A light route
+// (tokenize, a stored response's retrieval or cancel) is not held to the
+// tokens limit: it spends none, and a key in token debt can still cancel.
 func (s *Server) admitKey(w http.ResponseWriter, r *http.Request, st *reqState, op *operation, in *inbound) (*keyGrant, error) {
-	if st == nil || st.key == nil || st.key.limits.IsZero() {
+	if st == nil || st.key == nil {
 		return nil, nil
 	}
 	k := st.key
-	g := &keyGrant{key: k, usage: s.limits.usageOf(k.name)}
-	var prompt int64
-	prompt, g.reserved = reservation(op, in)
-	st.promptEst = prompt
-	if tpm := k.limits.TokensPerMinute; tpm > 0 && in.req.MaxTokens <= 0 && g.reserved > tpm {
-		// A request that set no max_tokens is not refused as too large
-		// for a default it did not choose: it reserves at most the whole
-		// bucket, and its end settles the rest.
-		g.reserved = tpm
+	g := &keyGrant{key: k, usage: s.limits.usageOf(k.name), limits: k.limits}
+	if op.class == classLight {
+		g.limits.TokensPerMinute = 0
 	}
-	ask := quota.Ask{Key: k.name, Limits: k.limits, Tokens: g.reserved}
-	if k.limits.Concurrent > 0 {
+	ctx := r.Context()
+	prompt, out := reservation(op, in, g.limits.TokensPerMinute)
+	st.promptEst, st.reservedOut = prompt, out
+	if g.limits.IsZero() {
+		g.usage.admitted.Add(1)
+		g.usage.inFlight.Add(1)
+		s.metrics.RecordKeyRequest(ctx, k.attrs, telemetry.KeyAdmitted)
+		return g, nil
+	}
+	g.reserved = prompt + out
+	ask := quota.Ask{Key: k.name, Limits: g.limits, Tokens: g.reserved}
+	if g.limits.Concurrent > 0 {
 		ask.Lease = s.limits.prefix + strconv.FormatUint(s.limits.seq.Add(1), 36)
 	}
 	g.lease = ask.Lease
-	d, err := s.limits.store.Admit(r.Context(), ask)
+	// Not cancelled with the client: once Redis has run the admission it
+	// holds a lease and a reservation, and only a Release gives them back;
+	// the store's own timeout bounds the wait.
+	d, err := s.limits.store.Admit(context.WithoutCancel(ctx), ask)
 	if err != nil {
-		if r.Context().Err() != nil {
-			return nil, context.Canceled
-		}
 		open := in.set.cfg.Limits.FailMode != FailClosed
-		s.metrics.RecordQuotaStoreError(r.Context(), open)
-		if suppressed, ok := s.limits.logLim.Allow(time.Now()); ok {
+		s.metrics.RecordQuotaStoreError(ctx, open)
+		if suppressed, ok := s.limits.admitLog.Allow(time.Now()); ok {
 			s.limits.log.Warn("the limits' store did not answer; requests are "+map[bool]string{true: "admitted without limits (fail_mode open)", false: "refused (fail_mode closed)"}[open],
 				"error", err, "suppressed", suppressed)
 		}
 		if open {
 			g.usage.admitted.Add(1)
 			g.usage.inFlight.Add(1)
-			s.metrics.RecordKeyRequest(r.Context(), k.attrs, telemetry.KeyAdmitted)
+			s.metrics.RecordKeyRequest(ctx, k.attrs, telemetry.KeyAdmitted)
 			return g, nil // held is false: nothing to give back
 		}
 		g.usage.unavailable.Add(1)
-		s.metrics.RecordKeyRequest(r.Context(), k.attrs, telemetry.KeyUnavailable)
+		s.metrics.RecordKeyRequest(ctx, k.attrs, telemetry.KeyUnavailable)
 		return nil, &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "rate_limits_unavailable",
 			Message: "the gateway cannot check this api key's rate limits right now; retry shortly", Err: err}
 	}
-	setRateLimitHeaders(w.Header(), k.limits, d)
 	if !d.Allowed {
+		setRateLimitHeaders(w.Header(), g.limits, d)
 		g.usage.refused.Add(1)
-		s.metrics.RecordKeyRequest(r.Context(), k.attrs, string(d.Refused))
+		s.metrics.RecordKeyRequest(ctx, k.attrs, string(d.Refused))
 		if v := retryAfterSeconds(d); v != "" {
 			w.Header()["Retry-After"] = []string{v}
 		}
@@ -195,7 +214,8 @@ func (s *Server) admitKey(w http.ResponseWriter, r *http.Request, st *reqState, 
 	g.held = true
 	g.usage.admitted.Add(1)
 	g.usage.inFlight.Add(1)
-	s.metrics.RecordKeyRequest(r.Context(), k.attrs, telemetry.KeyAdmitted)
+	setRateLimitHeaders(w.Header(), g.limits, d)
+	s.metrics.RecordKeyRequest(ctx, k.attrs, telemetry.KeyAdmitted)
 	return g, nil
 }
 
@@ -203,7 +223,9 @@ func (s *Server) admitKey(w http.ResponseWriter, r *http.Request, st *reqState, 
 // attempts by attempt.end) are counted and the store's reservation is
 // settled to them, the lease given back. It runs once, deferred right
 // after admitKey, so every exit path (success, error, cancellation, panic)
-// gives back exactly once; it does not wait on the client's context.
+// gives back exactly once. The per-process store settles at once; a
+// shared one (Redis) in the background, so no client waits for it: the
+// response is complete when the handler returns, the release after.
 func (s *Server) settle(ctx context.Context, st *reqState, g *keyGrant) {
 	in, out := st.usedIn, st.usedOut
 	g.usage.inFlight.Add(-1)
@@ -213,13 +235,25 @@ func (s *Server) settle(ctx context.Context, st *reqState, g *keyGrant) {
 	if !g.held {
 		return
 	}
-	rel := quota.Release{Key: g.key.name, Limits: g.key.limits, Lease: g.lease, Reserved: g.reserved, Used: in + out}
-	if g.key.limits.TokensPerMinute == 0 {
+	rel := quota.Release{Key: g.key.name, Limits: g.limits, Lease: g.lease, Reserved: g.reserved, Used: in + out}
+	if g.limits.TokensPerMinute == 0 {
 		rel.Reserved, rel.Used = 0, 0
 	}
-	if err := s.limits.store.Release(context.WithoutCancel(ctx), rel); err != nil {
-		if suppressed, ok := s.limits.logLim.Allow(time.Now()); ok {
-			s.limits.log.Warn("the limits' store did not take a request's release (its lease expires by itself)", "key", g.key.name, "error", err, "suppressed", suppressed)
+	if s.limits.owned {
+		s.limits.release(context.WithoutCancel(ctx), rel)
+		return
+	}
+	s.limits.wg.Add(1)
+	go func() {
+		defer s.limits.wg.Done()
+		s.limits.release(context.WithoutCancel(ctx), rel)
+	}()
+}
+
+func (l *limiter) release(ctx context.Context, rel quota.Release) {
+	if err := l.store.Release(ctx, rel); err != nil {
+		if suppressed, ok := l.releaseLog.Allow(time.Now()); ok {
+			l.log.Warn("the limits' store did not take a request's release (its lease expires by itself)", "key", rel.Key, "error", err, "suppressed", suppressed)
 		}
 	}
 }
@@ -235,11 +269,21 @@ func (a *attempt) countUsage(st *reqState) {
 	case a.hasUsage:
 		st.usedIn += max(a.usage.PromptTokens, 0)
 		if a.class == classGenerative {
-			st.usedOut += max(a.usage.CompletionTokens, 0)
+			// A stream cut before its final usage (Anthropic's
+			// message_start already says output_tokens 1) has at
+			// least its content events.
+			st.usedOut += max(a.usage.CompletionTokens, a.contentEvents)
 		}
 	case a.status >= 200 && a.status <= 299:
 		st.usedIn += st.promptEst
-		st.usedOut += a.contentEvents
+		if a.stream {
+			st.usedOut += a.contentEvents
+		} else if a.class == classGenerative {
+			// A whole answer whose usage is unknown (no usage object,
+			// a body too large to read it from, audio, images) is
+			// charged its reservation.
+			st.usedOut += st.reservedOut
+		}
 	}
 }
 

@@ -473,3 +473,93 @@ func TestKeyTokensDefaultReservationCapped(t *testing.T) {
 	}
 	r.waitIdle()
 }
+
+// TestKeyTokensHugeMaxTokens: a max_tokens that would overflow the
+// reservation is refused as too large (429, no Retry-After) and leaves the
+// key's bucket untouched: the next ordinary request is admitted.
+func TestKeyTokensHugeMaxTokens(t *testing.T) {
+	r := newLimitsRig(t, KeyLimits{TokensPerMinute: 1000}, enginesim.Config{OutputTokens: 3})
+	for _, m := range []string{"9223372036854775807", "99999999999999999999", "9223372036854775806"} {
+		resp, b := r.chat(`{"model":"m","max_tokens":` + m + `,"messages":[{"role":"user","content":"hello there"}]}`)
+		if resp.StatusCode != http.StatusTooManyRequests && resp.StatusCode != http.StatusBadRequest || resp.Header.Get("Retry-After") != "" {
+			t.Errorf("max_tokens %s: %d %s Retry-After %q, want 429 too large (or 400), no Retry-After", m, resp.StatusCode, b, resp.Header.Get("Retry-After"))
+		}
+	}
+	if n := r.eng.Stats().Received; n != 0 {
+		t.Errorf("the engine received %d requests, want 0", n)
+	}
+	resp, b := r.chat(chatBody(10))
+	if resp.StatusCode != http.StatusOK || headerInt(t, resp.Header, "X-Ratelimit-Remaining-Tokens") != 1000-3-10 {
+		t.Errorf("an ordinary request after: %d %s remaining %q, want 200 with %d", resp.StatusCode, b, resp.Header.Get("X-Ratelimit-Remaining-Tokens"), 1000-3-10)
+	}
+	r.waitIdle()
+}
+
+// TestKeyLimitsEngineHeadersDropped: an engine's own x-ratelimit-* headers
+// (an OpenAI-compatible upstream) do not reach a limited key's client,
+// whose headers are its key's; a whole answer with no usage is charged
+// its reservation.
+func TestKeyLimitsEngineHeadersDropped(t *testing.T) {
+	url := fakeEngine(t, []string{"m"}, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Ratelimit-Remaining-Requests", "99999")
+		w.Header().Set("X-Ratelimit-Limit-Tokens", "77777")
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"id":"x","object":"chat.completion","choices":[]}`))
+	}).URL
+	cfg := testConfig(EngineConfig{Name: "e1", URL: url, Models: []string{"m"}})
+	cfg.Auth = AuthConfig{Keys: []KeyConfig{{Name: "team-1", SHA256: sha("k-1"), Models: []string{"*"}, Limits: KeyLimits{RequestsPerMinute: 5}}}}
+	h := newHarnessWith(t, cfg, []Option{withClock(newFakeClock().Now)}, withoutStart())
+	resp := h.post("/v1/chat/completions", chatBody(50), "Authorization", "Bearer k-1")
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Ratelimit-Remaining-Requests") != "4" || resp.Header.Get("X-Ratelimit-Limit-Tokens") != "" {
+		t.Errorf("%d %v: want the key's remaining 4 and no engine token header", resp.StatusCode, resp.Header)
+	}
+	if ks := h.gw.Keys(); ks[0].TokensOut != 50 || ks[0].TokensIn != 3 {
+		t.Errorf("an answer without usage charged %d in, %d out; want the prompt estimate 3 and the reserved 50", ks[0].TokensIn, ks[0].TokensOut)
+	}
+	h.waitIdle()
+}
+
+// TestKeyLimitsLightAndPromptOnly: a light route (tokenize) is not held
+// to the tokens limit, so a key whose token bucket is empty can still
+// use it; a request whose prompt alone exceeds the limit is refused as too
+// large even without max_tokens.
+func TestKeyLimitsLightAndPromptOnly(t *testing.T) {
+	r := newLimitsRig(t, KeyLimits{TokensPerMinute: 20}, enginesim.Config{OutputTokens: 3})
+	if resp, b := r.chat(chatBody(17)); resp.StatusCode != http.StatusOK {
+		t.Fatalf("%d %s", resp.StatusCode, b)
+	}
+	if resp, _ := r.chat(chatBody(17)); resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("the bucket should be empty now: %d", resp.StatusCode)
+	}
+	tok := r.post("/tokenize", `{"model":"m","prompt":"hello there"}`, "Authorization", "Bearer k-1")
+	tb, _ := io.ReadAll(tok.Body)
+	tok.Body.Close()
+	if tok.StatusCode != http.StatusOK || tok.Header.Get("X-Ratelimit-Limit-Tokens") != "" {
+		t.Errorf("tokenize with the token bucket empty: %d %s, want 200 without token headers", tok.StatusCode, tb)
+	}
+	r.clk.Advance(time.Minute)
+	long := strings.Repeat("word ", 40) // 200 bytes: a 50-token estimate over a 20-token limit
+	resp, b := r.chat(`{"model":"m","messages":[{"role":"user","content":"` + long + `"}]}`)
+	if resp.StatusCode != http.StatusTooManyRequests || !strings.Contains(string(b), "too large") {
+		t.Errorf("a prompt over the whole limit, no max_tokens: %d %s, want 429 too large", resp.StatusCode, b)
+	}
+	r.waitIdle()
+}
+
+// TestKeyWithoutLimitsCounted: a key without limits is counted (admin
+// keys, switchboard.key.requests) without asking the store.
+func TestKeyWithoutLimitsCounted(t *testing.T) {
+	r := newLimitsRig(t, KeyLimits{}, enginesim.Config{OutputTokens: 3})
+	for range 2 {
+		r.chat(chatBody(3))
+	}
+	r.waitIdle()
+	if ks := r.gw.Keys(); ks[0].Admitted != 2 || ks[0].TokensOut != 6 || ks[0].InFlight != 0 {
+		t.Errorf("admin keys %+v, want 2 admitted, 6 output tokens", ks[0])
+	}
+	if n := r.counter(telemetry.KeyRequestsName); n != 2 {
+		t.Errorf("%s = %d, want 2", telemetry.KeyRequestsName, n)
+	}
+}

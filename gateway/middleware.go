@@ -52,8 +52,8 @@ type reqState struct {
 
 	// For the key's token limit (limits.go): the request's prompt
 	// estimate, and the tokens its attempts used (countUsage).
-	promptEst       int64
-	usedIn, usedOut int64
+	promptEst, reservedOut int64
+	usedIn, usedOut        int64
 
 	// waited is the request's time spent waiting for its client (reading
 	// its body, writing the response) and for engines (response headers,

@@ -349,6 +349,7 @@ func (s *Server) Close() error {
 			err = errors.Join(err, s.stateReg.Unregister())
 		}
 		s.client.CloseIdleConnections()
+		s.limits.wg.Wait() // the background releases, before the caller closes its store
 		if s.limits.owned {
 			err = errors.Join(err, s.limits.store.Close())
 		}
