@@ -22,6 +22,11 @@
 // runs them too. Set IT_GATEWAY_ENV to extra KEY=VALUE pairs
 // (comma-separated) to add to their gateway's environment.
 //
+// The API keys' limits tests (limits_test.go: two gateway processes
+// sharing one Redis, and Redis stopped or hung mid-run) also need Debian's
+// redis-server on PATH: internal/redistest starts a private one per test
+// and fails the test, rather than skipping it, without it.
+//
 // # A real Kubernetes control plane for tests
 //
 // integration/kube.sh builds etcd and kube-apiserver from the Go module proxy
