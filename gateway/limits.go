@@ -253,7 +253,7 @@ func (s *Server) settle(ctx context.Context, st *reqState, g *keyGrant) {
 func (l *limiter) release(ctx context.Context, rel quota.Release) {
 	if err := l.store.Release(ctx, rel); err != nil {
 		if suppressed, ok := l.releaseLog.Allow(time.Now()); ok {
-			l.log.Warn("the limits' store did not take a request's release (its lease expires by itself)", "key", rel.Key, "error", err, "suppressed", suppressed)
+			l.log.Warn("the limits' store did not take a request's release: its unused token reservation is not given back (a concurrency lease expires after lease_ttl)", "key", rel.Key, "error", err, "suppressed", suppressed)
 		}
 	}
 }
