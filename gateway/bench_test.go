@@ -48,17 +48,7 @@ func BenchmarkGatewayOverhead(b *testing.B) {
 		run := func(b *testing.B, base string) {
 			b.ReportAllocs()
 			for b.Loop() {
-				req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(tc.body))
-				req.Header.Set("Content-Type", "application/json")
-				resp, err := client.Do(req)
-				if err != nil {
-					b.Fatal(err)
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != 200 {
-					b.Fatalf("status %d", resp.StatusCode)
-				}
+				benchChat(b, client, base, tc.body, "")
 			}
 		}
 		b.Run(tc.name+"/direct", func(b *testing.B) { run(b, simSrv.URL) })
@@ -127,21 +117,12 @@ func BenchmarkKeyLimits(b *testing.B) {
 	run := func(b *testing.B, h *harness, keyed bool) {
 		b.ReportAllocs()
 		cpu0, r0 := processCPU(), redisCPU()
+		auth := ""
+		if keyed {
+			auth = "Bearer k-1"
+		}
 		for b.Loop() {
-			req, _ := http.NewRequest(http.MethodPost, h.srv.URL+"/v1/chat/completions", strings.NewReader(body))
-			req.Header.Set("Content-Type", "application/json")
-			if keyed {
-				req.Header.Set("Authorization", "Bearer k-1")
-			}
-			resp, err := client.Do(req)
-			if err != nil {
-				b.Fatal(err)
-			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != 200 {
-				b.Fatalf("status %d", resp.StatusCode)
-			}
+			benchChat(b, client, h.srv.URL, body, auth)
 		}
 		b.ReportMetric(float64((processCPU()-cpu0).Microseconds())/float64(b.N), "cpu-µs/op")
 		b.ReportMetric((redisCPU()-r0)*1e6/float64(b.N), "redis-cpu-µs/op")
@@ -159,4 +140,23 @@ func processCPU() time.Duration {
 		return 0
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// benchChat posts one chat request to base and reads its answer, which
+// must be 200; auth, when set, is its Authorization header.
+func benchChat(b *testing.B, client *http.Client, base, body, auth string) {
+	req, _ := http.NewRequest(http.MethodPost, base+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		b.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b.Fatalf("status %d", resp.StatusCode)
+	}
 }
