@@ -161,7 +161,8 @@ func (s *Server) admitKey(w http.ResponseWriter, r *http.Request, st *reqState, 
 		return nil, nil
 	}
 	k := st.key
-	g := &keyGrant{key: k, usage: s.limits.usageOf(k.name), limits: k.limits}
+	g := &st.grant // the request state holds it: no allocation of its own
+	*g = keyGrant{key: k, usage: s.limits.usageOf(k.name), limits: k.limits}
 	if op.class == classLight {
 		g.limits.TokensPerMinute = 0
 	}
@@ -188,8 +189,11 @@ func (s *Server) admitKey(w http.ResponseWriter, r *http.Request, st *reqState, 
 		open := in.set.cfg.Limits.FailMode != FailClosed
 		s.metrics.RecordQuotaStoreError(ctx, open)
 		if suppressed, ok := s.limits.admitLog.Allow(time.Now()); ok {
-			s.limits.log.Warn("the limits' store did not answer; requests are "+map[bool]string{true: "admitted without limits (fail_mode open)", false: "refused (fail_mode closed)"}[open],
-				"error", err, "suppressed", suppressed)
+			msg := "the limits' store did not answer; requests are refused (fail_mode closed)"
+			if open {
+				msg = "the limits' store did not answer; requests are admitted without limits (fail_mode open)"
+			}
+			s.limits.log.Warn(msg, "error", err, "suppressed", suppressed)
 		}
 		if open {
 			g.usage.admitted.Add(1)

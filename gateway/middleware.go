@@ -53,7 +53,9 @@ type reqState struct {
 	// For the key's token limit (limits.go): the request's prompt
 	// estimate, and the tokens its attempts used (countUsage).
 	promptEst, reservedOut int64
-	usedIn, usedOut        int64
+	// grant is the request's hold on its key's limits (admitKey).
+	grant           keyGrant
+	usedIn, usedOut int64
 
 	// waited is the request's time spent waiting for its client (reading
 	// its body, writing the response) and for engines (response headers,
