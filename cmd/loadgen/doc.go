@@ -42,6 +42,15 @@
 // at once; a worker or arrival waits for an idle conversation. After --turns
 // turns, or a failed turn, a conversation is replaced by a new one.
 //
+// With --stagger (the default) the run starts in the steady state of a
+// service whose conversations are at every stage: the first conversations
+// start at turns spread evenly from 1 to --turns, each with the earlier
+// turns it would have sent and made-up replies of --max-tokens words, so
+// their first requests are long cold prompts (a warm-up of --conversations
+// requests takes exactly those). --stagger=false starts every conversation
+// at turn 1: they then move in loose step, every prompt short at first and
+// long at the end, and a server's cache needs swing with them.
+//
 // # Measurements
 //
 // TTFT is the time from sending the request to the first SSE event carrying

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -148,7 +149,7 @@ func TestConversations(t *testing.T) {
 	results, rep := load(t, context.Background(), srv.URL, "--stream", "--workload", "conversations",
 		"--conversations", "3", "--turns", "3", "--system-prompts", "2", "--system-prompt-words", "50",
 		"--prompt-words", "7", "--requests", "14", "--concurrency", "4", "--max-tokens", "4",
-		"--session-header", "x-conv")
+		"--session-header", "x-conv", "--stagger=false")
 	if len(results) != 14 || rep.Failed != 0 {
 		t.Fatalf("%d results, %d failed, want 14, 0", len(results), rep.Failed)
 	}
@@ -200,6 +201,91 @@ func TestConversations(t *testing.T) {
 	}
 	if len(systems) != 2 {
 		t.Errorf("%d distinct system prompts, want 2 shared ones", len(systems))
+	}
+}
+
+// TestConversationsStaggered: staggered conversations start at turns spread
+// evenly over the conversation, with the earlier turns an unstaggered
+// conversation would have sent, and are replaced at their usual last turn.
+func TestConversationsStaggered(t *testing.T) {
+	const conversations, turns, replyWords = 8, 4, 3
+	cfg := &Config{SystemPrompts: 2, SystemPromptWords: 10, Conversations: conversations, Turns: turns,
+		PromptWords: 6, MaxTokens: replyWords, SessionHeader: "x-session-id", Seed: 3}
+	fresh := NewConversations(cfg)
+	cfg.Stagger = true
+	staggered := NewConversations(cfg)
+	ctx := context.Background()
+
+	// What each fresh conversation sends, turn by turn, answered with "ok".
+	sent := map[string][][]Message{}
+	for range conversations * turns {
+		req, err := fresh.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := req.Header.Get("x-session-id")
+		sent[id] = append(sent[id], req.Messages)
+		fresh.Complete(req, &Result{text: "ok"})
+	}
+
+	starts := map[int]int{}      // conversations by their first turn - 1
+	requests := map[string]int{} // requests by conversation
+	first := map[string]int{}    // first turn - 1 by conversation
+	for range 2 * conversations * turns {
+		req, err := staggered.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		id := req.Header.Get("x-session-id")
+		requests[id]++
+		if requests[id] > 1 {
+			staggered.Complete(req, &Result{text: "ok"})
+			continue
+		}
+		var n int
+		if _, err := fmt.Sscanf(id, "conv-%d", &n); err != nil {
+			t.Fatalf("session id %q", id)
+		}
+		start := (len(req.Messages) - 2) / 2 // earlier turns
+		first[id] = start
+		staggered.Complete(req, &Result{text: "ok"})
+		if n >= conversations { // a replacement: fresh, at turn 1
+			if start != 0 {
+				t.Errorf("%s, a replacement, starts at turn %d, want 1", id, start+1)
+			}
+			continue
+		}
+		starts[start]++
+		if want := n * turns / conversations; start != want {
+			t.Errorf("%s starts at turn %d, want %d", id, start+1, want+1)
+		}
+		want := sent[id][start]
+		if len(req.Messages) != len(want) {
+			t.Fatalf("%s: %d messages, want %d", id, len(req.Messages), len(want))
+		}
+		for i, m := range req.Messages {
+			if m.Role != want[i].Role {
+				t.Errorf("%s message %d: role %q, want %q", id, i, m.Role, want[i].Role)
+			}
+			if m.Role != "assistant" && m.Content != want[i].Content {
+				t.Errorf("%s message %d: %q, want %q", id, i, m.Content, want[i].Content)
+			}
+			if got := len(strings.Fields(m.Content)); m.Role == "assistant" && got != replyWords {
+				t.Errorf("%s message %d: made-up reply of %d words, want %d", id, i, got, replyWords)
+			}
+		}
+	}
+	for start := range turns {
+		if starts[start] != conversations/turns {
+			t.Errorf("%d conversations start at turn %d, want %d: %v", starts[start], start+1, conversations/turns, starts)
+		}
+	}
+	// A conversation is replaced after its last turn, wherever it started.
+	for n := range conversations {
+		id := fmt.Sprintf("conv-%d", n)
+		if got, want := requests[id], turns-first[id]; got != want {
+			t.Errorf("%s: %d requests, want %d (turns %d to %d)", id, got, want, first[id]+1, turns)
+		}
 	}
 }
 

@@ -266,8 +266,9 @@ func TestParseFlags(t *testing.T) {
 }
 
 func TestWorkloadTextsDeterministic(t *testing.T) {
-	a := NewConversations(2, 30, 1, 2, 5, "x-session-id", 7)
-	b := NewConversations(2, 30, 1, 2, 5, "x-session-id", 7)
+	cfg := &Config{SystemPrompts: 2, SystemPromptWords: 30, Conversations: 1, Turns: 2, PromptWords: 5, SessionHeader: "x-session-id", Seed: 7}
+	a := NewConversations(cfg)
+	b := NewConversations(cfg)
 	if !reflect.DeepEqual(a.system, b.system) || a.system[0] == a.system[1] || len(strings.Fields(a.system[0])) != 33 {
 		t.Errorf("system prompts not deterministic and distinct: %q", a.system)
 	}

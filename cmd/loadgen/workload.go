@@ -45,7 +45,7 @@ var (
 // newWorkload builds the workload that c names.
 func newWorkload(c *Config) Workload {
 	if c.Workload == ConversationsName {
-		return NewConversations(c.SystemPrompts, c.SystemPromptWords, c.Conversations, c.Turns, c.PromptWords, c.SessionHeader, c.Seed)
+		return NewConversations(c)
 	}
 	return NewFixed(c.PromptWords, c.Seed)
 }
@@ -80,14 +80,22 @@ func (f *Fixed) Complete(*Request, *Result) {}
 // Next waits for an idle conversation. After turns turns, or after a failed
 // turn (like a user giving up), a conversation is replaced by a fresh one
 // with a new id.
+//
+// Staggered, the first conversations start at turns spread evenly over
+// 0..turns-1, each with a made-up history of that many turns (the user
+// messages it would have sent, and replies of replyWords words), as in a
+// service whose conversations are at every stage. Without it they all start
+// at turn 1 and move in loose step: every prompt is short at first and long
+// at the end, and a server's cache needs swing with them.
 type Conversations struct {
-	system  []string
-	turns   int
-	words   int
-	header  string
-	seed    uint64
-	idle    chan *conversation
-	counter chan int // a token holding the next conversation number
+	system     []string
+	turns      int
+	words      int
+	replyWords int
+	header     string
+	seed       uint64
+	idle       chan *conversation
+	counter    chan int // a token holding the next conversation number
 }
 
 type conversation struct {
@@ -97,25 +105,33 @@ type conversation struct {
 	turn     int // user turns sent and answered
 }
 
-// NewConversations returns a Conversations workload with systemPrompts
-// system prompts of systemWords words, conversations conversations of turns
-// turns, user messages of userWords words and the session header header.
-func NewConversations(systemPrompts, systemWords, conversations, turns, userWords int, header string, seed uint64) *Conversations {
+// NewConversations returns the Conversations workload that c describes:
+// c.SystemPrompts system prompts of c.SystemPromptWords words,
+// c.Conversations conversations of c.Turns turns, user messages of
+// c.PromptWords words, the session header c.SessionHeader, texts from
+// c.Seed, and, when c.Stagger is set, first conversations at staggered turns
+// with replies of c.MaxTokens words.
+func NewConversations(c *Config) *Conversations {
 	w := &Conversations{
-		turns:   turns,
-		words:   userWords,
-		header:  header,
-		seed:    seed,
-		idle:    make(chan *conversation, conversations),
-		counter: make(chan int, 1),
+		turns:      c.Turns,
+		words:      c.PromptWords,
+		replyWords: c.MaxTokens,
+		header:     c.SessionHeader,
+		seed:       c.Seed,
+		idle:       make(chan *conversation, c.Conversations),
+		counter:    make(chan int, 1),
 	}
-	for k := range systemPrompts {
-		w.system = append(w.system, "System prompt "+fmt.Sprint(k)+": "+text(systemWords, seed, uint64(k)+1))
+	for k := range c.SystemPrompts {
+		w.system = append(w.system, "System prompt "+fmt.Sprint(k)+": "+text(c.SystemPromptWords, c.Seed, uint64(k)+1))
 	}
-	for n := range conversations {
-		w.idle <- w.newConversation(n)
+	for n := range c.Conversations {
+		conv := w.newConversation(n)
+		if c.Stagger {
+			w.age(conv, n*c.Turns/c.Conversations)
+		}
+		w.idle <- conv
 	}
-	w.counter <- conversations
+	w.counter <- c.Conversations
 	return w
 }
 
@@ -127,6 +143,21 @@ func (w *Conversations) newConversation(n int) *conversation {
 	}
 }
 
+// userMessage is the user message of conversation c's next turn.
+func (w *Conversations) userMessage(c *conversation) Message {
+	return Message{Role: "user", Content: fmt.Sprintf("Turn %d of %s: %s", c.turn+1, c.id, text(w.words, w.seed, uint64(1<<32+c.n*w.turns+c.turn)))}
+}
+
+// age gives a fresh conversation turns earlier turns: the user messages it
+// would have sent, each answered by a made-up reply.
+func (w *Conversations) age(c *conversation, turns int) {
+	for range turns {
+		reply := text(w.replyWords, w.seed, uint64(1<<48+c.n*w.turns+c.turn))
+		c.messages = append(c.messages, w.userMessage(c), Message{Role: "assistant", Content: reply})
+		c.turn++
+	}
+}
+
 // Next takes an idle conversation and returns its next turn.
 func (w *Conversations) Next(ctx context.Context) (*Request, error) {
 	var c *conversation
@@ -135,7 +166,7 @@ func (w *Conversations) Next(ctx context.Context) (*Request, error) {
 	case <-ctx.Done():
 		return nil, ctx.Err()
 	}
-	user := Message{Role: "user", Content: fmt.Sprintf("Turn %d of %s: %s", c.turn+1, c.id, text(w.words, w.seed, uint64(1<<32+c.n*w.turns+c.turn)))}
+	user := w.userMessage(c)
 	// The request owns its slice: the conversation appends to its own
 	// history only in Complete, after the request has been sent.
 	msgs := make([]Message, len(c.messages), len(c.messages)+1)
