@@ -33,13 +33,14 @@ params=(
 	"ITL=10ms"
 	"ITL_PER_RUNNING=1ms"
 	"MAX_NUM_SEQS=16"
-	"KV_CACHE_BLOCKS=6656"
+	"KV_CACHE_BLOCKS=5120"
 	"BLOCK_SIZE=16"
 	# loadgen
 	"SYSTEM_PROMPTS=4"
 	"SYSTEM_PROMPT_WORDS=100"
 	"CONVERSATIONS=64"
 	"TURNS=16"
+	"STAGGER=true"
 	"PROMPT_WORDS=400"
 	"MAX_TOKENS=32"
 	"CONCURRENCY=32"
@@ -263,7 +264,7 @@ run_policy() {
 	done
 	local lg=("$bin/loadgen" --url "http://$gw" --model "$model" --stream
 		--workload conversations --system-prompts "$SYSTEM_PROMPTS" --system-prompt-words "$SYSTEM_PROMPT_WORDS"
-		--conversations "$CONVERSATIONS" --turns "$TURNS" --prompt-words "$PROMPT_WORDS" --max-tokens "$MAX_TOKENS"
+		--conversations "$CONVERSATIONS" --turns "$TURNS" --stagger="$STAGGER" --prompt-words "$PROMPT_WORDS" --max-tokens "$MAX_TOKENS"
 		--concurrency "$CONCURRENCY" --warmup "$WARMUP" --duration "$DURATION" --seed "$SEED"
 		--engine-metrics "$(
 			IFS=,
