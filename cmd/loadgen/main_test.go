@@ -205,40 +205,59 @@ func TestConversations(t *testing.T) {
 }
 
 // TestConversationsStaggered: staggered conversations start at turns spread
-// evenly over the conversation, with the earlier turns an unstaggered
-// conversation would have sent, and are replaced at their usual last turn.
+// evenly over the conversation (each start in 1..turns, the counts per start
+// within one of each other, in order of conversation number), with the
+// earlier turns an unstaggered conversation would have sent and the same
+// made-up replies every time, and are replaced at their usual last turn by
+// fresh conversations.
 func TestConversationsStaggered(t *testing.T) {
-	const conversations, turns, replyWords = 8, 4, 3
+	for _, tc := range []struct{ conversations, turns int }{
+		{8, 4}, {64, 16}, {3, 16}, {5, 4}, {1, 1}, {6, 1},
+	} {
+		t.Run(fmt.Sprintf("%dx%d", tc.conversations, tc.turns), func(t *testing.T) {
+			testStaggered(t, tc.conversations, tc.turns)
+		})
+	}
+}
+
+func testStaggered(t *testing.T, conversations, turns int) {
+	const replyWords = 3
 	cfg := &Config{SystemPrompts: 2, SystemPromptWords: 10, Conversations: conversations, Turns: turns,
 		PromptWords: 6, MaxTokens: replyWords, SessionHeader: "x-session-id", Seed: 3}
 	fresh := NewConversations(cfg)
 	cfg.Stagger = true
-	staggered := NewConversations(cfg)
+	staggered, again := NewConversations(cfg), NewConversations(cfg)
 	ctx := context.Background()
+	next := func(w *Conversations) *Request {
+		t.Helper()
+		req, err := w.Next(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return req
+	}
 
 	// What each fresh conversation sends, turn by turn, answered with "ok".
 	sent := map[string][][]Message{}
 	for range conversations * turns {
-		req, err := fresh.Next(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		req := next(fresh)
 		id := req.Header.Get("x-session-id")
 		sent[id] = append(sent[id], req.Messages)
 		fresh.Complete(req, &Result{text: "ok"})
 	}
 
-	starts := map[int]int{}      // conversations by their first turn - 1
+	starts := map[int]int{}      // first conversations by their earlier turns
 	requests := map[string]int{} // requests by conversation
-	first := map[string]int{}    // first turn - 1 by conversation
+	first := map[string]int{}    // earlier turns of each conversation's first request
+	prevStart := 0
 	for range 2 * conversations * turns {
-		req, err := staggered.Next(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		req := next(staggered)
 		id := req.Header.Get("x-session-id")
 		requests[id]++
 		if requests[id] > 1 {
+			if want := first[id] + requests[id] - 1; (len(req.Messages)-2)/2 != want {
+				t.Errorf("%s request %d: %d earlier turns, want %d", id, requests[id], (len(req.Messages)-2)/2, want)
+			}
 			staggered.Complete(req, &Result{text: "ok"})
 			continue
 		}
@@ -246,7 +265,7 @@ func TestConversationsStaggered(t *testing.T) {
 		if _, err := fmt.Sscanf(id, "conv-%d", &n); err != nil {
 			t.Fatalf("session id %q", id)
 		}
-		start := (len(req.Messages) - 2) / 2 // earlier turns
+		start := (len(req.Messages) - 2) / 2
 		first[id] = start
 		staggered.Complete(req, &Result{text: "ok"})
 		if n >= conversations { // a replacement: fresh, at turn 1
@@ -256,12 +275,18 @@ func TestConversationsStaggered(t *testing.T) {
 			continue
 		}
 		starts[start]++
-		if want := n * turns / conversations; start != want {
-			t.Errorf("%s starts at turn %d, want %d", id, start+1, want+1)
+		if start < 0 || start >= turns || start < prevStart {
+			t.Errorf("%s starts at turn %d: want a turn in 1..%d, not before conv-%d's %d", id, start+1, turns, n-1, prevStart+1)
 		}
+		prevStart = start
 		want := sent[id][start]
 		if len(req.Messages) != len(want) {
 			t.Fatalf("%s: %d messages, want %d", id, len(req.Messages), len(want))
+		}
+		// The same made-up history every time (texts from the seed).
+		replay := next(again)
+		if !equalMessages(replay.Messages, req.Messages) {
+			t.Errorf("%s: a second staggered workload sends another history:\n%+v\n%+v", id, replay.Messages, req.Messages)
 		}
 		for i, m := range req.Messages {
 			if m.Role != want[i].Role {
@@ -270,21 +295,40 @@ func TestConversationsStaggered(t *testing.T) {
 			if m.Role != "assistant" && m.Content != want[i].Content {
 				t.Errorf("%s message %d: %q, want %q", id, i, m.Content, want[i].Content)
 			}
-			if got := len(strings.Fields(m.Content)); m.Role == "assistant" && got != replyWords {
-				t.Errorf("%s message %d: made-up reply of %d words, want %d", id, i, got, replyWords)
+			if got := strings.Fields(m.Content); m.Role == "assistant" && (len(got) != replyWords || m.Content == req.Messages[2].Content && i != 2) {
+				t.Errorf("%s message %d: made-up reply %q, want %d words differing from the first reply", id, i, m.Content, replyWords)
 			}
 		}
 	}
-	for start := range turns {
-		if starts[start] != conversations/turns {
-			t.Errorf("%d conversations start at turn %d, want %d: %v", starts[start], start+1, conversations/turns, starts)
-		}
+	// Evenly spread: every start turn has the same number of conversations,
+	// give or take one, and as many turns are used as there can be.
+	lo, hi := conversations, 0
+	for start := range min(turns, conversations) {
+		lo, hi = min(lo, starts[start]), max(hi, starts[start])
+	}
+	if hi-lo > 1 || len(starts) != min(turns, conversations) {
+		t.Errorf("conversations by start turn - 1: %v, want %d turns used, within one of each other", starts, min(turns, conversations))
 	}
 	// A conversation is replaced after its last turn, wherever it started.
 	for n := range conversations {
 		id := fmt.Sprintf("conv-%d", n)
 		if got, want := requests[id], turns-first[id]; got != want {
 			t.Errorf("%s: %d requests, want %d (turns %d to %d)", id, got, want, first[id]+1, turns)
+		}
+	}
+}
+
+func TestStaggerDefault(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want bool
+	}{
+		{[]string{"--requests", "1"}, true},
+		{[]string{"--requests", "1", "--stagger=false"}, false},
+	} {
+		cfg, err := parseFlags(tc.args, io.Discard)
+		if err != nil || cfg.Stagger != tc.want {
+			t.Errorf("parseFlags(%q): stagger %v, %v; want %v", tc.args, cfg != nil && cfg.Stagger, err, tc.want)
 		}
 	}
 }

@@ -81,9 +81,10 @@ func (f *Fixed) Complete(*Request, *Result) {}
 // turn (like a user giving up), a conversation is replaced by a fresh one
 // with a new id.
 //
-// Staggered, the first conversations start at turns spread evenly over
-// 0..turns-1, each with a made-up history of that many turns (the user
-// messages it would have sent, and replies of replyWords words), as in a
+// Staggered, the first conversations start at turns spread evenly from 1 to
+// turns (conversation n at turn n*turns/conversations + 1), each with a
+// made-up history of the turns before (the user messages it would have
+// sent, and replies of replyWords words), as in a
 // service whose conversations are at every stage. Without it they all start
 // at turn 1 and move in loose step: every prompt is short at first and long
 // at the end, and a server's cache needs swing with them.
@@ -143,16 +144,24 @@ func (w *Conversations) newConversation(n int) *conversation {
 	}
 }
 
+// The text streams of user messages and made-up replies, by conversation
+// number × turns + turn; system prompts take 1..SystemPrompts. Unsigned, so
+// the constants fit on 32-bit targets too.
+const (
+	userStream  uint64 = 1 << 32
+	replyStream uint64 = 1 << 48
+)
+
 // userMessage is the user message of conversation c's next turn.
 func (w *Conversations) userMessage(c *conversation) Message {
-	return Message{Role: "user", Content: fmt.Sprintf("Turn %d of %s: %s", c.turn+1, c.id, text(w.words, w.seed, uint64(1<<32+c.n*w.turns+c.turn)))}
+	return Message{Role: "user", Content: fmt.Sprintf("Turn %d of %s: %s", c.turn+1, c.id, text(w.words, w.seed, userStream+uint64(c.n*w.turns+c.turn)))}
 }
 
 // age gives a fresh conversation turns earlier turns: the user messages it
 // would have sent, each answered by a made-up reply.
 func (w *Conversations) age(c *conversation, turns int) {
 	for range turns {
-		reply := text(w.replyWords, w.seed, uint64(1<<48+c.n*w.turns+c.turn))
+		reply := text(w.replyWords, w.seed, replyStream+uint64(c.n*w.turns+c.turn))
 		c.messages = append(c.messages, w.userMessage(c), Message{Role: "assistant", Content: reply})
 		c.turn++
 	}
