@@ -272,7 +272,7 @@ run_policy() {
 		)" --json "$dir/loadgen.json")
 	printf '%q ' "${lg[@]}" >"$dir/loadgen.cmd"
 	echo >>"$dir/loadgen.cmd"
-	echo "== $policy: $ENGINES engines, gateway on $gw, loadgen for $DURATION after $WARMUP warm-up requests" >&2
+	echo "== $policy: $ENGINES engines, gateway on $gw, loadgen for $DURATION, $WARMUP warm-up requests included" >&2
 	# In the background, and waited for: a trapped signal interrupts wait
 	# at once, where a foreground command would be waited for to the end.
 	start "$dir/loadgen.txt" "${lg[@]}"

@@ -171,7 +171,7 @@ func parseFlags(args []string, stderr io.Writer) (*Config, error) {
 	fs.IntVar(&c.Conversations, "conversations", 16, "conversations: number of conversations open at once")
 	fs.IntVar(&c.Turns, "turns", 4, "conversations: user turns per conversation")
 	fs.StringVar(&c.SessionHeader, "session-header", "x-session-id", "conversations: header carrying the conversation id")
-	fs.BoolVar(&c.Stagger, "stagger", true, "conversations: start the first conversations at turns spread over the conversation, with made-up earlier turns, so their first requests are long and cold (a --warmup of at least --conversations takes them all); false: all start at turn 1")
+	fs.BoolVar(&c.Stagger, "stagger", true, "conversations: start the initial --conversations conversations at turns spread over the conversation, with made-up earlier turns, so their first requests are long and cold (a --warmup of at least --conversations takes them all); false: all start at turn 1")
 	fs.Uint64Var(&c.Seed, "seed", 1, "seed of the arrival process and generated texts")
 	fs.StringVar(&c.JSON, "json", "", "also write the report as JSON to FILE (- for stdout)")
 	fs.StringVar(&c.Fault, "fault", "", "simulator only: X-Enginesim-Fault header sent with every request")
