@@ -115,6 +115,55 @@ func conversation(id string, k int) string {
 	return string(b)
 }
 
+// TestPrefixRetryForgetsFailedEngine: an attempt that fails before the
+// engine answers (429 here, retried on the other engine) is forgotten by
+// the prefix policies, so the conversation's next turns go straight to the
+// engine that computed its prefix instead of back to the failing one half
+// of the time.
+func TestPrefixRetryForgetsFailedEngine(t *testing.T) {
+	for _, policy := range []string{routing.PrefixAwareName, routing.ScorerName} {
+		t.Run(policy, func(t *testing.T) {
+			bad, badSrv := sim(t, enginesim.Config{Name: "bad", Models: []string{"m"}, Fault: "status=429"})
+			_, goodSrv := sim(t, enginesim.Config{Name: "good", Models: []string{"m"}})
+			cfg := testConfig(EngineConfig{Name: "bad", URL: badSrv.URL, Models: []string{"m"}},
+				EngineConfig{Name: "good", URL: goodSrv.URL, Models: []string{"m"}})
+			h := newHarness(t, cfg, withPolicy(policyFor(t, policy, nil)))
+			turn := func(c, k int) string {
+				msgs := []map[string]string{{"role": "system", "content": fmt.Sprintf("conversation %d: %s", c, strings.Repeat("a distinct system prompt ", 20))}}
+				for i := 1; i <= k; i++ {
+					msgs = append(msgs, map[string]string{"role": "user", "content": fmt.Sprintf("question %d %s", i, strings.Repeat("words ", 10))})
+					if i < k {
+						msgs = append(msgs, map[string]string{"role": "assistant", "content": "ok"})
+					}
+				}
+				b, _ := json.Marshal(map[string]any{"model": "m", "max_tokens": 1, "messages": msgs})
+				return string(b)
+			}
+			const conversations = 20
+			for c := range conversations {
+				if got := servedBy(t, h, turn(c, 1)); got != "good" { // tried bad first half of the time
+					t.Fatalf("conversation %d turn 1 served by %s", c, got)
+				}
+				before := bad.Stats().Received
+				for k := 2; k <= 3; k++ {
+					if got := servedBy(t, h, turn(c, k)); got != "good" {
+						t.Fatalf("conversation %d turn %d served by %s", c, k, got)
+					}
+				}
+				if n := bad.Stats().Received - before; n != 0 {
+					t.Errorf("conversation %d: turns 2-3 tried the failing engine %d times, want 0", c, n)
+				}
+			}
+			// The case was exercised: some first turns went to bad first
+			// (each does with probability 1/2).
+			if bad.Stats().Received == 0 {
+				t.Fatalf("no first turn of %d tried the failing engine", conversations)
+			}
+			h.waitIdle()
+		})
+	}
+}
+
 // TestPrefixPoliciesKeepConversations: prefix-aware and scorer send every
 // turn of a conversation to the engine holding its prefix (the gateway
 // hashes the prompt blocks only for them), and the engines' prefix caches

@@ -205,6 +205,13 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 		// closed, so the engine has stopped working on it.
 		retried = rs.reason
 		tried = append(tried, ep)
+		if f, ok := set.policy.(routing.Forgetter); ok && !op.sticky {
+			// It failed before the engine answered: a policy that
+			// learned from sending the prompt there unlearns it, or the
+			// prompt's next turn would follow it to an engine that never
+			// computed it.
+			f.Forget(&rreq, ep)
+		}
 		if rs.wait > 0 {
 			t := time.NewTimer(rs.wait)
 			select {

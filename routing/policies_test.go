@@ -338,6 +338,112 @@ func TestPrefixIndex(t *testing.T) {
 	}
 }
 
+// TestPrefixIndexForget: Forget removes exactly the given blocks of the
+// given engine, leaves other engines' and other blocks alone, frees the
+// entries for new ones, and forgetting what is not there changes nothing.
+func TestPrefixIndexForget(t *testing.T) {
+	x := NewPrefixIndex(1 << 10)
+	a, b := NewEndpoint("a", nil), NewEndpoint("b", nil)
+	prompt := []uint64{11, 12, 13, 14, 15}
+	x.Record(prompt, a)
+	x.Record(prompt, b)
+	x.Record([]uint64{21, 22}, a)
+	x.Forget(prompt[2:], a)
+	for _, tt := range []struct {
+		hashes []uint64
+		e      *Endpoint
+		want   int
+	}{
+		{prompt, a, 2}, // blocks 0 and 1 stay
+		{prompt, b, 5},
+		{[]uint64{21, 22}, a, 2},
+	} {
+		if got := x.Match(tt.hashes, tt.e); got != tt.want {
+			t.Errorf("after Forget, Match(%v, %s) = %d, want %d", tt.hashes, tt.e.Name(), got, tt.want)
+		}
+	}
+	if got := x.Len(); got != 9 {
+		t.Errorf("Len = %d, want 9 (2+2 for a, 5 for b)", got)
+	}
+	x.Forget([]uint64{99, 100}, a)
+	x.Forget(nil, a)
+	x.Forget(prompt, a)
+	if got, n := x.Match(prompt, a), x.Len(); got != 0 || n != 7 {
+		t.Errorf("a forgotten: Match %d, Len %d; want 0, 7", got, n)
+	}
+	// A bucket's forgotten entry is free again: one bucket of 8 takes 8
+	// new blocks after forgetting 4 of 8 without evicting the other 4.
+	y := NewPrefixIndex(8)
+	y.Record([]uint64{1, 2, 3, 4, 5, 6, 7, 8}, a)
+	y.Forget([]uint64{5, 6, 7, 8}, a)
+	y.Record([]uint64{1, 2, 3, 4, 9, 10, 11, 12}, a)
+	if got := y.Match([]uint64{1, 2, 3, 4, 9, 10, 11, 12}, a); got != 8 || y.Len() != 8 {
+		t.Errorf("after forgetting half a full bucket: Match %d, Len %d; want 8, 8", got, y.Len())
+	}
+}
+
+// TestPoliciesForget: prefix-aware and scorer forget what a pick recorded,
+// so the same prompt is no longer drawn to that engine; session-affinity
+// passes a keyless request's Forget to its prefix-aware fallback, and one
+// with a key to nobody (the ring learns nothing).
+func TestPoliciesForget(t *testing.T) {
+	prompt := []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	for _, tc := range []struct {
+		name    string
+		edit    func(*Config)
+		key     string
+		forgets bool
+	}{
+		{name: PrefixAwareName, forgets: true},
+		{name: ScorerName, forgets: true},
+		{name: SessionAffinityName, edit: func(c *Config) { c.SessionAffinity.Fallback = PrefixAwareName }, forgets: true},
+		{name: SessionAffinityName, edit: func(c *Config) { c.SessionAffinity.Fallback = PrefixAwareName }, key: "s1", forgets: false},
+	} {
+		t.Run(fmt.Sprintf("%s key %q", tc.name, tc.key), func(t *testing.T) {
+			c := DefaultConfig()
+			c.Policy = tc.name
+			if tc.edit != nil {
+				tc.edit(&c)
+			}
+			p, err := NewPolicy(c)
+			if err != nil {
+				t.Fatal(err)
+			}
+			eps := endpoints(3)
+			req := &Request{PrefixHashes: prompt}
+			first := pick(t, p, req, eps) // keyless: recorded by the prefix policy
+			req.SessionKey = tc.key
+			p.(Forgetter).Forget(req, first)
+			// Another engine is sent the prompt, and then the one that
+			// failed is as idle as it: the prompt goes where it was
+			// recorded last unless the failed engine is still remembered.
+			second := pick(t, p, &Request{PrefixHashes: prompt}, without(eps, first))
+			var drawnBack int
+			for range 50 {
+				if pick(t, p, &Request{PrefixHashes: prompt}, eps) == first {
+					drawnBack++
+				}
+			}
+			switch {
+			case tc.forgets && drawnBack != 0:
+				t.Errorf("forgotten %s still drew %d of 50 picks (%s had the prompt)", first.Name(), drawnBack, second.Name())
+			case !tc.forgets && drawnBack == 0:
+				t.Errorf("Forget with a session key forgot %s (0 of 50 picks), want the record kept", first.Name())
+			}
+		})
+	}
+}
+
+func without(eps []*Endpoint, e *Endpoint) []*Endpoint {
+	var out []*Endpoint
+	for _, x := range eps {
+		if x != e {
+			out = append(out, x)
+		}
+	}
+	return out
+}
+
 func TestPrefixIndexEvictsLeastRecentlyUsed(t *testing.T) {
 	x := NewPrefixIndex(8) // one bucket of 8
 	e := NewEndpoint("e", nil)
@@ -682,6 +788,11 @@ func TestPickDoesNotAllocate(t *testing.T) {
 			_, _ = p.Pick(context.Background(), req, eps) // ring points built once
 			if a := testing.AllocsPerRun(100, func() { _, _ = p.Pick(context.Background(), req, eps) }); a != 0 {
 				t.Errorf("%s at %d candidates: %v allocs per pick, want 0", name, n, a)
+			}
+			if f, ok := p.(Forgetter); ok {
+				if a := testing.AllocsPerRun(100, func() { f.Forget(req, eps[0]) }); a != 0 {
+					t.Errorf("%s at %d candidates: %v allocs per Forget, want 0", name, n, a)
+				}
 			}
 		}
 	}

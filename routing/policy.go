@@ -335,6 +335,19 @@ type PrefixHasher interface {
 	PrefixBlocks() (blockBytes, maxBlocks int)
 }
 
+// Forgetter is implemented by policies that learn from where they route:
+// [PrefixAware] and [Scorer] record a prompt's blocks against the engine
+// they pick, as if it had cached them. The gateway calls Forget with the
+// request and the engine of an attempt that failed before the engine
+// answered (a refused connection, an error status, a reset or timeout
+// before any answer byte) and that it is about to retry, so the next prompt
+// sharing the prefix is not drawn to an engine that never computed it. It
+// must be safe for concurrent use and must not allocate.
+type Forgetter interface {
+	// Forget undoes what Pick learned from sending req to e.
+	Forget(req *Request, e *Endpoint)
+}
+
 // SessionKeyed is implemented by policies that route on
 // [Request.SessionKey]; the gateway reads the key from the header it names
 // (else from the body's "user" field).

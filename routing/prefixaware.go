@@ -43,6 +43,7 @@ type PrefixAware struct {
 var (
 	_ Policy       = (*PrefixAware)(nil)
 	_ PrefixHasher = (*PrefixAware)(nil)
+	_ Forgetter    = (*PrefixAware)(nil)
 )
 
 // NewPrefixAware returns a prefix-aware policy over index (nil: a new index
@@ -66,6 +67,9 @@ func (p *PrefixAware) PrefixBlocks() (blockBytes, maxBlocks int) {
 
 // Index returns the policy's prefix index.
 func (p *PrefixAware) Index() *PrefixIndex { return p.index }
+
+// Forget removes req's blocks recorded for e ([PrefixIndex.Forget]).
+func (p *PrefixAware) Forget(req *Request, e *Endpoint) { p.index.Forget(req.PrefixHashes, e) }
 
 // Pick returns the engine chosen as described on [PrefixAware] and records
 // the prompt's blocks against it, or returns [ErrNoEndpoint] when there is

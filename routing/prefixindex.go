@@ -154,6 +154,23 @@ func (x *PrefixIndex) Record(hashes []uint64, e *Endpoint) {
 	}
 }
 
+// Forget removes the entries of these block hashes for e, the ones Record
+// made or refreshed: an attempt that failed before the engine computed the
+// prompt leaves nothing for Match to find. Blocks e holds from an earlier
+// prompt go too; they come back with the next prompt routed there. It does
+// not allocate.
+func (x *PrefixIndex) Forget(hashes []uint64, e *Endpoint) {
+	for _, h := range hashes {
+		k := entryKey(h, e)
+		b := x.bucket(k)
+		for i := range b {
+			if b[i].key.CompareAndSwap(k, 0) { // a free entry; its stamp is never read
+				break
+			}
+		}
+	}
+}
+
 func (x *PrefixIndex) put(k, stamp uint64) {
 	b := x.bucket(k)
 	free := -1

@@ -37,6 +37,7 @@ type Scorer struct {
 var (
 	_ Policy       = (*Scorer)(nil)
 	_ PrefixHasher = (*Scorer)(nil)
+	_ Forgetter    = (*Scorer)(nil)
 )
 
 // NewScorer returns a scorer policy with weights w (negative weights count
@@ -52,6 +53,14 @@ func NewScorer(w ScorerConfig, index *PrefixIndex) *Scorer {
 }
 
 func (p *Scorer) withBlocks(c PrefixConfig) *Scorer { p.blocks = c; return p }
+
+// Forget removes req's blocks recorded for e ([PrefixIndex.Forget]); with a
+// prefix weight of 0 nothing was recorded.
+func (p *Scorer) Forget(req *Request, e *Endpoint) {
+	if p.w.Prefix > 0 {
+		p.index.Forget(req.PrefixHashes, e)
+	}
+}
 
 // PrefixBlocks returns the block size in bytes and the most blocks hashed
 // per prompt (routing.prefix); with a prefix weight of 0 it returns 0, 0 so

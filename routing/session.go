@@ -49,6 +49,7 @@ var (
 	_ Policy       = (*SessionAffinity)(nil)
 	_ SessionKeyed = (*SessionAffinity)(nil)
 	_ PrefixHasher = (*SessionAffinity)(nil)
+	_ Forgetter    = (*SessionAffinity)(nil)
 )
 
 // maxSessionKeyBytes is how much of a session key is hashed: keys that
@@ -80,6 +81,15 @@ func (p *SessionAffinity) PrefixBlocks() (blockBytes, maxBlocks int) {
 		return ph.PrefixBlocks()
 	}
 	return 0, 0
+}
+
+// Forget passes a request without a session key to the fallback policy,
+// which picked its engine, when the fallback is a [Forgetter]; the ring
+// itself learns nothing from where it sends a session.
+func (p *SessionAffinity) Forget(req *Request, e *Endpoint) {
+	if f, ok := p.fallback.(Forgetter); ok && req.SessionKey == "" {
+		f.Forget(req, e)
+	}
 }
 
 // SessionHeader returns the header the gateway reads the session key from.
