@@ -206,10 +206,10 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 		retried = rs.reason
 		tried = append(tried, ep)
 		if f, ok := set.policy.(routing.Forgetter); ok && !op.sticky {
-			// It failed before the engine answered: a policy that
-			// learned from sending the prompt there unlearns it, or the
-			// prompt's next turn would follow it to an engine that never
-			// computed it.
+			// Nothing reached the client and a retry follows: a policy
+			// that learned from sending the prompt there unlearns it,
+			// so the prompt's next turn goes to the engine that serves
+			// the retry rather than tying with the failing one.
 			f.Forget(&rreq, ep)
 		}
 		if rs.wait > 0 {

@@ -434,6 +434,52 @@ func TestPoliciesForget(t *testing.T) {
 	}
 }
 
+// TestForgetKeepsKnownPrefix: Forget takes back only the blocks the pick
+// added; a shared prefix the engine was already recorded for stays, so one
+// failed attempt does not wipe the engine's system prompt for every
+// conversation. A scorer without the prefix scorer has nothing to forget.
+func TestForgetKeepsKnownPrefix(t *testing.T) {
+	prompt := []uint64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	for _, p := range []interface {
+		Policy
+		Forgetter
+		Index() *PrefixIndex
+	}{
+		NewPrefixAware(NewPrefixIndex(1<<12), 0.3, 4, 1.5, 2),
+		NewScorer(DefaultConfig().Scorer, NewPrefixIndex(1<<12)),
+	} {
+		eps := endpoints(3)
+		for _, e := range eps {
+			p.Index().Record(prompt[:4], e) // the shared system prompt
+		}
+		req := &Request{PrefixHashes: prompt}
+		e := pick(t, p, req, eps)
+		if got := p.Index().Match(prompt, e); got != 10 {
+			t.Fatalf("%T: after the pick %s matches %d, want 10", p, e.Name(), got)
+		}
+		p.Forget(req, e)
+		if got := p.Index().Match(prompt, e); got != 4 {
+			t.Errorf("%T: after Forget %s matches %d blocks, want the 4 it was known to hold", p, e.Name(), got)
+		}
+	}
+	// One candidate: the scorer records without matching, and Forget
+	// takes the whole prompt.
+	s, eps := NewScorer(DefaultConfig().Scorer, NewPrefixIndex(1<<12)), endpoints(1)
+	s.Index().Record(prompt[:4], eps[0])
+	req := &Request{PrefixHashes: prompt}
+	pick(t, s, req, eps)
+	s.Forget(req, eps[0])
+	if got := s.Index().Match(prompt, eps[0]); got != 0 {
+		t.Errorf("scorer, one candidate: after Forget matches %d, want 0", got)
+	}
+	w := DefaultConfig().Scorer
+	w.Prefix = 0
+	noPrefix := NewScorer(w, nil)
+	req = &Request{PrefixHashes: prompt}
+	pick(t, noPrefix, req, eps)
+	noPrefix.Forget(req, eps[0]) // no index: nothing recorded, nothing to do
+}
+
 func without(eps []*Endpoint, e *Endpoint) []*Endpoint {
 	var out []*Endpoint
 	for _, x := range eps {

@@ -40,6 +40,12 @@ type Request struct {
 	// first k hashes exactly when they share their first k blocks. Empty
 	// when the prompt is shorter than one block or hashing is off.
 	PrefixHashes []uint64
+
+	// known is how many leading PrefixHashes the engine picked last was
+	// already recorded for when the pick recorded the rest: what a
+	// [Forgetter]'s Forget keeps. Set by the prefix policies' Pick, so a
+	// Request belongs to one request and is not shared by concurrent picks.
+	known int
 }
 
 // Policy picks one endpoint for a request.
@@ -338,13 +344,16 @@ type PrefixHasher interface {
 // Forgetter is implemented by policies that learn from where they route:
 // [PrefixAware] and [Scorer] record a prompt's blocks against the engine
 // they pick, as if it had cached them. The gateway calls Forget with the
-// request and the engine of an attempt that failed before the engine
-// answered (a refused connection, an error status, a reset or timeout
-// before any answer byte) and that it is about to retry, so the next prompt
-// sharing the prefix is not drawn to an engine that never computed it. It
-// must be safe for concurrent use and must not allocate.
+// request and the engine of an attempt that ended before anything reached
+// the client and that it is about to retry elsewhere (or on the same engine,
+// which then records the prompt again): the engine that serves the retry
+// computes the whole prompt, and the failing or slow one should not tie
+// with it for the prompt's next turn. It must be safe for concurrent use
+// and must not allocate.
 type Forgetter interface {
-	// Forget undoes what Pick learned from sending req to e.
+	// Forget undoes what the Pick that returned e for req recorded: the
+	// blocks beyond those e was already known to hold. req must be the
+	// Request that Pick was given, before any other Pick with it.
 	Forget(req *Request, e *Endpoint)
 }
 

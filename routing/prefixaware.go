@@ -68,8 +68,13 @@ func (p *PrefixAware) PrefixBlocks() (blockBytes, maxBlocks int) {
 // Index returns the policy's prefix index.
 func (p *PrefixAware) Index() *PrefixIndex { return p.index }
 
-// Forget removes req's blocks recorded for e ([PrefixIndex.Forget]).
-func (p *PrefixAware) Forget(req *Request, e *Endpoint) { p.index.Forget(req.PrefixHashes, e) }
+// Forget removes the blocks of req that its pick recorded for e beyond
+// those e already had ([PrefixIndex.Forget]).
+func (p *PrefixAware) Forget(req *Request, e *Endpoint) {
+	if req.known < len(req.PrefixHashes) {
+		p.index.Forget(req.PrefixHashes[req.known:], e)
+	}
+}
 
 // Pick returns the engine chosen as described on [PrefixAware] and records
 // the prompt's blocks against it, or returns [ErrNoEndpoint] when there is
@@ -82,24 +87,28 @@ func (p *PrefixAware) Pick(_ context.Context, req *Request, candidates []*Endpoi
 	var (
 		least, best         *Endpoint
 		leastLoad, bestLoad int64
+		leastMatch          int
 		bestMatch           = -1
 		leastTies, bestTies uint64
 	)
 	for _, e := range candidates {
 		l := inFlightLoad(e, p.prefillWeight)
+		m := 0
+		if len(hashes) > 0 {
+			m = p.index.Match(hashes, e)
+		}
 		switch {
 		case least == nil || l < leastLoad:
-			least, leastLoad, leastTies = e, l, 1
+			least, leastLoad, leastMatch, leastTies = e, l, m, 1
 		case l == leastLoad:
 			leastTies++
 			if rand.Uint64N(leastTies) == 0 {
-				least = e
+				least, leastMatch = e, m
 			}
 		}
 		if len(hashes) == 0 {
 			continue
 		}
-		m := p.index.Match(hashes, e)
 		switch {
 		case m > bestMatch || m == bestMatch && l < bestLoad:
 			best, bestMatch, bestLoad, bestTies = e, m, l, 1
@@ -111,8 +120,9 @@ func (p *PrefixAware) Pick(_ context.Context, req *Request, candidates []*Endpoi
 		}
 	}
 	pick := least
+	req.known = leastMatch
 	if best != nil && float64(bestMatch) > p.threshold*float64(len(hashes)) && !p.overloaded(bestLoad, leastLoad) {
-		pick = best
+		pick, req.known = best, bestMatch
 	}
 	p.index.Record(hashes, pick)
 	return pick, nil

@@ -154,19 +154,16 @@ func (x *PrefixIndex) Record(hashes []uint64, e *Endpoint) {
 	}
 }
 
-// Forget removes the entries of these block hashes for e, the ones Record
-// made or refreshed: an attempt that failed before the engine computed the
-// prompt leaves nothing for Match to find. Blocks e holds from an earlier
-// prompt go too; they come back with the next prompt routed there. It does
-// not allocate.
+// Forget removes the entries of these block hashes for e (the policies
+// pass the blocks a pick recorded beyond those e already had), freeing
+// them for new ones. Every copy goes: concurrent puts can rarely leave a
+// key twice in a bucket. It does not allocate.
 func (x *PrefixIndex) Forget(hashes []uint64, e *Endpoint) {
 	for _, h := range hashes {
 		k := entryKey(h, e)
 		b := x.bucket(k)
 		for i := range b {
-			if b[i].key.CompareAndSwap(k, 0) { // a free entry; its stamp is never read
-				break
-			}
+			b[i].key.CompareAndSwap(k, 0)
 		}
 	}
 }

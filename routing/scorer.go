@@ -54,11 +54,12 @@ func NewScorer(w ScorerConfig, index *PrefixIndex) *Scorer {
 
 func (p *Scorer) withBlocks(c PrefixConfig) *Scorer { p.blocks = c; return p }
 
-// Forget removes req's blocks recorded for e ([PrefixIndex.Forget]); with a
-// prefix weight of 0 nothing was recorded.
+// Forget removes the blocks of req that its pick recorded for e beyond
+// those e already had ([PrefixIndex.Forget]); with a prefix weight of 0
+// nothing was recorded.
 func (p *Scorer) Forget(req *Request, e *Endpoint) {
-	if p.w.Prefix > 0 {
-		p.index.Forget(req.PrefixHashes, e)
+	if p.w.Prefix > 0 && req.known < len(req.PrefixHashes) {
+		p.index.Forget(req.PrefixHashes[req.known:], e)
 	}
 }
 
@@ -105,6 +106,10 @@ func (p *Scorer) Pick(_ context.Context, req *Request, candidates []*Endpoint) (
 		return nil, ErrNoEndpoint
 	case 1:
 		if p.w.Prefix > 0 {
+			// No match is needed to choose, so none is known: a Forget
+			// takes the whole prompt, which a retry on this engine
+			// records again.
+			req.known = 0
 			p.index.Record(req.PrefixHashes, candidates[0])
 		}
 		return candidates[0], nil
@@ -123,6 +128,7 @@ func (p *Scorer) Pick(_ context.Context, req *Request, candidates []*Endpoint) (
 	var (
 		best      *Endpoint
 		bestScore float64
+		bestMatch int
 		ties      uint64
 	)
 	for _, e := range candidates {
@@ -138,8 +144,10 @@ func (p *Scorer) Pick(_ context.Context, req *Request, candidates []*Endpoint) (
 			}
 			s += p.w.KVCache * kv
 		}
+		m := 0
 		if p.w.Prefix > 0 && len(hashes) > 0 {
-			s += p.w.Prefix * float64(p.index.Match(hashes, e)) / float64(len(hashes))
+			m = p.index.Match(hashes, e)
+			s += p.w.Prefix * float64(m) / float64(len(hashes))
 		}
 		if p.w.Prefill > 0 {
 			s += p.w.Prefill * pfs.score(pf)
@@ -149,15 +157,16 @@ func (p *Scorer) Pick(_ context.Context, req *Request, candidates []*Endpoint) (
 		}
 		switch {
 		case best == nil || s > bestScore:
-			best, bestScore, ties = e, s, 1
+			best, bestScore, bestMatch, ties = e, s, m, 1
 		case s == bestScore:
 			ties++
 			if rand.Uint64N(ties) == 0 {
-				best = e
+				best, bestMatch = e, m
 			}
 		}
 	}
 	if p.w.Prefix > 0 {
+		req.known = bestMatch
 		p.index.Record(hashes, best)
 	}
 	return best, nil
