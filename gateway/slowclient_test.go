@@ -2,10 +2,13 @@ package gateway
 
 import (
 	"bufio"
+	"context"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"testing"
 	"time"
 
@@ -69,5 +72,67 @@ func TestClientStopsReading(t *testing.T) {
 	}
 	if a := eng.Stats().Aborted; a != 1 {
 		t.Errorf("engine aborted %d requests, want 1 (the generation must stop)", a)
+	}
+}
+
+// connWriter stands for net/http's response writer on a client that stopped
+// reading: its flush blocks past the write deadline, fails with the
+// deadline error and cancels the request, as net/http does when a write to
+// the connection fails.
+type connWriter struct {
+	http.ResponseWriter
+	cancel context.CancelFunc
+	block  time.Duration
+}
+
+func (w *connWriter) FlushError() error {
+	time.Sleep(w.block) // the flush blocks on the full socket until the deadline
+	w.cancel()
+	return fmt.Errorf("write tcp: %w", os.ErrDeadlineExceeded)
+}
+
+// plainFlusher wraps a writer the way otelhttp's does: Flush() without an
+// error, and Unwrap. http.ResponseController.Flush stops at it.
+type plainFlusher struct{ http.ResponseWriter }
+
+func (w plainFlusher) Flush() {
+	_ = http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+func (w plainFlusher) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// TestStalledFlushBehindWrapper: a flush that fails on the client write
+// deadline behind a wrapper that hides the error (otelhttp's, in the
+// production chain) is still a stall: relay.write reports the deadline
+// error, so the attempt ends as client_stalled, not as client_cancelled at
+// the next engine read (TestClientStopsReading flaked that way under load).
+// A request cancelled before the deadline is not a stall.
+func TestStalledFlushBehindWrapper(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		clientWrite time.Duration
+		block       time.Duration
+		want        string // clientWriteErrType of the error; "" for none
+	}{
+		{"deadline passed", 5 * time.Millisecond, 20 * time.Millisecond, ErrTypeClientStalled},
+		{"cancelled before the deadline", time.Hour, 0, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			r := httptest.NewRequestWithContext(ctx, http.MethodPost, "/v1/chat/completions", nil)
+			w := plainFlusher{&connWriter{ResponseWriter: httptest.NewRecorder(), cancel: cancel, block: tc.block}}
+			rl := relay{w: w, r: r, rc: http.NewResponseController(w), clientWrite: tc.clientWrite,
+				resp: &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"text/event-stream"}}}, sse: true}
+			err := rl.write([]byte("data: {}\n\n"), true)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("write: %v, want nil (the client left; the engine read says so)", err)
+			case tc.want != "" && (err == nil || clientWriteErrType(err) != tc.want):
+				t.Errorf("write: %v, want an error classified %s", err, tc.want)
+			case tc.want != "" && !errors.Is(err, os.ErrDeadlineExceeded):
+				t.Errorf("write: %v, want os.ErrDeadlineExceeded", err)
+			}
+		})
 	}
 }

@@ -400,6 +400,16 @@ func (rl *relay) write(p []byte, flush bool) error {
 		err = rl.rc.Flush()
 	}
 	now := time.Now()
+	if err == nil && !rl.wdl.IsZero() && !now.Before(rl.wdl) && rl.r.Context().Err() != nil {
+		// The write deadline passed during this write and net/http has
+		// cancelled the request, which it does when a write to the
+		// connection fails: the flush failed, and a wrapper hid it.
+		// ResponseController.Flush stops at the first writer with a
+		// plain Flush() (otelhttp's has no FlushError), so its error is
+		// lost; without this the attempt would end at the next engine
+		// read as client_cancelled instead of client_stalled.
+		err = os.ErrDeadlineExceeded
+	}
 	took := now.Sub(t0)
 	rl.waited += took // the client's pace, not the gateway's
 	if rl.timer != nil {
