@@ -114,13 +114,15 @@ func TestCaseL02DisconnectsBeforeHeadersRelease(t *testing.T) {
 	h := newHarness(t, cfg, withPolicy(routing.NewLeastLoaded(2)))
 	const n = 50
 	var wg sync.WaitGroup
+	// The clients hang up when the test says so, after the probe check:
+	// a timeout of their own could expire while a slow machine probes.
+	hangUp, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	for range n {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-			defer cancel()
-			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.srv.URL+"/v1/chat/completions",
+			req, _ := http.NewRequestWithContext(hangUp, http.MethodPost, h.srv.URL+"/v1/chat/completions",
 				strings.NewReader(`{"model":"b-only","stream":true,"messages":[{"role":"user","content":"x"}]}`))
 			req.Header.Set(enginesim.FaultHeader, "stall-before-headers")
 			resp, err := h.client.Do(req)
@@ -142,6 +144,7 @@ func TestCaseL02DisconnectsBeforeHeadersRelease(t *testing.T) {
 	if g := h.gauges()["B/prefill"]; g != n {
 		t.Fatalf("after a health probe the B gauge reads %d, want %d", g, n)
 	}
+	cancel()
 	wg.Wait()
 	released := time.Now()
 	for h.gw.LiveAttempts() != 0 && time.Since(released) < time.Second {
