@@ -53,7 +53,9 @@ type Request struct {
 // candidates holds the healthy endpoints that serve req.Model; it is never
 // modified by the policy and may be empty, in which case Pick returns
 // [ErrNoEndpoint]. Implementations must be safe for concurrent use and should
-// not allocate: Pick runs once per request attempt.
+// not allocate: Pick runs once per request attempt. Pick may note in req's
+// unexported state what a later [Forgetter.Forget] for it needs, so a
+// Request is not shared by concurrent picks.
 type Policy interface {
 	Pick(ctx context.Context, req *Request, candidates []*Endpoint) (*Endpoint, error)
 }

@@ -84,10 +84,10 @@ func (f *Fixed) Complete(*Request, *Result) {}
 // Staggered, the first conversations start at turns spread evenly from 1 to
 // turns (conversation n at turn n*turns/conversations + 1), each with a
 // made-up history of the turns before (the user messages it would have
-// sent, and replies of replyWords words), as in a
-// service whose conversations are at every stage. Without it they all start
-// at turn 1 and move in loose step: every prompt is short at first and long
-// at the end, and a server's cache needs swing with them.
+// sent, and replies of replyWords words), as in a service whose
+// conversations are at every stage. Without it they all start at turn 1 and
+// move in loose step: every prompt is short at first and long at the end,
+// and a server's cache needs swing with them.
 type Conversations struct {
 	system     []string
 	turns      int
