@@ -104,7 +104,12 @@ func TestSessionAffinityKeys(t *testing.T) {
 // conversation returns the body of turn k (1-based) of a chat with a long
 // shared system prompt: every turn repeats the earlier ones.
 func conversation(id string, k int) string {
-	msgs := []map[string]string{{"role": "system", "content": strings.Repeat("You are a careful assistant. ", 40)}}
+	return conversationWith(strings.Repeat("You are a careful assistant. ", 40), id, k)
+}
+
+// conversationWith is conversation with the given system prompt.
+func conversationWith(system, id string, k int) string {
+	msgs := []map[string]string{{"role": "system", "content": system}}
 	for i := 1; i <= k; i++ {
 		msgs = append(msgs, map[string]string{"role": "user", "content": fmt.Sprintf("%s question %d: %s", id, i, strings.Repeat("more words ", 20))})
 		if i < k {
@@ -128,16 +133,10 @@ func TestPrefixRetryForgetsFailedEngine(t *testing.T) {
 			cfg := testConfig(EngineConfig{Name: "bad", URL: badSrv.URL, Models: []string{"m"}},
 				EngineConfig{Name: "good", URL: goodSrv.URL, Models: []string{"m"}})
 			h := newHarness(t, cfg, withPolicy(policyFor(t, policy, nil)))
+			// A system prompt of its own per conversation: no shared
+			// prefix draws a first turn to either engine.
 			turn := func(c, k int) string {
-				msgs := []map[string]string{{"role": "system", "content": fmt.Sprintf("conversation %d: %s", c, strings.Repeat("a distinct system prompt ", 20))}}
-				for i := 1; i <= k; i++ {
-					msgs = append(msgs, map[string]string{"role": "user", "content": fmt.Sprintf("question %d %s", i, strings.Repeat("words ", 10))})
-					if i < k {
-						msgs = append(msgs, map[string]string{"role": "assistant", "content": "ok"})
-					}
-				}
-				b, _ := json.Marshal(map[string]any{"model": "m", "max_tokens": 1, "messages": msgs})
-				return string(b)
+				return conversationWith(fmt.Sprintf("conversation %d: %s", c, strings.Repeat("a distinct system prompt ", 20)), fmt.Sprint("conv-", c), k)
 			}
 			const conversations = 20
 			for c := range conversations {
