@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
@@ -86,7 +87,7 @@ type connWriter struct {
 }
 
 func (w *connWriter) FlushError() error {
-	time.Sleep(w.block) // the flush blocks on the full socket until the deadline
+	time.Sleep(w.block) // the flush blocks on the full socket (on the bubble's clock)
 	w.cancel()
 	return fmt.Errorf("write tcp: %w", os.ErrDeadlineExceeded)
 }
@@ -106,7 +107,8 @@ func (w plainFlusher) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 // production chain) is still a stall: relay.write reports the deadline
 // error, so the attempt ends as client_stalled, not as client_cancelled at
 // the next engine read (TestClientStopsReading flaked that way under load).
-// A request cancelled before the deadline is not a stall.
+// A request cancelled before the deadline is not a stall. No sockets: the
+// blocking flush runs on a synctest bubble's clock.
 func TestStalledFlushBehindWrapper(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
@@ -118,21 +120,23 @@ func TestStalledFlushBehindWrapper(t *testing.T) {
 		{"cancelled before the deadline", time.Hour, 0, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			r := httptest.NewRequestWithContext(ctx, http.MethodPost, "/v1/chat/completions", nil)
-			w := plainFlusher{&connWriter{ResponseWriter: httptest.NewRecorder(), cancel: cancel, block: tc.block}}
-			rl := relay{w: w, r: r, rc: http.NewResponseController(w), clientWrite: tc.clientWrite,
-				resp: &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"text/event-stream"}}}, sse: true}
-			err := rl.write([]byte("data: {}\n\n"), true)
-			switch {
-			case tc.want == "" && err != nil:
-				t.Errorf("write: %v, want nil (the client left; the engine read says so)", err)
-			case tc.want != "" && (err == nil || clientWriteErrType(err) != tc.want):
-				t.Errorf("write: %v, want an error classified %s", err, tc.want)
-			case tc.want != "" && !errors.Is(err, os.ErrDeadlineExceeded):
-				t.Errorf("write: %v, want os.ErrDeadlineExceeded", err)
-			}
+			synctest.Test(t, func(t *testing.T) {
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				r := httptest.NewRequestWithContext(ctx, http.MethodPost, "/v1/chat/completions", nil)
+				w := plainFlusher{&connWriter{ResponseWriter: httptest.NewRecorder(), cancel: cancel, block: tc.block}}
+				rl := relay{w: w, r: r, rc: http.NewResponseController(w), clientWrite: tc.clientWrite,
+					resp: &http.Response{StatusCode: http.StatusOK, Header: http.Header{"Content-Type": {"text/event-stream"}}}, sse: true}
+				err := rl.write([]byte("data: {}\n\n"), true)
+				switch {
+				case tc.want == "" && err != nil:
+					t.Errorf("write: %v, want nil (the client left; the engine read says so)", err)
+				case tc.want != "" && (err == nil || clientWriteErrType(err) != tc.want):
+					t.Errorf("write: %v, want an error classified %s", err, tc.want)
+				case tc.want != "" && !errors.Is(err, os.ErrDeadlineExceeded):
+					t.Errorf("write: %v, want os.ErrDeadlineExceeded", err)
+				}
+			})
 		})
 	}
 }
