@@ -12,7 +12,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
-	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -105,44 +104,6 @@ const GenAIConventions = "semantic-conventions v1.41.1 (ead83b9b0fa36540c1642fce
 // anthropic, and "a custom value MAY be used"); "openai" would announce the
 // openai.* attribute flavor, which a vLLM engine does not produce.
 const DefaultProvider = "vllm"
-
-// Attribute keys used on Switchboard instruments and spans.
-const (
-	AttrEngine = attribute.Key("engine")
-	AttrPhase  = attribute.Key("phase")
-	AttrModel  = attribute.Key("model")
-	// AttrOperation is the gateway route's operation name from its
-	// operation table ("chat", "responses", "messages", "rerank",
-	// "tokenize", ...): a fixed vocabulary.
-	AttrOperation = attribute.Key("operation")
-	// AttrState is the engine state of switchboard.engine.state, one of
-	// [EngineStates].
-	AttrState = attribute.Key("state")
-	// AttrStep is the step of switchboard.gateway.step.duration: "parse",
-	// "pick" or "prepare".
-	AttrStep      = attribute.Key("step")
-	AttrErrorType = semconv.ErrorTypeKey
-	// The GenAI keys are spelled out: semconv v1.43.0 (the version
-	// otelhttp uses) no longer carries the gen_ai namespace.
-	AttrGenAIOp         = attribute.Key("gen_ai.operation.name")
-	AttrGenAIProvider   = attribute.Key("gen_ai.provider.name")
-	AttrGenAIReqModel   = attribute.Key("gen_ai.request.model")
-	AttrGenAIRespModel  = attribute.Key("gen_ai.response.model")
-	AttrGenAIFinish     = attribute.Key("gen_ai.response.finish_reasons")
-	AttrGenAIStream     = attribute.Key("gen_ai.request.stream")
-	AttrGenAIFirstChunk = attribute.Key("gen_ai.response.time_to_first_chunk")
-	AttrServerAddress   = semconv.ServerAddressKey
-	AttrServerPort      = semconv.ServerPortKey
-	AttrGenAITokType    = attribute.Key("gen_ai.token.type")
-	AttrGenAIResponseID = attribute.Key("gen_ai.response.id")
-	AttrGenAIInputTok   = attribute.Key("gen_ai.usage.input_tokens")
-	AttrGenAIOutputTok  = attribute.Key("gen_ai.usage.output_tokens")
-	AttrGenAIMaxTokens  = attribute.Key("gen_ai.request.max_tokens")
-	AttrRequestID       = attribute.Key("switchboard.request_id")
-	// AttrKey is the configured name of the request's API key (never the
-	// key): a bounded set.
-	AttrKey = attribute.Key("switchboard.key")
-)
 
 // Histogram bucket boundaries, in seconds unless noted.
 var (
