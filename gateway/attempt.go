@@ -76,12 +76,12 @@ func (s *Server) startAttempt(ctx context.Context, eng *engine, op *operation, i
 		a.span.SetAttributes(eng.spanAttrs...)
 		a.span.SetAttributes(
 			telemetry.AttrOperation.String(op.name),
-			attribute.Bool("switchboard.stream", in.stream),
+			telemetry.AttrStream.Bool(in.stream),
 			telemetry.AttrRequestID.String(RequestIDFrom(ctx)),
 		)
 		if in.model != in.target {
 			// The client named an alias (Config.Models.Aliases).
-			a.span.SetAttributes(attribute.String("switchboard.model_alias", in.model))
+			a.span.SetAttributes(telemetry.AttrModelAlias.String(in.model))
 		}
 		if in.req.MaxTokens > 0 {
 			a.span.SetAttributes(telemetry.AttrGenAIMaxTokens.Int64(in.req.MaxTokens))
@@ -125,7 +125,7 @@ func (a *attempt) onContent(now time.Time) {
 		if a.slot.Promote() {
 			a.s.metrics.RecordFirstToken(a.ctx, a.attrs, now.Sub(a.start).Seconds())
 			if a.span.IsRecording() {
-				a.span.AddEvent("first_token")
+				a.span.AddEvent(telemetry.EventFirstToken)
 			}
 		}
 		return
@@ -226,9 +226,9 @@ func (a *attempt) end() {
 		}
 	}
 	if a.span.IsRecording() {
-		a.span.SetAttributes(attribute.String("switchboard.released_phase", phase.String()))
+		a.span.SetAttributes(telemetry.AttrReleasedPhase.String(phase.String()))
 		if a.status != 0 {
-			a.span.SetAttributes(attribute.Int("http.response.status_code", a.status))
+			a.span.SetAttributes(telemetry.AttrHTTPStatus.Int(a.status))
 		}
 		if a.respID != "" {
 			a.span.SetAttributes(telemetry.AttrGenAIResponseID.String(a.respID))
@@ -263,25 +263,25 @@ func (a *attempt) end() {
 func samplingAttrs(p oai.Sampling) []attribute.KeyValue {
 	kv := make([]attribute.KeyValue, 0, 9)
 	for _, f := range []struct {
-		k string
+		k attribute.Key
 		v *float64
-	}{{"gen_ai.request.temperature", p.Temperature}, {"gen_ai.request.top_p", p.TopP}, {"gen_ai.request.top_k", p.TopK},
-		{"gen_ai.request.frequency_penalty", p.FrequencyPenalty}, {"gen_ai.request.presence_penalty", p.PresencePenalty}} {
+	}{{telemetry.AttrGenAITemperature, p.Temperature}, {telemetry.AttrGenAITopP, p.TopP}, {telemetry.AttrGenAITopK, p.TopK},
+		{telemetry.AttrGenAIFrequencyPenalty, p.FrequencyPenalty}, {telemetry.AttrGenAIPresencePenalty, p.PresencePenalty}} {
 		if f.v != nil {
-			kv = append(kv, attribute.Float64(f.k, *f.v))
+			kv = append(kv, f.k.Float64(*f.v))
 		}
 	}
 	if p.Seed != nil {
-		kv = append(kv, attribute.Int64("gen_ai.request.seed", *p.Seed))
+		kv = append(kv, telemetry.AttrGenAISeed.Int64(*p.Seed))
 	}
 	if p.N != nil && *p.N != 1 {
-		kv = append(kv, attribute.Int64("gen_ai.request.choice.count", *p.N))
+		kv = append(kv, telemetry.AttrGenAIChoiceCount.Int64(*p.N))
 	}
 	if len(p.Stop) > 0 {
-		kv = append(kv, attribute.StringSlice("gen_ai.request.stop_sequences", p.Stop))
+		kv = append(kv, telemetry.AttrGenAIStopSequences.StringSlice(p.Stop))
 	}
 	if p.OutputType != "" {
-		kv = append(kv, attribute.String("gen_ai.output.type", p.OutputType))
+		kv = append(kv, telemetry.AttrGenAIOutputType.String(p.OutputType))
 	}
 	return kv
 }

@@ -248,7 +248,7 @@ func (p *Pool) newEngine(ec EngineConfig) (*engine, error) {
 	e.maxInFlight.Store(int64(ec.MaxInFlight))
 	// gen_ai.provider.name, server.address and server.port are set when
 	// the span starts (telemetry.Attrs.SpanStart).
-	e.spanAttrs = []attribute.KeyValue{attribute.String("switchboard.engine", ec.Name)}
+	e.spanAttrs = []attribute.KeyValue{telemetry.AttrSpanEngine.String(ec.Name)}
 	switch {
 	case key != "":
 		e.auth = []string{"Bearer " + key}

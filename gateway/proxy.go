@@ -71,7 +71,7 @@ func markServerSpan(ctx context.Context, st *reqState) {
 	span.SetAttributes(telemetry.AttrErrorType.String(st.errType))
 	switch st.errType {
 	case ErrTypeClientCancelled, ErrTypeClientStalled:
-		span.AddEvent("client went away")
+		span.AddEvent(telemetry.EventClientGone)
 	default:
 		span.SetStatus(codes.Error, st.errType)
 	}

@@ -16,10 +16,10 @@
 //
 // # Policies
 //
-// A policy is one method, [Policy.Pick]. Built-in policies are registered by
-// name in [NewPolicy]; adding one is a new file with its type, its name
-// constant and one line in registerPolicies. Every Pick is allocation-free
-// (BenchmarkPick, at 4 and 64 candidates).
+// A policy is one method, [Policy.Pick]. [NewPolicy] builds the policy
+// [Config] names from a registry of name -> factory, filled in one explicit
+// function, registerInTreePolicies (no init()). Every Pick is
+// allocation-free (BenchmarkPick, at 4 and 64 candidates).
 //
 //   - [RoundRobin] (round-robin): in turn.
 //   - [LeastLoaded] (least-loaded): the lowest gateway in-flight score,
@@ -31,6 +31,25 @@
 //     prompt's longest prefix ([PrefixIndex]), unless it is overloaded.
 //   - [Scorer] (scorer): a weighted sum of queue depth, KV-cache usage,
 //     prefix match and in-flight scores.
+//
+// # Adding a policy
+//
+// A policy is one file that owns everything about it: its type, with an
+// interface guard; its config name as a constant next to it
+// (const RoundRobinName = "round-robin"); its settings, if it has any, as a
+// koanf-tagged XConfig with its documented defaults (defaultXConfig) and a
+// Validate method whose messages start with the key; and a factory
+// function (xFactory) returning its registry entry: how it is built from
+// [Config], and how its section is defaulted and validated. Then:
+//
+//   - one line in registerInTreePolicies: r.register(XName, xFactory());
+//   - for a policy with settings, its section field in [Config] (the
+//     routing.x key of the YAML file), documented in configs/gateway.yaml
+//     as every key is.
+//
+// [DefaultConfig] and [Config.Validate] reach every registered section
+// through the registry, so neither changes. Settings several policies share
+// (routing.policy, routing.prefill_weight, routing.prefix) are Config's own.
 //
 // Policies that need more than [Request]'s basic fields say so by optional
 // interfaces the gateway finds by type assertion: [PrefixHasher] (hash the

@@ -52,3 +52,9 @@ func (p *LeastLoaded) Pick(_ context.Context, _ *Request, candidates []*Endpoint
 	}
 	return best, nil
 }
+
+// leastLoadedFactory is [LeastLoaded]'s registry entry; its one setting is
+// the shared routing.prefill_weight.
+func leastLoadedFactory() factory {
+	return factory{build: func(c *Config) Policy { return NewLeastLoaded(c.PrefillWeight) }}
+}

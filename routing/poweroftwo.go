@@ -2,6 +2,7 @@ package routing
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 )
 
@@ -30,6 +31,38 @@ var _ Policy = (*PowerOfTwo)(nil)
 // maxChoices bounds PowerOfTwoConfig.Choices, so the sample fits in a fixed
 // array on the stack.
 const maxChoices = 8
+
+// PowerOfTwoConfig tunes [PowerOfTwo] (routing.power_of_two); its load
+// score also uses the shared routing.prefill_weight.
+type PowerOfTwoConfig struct {
+	// Choices is how many distinct random candidates are compared (the d of
+	// "power of d choices"), 2..8, default 2: two already gives almost all
+	// of the gain over one (Mitzenmacher, 2001), and more makes concurrent
+	// picks herd onto the same engine again.
+	Choices int `koanf:"choices"`
+}
+
+// defaultPowerOfTwoConfig returns the defaults documented on
+// [PowerOfTwoConfig].
+func defaultPowerOfTwoConfig() PowerOfTwoConfig { return PowerOfTwoConfig{Choices: 2} }
+
+// Validate reports a problem with c; the message starts with its key,
+// routing.power_of_two.choices.
+func (c PowerOfTwoConfig) Validate() error {
+	if c.Choices < 2 || c.Choices > maxChoices {
+		return fmt.Errorf("routing.power_of_two.choices must be 2..%d, got %d", maxChoices, c.Choices)
+	}
+	return nil
+}
+
+// powerOfTwoFactory is [PowerOfTwo]'s registry entry.
+func powerOfTwoFactory() factory {
+	return factory{
+		build:    func(c *Config) Policy { return NewPowerOfChoices(c.PowerOfTwo.Choices, c.PrefillWeight) },
+		defaults: func(c *Config) { c.PowerOfTwo = defaultPowerOfTwoConfig() },
+		validate: func(c *Config) error { return c.PowerOfTwo.Validate() },
+	}
+}
 
 // NewPowerOfTwo returns a power-of-two-choices policy; prefillWeight below 1
 // is treated as 1.

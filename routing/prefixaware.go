@@ -2,6 +2,9 @@ package routing
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"math"
 	"math/rand/v2"
 )
 
@@ -46,13 +49,71 @@ var (
 	_ Forgetter    = (*PrefixAware)(nil)
 )
 
-// NewPrefixAware returns a prefix-aware policy over index (nil: a new index
-// of DefaultConfig's size) with the thresholds described on [PrefixAware].
-func NewPrefixAware(index *PrefixIndex, cacheThreshold float64, balanceAbs int, balanceRel float64, prefillWeight int) *PrefixAware {
-	if index == nil {
-		index = NewPrefixIndex(DefaultConfig().Prefix.IndexEntries)
+// PrefixAwareConfig tunes [PrefixAware] (routing.prefix_aware); its
+// prompt blocks and index size are the shared routing.prefix
+// ([PrefixConfig]) and its load score uses routing.prefill_weight.
+type PrefixAwareConfig struct {
+	// CacheThreshold is the fraction of a prompt's blocks the best match must
+	// exceed to route by cache, 0 <= t < 1, default 0.3 (SGLang's
+	// cache_threshold).
+	CacheThreshold float64 `koanf:"cache_threshold"`
+	// BalanceAbsThreshold is how many in-flight load units the best-matching
+	// engine may carry above the least loaded one before the request goes
+	// by load instead, >= 0, default 16. SGLang uses 64 for fleets whose
+	// engines each run hundreds of sequences; 16 keeps small fleets (the
+	// usual 2-8 engines behind one gateway) from piling onto one engine.
+	BalanceAbsThreshold int `koanf:"balance_abs_threshold"`
+	// BalanceRelThreshold is the factor by which the best-matching engine's
+	// load must also exceed the least loaded one's, >= 1, default 1.5
+	// (SGLang's balance_rel_threshold).
+	BalanceRelThreshold float64 `koanf:"balance_rel_threshold"`
+}
+
+// defaultPrefixAwareConfig returns the defaults documented on
+// [PrefixAwareConfig].
+func defaultPrefixAwareConfig() PrefixAwareConfig {
+	return PrefixAwareConfig{CacheThreshold: 0.3, BalanceAbsThreshold: 16, BalanceRelThreshold: 1.5}
+}
+
+// Validate reports every problem with c, joined; each message starts with
+// its key under routing.prefix_aware.
+func (c PrefixAwareConfig) Validate() error {
+	var errs []error
+	if !(c.CacheThreshold >= 0 && c.CacheThreshold < 1) {
+		errs = append(errs, fmt.Errorf("routing.prefix_aware.cache_threshold must be >= 0 and < 1 (the match must exceed it), got %v", c.CacheThreshold))
 	}
-	return &PrefixAware{index: index, blocks: DefaultConfig().Prefix, threshold: cacheThreshold, balanceAbs: int64(balanceAbs),
+	if c.BalanceAbsThreshold < 0 {
+		errs = append(errs, fmt.Errorf("routing.prefix_aware.balance_abs_threshold must be >= 0, got %d", c.BalanceAbsThreshold))
+	}
+	if !(c.BalanceRelThreshold >= 1) || math.IsInf(c.BalanceRelThreshold, 0) {
+		errs = append(errs, fmt.Errorf("routing.prefix_aware.balance_rel_threshold must be >= 1, got %v", c.BalanceRelThreshold))
+	}
+	return errors.Join(errs...)
+}
+
+// prefixAwareFactory is [PrefixAware]'s registry entry: its index takes
+// routing.prefix.index_entries, its blocks the rest of routing.prefix.
+func prefixAwareFactory() factory {
+	return factory{
+		build: func(c *Config) Policy {
+			pa := c.PrefixAware
+			return NewPrefixAware(NewPrefixIndex(c.Prefix.IndexEntries), pa.CacheThreshold, pa.BalanceAbsThreshold,
+				pa.BalanceRelThreshold, c.PrefillWeight).withBlocks(c.Prefix)
+		},
+		defaults: func(c *Config) { c.PrefixAware = defaultPrefixAwareConfig() },
+		validate: func(c *Config) error { return c.PrefixAware.Validate() },
+	}
+}
+
+// NewPrefixAware returns a prefix-aware policy over index (nil: a new index
+// of [PrefixConfig]'s default size) with the thresholds described on
+// [PrefixAware], cutting prompts into PrefixConfig's default blocks.
+func NewPrefixAware(index *PrefixIndex, cacheThreshold float64, balanceAbs int, balanceRel float64, prefillWeight int) *PrefixAware {
+	blocks := defaultPrefixConfig()
+	if index == nil {
+		index = NewPrefixIndex(blocks.IndexEntries)
+	}
+	return &PrefixAware{index: index, blocks: blocks, threshold: cacheThreshold, balanceAbs: int64(balanceAbs),
 		balanceRel: balanceRel, prefillWeight: int64(max(prefillWeight, 1))}
 }
 

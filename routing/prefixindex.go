@@ -1,10 +1,57 @@
 package routing
 
 import (
+	"errors"
+	"fmt"
 	"sync/atomic"
 
 	"github.com/switchboard-gw/switchboard/internal/stablehash"
 )
+
+// PrefixConfig sets how prompts are cut into blocks for prefix-aware and
+// scorer, and the size of their [PrefixIndex] (routing.prefix). It is
+// shared by both policies, so it is [Config]'s own section rather than
+// one policy's.
+type PrefixConfig struct {
+	// BlockBytes is the size of a prompt block in bytes of prompt text,
+	// 16..65536, default 64: about 16 tokens, vLLM's default KV block size,
+	// and the Gateway API Inference Extension's default block of 64
+	// characters.
+	BlockBytes int `koanf:"block_bytes"`
+	// MaxBlocks caps the blocks hashed per prompt, 1..65536, default 1024
+	// (the first 64 KiB of prompt text at the default block size): longer
+	// prompts are matched on their first MaxBlocks blocks.
+	MaxBlocks int `koanf:"max_blocks"`
+	// IndexEntries is the capacity of the index of recently routed
+	// (block, engine) pairs, 8..2^28, default 1048576, which takes 16 bytes
+	// per entry (16 MiB), allocated at start and never more; it is rounded
+	// up to a power of two.
+	// The default remembers 32 engines' worth of about 32,000 blocks each,
+	// the ~500,000 tokens of KV cache of an 80 GB GPU serving an 8B model
+	// (the Inference Extension sizes its per-server LRU the same way).
+	IndexEntries int `koanf:"index_entries"`
+}
+
+// defaultPrefixConfig returns the defaults documented on [PrefixConfig].
+func defaultPrefixConfig() PrefixConfig {
+	return PrefixConfig{BlockBytes: 64, MaxBlocks: 1024, IndexEntries: 1 << 20}
+}
+
+// Validate reports every problem with c, joined; each message starts with
+// its key under routing.prefix.
+func (c PrefixConfig) Validate() error {
+	var errs []error
+	if c.BlockBytes < 16 || c.BlockBytes > 65536 {
+		errs = append(errs, fmt.Errorf("routing.prefix.block_bytes must be 16..65536, got %d", c.BlockBytes))
+	}
+	if c.MaxBlocks < 1 || c.MaxBlocks > 65536 {
+		errs = append(errs, fmt.Errorf("routing.prefix.max_blocks must be 1..65536, got %d", c.MaxBlocks))
+	}
+	if c.IndexEntries < prefixWays || c.IndexEntries > 1<<28 {
+		errs = append(errs, fmt.Errorf("routing.prefix.index_entries must be %d..%d, got %d", prefixWays, 1<<28, c.IndexEntries))
+	}
+	return errors.Join(errs...)
+}
 
 // PrefixIndex remembers which engines were recently sent which prompt
 // blocks, so a policy can route a prompt to the engine most likely to hold

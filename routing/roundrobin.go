@@ -30,3 +30,8 @@ func (p *RoundRobin) Pick(_ context.Context, _ *Request, candidates []*Endpoint)
 	}
 	return candidates[(p.next.Add(1)-1)%n], nil
 }
+
+// roundRobinFactory is [RoundRobin]'s registry entry; it has no settings.
+func roundRobinFactory() factory {
+	return factory{build: func(*Config) Policy { return NewRoundRobin() }}
+}

@@ -289,3 +289,51 @@ func TestNewPolicyBuildsEveryName(t *testing.T) {
 		}
 	}
 }
+
+// TestRegistryEntries: every registered policy builds, a policy with a
+// section both defaults and validates it (so DefaultConfig and Validate
+// reach it), and its defaults are valid and are DefaultConfig's.
+func TestRegistryEntries(t *testing.T) {
+	r := registered()
+	if len(r.order) != len(r.byName) {
+		t.Fatalf("registration order %v has %d names for %d entries: a name registered twice", r.order, len(r.order), len(r.byName))
+	}
+	for _, name := range r.order {
+		f := r.byName[name]
+		if f.build == nil {
+			t.Errorf("%s: no build", name)
+		}
+		if (f.defaults == nil) != (f.validate == nil) {
+			t.Errorf("%s: defaults set = %v, validate set = %v, want both or neither", name, f.defaults != nil, f.validate != nil)
+		}
+		if f.defaults == nil {
+			continue
+		}
+		var zero Config
+		if err := f.validate(&zero); err == nil {
+			t.Errorf("%s: its zero section validates; a section whose zero value is valid needs no defaults", name)
+		}
+		c := zero
+		f.defaults(&c)
+		if err := f.validate(&c); err != nil {
+			t.Errorf("%s: its defaults do not validate: %v", name, err)
+		}
+	}
+	for _, tt := range []struct {
+		name    string
+		section func(Config) any
+		want    any
+	}{
+		{PowerOfTwoName, func(c Config) any { return c.PowerOfTwo }, PowerOfTwoConfig{Choices: 2}},
+		{SessionAffinityName, func(c Config) any { return c.SessionAffinity }, SessionAffinityConfig{Header: "x-session-id", VirtualNodes: 160, LoadFactor: 0.25, Fallback: LeastLoadedName}},
+		{PrefixAwareName, func(c Config) any { return c.PrefixAware }, PrefixAwareConfig{CacheThreshold: 0.3, BalanceAbsThreshold: 16, BalanceRelThreshold: 1.5}},
+		{ScorerName, func(c Config) any { return c.Scorer }, ScorerConfig{Queue: 2, KVCache: 2, Prefix: 3}},
+	} {
+		if got := tt.section(DefaultConfig()); got != tt.want {
+			t.Errorf("DefaultConfig's %s section = %+v, want %+v", tt.name, got, tt.want)
+		}
+	}
+	if c := DefaultConfig(); c.Policy != RoundRobinName || c.PrefillWeight != 2 || c.Prefix != (PrefixConfig{BlockBytes: 64, MaxBlocks: 1024, IndexEntries: 1 << 20}) {
+		t.Errorf("DefaultConfig's shared settings = %q, %d, %+v", c.Policy, c.PrefillWeight, c.Prefix)
+	}
+}

@@ -2,11 +2,14 @@ package routing
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"strconv"
 
 	"github.com/switchboard-gw/switchboard/internal/stablehash"
+	"golang.org/x/net/http/httpguts"
 )
 
 // SessionAffinityName is the config name of [SessionAffinity].
@@ -52,6 +55,71 @@ var (
 	_ Forgetter    = (*SessionAffinity)(nil)
 )
 
+// SessionAffinityConfig tunes [SessionAffinity] (routing.session_affinity).
+type SessionAffinityConfig struct {
+	// Header is the request header carrying the session key, default
+	// x-session-id; when it is absent the body's "user" field is the key.
+	Header string `koanf:"header"`
+	// VirtualNodes is how many points each engine has on the hash ring,
+	// 1..10000, default 160 (libketama's 160 points per server): with n
+	// engines the sessions an engine owns vary by about 1/sqrt(VirtualNodes)
+	// around 1/n (about 8% at 160).
+	VirtualNodes int `koanf:"virtual_nodes"`
+	// LoadFactor is the ε of the load bound (1+ε)× the average in-flight
+	// load, > 0, default 0.25 (HAProxy's hash-balance-factor 125 and SGLang's
+	// prefix_hash_load_factor 1.25): small enough that a hot session moves
+	// off an engine before it is a quarter above its share, large enough
+	// that sessions rarely leave their home engine under even load.
+	LoadFactor float64 `koanf:"load_factor"`
+	// Fallback is the policy for requests without a session key, default
+	// least-loaded; it must not be session-affinity. It is built from the
+	// rest of [Config], its own section included.
+	Fallback string `koanf:"fallback"`
+}
+
+// defaultSessionAffinityConfig returns the defaults documented on
+// [SessionAffinityConfig].
+func defaultSessionAffinityConfig() SessionAffinityConfig {
+	return SessionAffinityConfig{Header: "x-session-id", VirtualNodes: 160, LoadFactor: 0.25, Fallback: LeastLoadedName}
+}
+
+// Validate reports every problem with c, joined; each message starts with
+// its key under routing.session_affinity, and an unknown fallback wraps
+// [ErrUnknownPolicy].
+func (c SessionAffinityConfig) Validate() error {
+	var errs []error
+	bad := func(format string, a ...any) { errs = append(errs, fmt.Errorf(format, a...)) }
+	if !httpguts.ValidHeaderFieldName(c.Header) {
+		bad("routing.session_affinity.header must be a header name (letters, digits and !#$%%&'*+-.^_`|~), got %q", c.Header)
+	}
+	if c.VirtualNodes < 1 || c.VirtualNodes > 10000 {
+		bad("routing.session_affinity.virtual_nodes must be 1..10000, got %d", c.VirtualNodes)
+	}
+	if !(c.LoadFactor > 0 && c.LoadFactor <= 1000) {
+		bad("routing.session_affinity.load_factor must be > 0 and <= 1000, got %v", c.LoadFactor)
+	}
+	if c.Fallback == SessionAffinityName {
+		bad("routing.session_affinity.fallback must not be %s itself", SessionAffinityName)
+	} else if r := registered(); !r.has(c.Fallback) {
+		errs = append(errs, r.unknown("routing.session_affinity.fallback", c.Fallback))
+	}
+	return errors.Join(errs...)
+}
+
+// sessionAffinityFactory is [SessionAffinity]'s registry entry; the
+// fallback is the registered policy Fallback names, built from the same
+// config.
+func sessionAffinityFactory() factory {
+	return factory{
+		build: func(c *Config) Policy {
+			sa := c.SessionAffinity
+			return NewSessionAffinity(sa.VirtualNodes, sa.LoadFactor, registered().byName[sa.Fallback].build(c), sa.Header)
+		},
+		defaults: func(c *Config) { c.SessionAffinity = defaultSessionAffinityConfig() },
+		validate: func(c *Config) error { return c.SessionAffinity.Validate() },
+	}
+}
+
 // maxSessionKeyBytes is how much of a session key is hashed: keys that
 // differ only after it share an engine. It bounds the work a huge header
 // can cause.
@@ -68,7 +136,7 @@ func NewSessionAffinity(vnodes int, epsilon float64, fallback Policy, header str
 		fallback = NewLeastLoaded(1)
 	}
 	if header == "" {
-		header = DefaultConfig().SessionAffinity.Header
+		header = defaultSessionAffinityConfig().Header
 	}
 	return &SessionAffinity{header: header, vnodes: max(vnodes, 1), factor: 1 + max(epsilon, 0), fallback: fallback}
 }

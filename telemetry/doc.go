@@ -1,5 +1,6 @@
-// Package telemetry owns Switchboard's OpenTelemetry SDK set-up and every
-// instrument the gateway records.
+// Package telemetry owns Switchboard's OpenTelemetry SDK set-up, every
+// instrument the gateway records, and every span attribute key and span
+// event name it sets (attrs.go): the gateway spells none of them itself.
 //
 // # Providers
 //

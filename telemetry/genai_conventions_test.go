@@ -140,3 +140,29 @@ func TestGenAIConventions(t *testing.T) {
 		t.Errorf("%s is emitted but not in the conventions %s", name, genaiSpecVersion)
 	}
 }
+
+// TestGenAISpanKeys: every conventions key telemetry defines for the engine
+// span is one the pinned conventions list for the inference client span
+// (genaiSpecSpanAttrs), so a misspelt key fails here rather than on a
+// dashboard; http.response.status_code, which the GenAI span does not list,
+// is the HTTP conventions' own.
+func TestGenAISpanKeys(t *testing.T) {
+	listed := map[string]bool{}
+	for _, a := range genaiSpecSpanAttrs {
+		listed[a.Key] = true
+	}
+	for _, k := range []attribute.Key{
+		AttrGenAIOp, AttrGenAIProvider, AttrGenAIReqModel, AttrGenAIRespModel, AttrGenAIFinish,
+		AttrGenAIStream, AttrGenAIFirstChunk, AttrGenAIResponseID, AttrGenAIInputTok, AttrGenAIOutputTok,
+		AttrGenAIMaxTokens, AttrGenAITemperature, AttrGenAITopP, AttrGenAITopK, AttrGenAIFrequencyPenalty,
+		AttrGenAIPresencePenalty, AttrGenAISeed, AttrGenAIChoiceCount, AttrGenAIStopSequences,
+		AttrGenAIOutputType, AttrServerAddress, AttrServerPort, AttrErrorType,
+	} {
+		if !listed[string(k)] {
+			t.Errorf("%s is not an attribute of the conventions' inference client span", k)
+		}
+	}
+	if AttrHTTPStatus != "http.response.status_code" {
+		t.Errorf("AttrHTTPStatus = %s, want http.response.status_code", AttrHTTPStatus)
+	}
+}

@@ -12,7 +12,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
-	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -106,69 +105,34 @@ const GenAIConventions = "semantic-conventions v1.41.1 (ead83b9b0fa36540c1642fce
 // openai.* attribute flavor, which a vLLM engine does not produce.
 const DefaultProvider = "vllm"
 
-// Attribute keys used on Switchboard instruments and spans.
-const (
-	AttrEngine = attribute.Key("engine")
-	AttrPhase  = attribute.Key("phase")
-	AttrModel  = attribute.Key("model")
-	// AttrOperation is the gateway route's operation name from its
-	// operation table ("chat", "responses", "messages", "rerank",
-	// "tokenize", ...): a fixed vocabulary.
-	AttrOperation = attribute.Key("operation")
-	// AttrState is the engine state of switchboard.engine.state, one of
-	// [EngineStates].
-	AttrState = attribute.Key("state")
-	// AttrStep is the step of switchboard.gateway.step.duration: "parse",
-	// "pick" or "prepare".
-	AttrStep      = attribute.Key("step")
-	AttrErrorType = semconv.ErrorTypeKey
-	// The GenAI keys are spelled out: semconv v1.43.0 (the version
-	// otelhttp uses) no longer carries the gen_ai namespace.
-	AttrGenAIOp         = attribute.Key("gen_ai.operation.name")
-	AttrGenAIProvider   = attribute.Key("gen_ai.provider.name")
-	AttrGenAIReqModel   = attribute.Key("gen_ai.request.model")
-	AttrGenAIRespModel  = attribute.Key("gen_ai.response.model")
-	AttrGenAIFinish     = attribute.Key("gen_ai.response.finish_reasons")
-	AttrGenAIStream     = attribute.Key("gen_ai.request.stream")
-	AttrGenAIFirstChunk = attribute.Key("gen_ai.response.time_to_first_chunk")
-	AttrServerAddress   = semconv.ServerAddressKey
-	AttrServerPort      = semconv.ServerPortKey
-	AttrGenAITokType    = attribute.Key("gen_ai.token.type")
-	AttrGenAIResponseID = attribute.Key("gen_ai.response.id")
-	AttrGenAIInputTok   = attribute.Key("gen_ai.usage.input_tokens")
-	AttrGenAIOutputTok  = attribute.Key("gen_ai.usage.output_tokens")
-	AttrGenAIMaxTokens  = attribute.Key("gen_ai.request.max_tokens")
-	AttrRequestID       = attribute.Key("switchboard.request_id")
-	// AttrKey is the configured name of the request's API key (never the
-	// key): a bounded set.
-	AttrKey = attribute.Key("switchboard.key")
-)
-
-// Histogram bucket boundaries, in seconds unless noted.
+// Histogram bucket boundaries, in seconds unless noted. They are
+// unexported, so nothing outside this package can change an instrument's
+// boundaries; [GenAIOperationBuckets] returns a fresh copy of the one that
+// depends on configuration.
 var (
-	// TTFTBuckets spans 1 ms to 60 s (vLLM's own TTFT histogram reaches
+	// ttftBuckets spans 1 ms to 60 s (vLLM's own TTFT histogram reaches
 	// 2560 s for huge prompts; a gateway timeout cuts it far earlier).
-	TTFTBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 60}
-	// ITLBuckets spans 1 ms to 2.5 s, dense where decode steps live
+	ttftBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 60}
+	// itlBuckets spans 1 ms to 2.5 s, dense where decode steps live
 	// (10-100 ms).
-	ITLBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5}
-	// DurationBuckets spans 10 ms to 30 min, past the longest default
+	itlBuckets = []float64{0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5}
+	// durationBuckets spans 10 ms to 30 min, past the longest default
 	// request timeout.
-	DurationBuckets = []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120, 300, 600, 1200, 1800}
-	// GenAIDurationBuckets are the conventions' advised boundaries for
+	durationBuckets = []float64{0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120, 300, 600, 1200, 1800}
+	// genaiDurationBuckets are the conventions' advised boundaries for
 	// gen_ai.client.operation.duration, time_to_first_chunk and
 	// time_per_output_chunk (10 ms to 81.92 s, doubling).
 	// gen_ai.client.operation.duration continues the doubling up to the
 	// longest configured timeout ([WithLongestTimeout]), since a
 	// generation may run that long.
-	GenAIDurationBuckets = []float64{0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92}
-	// OverheadBuckets span 5 µs to 1 s: the gateway's own work on a
+	genaiDurationBuckets = []float64{0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12, 10.24, 20.48, 40.96, 81.92}
+	// overheadBuckets span 5 µs to 1 s: the gateway's own work on a
 	// request is microseconds; the upper buckets catch stalls (GC, a
 	// saturated CPU).
-	OverheadBuckets = []float64{0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}
-	// TokenBuckets (in tokens) are the conventions' advised boundaries
+	overheadBuckets = []float64{0.000005, 0.00001, 0.000025, 0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1}
+	// tokenBuckets (in tokens) are the conventions' advised boundaries
 	// for gen_ai.client.token.usage.
-	TokenBuckets = []float64{1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864}
+	tokenBuckets = []float64{1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144, 1048576, 4194304, 16777216, 67108864}
 )
 
 // Metrics holds every Switchboard instrument. Create it once with
@@ -223,10 +187,11 @@ func WithLongestTimeout(d time.Duration) MetricsOption {
 }
 
 // GenAIOperationBuckets returns the gen_ai.client.operation.duration
-// boundaries for a longest timeout: [GenAIDurationBuckets], then doubling
-// until a boundary is at least longest seconds.
+// boundaries for a longest timeout, a new slice: the conventions' advised
+// boundaries (10 ms to 81.92 s, doubling), then doubling on until a
+// boundary is at least longest seconds.
 func GenAIOperationBuckets(longest time.Duration) []float64 {
-	b := slices.Clone(GenAIDurationBuckets)
+	b := slices.Clone(genaiDurationBuckets)
 	for last := b[len(b)-1]; last < longest.Seconds(); {
 		last = math.Round(last*2*100) / 100
 		b = append(b, last)
@@ -262,23 +227,23 @@ func NewMetrics(mp metric.MeterProvider, opts ...MetricsOption) (*Metrics, error
 		}
 		return h
 	}
-	m.ttft = fh(TimeToFirstTokenName, "s", "Time from sending the request to an engine to the first generated token (streamed from the engine).", TTFTBuckets)
-	m.itl = fh(InterTokenLatencyName, "s", "Time between consecutive content-bearing stream events from an engine.", ITLBuckets)
-	m.duration = fh(RequestDurationName, "s", "Duration of one engine attempt, from span start to span end.", DurationBuckets)
-	m.ttfb = fh(TimeToFirstByteName, "s", "Time from sending a request to an engine to its response headers, per attempt.", TTFTBuckets)
-	m.maxGap = fh(StreamMaxGapName, "s", "Largest gap between two reads bringing bytes of one event stream from an engine, after its first.", TTFTBuckets)
-	m.overhead = fh(GatewayOverheadName, "s", "Time a request spent in the gateway itself: its duration minus the waits for the client (body, writes) and for the engines.", OverheadBuckets)
-	m.step = fh(StepDurationName, "s", "Duration of one step of the gateway's own work on a request (parse, pick, prepare).", OverheadBuckets)
+	m.ttft = fh(TimeToFirstTokenName, "s", "Time from sending the request to an engine to the first generated token (streamed from the engine).", ttftBuckets)
+	m.itl = fh(InterTokenLatencyName, "s", "Time between consecutive content-bearing stream events from an engine.", itlBuckets)
+	m.duration = fh(RequestDurationName, "s", "Duration of one engine attempt, from span start to span end.", durationBuckets)
+	m.ttfb = fh(TimeToFirstByteName, "s", "Time from sending a request to an engine to its response headers, per attempt.", ttftBuckets)
+	m.maxGap = fh(StreamMaxGapName, "s", "Largest gap between two reads bringing bytes of one event stream from an engine, after its first.", ttftBuckets)
+	m.overhead = fh(GatewayOverheadName, "s", "Time a request spent in the gateway itself: its duration minus the waits for the client (body, writes) and for the engines.", overheadBuckets)
+	m.step = fh(StepDurationName, "s", "Duration of one step of the gateway's own work on a request (parse, pick, prepare).", overheadBuckets)
 	for i, name := range stepNames {
 		m.stepRec[i] = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(AttrStep.String(name)))}
 	}
 	m.genaiDuration = fh(GenAIClientOperationDurationName, "s", "GenAI operation duration: one engine attempt, from sending the request to its last byte.", GenAIOperationBuckets(cfg.longest))
-	m.genaiFirstChunk = fh(GenAIClientTimeToFirstChunkName, "s", "Time to receive the first chunk of output in a streaming operation.", GenAIDurationBuckets)
-	m.genaiPerChunk = fh(GenAIClientTimePerOutputChunkName, "s", "Time between consecutive output chunks of a streaming operation, after the first.", GenAIDurationBuckets)
+	m.genaiFirstChunk = fh(GenAIClientTimeToFirstChunkName, "s", "Time to receive the first chunk of output in a streaming operation.", genaiDurationBuckets)
+	m.genaiPerChunk = fh(GenAIClientTimePerOutputChunkName, "s", "Time between consecutive output chunks of a streaming operation, after the first.", genaiDurationBuckets)
 
 	var err error
 	if m.tokenUsage, err = m.meter.Int64Histogram(GenAIClientTokenUsageName, metric.WithUnit("{token}"),
-		metric.WithDescription("Number of input and output tokens used."), metric.WithExplicitBucketBoundaries(TokenBuckets...)); err != nil {
+		metric.WithDescription("Number of input and output tokens used."), metric.WithExplicitBucketBoundaries(tokenBuckets...)); err != nil {
 		errs = append(errs, err)
 		m.tokenUsage, _ = noop.NewMeterProvider().Meter("").Int64Histogram(GenAIClientTokenUsageName)
 	}

@@ -146,18 +146,18 @@ func TestMetricsRecord(t *testing.T) {
 			},
 			{
 				Name: TimeToFirstTokenName, Unit: "s",
-				Data: hist(hdp(set(e1m1...), TTFTBuckets, 0.05), hdp(set(e2m1...), TTFTBuckets, 0.3)),
+				Data: hist(hdp(set(e1m1...), ttftBuckets, 0.05), hdp(set(e2m1...), ttftBuckets, 0.3)),
 			},
 			{
 				Name: InterTokenLatencyName, Unit: "s",
-				Data: hist(hdp(set(e1m1...), ITLBuckets, 0.012, 0.033)),
+				Data: hist(hdp(set(e1m1...), itlBuckets, 0.012, 0.033)),
 			},
 			{
 				Name: RequestDurationName, Unit: "s",
 				Data: hist(
-					hdp(set(e1m1...), DurationBuckets, 1.5),
-					hdp(with(e1m1, errType), DurationBuckets, 0.3),
-					hdp(set(e2m1...), DurationBuckets, 2.0),
+					hdp(set(e1m1...), durationBuckets, 1.5),
+					hdp(with(e1m1, errType), durationBuckets, 0.3),
+					hdp(set(e2m1...), durationBuckets, 2.0),
 				),
 			},
 			{
@@ -167,42 +167,42 @@ func TestMetricsRecord(t *testing.T) {
 			},
 			{
 				Name: TimeToFirstByteName, Unit: "s",
-				Data: hist(hdp(set(e1m1...), TTFTBuckets, 0.004)),
+				Data: hist(hdp(set(e1m1...), ttftBuckets, 0.004)),
 			},
 			{
 				Name: StreamMaxGapName, Unit: "s",
-				Data: hist(hdp(set(e2m1...), TTFTBuckets, 0.2)),
+				Data: hist(hdp(set(e2m1...), ttftBuckets, 0.2)),
 			},
 			{
 				Name: GatewayOverheadName, Unit: "s",
-				Data: hist(hdp(set(AttrOperation.String("chat")), OverheadBuckets, 0.0002)),
+				Data: hist(hdp(set(AttrOperation.String("chat")), overheadBuckets, 0.0002)),
 			},
 			{
 				Name: StepDurationName, Unit: "s",
-				Data: hist(hdp(set(AttrStep.String("parse")), OverheadBuckets, 0.00002), hdp(set(AttrStep.String("pick")), OverheadBuckets, 0.000001, 0.000003)),
+				Data: hist(hdp(set(AttrStep.String("parse")), overheadBuckets, 0.00002), hdp(set(AttrStep.String("pick")), overheadBuckets, 0.000001, 0.000003)),
 			},
 			{
 				Name: GenAIClientOperationDurationName, Unit: "s",
 				Data: hist(
-					hdp(set(gChat...), GenAIDurationBuckets, 1.5),
-					hdp(with(gChat, errType), GenAIDurationBuckets, 0.3),
-					hdp(set(gText...), GenAIDurationBuckets, 2.0),
+					hdp(set(gChat...), genaiDurationBuckets, 1.5),
+					hdp(with(gChat, errType), genaiDurationBuckets, 0.3),
+					hdp(set(gText...), genaiDurationBuckets, 2.0),
 				),
 			},
 			{
 				Name: GenAIClientTimeToFirstChunkName, Unit: "s",
-				Data: hist(hdp(set(gChat...), GenAIDurationBuckets, 0.05), hdp(set(gText...), GenAIDurationBuckets, 0.3)),
+				Data: hist(hdp(set(gChat...), genaiDurationBuckets, 0.05), hdp(set(gText...), genaiDurationBuckets, 0.3)),
 			},
 			{
 				Name: GenAIClientTimePerOutputChunkName, Unit: "s",
-				Data: hist(hdp(set(gChat...), GenAIDurationBuckets, 0.012, 0.033)),
+				Data: hist(hdp(set(gChat...), genaiDurationBuckets, 0.012, 0.033)),
 			},
 			{
 				Name: GenAIClientTokenUsageName, Unit: "{token}",
 				Data: hist(
-					hdp(with(gChat, AttrGenAITokType.String("input")), TokenBuckets, int64(10)),
-					hdp(with(gChat, AttrGenAITokType.String("output")), TokenBuckets, int64(20)),
-					hdp(with(gText, AttrGenAITokType.String("input")), TokenBuckets, int64(7)),
+					hdp(with(gChat, AttrGenAITokType.String("input")), tokenBuckets, int64(10)),
+					hdp(with(gChat, AttrGenAITokType.String("output")), tokenBuckets, int64(20)),
+					hdp(with(gText, AttrGenAITokType.String("input")), tokenBuckets, int64(7)),
 				),
 			},
 		},

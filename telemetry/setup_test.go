@@ -102,8 +102,8 @@ func TestSetupWithoutOTLP(t *testing.T) {
 	for _, b := range h.GetBucket() {
 		bounds = append(bounds, b.GetUpperBound())
 	}
-	if len(bounds) < len(TTFTBuckets) || !equalFloats(bounds[:len(TTFTBuckets)], TTFTBuckets) {
-		t.Errorf("bucket bounds %v, want TTFTBuckets %v (+Inf)", bounds, TTFTBuckets)
+	if len(bounds) < len(ttftBuckets) || !equalFloats(bounds[:len(ttftBuckets)], ttftBuckets) {
+		t.Errorf("bucket bounds %v, want ttftBuckets %v (+Inf)", bounds, ttftBuckets)
 	}
 	// The resource is exported as target_info; runtime collectors are there.
 	if ti := mfs["target_info"]; ti == nil || promLabel(ti.GetMetric()[0], "service_name") != "sb-prom-test" {
@@ -272,8 +272,8 @@ func TestSetupOTLPExport(t *testing.T) {
 						if attrString(dp.GetAttributes(), "engine") != "e1" || attrString(dp.GetAttributes(), "model") != "m1" {
 							t.Errorf("data point attributes %v", dp.GetAttributes())
 						}
-						if !equalFloats(dp.GetExplicitBounds(), TTFTBuckets) {
-							t.Errorf("bounds %v, want %v", dp.GetExplicitBounds(), TTFTBuckets)
+						if !equalFloats(dp.GetExplicitBounds(), ttftBuckets) {
+							t.Errorf("bounds %v, want %v", dp.GetExplicitBounds(), ttftBuckets)
 						}
 						if dp.GetCount() == 1 && dp.GetSum() == 0.25 {
 							points++
