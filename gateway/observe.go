@@ -29,7 +29,7 @@ var (
 // (Config.ObserveNonStreaming): every event goes through the stream
 // accounting as a streamed request's would (the first content event moves
 // the slot to decode and records TTFT; later ones ITL; the usage chunk the
-// token usage), and into a reassembler; nothing reaches the client until
+// token usage), and into an oai.Reassembler; nothing reaches the client until
 // the stream has ended, so every failure still gets a real status:
 //
 //   - the whole stream ([DONE], every choice finished): 200 with the
@@ -63,7 +63,7 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 	sc.Reset()
 	defer scannerPool.Put(sc)
 
-	ra := newReassembler(c.op.schema == oai.SchemaCompletion)
+	ra := oai.NewReassembler(c.op.schema == oai.SchemaCompletion)
 	st := streamState{a: a, framing: frameOpenAI, injected: true}
 	var failed error // the first reassembly failure; the answer is given at once
 	var held int64   // event bytes reserved in the budget
@@ -82,7 +82,7 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 			failed = errReassembleBudget
 		default:
 			held += n
-			failed = ra.add(ev.Data)
+			failed = ra.Add(ev.Data)
 		}
 	}
 	for {
@@ -106,12 +106,12 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 			continue
 		}
 		var body []byte
-		if failed == nil && rerr == io.EOF && st.done && ra.finished() {
-			if body = ra.body(); int64(len(body)) > limit {
+		if failed == nil && rerr == io.EOF && st.done && ra.Finished() {
+			if body = ra.Body(); int64(len(body)) > limit {
 				failed, body = errReassembleTooLarge, nil
 			}
 		}
-		var es *engineStreamError
+		var es *oai.StreamError
 		switch {
 		case errors.As(failed, &es):
 			a.fail(ErrTypeStreamError)

@@ -37,6 +37,21 @@
 // [ParseResponse] takes the id and usage from a non-streaming response of
 // any of these APIs.
 //
+// # Reassembly
+//
+// A [Reassembler] turns the data of a chat or completions stream's events
+// back into the non-streaming body the engine would have answered for the
+// same generation, byte for byte as vLLM writes it, so a gateway can send
+// a non-streaming request to the engine as a stream (to see its first
+// token and its progress) and still answer the client with one JSON body.
+// [Reassembler.Add] merges one event's data, [Reassembler.Finished] says
+// whether every choice has its finish_reason, and [Reassembler.Body]
+// builds the body. An engine's in-stream error event is reported as a
+// [StreamError], data that cannot be merged as an error wrapping
+// [ErrMalformedChunk]. Each event is validated and walked with the same
+// reader as the inspectors; values are copied as the engine wrote them,
+// never decoded and re-encoded.
+//
 // # Parsing
 //
 // The JSON functions read the body in a single pass with a small
@@ -75,7 +90,12 @@
 // encoding/json decoding into structs with raw-recording leaves, the
 // approach this replaced (BenchmarkInspectChunk and
 // BenchmarkInspectChunkEncodingJSON). ParseForm, off the hot path, also
-// allocates the part headers' parameter maps.
+// allocates the part headers' parameter maps. Reassembler.Add allocates
+// only to grow what it keeps (the merged text, the first id, model and
+// created): a 200-token chat stream takes 16 allocations in all, its body
+// included (BenchmarkReassemble).
 //
-// All functions are safe for concurrent use and never panic.
+// All functions are safe for concurrent use and never panic. A
+// Reassembler never panics either, but serves one stream, used by one
+// goroutine at a time.
 package oai

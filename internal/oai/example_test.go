@@ -150,3 +150,34 @@ func ExampleParseForm() {
 	// "whisper"
 	// 415 content type must be multipart/form-data
 }
+
+// A non-streaming request sent to the engine as a stream: every event's
+// data goes to the Reassembler, and the client gets the body.
+func ExampleReassembler() {
+	r := oai.NewReassembler(false)
+	for _, data := range []string{
+		`{"id":"c1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`,
+		`{"id":"c1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{"content":"Hi"},"logprobs":null,"finish_reason":null}]}`,
+		`{"id":"c1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop","stop_reason":null}]}`,
+		`{"id":"c1","object":"chat.completion.chunk","created":7,"model":"m","choices":[],"usage":{"prompt_tokens":9,"total_tokens":10,"completion_tokens":1}}`,
+		`[DONE]`,
+	} {
+		if err := r.Add([]byte(data)); err != nil {
+			fmt.Println(err)
+			return
+		}
+	}
+	fmt.Println(r.Finished())
+	fmt.Printf("%s\n", r.Body())
+
+	r.Reset(false)
+	err := r.Add([]byte(`{"error":{"message":"The engine died.","type":"InternalServerError","param":null,"code":500}}`))
+	var se *oai.StreamError
+	if errors.As(err, &se) {
+		fmt.Println(se.Code, se.Message)
+	}
+	// Output:
+	// true
+	// {"id":"c1","object":"chat.completion","created":7,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"Hi","refusal":null,"annotations":null,"audio":null,"function_call":null,"tool_calls":[],"reasoning_content":null},"logprobs":null,"finish_reason":"stop","stop_reason":null}],"service_tier":null,"system_fingerprint":null,"usage":{"prompt_tokens":9,"total_tokens":10,"completion_tokens":1,"prompt_tokens_details":null},"prompt_logprobs":null,"kv_transfer_params":null}
+	// 500 The engine died.
+}

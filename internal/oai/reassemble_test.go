@@ -1,4 +1,4 @@
-package gateway
+package oai
 
 import (
 	"bytes"
@@ -7,31 +7,33 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"reflect"
 	"regexp"
 	"slices"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/internal/sse"
 )
 
-// reassembleSSE runs the SSE byte stream raw through the gateway's SSE scanner in reads of
-// at most read bytes (0: one read), as the proxy would, and feeds the data of every event
+// reassembleSSE runs the SSE byte stream raw through the gateway's SSE scanner (internal/sse)
+// in reads of at most read bytes (0: one read), as the gateway would, and feeds the data of every event
 // that is neither a comment nor [DONE] to a reassembler. It returns the reassembler and
 // the first error add returned.
-func reassembleSSE(t testing.TB, completions bool, raw []byte, read int) (*reassembler, error) {
+func reassembleSSE(t testing.TB, completions bool, raw []byte, read int) (*Reassembler, error) {
 	t.Helper()
-	r := newReassembler(completions)
+	r := NewReassembler(completions)
 	var first error
 	sc := sse.NewScanner(0)
 	feed := func(ev sse.Event) {
 		if ev.Comment || ev.Data == nil || sse.IsDone(ev.Data) {
 			return
 		}
-		if err := r.add(ev.Data); err != nil && first == nil {
+		if err := r.Add(ev.Data); err != nil && first == nil {
 			first = err
 		}
 	}
@@ -44,6 +46,28 @@ func reassembleSSE(t testing.TB, completions bool, raw []byte, read int) (*reass
 		p = p[n:]
 	}
 	return r, first
+}
+
+// simServer serves a simulated vLLM engine (2 ms TTFT and 1 ms ITL unless cfg says
+// otherwise) on a loopback listener closed when the test ends.
+func simServer(t testing.TB, cfg enginesim.Config) *httptest.Server {
+	t.Helper()
+	if cfg.TTFT == 0 {
+		cfg.TTFT = 2 * time.Millisecond
+	}
+	if cfg.ITL == 0 {
+		cfg.ITL = time.Millisecond
+	}
+	e, err := enginesim.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(e.Handler())
+	t.Cleanup(func() {
+		srv.CloseClientConnections()
+		srv.Close()
+	})
+	return srv
 }
 
 // sseOf frames each data payload as an SSE event; a payload starting with ':' is written as
@@ -75,7 +99,7 @@ func chatChunk(delta, finish string) string {
 }
 
 const (
-	roleChunk      = chatHead + `{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`
+	chatRoleChunk  = chatHead + `{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`
 	chatUsageChunk = chatHead + `],"usage":{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2}}`
 	// chatTail is a chat body's end after the choices with chatUsageChunk's usage.
 	chatTail = `],"service_tier":null,"system_fingerprint":null,"usage":{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2,"prompt_tokens_details":null},"prompt_logprobs":null,"kv_transfer_params":null}`
@@ -90,7 +114,7 @@ const (
 var (
 	helloStream = []string{
 		": keep-alive",
-		roleChunk,
+		chatRoleChunk,
 		": keep-alive",
 		chatChunk(`{"content":"Hel"}`, ""),
 		chatChunk(`{"content":"lo"}`, ""),
@@ -102,9 +126,9 @@ var (
 		`,"logprobs":null,"finish_reason":"stop","stop_reason":null}` + chatTail
 )
 
-// TestReassembleFraming feeds the same stream framed the ways ../shared/cases L07 and L08
-// list (split anywhere across reads, CRLF line ends, data without a space after the colon,
-// one event's data spread over two data lines, keep-alive comments, event and id fields):
+// TestReassembleFraming feeds the same stream framed in the ways SSE allows (split
+// anywhere across reads, CRLF line ends, data without a space after the colon, one
+// event's data spread over two data lines, keep-alive comments, event and id fields):
 // the scanner hands the reassembler the same payloads, and the body is the same.
 func TestReassembleFraming(t *testing.T) {
 	plain := sseOf(helloStream...)
@@ -131,10 +155,10 @@ func TestReassembleFraming(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := string(r.body()); got != helloBody {
+			if got := string(r.Body()); got != helloBody {
 				t.Errorf("body\n%s\nwant\n%s", got, helloBody)
 			}
-			if !r.finished() {
+			if !r.Finished() {
 				t.Error("not finished")
 			}
 		})
@@ -155,32 +179,32 @@ func TestReassembleChatShapes(t *testing.T) {
 	}{
 		{
 			name:   "role chunk and finish only",
-			stream: []string{roleChunk, chatChunk(`{}`, "stop"), chatUsageChunk},
+			stream: []string{chatRoleChunk, chatChunk(`{}`, "stop"), chatUsageChunk},
 			want:   chatBodyHead + choice(`"content":""`+plainMessage[:len(plainMessage)-1], `"finish_reason":"stop","stop_reason":null`) + chatTail,
 		},
 		{
 			name:   "no usage chunk",
-			stream: []string{roleChunk, chatChunk(`{"content":"a"}`, "length")},
+			stream: []string{chatRoleChunk, chatChunk(`{"content":"a"}`, "length")},
 			want: chatBodyHead + choice(`"content":"a"`+plainMessage[:len(plainMessage)-1], `"finish_reason":"length","stop_reason":null`) +
 				`],"service_tier":null,"system_fingerprint":null,"usage":null,"prompt_logprobs":null,"kv_transfer_params":null}`,
 		},
 		{
 			name: "reasoning then content",
-			stream: []string{roleChunk, chatChunk(`{"reasoning_content":"think "}`, ""), chatChunk(`{"reasoning_content":"more"}`, ""),
+			stream: []string{chatRoleChunk, chatChunk(`{"reasoning_content":"think "}`, ""), chatChunk(`{"reasoning_content":"more"}`, ""),
 				chatChunk(`{"content":"answer"}`, ""), chatChunk(`{}`, "stop"), chatUsageChunk},
 			want: chatBodyHead + choice(`"content":"answer","refusal":null,"annotations":null,"audio":null,"function_call":null,"tool_calls":[],"reasoning_content":"think more"`,
 				`"finish_reason":"stop","stop_reason":null`) + chatTail,
 		},
 		{
 			name:   "reasoning only: content null",
-			stream: []string{roleChunk, chatChunk(`{"reasoning_content":"hmm"}`, ""), chatChunk(`{}`, "length"), chatUsageChunk},
+			stream: []string{chatRoleChunk, chatChunk(`{"reasoning_content":"hmm"}`, ""), chatChunk(`{}`, "length"), chatUsageChunk},
 			want: chatBodyHead + choice(`"content":null,"refusal":null,"annotations":null,"audio":null,"function_call":null,"tool_calls":[],"reasoning_content":"hmm"`,
 				`"finish_reason":"length","stop_reason":null`) + chatTail,
 		},
 		{
 			name: "tool-call deltas merged by index",
 			stream: []string{
-				roleChunk,
+				chatRoleChunk,
 				chatChunk(`{"tool_calls":[{"id":"call_a","type":"function","index":0,"function":{"name":"get_weather"}}]}`, ""),
 				chatChunk(`{"tool_calls":[{"index":0,"function":{"arguments":"{\"city\": "}}]}`, ""),
 				chatChunk(`{"tool_calls":[{"id":"call_b","type":"function","index":1,"function":{"name":"get_time","arguments":""}}]}`, ""),
@@ -195,7 +219,7 @@ func TestReassembleChatShapes(t *testing.T) {
 		},
 		{
 			name: "content and a tool call, finish chunk with the rest of the arguments",
-			stream: []string{roleChunk, chatChunk(`{"content":"ok "}`, ""),
+			stream: []string{chatRoleChunk, chatChunk(`{"content":"ok "}`, ""),
 				chatChunk(`{"tool_calls":[{"index":0,"id":"call_0","type":"function","function":{"name":"f","arguments":""}}]}`, ""),
 				chatChunk(`{"tool_calls":[{"index":0,"function":{"arguments":"{}"}}]}`, "stop"), chatUsageChunk},
 			want: chatBodyHead + choice(`"content":"ok ","refusal":null,"annotations":null,"audio":null,"function_call":null,"tool_calls":[`+
@@ -206,7 +230,7 @@ func TestReassembleChatShapes(t *testing.T) {
 			name: "two choices interleaved, index 1 first, stop reasons",
 			stream: []string{
 				chatHead + `{"index":1,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`,
-				roleChunk,
+				chatRoleChunk,
 				chatHead + `{"index":1,"delta":{"content":"B"},"logprobs":null,"finish_reason":null}]}`,
 				chatChunk(`{"content":"A"}`, ""),
 				chatHead + `{"index":1,"delta":{},"logprobs":null,"finish_reason":"stop","stop_reason":"\n\n"}]}`,
@@ -219,7 +243,7 @@ func TestReassembleChatShapes(t *testing.T) {
 		},
 		{
 			name: "logprobs concatenated",
-			stream: []string{roleChunk,
+			stream: []string{chatRoleChunk,
 				chatHead + `{"index":0,"delta":{"content":"a"},"logprobs":{"content":[{"token":"a","logprob":-0.5,"bytes":[97],"top_logprobs":[]}]},"finish_reason":null}]}`,
 				chatHead + `{"index":0,"delta":{"content":"b"},"logprobs":{"content":[{"token":"b","logprob":-9999.0,"bytes":[98],"top_logprobs":[]}]},"finish_reason":null}]}`,
 				chatHead + `{"index":0,"delta":{},"logprobs":{"content":[]},"finish_reason":"stop","stop_reason":null}]}`,
@@ -252,7 +276,7 @@ func TestReassembleChatShapes(t *testing.T) {
 		},
 		{
 			name: "newer vLLM: reasoning, fingerprint on the usage chunk, usage details",
-			stream: []string{roleChunk, chatChunk(`{"reasoning":"r"}`, ""), chatChunk(`{"content":"c"}`, ""), chatChunk(`{}`, "stop"),
+			stream: []string{chatRoleChunk, chatChunk(`{"reasoning":"r"}`, ""), chatChunk(`{"content":"c"}`, ""), chatChunk(`{}`, "stop"),
 				chatHead + `],"usage":{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2,"completion_tokens_details":{"reasoning_tokens":1}},"system_fingerprint":"fp"}`},
 			want: chatBodyHead + choice(`"content":"c","refusal":null,"annotations":null,"audio":null,"function_call":null,"tool_calls":[],"reasoning":"r","reasoning_content":null`,
 				`"finish_reason":"stop","stop_reason":null`) +
@@ -260,14 +284,14 @@ func TestReassembleChatShapes(t *testing.T) {
 		},
 		{
 			name: "escapes and a surrogate pair split across chunks",
-			stream: []string{roleChunk, chatChunk(`{"content":"line\n\"q\" \ud83d"}`, ""), chatChunk(`{"content":"\ude00 é"}`, ""),
+			stream: []string{chatRoleChunk, chatChunk(`{"content":"line\n\"q\" \ud83d"}`, ""), chatChunk(`{"content":"\ude00 é"}`, ""),
 				chatChunk(`{"refusal":"no"}`, ""), chatChunk(`{}`, "stop"), chatUsageChunk},
 			want: chatBodyHead + choice(`"content":"line\n\"q\" \ud83d\ude00 é","refusal":"no","annotations":null,"audio":null,"function_call":null,"tool_calls":[],"reasoning_content":null`,
 				`"finish_reason":"stop","stop_reason":null`) + chatTail,
 		},
 		{
 			name: "last duplicate key wins, keys match exactly",
-			stream: []string{roleChunk, chatHead + `{"index":0,"delta":{"content":"x","content":"y","Content":"z","c\u006fntent2":"w"},"logprobs":null,"finish_reason":null}]}`,
+			stream: []string{chatRoleChunk, chatHead + `{"index":0,"delta":{"content":"x","content":"y","Content":"z","c\u006fntent2":"w"},"logprobs":null,"finish_reason":null}]}`,
 				chatChunk(`{}`, "stop"), chatUsageChunk},
 			want: chatBodyHead + choice(`"content":"y"`+plainMessage[:len(plainMessage)-1], `"finish_reason":"stop","stop_reason":null`) + chatTail,
 		},
@@ -278,7 +302,7 @@ func TestReassembleChatShapes(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			got := r.body()
+			got := r.Body()
 			if string(got) != tc.want {
 				t.Errorf("body\n%s\nwant\n%s", got, tc.want)
 			}
@@ -347,7 +371,7 @@ func TestReassembleCompletions(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := string(r.body()); got != tc.want {
+			if got := string(r.Body()); got != tc.want {
 				t.Errorf("body\n%s\nwant\n%s", got, tc.want)
 			}
 		})
@@ -363,7 +387,7 @@ func TestReassembleErrors(t *testing.T) {
 	tests := []struct {
 		name      string
 		data      string
-		wantBody  string // the engineStreamError's Body; "" for a malformed chunk
+		wantBody  string // the StreamError's Body; "" for a malformed chunk
 		wantMsg   string
 		wantCode  int
 		wantWrong string // part of the malformed chunk's error text
@@ -386,31 +410,31 @@ func TestReassembleErrors(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			r := newReassembler(false)
-			if err := r.add([]byte(roleChunk)); err != nil {
+			r := NewReassembler(false)
+			if err := r.Add([]byte(chatRoleChunk)); err != nil {
 				t.Fatal(err)
 			}
-			err := r.add([]byte(tc.data))
-			var se *engineStreamError
+			err := r.Add([]byte(tc.data))
+			var se *StreamError
 			switch {
 			case tc.wantBody != "":
 				if !errors.As(err, &se) {
-					t.Fatalf("err = %v, want an engineStreamError", err)
+					t.Fatalf("err = %v, want an StreamError", err)
 				}
 				if string(se.Body) != tc.wantBody || se.Message != tc.wantMsg || se.Code != tc.wantCode {
 					t.Errorf("error %s %q %d, want %s %q %d", se.Body, se.Message, se.Code, tc.wantBody, tc.wantMsg, tc.wantCode)
 				}
-			case !errors.Is(err, errMalformedChunk) || !strings.Contains(err.Error(), tc.wantWrong):
+			case !errors.Is(err, ErrMalformedChunk) || !strings.Contains(err.Error(), tc.wantWrong):
 				t.Fatalf("err = %v, want a malformed chunk error about %q", err, tc.wantWrong)
 			}
-			again := r.add([]byte(chatChunk(`{"content":"x"}`, "stop")))
+			again := r.Add([]byte(chatChunk(`{"content":"x"}`, "stop")))
 			switch {
-			case tc.recover && (again != nil || !r.finished() || string(r.choices[0].content.b) != "x"):
-				t.Errorf("add after the error = %v, finished %v, content %q", again, r.finished(), r.choices[0].content.b)
+			case tc.recover && (again != nil || !r.Finished() || string(r.choices[0].content.b) != "x"):
+				t.Errorf("add after the error = %v, finished %v, content %q", again, r.Finished(), r.choices[0].content.b)
 			case !tc.recover && again != err:
 				t.Errorf("add after the error = %v, want the same error", again)
 			}
-			if b := r.body(); !json.Valid(b) {
+			if b := r.Body(); !json.Valid(b) {
 				t.Errorf("body after the error is not JSON: %s", b)
 			}
 		})
@@ -420,21 +444,21 @@ func TestReassembleErrors(t *testing.T) {
 // TestReassembleIgnores checks what add skips without error: empty data, [DONE], chunks
 // without choices, unknown fields, a chat field in a completions stream.
 func TestReassembleIgnores(t *testing.T) {
-	r := newReassembler(true)
+	r := NewReassembler(true)
 	for _, d := range []string{"", "  ", "[DONE]", " [DONE] ", `{}`, `{"choices":null,"usage":null}`, `{"unknown":[1,{"a":"}"}],"choices":[]}`,
 		`{"choices":[{"index":0,"delta":{"content":"chat only"},"text":"t"}]}`} {
-		if err := r.add([]byte(d)); err != nil {
+		if err := r.Add([]byte(d)); err != nil {
 			t.Fatalf("add(%q) = %v", d, err)
 		}
 	}
 	want := `{"id":"","object":"text_completion","created":0,"model":"","choices":[{"index":0,"text":"t","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_logprobs":null}],"service_tier":null,"system_fingerprint":null,"usage":null,"kv_transfer_params":null}`
-	if got := string(r.body()); got != want {
+	if got := string(r.Body()); got != want {
 		t.Errorf("body\n%s\nwant\n%s", got, want)
 	}
-	if r.finished() {
+	if r.Finished() {
 		t.Error("finished without a finish_reason")
 	}
-	if newReassembler(false).finished() {
+	if NewReassembler(false).Finished() {
 		t.Error("finished without choices")
 	}
 }
@@ -442,12 +466,12 @@ func TestReassembleIgnores(t *testing.T) {
 // TestReassembleLimits checks that the number of choices and tool calls a stream opens is
 // bounded, and that reset starts over.
 func TestReassembleLimits(t *testing.T) {
-	r := newReassembler(false)
+	r := NewReassembler(false)
 	var err error
 	for i := 0; i <= maxReassembleChoices && err == nil; i++ {
-		err = r.add(fmt.Appendf(nil, `{"choices":[{"index":%d,"delta":{"content":"x"}}]}`, maxReassembleChoices-i))
+		err = r.Add(fmt.Appendf(nil, `{"choices":[{"index":%d,"delta":{"content":"x"}}]}`, maxReassembleChoices-i))
 	}
-	if !errors.Is(err, errMalformedChunk) || len(r.choices) != maxReassembleChoices {
+	if !errors.Is(err, ErrMalformedChunk) || len(r.choices) != maxReassembleChoices {
 		t.Errorf("err %v with %d choices", err, len(r.choices))
 	}
 	for i := 1; i < len(r.choices); i++ {
@@ -455,16 +479,16 @@ func TestReassembleLimits(t *testing.T) {
 			t.Fatalf("choices not sorted at %d", i)
 		}
 	}
-	r.reset(false)
+	r.Reset(false)
 	err = nil
 	for i := 0; i <= maxReassembleToolCalls && err == nil; i++ {
-		err = r.add(fmt.Appendf(nil, `{"choices":[{"index":0,"delta":{"tool_calls":[{"index":%d}]}}]}`, i*7%(maxReassembleToolCalls+1)))
+		err = r.Add(fmt.Appendf(nil, `{"choices":[{"index":0,"delta":{"tool_calls":[{"index":%d}]}}]}`, i*7%(maxReassembleToolCalls+1)))
 	}
-	if !errors.Is(err, errMalformedChunk) || len(r.choices[0].tools) != maxReassembleToolCalls {
+	if !errors.Is(err, ErrMalformedChunk) || len(r.choices[0].tools) != maxReassembleToolCalls {
 		t.Errorf("err %v with %d tool calls", err, len(r.choices[0].tools))
 	}
-	r.reset(false)
-	if err := r.add([]byte(roleChunk)); err != nil || len(r.choices) != 1 || r.choices[0].tools != nil {
+	r.Reset(false)
+	if err := r.Add([]byte(chatRoleChunk)); err != nil || len(r.choices) != 1 || r.choices[0].tools != nil {
 		t.Errorf("after reset: %v, %+v", err, r.choices)
 	}
 }
@@ -473,7 +497,7 @@ func TestReassembleLimits(t *testing.T) {
 // panic, and body must be valid JSON (the same on every call), whether or not add failed;
 // when add never failed, body decodes to a response object.
 func FuzzReassembler(f *testing.F) {
-	for _, s := range [][]string{helloStream, {roleChunk, chatChunk(`{"tool_calls":[{"index":0,"id":"c","function":{"name":"f","arguments":"{"}}]}`, ""),
+	for _, s := range [][]string{helloStream, {chatRoleChunk, chatChunk(`{"tool_calls":[{"index":0,"id":"c","function":{"name":"f","arguments":"{"}}]}`, ""),
 		chatChunk(`{"tool_calls":[{"index":0,"function":{"arguments":"}"}}]}`, "tool_calls")}} {
 		f.Add([]byte(strings.Join(s, "\n")), false)
 	}
@@ -481,18 +505,18 @@ func FuzzReassembler(f *testing.F) {
 	f.Add([]byte(`{"error":{"message":"x","code":500}}`), false)
 	f.Add([]byte(`{"choices":[{"index":3,"delta":{"content":"\ud83d","reasoning":"a\\\"b"}},{"index":1}],"usage":{"x":1,"prompt_tokens":2}}`), false)
 	f.Fuzz(func(t *testing.T, data []byte, completions bool) {
-		r := newReassembler(completions)
+		r := NewReassembler(completions)
 		failed := false
 		for line := range bytes.SplitSeq(data, []byte("\n")) {
-			if r.add(line) != nil {
+			if r.Add(line) != nil {
 				failed = true
 			}
 		}
-		b := r.body()
+		b := r.Body()
 		if !json.Valid(b) {
 			t.Fatalf("body is not JSON: %s", b)
 		}
-		if again := r.body(); !bytes.Equal(b, again) {
+		if again := r.Body(); !bytes.Equal(b, again) {
 			t.Fatalf("body changed: %s then %s", b, again)
 		}
 		if !failed {
@@ -504,13 +528,13 @@ func FuzzReassembler(f *testing.F) {
 				t.Fatalf("body %s: %v", b, err)
 			}
 		}
-		_ = r.finished()
+		_ = r.Finished()
 	})
 }
 
 // BenchmarkReassembler reassembles a 256-token vLLM chat stream with logprobs.
 func BenchmarkReassembler(b *testing.B) {
-	events := [][]byte{[]byte(roleChunk)}
+	events := [][]byte{[]byte(chatRoleChunk)}
 	for i := range 256 {
 		events = append(events, fmt.Appendf(nil, chatHead+`{"index":0,"delta":{"content":"tok%d "},"logprobs":{"content":[{"token":"tok%d ","logprob":-0.%04d,"bytes":[116,111,107,32],"top_logprobs":[]}]},"finish_reason":null}]}`, i, i, i+1))
 	}
@@ -521,15 +545,45 @@ func BenchmarkReassembler(b *testing.B) {
 	}
 	b.SetBytes(int64(n))
 	b.ReportAllocs()
-	r := newReassembler(false)
+	r := NewReassembler(false)
 	for b.Loop() {
-		r.reset(false)
+		r.Reset(false)
 		for _, e := range events {
-			if err := r.add(e); err != nil {
+			if err := r.Add(e); err != nil {
 				b.Fatal(err)
 			}
 		}
-		_ = r.body()
+		_ = r.Body()
+	}
+}
+
+// BenchmarkReassemble reassembles a realistic vLLM 0.10.1 chat stream: the role chunk,
+// 200 content chunks of one token each, the finish chunk and the usage chunk, then builds
+// the body, as a gateway does for each observed non-streaming request.
+func BenchmarkReassemble(b *testing.B) {
+	events := [][]byte{[]byte(chatRoleChunk)}
+	for i := range 200 {
+		events = append(events, []byte(chatChunk(fmt.Sprintf(`{"content":" tok%d"}`, i), "")))
+	}
+	events = append(events, []byte(chatChunk(`{}`, "stop")),
+		[]byte(chatHead+`],"usage":{"prompt_tokens":31,"total_tokens":231,"completion_tokens":200}}`))
+	n := 0
+	for _, e := range events {
+		n += len(e)
+	}
+	b.SetBytes(int64(n))
+	b.ReportAllocs()
+	r := NewReassembler(false)
+	for b.Loop() {
+		r.Reset(false)
+		for _, e := range events {
+			if err := r.Add(e); err != nil {
+				b.Fatal(err)
+			}
+		}
+		if len(r.Body()) == 0 {
+			b.Fatal("empty body")
+		}
 	}
 }
 
@@ -538,7 +592,7 @@ func BenchmarkReassembler(b *testing.B) {
 // chunk, under the same X-Request-Id, and the stream reassembled must equal the
 // non-streaming body field by field, in the same key order.
 func TestReassembleMatchesEngineNonStreaming(t *testing.T) {
-	_, srv := sim(t, enginesim.Config{Models: []string{"m"}, OutputTokens: 5})
+	srv := simServer(t, enginesim.Config{Models: []string{"m"}, OutputTokens: 5})
 	client := &http.Client{Transport: &http.Transport{}}
 	t.Cleanup(client.CloseIdleConnections)
 
@@ -607,7 +661,7 @@ func TestReassembleMatchesEngineNonStreaming(t *testing.T) {
 			unary := post(`,"stream":false`)
 			completions := tc.path == "/v1/completions"
 			r, err := reassembleSSE(t, completions, post(`,"stream":true,"stream_options":{"include_usage":true}`), 0)
-			if tc.malformed != errors.Is(err, errMalformedChunk) || (!tc.malformed && err != nil) {
+			if tc.malformed != errors.Is(err, ErrMalformedChunk) || (!tc.malformed && err != nil) {
 				t.Fatalf("err = %v", err)
 			}
 			if tc.malformed {
@@ -621,10 +675,10 @@ func TestReassembleMatchesEngineNonStreaming(t *testing.T) {
 				unary = post(`,"stream":false`)
 				tc.fault = f
 			}
-			if !r.finished() {
+			if !r.Finished() {
 				t.Error("stream not finished")
 			}
-			got := r.body()
+			got := r.Body()
 
 			wantID := map[bool]string{false: "chatcmpl-", true: "cmpl-"}[completions] + reqID
 			if tc.bodyID {
