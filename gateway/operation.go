@@ -120,7 +120,7 @@ type operation struct {
 	sticky bool
 	// observe: with Config.ObserveNonStreaming, a non-streaming request is
 	// sent to the engine as a stream and its chunks reassembled into the
-	// body (reassemble.go): OpenAI chat and completions only.
+	// body (oai.Reassembler): OpenAI chat and completions only.
 	observe bool
 }
 
