@@ -204,7 +204,7 @@ func withOperation(op *operation, next http.Handler) http.Handler {
 // Over the limit the request is answered 503 with Retry-After before its
 // body is read; no engine is contacted.
 func (s *Server) admit(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return door(func(w http.ResponseWriter, r *http.Request) error {
 		if max := s.set.Load().cfg.MaxConcurrentRequests; max > 0 && s.inflight.Add(1) > int64(max) {
 			// Given back at once, so a flood of rejected requests does not
 			// itself keep admissible ones out.
@@ -213,13 +213,13 @@ func (s *Server) admit(next http.Handler) http.Handler {
 				st.errType = ErrTypeOverloaded
 			}
 			closeAfterUnreadBody(w, http.NewResponseController(w))
-			writeError(w, r, errOverloaded("the gateway is at its limit of concurrent requests"))
-			return
+			return errOverloaded("the gateway is at its limit of concurrent requests")
 		} else if max <= 0 {
 			s.inflight.Add(1)
 		}
 		defer s.inflight.Add(-1)
 		next.ServeHTTP(w, r)
+		return nil
 	})
 }
 
