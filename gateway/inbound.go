@@ -39,8 +39,6 @@ type inbound struct {
 	id string
 }
 
-// proxy serves one operation-table route: read and check the request as
-
 // read reads and checks the request as op's row says: the body (under the
 // size limits), the model and the stream flag. Errors are APIErrors (400,
 // 413, 415, 408, 503) or the client's context error; no engine slot is
@@ -136,10 +134,6 @@ func validID(id string) bool {
 	}
 	return true
 }
-
-// candidates resolves the request's model (aliases included) to the route
-// of engines that serve it, or of every routable engine when it names
-// none. Errors: 404 model_not_found, 503 when no engine serving it is
 
 // initialBodyBuf is the first buffer for a request body: a body grows from
 // it with the bytes that arrive (doubling, up to its Content-Length or
@@ -240,6 +234,3 @@ func (s *Server) bodyReadError(r *http.Request, err error, limit int64, timeout 
 	}
 	return errBadRequest("", "could not read the request body: "+err.Error())
 }
-
-// outBody is the body sent to an engine: the client's bytes with at most
-// two edits (the model an alias stands for, the usage option), as up to

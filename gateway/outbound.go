@@ -191,5 +191,3 @@ func (s *Server) outgoing(op *operation, in *inbound) outBody {
 // jsonContentType is the Content-Type value of every engine request: the
 // body has been checked to be a JSON object, whatever the client declared.
 var jsonContentType = []string{"application/json"}
-
-// classify maps an engine round-trip or body-read error to its error.type

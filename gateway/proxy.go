@@ -260,10 +260,6 @@ func atCapacity(rt *route, ep *routing.Endpoint) bool {
 	return pf+dc >= limit
 }
 
-// read reads and checks the request as op's row says: the body (under the
-// size limits), the model and the stream flag. Errors are APIErrors (400,
-// 413, 415, 408, 503) or the client's context error; no engine slot is
-
 // candidates resolves the request's model (aliases included) to the route
 // of engines that serve it, or of every routable engine when it names
 // none. Errors: 404 model_not_found, 503 when no engine serving it is
@@ -291,9 +287,3 @@ func (s *Server) candidates(op *operation, in *inbound) (*route, error) {
 	}
 	return rt, err
 }
-
-// exchange runs one attempt of the request on eng: it sends the request,
-// decides on the result (rs.decide, the one place that does) and, unless
-// it is tried again, commits it to the client. It reports whether the
-// request should be tried again (rs then says where, after what wait and
-// why). Nothing has reached the client then: a result is only what
