@@ -3,8 +3,11 @@ package gateway
 import (
 	"errors"
 	"io"
+	"mime"
 	"net/http"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -45,6 +48,12 @@ type inbound struct {
 // taken for any of them.
 func (s *Server) read(w http.ResponseWriter, r *http.Request, op *operation, set *settings, held *int64) (in inbound, err error) {
 	in.set = set
+	if op.body != bodyNone {
+		if err := checkEncoding(r.Header, op.body); err != nil {
+			closeAfterUnreadBody(w, http.NewResponseController(w))
+			return in, err
+		}
+	}
 	if op.body == bodyForm {
 		// A body that cannot be a form is refused before it is read, by
 		// the rules ParseForm applies.
@@ -233,4 +242,44 @@ func (s *Server) bodyReadError(r *http.Request, err error, limit int64, timeout 
 		return r.Context().Err()
 	}
 	return errBadRequest("", "could not read the request body: "+err.Error())
+}
+
+// checkEncoding refuses, before the body is read, a body the route cannot
+// parse as its row says (415, naming what was sent):
+//   - a Content-Encoding other than identity (gzip, br, ...): the gateway
+//     reads routing fields from the body and engines take it as sent, so
+//     a compressed body would only fail later as "invalid character";
+//   - on a JSON route, a Content-Type that is not JSON: text/plain, a form
+//     (application/x-www-form-urlencoded, curl's default for -d, or
+//     multipart/form-data) or any other media type except
+//     application/json and a +json type. OpenAI's API refuses these too;
+//     a request with no Content-Type is read as JSON, as engines do.
+func checkEncoding(h http.Header, kind bodyKind) error {
+	if ce := h.Values("Content-Encoding"); len(ce) > 0 {
+		for _, v := range ce {
+			for _, enc := range strings.Split(v, ",") {
+				if enc = strings.TrimSpace(enc); enc != "" && !strings.EqualFold(enc, "identity") {
+					return &APIError{Status: http.StatusUnsupportedMediaType, Type: TypeInvalidRequest, Code: "unsupported_content_encoding",
+						Message: "content encoding " + strconv.Quote(enc) + " is not supported: send the request body uncompressed"}
+				}
+			}
+		}
+	}
+	if kind != bodyJSON {
+		return nil
+	}
+	ct := h.Get("Content-Type")
+	if ct == "" {
+		return nil
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	if err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json")) {
+		return nil
+	}
+	shown := mt
+	if err != nil {
+		shown = ct
+	}
+	return &APIError{Status: http.StatusUnsupportedMediaType, Type: TypeInvalidRequest, Code: "unsupported_media_type",
+		Message: "content type " + strconv.Quote(shown) + " is not supported on this route: send the body as application/json"}
 }
