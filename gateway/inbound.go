@@ -160,7 +160,12 @@ const initialBodyBuf = 16 << 10
 func (s *Server) readBody(w http.ResponseWriter, r *http.Request, held *int64, limit int64, timeout time.Duration) (body []byte, err error) {
 	rc := http.NewResponseController(w)
 	defer func() {
-		if err != nil && err != errBodyEmpty {
+		var ae *APIError
+		switch {
+		case err == nil || err == errBodyEmpty:
+		case errors.As(err, &ae) && ae.Status == http.StatusRequestTimeout:
+			closeStalled(w, rc)
+		default:
 			closeAfterUnreadBody(w, rc) // the body was not read to its end
 		}
 	}()
