@@ -197,11 +197,11 @@ func errPermissionDenied(model string) *APIError {
 // on the access log and the server span; the key itself goes nowhere (the
 // headers carrying it are never forwarded, see notToEngine).
 func (s *Server) authenticate(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return door(func(w http.ResponseWriter, r *http.Request) error {
 		set := s.set.Load()
 		if len(set.keys) == 0 {
 			next.ServeHTTP(w, r)
-			return
+			return nil
 		}
 		st := stateFrom(r.Context())
 		key, err := presentedKey(r)
@@ -222,13 +222,13 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 					span.SetAttributes(telemetry.AttrKey.String(k.name))
 				}
 				next.ServeHTTP(w, r)
-				return
+				return nil
 			}
 			ae = errUnauthorized("incorrect api key provided")
 		}
 		w.Header().Set("WWW-Authenticate", `Bearer realm="switchboard"`)
 		closeAfterUnreadBody(w, http.NewResponseController(w))
-		writeError(w, r, ae)
+		return ae
 	})
 }
 

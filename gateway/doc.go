@@ -30,15 +30,29 @@
 // alias resolved (404 model_not_found when none serves it, 503 when none
 // of those is routable); the routing policy picks one. Each attempt's
 // result (the engine's response headers, or the gateway's error) is
-// decided on and written to the client in one place (commit): it goes to
-// another engine only when nothing was sent to the client and the engine
-// never took the request (a refused connection; on a sticky route, an
-// engine without the stored response). The engine request carries the
+// decided on in one place, the planner (see # Plan of legs): it goes to
+// another engine only when nothing was sent to the client. The engine request carries the
 // client's query string and end-to-end headers, less its credentials
 // ([StrippedRequestHeaders], Config.StripRequestHeaders), with
 // X-Forwarded-For/-Proto/-Host set as Envoy and Caddy do
 // (Config.TrustedProxies decides whether incoming ones are extended or
 // replaced).
+//
+// # Plan of legs
+//
+// A request is a plan of legs (plan.go). A leg is one engine exchange
+// (exchange.go): its span, its slot and its timers, ended exactly once by
+// its attempt's end. Each leg ends with an outcome value (the engine's
+// status or the gateway's error, its error.type, and the stage it was
+// taken at: before the answer was relayed, or in a held relay that sent
+// nothing), and one function, plan.next, decides what follows: another leg
+// on another engine, on the same one after its Retry-After or a back-off,
+// or none, when the leg's own result is the answer. The rules are
+// server.retry's (retry.go): the conditions retried, max_attempts, the
+// time budget and the retry budget. A new kind of leg (a continuation of
+// a broken stream, a prefill, a fallback model) is a new legKind and a
+// case in plan.next. Handlers return their error instead of writing it;
+// door (errors.go) writes it, in the route's envelope.
 //
 // # Memory
 //

@@ -160,6 +160,21 @@ func apiErrorFor(err error) *APIError {
 	return &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: "engine_unreachable", Message: "the engine could not be reached", Err: err}
 }
 
+// handlerFunc is a handler that returns the error its client is to get
+// instead of writing it: nil when it wrote the response itself.
+type handlerFunc func(w http.ResponseWriter, r *http.Request) error
+
+// door adapts a handlerFunc to net/http: the one place the gateway's
+// handlers and middlewares write an error (the recoverer, which has no
+// handler to return from, is the other).
+func door(h handlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if err := h(w, r); err != nil {
+			writeError(w, r, err)
+		}
+	}
+}
+
 // writeError writes err as an error object in the envelope of the request's
 // route (OpenAI's unless the route's row says otherwise). When the client has gone
 // (context.Canceled) it only sets status 499, without a body: nobody is

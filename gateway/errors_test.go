@@ -65,7 +65,12 @@ func TestCaseL15ErrorStatuses(t *testing.T) {
 		{name: "empty body", body: ``, status: 400, typ: "invalid_request_error"},
 		{name: "missing model", body: `{"messages":[{"role":"user","content":"hi"}]}`, status: 400, typ: "invalid_request_error", param: ptr("model")},
 		{name: "model not a string", body: `{"model":7,"messages":[]}`, status: 400, typ: "invalid_request_error", param: ptr("model")},
-		{name: "text/plain malformed", body: `{"model":"m", x}`, hdr: []string{"Content-Type", "text/plain"}, status: 400, typ: "invalid_request_error"},
+		// A body the route cannot read as sent is refused before it is
+		// parsed, naming what was sent (OpenAI's 415).
+		{name: "text/plain", body: `{"model":"m", x}`, hdr: []string{"Content-Type", "text/plain"}, status: 415, typ: "invalid_request_error", code: ptr("unsupported_media_type")},
+		{name: "form type", body: chat("m", ""), hdr: []string{"Content-Type", "application/x-www-form-urlencoded"}, status: 415, typ: "invalid_request_error", code: ptr("unsupported_media_type")},
+		{name: "multipart on a JSON route", body: chat("m", ""), hdr: []string{"Content-Type", "multipart/form-data; boundary=x"}, status: 415, typ: "invalid_request_error", code: ptr("unsupported_media_type")},
+		{name: "gzip body", body: "\x1f\x8b\x08\x00", hdr: []string{"Content-Encoding", "gzip"}, status: 415, typ: "invalid_request_error", code: ptr("unsupported_content_encoding")},
 		{name: "unknown model", body: chat("nope", ""), status: 404, typ: "invalid_request_error", code: ptr("model_not_found"), param: ptr("model")},
 		{name: "no healthy engine", body: chat("down-model", ""), status: 503, typ: "service_unavailable_error", code: ptr("no_healthy_engine")},
 		{name: "engine unreachable", body: chat("dead-model", ""), status: 502, typ: "server_error", code: ptr("engine_unreachable")},
@@ -119,7 +124,7 @@ func TestCaseL15ErrorStatuses(t *testing.T) {
 			if got := engine.Stats().Received - before; got != tt.engineHits {
 				t.Errorf("engine received %d requests, want %d", got, tt.engineHits)
 			}
-			if tt.status == 400 && tt.engineHits == 0 || tt.status == 404 || tt.status == 413 || tt.status == 405 {
+			if tt.status == 400 && tt.engineHits == 0 || tt.status == 404 || tt.status == 413 || tt.status == 405 || tt.status == 415 {
 				if d := h.histCount(telemetry.RequestDurationName) - durBefore; d != 0 {
 					t.Errorf("bad input recorded %d engine durations, want 0", d)
 				}
@@ -182,5 +187,39 @@ func TestEngineErrorEnvelope(t *testing.T) {
 	h.waitIdle()
 	if et := h.errorTypes(); et["400"] != 1 || et["422"] != 1 || et["502"] != 1 {
 		t.Errorf("error types %v", et)
+	}
+}
+
+// TestBodyMediaTypesAccepted: the JSON types a client may declare reach
+// the engine: JSON with parameters, a +json type, no Content-Type at all,
+// and the identity encoding; the refused ones are in
+// TestCaseL15ErrorStatuses.
+func TestBodyMediaTypesAccepted(t *testing.T) {
+	engine, srv := sim(t, enginesim.Config{Models: []string{"m"}})
+	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}}))
+	body := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+	for _, hdr := range [][]string{
+		{"Content-Type", "application/json; charset=utf-8"},
+		{"Content-Type", "application/vnd.example+json"},
+		{"Content-Type", ""},
+		{"Content-Encoding", "identity"},
+	} {
+		before := engine.Stats().Received
+		req, _ := http.NewRequest("POST", h.srv.URL+"/v1/chat/completions", strings.NewReader(body))
+		if hdr[1] != "" {
+			req.Header.Set(hdr[0], hdr[1])
+		}
+		resp, err := h.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("%s %q: status %d, want 200 (%s)", hdr[0], hdr[1], resp.StatusCode, b)
+		}
+		if got := engine.Stats().Received - before; got != 1 {
+			t.Errorf("%s %q: engine received %d requests, want 1", hdr[0], hdr[1], got)
+		}
 	}
 }

@@ -897,3 +897,45 @@ func TestEngineURLUserinfoRedacted(t *testing.T) {
 		}
 	})
 }
+
+// TestEarlyAnswerLingers: a body answered before it was read (here 413 for
+// a declared length over the limit) is drained after the answer, so the
+// connection closes cleanly (FIN) and a client that reads late still gets
+// the answer. Closed with the client's bytes unread, the connection sends
+// a TCP reset, which destroys an answer the client has not read yet:
+// under load, clients got "write: broken pipe" instead of the 413. The
+// client here reads after net/http's 500 ms reset-avoidance delay (the
+// time it waits between half-closing and closing), the delay being the
+// fault itself.
+func TestEarlyAnswerLingers(t *testing.T) {
+	const limit = 4 << 10
+	_, srv := sim(t, enginesim.Config{Models: []string{"m"}})
+	cfg := testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+	cfg.MaxBodyBytes = limit
+	h := newHarness(t, cfg)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(h.srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	body := hostileChatBody("m", 64<<10) // 16 x the limit, well under net/http's 256 KiB drain
+	if _, err := fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(700 * time.Millisecond) // the slow client: past the 500 ms delay
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("reading the answer: %v (a reset destroyed it)", err)
+	}
+	if _, err := io.ReadAll(resp.Body); err != nil {
+		t.Fatal(err)
+	}
+	if resp.StatusCode != http.StatusRequestEntityTooLarge || !resp.Close {
+		t.Fatalf("status %d, close %v; want 413 and Connection: close", resp.StatusCode, resp.Close)
+	}
+	if n, err := io.Copy(io.Discard, br); err != nil || n != 0 {
+		t.Fatalf("after the answer: read %d bytes, err %v; want a clean close (EOF)", n, err)
+	}
+}

@@ -204,7 +204,7 @@ func withOperation(op *operation, next http.Handler) http.Handler {
 // Over the limit the request is answered 503 with Retry-After before its
 // body is read; no engine is contacted.
 func (s *Server) admit(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	return door(func(w http.ResponseWriter, r *http.Request) error {
 		if max := s.set.Load().cfg.MaxConcurrentRequests; max > 0 && s.inflight.Add(1) > int64(max) {
 			// Given back at once, so a flood of rejected requests does not
 			// itself keep admissible ones out.
@@ -213,13 +213,13 @@ func (s *Server) admit(next http.Handler) http.Handler {
 				st.errType = ErrTypeOverloaded
 			}
 			closeAfterUnreadBody(w, http.NewResponseController(w))
-			writeError(w, r, errOverloaded("the gateway is at its limit of concurrent requests"))
-			return
+			return errOverloaded("the gateway is at its limit of concurrent requests")
 		} else if max <= 0 {
 			s.inflight.Add(1)
 		}
 		defer s.inflight.Add(-1)
 		next.ServeHTTP(w, r)
+		return nil
 	})
 }
 
@@ -244,15 +244,32 @@ func newRequestID() string {
 }
 
 // closeAfterUnreadBody closes the connection once the response is written,
-// for a request whose body was not read to its end. After the handler
-// net/http drains up to 256 KiB of an unread body whatever Connection: close
-// says; with the read deadline at now that drain fails at once, instead of
-// waiting on a client that stalls its body (http.Server.ReadTimeout behaves
-// the same).
+// for a request whose body was not read to its end, with a lingering close
+// as nginx's lingering_close: after the handler net/http reads and drops
+// up to 256 KiB of the unread body (whatever Connection: close says), and
+// the read deadline bounds that drain at lingerTimeout. A client still
+// sending its body can then finish and read the answer, where closing
+// with its bytes unread would send it a TCP reset that destroys the
+// answer it has not read yet ("write: broken pipe" instead of the 413).
+// A client that stalls its body holds the connection no longer than that.
 func closeAfterUnreadBody(w http.ResponseWriter, rc *http.ResponseController) {
+	w.Header().Set("Connection", "close")
+	_ = rc.SetReadDeadline(time.Now().Add(lingerTimeout))
+}
+
+// closeStalled closes the connection of a client whose body did not arrive
+// within Config.BodyReadTimeout: no drain at all, since the client has
+// shown it does not send (http.Server.ReadTimeout behaves the same).
+func closeStalled(w http.ResponseWriter, rc *http.ResponseController) {
 	w.Header().Set("Connection", "close")
 	_ = rc.SetReadDeadline(time.Now())
 }
+
+// lingerTimeout bounds the drain of an unread body after an early answer
+// (closeAfterUnreadBody): nginx's lingering_timeout is 5 s; the drain here
+// is capped at net/http's 256 KiB, which a sending client delivers in far
+// less.
+const lingerTimeout = 2 * time.Second
 
 // recoverer turns a panic in a handler into a 500 error object (when the
 // response has not started) and logs it with its stack. It re-panics

@@ -46,7 +46,7 @@ var (
 //
 // The event data held is reserved in the gateway-wide buffered-bytes
 // budget until the answer is written.
-func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call) {
+func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call) *APIError {
 	a := c.a
 	var firstBy time.Time
 	if d := c.set.cfg.Timeouts.FirstToken; d > 0 {
@@ -122,13 +122,13 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 			if ae.Message == "" {
 				ae.Message = "the engine reported an error in its stream"
 			}
-			writeError(w, r, ae)
+			return ae
 		case failed == errReassembleBudget:
 			a.fail(ErrTypeOverloaded)
-			writeError(w, r, &APIError{Status: http.StatusServiceUnavailable, Type: TypeServer, Code: ErrTypeOverloaded, Message: "the gateway has no buffer left for this response; retry", Err: failed})
+			return &APIError{Status: http.StatusServiceUnavailable, Type: TypeServer, Code: ErrTypeOverloaded, Message: "the gateway has no buffer left for this response; retry", Err: failed}
 		case failed != nil:
 			a.fail(ErrTypeStreamError)
-			writeError(w, r, &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: ErrTypeStreamError, Message: fmt.Sprintf("the engine's stream could not be reassembled into a response: %v", failed), Err: failed})
+			return &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: ErrTypeStreamError, Message: fmt.Sprintf("the engine's stream could not be reassembled into a response: %v", failed), Err: failed}
 		case body != nil:
 			h := w.Header()
 			copyResponseHeaders(h, resp.Header, true)
@@ -143,12 +143,12 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 			}
 		case rerr == io.EOF:
 			a.fail(ErrTypeEngineDisconnect)
-			writeError(w, r, &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: ErrTypeEngineDisconnect, Message: "the engine closed the stream before it was complete"})
+			return &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: ErrTypeEngineDisconnect, Message: "the engine closed the stream before it was complete"}
 		default:
 			et, ae := s.classify(r, c.actx, rerr)
 			a.fail(et)
-			writeError(w, r, ae)
+			return ae
 		}
-		return
+		return nil
 	}
 }

@@ -285,7 +285,7 @@ func TestRetryBudgetStopsStorm(t *testing.T) {
 	if refused == 0 {
 		t.Errorf("no retry was refused by the budget")
 	}
-	if got := rh.gw.retrying.Load(); got != 0 {
+	if got := rh.gw.retries.retrying.Load(); got != 0 {
 		t.Errorf("retry budget held by %d requests after all ended, want 0", got)
 	}
 }

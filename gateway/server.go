@@ -75,9 +75,9 @@ type Server struct {
 	limits *limiter
 	// inflight counts the proxied requests being handled (admit).
 	inflight atomic.Int64
-	// retrying counts the requests holding a share of the retry budget
-	// (takeRetry).
-	retrying atomic.Int64
+	// retries is the retry budget: the requests being retried at once,
+	// against inflight.
+	retries retryBudget
 	// pending maps a served model to its generative attempts without a
 	// first token yet (*atomic.Int64), counted while
 	// Config.MaxPendingPerModel is set (pendingFor).
@@ -262,6 +262,7 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 		sticky:   newStickyIndex(stickyEntries),
 		ops:      operations,
 	}
+	s.retries.inflight = &s.inflight
 	s.set.Store(newSettings(cfg, policy))
 	s.base, s.abort = context.WithCancelCause(context.Background())
 	s.reg, err = m.ObserveInFlight(pool.observeInFlightByName)

@@ -430,7 +430,7 @@ func (rl *relay) write(p []byte, flush bool) error {
 // official clients take a bare EOF for success. Until the first content event the engine may send nothing
 // but the role chunk and comments until firstBy; after it, Timeouts.Idle
 // bounds the gap between reads.
-func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call) {
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call) *APIError {
 	a, actx := c.a, c.actx
 	// A stream the client did not ask for (speech, images answered as
 	// events) has no first-token wait: the idle timeout bounds it from
@@ -490,7 +490,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 				if st.dropFrom > 0 {
 					if err := emit(out[:st.dropFrom], len(rest) == 0); err != nil {
 						a.fail(clientWriteErrType(err))
-						return
+						return nil
 					}
 				}
 				out = rest
@@ -498,7 +498,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 			if len(out) > 0 {
 				if err := emit(out, true); err != nil {
 					a.fail(clientWriteErrType(err))
-					return
+					return nil
 				}
 			}
 		}
@@ -523,7 +523,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 				}
 			}
 			rl.start()
-			return
+			return nil
 		}
 		var et string
 		var ae *APIError
@@ -533,18 +533,16 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 			et, ae = s.classify(r, actx, rerr)
 		}
 		a.fail(et)
-		switch {
-		case !rl.started && c.holdFirst && et != ErrTypeClientCancelled:
-			// Nothing was sent (the stream was held before its first
-			// content): exchange decides between another attempt and
-			// this error, a real status.
-			c.unsent, c.unsentType = ae, et
-		case !rl.started:
-			writeError(w, r, ae)
-		case et != ErrTypeClientCancelled:
+		if !rl.started {
+			// Nothing was sent (the stream may have been held before its
+			// first content): the planner decides between another leg
+			// and this error, a real status.
+			return ae
+		}
+		if et != ErrTypeClientCancelled {
 			writeStreamError(w, rl.rc, ae, c.op.framing)
 		}
-		return
+		return nil
 	}
 }
 
@@ -624,7 +622,7 @@ const (
 // copyStream: relayed byte for byte as it arrives, flushed per write; the
 // engine may be silent until firstBy before its first bytes, then
 // Timeouts.Idle between reads; the body's clean end is the stream's end.
-func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, mode copyMode) {
+func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call, mode copyMode) *APIError {
 	a, actx := c.a, c.actx
 	firstBy := time.Time{}
 	if mode == copyStream {
@@ -651,7 +649,7 @@ func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Res
 				buffering = false
 				if err := rl.write(hold.b, false); err != nil {
 					a.fail(clientWriteErrType(err))
-					return
+					return nil
 				}
 			}
 			if len(p) > 0 {
@@ -661,7 +659,7 @@ func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Res
 				}
 				if err := rl.write(p, flush); err != nil {
 					a.fail(clientWriteErrType(err))
-					return
+					return nil
 				}
 			}
 		}
@@ -687,16 +685,15 @@ func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Res
 					a.finished(b.FinishReason)
 				}
 			}
-			return
+			return nil
 		}
 		et, ae := s.classify(r, actx, rerr)
 		a.fail(et)
 		if !rl.started {
-			writeError(w, r, ae)
-			return
+			return ae
 		}
 		if et == ErrTypeClientCancelled {
-			return
+			return nil
 		}
 		// finish keeps the recorded cause for this panic.
 		panic(http.ErrAbortHandler)
