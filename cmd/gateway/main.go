@@ -31,6 +31,7 @@ import (
 	"github.com/switchboard-gw/switchboard/gateway"
 	"github.com/switchboard-gw/switchboard/gateway/k8s"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/version"
 	"github.com/switchboard-gw/switchboard/quota"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
@@ -136,7 +137,8 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 	// gen_ai.client.operation.duration's buckets reach the longest a
 	// request may last.
 	t := cfg.Server.Config.Timeouts
-	metrics, err := telemetry.NewMetrics(providers.MeterProvider, telemetry.WithLongestTimeout(max(t.Request, t.Attempt)))
+	metrics, err := telemetry.NewMetrics(providers.MeterProvider, telemetry.WithLongestTimeout(max(t.Request, t.Attempt)),
+		telemetry.WithVersion(version.Version))
 	if err != nil {
 		return err
 	}
