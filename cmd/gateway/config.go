@@ -3,7 +3,9 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -189,7 +191,63 @@ func newFlagSet() *pflag.FlagSet {
 	fs.String("policy", "", "routing policy: "+strings.Join(routing.Names(), ", "))
 	fs.String("log-level", "", "log level: debug, info, warn, error")
 	fs.Bool("version", false, "print the version and exit")
+	fs.Usage = func() { _, _ = io.WriteString(fs.Output(), usage(fs)) }
 	return fs
+}
+
+// usage is the --help text: the command lines, the keys subcommand
+// included, then the flags of fs.
+func usage(fs *pflag.FlagSet) string {
+	return `Usage:
+  switchboard [flags]                   run the gateway
+  switchboard keys hash < key.txt       print the sha256 of an API key read from stdin (for auth.keys)
+  switchboard keys hash --generate      make a new API key; print it and its sha256
+
+Flags:
+` + fs.FlagUsages() + `
+Every config key can also be set by an environment variable: ` + envPrefix + `ROUTING__POLICY
+sets routing.policy. Precedence: defaults < --config file < environment < flags.
+`
+}
+
+// flagError is err, a parse error of fs, with a hint when it is an unknown
+// flag: the flag of a config key given as one (--routing.policy is
+// --policy), else the nearest flag, with two dashes also when it was
+// written with one:
+//
+//	unknown flag: --lisen (did you mean --listen?)
+//	unknown shorthand flag: 'v' in -version (did you mean --version?)
+func flagError(fs *pflag.FlagSet, err error) error {
+	var ne *pflag.NotExistError
+	if !errors.As(err, &ne) {
+		return err
+	}
+	name := ne.GetSpecifiedName()
+	if short := ne.GetSpecifiedShortnames(); short != "" {
+		name, _, _ = strings.Cut(short, "=")
+	}
+	for flag, key := range flagKeys {
+		if key == name {
+			return fmt.Errorf("%w (did you mean --%s?)", err, flag)
+		}
+	}
+	names := []string{"help"}
+	fs.VisitAll(func(f *pflag.Flag) { names = append(names, f.Name) })
+	slices.Sort(names)
+	if best := nearest(name, names); best != "" {
+		return fmt.Errorf("%w (did you mean --%s?)", err, best)
+	}
+	return err
+}
+
+// argsError reports the arguments left after the flags: the gateway takes
+// none, and a misspelled subcommand ("key hash") must not start it.
+func argsError(args []string) error {
+	hint := ""
+	if nearest(args[0], []string{"keys"}) != "" {
+		hint = " (did you mean the keys subcommand: switchboard keys hash?)"
+	}
+	return fmt.Errorf("unexpected argument %q: the gateway takes flags only, see --help%s", args[0], hint)
 }
 
 // loadConfig layers defaults, the YAML file, the environment and the flags.
@@ -240,10 +298,13 @@ func loadConfigSum(args []string, environ func() []string) (Config, loadedFrom, 
 	var from loadedFrom
 	fs := newFlagSet()
 	if err := fs.Parse(args); err != nil {
-		return Config{}, from, err
+		return Config{}, from, flagError(fs, err)
 	}
 	if v, _ := fs.GetBool("version"); v {
 		return Config{}, from, errVersion
+	}
+	if fs.NArg() > 0 {
+		return Config{}, from, argsError(fs.Args())
 	}
 	k := koanf.New(".")
 	if err := k.Load(confmap.Provider(map[string]any{}, "."), nil); err != nil {

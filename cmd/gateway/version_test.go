@@ -126,12 +126,25 @@ func TestVersionFlag(t *testing.T) {
 }
 
 // TestHelpFlag checks that --help still ends with pflag.ErrHelp (main
-// exits 0 on it) and lists --version.
+// exits 0 on it) and prints the usage: the keys subcommand, the flags
+// (--version among them) and the environment variables.
 func TestHelpFlag(t *testing.T) {
 	if _, err := loadConfig([]string{"--help"}, environ()); !errors.Is(err, pflag.ErrHelp) {
 		t.Errorf("loadConfig(--help) = %v, want pflag.ErrHelp", err)
 	}
 	if usage := newFlagSet().FlagUsages(); !regexp.MustCompile(`\n\s+--version\S*\s+print the version and exit\n`).MatchString(usage) {
 		t.Errorf("usage does not list --version:\n%s", usage)
+	}
+	fs := newFlagSet()
+	var out strings.Builder
+	fs.SetOutput(&out)
+	if err := fs.Parse([]string{"--help"}); !errors.Is(err, pflag.ErrHelp) {
+		t.Fatalf("Parse(--help) = %v, want pflag.ErrHelp", err)
+	}
+	for _, want := range []string{"\n  switchboard [flags] ", "\n  switchboard keys hash < key.txt ", "\n  switchboard keys hash --generate ",
+		"\nFlags:\n", "--config string", "--policy string", "SWITCHBOARD_ROUTING__POLICY"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("--help lacks %q:\n%s", want, out.String())
+		}
 	}
 }
