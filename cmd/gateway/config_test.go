@@ -322,6 +322,15 @@ func TestLoadConfigErrors(t *testing.T) {
 			args: []string{"key", "hash"},
 			want: []string{`unexpected argument "key"`, "did you mean the keys subcommand: switchboard keys hash?"},
 		},
+		{
+			name: "engine url without a scheme",
+			yaml: "engines:\n  - {name: e1, url: \"127.0.0.1:8001\"}\n  - {name: e2, url: \"localhost:8002\"}\n  - {name: e3, url: engine-3}\n",
+			want: []string{`engine "e1": url needs http:// or https:// before the host`,
+				`engine "e2": url needs http:// or https:// before the host`,
+				`engine "e3": url needs http:// or https:// before the host`, "engines[0]", "engines[1]", "engines[2]"},
+			// The scheme-less URL is not repeated: it may hold a password.
+			not: []string{"8001", "8002", "engine-3"},
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
