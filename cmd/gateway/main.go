@@ -110,7 +110,7 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 	// loaded is the sum of the file's bytes this config was built from:
 	// an edit made from now on, before the watch is set up, is still a
 	// change.
-	cfg, loaded, err := loadConfigSum(args, environ)
+	cfg, loaded, shadow, err := loadConfigSum(args, environ)
 	if err != nil {
 		return err
 	}
@@ -259,7 +259,7 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 	// Reloads (SIGHUP, the watched config file) stop before the gateway
 	// closes: this defer runs first.
 	rl := &reloader{args: args, environ: environ, log: log, gw: gw, metrics: metrics, sims: simEngines,
-		started: cfg, routing: cfg.Routing, policy: policy}
+		started: cfg, routing: cfg.Routing, policy: policy, shadowed: shadow}
 	defer rl.startReloads(ctx, hup, configFile(args), loaded, cfg.Reload.Watch, cfg.Reload.Debounce)()
 	log.Info("switchboard listening", "addr", ln.Addr().String(), "policy", cfg.Routing.Policy, "engines", gw.Pool().String())
 	if ready != nil {
