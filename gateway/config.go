@@ -518,6 +518,11 @@ func (e EngineConfig) Validate() error {
 	switch {
 	case e.URL == "":
 		bad("engine %q: url must not be empty", e.Name)
+	case !strings.Contains(e.URL, "://"):
+		// 127.0.0.1:8001 fails to parse and localhost:8001 parses with
+		// the scheme "localhost": say what is missing. Not the URL
+		// itself: it may hold a password.
+		bad("engine %q: url needs http:// or https:// before the host", e.Name)
 	case err != nil:
 		// Not err itself: it quotes the URL, or part of it, credentials
 		// included.

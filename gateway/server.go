@@ -26,6 +26,7 @@ import (
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/switchboard-gw/switchboard/internal/oai"
+	"github.com/switchboard-gw/switchboard/internal/version"
 	"github.com/switchboard-gw/switchboard/quota"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
@@ -255,7 +256,7 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 		metrics:  m,
 		tp:       c.tp,
 		mp:       c.mp,
-		tracer:   c.tp.Tracer(telemetry.ScopeName, trace.WithInstrumentationVersion(telemetry.Version)),
+		tracer:   c.tp.Tracer(telemetry.ScopeName, trace.WithInstrumentationVersion(version.Version)),
 		prop:     c.prop,
 		client:   &http.Client{Transport: c.transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
 		log:      c.log,

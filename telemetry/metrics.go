@@ -18,9 +18,6 @@ import (
 // ScopeName is the instrumentation scope of every Switchboard instrument.
 const ScopeName = "github.com/switchboard-gw/switchboard/telemetry"
 
-// Version is the instrumentation scope version.
-const Version = "0.1.0"
-
 // Instrument names. They are a public contract: dashboards and alerts
 // depend on them (shared/DESIGN.md, "Telemetry contract").
 const (
@@ -176,6 +173,15 @@ type MetricsOption func(*metricsConfig)
 
 type metricsConfig struct {
 	longest time.Duration
+	version string
+}
+
+// WithVersion sets the version of the instrumentation scope, the
+// application's version ("0.1.0"): the binary passes its own, so the
+// exported scope says which build recorded the data. Empty (the default):
+// the scope has no version.
+func WithVersion(v string) MetricsOption {
+	return func(c *metricsConfig) { c.version = v }
 }
 
 // WithLongestTimeout sets the longest request timeout the gateway is
@@ -214,7 +220,7 @@ func NewMetrics(mp metric.MeterProvider, opts ...MetricsOption) (*Metrics, error
 		}
 	}
 	m := &Metrics{
-		meter:        mp.Meter(ScopeName, metric.WithInstrumentationVersion(Version)),
+		meter:        mp.Meter(ScopeName, metric.WithInstrumentationVersion(cfg.version)),
 		phasePrefill: AttrPhase.String("prefill"),
 		phaseDecode:  AttrPhase.String("decode"),
 	}

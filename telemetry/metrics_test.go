@@ -21,13 +21,18 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// newTestMetrics returns Metrics recording into a manual reader.
+// testVersion is the application version newTestMetrics passes, which the
+// scope of its metrics carries.
+const testVersion = "1.2.3-test"
+
+// newTestMetrics returns Metrics recording into a manual reader, with the
+// scope version testVersion.
 func newTestMetrics(t *testing.T) (*Metrics, *sdkmetric.ManualReader) {
 	t.Helper()
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	m, err := NewMetrics(mp)
+	m, err := NewMetrics(mp, WithVersion(testVersion))
 	if err != nil {
 		t.Fatalf("NewMetrics: %v", err)
 	}
@@ -132,7 +137,7 @@ func TestMetricsRecord(t *testing.T) {
 	errType := AttrErrorType.String("503")
 
 	want := metricdata.ScopeMetrics{
-		Scope: instrumentation.Scope{Name: ScopeName, Version: Version},
+		Scope: instrumentation.Scope{Name: ScopeName, Version: testVersion},
 		Metrics: []metricdata.Metrics{
 			{
 				Name: ActiveRequestsName, Unit: "{request}",
@@ -444,7 +449,7 @@ func TestObserveEngineStats(t *testing.T) {
 	defer func() { _ = reg.Unregister() }()
 	s1, s2 := set(AttrEngine.String("e1")), set(AttrEngine.String("e2"))
 	want := metricdata.ScopeMetrics{
-		Scope: instrumentation.Scope{Name: ScopeName, Version: Version},
+		Scope: instrumentation.Scope{Name: ScopeName, Version: testVersion},
 		Metrics: []metricdata.Metrics{
 			{Name: QueueDepthName, Unit: "{request}", Data: metricdata.Gauge[int64]{DataPoints: []metricdata.DataPoint[int64]{
 				{Attributes: s1, Value: 3}, {Attributes: s2, Value: 0}}}},

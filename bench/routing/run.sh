@@ -262,7 +262,7 @@ run_policy() {
 		cat "$dir/gateway.log" >&2
 		return 1
 	done
-	local lg=("$bin/loadgen" --url "http://$gw" --model "$model" --stream
+	local lg=("$bin/loadgen" --url "http://$gw" --model "$model" --stream --max-error-rate 1
 		--workload conversations --system-prompts "$SYSTEM_PROMPTS" --system-prompt-words "$SYSTEM_PROMPT_WORDS"
 		--conversations "$CONVERSATIONS" --turns "$TURNS" --stagger="$STAGGER" --prompt-words "$PROMPT_WORDS" --max-tokens "$MAX_TOKENS"
 		--concurrency "$CONCURRENCY" --warmup "$WARMUP" --duration "$DURATION" --seed "$SEED"

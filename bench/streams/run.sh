@@ -59,16 +59,16 @@ heap() { curl -s "http://127.0.0.1:$adm/metrics" | awk '$1=="go_memstats_heap_in
 rss() { awk '/^VmRSS:/{print $2*1024}' "/proc/$gwpid/status"; }
 # The same streams straight to the engine first: what the machine (engine
 # and client on the same cores) manages without a gateway.
-"$work/loadgen" --url "http://127.0.0.1:$eng" --model bench --stream --max-tokens "$EVENTS" --prompt-words 16 \
+"$work/loadgen" --url "http://127.0.0.1:$eng" --model bench --stream --max-tokens "$EVENTS" --prompt-words 16 --max-error-rate 1 \
 	--concurrency "$STREAMS" --requests "$STREAMS" --json "$work/direct.json" >/dev/null
 jq -r '"direct to the engine: succeeded \(.succeeded), failed \(.failed); client ITL p50 \(.itl.p50_ms) ms, p99 \(.itl.p99_ms) ms, largest gap \(.itl.max_ms) ms; TTFT p99 \(.ttft.p99_ms) ms"' "$work/direct.json"
 # A warm-up round, so the baseline has the connection pools and buffers.
-"$work/loadgen" --url "http://127.0.0.1:$gw" --model bench --stream --max-tokens "$EVENTS" --prompt-words 16 \
+"$work/loadgen" --url "http://127.0.0.1:$gw" --model bench --stream --max-tokens "$EVENTS" --prompt-words 16 --max-error-rate 1 \
 	--concurrency 64 --requests 64 >/dev/null
 sleep 1
 heap0="$(heap)"
 rss0="$(rss)"
-"$work/loadgen" --url "http://127.0.0.1:$gw" --model bench --stream --max-tokens "$EVENTS" --prompt-words 16 \
+"$work/loadgen" --url "http://127.0.0.1:$gw" --model bench --stream --max-tokens "$EVENTS" --prompt-words 16 --max-error-rate 1 \
 	--concurrency "$STREAMS" --requests "$STREAMS" --json "$work/run.json" >"$work/loadgen.txt" &
 lg=$!
 pids+=($lg)

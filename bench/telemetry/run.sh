@@ -86,12 +86,12 @@ stop_mode() {
 	fi
 }
 
-"$work/loadgen" --url "http://127.0.0.1:$gw" --model bench --stream --max-tokens "$MAX_TOKENS" --prompt-words 32 \
+"$work/loadgen" --url "http://127.0.0.1:$gw" --model bench --stream --max-tokens "$MAX_TOKENS" --prompt-words 32 --max-error-rate 1 \
 	--concurrency "$CONCURRENCY" --requests 500 >/dev/null # warm-up
 for r in $(seq "$ROUNDS"); do
 	for mode in up down hung; do
 		start_mode "$mode"
-		"$work/loadgen" --url "http://127.0.0.1:$gw" --model bench --stream --max-tokens "$MAX_TOKENS" --prompt-words 32 \
+		"$work/loadgen" --url "http://127.0.0.1:$gw" --model bench --stream --max-tokens "$MAX_TOKENS" --prompt-words 32 --max-error-rate 1 \
 			--concurrency "$CONCURRENCY" --requests "$REQUESTS" --json "$work/$mode-$r.json" >/dev/null
 		stop_mode
 		echo "round $r $mode: p99 $(jq .e2e.p99_ms "$work/$mode-$r.json") ms, failed $(jq .failed "$work/$mode-$r.json")" >&2

@@ -3,7 +3,9 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
@@ -189,7 +191,63 @@ func newFlagSet() *pflag.FlagSet {
 	fs.String("policy", "", "routing policy: "+strings.Join(routing.Names(), ", "))
 	fs.String("log-level", "", "log level: debug, info, warn, error")
 	fs.Bool("version", false, "print the version and exit")
+	fs.Usage = func() { _, _ = io.WriteString(fs.Output(), usage(fs)) }
 	return fs
+}
+
+// usage is the --help text: the command lines, the keys subcommand
+// included, then the flags of fs.
+func usage(fs *pflag.FlagSet) string {
+	return `Usage:
+  switchboard [flags]                   run the gateway
+  switchboard keys hash < key.txt       print the sha256 of an API key read from stdin (for auth.keys)
+  switchboard keys hash --generate      make a new API key; print it and its sha256
+
+Flags:
+` + fs.FlagUsages() + `
+Every config key can also be set by an environment variable: ` + envPrefix + `ROUTING__POLICY
+sets routing.policy. Precedence: defaults < --config file < environment < flags.
+`
+}
+
+// flagError is err, a parse error of fs, with a hint when it is an unknown
+// flag: the flag of a config key given as one (--routing.policy is
+// --policy), else the nearest flag, with two dashes also when it was
+// written with one:
+//
+//	unknown flag: --lisen (did you mean --listen?)
+//	unknown shorthand flag: 'v' in -version (did you mean --version?)
+func flagError(fs *pflag.FlagSet, err error) error {
+	var ne *pflag.NotExistError
+	if !errors.As(err, &ne) {
+		return err
+	}
+	name := ne.GetSpecifiedName()
+	if short := ne.GetSpecifiedShortnames(); short != "" {
+		name, _, _ = strings.Cut(short, "=")
+	}
+	for flag, key := range flagKeys {
+		if key == name {
+			return fmt.Errorf("%w (did you mean --%s?)", err, flag)
+		}
+	}
+	names := []string{"help"}
+	fs.VisitAll(func(f *pflag.Flag) { names = append(names, f.Name) })
+	slices.Sort(names)
+	if best := nearest(name, names); best != "" {
+		return fmt.Errorf("%w (did you mean --%s?)", err, best)
+	}
+	return err
+}
+
+// argsError reports the arguments left after the flags: the gateway takes
+// none, and a misspelled subcommand ("key hash") must not start it.
+func argsError(args []string) error {
+	hint := ""
+	if nearest(args[0], []string{"keys"}) != "" {
+		hint = " (did you mean the keys subcommand: switchboard keys hash?)"
+	}
+	return fmt.Errorf("unexpected argument %q: the gateway takes flags only, see --help%s", args[0], hint)
 }
 
 // loadConfig layers defaults, the YAML file, the environment and the flags.
@@ -200,7 +258,7 @@ func newFlagSet() *pflag.FlagSet {
 // named as the operator wrote it: "config file my.yaml: server.listn: ..."
 // or "environment SWITCHBOARD_SERVER__LISTN: ...".
 func loadConfig(args []string, environ func() []string) (Config, error) {
-	cfg, _, err := loadConfigSum(args, environ)
+	cfg, _, _, err := loadConfigSum(args, environ)
 	return cfg, err
 }
 
@@ -234,38 +292,63 @@ type loadedFrom struct {
 	keys [32]byte
 }
 
+// shadowed maps each key that the config file sets and an environment
+// variable or a flag sets too, and so wins, to the file's value and that
+// variable or flag. A reload compares it with the running one's, to say
+// which changes of the file are not applied.
+type shadowed map[string]shadowedKey
+
+// shadowedKey is the file's value of a key in shadowed, and what wins
+// over it.
+type shadowedKey struct {
+	file any    // as the YAML parser gave it
+	by   string // SWITCHBOARD_ROUTING__POLICY, or --policy
+}
+
 // loadConfigSum is loadConfig that also returns what it loaded the
-// configuration from (loadedFrom), whether or not it is valid.
-func loadConfigSum(args []string, environ func() []string) (Config, loadedFrom, error) {
+// configuration from (loadedFrom), whether or not it is valid, and the
+// file's keys that the environment or the flags override (shadowed; nil
+// on error).
+func loadConfigSum(args []string, environ func() []string) (Config, loadedFrom, shadowed, error) {
 	var from loadedFrom
 	fs := newFlagSet()
 	if err := fs.Parse(args); err != nil {
-		return Config{}, from, err
+		return Config{}, from, nil, flagError(fs, err)
 	}
 	if v, _ := fs.GetBool("version"); v {
-		return Config{}, from, errVersion
+		return Config{}, from, nil, errVersion
+	}
+	if fs.NArg() > 0 {
+		return Config{}, from, nil, argsError(fs.Args())
 	}
 	k := koanf.New(".")
 	if err := k.Load(confmap.Provider(map[string]any{}, "."), nil); err != nil {
-		return Config{}, from, err
+		return Config{}, from, nil, err
 	}
 	var problems []error
+	shadow := shadowed{}
 	if path, _ := fs.GetString("config"); path != "" {
 		fk := koanf.New(".")
 		src := &summed{Provider: file.Provider(path)}
 		err := fk.Load(src, yaml.Parser())
 		from.config = src.sum
 		if err != nil {
-			return Config{}, from, fmt.Errorf("config file %s: %w", path, err)
+			return Config{}, from, nil, fmt.Errorf("config file %s: %w", path, err)
 		}
 		problems = append(problems, fileErrors(path, fk.Raw())...)
 		if err := k.Merge(fk); err != nil {
-			return Config{}, from, fmt.Errorf("config file %s: %w", path, err)
+			return Config{}, from, nil, fmt.Errorf("config file %s: %w", path, err)
+		}
+		over := overrides(fs, environ)
+		for key, v := range fk.All() {
+			if by, ok := over[key]; ok {
+				shadow[key] = shadowedKey{file: v, by: by}
+			}
 		}
 	}
 	problems = append(problems, envErrors(environ())...)
 	if len(problems) > 0 {
-		return Config{}, from, errors.Join(problems...)
+		return Config{}, from, nil, errors.Join(problems...)
 	}
 	if err := k.Load(env.Provider(".", env.Opt{
 		Prefix:      envPrefix,
@@ -274,7 +357,7 @@ func loadConfigSum(args []string, environ func() []string) (Config, loadedFrom, 
 			return envKey(key), v
 		},
 	}), nil); err != nil {
-		return Config{}, from, fmt.Errorf("environment: %w", err)
+		return Config{}, from, nil, fmt.Errorf("environment: %w", err)
 	}
 	if err := k.Load(posflag.ProviderWithFlag(fs, ".", nil, func(f *pflag.Flag) (string, any) {
 		key, ok := flagKeys[f.Name]
@@ -283,7 +366,7 @@ func loadConfigSum(args []string, environ func() []string) (Config, loadedFrom, 
 		}
 		return key, posflag.FlagVal(fs, f)
 	}), nil); err != nil {
-		return Config{}, from, fmt.Errorf("flags: %w", err)
+		return Config{}, from, nil, fmt.Errorf("flags: %w", err)
 	}
 	// Defaults hold no slices: decoding into a non-empty slice would merge
 	// element by element instead of replacing it.
@@ -294,13 +377,13 @@ func loadConfigSum(args []string, environ func() []string) (Config, loadedFrom, 
 	dc := decoderConfig()
 	dc.ErrorUnused = true
 	if err := k.UnmarshalWithConf("", &cfg, koanf.UnmarshalConf{Tag: "koanf", DecoderConfig: dc}); err != nil {
-		return Config{}, from, fmt.Errorf("config: %w", err)
+		return Config{}, from, nil, fmt.Errorf("config: %w", err)
 	}
 	if path := cfg.Auth.KeysFile; path != "" {
 		keys, ksum, err := loadKeysFile(path)
 		from.keysFile, from.keys = path, ksum
 		if err != nil {
-			return Config{}, from, err
+			return Config{}, from, nil, err
 		}
 		cfg.Auth.Keys = append(cfg.Auth.Keys, keys...)
 		cfg.Auth.fromFile = len(keys)
@@ -309,9 +392,30 @@ func loadConfigSum(args []string, environ func() []string) (Config, loadedFrom, 
 		cfg.Simulate.Models = []string{"demo-model"}
 	}
 	if err := cfg.Validate(); err != nil {
-		return cfg, from, withSources(err, k, fs, environ)
+		return cfg, from, nil, withSources(err, k, fs, environ)
 	}
-	return cfg, from, nil
+	return cfg, from, shadow, nil
+}
+
+// overrides maps each key that a SWITCHBOARD_ variable or a flag sets to
+// the one that wins (a flag over a variable): "routing.policy" to
+// "--policy" or "SWITCHBOARD_ROUTING__POLICY".
+func overrides(fs *pflag.FlagSet, environ func() []string) map[string]string {
+	by := map[string]string{}
+	for _, kv := range environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, envPrefix) {
+			if key := envKey(name); key != "" {
+				by[key] = name
+			}
+		}
+	}
+	fs.Visit(func(f *pflag.Flag) {
+		if key, ok := flagKeys[f.Name]; ok {
+			by[key] = "--" + f.Name
+		}
+	})
+	return by
 }
 
 // withSources adds to each line of a validation error that names a key
@@ -326,17 +430,9 @@ func withSources(err error, k *koanf.Koanf, fs *pflag.FlagSet, environ func() []
 			from[key] = "in config file " + path
 		}
 	}
-	for _, kv := range environ() {
-		name, _, _ := strings.Cut(kv, "=")
-		if strings.HasPrefix(name, envPrefix) {
-			from[envKey(name)] = "set by " + name
-		}
+	for key, by := range overrides(fs, environ) {
+		from[key] = "set by " + by
 	}
-	fs.Visit(func(f *pflag.Flag) {
-		if key, ok := flagKeys[f.Name]; ok {
-			from[key] = "set by --" + f.Name
-		}
-	})
 	return annotate(err, func(msg string) string {
 		src, best := "", 0
 		for key, where := range from {

@@ -238,9 +238,10 @@ func TestLoadConfigErrors(t *testing.T) {
 		yaml string
 		env  []string
 		args []string
-		// want are substrings that must all appear in the error.
-		want []string
-		is   error
+		// want are substrings that must all appear in the error, not
+		// substrings that must not.
+		want, not []string
+		is        error
 	}{
 		{
 			name: "problems reported together",
@@ -294,6 +295,41 @@ func TestLoadConfigErrors(t *testing.T) {
 			name: "unknown flag",
 			args: []string{"--nope"},
 			want: []string{"unknown flag", "--nope"},
+			not:  []string{"did you mean"},
+		},
+		{
+			name: "misspelled flag",
+			args: []string{"--lisen", "127.0.0.1:0"},
+			want: []string{"unknown flag: --lisen (did you mean --listen?)"},
+		},
+		{
+			name: "misspelled flag with a value",
+			args: []string{"--polcy=round-robin"},
+			want: []string{"unknown flag: --polcy (did you mean --policy?)"},
+		},
+		{
+			name: "long flag with one dash",
+			args: []string{"-version"},
+			want: []string{"-version (did you mean --version?)"},
+		},
+		{
+			name: "config key as a flag",
+			args: []string{"--routing.policy", "least-loaded"},
+			want: []string{"unknown flag: --routing.policy (did you mean --policy?)"},
+		},
+		{
+			name: "misspelled subcommand",
+			args: []string{"key", "hash"},
+			want: []string{`unexpected argument "key"`, "did you mean the keys subcommand: switchboard keys hash?"},
+		},
+		{
+			name: "engine url without a scheme",
+			yaml: "engines:\n  - {name: e1, url: \"127.0.0.1:8001\"}\n  - {name: e2, url: \"localhost:8002\"}\n  - {name: e3, url: engine-3}\n",
+			want: []string{`engine "e1": url needs http:// or https:// before the host`,
+				`engine "e2": url needs http:// or https:// before the host`,
+				`engine "e3": url needs http:// or https:// before the host`, "engines[0]", "engines[1]", "engines[2]"},
+			// The scheme-less URL is not repeated: it may hold a password.
+			not: []string{"8001", "8002", "engine-3"},
 		},
 	}
 	for _, tc := range tests {
@@ -309,6 +345,11 @@ func TestLoadConfigErrors(t *testing.T) {
 			for _, w := range tc.want {
 				if !strings.Contains(err.Error(), w) {
 					t.Errorf("error %q does not mention %q", err, w)
+				}
+			}
+			for _, w := range tc.not {
+				if strings.Contains(err.Error(), w) {
+					t.Errorf("error %q mentions %q", err, w)
 				}
 			}
 			if tc.is != nil && !errors.Is(err, tc.is) {

@@ -514,13 +514,7 @@ func (c *checker) suggest(path, name string, t reflect.Type, inList bool) []stri
 			return []string{joinKey(path, k)}
 		}
 	}
-	best, bestDist := "", maxEdits(lower)+1
-	for _, k := range keys {
-		if d := editDistance(lower, strings.ToLower(k)); d < bestDist {
-			best, bestDist = k, d
-		}
-	}
-	if best != "" {
+	if best := nearest(lower, keys); best != "" {
 		return []string{joinKey(path, best)}
 	}
 	if p, ok := splitLevels(t, lower); ok {
@@ -536,6 +530,20 @@ func (c *checker) suggest(path, name string, t reflect.Type, inList bool) []stri
 		return strings.Count(a, ".") - strings.Count(b, ".")
 	})
 	return found[:min(len(found), 3)]
+}
+
+// nearest returns the one of names nearest to name by editDistance, both
+// in lower case, within maxEdits(name); the first of equal distance, and
+// "" when none is that close. Config keys and flags are suggested by it.
+func nearest(name string, names []string) string {
+	lower := strings.ToLower(name)
+	best, bestDist := "", maxEdits(lower)+1
+	for _, n := range names {
+		if d := editDistance(lower, strings.ToLower(n)); d < bestDist {
+			best, bestDist = n, d
+		}
+	}
+	return best
 }
 
 // maxEdits is how many edits a suggestion may be away from name.

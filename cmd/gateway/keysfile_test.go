@@ -53,7 +53,7 @@ func TestLoadKeysFile(t *testing.T) {
 			Limits: gateway.KeyLimits{RequestsPerMinute: 60, TokensPerMinute: 1000, Concurrent: 2}}}
 
 	cfgPath := writeConfig(t, "simulate: {engines: 1}\nauth:\n  keys_file: "+keys+"\n"+keysYAML("  ", "alice"))
-	cfg, from, err := loadConfigSum([]string{"--config", cfgPath}, environ())
+	cfg, from, _, err := loadConfigSum([]string{"--config", cfgPath}, environ())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -68,7 +68,7 @@ func TestLoadKeysFile(t *testing.T) {
 	}
 
 	t.Run("environment", func(t *testing.T) {
-		cfg, from, err := loadConfigSum(nil, environ("SWITCHBOARD_SIMULATE__ENGINES=1", "SWITCHBOARD_AUTH__KEYS_FILE="+keys))
+		cfg, from, _, err := loadConfigSum(nil, environ("SWITCHBOARD_SIMULATE__ENGINES=1", "SWITCHBOARD_AUTH__KEYS_FILE="+keys))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -31,6 +31,7 @@ import (
 	"github.com/switchboard-gw/switchboard/gateway"
 	"github.com/switchboard-gw/switchboard/gateway/k8s"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/version"
 	"github.com/switchboard-gw/switchboard/quota"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
@@ -109,7 +110,7 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 	// loaded is the sum of the file's bytes this config was built from:
 	// an edit made from now on, before the watch is set up, is still a
 	// change.
-	cfg, loaded, err := loadConfigSum(args, environ)
+	cfg, loaded, shadow, err := loadConfigSum(args, environ)
 	if err != nil {
 		return err
 	}
@@ -136,7 +137,8 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 	// gen_ai.client.operation.duration's buckets reach the longest a
 	// request may last.
 	t := cfg.Server.Config.Timeouts
-	metrics, err := telemetry.NewMetrics(providers.MeterProvider, telemetry.WithLongestTimeout(max(t.Request, t.Attempt)))
+	metrics, err := telemetry.NewMetrics(providers.MeterProvider, telemetry.WithLongestTimeout(max(t.Request, t.Attempt)),
+		telemetry.WithVersion(version.Version))
 	if err != nil {
 		return err
 	}
@@ -257,7 +259,7 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 	// Reloads (SIGHUP, the watched config file) stop before the gateway
 	// closes: this defer runs first.
 	rl := &reloader{args: args, environ: environ, log: log, gw: gw, metrics: metrics, sims: simEngines,
-		started: cfg, routing: cfg.Routing, policy: policy}
+		started: cfg, routing: cfg.Routing, policy: policy, shadowed: shadow}
 	defer rl.startReloads(ctx, hup, configFile(args), loaded, cfg.Reload.Watch, cfg.Reload.Debounce)()
 	log.Info("switchboard listening", "addr", ln.Addr().String(), "policy", cfg.Routing.Policy, "engines", gw.Pool().String())
 	if ready != nil {

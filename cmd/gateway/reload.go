@@ -6,7 +6,9 @@ package main
 // environment < flags, then the keys file), validates it, builds the
 // routing policy when its section changed and hands the gateway section to
 // gateway.Server.Reload. A rejected config is logged on one line and
-// counted; the running one stays in force.
+// counted; the running one stays in force. A change of the file to a key
+// that a SWITCHBOARD_ variable or a flag sets too is not applied (they
+// win, as at start-up), and is logged once per key.
 
 import (
 	"context"
@@ -70,6 +72,9 @@ type reloader struct {
 	routing routing.Config // the routing section of the policy in force
 	policy  routing.Policy
 	auth    AuthConfig // the auth section in force (startReloads sets it)
+	// shadowed is the file's keys that the environment or the flags
+	// override, in the configuration in force.
+	shadowed shadowed
 }
 
 // reload loads the configuration again and applies it, logging and
@@ -92,7 +97,7 @@ func (r *reloader) reload(trigger string) (loaded loadedFrom) {
 // apply is reload's work: the result, what was loaded, and why the config
 // was rejected.
 func (r *reloader) apply(trigger string) (telemetry.ReloadResult, loadedFrom, error) {
-	cfg, loaded, err := loadConfigSum(r.args, r.environ)
+	cfg, loaded, shadow, err := loadConfigSum(r.args, r.environ)
 	if err != nil {
 		return telemetry.ReloadRejected, loaded, err
 	}
@@ -139,10 +144,48 @@ func (r *reloader) apply(trigger string) (telemetry.ReloadResult, loadedFrom, er
 		attrs = append(attrs, "keys_file", cfg.Auth.KeysFile)
 	}
 	r.log.Info("config reloaded", attrs...)
+	for _, key := range shadowChanges(r.shadowed, shadow) {
+		by := shadow[key].by
+		if by == "" { // the file no longer sets it
+			by = r.shadowed[key].by
+		}
+		r.logShadowed(key, by)
+	}
+	r.shadowed = shadow
 	if len(restart) > 0 {
 		r.log.Warn("config changes that need a restart to apply; the running values stay in force", "keys", strings.Join(restart, ", "))
 	}
 	return res, loaded, nil
+}
+
+// shadowChanges returns, sorted, the keys of the config file whose value
+// differs between running and next (set, changed or removed) and that an
+// environment variable or a flag sets, so the change is not applied.
+func shadowChanges(running, next shadowed) []string {
+	var keys []string
+	for key, n := range next {
+		if r, ok := running[key]; !ok || !reflect.DeepEqual(r.file, n.file) {
+			keys = append(keys, key)
+		}
+	}
+	for key := range running {
+		if _, ok := next[key]; !ok {
+			keys = append(keys, key)
+		}
+	}
+	slices.Sort(keys)
+	return keys
+}
+
+// logShadowed says that the config file's change of key is not applied:
+// by, the SWITCHBOARD_ variable or the flag (--policy) that sets it too,
+// wins. The values are not logged: they may be secrets.
+func (r *reloader) logShadowed(key, by string) {
+	if strings.HasPrefix(by, "--") {
+		r.log.Warn("config file change not applied: the flag wins over the file", "key", key, "flag", by)
+		return
+	}
+	r.log.Warn("config file change not applied: the environment variable wins over the file", "key", key, "env", by)
 }
 
 // restartKeys returns the keys outside the gateway section whose values

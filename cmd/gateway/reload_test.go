@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -245,6 +246,105 @@ func TestRestartKeys(t *testing.T) {
 	}
 	if got := restartKeys(run, defaults()); got != nil {
 		t.Errorf("restartKeys of equal configs = %v", got)
+	}
+}
+
+// TestLoadConfigShadowed: the keys the file sets that a variable or a flag
+// sets too are reported with the file's value and the winner (the flag
+// over the variable), and the winner's value is the one in force.
+func TestLoadConfigShadowed(t *testing.T) {
+	path := writeConfig(t, "simulate: {engines: 1}\nrouting: {policy: power-of-two}\nlog: {access: true, level: warn}\nserver: {listen: \"127.0.0.1:1\"}\n")
+	cfg, _, got, err := loadConfigSum([]string{"--config", path, "--policy", "round-robin", "--admin-listen", "127.0.0.1:2"},
+		environ("SWITCHBOARD_LOG__ACCESS=false", "SWITCHBOARD_ROUTING__POLICY=least-loaded", "SWITCHBOARD_SIMULATE__TTFT=1ms", "SWITCHBOARD_="))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := shadowed{
+		"routing.policy": {file: "power-of-two", by: "--policy"},
+		"log.access":     {file: true, by: "SWITCHBOARD_LOG__ACCESS"},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("shadowed = %+v, want %+v", got, want)
+	}
+	if cfg.Routing.Policy != "round-robin" || cfg.Log.Access || cfg.Log.Level != "warn" || cfg.Server.Listen != "127.0.0.1:1" {
+		t.Errorf("policy %q, access %t, level %q, listen %q: want round-robin (flag), false (env), warn and 127.0.0.1:1 (file)",
+			cfg.Routing.Policy, cfg.Log.Access, cfg.Log.Level, cfg.Server.Listen)
+	}
+	if _, _, got, err := loadConfigSum(nil, environ("SWITCHBOARD_SIMULATE__ENGINES=1")); err != nil || len(got) != 0 {
+		t.Errorf("without a file: shadowed %v, err %v; want none", got, err)
+	}
+}
+
+func TestShadowChanges(t *testing.T) {
+	policy := func(v string) shadowedKey { return shadowedKey{file: v, by: "--policy"} }
+	models := func(v ...any) shadowedKey { return shadowedKey{file: v, by: "SWITCHBOARD_SIMULATE__MODELS"} }
+	tests := []struct {
+		name          string
+		running, next shadowed
+		want          []string
+	}{
+		{"none", nil, shadowed{}, nil},
+		{"unchanged", shadowed{"routing.policy": policy("a"), "simulate.models": models("m")},
+			shadowed{"routing.policy": policy("a"), "simulate.models": models("m")}, nil},
+		{"changed", shadowed{"routing.policy": policy("a"), "simulate.models": models("m")},
+			shadowed{"routing.policy": policy("b"), "simulate.models": models("m", "n")}, []string{"routing.policy", "simulate.models"}},
+		{"set", nil, shadowed{"routing.policy": policy("a")}, []string{"routing.policy"}},
+		{"removed", shadowed{"routing.policy": policy("a")}, shadowed{}, []string{"routing.policy"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := shadowChanges(tc.running, tc.next); !slices.Equal(got, tc.want) {
+				t.Errorf("shadowChanges = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestRunReloadShadowedKeys: a reload that changes keys of the file that a
+// flag or a variable sets too logs, once per key, that the flag or the
+// variable wins; the values in force stay theirs, and a later reload that
+// leaves those keys alone logs nothing about them.
+func TestRunReloadShadowedKeys(t *testing.T) {
+	testutil.UnsetOTEL(t)
+	e1, e2 := startSim(t), startSim(t)
+	path := filepath.Join(t.TempDir(), "gateway.yaml")
+	config := func(policy string, access bool, engines ...simEngine) string {
+		out := "reload: {debounce: 20ms}\nrouting: {policy: " + policy + "}\nlog: {access: " + strconv.FormatBool(access) + "}\nengines:\n"
+		for _, e := range engines {
+			name := map[simEngine]string{e1: "e1", e2: "e2"}[e]
+			out += "  - {name: " + name + ", url: \"" + e.url + "\"}\n"
+		}
+		return out
+	}
+	writeFile(t, path, config("round-robin", false, e1))
+	p := startRun(t, []string{"--config", path, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--policy", "round-robin"},
+		[]string{"SWITCHBOARD_LOG__ACCESS=false"})
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+
+	replaceFile(t, path, config("least-loaded", true, e1, e2))
+	waitReloads(t, client, p, map[string]float64{"applied": 1})
+	waitEngines(t, client, p, []string{"e1", "e2"})
+	const (
+		flagWins = `msg="config file change not applied: the flag wins over the file" key=routing.policy flag=--policy`
+		envWins  = `msg="config file change not applied: the environment variable wins over the file" key=log.access env=SWITCHBOARD_LOG__ACCESS`
+	)
+	count := func(logs, s string) int { return strings.Count(logs, s) }
+	logs := p.logs.String()
+	if count(logs, flagWins) != 1 || count(logs, envWins) != 1 || count(logs, "config file change not applied") != 2 {
+		t.Errorf("logs do not say once each that --policy and SWITCHBOARD_LOG__ACCESS win:\n%s", logs)
+	}
+	if strings.Contains(logs, "policy=least-loaded") {
+		t.Errorf("the file's policy was applied over --policy:\n%s", logs)
+	}
+
+	// Only the engines change: nothing more is said about the two keys.
+	replaceFile(t, path, config("least-loaded", true, e2))
+	waitReloads(t, client, p, map[string]float64{"applied": 2})
+	waitEngines(t, client, p, []string{"e2"})
+	if logs := p.logs.String(); count(logs, "config file change not applied") != 2 {
+		t.Errorf("a reload that left the shadowed keys alone logged about them:\n%s", logs)
 	}
 }
 

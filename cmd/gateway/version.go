@@ -8,7 +8,7 @@ import (
 	"runtime/debug"
 	"strings"
 
-	"github.com/switchboard-gw/switchboard/telemetry"
+	"github.com/switchboard-gw/switchboard/internal/version"
 )
 
 // errVersion is what loadConfig, and so run, returns for --version, before
@@ -36,14 +36,14 @@ var pseudoVersion = regexp.MustCompile(`\d{14}-[0-9a-f]{12}$`)
 //	switchboard v0.1.0 (devel, go1.26.8)                  no VCS information
 //
 // The version is the main module's when it is a release tag (a binary
-// built by `go install ...@v0.2.0`), else "v" + telemetry.Version, the
-// project's version constant. The commit is the first 7 characters of
+// built by `go install ...@v0.2.0`), else "v" + version.Version, the
+// project's version (a release build may stamp it with -ldflags -X). The commit is the first 7 characters of
 // vcs.revision, with "-dirty" when vcs.modified is true.
 func formatVersion(bi *debug.BuildInfo, goVersion string) string {
-	version, build := "v"+telemetry.Version, "devel"
+	v, build := "v"+version.Version, "devel"
 	if bi != nil {
-		if v := bi.Main.Version; strings.HasPrefix(v, "v") && !strings.Contains(v, "+") && !pseudoVersion.MatchString(v) {
-			version = v
+		if mv := bi.Main.Version; strings.HasPrefix(mv, "v") && !strings.Contains(mv, "+") && !pseudoVersion.MatchString(mv) {
+			v = mv
 		}
 		var revision, modified string
 		for _, s := range bi.Settings {
@@ -61,5 +61,5 @@ func formatVersion(bi *debug.BuildInfo, goVersion string) string {
 			}
 		}
 	}
-	return fmt.Sprintf("switchboard %s (%s, %s)", version, build, goVersion)
+	return fmt.Sprintf("switchboard %s (%s, %s)", v, build, goVersion)
 }

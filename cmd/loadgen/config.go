@@ -78,6 +78,11 @@ type Config struct {
 	// EngineMetrics lists the engines' Prometheus /metrics URLs, scraped
 	// before and after the measured requests for the prefix cache hit rate.
 	EngineMetrics []string
+	// MaxErrorRate is the largest fraction (0 to 1) of the measured
+	// requests that may fail: above it loadgen exits non-zero once the
+	// report is written. 0 (the default) fails the run on any failed
+	// request; 1 never does.
+	MaxErrorRate float64
 }
 
 // OpenLoop reports whether the run uses Poisson arrivals.
@@ -116,6 +121,9 @@ func (c *Config) Validate() error {
 	}
 	if c.PromptWords < 1 {
 		errs = append(errs, fmt.Errorf("--prompt-words %d: must be at least 1", c.PromptWords))
+	}
+	if !(c.MaxErrorRate >= 0 && c.MaxErrorRate <= 1) { // NaN too
+		errs = append(errs, fmt.Errorf("--max-error-rate %g: must be a fraction from 0 to 1", c.MaxErrorRate))
 	}
 	for _, m := range c.EngineMetrics {
 		u, err := url.Parse(m)
@@ -176,6 +184,7 @@ func parseFlags(args []string, stderr io.Writer) (*Config, error) {
 	fs.StringVar(&c.JSON, "json", "", "also write the report as JSON to FILE (- for stdout)")
 	fs.StringVar(&c.Fault, "fault", "", "simulator only: X-Enginesim-Fault header sent with every request")
 	fs.StringSliceVar(&c.EngineMetrics, "engine-metrics", nil, "engines' /metrics URLs (comma-separated or repeated): report their prefix cache hit rate over the measured requests")
+	fs.Float64Var(&c.MaxErrorRate, "max-error-rate", 0, "exit with status 1 when more than this fraction (0 to 1) of the measured requests failed; 0: any failed request, 1: never")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}

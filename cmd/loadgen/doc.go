@@ -8,6 +8,7 @@
 //	loadgen --workload conversations --conversations 32 --turns 6 --system-prompts 4 \
 //	    --stream --concurrency 32 --duration 2m --json report.json
 //	loadgen --stream --requests 100 --json - | jq .ttft
+//	loadgen --stream --requests 1000 --max-error-rate 0.01   # exit 1 if over 1% failed
 //	loadgen --workload conversations --stream --concurrency 32 --duration 1m --warmup 64 \
 //	    --engine-metrics http://127.0.0.1:8001/metrics,http://127.0.0.1:8002/metrics
 //
@@ -76,6 +77,13 @@
 //   - stream_no_done: the stream ended, cleanly or not, without data: [DONE];
 //   - other: anything else, such as a connection closed before the
 //     response or a non-stream body that is cut short or not JSON.
+//
+// The error rate is the failed measured requests over all measured ones
+// (warmup requests do not count). When it is above --max-error-rate, a
+// fraction from 0 to 1, loadgen writes the report and then exits with
+// status 1, naming the threshold, so a run can gate CI. The default 0 fails
+// the run on any failed request; --max-error-rate 0.01 allows 1%, and
+// --max-error-rate 1 never fails it.
 //
 // # Engines
 //

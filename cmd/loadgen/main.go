@@ -75,10 +75,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			return fmt.Errorf("writing --json: %w", err)
 		}
 	}
+	var errs []error
 	if pc := report.PrefixCache; pc != nil && pc.Error != "" {
-		return fmt.Errorf("--engine-metrics: %s", pc.Error)
+		errs = append(errs, fmt.Errorf("--engine-metrics: %s", pc.Error))
 	}
-	return nil
+	return errors.Join(append(errs, report.errorRateError())...)
 }
 
 // cacheWatch takes the engines' prefix cache counters around the measured

@@ -18,6 +18,11 @@ func (r *Report) WriteTable(w io.Writer) error {
 	}
 	fmt.Fprintf(tw, "mode\t%s, workload %s, stream %t\n", mode, r.Workload, r.Stream)
 	fmt.Fprintf(tw, "requests\t%d (%d ok, %d failed, %d warmup)\n", r.Requests, r.Succeeded, r.Failed, r.Warmup)
+	verdict := ""
+	if r.ErrorRateExceeded() {
+		verdict = ": above it, the run fails"
+	}
+	fmt.Fprintf(tw, "error rate\t%.4g (--max-error-rate %g%s)\n", r.ErrorRate, r.MaxErrorRate, verdict)
 	fmt.Fprintf(tw, "duration\t%.3fs\n", r.DurationSeconds)
 	fmt.Fprintf(tw, "throughput\t%.2f requests/s, %.2f output tokens/s (%d tokens)\n", r.RequestsPerSecond, r.OutputTokensPerSecond, r.OutputTokens)
 	fmt.Fprintln(tw)

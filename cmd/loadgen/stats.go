@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"strconv"
@@ -60,6 +61,11 @@ type Report struct {
 	Succeeded int `json:"succeeded"` // measured requests that completed
 	Failed    int `json:"failed"`    // measured requests that failed, by Errors
 	Warmup    int `json:"warmup"`    // warmup requests, not measured
+
+	// ErrorRate is Failed over Requests (0 without requests), held to
+	// MaxErrorRate, the --max-error-rate: see ErrorRateExceeded.
+	ErrorRate    float64 `json:"error_rate"`
+	MaxErrorRate float64 `json:"max_error_rate"`
 
 	// DurationSeconds spans the first measured start to the last end.
 	DurationSeconds float64 `json:"duration_s"`
@@ -140,6 +146,10 @@ func Aggregate(cfg *Config, results []*Result, window time.Duration, warmup int)
 		}
 		itl = append(itl, res.ITL...)
 	}
+	r.MaxErrorRate = cfg.MaxErrorRate
+	if r.Requests > 0 {
+		r.ErrorRate = float64(r.Failed) / float64(r.Requests)
+	}
 	r.TTFT, r.ITL, r.EndToEnd = Summarize(ttft), Summarize(itl), Summarize(e2e)
 	r.EngineRequests = countEngines(results)
 	r.BusiestEngineShare = busiestShare(r.EngineRequests, len(cfg.EngineMetrics))
@@ -149,4 +159,18 @@ func Aggregate(cfg *Config, results []*Result, window time.Duration, warmup int)
 		r.OutputTokensPerSecond = float64(r.OutputTokens) / r.DurationSeconds
 	}
 	return r
+}
+
+// ErrorRateExceeded reports whether more of the measured requests failed
+// than MaxErrorRate allows: with the default 0, whether any failed.
+func (r *Report) ErrorRateExceeded() bool { return r.ErrorRate > r.MaxErrorRate }
+
+// errorRateError is the error loadgen exits with when ErrorRateExceeded,
+// nil when not: "3 of 40 measured requests failed (error rate 0.075),
+// above --max-error-rate 0.05".
+func (r *Report) errorRateError() error {
+	if !r.ErrorRateExceeded() {
+		return nil
+	}
+	return fmt.Errorf("%d of %d measured requests failed (error rate %.4g), above --max-error-rate %g", r.Failed, r.Requests, r.ErrorRate, r.MaxErrorRate)
 }

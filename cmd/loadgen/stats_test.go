@@ -250,6 +250,11 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--requests", "1", "--workload", "conversations", "--turns", "0", "--session-header", ""}, "--turns"},
 		{[]string{"--requests", "1", "extra"}, "unexpected arguments"},
 		{[]string{"--bogus"}, "unknown flag"},
+		{[]string{"--requests", "1", "--max-error-rate", "0.05"}, ""},
+		{[]string{"--requests", "1", "--max-error-rate", "1"}, ""},
+		{[]string{"--requests", "1", "--max-error-rate", "1.5"}, "--max-error-rate 1.5: must be a fraction from 0 to 1"},
+		{[]string{"--requests", "1", "--max-error-rate", "-0.1"}, "--max-error-rate -0.1"},
+		{[]string{"--requests", "1", "--max-error-rate", "NaN"}, "--max-error-rate NaN"},
 	} {
 		_, err := parseFlags(tc.args, io.Discard)
 		switch {
@@ -282,5 +287,93 @@ func TestWorkloadTextsDeterministic(t *testing.T) {
 	}
 	if line := progressLine(2*time.Second, 10, 1, 3); !strings.HasPrefix(line, "\r") || !strings.Contains(line, "5.0 req/s") {
 		t.Errorf("progress line %q", line)
+	}
+}
+
+// TestErrorRateExceeded: the run fails when the share of measured requests
+// that failed is above --max-error-rate, not at it; by default any failed
+// request fails it.
+func TestErrorRateExceeded(t *testing.T) {
+	results := func(ok, failed int) []*Result {
+		var out []*Result
+		for range ok {
+			out = append(out, &Result{Latency: time.Millisecond})
+		}
+		for range failed {
+			out = append(out, &Result{Latency: time.Millisecond, Class: ClassHTTP5xx, Status: 500, Err: errors.New("boom")})
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		ok, failed int
+		max        float64
+		rate       float64
+		exceeded   bool
+	}{
+		{ok: 10, max: 0, rate: 0, exceeded: false},
+		{ok: 9, failed: 1, max: 0, rate: 0.1, exceeded: true},
+		{ok: 9, failed: 1, max: 0.1, rate: 0.1, exceeded: false},
+		{ok: 8, failed: 2, max: 0.1, rate: 0.2, exceeded: true},
+		{ok: 999, failed: 1, max: 0.001, rate: 0.001, exceeded: false},
+		{failed: 3, max: 1, rate: 1, exceeded: false},
+		{failed: 3, max: 0.99, rate: 1, exceeded: true},
+		{max: 0, rate: 0, exceeded: false}, // no measured request
+	} {
+		rs := results(tc.ok, tc.failed)
+		rep := Aggregate(&Config{Workload: FixedName, Concurrency: 1, MaxErrorRate: tc.max}, rs, window(rs), 0)
+		if rep.ErrorRate != tc.rate || rep.MaxErrorRate != tc.max || rep.ErrorRateExceeded() != tc.exceeded {
+			t.Errorf("%d ok, %d failed, max %g: rate %g (max %g), exceeded %t; want %g, %t",
+				tc.ok, tc.failed, tc.max, rep.ErrorRate, rep.MaxErrorRate, rep.ErrorRateExceeded(), tc.rate, tc.exceeded)
+		}
+		if err := rep.errorRateError(); (err != nil) != tc.exceeded {
+			t.Errorf("%d ok, %d failed, max %g: errorRateError() = %v", tc.ok, tc.failed, tc.max, err)
+		}
+	}
+}
+
+// TestRunMaxErrorRate: run returns an error (main exits 1) after writing
+// the report when more requests failed than --max-error-rate allows, and
+// the report says which threshold was crossed.
+func TestRunMaxErrorRate(t *testing.T) {
+	sim := newSim(t)
+	var n atomic.Int64
+	srv := serve(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1)%2 == 0 { // every second request
+			http.Error(w, `{"error":{"message":"engine down"}}`, http.StatusServiceUnavailable)
+			return
+		}
+		sim.ServeHTTP(w, r)
+	}))
+	for _, tc := range []struct {
+		name    string
+		args    []string
+		wantErr string // "" for none
+		verdict string // in the table
+	}{
+		{"default", nil, "2 of 4 measured requests failed (error rate 0.5), above --max-error-rate 0",
+			"error rate  0.5 (--max-error-rate 0: above it, the run fails)"},
+		{"below", []string{"--max-error-rate", "0.4"}, "2 of 4 measured requests failed (error rate 0.5), above --max-error-rate 0.4",
+			"error rate  0.5 (--max-error-rate 0.4: above it, the run fails)"},
+		{"at", []string{"--max-error-rate", "0.5"}, "", "error rate  0.5 (--max-error-rate 0.5)\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n.Store(0)
+			path := filepath.Join(t.TempDir(), "report.json")
+			var stdout bytes.Buffer
+			args := append([]string{"--url", srv.URL, "--model", "m", "--requests", "4", "--concurrency", "1", "--max-tokens", "2", "--json", path}, tc.args...)
+			err := run(context.Background(), args, &stdout, io.Discard)
+			if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || err.Error() != tc.wantErr) {
+				t.Errorf("run = %v, want %q", err, tc.wantErr)
+			}
+			if !strings.Contains(stdout.String(), tc.verdict) {
+				t.Errorf("table lacks %q:\n%s", tc.verdict, stdout.String())
+			}
+			// The report is written either way.
+			data, rerr := os.ReadFile(path)
+			var rep Report
+			if rerr != nil || json.Unmarshal(data, &rep) != nil || rep.Failed != 2 || rep.ErrorRate != 0.5 {
+				t.Errorf("JSON report: %v\n%s", rerr, data)
+			}
+		})
 	}
 }

@@ -27,7 +27,7 @@ import (
 
 	"github.com/switchboard-gw/switchboard/gateway"
 	"github.com/switchboard-gw/switchboard/internal/loglimit"
-	"github.com/switchboard-gw/switchboard/telemetry"
+	"github.com/switchboard-gw/switchboard/internal/version"
 )
 
 // Source is the discovery source name given to [Sink.SetDiscovered].
@@ -244,7 +244,7 @@ func stripManagedFields(obj any) (any, error) {
 // server's audit log and metrics tell the gateway apart:
 // "switchboard/v0.1.0 (linux/amd64) gateway/k8s".
 func userAgent() string {
-	return "switchboard/v" + telemetry.Version + " (" + runtime.GOOS + "/" + runtime.GOARCH + ") gateway/k8s"
+	return "switchboard/v" + version.Version + " (" + runtime.GOOS + "/" + runtime.GOARCH + ") gateway/k8s"
 }
 
 // Close stops the informers; the engines discovered so far stay in the
