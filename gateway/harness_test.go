@@ -22,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
@@ -201,10 +202,7 @@ func serveSim(t testing.TB, h http.Handler) *httptest.Server {
 // test if it has not.
 func waitAborted(t testing.TB, e *enginesim.Engine, want int64) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
-	for e.Stats().Aborted != want && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Poll(2*time.Second, func() bool { return e.Stats().Aborted == want })
 	if n := e.Stats().Aborted; n != want {
 		t.Errorf("engine aborted %d requests, want %d", n, want)
 	}
@@ -269,10 +267,7 @@ func (h *harness) assertIdle() {
 // waitIdle waits (bounded) for in-flight requests to settle, then asserts.
 func (h *harness) waitIdle() {
 	h.t.Helper()
-	deadline := time.Now().Add(3 * time.Second)
-	for time.Now().Before(deadline) && h.gw.LiveAttempts() != 0 {
-		time.Sleep(2 * time.Millisecond)
-	}
+	testutil.Poll(3*time.Second, func() bool { return h.gw.LiveAttempts() == 0 })
 	h.assertIdle()
 }
 

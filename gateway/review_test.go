@@ -109,8 +109,7 @@ func TestAccessLogAbortedRequest(t *testing.T) {
 	}
 	h.waitIdle()
 	var line map[string]any
-	deadline := time.Now().Add(2 * time.Second)
-	for line == nil && time.Now().Before(deadline) {
+	testutil.Poll(2*time.Second, func() bool {
 		sc := bufio.NewScanner(strings.NewReader(buf.String()))
 		for sc.Scan() {
 			var m map[string]any
@@ -118,8 +117,8 @@ func TestAccessLogAbortedRequest(t *testing.T) {
 				line = m
 			}
 		}
-		time.Sleep(2 * time.Millisecond)
-	}
+		return line != nil
+	})
 	if line == nil || line["error.type"] != ErrTypeEngineDisconnect || line["status"] != 200.0 {
 		t.Errorf("access-log line %v, want one with status 200 and error.type %s\n%s", line, ErrTypeEngineDisconnect, buf.String())
 	}
@@ -159,19 +158,15 @@ func TestResponseBufferWithinBudget(t *testing.T) {
 		Buffered int64 `json:"buffered_bytes"`
 		Requests int64 `json:"requests_in_flight"`
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for {
+	testutil.Poll(2*time.Second, func() bool {
 		resp, err := http.Get(admin.URL + "/admin/engines")
 		if err != nil {
 			t.Fatal(err)
 		}
 		_ = json.NewDecoder(resp.Body).Decode(&st)
 		resp.Body.Close()
-		if st.Buffered == 0 && st.Requests == 0 || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+		return st.Buffered == 0 && st.Requests == 0
+	})
 	if st.Buffered != 0 || st.Requests != 0 {
 		t.Errorf("after the requests: buffered %d bytes, %d requests, want 0 and 0", st.Buffered, st.Requests)
 	}
