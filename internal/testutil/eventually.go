@@ -13,18 +13,23 @@ import (
 // wait does not spin; cond is called once more at the deadline. Use it
 // where the test handles the failure itself; Eventually fails the test.
 func Poll(timeout time.Duration, cond func() bool) bool {
+	return poll(time.Now, time.Sleep, timeout, cond)
+}
+
+// poll is Poll on the clock of now and sleep.
+func poll(now func() time.Time, sleep func(time.Duration), timeout time.Duration, cond func() bool) bool {
 	maxPause := min(max(timeout/100, time.Millisecond), 100*time.Millisecond)
 	pause := time.Millisecond
-	deadline := time.Now().Add(timeout)
+	deadline := now().Add(timeout)
 	for {
 		if cond() {
 			return true
 		}
-		left := time.Until(deadline)
+		left := deadline.Sub(now())
 		if left <= 0 {
 			return false
 		}
-		time.Sleep(min(pause, left))
+		sleep(min(pause, left))
 		pause = min(2*pause, maxPause)
 	}
 }
