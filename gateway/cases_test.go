@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
@@ -133,10 +134,7 @@ func TestCaseL02DisconnectsBeforeHeadersRelease(t *testing.T) {
 	}
 	// While all 50 wait on B's headers: the gauge says 50, and a
 	// successful health probe leaves it alone (vllm-project/router #197).
-	deadline := time.Now().Add(2 * time.Second)
-	for h.gauges()["B/prefill"] != n && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Poll(2*time.Second, func() bool { return h.gauges()["B/prefill"] == n })
 	if g := h.gauges()["B/prefill"]; g != n {
 		t.Fatalf("B prefill gauge %d with %d requests waiting, want %d", g, n, n)
 	}
@@ -147,9 +145,7 @@ func TestCaseL02DisconnectsBeforeHeadersRelease(t *testing.T) {
 	cancel()
 	wg.Wait()
 	released := time.Now()
-	for h.gw.LiveAttempts() != 0 && time.Since(released) < time.Second {
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Poll(time.Second, func() bool { return h.gw.LiveAttempts() == 0 })
 	if d := time.Since(released); d >= time.Second {
 		t.Fatalf("gauges not released within 1 s of the disconnects (%v)", d)
 	}
@@ -206,7 +202,7 @@ func TestCaseL03EngineFlap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(50 * time.Millisecond)
+	testutil.Poll(2*time.Second, func() bool { return h.gauges()["E/decode"] == 1 })
 	check("R1 streaming")
 	if !h.gw.Pool().Remove("E") {
 		t.Fatal("Remove(E) = false")
@@ -222,7 +218,7 @@ func TestCaseL03EngineFlap(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(50 * time.Millisecond)
+	testutil.Poll(2*time.Second, func() bool { return h.gauges()["E/decode"] == 2 })
 	if g := h.gauges()["E/decode"]; g != 2 {
 		t.Errorf("E decode gauge %d with R1 (old incarnation) and R2 (new) streaming, want 2", g)
 	}
@@ -397,9 +393,7 @@ func TestCaseL09ClientCancelPropagates(t *testing.T) {
 				resp.Body.Close()
 			}
 			gone := time.Now()
-			for eng.Stats().Aborted == 0 && time.Since(gone) < 2*time.Second {
-				time.Sleep(time.Millisecond)
-			}
+			testutil.Poll(2*time.Second, func() bool { return eng.Stats().Aborted != 0 })
 			if d := time.Since(gone); eng.Stats().Aborted != 1 || d > time.Second {
 				t.Fatalf("engine aborted %d after %v, want 1 within 1 s", eng.Stats().Aborted, d)
 			}

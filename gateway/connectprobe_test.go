@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/routing"
 )
 
@@ -48,7 +49,7 @@ func (c *healthCounter) probes(host string) int {
 // and e2, both probed once and found healthy; then e1 stops listening.
 type connectProbeRig struct {
 	*harness
-	clk      *fakeClock
+	clk      *testutil.Clock
 	hc       *healthCounter
 	e1       *engine
 	mu       sync.Mutex
@@ -62,7 +63,7 @@ func newConnectProbeRig(t *testing.T, unhealthyAfter int) *connectProbeRig {
 	cfg := testConfig(EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}, EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}})
 	cfg.Outlier.Enabled = false
 	cfg.Health.UnhealthyAfter = unhealthyAfter
-	r := &connectProbeRig{clk: newFakeClock(), hc: &healthCounter{base: NewTransport(time.Second), n: map[string]int{}}}
+	r := &connectProbeRig{clk: testutil.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)), hc: &healthCounter{base: NewTransport(time.Second), n: map[string]int{}}}
 	// Not started: no probe round runs by itself (health.interval is an
 	// hour anyway), so the pool's WaitGroup counts only the probes a
 	// refused connection starts, and the test waits for them with it.

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
 // TestAdminDrainAndResume: POST /admin/engines/e1/drain while a stream is
@@ -112,10 +113,7 @@ func TestStatusDropsDrainedRetiredEngine(t *testing.T) {
 	if err := finish(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for h.gw.LiveAttempts() != 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Poll(2*time.Second, func() bool { return h.gw.LiveAttempts() == 0 })
 	if got := names(); !slices.Equal(got, []string{"e2/retired=false"}) {
 		t.Errorf("after it drained, with no metrics collection: %v, want e2 only", got)
 	}

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -222,4 +223,117 @@ func TestBodyMediaTypesAccepted(t *testing.T) {
 			t.Errorf("%s %q: engine received %d requests, want 1", hdr[0], hdr[1], got)
 		}
 	}
+}
+
+// anthropicErr is the decoded Anthropic error object.
+type anthropicErr struct {
+	Type  string `json:"type"`
+	Error struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+	} `json:"error"`
+}
+
+// TestAnthropicEnvelope checks that every error on /v1/messages comes in
+// Anthropic's envelope, whoever produced it: the gateway (bad JSON, unknown
+// model, missing messages, no engine), or the engine (an injected 500 with
+// an OpenAI-shaped or HTML body, a 529 overloaded), and that a stream
+// broken mid-way ends with an Anthropic error event.
+func TestAnthropicEnvelope(t *testing.T) {
+	_, _, srv := recordedSim(t, enginesim.Config{Models: []string{"m"}, OutputTokens: 6})
+	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}}))
+	msgs := `"messages":[{"role":"user","content":"hi"}]`
+	for _, tc := range []struct {
+		name, body, fault string
+		status            int
+		typ               string
+	}{
+		{"invalid json", `{"model":"m",` + msgs + `, x}`, "", 400, "invalid_request_error"},
+		{"missing messages", `{"model":"m","max_tokens":3}`, "", 400, "invalid_request_error"},
+		{"unknown model", `{"model":"nope","max_tokens":3,` + msgs + `}`, "", 404, "not_found_error"},
+		{"engine 500", `{"model":"m","max_tokens":3,` + msgs + `}`, "status=500", 500, "api_error"},
+		{"engine html 502", `{"model":"m","max_tokens":3,` + msgs + `}`, "status=502,error-body=html", 502, "api_error"},
+		{"engine 529", `{"model":"m","max_tokens":3,` + msgs + `}`, "status=529", 529, "overloaded_error"},
+		{"count_tokens unknown model", `{"model":"nope",` + msgs + `}`, "", 404, "not_found_error"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			path := "/v1/messages"
+			if strings.HasPrefix(tc.name, "count_tokens") {
+				path = "/v1/messages/count_tokens"
+			}
+			var hdr []string
+			if tc.fault != "" {
+				hdr = []string{enginesim.FaultHeader, tc.fault}
+			}
+			st, _, b := h.do(http.MethodPost, path, tc.body, hdr...)
+			var e anthropicErr
+			if err := json.Unmarshal(b, &e); err != nil || st != tc.status || e.Type != "error" || e.Error.Type != tc.typ || e.Error.Message == "" {
+				t.Errorf("got %d %s, want %d with an Anthropic %s", st, b, tc.status, tc.typ)
+			}
+		})
+	}
+	t.Run("no route or method under /v1/messages", func(t *testing.T) {
+		for _, tc := range []struct {
+			method, path string
+			status       int
+		}{{http.MethodPost, "/v1/messages/batches", 404}, {http.MethodGet, "/v1/messages", 405}} {
+			st, _, b := h.do(tc.method, tc.path, "")
+			var e anthropicErr
+			if err := json.Unmarshal(b, &e); err != nil || st != tc.status || e.Type != "error" || e.Error.Message == "" {
+				t.Errorf("%s %s: %d %s, want %d in the Anthropic envelope", tc.method, tc.path, st, b, tc.status)
+			}
+		}
+	})
+	t.Run("stream cut", func(t *testing.T) {
+		st, _, b := h.do(http.MethodPost, "/v1/messages", `{"model":"m","max_tokens":6,"stream":true,`+msgs+`}`, enginesim.FaultHeader, "close-after=2")
+		s := string(b)
+		if st != 200 || strings.Contains(s, "message_stop") || !strings.HasSuffix(s, "\n\n") {
+			t.Fatalf("got %d %q", st, tail(s))
+		}
+		last := s[strings.LastIndex(strings.TrimSuffix(s, "\n\n"), "\n\n")+2:]
+		if !strings.HasPrefix(last, "event: error\ndata: ") {
+			t.Fatalf("last event %q, want an Anthropic error event", last)
+		}
+		var e anthropicErr
+		if err := json.Unmarshal([]byte(strings.TrimSpace(strings.TrimPrefix(last, "event: error\ndata: "))), &e); err != nil || e.Type != "error" || e.Error.Type != "api_error" {
+			t.Errorf("error event %q", last)
+		}
+	})
+	h.waitIdle()
+}
+
+// TestEngineJSONErrorShapes: JSON error bodies outside the OpenAI envelope
+// keep their message: {"error":"text"} and FastAPI's {"detail":"text"} or
+// {"detail":[...]} (as compact JSON), each wrapped with the engine's status.
+func TestEngineJSONErrorShapes(t *testing.T) {
+	eng := fakeEngine(t, []string{"m"}, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		switch r.URL.Query().Get("shape") {
+		case "error-string":
+			w.WriteHeader(429)
+			_, _ = io.WriteString(w, `{"error":"rate limited, slow down"}`)
+		case "detail-string":
+			w.WriteHeader(400)
+			_, _ = io.WriteString(w, `{"detail":"Not Found"}`)
+		default:
+			w.WriteHeader(422)
+			_, _ = io.WriteString(w, `{"detail": [ {"loc": ["body","messages"], "msg": "field required"} ]}`)
+		}
+	})
+	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: eng.URL}))
+	for _, tc := range []struct {
+		shape, msg string
+		status     int
+	}{
+		{"error-string", "rate limited, slow down", 429},
+		{"detail-string", "Not Found", 400},
+		{"detail-list", `[{"loc":["body","messages"],"msg":"field required"}]`, 422},
+	} {
+		resp := h.post("/v1/chat/completions?shape="+tc.shape, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
+		e := decodeErr(t, resp)
+		if resp.StatusCode != tc.status || e.Error.Message != tc.msg || e.Error.Type != TypeInvalidRequest {
+			t.Errorf("%s: %d %+v, want %d with message %q", tc.shape, resp.StatusCode, e.Error, tc.status, tc.msg)
+		}
+	}
+	h.waitIdle()
 }

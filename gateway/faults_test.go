@@ -22,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/quota"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
@@ -290,7 +291,6 @@ func TestFaultMatrixKeyed(t *testing.T) {
 // one-at-a-time admission succeeds (the store holds no lease of it).
 func assertKeyReleased(t *testing.T, h *harness, key string) {
 	t.Helper()
-	deadline := time.Now().Add(3 * time.Second)
 	inFlight := func() int64 {
 		for _, k := range h.gw.Keys() {
 			if k.Name == key {
@@ -299,9 +299,7 @@ func assertKeyReleased(t *testing.T, h *harness, key string) {
 		}
 		return -1
 	}
-	for inFlight() != 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Poll(3*time.Second, func() bool { return inFlight() == 0 })
 	if n := inFlight(); n != 0 {
 		t.Errorf("key %s: %d in flight after the request ended, want 0", key, n)
 	}
@@ -484,10 +482,7 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 	}
 	if inPrefill != nil {
 		go func() {
-			deadline := time.Now().Add(3 * time.Second)
-			for !prefillSeen() && time.Now().Before(deadline) {
-				time.Sleep(time.Millisecond)
-			}
+			testutil.Poll(3*time.Second, prefillSeen)
 			time.Sleep(20 * time.Millisecond)
 			inPrefill()
 		}()
@@ -504,16 +499,11 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 			// Let the watcher see the decode phase before the client or
 			// the gateway ends it (bounded: a case that never decodes
 			// fails on its phase checks instead).
-			deadline := time.Now().Add(time.Second)
-			for time.Now().Before(deadline) {
+			testutil.Poll(time.Second, func() bool {
 				gaugeMu.Lock()
-				seen := maxDecode >= 1
-				gaugeMu.Unlock()
-				if seen {
-					return
-				}
-				time.Sleep(time.Millisecond)
-			}
+				defer gaugeMu.Unlock()
+				return maxDecode >= 1
+			})
 		}
 		readErr = readClient(resp, mode, fr.token, &got, decodeSeen, goAway, shutdown)
 		resp.Body.Close()
@@ -580,13 +570,10 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 
 	// The engine saw the request go away, within 1 s.
 	if fc.aborted {
-		start := time.Now()
-		for simEng.Stats().Aborted == abortedBefore && time.Since(start) < 2*time.Second {
-			time.Sleep(time.Millisecond)
-		}
-		for simEng.Stats().Aborted < abortedBefore+int64(attempts) && time.Since(start) < 2*time.Second {
-			time.Sleep(time.Millisecond)
-		}
+		testutil.Poll(2*time.Second, func() bool {
+			n := simEng.Stats().Aborted
+			return n != abortedBefore && n >= abortedBefore+int64(attempts)
+		})
 		if simEng.Stats().Aborted != abortedBefore+int64(attempts) {
 			t.Errorf("engine aborted %d requests, want %d", simEng.Stats().Aborted-abortedBefore, attempts)
 		} else if !cancelledAt.IsZero() {

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
 
@@ -113,4 +114,31 @@ func TestCaseL10FirstTokenRule(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestFirstTokenBoundsHeaderWait: the first-token deadline also bounds the
+// wait for a stream's response headers, so an engine that never answers is
+// cut at timeouts.first_token even when the response-header timeout is
+// longer (or off) and there is no request timeout.
+func TestFirstTokenBoundsHeaderWait(t *testing.T) {
+	eng, simSrv := sim(t, enginesim.Config{Models: []string{"m"}})
+	cfg := testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
+	cfg.Timeouts.ResponseHeader = 0
+	cfg.Timeouts.Request = 0
+	cfg.Timeouts.FirstToken = 300 * time.Millisecond
+	h := newHarness(t, cfg)
+	start := time.Now()
+	resp := h.post("/v1/chat/completions", chatStream, enginesim.FaultHeader, "stall-before-headers")
+	e := decodeErr(t, resp)
+	if resp.StatusCode != http.StatusGatewayTimeout || e.Error.Code != ErrTypeFirstToken {
+		t.Fatalf("%d %+v, want 504 %s", resp.StatusCode, e.Error, ErrTypeFirstToken)
+	}
+	if d := time.Since(start); d < 250*time.Millisecond || d > 3*time.Second {
+		t.Errorf("answered after %s, want about the first-token timeout (300ms)", d)
+	}
+	h.waitIdle()
+	if et := h.errorTypes(); et[ErrTypeFirstToken] != 1 {
+		t.Errorf("error types %v", et)
+	}
+	waitAborted(t, eng, 1)
 }

@@ -22,6 +22,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
@@ -201,10 +202,7 @@ func serveSim(t testing.TB, h http.Handler) *httptest.Server {
 // test if it has not.
 func waitAborted(t testing.TB, e *enginesim.Engine, want int64) {
 	t.Helper()
-	deadline := time.Now().Add(2 * time.Second)
-	for e.Stats().Aborted != want && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Poll(2*time.Second, func() bool { return e.Stats().Aborted == want })
 	if n := e.Stats().Aborted; n != want {
 		t.Errorf("engine aborted %d requests, want %d", n, want)
 	}
@@ -269,10 +267,7 @@ func (h *harness) assertIdle() {
 // waitIdle waits (bounded) for in-flight requests to settle, then asserts.
 func (h *harness) waitIdle() {
 	h.t.Helper()
-	deadline := time.Now().Add(3 * time.Second)
-	for time.Now().Before(deadline) && h.gw.LiveAttempts() != 0 {
-		time.Sleep(2 * time.Millisecond)
-	}
+	testutil.Poll(3*time.Second, func() bool { return h.gw.LiveAttempts() == 0 })
 	h.assertIdle()
 }
 
@@ -490,4 +485,58 @@ func opNamed(t testing.TB, name string) *operation {
 	}
 	t.Fatalf("no operation %q", name)
 	return nil
+}
+
+// recordedSim starts a simulated engine behind a bodyRecorder.
+func recordedSim(t testing.TB, cfg enginesim.Config) (*enginesim.Engine, *bodyRecorder, *httptest.Server) {
+	t.Helper()
+	e := newSim(t, cfg)
+	rec := &bodyRecorder{next: e.Handler()}
+	return e, rec, serveSim(t, rec)
+}
+
+// do sends method path with body and returns the status, the Content-Type
+// and the body.
+func (h *harness) do(method, path, body string, hdr ...string) (int, http.Header, []byte) {
+	h.t.Helper()
+	var rd io.Reader
+	if body != "" {
+		rd = strings.NewReader(body)
+	}
+	req, err := http.NewRequest(method, h.srv.URL+path, rd)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	if body != "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	resp, err := h.client.Do(req)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, resp.Header, b
+}
+
+// engineStates reads switchboard.engine.state: the state each engine is
+// in (the one value at 1), by engine.
+func (h *harness) engineStates() map[string]string {
+	h.t.Helper()
+	m, ok := findMetric(h.collect(), telemetry.EngineStateName)
+	if !ok {
+		return nil
+	}
+	out := map[string]string{}
+	for _, dp := range m.Data.(metricdata.Gauge[int64]).DataPoints {
+		if dp.Value == 1 {
+			e, _ := dp.Attributes.Value(telemetry.AttrEngine)
+			s, _ := dp.Attributes.Value(telemetry.AttrState)
+			out[e.AsString()] = s.AsString()
+		}
+	}
+	return out
 }

@@ -374,3 +374,51 @@ func TestNoopTracerPropagatesClientContext(t *testing.T) {
 		t.Errorf("engine got traceparent %q, want the client's %q", got, parent)
 	}
 }
+
+// TestUsageChunkDropOnlyUsageOnly: when the gateway asked for usage on the
+// client's behalf, only the usage-only chunk ("choices": []) is kept from
+// the client: a chunk that carries choices and usage (an engine reporting
+// usage on every chunk) still reaches it, the role chunk included. A client
+// that set vLLM's continuous_usage_stats is not injected at all.
+func TestUsageChunkDropOnlyUsageOnly(t *testing.T) {
+	var rec recorder
+	const usage = `"usage":{"prompt_tokens":2,"completion_tokens":1,"total_tokens":3}`
+	eng := fakeEngine(t, []string{"m"}, func(w http.ResponseWriter, r *http.Request) {
+		rec.add(r)
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, ev := range []string{
+			`{"id":"c","choices":[{"index":0,"delta":{"role":"assistant","content":""}}],` + usage + `}`,
+			`{"id":"c","choices":[{"index":0,"delta":{"content":"hi"}}],` + usage + `}`,
+			`{"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"stop"}],` + usage + `}`,
+			`{"id":"c","choices":[],` + usage + `}`,
+			`[DONE]`,
+		} {
+			_, _ = io.WriteString(w, "data: "+ev+"\n\n")
+			http.NewResponseController(w).Flush()
+		}
+	})
+	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: eng.URL}))
+	resp := h.post("/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"a b"}]}`)
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	got := string(b)
+	if strings.Count(got, "data: ") != 4 || !strings.Contains(got, `"role":"assistant"`) || !strings.Contains(got, `"content":"hi"`) ||
+		!strings.Contains(got, `"finish_reason":"stop"`) || strings.Contains(got, `"choices":[],`) {
+		t.Errorf("client stream (want role, content and finish chunks and [DONE], no usage-only chunk):\n%s", got)
+	}
+	// continuous_usage_stats: the body goes through as the client sent it.
+	body := `{"model":"m","stream":true,"stream_options":{"include_usage":false,"continuous_usage_stats":true},"messages":[{"role":"user","content":"a b"}]}`
+	resp = h.post("/v1/chat/completions", body)
+	b, _ = io.ReadAll(resp.Body)
+	resp.Body.Close()
+	rec.mu.Lock()
+	sent := rec.body[len(rec.body)-1]
+	rec.mu.Unlock()
+	if sent != body {
+		t.Errorf("engine got %q, want the client's body unchanged", sent)
+	}
+	if !strings.Contains(string(b), `"choices":[],`) {
+		t.Errorf("not injected, so nothing is dropped: the usage-only chunk must reach the client:\n%s", b)
+	}
+	h.waitIdle()
+}

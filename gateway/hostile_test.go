@@ -69,17 +69,13 @@ func hostileAdminServer(t *testing.T, h *harness) func() hostileAdmin {
 	}
 }
 
-// hostileEventually polls cond every 5 ms until it holds or d has passed,
-// and fails the test with what (and the last state, from last) if it never
-// held.
+// hostileEventually polls cond (testutil.Poll) until it holds or d has
+// passed, and fails the test with what (and the last state, from last) if
+// it never held.
 func hostileEventually(t *testing.T, d time.Duration, what string, cond func() bool, last func() string) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("after %s: %s never happened; last state: %s", d, what, last())
-		}
-		time.Sleep(5 * time.Millisecond)
+	if !testutil.Poll(d, cond) {
+		t.Fatalf("after %s: %s never happened; last state: %s", d, what, last())
 	}
 }
 

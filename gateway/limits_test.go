@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/quota"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
@@ -24,7 +25,7 @@ import (
 // front of a simulated engine, on a frozen clock the test advances.
 type limitsRig struct {
 	*harness
-	clk *fakeClock
+	clk *testutil.Clock
 	eng *enginesim.Engine
 }
 
@@ -34,7 +35,7 @@ func newLimitsRig(t *testing.T, l KeyLimits, sc enginesim.Config, opts ...Option
 	eng, srv := sim(t, sc)
 	cfg := testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
 	cfg.Auth = AuthConfig{Keys: []KeyConfig{{Name: "team-1", SHA256: sha("k-1"), Models: []string{"*"}, Limits: l}}}
-	r := &limitsRig{clk: newFakeClock(), eng: eng}
+	r := &limitsRig{clk: testutil.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)), eng: eng}
 	r.harness = newHarnessWith(t, cfg, append([]Option{withClock(r.clk.Now)}, opts...), withoutStart())
 	return r
 }
@@ -309,10 +310,7 @@ func TestKeyConcurrentLimit(t *testing.T) {
 	cancel()
 	resp.Body.Close()
 	r.waitIdle()
-	deadline := time.Now().Add(3 * time.Second)
-	for r.gw.Keys()[0].InFlight != 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Poll(3*time.Second, func() bool { return r.gw.Keys()[0].InFlight == 0 })
 	if third, b := r.chat(chatBody(2)); third.StatusCode != http.StatusOK {
 		t.Errorf("after the first was cancelled: %d %s, want 200", third.StatusCode, b)
 	}
@@ -508,7 +506,7 @@ func TestKeyLimitsEngineHeadersDropped(t *testing.T) {
 	}).URL
 	cfg := testConfig(EngineConfig{Name: "e1", URL: url, Models: []string{"m"}})
 	cfg.Auth = AuthConfig{Keys: []KeyConfig{{Name: "team-1", SHA256: sha("k-1"), Models: []string{"*"}, Limits: KeyLimits{RequestsPerMinute: 5}}}}
-	h := newHarnessWith(t, cfg, []Option{withClock(newFakeClock().Now)}, withoutStart())
+	h := newHarnessWith(t, cfg, []Option{withClock(testutil.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)).Now)}, withoutStart())
 	resp := h.post("/v1/chat/completions", chatBody(50), "Authorization", "Bearer k-1")
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()

@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,6 +14,7 @@ import (
 	"time"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
@@ -272,4 +275,52 @@ func TestObserveNonStreamingBudget(t *testing.T) {
 		t.Errorf("%d bytes still reserved in the budget", used)
 	}
 	h.assertIdle()
+}
+
+// TestResponseBufferWithinBudget: a non-streaming response above the
+// buffer cap is relayed whole (with the engine's length, or chunked), and
+// every reservation it took in the buffered-bytes budget (the held prefix
+// kept for its usage) is given back when the request ends.
+func TestResponseBufferWithinBudget(t *testing.T) {
+	big := `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"` + strings.Repeat("a", 100<<10) + `"}}]}`
+	eng := fakeEngine(t, []string{"m"}, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.URL.Query().Get("chunked") == "" {
+			w.Header().Set("Content-Length", strconv.Itoa(len(big)))
+		}
+		_, _ = io.WriteString(w, big)
+	})
+	cfg := testConfig(EngineConfig{Name: "e1", URL: eng.URL})
+	cfg.MaxBodyBytes = 16 << 10
+	cfg.MaxFormBytes = 16 << 10
+	cfg.MaxBufferedBytes = 64 << 10
+	cfg.MaxResponseBufferBytes = 32 << 10
+	h := newHarness(t, cfg)
+	admin := httptest.NewServer(h.gw.AdminHandler(nil))
+	defer admin.Close()
+	for _, q := range []string{"", "?chunked=1"} {
+		resp := h.post("/v1/chat/completions"+q, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != 200 || string(b) != big {
+			t.Errorf("%q: status %d, %d bytes, %v: want the whole body", q, resp.StatusCode, len(b), err)
+		}
+	}
+	h.waitIdle()
+	var st struct {
+		Buffered int64 `json:"buffered_bytes"`
+		Requests int64 `json:"requests_in_flight"`
+	}
+	testutil.Poll(2*time.Second, func() bool {
+		resp, err := http.Get(admin.URL + "/admin/engines")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&st)
+		resp.Body.Close()
+		return st.Buffered == 0 && st.Requests == 0
+	})
+	if st.Buffered != 0 || st.Requests != 0 {
+		t.Errorf("after the requests: buffered %d bytes, %d requests, want 0 and 0", st.Buffered, st.Requests)
+	}
 }

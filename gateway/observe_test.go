@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
 
@@ -212,9 +213,9 @@ func TestServerSpanMarksFailureAfterStart(t *testing.T) {
 	h.waitIdle()
 
 	want := map[string]codes.Code{ErrTypeEngineDisconnect: codes.Error, ErrTypeClientCancelled: codes.Unset}
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		got := map[string]codes.Code{}
+	var got map[string]codes.Code
+	if !testutil.Poll(5*time.Second, func() bool {
+		got = map[string]codes.Code{}
 		for _, sp := range h.spans.Ended() {
 			if sp.SpanKind() != trace.SpanKindServer {
 				continue
@@ -225,18 +226,14 @@ func TestServerSpanMarksFailureAfterStart(t *testing.T) {
 				}
 			}
 		}
-		if len(got) == len(want) {
-			for k, v := range want {
-				if c, ok := got[k]; !ok || c != v {
-					t.Errorf("server span with error.type %s: status %v (present %v), want %v", k, c, ok, v)
-				}
-			}
-			return
+		return len(got) == len(want)
+	}) {
+		t.Fatalf("server spans' error types %v, want %v", got, want)
+	}
+	for k, v := range want {
+		if c, ok := got[k]; !ok || c != v {
+			t.Errorf("server span with error.type %s: status %v (present %v), want %v", k, c, ok, v)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("server spans' error types %v, want %v", got, want)
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 

@@ -1,10 +1,7 @@
 package gateway
 
 import (
-	"bufio"
-	"encoding/json"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -15,7 +12,6 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
-	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
 const chatStream = `{"model":"m","stream":true,"max_tokens":4,"messages":[{"role":"user","content":"a b c"}]}`
@@ -102,76 +98,6 @@ func TestDiscoveryDownEngineUnknownModel404(t *testing.T) {
 		t.Errorf("a served model: %d", resp.StatusCode)
 	}
 	h.waitIdle()
-}
-
-// TestAccessLog: one structured line per request through slog, with the
-// request id, route, model, engines tried, status, error.type, time to
-// first token, duration and token usage; probes are not logged; the log
-// can be switched off.
-func TestAccessLog(t *testing.T) {
-	_, simSrv := sim(t, enginesim.Config{Models: []string{"m"}})
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	dead := "http://" + ln.Addr().String()
-	ln.Close()
-	var buf testutil.LockedBuffer
-	log := slog.New(slog.NewJSONHandler(&buf, nil))
-	cfg := testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}}, EngineConfig{Name: "dead", URL: dead, Models: []string{"gone"}})
-	cfg.MaxAttempts = 1
-	// Not started: no probe marks the dead engine down before the request.
-	h := newHarnessWith(t, cfg, []Option{WithLogger(log)}, withoutStart())
-	for _, c := range []struct{ path, body, id string }{
-		{"/v1/chat/completions", chatStream, "r-stream"},
-		{"/v1/chat/completions", `{"model":"nope","messages":[{"role":"user","content":"hi"}]}`, "r-404"},
-		{"/v1/chat/completions", `{"model":"gone","messages":[{"role":"user","content":"hi"}]}`, "r-502"},
-	} {
-		resp := h.post(c.path, c.body, "X-Request-Id", c.id)
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	}
-	for _, p := range []string{"/health", "/ready"} {
-		resp, err := h.client.Get(h.srv.URL + p)
-		if err == nil {
-			resp.Body.Close()
-		}
-	}
-	h.waitIdle()
-	lines := map[string]map[string]any{}
-	sc := bufio.NewScanner(strings.NewReader(buf.String()))
-	n := 0
-	for sc.Scan() {
-		var m map[string]any
-		if json.Unmarshal(sc.Bytes(), &m) != nil || m["msg"] != "request" {
-			continue
-		}
-		n++
-		lines[m["request_id"].(string)] = m
-	}
-	if n != 3 {
-		t.Fatalf("%d access-log lines, want 3 (probes are not logged):\n%s", n, buf.String())
-	}
-	s := lines["r-stream"]
-	if s["route"] != "/v1/chat/completions" || s["method"] != "POST" || s["model"] != "m" || s["engines"] != "e1" ||
-		s["status"] != 200.0 || s["input_tokens"] != 3.0 || s["output_tokens"] != 4.0 || s["ttft"] == nil || s["duration"] == nil || s["error.type"] != nil {
-		t.Errorf("stream line: %v", s)
-	}
-	if l := lines["r-404"]; l["status"] != 404.0 || l["error.type"] != "model_not_found" || l["engines"] != nil {
-		t.Errorf("404 line: %v", l)
-	}
-	if l := lines["r-502"]; l["status"] != 502.0 || l["error.type"] != ErrTypeConnect || l["engines"] != "dead" || l["attempts"] != 1.0 {
-		t.Errorf("502 line: %v", l)
-	}
-
-	// Off: no lines.
-	var quiet testutil.LockedBuffer
-	cfg.AccessLog = false
-	h2 := newHarnessWith(t, cfg, []Option{WithLogger(slog.New(slog.NewJSONHandler(&quiet, nil)))})
-	resp := h2.post("/v1/chat/completions", chatStream)
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	h2.waitIdle()
-	if strings.Contains(quiet.String(), `"msg":"request"`) {
-		t.Errorf("access log off, but logged:\n%s", quiet.String())
-	}
 }
 
 // TestEngineHeaderOnGatewayErrors: X-Switchboard-Engine names the engine

@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -18,92 +17,16 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
-
-// fakeClock is the injected clock of the outlier tests: the pool reads its
-// time, and the ejection timers fire when the test advances it, on the
-// test's goroutine, so nothing waits on the wall clock.
-type fakeClock struct {
-	mu     sync.Mutex
-	now    time.Time
-	timers []*fakeTimer
-}
-
-type fakeTimer struct {
-	at      time.Time
-	f       func()
-	stopped bool
-}
-
-func newFakeClock() *fakeClock {
-	return &fakeClock{now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-// AfterFunc is outliers.after.
-func (c *fakeClock) AfterFunc(d time.Duration, f func()) func() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	t := &fakeTimer{at: c.now.Add(d), f: f}
-	c.timers = append(c.timers, t)
-	return func() bool {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		was := !t.stopped
-		t.stopped = true
-		return was
-	}
-}
-
-// Advance moves the clock by d and runs the timers due, in time order.
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.now = c.now.Add(d)
-	var due []*fakeTimer
-	keep := c.timers[:0]
-	for _, t := range c.timers {
-		switch {
-		case t.stopped:
-		case !t.at.After(c.now):
-			t.stopped = true
-			due = append(due, t)
-		default:
-			keep = append(keep, t)
-		}
-	}
-	c.timers = keep
-	c.mu.Unlock()
-	sort.Slice(due, func(i, j int) bool { return due[i].at.Before(due[j].at) })
-	for _, t := range due {
-		t.f()
-	}
-}
-
-// pending returns how many timers are armed.
-func (c *fakeClock) pending() int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	n := 0
-	for _, t := range c.timers {
-		if !t.stopped {
-			n++
-		}
-	}
-	return n
-}
 
 // outlierRig is a gateway in front of simulated engines serving model m,
 // with an injected clock and a count of each engine's ended attempts.
 type outlierRig struct {
 	*harness
-	clk     *fakeClock
+	clk     *testutil.Clock
 	logs    *logRecorder // what the gateway logged
 	sims    map[string]*enginesim.Engine
 	mu      sync.Mutex
@@ -120,7 +43,7 @@ type outlierRig struct {
 // and mod applied to the config.
 func newOutlierRig(t *testing.T, names []string, mod func(*Config)) *outlierRig {
 	t.Helper()
-	r := &outlierRig{clk: newFakeClock(), logs: &logRecorder{}, sims: map[string]*enginesim.Engine{}, ended: map[string]int{},
+	r := &outlierRig{clk: testutil.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)), logs: &logRecorder{}, sims: map[string]*enginesim.Engine{}, ended: map[string]int{},
 		chat:    `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`,
 		streams: `{"model":"m","stream":true,"max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`}
 	var engines []EngineConfig
@@ -437,7 +360,7 @@ func TestOutlierReturnAfterTimeAndProbe(t *testing.T) {
 	if s := r.state("bad"); s != "ready" {
 		t.Errorf("after the second ejection's time and the timer's probe: %s, want ready", s)
 	}
-	if n := r.clk.pending(); n != 0 {
+	if n := r.clk.Pending(); n != 0 {
 		t.Errorf("%d timers still armed", n)
 	}
 	r.waitIdle()
@@ -576,7 +499,7 @@ func TestOutlierDisabled(t *testing.T) {
 	if st := r.status("bad"); st.State != "ready" || !st.Routable {
 		t.Errorf("disabled at run time: %+v, want ready at once", st)
 	}
-	if n := r.clk.pending(); n != 0 {
+	if n := r.clk.Pending(); n != 0 {
 		t.Errorf("%d return timers still armed", n)
 	}
 	r.waitIdle()
@@ -1017,7 +940,7 @@ func TestOutlierDisableDuringEjection(t *testing.T) {
 	if st := r.status("bad"); st.State != "ready" || !st.Routable || st.EjectedUntil != nil || st.Ejections != 0 {
 		t.Errorf("detection turned off as the streak tripped: %+v, want ready, never ejected", st)
 	}
-	if n := r.clk.pending(); n != 0 {
+	if n := r.clk.Pending(); n != 0 {
 		t.Errorf("%d return timers armed with detection off", n)
 	}
 	r.waitIdle()

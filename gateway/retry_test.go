@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
@@ -137,10 +138,7 @@ func TestRetry429HonoursRetryAfter(t *testing.T) {
 	recovered := make(chan struct{})
 	go func() {
 		defer close(recovered)
-		deadline := time.Now().Add(2 * time.Second)
-		for e1.Stats().Received == before && time.Now().Before(deadline) {
-			time.Sleep(time.Millisecond)
-		}
+		testutil.Poll(2*time.Second, func() bool { return e1.Stats().Received != before })
 		_ = e1.SetFault("")
 	}()
 	start := time.Now()
@@ -324,14 +322,10 @@ func TestCircuitBreakerMaxInFlight(t *testing.T) {
 			served[i] = resp.Header.Get("X-Switchboard-Engine")
 		})
 		// Wait until the request holds its slot.
-		deadline := time.Now().Add(2 * time.Second)
-		for time.Now().Before(deadline) {
+		testutil.Poll(2*time.Second, func() bool {
 			g := h.gauges()
-			if g["e1/prefill"]+g["e2/prefill"]+g["e1/decode"]+g["e2/decode"] == int64(i+1) {
-				break
-			}
-			time.Sleep(time.Millisecond)
-		}
+			return g["e1/prefill"]+g["e2/prefill"]+g["e1/decode"]+g["e2/decode"] == int64(i+1)
+		})
 	}
 	start := time.Now()
 	resp := h.post("/v1/chat/completions", fmt.Sprintf(retryChat, false))
@@ -361,10 +355,7 @@ func TestMaxPendingPerModel(t *testing.T) {
 	h := newHarness(t, cfg)
 	waitGauge := func(key string, want int64) {
 		t.Helper()
-		deadline := time.Now().Add(3 * time.Second)
-		for h.gauges()[key] != want && time.Now().Before(deadline) {
-			time.Sleep(time.Millisecond)
-		}
+		testutil.Poll(3*time.Second, func() bool { return h.gauges()[key] == want })
 		if got := h.gauges()[key]; got != want {
 			t.Fatalf("%s = %d, want %d", key, got, want)
 		}
@@ -481,10 +472,7 @@ func TestRetryFirstTokenTimeout(t *testing.T) {
 	if len(rel["e1"]) != 1 || rel["e1"][0] != routing.PhasePrefill || len(rel["e2"]) != 1 || rel["e2"][0] != routing.PhaseDecode {
 		t.Errorf("releases %v, want e1 from prefill and e2 from decode, once each", rel)
 	}
-	deadline := time.Now().Add(2 * time.Second)
-	for rh.e1.Stats().Aborted != 1 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Poll(2*time.Second, func() bool { return rh.e1.Stats().Aborted == 1 })
 	if n := rh.e1.Stats().Aborted; n != 1 {
 		t.Errorf("e1 aborted %d requests, want 1 (cancelled before the retry)", n)
 	}
@@ -565,10 +553,7 @@ func TestRetryUsesCurrentRoutingView(t *testing.T) {
 	rh := newRetryHarness(t, "stall-before-headers=200ms,status=503", "", func(c *Config) { c.Outlier.Enabled = false })
 	done := make(chan *http.Response, 1)
 	go func() { done <- rh.post("/v1/chat/completions", fmt.Sprintf(retryChat, false)) }()
-	deadline := time.Now().Add(2 * time.Second)
-	for rh.e1.Stats().Received == 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond)
-	}
+	testutil.Poll(2*time.Second, func() bool { return rh.e1.Stats().Received != 0 })
 	if _, ok := rh.gw.pool.setDrained("e2", true); !ok {
 		t.Fatal("no e2")
 	}

@@ -6,6 +6,8 @@ import (
 	"io"
 	"mime/multipart"
 	"net/http"
+	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -292,4 +294,106 @@ func TestEveryRoute(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestFormLimits sends bad multipart requests to the transcription route:
+// each gets its error in the OpenAI envelope with the right status, and no
+// engine is contacted (no slot taken).
+func TestFormLimits(t *testing.T) {
+	_, rec, srv := recordedSim(t, enginesim.Config{Models: []string{"m"}})
+	cfg := testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+	cfg.MaxFormBytes = 4096
+	h := newHarness(t, cfg)
+	big, bigCT := audioForm(t, "m", false)
+	for len(big) <= 4096 {
+		big, bigCT = audioForm(t, strings.Repeat("m", 10), false)
+		big = append(big, bytes.Repeat([]byte{'x'}, 4096)...)
+	}
+	noFile := "--b\r\nContent-Disposition: form-data; name=\"model\"\r\n\r\nm\r\n--b--\r\n"
+	for _, tc := range []struct {
+		name, ct string
+		body     []byte
+		status   int
+		param    string
+	}{
+		{"json body", "application/json", []byte(`{"model":"m"}`), 415, ""},
+		{"no file", "multipart/form-data; boundary=b", []byte(noFile), 400, "file"},
+		{"no boundary", "multipart/form-data", []byte(noFile), 400, ""},
+		{"malformed content type", "multi part", []byte(noFile), 415, ""},
+		{"malformed parameters", "multipart/form-data; boundary", []byte(noFile), 400, ""},
+		{"too large", bigCT, big, 413, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest(http.MethodPost, h.srv.URL+"/v1/audio/transcriptions", bytes.NewReader(tc.body))
+			req.Header.Set("Content-Type", tc.ct)
+			resp, err := h.client.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e := decodeErr(t, resp)
+			if resp.StatusCode != tc.status {
+				t.Errorf("status %d, want %d (%s)", resp.StatusCode, tc.status, e.Error.Message)
+			}
+			if tc.param != "" && (e.Error.Param == nil || *e.Error.Param != tc.param) {
+				t.Errorf("param %v, want %s", e.Error.Param, tc.param)
+			}
+		})
+	}
+	if n := rec.n(); n != 0 {
+		t.Errorf("the engine got %d requests, want 0", n)
+	}
+	if n := h.histCount(telemetry.RequestDurationName); n != 0 {
+		t.Errorf("%d engine attempts recorded, want 0", n)
+	}
+	h.assertIdle()
+}
+
+// TestModelFromPathAndQuery adds rows whose model comes from a path
+// parameter and from a query parameter (no current vLLM route does, the
+// table supports both): each request goes to the engine serving that
+// model, and an unknown one is a 404 before any engine is asked.
+func TestModelFromPathAndQuery(t *testing.T) {
+	answer := func(name string) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"served_by":"`+name+`"}`)
+		}
+	}
+	e1 := fakeEngine(t, []string{"a"}, answer("e1"))
+	e2 := fakeEngine(t, []string{"b"}, answer("e2"))
+	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: e1.URL, Models: []string{"a"}}, EngineConfig{Name: "e2", URL: e2.URL, Models: []string{"b"}}))
+	h.gw.ops = append(slices.Clone(operations),
+		&operation{name: "test.query", genai: "test", method: http.MethodGet, paths: []string{"/v1/test/query"},
+			body: bodyNone, model: modelQuery, param: "model", class: classLight, framing: frameAny},
+		&operation{name: "test.path", genai: "test", method: http.MethodGet, paths: []string{"/v1/test/{model}/info"},
+			body: bodyNone, model: modelPath, param: "model", class: classLight, framing: frameAny},
+	)
+	srv := httptest.NewServer(h.gw.Handler())
+	t.Cleanup(srv.Close)
+	for _, tc := range []struct{ path, want string }{
+		{"/v1/test/query?model=a", "e1"}, {"/v1/test/query?model=b", "e2"},
+		{"/v1/test/a/info", "e1"}, {"/v1/test/b/info", "e2"},
+	} {
+		resp, err := srv.Client().Get(srv.URL + tc.path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get("X-Switchboard-Engine") != tc.want {
+			t.Errorf("GET %s: %d from %q (%s), want 200 from %s", tc.path, resp.StatusCode, resp.Header.Get("X-Switchboard-Engine"), b, tc.want)
+		}
+	}
+	before := h.histCount(telemetry.RequestDurationName)
+	resp, err := srv.Client().Get(srv.URL + "/v1/test/query?model=nope")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e := decodeErr(t, resp); resp.StatusCode != 404 || e.code() != "model_not_found" {
+		t.Errorf("unknown model: %d %v", resp.StatusCode, e)
+	}
+	if n := h.histCount(telemetry.RequestDurationName); n != before {
+		t.Errorf("an unknown model reached an engine")
+	}
+	h.waitIdle()
 }

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"encoding/json"
 	"io"
 	"net/http"
@@ -112,6 +113,83 @@ func TestRoutingSpreadsAcrossEngines(t *testing.T) {
 	}
 	if a, b := e1.Stats().Received, e2.Stats().Received; a != 5 || b != 5 {
 		t.Errorf("round-robin split %d/%d, want 5/5", a, b)
+	}
+	h.waitIdle()
+}
+
+// TestModelAliases checks that a public alias routes to its target's
+// engines with the body's model rewritten (JSON and multipart), that
+// /v1/models lists the alias beside its target with the engine's card
+// (created, owned_by, root, max_model_len), and that /v1/models/{model}
+// answers both and 404s the rest in the OpenAI envelope.
+func TestModelAliases(t *testing.T) {
+	_, rec, srv := recordedSim(t, enginesim.Config{Models: []string{"org/base-8b"}, OutputTokens: 2})
+	cfg := testConfig(EngineConfig{Name: "e1", URL: srv.URL})
+	cfg.Models.Aliases = map[string]string{"public": "org/base-8b"}
+	h := newHarness(t, cfg)
+
+	st, _, b := h.do(http.MethodPost, "/v1/chat/completions", `{"model":"public","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`)
+	if st != 200 {
+		t.Fatalf("alias chat: %d %s", st, b)
+	}
+	if got := string(rec.last().body); got != `{"model":"org/base-8b","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}` {
+		t.Errorf("engine body %s", got)
+	}
+	form, ct := audioForm(t, "public", false)
+	req, _ := http.NewRequest(http.MethodPost, h.srv.URL+"/v1/audio/transcriptions", bytes.NewReader(form))
+	req.Header.Set("Content-Type", ct)
+	resp, err := h.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("alias transcription: %d", resp.StatusCode)
+	}
+	want := bytes.Replace(form, []byte("\r\n\r\npublic\r\n"), []byte("\r\n\r\norg/base-8b\r\n"), 1)
+	if got := rec.last().body; !bytes.Equal(got, want) {
+		t.Errorf("engine form body differs from the client's with the model replaced:\n got %q\nwant %q", tail(string(got)), tail(string(want)))
+	}
+
+	st, _, b = h.do(http.MethodGet, "/v1/models", "")
+	var list struct {
+		Data []modelObject `json:"data"`
+	}
+	if err := json.Unmarshal(b, &list); err != nil || st != 200 || len(list.Data) != 2 {
+		t.Fatalf("models: %d %s", st, b)
+	}
+	if list.Data[0].ID != "org/base-8b" || list.Data[1].ID != "public" {
+		t.Errorf("ids %s, %s", list.Data[0].ID, list.Data[1].ID)
+	}
+	for _, m := range list.Data {
+		if m.OwnedBy != "vllm" || m.Created == 0 || m.Root == nil || *m.Root != "org/base-8b" || m.MaxModelLen == nil || *m.MaxModelLen <= 0 {
+			t.Errorf("card %+v lost the engine's fields", m)
+		}
+	}
+	for _, id := range []string{"public", "org/base-8b"} {
+		st, _, b = h.do(http.MethodGet, "/v1/models/"+id, "")
+		var m modelObject
+		if err := json.Unmarshal(b, &m); err != nil || st != 200 || m.ID != id {
+			t.Errorf("GET /v1/models/%s: %d %s", id, st, b)
+		}
+		if st, _, b = h.do(http.MethodHead, "/v1/models/"+id, ""); st != 200 || len(b) != 0 {
+			t.Errorf("HEAD /v1/models/%s: %d, %d bytes", id, st, len(b))
+		}
+	}
+	// An alias whose target no engine serves: the 404 names the alias,
+	// never the internal target.
+	cfg2 := testConfig(EngineConfig{Name: "e1", URL: srv.URL})
+	cfg2.Models.Aliases = map[string]string{"pub": "internal-ghost"}
+	h2 := newHarness(t, cfg2)
+	st, _, b = h2.do(http.MethodPost, "/v1/chat/completions", `{"model":"pub","messages":[{"role":"user","content":"hi"}]}`)
+	if st != 404 || !strings.Contains(string(b), "`pub`") || strings.Contains(string(b), "ghost") {
+		t.Errorf("alias without a target: %d %s, want a 404 naming pub only", st, b)
+	}
+	st, _, b = h.do(http.MethodGet, "/v1/models/nope", "")
+	var e apiErr
+	if err := json.Unmarshal(b, &e); err != nil || st != 404 || e.code() != "model_not_found" {
+		t.Errorf("unknown model: %d %s", st, b)
 	}
 	h.waitIdle()
 }

@@ -676,3 +676,24 @@ func TestBufferedBodyNotSentBeforeEnd(t *testing.T) {
 	}
 	h.waitIdle()
 }
+
+// TestEngineErrorEventThenEOF: an engine that ends an Anthropic stream with
+// its own error event and closes has ended the stream: the client gets that
+// error event and no second one from the gateway, and the attempt is
+// recorded as stream_error, not engine_disconnect.
+func TestEngineErrorEventThenEOF(t *testing.T) {
+	eng := fakeEngine(t, []string{"m"}, func(w http.ResponseWriter, r *http.Request) {
+		s := newSSE(w)
+		s.raw("event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":1,\"output_tokens\":1}}}\n\n")
+		s.raw("event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"engine overloaded\"}}\n\n")
+	})
+	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: eng.URL, Models: []string{"m"}}))
+	st, _, b := h.do(http.MethodPost, "/v1/messages", `{"model":"m","max_tokens":3,"stream":true,"messages":[{"role":"user","content":"hi"}]}`)
+	if st != 200 || strings.Count(string(b), "event: error") != 1 || !strings.Contains(string(b), "engine overloaded") {
+		t.Errorf("got %d %q, want the engine's one error event", st, b)
+	}
+	h.waitIdle()
+	if et := h.errorTypes(); et[ErrTypeStreamError] != 1 {
+		t.Errorf("error types %v, want one stream_error", et)
+	}
+}

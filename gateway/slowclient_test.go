@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
 // smallBufListener gives every accepted connection a small send buffer, so
@@ -60,17 +61,12 @@ func TestClientStopsReading(t *testing.T) {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
 	// Stop reading. The slot must come back without the client's help.
-	deadline := time.Now().Add(5 * time.Second)
-	for h.gw.LiveAttempts() != 0 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Poll(5*time.Second, func() bool { return h.gw.LiveAttempts() == 0 })
 	h.assertIdle()
 	if et := h.errorTypes(); et[ErrTypeClientStalled] != 1 || len(et) != 1 {
 		t.Errorf("error types %v, want one client_stalled", et)
 	}
-	for eng.Stats().Aborted != 1 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Poll(5*time.Second, func() bool { return eng.Stats().Aborted == 1 })
 	if a := eng.Stats().Aborted; a != 1 {
 		t.Errorf("engine aborted %d requests, want 1 (the generation must stop)", a)
 	}

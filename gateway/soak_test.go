@@ -23,6 +23,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
@@ -202,10 +203,7 @@ func seriesCount(rm metricdata.ResourceMetrics) int {
 
 // waitLive waits (bounded) until no engine attempt is live.
 func waitLive(h *harness, d time.Duration) int64 {
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) && h.gw.LiveAttempts() != 0 {
-		time.Sleep(2 * time.Millisecond)
-	}
+	testutil.Poll(d, func() bool { return h.gw.LiveAttempts() == 0 })
 	return h.gw.LiveAttempts()
 }
 

@@ -17,6 +17,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
@@ -100,18 +101,6 @@ func engineMetric(t *testing.T, url, prefix string) float64 {
 	return 0
 }
 
-// waitFor polls cond every millisecond until it holds or 5 s pass.
-func waitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // TestEngineStatsGauges reads the four engine gauges through the manual
 // reader while a simulated engine runs one request and queues two (max one
 // sequence), after two identical prompts hit its prefix cache: queue
@@ -162,11 +151,11 @@ func TestEngineStatsGauges(t *testing.T) {
 	// The running stream's prompt (5 words) is looked up in the prefix
 	// cache a moment after it counts as running: wait for that too.
 	queried := before.PrefixCacheQueries + 2*12 + 5
-	waitFor(t, "1 running and 2 waiting on the engine", func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		s := eng.Stats()
 		pf, dc := h.pool().engines[0].ep.InFlight()
 		return s.Running == 1 && s.Waiting == 2 && pf+dc == 3 && s.PrefixCacheQueries == queried
-	})
+	}, "1 running and 2 waiting on the engine")
 	// The engine is still now (one sequence stalled, two queued): its
 	// counters at this point are the ones the second scrape reads.
 	after := eng.Stats()
@@ -355,7 +344,7 @@ func TestAccountingDriftZeroAfterMixedFaults(t *testing.T) {
 	// aborted request leaves its engine a moment after the client has
 	// gone), which only happens if the engines run and queue nothing the
 	// gateway does not count. A request leaked on either side keeps it off 0.
-	waitFor(t, "the gateway to be idle", func() bool { return h.gw.LiveAttempts() == 0 })
+	testutil.Eventually(t, 5*time.Second, func() bool { return h.gw.LiveAttempts() == 0 }, "the gateway to be idle")
 	var rm metricdata.ResourceMetrics
 	var drift, queue map[string]float64
 	zero := func() bool {
@@ -370,10 +359,7 @@ func TestAccountingDriftZeroAfterMixedFaults(t *testing.T) {
 		}
 		return true
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for !zero() && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Poll(5*time.Second, zero)
 	for _, e := range engines {
 		if v, ok := drift[e.Name]; !ok || v != 0 {
 			t.Errorf("accounting drift on %s = %v (observed %v), want exactly 0", e.Name, v, ok)

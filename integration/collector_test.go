@@ -33,6 +33,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/sdk/resource"
@@ -225,17 +226,20 @@ func jaegerTrace(t *testing.T, s *stack, id string, complete func(*jgTrace) bool
 	t.Helper()
 	var last *jgTrace
 	var lastErr error
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
+	var done *jgTrace
+	if testutil.Poll(20*time.Second, func() bool {
 		tr, err := fetchTrace(s, id)
 		if err == nil && complete(tr) {
-			return tr
+			done = tr
+			return true
 		}
 		if tr != nil {
 			last = tr
 		}
 		lastErr = err
-		time.Sleep(200 * time.Millisecond)
+		return false
+	}) {
+		return done
 	}
 	var ops []string
 	if last != nil {
@@ -414,10 +418,7 @@ engines:
 		"SWITCHBOARD_SERVER__ENGINE_STATS__ENABLED=false",
 	}, s.gatewayBin, "--config", cfgPath)
 	waitHTTP(t, "http://"+public+"/ready", 200)
-	deadline := time.Now().Add(10 * time.Second)
-	for probes.Load() == 0 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	testutil.Poll(10*time.Second, func() bool { return probes.Load() != 0 })
 	if probes.Load() == 0 {
 		t.Fatal("the gateway never probed the engine that goes away")
 	}
@@ -569,21 +570,6 @@ func scalar(t *testing.T, s *stack, q string) float64 {
 	return r[0].float()
 }
 
-// eventually polls cond every 250 ms for up to d and reports whether it
-// held.
-func eventually(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for {
-		if cond() {
-			return true
-		}
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(250 * time.Millisecond)
-	}
-}
-
 // settled returns q's value once it has not changed for 3 s (several OTLP
 // exports: 500 ms export interval, the collector's 1 s batch), or fails
 // after 30 s.
@@ -641,7 +627,7 @@ func TestPrometheusOTLPMetrics(t *testing.T) {
 	for sc.Scan() && !strings.Contains(sc.Text(), `"content":"tok`) {
 	}
 	decodeQ := "sum(switchboard_engine_active_requests" + s.sel(`phase="decode"`) + ")"
-	if !eventually(15*time.Second, func() bool { return scalar(t, s, decodeQ) == 1 }) {
+	if !testutil.Poll(15*time.Second, func() bool { return scalar(t, s, decodeQ) == 1 }) {
 		t.Errorf("%s = %v while a stream is held in decode, want 1", decodeQ, scalar(t, s, decodeQ))
 	}
 	cancel()
@@ -670,7 +656,7 @@ func TestPrometheusOTLPMetrics(t *testing.T) {
 		}
 		return true
 	}
-	if !eventually(15*time.Second, idle) {
+	if !testutil.Poll(15*time.Second, idle) {
 		t.Fatalf("active_requests not back to 0 after the cancelled stream: %v", instant(t, s, active))
 	}
 
@@ -683,7 +669,7 @@ func TestPrometheusOTLPMetrics(t *testing.T) {
 	for i := range streams {
 		traceIDs = append(traceIDs, tracedStream(t, tr, s.gateway, s.model, fmt.Sprintf("it-prom-%d-%d", os.Getpid(), i), 3))
 	}
-	if !eventually(20*time.Second, func() bool {
+	if !testutil.Poll(20*time.Second, func() bool {
 		return scalar(t, s, ttftQ)-ttft0 >= streams && scalar(t, s, durQ)-dur0 >= streams
 	}) {
 		t.Errorf("after %d streams: TTFT count %v -> %v, success duration count %v -> %v", streams, ttft0, scalar(t, s, ttftQ), dur0, scalar(t, s, durQ))
@@ -694,7 +680,7 @@ func TestPrometheusOTLPMetrics(t *testing.T) {
 	if d := settled(t, s, durQ) - dur0; d != streams {
 		t.Errorf("duration histogram count (success series) grew by %v, want exactly %d", d, streams)
 	}
-	if !eventually(15*time.Second, idle) {
+	if !testutil.Poll(15*time.Second, idle) {
 		t.Errorf("active_requests not back to 0 after traffic: %v", instant(t, s, active))
 	}
 
@@ -751,13 +737,13 @@ func TestPrometheusOTLPMetrics(t *testing.T) {
 
 	// The second path: Prometheus scraping the gateway's admin /metrics.
 	adminQ := `switchboard_engine_active_requests{job="switchboard-admin"}`
-	if !eventually(15*time.Second, func() bool { return len(instant(t, s, adminQ)) >= 4 }) {
+	if !testutil.Poll(15*time.Second, func() bool { return len(instant(t, s, adminQ)) >= 4 }) {
 		t.Errorf("%s: %d series, want one per engine and phase (4)", adminQ, len(instant(t, s, adminQ)))
 	}
 	// Its histograms carry exemplars too (the admin /metrics answers the
 	// scrape in a format that has them), with trace ids this test sent.
 	var adminEx []string
-	if !eventually(15*time.Second, func() bool {
+	if !testutil.Poll(15*time.Second, func() bool {
 		ex.Data = nil
 		now := time.Now()
 		promGet(t, s, "/api/v1/query_exemplars?"+url.Values{
@@ -823,7 +809,7 @@ func TestPrometheusJunkModelsNoNewSeries(t *testing.T) {
 	}
 	junk(200)
 	tracedStream(t, clientTracer(t, s), s.gateway, s.model, fmt.Sprintf("it-junk-after-%d", os.Getpid()), 2)
-	if !eventually(20*time.Second, func() bool { return scalar(t, s, ttftQ) > ttft0 }) {
+	if !testutil.Poll(20*time.Second, func() bool { return scalar(t, s, ttftQ) > ttft0 }) {
 		t.Fatal("the stream sent after the flood never reached Prometheus")
 	}
 	if after := settled(t, s, countQ); after != before {
@@ -858,7 +844,7 @@ func TestPrometheusGenAIConventions(t *testing.T) {
 	for _, name := range names {
 		q := name + s.sel("")
 		var series []promSample
-		if !eventually(20*time.Second, func() bool { series = instant(t, s, q); return len(series) > 0 }) {
+		if !testutil.Poll(20*time.Second, func() bool { series = instant(t, s, q); return len(series) > 0 }) {
 			t.Errorf("%s: no series", q)
 			continue
 		}

@@ -39,6 +39,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
 // dashboardPath is the dashboard file, relative to this package's directory
@@ -643,21 +645,20 @@ func dashOverWindow(expr string) bool {
 // dashWaitOK waits up to 15 s for url to answer 200.
 func dashWaitOK(t *testing.T, c *http.Client, url string) {
 	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		resp, err := c.Get(url)
-		if err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return
-			}
+	var err error
+	if !testutil.Poll(15*time.Second, func() bool {
+		var resp *http.Response
+		if resp, err = c.Get(url); err != nil {
+			return false
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
 			err = fmt.Errorf("status %d", resp.StatusCode)
 		}
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: %v", url, err)
-		}
-		time.Sleep(200 * time.Millisecond)
+		return err == nil
+	}) {
+		t.Fatalf("%s: %v", url, err)
 	}
 }
 

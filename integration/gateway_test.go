@@ -3,7 +3,6 @@
 package integration
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"fmt"
@@ -20,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 	collmetrics "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
 	colltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
@@ -213,18 +213,16 @@ func (p *proc) output() string {
 
 func waitHTTP(t *testing.T, url string, want int) {
 	t.Helper()
-	deadline := time.Now().Add(20 * time.Second)
-	for time.Now().Before(deadline) {
+	if !testutil.Poll(20*time.Second, func() bool {
 		resp, err := http.Get(url)
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == want {
-				return
-			}
+		if err != nil {
+			return false
 		}
-		time.Sleep(50 * time.Millisecond)
+		resp.Body.Close()
+		return resp.StatusCode == want
+	}) {
+		t.Fatalf("%s did not answer %d in time", url, want)
 	}
-	t.Fatalf("%s did not answer %d in time", url, want)
 }
 
 // TestGatewayBinaryExportsOTLP runs the gateway binary in front of two
@@ -312,7 +310,7 @@ func TestGatewayBinaryExportsOTLP(t *testing.T) {
 	// Over OTLP: the engine span is a CLIENT child of the SERVER span.
 	deadline := time.Now().Add(10 * time.Second)
 	var server, client *tracepb.Span
-	for time.Now().Before(deadline) && (server == nil || client == nil) {
+	testutil.Poll(time.Until(deadline), func() bool {
 		col.mu.Lock()
 		for _, s := range col.spans {
 			if s.Kind == tracepb.Span_SPAN_KIND_SERVER && s.Name == "POST /v1/chat/completions" {
@@ -325,8 +323,8 @@ func TestGatewayBinaryExportsOTLP(t *testing.T) {
 			}
 		}
 		col.mu.Unlock()
-		time.Sleep(100 * time.Millisecond)
-	}
+		return server != nil && client != nil
+	})
 	if server == nil || client == nil {
 		t.Fatalf("no server span with an engine child span exported (server %v, client %v)", server != nil, client != nil)
 	}
@@ -335,20 +333,16 @@ func TestGatewayBinaryExportsOTLP(t *testing.T) {
 	}
 
 	// Over OTLP and on /metrics: every gauge back at 0, TTFT recorded.
-	for time.Now().Before(deadline) {
-		ok := true
+	testutil.Poll(time.Until(deadline), func() bool {
 		for _, e := range []string{"sim0", "sim1"} {
 			for _, p := range []string{"prefill", "decode"} {
 				if v, seen := col.lastGauge(e, p); !seen || v != 0 {
-					ok = false
+					return false
 				}
 			}
 		}
-		if ok && col.histCount("switchboard.engine.time_to_first_token") >= 4 {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+		return col.histCount("switchboard.engine.time_to_first_token") >= 4
+	})
 	for _, e := range []string{"sim0", "sim1"} {
 		for _, p := range []string{"prefill", "decode"} {
 			if v, seen := col.lastGauge(e, p); !seen || v != 0 {
@@ -359,22 +353,13 @@ func TestGatewayBinaryExportsOTLP(t *testing.T) {
 	if n := col.histCount("switchboard.engine.time_to_first_token"); n != 4 {
 		t.Errorf("OTLP TTFT samples %d, want 4 (three clean streams and one cut after two tokens)", n)
 	}
-	mresp, err := http.Get("http://" + admin + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(mresp.Body)
-	gauges := 0
-	for sc.Scan() {
-		line := sc.Text()
-		if strings.HasPrefix(line, "switchboard_engine_active_requests{") {
-			gauges++
-			if !strings.HasSuffix(line, " 0") {
-				t.Errorf("/metrics: %s", line)
-			}
+	active := testutil.Samples(testutil.Scrape(t, http.DefaultClient, "http://"+admin+"/metrics"), "switchboard_engine_active_requests", "engine", "phase")
+	gauges := len(active)
+	for series, v := range active {
+		if v != 0 {
+			t.Errorf("/metrics: switchboard_engine_active_requests %s = %v", series, v)
 		}
 	}
-	mresp.Body.Close()
 	if gauges != 4 {
 		t.Errorf("/metrics has %d active_requests series, want 4", gauges)
 	}

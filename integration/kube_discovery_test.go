@@ -15,7 +15,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,6 +33,7 @@ import (
 
 	"github.com/switchboard-gw/switchboard/gateway/k8s"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
 // The engines' Service, port name and model in these tests.
@@ -332,7 +332,7 @@ func (g *kubeGateway) waitRoutableWithin(d time.Duration, want ...string) {
 	g.t.Helper()
 	slices.Sort(want)
 	var got []string
-	if !eventually(d, func() bool { got = g.routable(); return slices.Equal(got, want) }) {
+	if !testutil.Poll(d, func() bool { got = g.routable(); return slices.Equal(got, want) }) {
 		g.t.Fatalf("routable engines %v, want %v", got, want)
 	}
 }
@@ -342,7 +342,7 @@ func (g *kubeGateway) waitRoutableWithin(d time.Duration, want ...string) {
 func (g *kubeGateway) waitIdle() {
 	g.t.Helper()
 	var a adminEngines
-	ok := eventually(10*time.Second, func() bool {
+	ok := testutil.Poll(10*time.Second, func() bool {
 		a = g.engines()
 		if a.LiveAttempts != 0 || a.Requests != 0 {
 			return false
@@ -363,33 +363,7 @@ func (g *kubeGateway) waitIdle() {
 // /metrics, "engine/phase" -> value.
 func (g *kubeGateway) activeGauges() map[string]float64 {
 	g.t.Helper()
-	resp, err := http.Get("http://" + g.admin + "/metrics")
-	if err != nil {
-		g.t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	out := map[string]float64{}
-	for s := bufio.NewScanner(resp.Body); s.Scan(); {
-		line := s.Text()
-		if !strings.HasPrefix(line, "switchboard_engine_active_requests{") {
-			continue
-		}
-		labels, value, _ := strings.Cut(line[len("switchboard_engine_active_requests{"):], "} ")
-		var engine, phase string
-		for kv := range strings.SplitSeq(labels, ",") {
-			k, v, _ := strings.Cut(kv, "=")
-			v, _ = strconv.Unquote(v)
-			switch k {
-			case "engine":
-				engine = v
-			case "phase":
-				phase = v
-			}
-		}
-		f, _ := strconv.ParseFloat(value, 64)
-		out[engine+"/"+phase] = f
-	}
-	return out
+	return testutil.Samples(testutil.Scrape(g.t, http.DefaultClient, "http://"+g.admin+"/metrics"), "switchboard_engine_active_requests", "engine", "phase")
 }
 
 // seriesOf returns the /metrics sample lines of engine (its engine label)
@@ -492,7 +466,7 @@ func TestKubeDiscoveryScaleUpAndDown(t *testing.T) {
 	// Scale up: vllm-2 appears and takes its share.
 	k.create(e2)
 	g.waitRoutable("vllm-0", "vllm-1", "vllm-2")
-	if !eventually(10*time.Second, func() bool { return e2.sim.Stats().Received > 0 }) {
+	if !testutil.Poll(10*time.Second, func() bool { return e2.sim.Stats().Received > 0 }) {
 		t.Fatal("vllm-2 received no request after it became routable")
 	}
 
@@ -527,7 +501,7 @@ func TestKubeDiscoveryScaleUpAndDown(t *testing.T) {
 	k.terminate(e2)
 	g.waitRoutable("vllm-0", "vllm-1")
 	var st string
-	if !eventually(10*time.Second, func() bool {
+	if !testutil.Poll(10*time.Second, func() bool {
 		for _, e := range g.engines().Engines {
 			if e.Name == "vllm-2" {
 				st = fmt.Sprintf("%+v", e)
@@ -548,7 +522,7 @@ func TestKubeDiscoveryScaleUpAndDown(t *testing.T) {
 		t.Errorf("the stream in flight on the terminating engine: %v (on %s), want it complete", r.err, r.engine)
 	}
 	k.remove(e2)
-	if !eventually(10*time.Second, func() bool {
+	if !testutil.Poll(10*time.Second, func() bool {
 		for _, e := range g.engines().Engines {
 			if e.Name == "vllm-2" {
 				return false
@@ -587,12 +561,12 @@ func TestKubeDiscoveryScaleUpAndDown(t *testing.T) {
 		}
 		return true
 	}
-	if !eventually(10*time.Second, gone) {
+	if !testutil.Poll(10*time.Second, gone) {
 		t.Errorf("the engine that left still has in-flight series: %v", g.activeGauges())
 	}
 	// Its latency histograms and the GenAI client series of its address
 	// leave /metrics after telemetry.series_linger (1 s here).
-	if !eventually(15*time.Second, func() bool { return len(g.seriesOf("vllm-2", e2.port)) == 0 }) {
+	if !testutil.Poll(15*time.Second, func() bool { return len(g.seriesOf("vllm-2", e2.port)) == 0 }) {
 		t.Errorf("series of the engine that left still on /metrics after the linger: %v", g.seriesOf("vllm-2", e2.port))
 	}
 	if len(g.seriesOf("vllm-0", e0.port)) == 0 {
@@ -755,7 +729,7 @@ func TestKubeDiscoveryAPIServerRestart(t *testing.T) {
 	// Some load on the restarted control plane's watch too.
 	served := func() int64 { return e0.sim.Stats().Received + e1.sim.Stats().Received }
 	mark := served()
-	if !eventually(10*time.Second, func() bool { return served() >= mark+20 }) {
+	if !testutil.Poll(10*time.Second, func() bool { return served() >= mark+20 }) {
 		t.Error("the load stalled after the API server restart")
 	}
 	sent, failures := stop()

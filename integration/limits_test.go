@@ -31,6 +31,7 @@ import (
 	"time"
 
 	"github.com/switchboard-gw/switchboard/internal/redistest"
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
 // The Redis settings of these tests (the shipped defaults): an admission
@@ -369,19 +370,6 @@ func limitedErrorf(t *testing.T) func(format string, args ...any) {
 	}
 }
 
-// pollUntil calls cond every 20 ms until it holds or d has passed and
-// reports whether it held.
-func pollUntil(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return true
-}
-
 // refill is what a per-minute limit gives back over d, rounded up.
 func refill(limit int64, d time.Duration) int64 {
 	return int64(math.Ceil(float64(limit) * d.Seconds() / 60))
@@ -415,7 +403,7 @@ func TestLimitsSharedAcrossReplicas(t *testing.T) {
 		<-time.After(loadFor)
 		res, elapsed := load.stop()
 		var st []keyStatus
-		if !pollUntil(5*time.Second, func() bool {
+		if !testutil.Poll(5*time.Second, func() bool {
 			st = st[:0]
 			for _, g := range gws {
 				if st = append(st, g.key(t, k.name)); st[len(st)-1].InFlight != 0 {
@@ -523,7 +511,7 @@ func TestLimitsSharedAcrossReplicas(t *testing.T) {
 		// What the replicas counted may lag the last responses by their
 		// settlement (in_flight is 0, the token counts follow it).
 		var used int64
-		pollUntil(2*time.Second, func() bool {
+		testutil.Poll(2*time.Second, func() bool {
 			used = 0
 			for _, g := range gws {
 				s := g.key(t, tokKey.name)
@@ -666,7 +654,7 @@ func testRedisOutage(t *testing.T, engine, mode string) {
 	everyReplica := func(n []int, atLeast int) bool {
 		return !slices.ContainsFunc(n, func(v int) bool { return v < atLeast })
 	}
-	if !pollUntil(10*time.Second, func() bool { n, _ := countedSince(load.start); return everyReplica(n, 10) }) {
+	if !testutil.Poll(10*time.Second, func() bool { n, _ := countedSince(load.start); return everyReplica(n, 10) }) {
 		t.Fatal("not 10 requests per replica admitted through redis in 10 s")
 	}
 
@@ -690,7 +678,7 @@ func testRedisOutage(t *testing.T, engine, mode string) {
 		// Recovery: on every replica (each has its own down_for), a
 		// request sent after the restart is admitted by Redis again.
 		var first []time.Time
-		if !pollUntil(10*time.Second, func() bool {
+		if !testutil.Poll(10*time.Second, func() bool {
 			var n []int
 			n, first = countedSince(restarted)
 			return everyReplica(n, 1)

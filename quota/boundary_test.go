@@ -3,30 +3,15 @@ package quota
 import (
 	"context"
 	"math"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
-// fakeClock is a clock a test moves by hand.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{t: time.Unix(1_700_000_000, 0)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
+// newFakeClock returns the clock the tests move by hand, 20 s into a
+// minute.
+func newFakeClock() *testutil.Clock { return testutil.NewClock(time.Unix(1_700_000_000, 0)) }
 
 // A boundaryStep is an Ask for tokens (repeated n times: all but the last
 // must be allowed), or a Release settling reserved to used, after wait on
@@ -155,7 +140,7 @@ var boundaryCases = []boundaryCase{
 // own clock may have moved (Redis): the buckets' Remaining, Reset and
 // RetryAfter are then checked within what that time can refill; else
 // exactly, with clk moved by the steps' waits.
-func runBoundary(t *testing.T, st Store, key string, c boundaryCase, clk *fakeClock, redis bool) {
+func runBoundary(t *testing.T, st Store, key string, c boundaryCase, clk *testutil.Clock, redis bool) {
 	t.Helper()
 	ctx := context.Background()
 	start := time.Now()
@@ -165,7 +150,7 @@ func runBoundary(t *testing.T, st Store, key string, c boundaryCase, clk *fakeCl
 			continue
 		}
 		if s.wait > 0 {
-			clk.Add(s.wait)
+			clk.Advance(s.wait)
 		}
 		if !s.reload.IsZero() {
 			limits = s.reload

@@ -138,16 +138,16 @@ func TestMemoryRefusedChangesNothing(t *testing.T) {
 				admit(t, m, Ask{Key: "k", Limits: l, Tokens: 601, Lease: lease})             // never
 				admit(t, m, Ask{Key: "k", Limits: l, Tokens: 0, Lease: lease})               // concurrency
 				admit(t, m, Ask{Key: "k", Limits: Limits{RequestsPerMinute: 60}, Tokens: 0}) // allowed: takes a request
-				clk.Add(10 * time.Millisecond)
+				clk.Advance(10 * time.Millisecond)
 			}
 		} else {
 			for range 50 {
 				admit(t, m, Ask{Key: "k", Limits: Limits{RequestsPerMinute: 60}, Tokens: 0})
-				clk.Add(10 * time.Millisecond)
+				clk.Advance(10 * time.Millisecond)
 			}
 		}
 		release(t, m, Release{Key: "k", Limits: l, Lease: "held", Reserved: 600, Used: 600})
-		clk.Add(30 * time.Second)
+		clk.Advance(30 * time.Second)
 		return admit(t, m, Ask{Key: "k", Limits: l, Tokens: 300, Lease: "after"})
 	}
 	with, without := run(true), run(false)
@@ -168,11 +168,11 @@ func TestMemoryClockBack(t *testing.T) {
 	for range 60 {
 		admit(t, m, Ask{Key: "k", Limits: l})
 	}
-	clk.Add(-time.Hour)
+	clk.Advance(-time.Hour)
 	if d := admit(t, m, Ask{Key: "k", Limits: l}); d.Allowed {
 		t.Fatalf("an empty bucket after the clock went back: %+v", d)
 	}
-	clk.Add(time.Second)
+	clk.Advance(time.Second)
 	if d := admit(t, m, Ask{Key: "k", Limits: l}); !d.Allowed {
 		t.Fatalf("a second after the step back, one is refilled: %+v", d)
 	}
@@ -191,9 +191,9 @@ func TestMemorySweep(t *testing.T) {
 	if n := m.len(); n != sweepMin-1 {
 		t.Fatalf("%d keys, want %d", n, sweepMin-1)
 	}
-	clk.Add(59 * time.Second)
+	clk.Advance(59 * time.Second)
 	admit(t, m, Ask{Key: "recent", Limits: l})
-	clk.Add(2 * time.Second) // the first keys are full again, recent is not
+	clk.Advance(2 * time.Second) // the first keys are full again, recent is not
 	admit(t, m, Ask{Key: "new", Limits: l})
 	if n := m.len(); n != 3 {
 		t.Fatalf("after the sweep, %d keys; want held, recent and new", n)

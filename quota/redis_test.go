@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/switchboard-gw/switchboard/internal/redistest"
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
 // newRedis is a Redis store on srv with the default config changed by
@@ -46,18 +47,6 @@ func rawClient(t testing.TB, addr string) *redis.Client {
 	c := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DisableIdentity: true})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
-}
-
-// poll calls f every 10 ms until it reports true, failing t after 5 s.
-func poll(t *testing.T, what string, f func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !f() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within 5 s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 }
 
 // TestRedisBoundaries runs the boundary cases Memory passes exactly
@@ -169,12 +158,12 @@ func TestRedisLeasesOfACrashedReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Held past three lease_ttl: renewed, so still counted.
-	poll(t, "three lease_ttl", func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		if d := admit(t, live, Ask{Key: "k", Limits: l, Lease: "live-1"}); d.Allowed || d.InFlight != 1 {
 			t.Fatalf("%v after the lease was taken, it no longer counts: %+v", time.Since(taken), d)
 		}
 		return time.Since(taken) > 3*ttl
-	})
+	}, "three lease_ttl")
 	score, err := raw.ZScore(ctx, "switchboard:quota:{k}:conc", "crashing-1").Result()
 	if err != nil || score <= first {
 		t.Fatalf("the lease's expiry %v (%v), first %v: not renewed", score, err, first)
@@ -184,9 +173,9 @@ func TestRedisLeasesOfACrashedReplica(t *testing.T) {
 		t.Fatal(err)
 	}
 	died := time.Now()
-	poll(t, "the crashed replica's lease expiring", func() bool {
+	testutil.Eventually(t, 5*time.Second, func() bool {
 		return admit(t, live, Ask{Key: "k", Limits: l, Lease: "live-2"}).Allowed
-	})
+	}, "the crashed replica's lease expiring")
 	if waited := time.Since(died); waited > ttl+time.Second {
 		t.Errorf("the lease expired %v after the replica died, lease_ttl %v", waited, ttl)
 	}
@@ -237,17 +226,17 @@ func TestRedisOutage(t *testing.T) {
 		t.Fatalf("%d round trips within down_for, want none", n-1)
 	}
 
-	clk.Add(time.Minute)
+	clk.Advance(time.Minute)
 	if _, err := st.Admit(ctx, ask); !errors.Is(err, ErrUnavailable) || roundTripErrors.Load() != 2 {
 		t.Fatalf("after down_for, Redis still stopped: %v, %d round-trip errors; want a second one", err, roundTripErrors.Load())
 	}
 
 	srv.Restart()
-	poll(t, "answering after Restart", func() bool {
-		clk.Add(time.Minute)
+	testutil.Eventually(t, 5*time.Second, func() bool {
+		clk.Advance(time.Minute)
 		_, err := st.Admit(ctx, ask)
 		return err == nil
-	})
+	}, "answering after Restart")
 	if st.Down() {
 		t.Error("still down after an answer")
 	}
@@ -345,7 +334,7 @@ func TestRedisLocalRefusal(t *testing.T) {
 		t.Fatalf("the second request: %+v", first)
 	}
 	srv.Stop()
-	clk.Add(10 * time.Second)
+	clk.Advance(10 * time.Second)
 	d, err := st.Admit(context.Background(), Ask{Key: "k", Limits: l, Tokens: 500})
 	if err != nil || d.Refused != RefusedRequests || d.RetryAfter != first.RetryAfter-10*time.Second ||
 		d.Requests.Reset != first.Requests.Reset-10*time.Second || d.Tokens.Remaining != first.Tokens.Remaining {
@@ -354,7 +343,7 @@ func TestRedisLocalRefusal(t *testing.T) {
 	if _, err := st.Admit(context.Background(), Ask{Key: "k", Limits: Limits{RequestsPerMinute: 2}}); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("other limits ask Redis: %v", err)
 	}
-	clk.Add(time.Minute) // past the RetryAfter and down_for
+	clk.Advance(time.Minute) // past the RetryAfter and down_for
 	if _, err := st.Admit(context.Background(), Ask{Key: "k", Limits: l}); !errors.Is(err, ErrUnavailable) {
 		t.Fatalf("after the RetryAfter, Redis is asked: %v", err)
 	}

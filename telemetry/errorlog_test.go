@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
 // TestErrorLogBoundedRate: a collector that is down fails every export;
@@ -20,17 +22,17 @@ func TestErrorLogBoundedRate(t *testing.T) {
 		}
 		return a
 	}}))
-	now := time.Unix(1000, 0)
-	l := newErrorLog(log, 10*time.Second, func() time.Time { return now })
+	clk := testutil.NewClock(time.Unix(1000, 0))
+	l := newErrorLog(log, 10*time.Second, clk.Now)
 	l.Handle(errors.New("e0"))
 	for i := range 50 { // 50 errors within the interval: no line
-		now = now.Add(100 * time.Millisecond)
+		clk.Advance(100 * time.Millisecond)
 		_ = i
 		l.Handle(errors.New("within"))
 	}
-	now = now.Add(5 * time.Second) // 10 s after the first line
+	clk.Advance(5 * time.Second) // 10 s after the first line
 	l.Handle(errors.New("e51"))
-	now = now.Add(time.Second)
+	clk.Advance(time.Second)
 	l.Handle(errors.New("e52"))
 	l.flush() // at shutdown: e52 was counted by no line
 	l.flush() // nothing left

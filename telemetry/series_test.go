@@ -27,24 +27,9 @@ import (
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
-// fakeClock is the linger's clock in these tests. Safe for concurrent use.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func newFakeClock() *fakeClock { return &fakeClock{t: time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)} }
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Add(d time.Duration) {
-	c.mu.Lock()
-	c.t = c.t.Add(d)
-	c.mu.Unlock()
+// newFakeClock returns the linger's clock in these tests.
+func newFakeClock() *testutil.Clock {
+	return testutil.NewClock(time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC))
 }
 
 // liveSet is the engine liveness the tests switch. Safe for concurrent use.
@@ -179,11 +164,11 @@ func TestSeriesFilterManualReader(t *testing.T) {
 	// e2 goes away: exported for the linger after the last collection
 	// that found it live, then left out.
 	live.set("e2", false)
-	clk.Add(linger - time.Second)
+	clk.Advance(linger - time.Second)
 	if got := sdkEngines(filterOnce(f, collect())); !slices.Equal(got[TimeToFirstTokenName], []string{"e1", "e2"}) {
 		t.Errorf("within the linger: %s on %v, want e1 and e2", TimeToFirstTokenName, got[TimeToFirstTokenName])
 	}
-	clk.Add(time.Second)
+	clk.Advance(time.Second)
 	rm = collect()
 	before := sdkEngines(rm)
 	got := sdkEngines(filterOnce(f, rm))
@@ -263,7 +248,7 @@ func TestSeriesFilterDelta(t *testing.T) {
 	if err := reader.Collect(context.Background(), rm); err != nil {
 		t.Fatal(err)
 	}
-	clk.Add(time.Hour)
+	clk.Advance(time.Hour)
 	if got := sdkEngines(filterOnce(f, rm)); !slices.Equal(got[TimeToFirstTokenName], []string{"e1", "e2"}) || !slices.Equal(got[ParseErrorsName], []string{"e2"}) {
 		t.Errorf("delta points of a never-live engine: %v, want kept", got)
 	}
@@ -287,7 +272,7 @@ func TestSeriesFilterBounded(t *testing.T) {
 		}
 		pass.end()
 		live.set(name, false)
-		clk.Add(step)
+		clk.Advance(step)
 		pass = f.begin()
 		if !pass.keep(name) {
 			t.Fatalf("%s: dropped one step after it went away, within the linger", name)
@@ -357,7 +342,7 @@ func promEngines(mfs map[string]*dto.MetricFamily, name string) ([]string, bool)
 	}
 	var es []string
 	for _, m := range mf.GetMetric() {
-		e := promLabel(m, "engine")
+		e := testutil.Label(m, "engine")
 		if e == "" {
 			e = "-"
 		}
@@ -378,20 +363,20 @@ func TestSetEngineLivePrometheus(t *testing.T) {
 	recordTwoEngines(t, m)
 	const ttft, parse = "switchboard_engine_time_to_first_token_seconds", "switchboard_engine_stream_parse_errors_total"
 
-	if es, _ := promEngines(scrapeHandler(t, p.Prometheus), ttft); !slices.Equal(es, []string{"e1", "e2"}) {
+	if es, _ := promEngines(testutil.ScrapeHandler(t, p.Prometheus), ttft); !slices.Equal(es, []string{"e1", "e2"}) {
 		t.Errorf("before SetEngineLive: %s on %v, want e1 and e2", ttft, es)
 	}
 	clk := newFakeClock()
 	live := newLiveSet("e1", "e2")
 	p.SetEngineLive(live.Live, WithSeriesLinger(time.Minute), withSeriesClock(clk.Now))
-	scrapeHandler(t, p.Prometheus) // sees both live
+	testutil.ScrapeHandler(t, p.Prometheus) // sees both live
 	live.set("e2", false)
-	clk.Add(59 * time.Second)
-	if es, _ := promEngines(scrapeHandler(t, p.Prometheus), ttft); !slices.Equal(es, []string{"e1", "e2"}) {
+	clk.Advance(59 * time.Second)
+	if es, _ := promEngines(testutil.ScrapeHandler(t, p.Prometheus), ttft); !slices.Equal(es, []string{"e1", "e2"}) {
 		t.Errorf("within the linger: %s on %v, want e1 and e2", ttft, es)
 	}
-	clk.Add(time.Second)
-	mfs := scrapeHandler(t, p.Prometheus)
+	clk.Advance(time.Second)
+	mfs := testutil.ScrapeHandler(t, p.Prometheus)
 	if es, _ := promEngines(mfs, ttft); !slices.Equal(es, []string{"e1"}) {
 		t.Errorf("past the linger: %s on %v, want e1", ttft, es)
 	}
@@ -413,7 +398,7 @@ func TestSetEngineLivePrometheus(t *testing.T) {
 	}
 
 	p.SetEngineLive(nil)
-	if es, _ := promEngines(scrapeHandler(t, p.Prometheus), ttft); !slices.Equal(es, []string{"e1", "e2"}) {
+	if es, _ := promEngines(testutil.ScrapeHandler(t, p.Prometheus), ttft); !slices.Equal(es, []string{"e1", "e2"}) {
 		t.Errorf("SetEngineLive(nil): %s on %v, want e1 and e2 again", ttft, es)
 	}
 }
@@ -550,11 +535,11 @@ func TestSetEngineLiveOTLP(t *testing.T) {
 				t.Errorf("both live: %v", got)
 			}
 			live.set("e2", false)
-			clk.Add(30 * time.Second)
+			clk.Advance(30 * time.Second)
 			if got := flush(); !slices.Equal(got[TimeToFirstTokenName], []string{"e1", "e2"}) {
 				t.Errorf("within the linger: %s on %v, want e1 and e2", TimeToFirstTokenName, got[TimeToFirstTokenName])
 			}
-			clk.Add(30 * time.Second)
+			clk.Advance(30 * time.Second)
 			got := flush()
 			if !slices.Equal(got[TimeToFirstTokenName], []string{"e1"}) {
 				t.Errorf("past the linger: %s on %v, want e1", TimeToFirstTokenName, got[TimeToFirstTokenName])
@@ -578,7 +563,7 @@ func TestSetupOTLPTemporalityPreference(t *testing.T) {
 	rc, p, m := setupOTLPHTTP(t, "OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "delta")
 	clk := newFakeClock()
 	p.SetEngineLive(newLiveSet("e1").Live, WithSeriesLinger(time.Minute), withSeriesClock(clk.Now))
-	clk.Add(time.Hour)
+	clk.Advance(time.Hour)
 	recordTwoEngines(t, m)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -674,7 +659,7 @@ func TestSetEngineLiveConcurrent(t *testing.T) {
 					recordServers(m)
 					live.set("e2", i%2 == 0)
 					servers.set("10.0.0.2:8000", i%2 == 0)
-					clk.Add(time.Minute)
+					clk.Advance(time.Minute)
 				}
 			}
 		})
@@ -837,9 +822,9 @@ func TestSeriesFilterServers(t *testing.T) {
 	// b's server goes away (its engine name stays live: a pod replaced
 	// under a stable name gets a new address).
 	servers.set("10.0.0.2:8000", false)
-	clk.Add(linger - time.Second)
+	clk.Advance(linger - time.Second)
 	checkGenAI(t, "within the linger", sdkServers(filterOnce(f, collect())), all)
-	clk.Add(time.Second)
+	clk.Advance(time.Second)
 	rm = collect()
 	before := sdkServers(rm)
 	got := sdkServers(filterOnce(f, rm))
@@ -905,7 +890,7 @@ func TestSeriesFilterServers(t *testing.T) {
 	for _, e := range []string{"a", "b", "c"} {
 		engines.set(e, false)
 	}
-	clk.Add(linger)
+	clk.Advance(linger)
 	got = sdkServers(filterOnce(f, collect()))
 	checkGenAI(t, "all gone", got, genAIServers("-"))
 	if _, ok := got[TimeToFirstTokenName]; ok {
@@ -963,7 +948,7 @@ func TestSeriesFilterEngineAndServer(t *testing.T) {
 		t.Errorf("all but one live: kept %v, want %v", got, want)
 	}
 	engines.set("e-gone", false)
-	clk.Add(linger)
+	clk.Advance(linger)
 	want = []string{"10.0.0.1:8000/e-live", "10.0.0.3:-/", ":1/"}
 	if got := kept(); !slices.Equal(got, want) {
 		t.Errorf("e-gone past the linger, its server live: kept %v, want %v", got, want)
@@ -977,11 +962,11 @@ func TestSeriesFilterEngineAndServer(t *testing.T) {
 	// A point with both kept on the engine's linger while its server is
 	// live, and on the server's while its engine is.
 	servers.set("10.0.0.1:8000", false)
-	clk.Add(linger - time.Second)
+	clk.Advance(linger - time.Second)
 	if got := kept(); !slices.Contains(got, "10.0.0.1:8000/e-live") {
 		t.Errorf("server within its linger: kept %v", got)
 	}
-	clk.Add(time.Second)
+	clk.Advance(time.Second)
 	if got := kept(); slices.Contains(got, "10.0.0.1:8000/e-live") {
 		t.Errorf("server past its linger, engine live: kept %v", got)
 	}
@@ -1009,7 +994,7 @@ func TestSeriesFilterServersBounded(t *testing.T) {
 		}
 		pass.end()
 		servers.set(key(k), false) // deleted: the test's own set does not grow
-		clk.Add(step)
+		clk.Advance(step)
 		pass = f.begin()
 		if !pass.keepServer(k) {
 			t.Fatalf("%v: dropped one step after it went away, within the linger", k)
@@ -1076,8 +1061,8 @@ func promServers(mfs map[string]*dto.MetricFamily) map[string][]string {
 		var ss []string
 		for _, m := range mf.GetMetric() {
 			s := "-"
-			if a := promLabel(m, "server_address"); a != "" {
-				s = net.JoinHostPort(a, promLabel(m, "server_port"))
+			if a := testutil.Label(m, "server_address"); a != "" {
+				s = net.JoinHostPort(a, testutil.Label(m, "server_port"))
 			}
 			ss = append(ss, s)
 		}
@@ -1103,7 +1088,7 @@ func TestSetEngineLiveServersPrometheus(t *testing.T) {
 	clk := newFakeClock()
 	servers := newServerSet("10.0.0.1:8000", "10.0.0.2:8000")
 	p.SetEngineLive(newLiveSet("a", "b", "c").Live, WithServerLive(servers.Live), WithSeriesLinger(time.Minute), withSeriesClock(clk.Now))
-	got := promServers(scrapeHandler(t, p.Prometheus))
+	got := promServers(testutil.ScrapeHandler(t, p.Prometheus))
 	if len(got) != len(genAIInstruments) {
 		t.Fatalf("gen_ai_client_* families %v, want %d", got, len(genAIInstruments))
 	}
@@ -1113,14 +1098,14 @@ func TestSetEngineLiveServersPrometheus(t *testing.T) {
 		}
 	}
 	servers.set("10.0.0.2:8000", false)
-	clk.Add(59 * time.Second)
-	for name, ss := range promServers(scrapeHandler(t, p.Prometheus)) {
+	clk.Advance(59 * time.Second)
+	for name, ss := range promServers(testutil.ScrapeHandler(t, p.Prometheus)) {
 		if !slices.Contains(ss, "10.0.0.2:8000") {
 			t.Errorf("within the linger: %s on %v, want 10.0.0.2:8000 kept", name, ss)
 		}
 	}
-	clk.Add(time.Second)
-	mfs := scrapeHandler(t, p.Prometheus)
+	clk.Advance(time.Second)
+	mfs := testutil.ScrapeHandler(t, p.Prometheus)
 	got = promServers(mfs)
 	if len(got) != len(genAIInstruments) {
 		t.Errorf("past the linger: gen_ai_client_* families %v, want %d", got, len(genAIInstruments))
@@ -1130,7 +1115,7 @@ func TestSetEngineLiveServersPrometheus(t *testing.T) {
 			t.Errorf("past the linger: %s on %v, want %v", name, ss, w)
 		}
 	}
-	if mf, ok := mfs[httpCount]; !ok || promLabel(mf.GetMetric()[0], "server_address") != "gw.example" {
+	if mf, ok := mfs[httpCount]; !ok || testutil.Label(mf.GetMetric()[0], "server_address") != "gw.example" {
 		t.Errorf("%s (another scope's server.address) left out", httpCount)
 	}
 	if es, _ := promEngines(mfs, ttft); !slices.Equal(es, []string{"a", "b", "c"}) {
@@ -1209,9 +1194,9 @@ func TestSetEngineLiveServersOTLP(t *testing.T) {
 	}
 	check("all live", flush(), "-", "10.0.0.1:8000", "10.0.0.2:8000")
 	servers.set("10.0.0.2:8000", false)
-	clk.Add(30 * time.Second)
+	clk.Advance(30 * time.Second)
 	check("within the linger", flush(), "-", "10.0.0.1:8000", "10.0.0.2:8000")
-	clk.Add(30 * time.Second)
+	clk.Advance(30 * time.Second)
 	check("past the linger", flush(), "-", "10.0.0.1:8000")
 }
 

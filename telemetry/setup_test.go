@@ -11,8 +11,6 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	commonpb "go.opentelemetry.io/proto/otlp/common/v1"
 	resourcepb "go.opentelemetry.io/proto/otlp/resource/v1"
 
@@ -38,30 +36,6 @@ func setup(t *testing.T, cfg Config) (*Providers, func(context.Context) error, *
 	return p, stop, logs
 }
 
-func scrapeHandler(t *testing.T, h http.Handler) map[string]*dto.MetricFamily {
-	t.Helper()
-	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/metrics", nil))
-	if rec.Code != http.StatusOK {
-		t.Fatalf("/metrics: status %d", rec.Code)
-	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := p.TextToMetricFamilies(rec.Body)
-	if err != nil {
-		t.Fatalf("parse /metrics: %v", err)
-	}
-	return mfs
-}
-
-func promLabel(m *dto.Metric, name string) string {
-	for _, l := range m.GetLabel() {
-		if l.GetName() == name {
-			return l.GetValue()
-		}
-	}
-	return ""
-}
-
 func TestSetupWithoutOTLP(t *testing.T) {
 	testutil.UnsetOTEL(t)
 	cfg := DefaultConfig()
@@ -85,13 +59,13 @@ func TestSetupWithoutOTLP(t *testing.T) {
 	m.RecordFirstToken(context.Background(), a, 0.07)
 	m.RecordFirstToken(context.Background(), a, 3)
 
-	mfs := scrapeHandler(t, p.Prometheus)
+	mfs := testutil.ScrapeHandler(t, p.Prometheus)
 	ttft := mfs["switchboard_engine_time_to_first_token_seconds"]
 	if ttft == nil || ttft.GetType() != dto.MetricType_HISTOGRAM || len(ttft.GetMetric()) != 1 {
 		t.Fatalf("switchboard_engine_time_to_first_token_seconds = %v, want one histogram series", ttft)
 	}
 	mt := ttft.GetMetric()[0]
-	if promLabel(mt, "engine") != "e1" || promLabel(mt, "model") != "m1" {
+	if testutil.Label(mt, "engine") != "e1" || testutil.Label(mt, "model") != "m1" {
 		t.Errorf("labels %v, want engine=e1 model=m1", mt.GetLabel())
 	}
 	h := mt.GetHistogram()
@@ -106,7 +80,7 @@ func TestSetupWithoutOTLP(t *testing.T) {
 		t.Errorf("bucket bounds %v, want ttftBuckets %v (+Inf)", bounds, ttftBuckets)
 	}
 	// The resource is exported as target_info; runtime collectors are there.
-	if ti := mfs["target_info"]; ti == nil || promLabel(ti.GetMetric()[0], "service_name") != "sb-prom-test" {
+	if ti := mfs["target_info"]; ti == nil || testutil.Label(ti.GetMetric()[0], "service_name") != "sb-prom-test" {
 		t.Errorf("target_info = %v, want service_name=sb-prom-test", ti)
 	}
 	if mfs["go_goroutines"] == nil {
@@ -156,12 +130,12 @@ func TestSetupCardinalityLimit(t *testing.T) {
 	for _, model := range []string{"a", "b", "c", "d", "e"} {
 		m.RecordParseError(context.Background(), e.Attrs(model, "chat", "chat"))
 	}
-	series := scrapeHandler(t, p.Prometheus)["switchboard_engine_stream_parse_errors_total"].GetMetric()
+	series := testutil.ScrapeHandler(t, p.Prometheus)["switchboard_engine_stream_parse_errors_total"].GetMetric()
 	var total float64
 	overflow := false
 	for _, s := range series {
 		total += s.GetCounter().GetValue()
-		overflow = overflow || promLabel(s, "otel_metric_overflow") == "true"
+		overflow = overflow || testutil.Label(s, "otel_metric_overflow") == "true"
 	}
 	if len(series) != 3 || !overflow || total != 5 {
 		t.Errorf("%d series (overflow %t) totalling %v, want 3 including the overflow series, totalling 5", len(series), overflow, total)

@@ -16,8 +16,6 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"go.uber.org/goleak"
 
 	"github.com/switchboard-gw/switchboard/internal/testutil"
@@ -210,42 +208,10 @@ func getJSON(t *testing.T, client *http.Client, url string, into any) {
 	}
 }
 
-// scrape fetches and parses the admin /metrics exposition.
-func scrape(t *testing.T, client *http.Client, url string) map[string]*dto.MetricFamily {
-	t.Helper()
-	resp, err := client.Get(url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET %s: status %d", url, resp.StatusCode)
-	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := p.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatalf("parse /metrics: %v", err)
-	}
-	return mfs
-}
-
-func label(m *dto.Metric, name string) string {
-	for _, l := range m.GetLabel() {
-		if l.GetName() == name {
-			return l.GetValue()
-		}
-	}
-	return ""
-}
-
 // activeRequests returns switchboard_engine_active_requests by
 // "engine/phase".
 func activeRequests(mfs map[string]*dto.MetricFamily) map[string]float64 {
-	out := map[string]float64{}
-	for _, m := range mfs["switchboard_engine_active_requests"].GetMetric() {
-		out[label(m, "engine")+"/"+label(m, "phase")] = m.GetGauge().GetValue()
-	}
-	return out
+	return testutil.Samples(mfs, "switchboard_engine_active_requests", "engine", "phase")
 }
 
 // demoArgs run configs/demo.yaml on ephemeral ports.
@@ -312,17 +278,13 @@ func TestRunSmoke(t *testing.T) {
 		// deferred span end releases the slot: poll briefly.
 		want := map[string]float64{"sim-1/prefill": 0, "sim-1/decode": 0, "sim-2/prefill": 0, "sim-2/decode": 0}
 		var mfs map[string]*dto.MetricFamily
-		deadline := time.Now().Add(3 * time.Second)
-		for {
-			mfs = scrape(t, client, p.admin+"/metrics")
-			got := activeRequests(mfs)
-			if mapsEqual(got, want) {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("switchboard_engine_active_requests = %v, want %v", got, want)
-			}
-			time.Sleep(20 * time.Millisecond)
+		var got map[string]float64
+		if !testutil.Poll(3*time.Second, func() bool {
+			mfs = testutil.Scrape(t, client, p.admin+"/metrics")
+			got = activeRequests(mfs)
+			return mapsEqual(got, want)
+		}) {
+			t.Fatalf("switchboard_engine_active_requests = %v, want %v", got, want)
 		}
 		ttft := mfs["switchboard_engine_time_to_first_token_seconds"]
 		if ttft.GetType() != dto.MetricType_HISTOGRAM {
@@ -330,8 +292,8 @@ func TestRunSmoke(t *testing.T) {
 		}
 		var count uint64
 		for _, m := range ttft.GetMetric() {
-			if label(m, "model") != "demo-model" {
-				t.Errorf("TTFT series with model %q", label(m, "model"))
+			if testutil.Label(m, "model") != "demo-model" {
+				t.Errorf("TTFT series with model %q", testutil.Label(m, "model"))
 			}
 			count += m.GetHistogram().GetSampleCount()
 		}
@@ -506,10 +468,7 @@ func TestRunDrainDelay(t *testing.T) {
 	}
 	done := make(chan error, 1)
 	go func() { done <- p.stop(t, 10*time.Second) }()
-	deadline := time.Now().Add(time.Second)
-	for status("/ready") != http.StatusServiceUnavailable && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.Poll(time.Second, func() bool { return status("/ready") == http.StatusServiceUnavailable })
 	if s := status("/ready"); s != http.StatusServiceUnavailable {
 		t.Fatalf("/ready during the drain delay: %d, want 503", s)
 	}

@@ -75,10 +75,7 @@ func (wd *watched) got() []string {
 // come within settle.
 func (wd *watched) waitFor(t *testing.T, n int, settle time.Duration) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for len(wd.got()) < n && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	testutil.Poll(5*time.Second, func() bool { return len(wd.got()) >= n })
 	time.Sleep(settle) // a debounced extra reload would come within this
 	if got := wd.got(); len(got) != n {
 		t.Fatalf("reloads triggered: %v, want %d", got, n)
@@ -389,11 +386,7 @@ func replaceFile(t *testing.T, path, content string) {
 // reloads returns switchboard_config_reloads_total by result.
 func reloads(t *testing.T, client *http.Client, admin string) map[string]float64 {
 	t.Helper()
-	out := map[string]float64{}
-	for _, m := range scrape(t, client, admin+"/metrics")["switchboard_config_reloads_total"].GetMetric() {
-		out[label(m, "result")] = m.GetCounter().GetValue()
-	}
-	return out
+	return testutil.Samples(testutil.Scrape(t, client, admin+"/metrics"), "switchboard_config_reloads_total", "result")
 }
 
 // waitReloads polls the reloads counter until it reads want.
@@ -405,20 +398,17 @@ func waitReloads(t *testing.T, client *http.Client, p *gatewayProc, want map[str
 	})
 }
 
-// pollFor calls check every 10 ms until it reports done, for up to 10 s,
-// and fails the test with check's last message if it never does.
+// pollFor polls check (testutil.Poll) until it reports done, for up to
+// 10 s, and fails the test with check's last message if it never does.
 func pollFor(t *testing.T, check func() (done bool, msg string)) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		done, msg := check()
-		if done {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatal(msg)
-		}
-		time.Sleep(10 * time.Millisecond)
+	var msg string
+	if !testutil.Poll(10*time.Second, func() bool {
+		done, m := check()
+		msg = m
+		return done
+	}) {
+		t.Fatal(msg)
 	}
 }
 
@@ -679,7 +669,7 @@ func waitIdle(t *testing.T, client *http.Client, p *gatewayProc) {
 		for _, e := range st.Engines {
 			idle = idle && e.Prefill == 0 && e.Decode == 0 && !e.Retired
 		}
-		gauges := activeRequests(scrape(t, client, p.admin+"/metrics"))
+		gauges := activeRequests(testutil.Scrape(t, client, p.admin+"/metrics"))
 		for _, v := range gauges {
 			idle = idle && v == 0
 		}

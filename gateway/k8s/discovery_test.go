@@ -33,6 +33,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/switchboard-gw/switchboard/gateway"
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -1112,13 +1113,13 @@ func TestWatchError(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			sink := newFakeSink()
-			now := time.Unix(1_000_000, 0)
-			d := &Discovery{log: slog.New(sinkLog{s: sink}), now: func() time.Time { return now }}
+			clk := testutil.NewClock(time.Unix(1_000_000, 0))
+			d := &Discovery{log: slog.New(sinkLog{s: sink}), now: clk.Now}
 			h := d.watchError("team-b")
 			for range 3 {
 				h(t.Context(), nil, tt.err)
 			}
-			now = now.Add(time.Minute)
+			clk.Advance(time.Minute)
 			h(t.Context(), nil, tt.err)
 			sink.mu.Lock()
 			defer sink.mu.Unlock()

@@ -6,6 +6,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
 func TestSleepWake(t *testing.T) {
@@ -14,7 +16,7 @@ func TestSleepWake(t *testing.T) {
 	e, srv := startEngine(t, cfg)
 	state := func(t *testing.T) map[string]float64 {
 		t.Helper()
-		mf := scrape(t, srv)[MetricEngineSleepState]
+		mf := testutil.Scrape(t, srv.Client(), srv.URL+"/metrics")[MetricEngineSleepState]
 		got := map[string]float64{}
 		for _, m := range mf.GetMetric() {
 			labels := map[string]string{}
@@ -274,7 +276,7 @@ func TestLoRA(t *testing.T) {
 	if s := e.Stats(); s.PrefixCacheHits != 4 {
 		t.Errorf("prefix hits %d, want 4 (the second request on ad only)", s.PrefixCacheHits)
 	}
-	mfs := scrape(t, srv)
+	mfs := testutil.Scrape(t, srv.Client(), srv.URL+"/metrics")
 	if got := counterValue(t, mfs, MetricGenerationTokens, "m1"); got != 3 {
 		t.Errorf("m1 generation tokens %v, want 3 (m1 and ad)", got)
 	}

@@ -9,6 +9,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
 // wav2s is a valid 2 s 16 kHz 16-bit mono WAV: 4 transcript words, 100 audio tokens.
@@ -78,7 +80,7 @@ func TestTranscriptions(t *testing.T) {
 	if s.Completed != int64(len(tests)) {
 		t.Errorf("stats %+v", s)
 	}
-	if got := counterValue(t, scrape(t, srv), MetricPromptTokens, "m2"); got != 100 {
+	if got := counterValue(t, testutil.Scrape(t, srv.Client(), srv.URL+"/metrics"), MetricPromptTokens, "m2"); got != 100 {
 		t.Errorf("prompt tokens of 2 s of audio = %v, want 100", got)
 	}
 }
@@ -225,7 +227,7 @@ func TestSpeech(t *testing.T) {
 	if s.Completed != 3 {
 		t.Errorf("stats %+v", s)
 	}
-	if got := counterValue(t, scrape(t, srv), MetricGenerationTokens, "m1"); got != 10 {
+	if got := counterValue(t, testutil.Scrape(t, srv.Client(), srv.URL+"/metrics"), MetricGenerationTokens, "m1"); got != 10 {
 		t.Errorf("generation tokens %v, want one per input word (10)", got)
 	}
 }

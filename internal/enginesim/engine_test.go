@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -14,8 +13,7 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
 func TestConfigValidate(t *testing.T) {
@@ -85,7 +83,7 @@ func TestScheduling(t *testing.T) {
 	status := make([]int, 2)
 	for i := range 2 {
 		if i == 1 {
-			eventually(t, time.Second, "first request running", func() bool { return e.Stats().Running == 1 })
+			testutil.Eventually(t, time.Second, func() bool { return e.Stats().Running == 1 }, "first request running")
 		}
 		wg.Go(func() {
 			resp, err := send(t, nil, srv, "POST", "/v1/chat/completions", chatUnaryBody, nil)
@@ -98,11 +96,11 @@ func TestScheduling(t *testing.T) {
 			status[i] = resp.StatusCode
 		})
 	}
-	eventually(t, time.Second, "one running, one waiting", func() bool {
+	testutil.Eventually(t, time.Second, func() bool {
 		s := e.Stats()
 		return s.Running == 1 && s.Waiting == 1
-	})
-	if got := gaugeValue(t, scrape(t, srv), MetricNumRequestsWaiting, "m1"); got != 1 {
+	}, "one running, one waiting")
+	if got := gaugeValue(t, testutil.Scrape(t, srv.Client(), srv.URL+"/metrics"), MetricNumRequestsWaiting, "m1"); got != 1 {
 		t.Errorf("%s = %v, want 1", MetricNumRequestsWaiting, got)
 	}
 	wg.Wait()
@@ -125,7 +123,7 @@ func TestSchedulingAbortWhileWaiting(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = resp1.Body.Close() }()
-	eventually(t, time.Second, "first running", func() bool { return e.Stats().Running == 1 })
+	testutil.Eventually(t, time.Second, func() bool { return e.Stats().Running == 1 }, "first running")
 
 	// The second and third wait; the second's client gives up while queued.
 	ctx2, cancel2 := context.WithCancel(context.Background())
@@ -138,7 +136,7 @@ func TestSchedulingAbortWhileWaiting(t *testing.T) {
 		}
 		done2 <- err
 	}()
-	eventually(t, time.Second, "second waiting", func() bool { return e.Stats().Waiting == 1 })
+	testutil.Eventually(t, time.Second, func() bool { return e.Stats().Waiting == 1 }, "second waiting")
 	done3 := make(chan int, 1)
 	go func() {
 		resp, err := send(t, nil, srv, "POST", "/v1/chat/completions", chatUnaryBody, nil)
@@ -150,16 +148,16 @@ func TestSchedulingAbortWhileWaiting(t *testing.T) {
 		_ = resp.Body.Close()
 		done3 <- resp.StatusCode
 	}()
-	eventually(t, time.Second, "two waiting", func() bool { return e.Stats().Waiting == 2 })
+	testutil.Eventually(t, time.Second, func() bool { return e.Stats().Waiting == 2 }, "two waiting")
 
 	cancel2()
 	if err := <-done2; !errors.Is(err, context.Canceled) {
 		t.Errorf("second request error = %v", err)
 	}
-	eventually(t, time.Second, "queued request aborted", func() bool {
+	testutil.Eventually(t, time.Second, func() bool {
 		s := e.Stats()
 		return s.Aborted == 1 && s.Waiting == 1 && s.Running == 1
-	})
+	}, "queued request aborted")
 
 	cancel1() // frees the slot for the third request
 	if got := <-done3; got != 200 {
@@ -212,7 +210,7 @@ func TestPrefixCache(t *testing.T) {
 	if cold < 200*time.Millisecond || warm >= 150*time.Millisecond {
 		t.Errorf("cold %v, warm %v: want cold >= 200ms and warm < 150ms", cold, warm)
 	}
-	mfs := scrape(t, srv)
+	mfs := testutil.Scrape(t, srv.Client(), srv.URL+"/metrics")
 	if got := counterValue(t, mfs, MetricPrefixCacheHits, "m1"); got != 12 {
 		t.Errorf("%s{m1} = %v, want 12", MetricPrefixCacheHits, got)
 	}
@@ -264,8 +262,8 @@ func TestKVCacheUsage(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = resp.Body.Close() }()
-	eventually(t, time.Second, "kv usage 0.75", func() bool { return e.kvCacheUsage() == 0.75 })
-	if got := gaugeValue(t, scrape(t, srv), MetricKVCacheUsagePerc, "m1"); got != 0.75 {
+	testutil.Eventually(t, time.Second, func() bool { return e.kvCacheUsage() == 0.75 }, "kv usage 0.75")
+	if got := gaugeValue(t, testutil.Scrape(t, srv.Client(), srv.URL+"/metrics"), MetricKVCacheUsagePerc, "m1"); got != 0.75 {
 		t.Errorf("%s = %v, want 0.75", MetricKVCacheUsagePerc, got)
 	}
 
@@ -277,7 +275,7 @@ func TestKVCacheUsage(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = resp2.Body.Close() }()
-	eventually(t, time.Second, "kv usage capped at 1", func() bool { return e.kvCacheUsage() == 1 && e.kvBlocks.Load() == 6 })
+	testutil.Eventually(t, time.Second, func() bool { return e.kvCacheUsage() == 1 && e.kvBlocks.Load() == 6 }, "kv usage capped at 1")
 
 	cancel()
 	cancel2()
@@ -285,21 +283,6 @@ func TestKVCacheUsage(t *testing.T) {
 	if got := e.kvCacheUsage(); got != 0 {
 		t.Errorf("kv usage when idle = %v", got)
 	}
-}
-
-// scrape fetches and parses /metrics.
-func scrape(t *testing.T, srv *httptest.Server) map[string]*dto.MetricFamily {
-	t.Helper()
-	resp := mustSend(t, srv, "GET", "/metrics", "", nil)
-	if resp.StatusCode != 200 {
-		t.Fatalf("/metrics status %d", resp.StatusCode)
-	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	mfs, err := p.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatalf("parse /metrics: %v", err)
-	}
-	return mfs
 }
 
 // series returns the metric of family name whose labels include model_name=modelName and
@@ -359,7 +342,7 @@ func TestMetrics(t *testing.T) {
 	_, _ = io.Copy(io.Discard, resp.Body)
 	waitIdle(t, e, 0)
 
-	mfs := scrape(t, srv)
+	mfs := testutil.Scrape(t, srv.Client(), srv.URL+"/metrics")
 	wantTypes := map[string]dto.MetricType{
 		MetricNumRequestsRunning: dto.MetricType_GAUGE,
 		MetricNumRequestsWaiting: dto.MetricType_GAUGE,

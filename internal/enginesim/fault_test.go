@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
 func TestParseFaults(t *testing.T) {
@@ -226,7 +228,7 @@ func TestFaultStallBeforeHeaders(t *testing.T) {
 				t.Fatalf("got response %d, want the client's cancellation", resp.StatusCode)
 			}
 			cancelled := time.Now()
-			eventually(t, time.Second, "Aborted == 1", func() bool { return e.Stats().Aborted == 1 })
+			testutil.Eventually(t, time.Second, func() bool { return e.Stats().Aborted == 1 }, "Aborted == 1")
 			t.Logf("aborted %v after the client cancelled", time.Since(cancelled))
 			wantOutcome(t, e, 0, 1, 0)
 		})
@@ -288,7 +290,7 @@ func TestFaultStallAfter(t *testing.T) {
 			t.Errorf("%d bytes after the stall point", br.Buffered())
 		}
 		cancel()
-		eventually(t, time.Second, "Aborted == 1", func() bool { return e.Stats().Aborted == 1 })
+		testutil.Eventually(t, time.Second, func() bool { return e.Stats().Aborted == 1 }, "Aborted == 1")
 		wantOutcome(t, e, 0, 1, 0)
 	})
 	t.Run("unary", func(t *testing.T) {
@@ -305,7 +307,7 @@ func TestFaultStallAfter(t *testing.T) {
 			t.Fatalf("partial body %q, err %v", buf, err)
 		}
 		cancel()
-		eventually(t, time.Second, "Aborted == 1", func() bool { return e.Stats().Aborted == 1 })
+		testutil.Eventually(t, time.Second, func() bool { return e.Stats().Aborted == 1 }, "Aborted == 1")
 		wantOutcome(t, e, 0, 1, 0)
 	})
 }
@@ -808,9 +810,9 @@ func TestFaultStallAfterZeroStream(t *testing.T) {
 				t.Fatalf("%d more bytes buffered after the expected lines", n)
 			}
 			// Prefill is over (the first token's time is observed), yet nothing else comes.
-			eventually(t, time.Second, "prefill done", func() bool {
-				return series(t, scrape(t, srv), MetricTimeToFirstToken, "m1").GetHistogram().GetSampleCount() == 1
-			})
+			testutil.Eventually(t, time.Second, func() bool {
+				return series(t, testutil.Scrape(t, srv.Client(), srv.URL+"/metrics"), MetricTimeToFirstToken, "m1").GetHistogram().GetSampleCount() == 1
+			}, "prefill done")
 			reads := make(chan string, 1)
 			go func() {
 				buf := make([]byte, 256)
@@ -830,7 +832,7 @@ func TestFaultStallAfterZeroStream(t *testing.T) {
 			if !strings.HasPrefix(got, `"" `) {
 				t.Errorf("read after cancel: %s", got)
 			}
-			eventually(t, time.Second, "Aborted == 1", func() bool { return e.Stats().Aborted == 1 })
+			testutil.Eventually(t, time.Second, func() bool { return e.Stats().Aborted == 1 }, "Aborted == 1")
 			wantOutcome(t, e, 0, 1, 0)
 		})
 	}

@@ -3,7 +3,6 @@ package enginesim
 import (
 	"bufio"
 	"context"
-	"fmt"
 	"io"
 	"net/http/httptest"
 	"slices"
@@ -11,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
 func TestLatencyFor(t *testing.T) {
@@ -161,9 +162,9 @@ func TestLoadDependentLatency(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer func() { _ = resp.Body.Close() }()
-		eventually(t, 2*time.Second, fmt.Sprintf("holder %d prefill computed", i), func() bool { return log.len() == i+1 })
+		testutil.Eventually(t, 2*time.Second, func() bool { return log.len() == i+1 }, "holder %d prefill computed", i)
 	}
-	eventually(t, 2*time.Second, "two running", func() bool { return e.Stats().Running == 2 })
+	testutil.Eventually(t, 2*time.Second, func() bool { return e.Stats().Running == 2 }, "two running")
 	if got, exp := log.take(), []delayRec{{delayTTFT, 2 * ms}, {delayTTFT, 52 * ms}}; !slices.Equal(got, exp) {
 		t.Errorf("holders: waits %v, want %v", got, exp)
 	}
@@ -183,11 +184,8 @@ func TestLoadDependentLatency(t *testing.T) {
 	go func() {
 		<-log.gated
 		cancel()
-		for deadline := time.Now().Add(2 * time.Second); e.Stats().Running != 1; time.Sleep(ms) {
-			if time.Now().After(deadline) {
-				t.Error("timed out waiting for the holders to go")
-				break
-			}
+		if !testutil.Poll(2*time.Second, func() bool { return e.Stats().Running == 1 }) {
+			t.Error("timed out waiting for the holders to go")
 		}
 		close(log.release)
 	}()

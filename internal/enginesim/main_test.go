@@ -10,10 +10,10 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"go.uber.org/goleak"
 )
 
@@ -142,27 +142,15 @@ func chunkHead(t *testing.T, data string) (string, int64) {
 	return h.ID, h.Created
 }
 
-// eventually polls cond every millisecond until it holds or within elapses.
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // waitIdle waits until e has no running or waiting sequences and checks that every received
 // request was accounted for exactly once.
 func waitIdle(t *testing.T, e *Engine, rejected int64) Stats {
 	t.Helper()
 	var s Stats
-	eventually(t, 2*time.Second, "engine idle", func() bool {
+	testutil.Eventually(t, 2*time.Second, func() bool {
 		s = e.Stats()
 		return s.Running == 0 && s.Waiting == 0 && s.Completed+s.Aborted+s.Faulted+rejected == s.Received
-	})
+	}, "engine idle")
 	if got := e.kvBlocks.Load(); got != 0 {
 		t.Errorf("KV blocks held when idle = %d, want 0", got)
 	}
@@ -181,24 +169,6 @@ func startEngineWith(t *testing.T, cfg Config, setup func(*Engine)) (*Engine, *h
 	srv := httptest.NewServer(e.Handler())
 	t.Cleanup(srv.Close)
 	return e, srv
-}
-
-// fakeClock is a settable clock for the engine's now hook.
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fakeClock) now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
 }
 
 // sendRaw sends body with Content-Type ct, failing the test on a transport error.

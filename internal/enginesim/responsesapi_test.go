@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
 var (
@@ -135,7 +137,7 @@ func TestResponsesUnary(t *testing.T) {
 	if s.Completed != int64(len(tests)) {
 		t.Errorf("stats %+v", s)
 	}
-	mfs := scrape(t, srv)
+	mfs := testutil.Scrape(t, srv.Client(), srv.URL+"/metrics")
 	if got := counterValue(t, mfs, MetricRequestSuccess, "m1", "finished_reason", "length"); got != 1 {
 		t.Errorf("length successes = %v, want 1", got)
 	}
@@ -395,8 +397,8 @@ func TestResponsesBackground(t *testing.T) {
 	cfg := responsesConfig()
 	cfg.TTFT = time.Hour // on the fake clock; the real one must not matter
 	cfg.ITL = time.Minute
-	clk := &fakeClock{t: time.Unix(1_800_000_000, 0)}
-	e, srv := startEngineWith(t, cfg, func(e *Engine) { e.now = clk.now })
+	clk := testutil.NewClock(time.Unix(1_800_000_000, 0))
+	e, srv := startEngineWith(t, cfg, func(e *Engine) { e.now = clk.Now })
 	post := func(body string) (int, []byte) {
 		resp := mustSend(t, srv, "POST", "/v1/responses", body, nil)
 		b, _ := io.ReadAll(resp.Body)
@@ -425,11 +427,11 @@ func TestResponsesBackground(t *testing.T) {
 	if h := get(id); h.Status != "in_progress" || len(h.Output) != 0 {
 		t.Errorf("GET before its time: %+v", h)
 	}
-	clk.advance(time.Hour + 2*time.Minute - time.Nanosecond)
+	clk.Advance(time.Hour + 2*time.Minute - time.Nanosecond)
 	if h := get(id); h.Status != "in_progress" {
 		t.Errorf("GET just before its time: %+v", h)
 	}
-	clk.advance(time.Nanosecond) // TTFT + 2 ITL: the third token is out
+	clk.Advance(time.Nanosecond) // TTFT + 2 ITL: the third token is out
 	if h := get(id); h.Status != "completed" || len(h.Output) != 1 {
 		t.Errorf("GET after its time: %+v", h)
 	}
@@ -440,13 +442,13 @@ func TestResponsesBackground(t *testing.T) {
 	// A second one is cancelled half way through its time to first token.
 	_, b = post(`{"input":"a b","background":true}`)
 	id2 := decode[responseHead](t, b).ID
-	clk.advance(30 * time.Minute)
+	clk.Advance(30 * time.Minute)
 	resp := mustSend(t, srv, "POST", "/v1/responses/"+id2+"/cancel", "", nil)
 	cb, _ := io.ReadAll(resp.Body)
 	if h := decode[responseHead](t, cb); resp.StatusCode != 200 || h.Status != "cancelled" || len(h.Output) != 0 {
 		t.Errorf("cancel: %d %s", resp.StatusCode, cb)
 	}
-	clk.advance(10 * time.Hour)
+	clk.Advance(10 * time.Hour)
 	if h := get(id2); h.Status != "cancelled" {
 		t.Errorf("GET after cancel: %+v", h)
 	}
@@ -458,7 +460,7 @@ func TestResponsesBackground(t *testing.T) {
 	if s.Received != 2 || s.Completed != 1 || s.Aborted != 1 || s.Running != 0 {
 		t.Errorf("stats %+v", s)
 	}
-	mfs := scrape(t, srv)
+	mfs := testutil.Scrape(t, srv.Client(), srv.URL+"/metrics")
 	if got := counterValue(t, mfs, MetricGenerationTokens, "m1"); got != 3 {
 		t.Errorf("generation tokens %v, want 3 (the cancelled one never reached its first token)", got)
 	}
@@ -471,8 +473,8 @@ func TestResponsesBackground(t *testing.T) {
 
 	// A third completes while nobody looks: /metrics counts it.
 	_, _ = post(`{"input":"a b","background":true,"max_output_tokens":1}`)
-	clk.advance(time.Hour)
-	mfs = scrape(t, srv)
+	clk.Advance(time.Hour)
+	mfs = testutil.Scrape(t, srv.Client(), srv.URL+"/metrics")
 	if got := counterValue(t, mfs, MetricRequestSuccess, "m1", "finished_reason", "length"); got != 1 {
 		t.Errorf("length successes %v, want 1", got)
 	}

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
 // routeCase is one request on a route added beside chat, completions and embeddings.
@@ -134,8 +136,8 @@ func startRouteEngine(t *testing.T) (*Engine, *httptest.Server) {
 	cfg := fastConfig()
 	cfg.OutputTokens = 4
 	cfg.LoRAs = []LoRA{{Name: "pre", Path: "/loras/pre"}}
-	clk := &fakeClock{t: time.Unix(1_800_000_000, 0)}
-	return startEngineWith(t, cfg, func(e *Engine) { e.now = clk.now })
+	clk := testutil.NewClock(time.Unix(1_800_000_000, 0))
+	return startEngineWith(t, cfg, func(e *Engine) { e.now = clk.Now })
 }
 
 // prepare runs rc's setup and returns the path to request and the engine's counters then.
@@ -227,12 +229,12 @@ func sendCase(t *testing.T, ctx context.Context, srv *httptest.Server, rc routeC
 func wantDelta(t *testing.T, e *Engine, before Stats, d effect) {
 	t.Helper()
 	var s Stats
-	eventually(t, 2*time.Second, "engine idle with the expected counts", func() bool {
+	testutil.Eventually(t, 2*time.Second, func() bool {
 		s = e.Stats()
 		return s.Running == 0 && s.Waiting == 0 && s.Received-before.Received == d.received &&
 			s.Completed-before.Completed == d.completed && s.Aborted-before.Aborted == d.aborted &&
 			s.Faulted-before.Faulted == d.faulted
-	})
+	}, "engine idle with the expected counts")
 	if got := e.kvBlocks.Load(); got != 0 {
 		t.Errorf("KV blocks held when idle = %d", got)
 	}
@@ -511,7 +513,7 @@ func TestRouteClientDisconnect(t *testing.T) {
 			}
 			cancel()
 			wantDelta(t, e, Stats{}, effect{received: 1, aborted: 1})
-			if gen := counterValue(t, scrape(t, srv), MetricGenerationTokens, "m1"); gen != 1 {
+			if gen := counterValue(t, testutil.Scrape(t, srv.Client(), srv.URL+"/metrics"), MetricGenerationTokens, "m1"); gen != 1 {
 				t.Errorf("generation tokens %v, want 1: the stream must stop when its client leaves", gen)
 			}
 		})
@@ -627,10 +629,10 @@ func TestRoutesConcurrentSafe(t *testing.T) {
 	wg.Wait()
 	resp := mustSend(t, srv, "POST", "/wake_up", "", nil)
 	_, _ = io.Copy(io.Discard, resp.Body)
-	eventually(t, 2*time.Second, "engine idle", func() bool {
+	testutil.Eventually(t, 2*time.Second, func() bool {
 		s := e.Stats()
 		return s.Running == 0 && s.Waiting == 0 && s.Completed+s.Aborted+s.Faulted <= s.Received
-	})
+	}, "engine idle")
 	if got := e.kvBlocks.Load(); got != 0 {
 		t.Errorf("KV blocks held when idle = %d", got)
 	}

@@ -10,6 +10,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
 func TestImages(t *testing.T) {
@@ -61,7 +63,7 @@ func TestImages(t *testing.T) {
 	if s.Completed != 1 || s.PrefixCacheQueries != 3 {
 		t.Errorf("stats %+v", s)
 	}
-	if got := counterValue(t, scrape(t, srv), MetricGenerationTokens, "m1"); got != 4 {
+	if got := counterValue(t, testutil.Scrape(t, srv.Client(), srv.URL+"/metrics"), MetricGenerationTokens, "m1"); got != 4 {
 		t.Errorf("generation steps %v, want Config.OutputTokens (4)", got)
 	}
 }

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -40,7 +41,7 @@ func tracedEngine(t *testing.T, cfg Config) (*Engine, *tracetest.SpanRecorder, f
 // endedSpans waits until rec holds n ended spans and returns them.
 func endedSpans(t *testing.T, rec *tracetest.SpanRecorder, n int) []sdktrace.ReadOnlySpan {
 	t.Helper()
-	eventually(t, 2*time.Second, "ended spans", func() bool { return len(rec.Ended()) >= n })
+	testutil.Eventually(t, 2*time.Second, func() bool { return len(rec.Ended()) >= n }, "ended spans")
 	spans := rec.Ended()
 	if len(spans) != n {
 		t.Fatalf("%d spans ended, want %d", len(spans), n)
@@ -273,7 +274,7 @@ func TestTraceTimeInQueue(t *testing.T) {
 			resp.Body.Close()
 		})
 		if i == 0 {
-			eventually(t, time.Second, "first sequence running", func() bool { return e.Stats().Running == 1 })
+			testutil.Eventually(t, time.Second, func() bool { return e.Stats().Running == 1 }, "first sequence running")
 			close(first)
 		}
 	}
