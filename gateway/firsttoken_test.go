@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
 
@@ -63,7 +64,7 @@ func TestCaseL10FirstTokenRule(t *testing.T) {
 				s.data(usage)
 				s.data("[DONE]")
 			})
-			h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: eng.URL}))
+			h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL}))
 			stream := "false"
 			if tt.stream {
 				stream = "true"

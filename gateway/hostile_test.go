@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/internal/oai"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
@@ -35,10 +36,10 @@ import (
 
 // hostileAdmin is the decoded GET /admin/engines answer, with its raw JSON.
 type hostileAdmin struct {
-	Engines       []EngineStatus `json:"engines"`
-	LiveAttempts  int64          `json:"live_attempts"`
-	Requests      int64          `json:"requests_in_flight"`
-	BufferedBytes int64          `json:"buffered_bytes"`
+	Engines       []fleet.EngineStatus `json:"engines"`
+	LiveAttempts  int64                `json:"live_attempts"`
+	Requests      int64                `json:"requests_in_flight"`
+	BufferedBytes int64                `json:"buffered_bytes"`
 	raw           []byte
 }
 
@@ -116,7 +117,7 @@ func hostileChatBody(model string, n int) string {
 // in flight and no engine was contacted.
 func TestBodyBufferFollowsArrival(t *testing.T) {
 	eng, simSrv := sim(t, enginesim.Config{Models: []string{"m"}})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}}))
 	admin := hostileAdminServer(t, h)
 	state := func() string { a := admin(); return string(a.raw) }
 
@@ -174,7 +175,7 @@ func TestBodyBufferFollowsArrival(t *testing.T) {
 func TestBodyReadDeadline(t *testing.T) {
 	const timeout = 300 * time.Millisecond
 	eng, simSrv := sim(t, enginesim.Config{Models: []string{"m"}})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
 	cfg.BodyReadTimeout = timeout
 	h := newHarness(t, cfg)
 
@@ -273,7 +274,7 @@ func TestBodyReadDeadline(t *testing.T) {
 // request succeeds, and every gauge is back to 0.
 func TestConcurrencyBudget(t *testing.T) {
 	eng, simSrv := sim(t, enginesim.Config{Models: []string{"m"}})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
 	cfg.MaxConcurrentRequests = 2
 	h := newHarness(t, cfg)
 
@@ -349,7 +350,7 @@ func TestConcurrencyBudget(t *testing.T) {
 func TestBufferedBytesBudget(t *testing.T) {
 	const limit = 64 << 10
 	eng, simSrv := sim(t, enginesim.Config{Models: []string{"m"}})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
 	cfg.MaxBufferedBytes = limit
 	cfg.MaxBodyBytes = limit
 	cfg.MaxFormBytes = limit
@@ -450,7 +451,7 @@ func TestUsageInjectionNoCopy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gw, err := New(testConfig(EngineConfig{Name: "e1", URL: "http://127.0.0.1:1", Models: []string{"m"}}), routing.NewRoundRobin(), m)
+	gw, err := New(testConfig(fleet.EngineConfig{Name: "e1", URL: "http://127.0.0.1:1", Models: []string{"m"}}), routing.NewRoundRobin(), m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -521,8 +522,8 @@ func TestCredentialsNeverReachEngine(t *testing.T) {
 	keyed := fakeEngine(t, []string{"keyed"}, handler)
 	open := fakeEngine(t, []string{"open"}, handler)
 	cfg := testConfig(
-		EngineConfig{Name: "keyed", URL: keyed.URL, APIKey: "engine-key"},
-		EngineConfig{Name: "open", URL: open.URL},
+		fleet.EngineConfig{Name: "keyed", URL: keyed.URL, APIKey: "engine-key"},
+		fleet.EngineConfig{Name: "open", URL: open.URL},
 	)
 	cfg.StripRequestHeaders = []string{"x-tenant-secret"}
 	h := newHarness(t, cfg)
@@ -629,7 +630,7 @@ func TestForwardedHeaders(t *testing.T) {
 				w.Header().Set("Content-Type", "application/json")
 				_, _ = io.WriteString(w, `{}`)
 			})
-			cfg := testConfig(EngineConfig{Name: "e1", URL: eng.URL, Models: []string{"m"}})
+			cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL, Models: []string{"m"}})
 			cfg.TrustedProxies = tc.trusted
 			h := newHarness(t, cfg)
 			req, _ := http.NewRequest(http.MethodPost, h.srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
@@ -676,7 +677,7 @@ func TestForwardedHeaders(t *testing.T) {
 	t.Run("config", func(t *testing.T) {
 		m, _ := telemetry.NewMetrics(nil)
 		for _, bad := range []string{"nope", "10.0.0.0/33", "1.2.3.4.5", "example.com"} {
-			cfg := testConfig(EngineConfig{Name: "e1", URL: "http://127.0.0.1:1", Models: []string{"m"}})
+			cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: "http://127.0.0.1:1", Models: []string{"m"}})
 			cfg.TrustedProxies = []string{"127.0.0.1", bad}
 			gw, err := New(cfg, routing.NewRoundRobin(), m)
 			if err == nil {
@@ -688,7 +689,7 @@ func TestForwardedHeaders(t *testing.T) {
 				t.Errorf("trusted_proxies %q: %v, want an ErrInvalidConfig naming the key and the entry", bad, err)
 			}
 		}
-		cfg := testConfig(EngineConfig{Name: "e1", URL: "http://127.0.0.1:1", Models: []string{"m"}})
+		cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: "http://127.0.0.1:1", Models: []string{"m"}})
 		cfg.TrustedProxies = []string{" 10.1.2.3 ", "::1", "fd00::/8"}
 		gw, err := New(cfg, routing.NewRoundRobin(), m)
 		if err != nil {
@@ -705,7 +706,7 @@ func TestForwardedHeaders(t *testing.T) {
 // engine's echo of X-Request-Id does not duplicate the gateway's.
 func TestEngineIdentityHidden(t *testing.T) {
 	_, simSrv := sim(t, enginesim.Config{Models: []string{"m"}})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}}))
 	const chat = `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`
 	const stream = `{"model":"m","stream":true,"max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`
 
@@ -807,8 +808,8 @@ func TestEngineURLUserinfoRedacted(t *testing.T) {
 	var logs testutil.LockedBuffer
 	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	h := newHarnessWith(t, testConfig(
-		EngineConfig{Name: "e1", URL: "http://user:s3cret@" + addr},
-		EngineConfig{Name: "dead", URL: "http://deaduser:d3adpw@" + deadAddr + "/base", Models: []string{"other"}},
+		fleet.EngineConfig{Name: "e1", URL: "http://user:s3cret@" + addr},
+		fleet.EngineConfig{Name: "dead", URL: "http://deaduser:d3adpw@" + deadAddr + "/base", Models: []string{"other"}},
 	), []Option{WithLogger(logger)})
 	admin := hostileAdminServer(t, h)
 
@@ -818,7 +819,7 @@ func TestEngineURLUserinfoRedacted(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
-	h.gw.Pool().ProbeNow(context.Background())
+	h.gw.Fleet().ProbeNow(context.Background())
 	h.waitIdle()
 
 	wantAuth := "Basic " + base64.StdEncoding.EncodeToString([]byte("user:s3cret"))
@@ -847,7 +848,7 @@ func TestEngineURLUserinfoRedacted(t *testing.T) {
 	if urls["e1"] != "http://xxxxx@"+addr || urls["dead"] != "http://xxxxx@"+deadAddr+"/base" {
 		t.Errorf("/admin/engines URLs %v, want userinfo shown as xxxxx", urls)
 	}
-	var dead EngineStatus
+	var dead fleet.EngineStatus
 	for _, e := range a.Engines {
 		if e.Name == "dead" {
 			dead = e
@@ -856,7 +857,7 @@ func TestEngineURLUserinfoRedacted(t *testing.T) {
 	if dead.Healthy || dead.LastError == "" {
 		t.Errorf("the dead engine: healthy %v, last_error %q; want an unhealthy engine with its error", dead.Healthy, dead.LastError)
 	}
-	pool := h.gw.Pool().String()
+	pool := h.gw.Fleet().String()
 	if !strings.Contains(pool, "http://xxxxx@"+addr) {
 		t.Errorf("Pool.String() = %q, want the redacted URL", pool)
 	}
@@ -878,7 +879,7 @@ func TestEngineURLUserinfoRedacted(t *testing.T) {
 			"ftp://user:s3cret@host",
 			"http://user:s3cret@",
 		} {
-			ec := EngineConfig{Name: "e", URL: u}
+			ec := fleet.EngineConfig{Name: "e", URL: u}
 			err := ec.Validate()
 			if !errors.Is(err, ErrInvalidConfig) {
 				t.Errorf("%q: Validate() = %v, want ErrInvalidConfig", u, err)

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/quota"
 	"github.com/switchboard-gw/switchboard/telemetry"
@@ -32,7 +33,7 @@ func newLimitsRig(t *testing.T, l KeyLimits, sc enginesim.Config, opts ...Option
 	t.Helper()
 	sc.Models = []string{"m"}
 	eng, srv := sim(t, sc)
-	cfg := testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
 	cfg.Auth = AuthConfig{Keys: []KeyConfig{{Name: "team-1", SHA256: sha("k-1"), Models: []string{"*"}, Limits: l}}}
 	r := &limitsRig{clk: newFakeClock(), eng: eng}
 	r.harness = newHarnessWith(t, cfg, append([]Option{withClock(r.clk.Now)}, opts...), withoutStart())
@@ -351,7 +352,7 @@ func TestKeyLimitsStoreUnavailable(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			fs := &failingStore{}
 			_, srv := sim(t, enginesim.Config{Models: []string{"m"}, OutputTokens: 2})
-			cfg := testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+			cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
 			cfg.Auth = AuthConfig{Keys: []KeyConfig{{Name: "team-1", SHA256: sha("k-1"), Models: []string{"*"}, Limits: KeyLimits{RequestsPerMinute: 10}}}}
 			cfg.Limits.FailMode = mode
 			h := newHarnessWith(t, cfg, []Option{WithQuotaStore(fs)}, withoutStart())
@@ -392,7 +393,7 @@ func TestKeyLimitsStoreUnavailable(t *testing.T) {
 func TestKeyLimitsUnkeyedUntouched(t *testing.T) {
 	fs := &failingStore{}
 	_, srv := sim(t, enginesim.Config{Models: []string{"m"}, OutputTokens: 2})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
 	cfg.Auth = AuthConfig{Keys: []KeyConfig{{Name: "team-1", SHA256: sha("k-1"), Models: []string{"*"}}}}
 	h := newHarnessWith(t, cfg, []Option{WithQuotaStore(fs)}, withoutStart())
 	resp := h.post("/v1/chat/completions", chatBody(2), "Authorization", "Bearer k-1")
@@ -506,7 +507,7 @@ func TestKeyLimitsEngineHeadersDropped(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"id":"x","object":"chat.completion","choices":[]}`))
 	}).URL
-	cfg := testConfig(EngineConfig{Name: "e1", URL: url, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: url, Models: []string{"m"}})
 	cfg.Auth = AuthConfig{Keys: []KeyConfig{{Name: "team-1", SHA256: sha("k-1"), Models: []string{"*"}, Limits: KeyLimits{RequestsPerMinute: 5}}}}
 	h := newHarnessWith(t, cfg, []Option{withClock(newFakeClock().Now)}, withoutStart())
 	resp := h.post("/v1/chat/completions", chatBody(50), "Authorization", "Bearer k-1")

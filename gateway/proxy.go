@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/oai"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
@@ -156,7 +157,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 	if grant != nil {
 		defer s.settle(r.Context(), st, grant)
 	}
-	candidates := rt.eps
+	candidates := rt.Endpoints()
 	if op.sticky {
 		candidates = s.stickyOrder(in.id, rt)
 	}
@@ -189,7 +190,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 				return
 			}
 		}
-		eng := rt.engineFor(ep)
+		eng := rt.Engine(ep)
 		if eng == nil { // a policy returned a non-candidate: a bug, not an input
 			writeError(w, r, &APIError{Status: http.StatusInternalServerError, Type: TypeServer, Code: "internal_error", Message: "routing policy returned an unknown engine"})
 			return
@@ -235,8 +236,8 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 			writeError(w, r, err)
 			return
 		}
-		candidates = excluding(rt.eps, tried)
-		if len(candidates) == 0 && rs.same && slices.Contains(rt.eps, ep) {
+		candidates = excluding(rt.Endpoints(), tried)
+		if len(candidates) == 0 && rs.same && slices.Contains(rt.Endpoints(), ep) {
 			candidates = []*routing.Endpoint{ep}
 		}
 		if len(candidates) == 0 {
@@ -254,15 +255,16 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) {
 
 // currentRoute returns the route of in's model in the current routing
 // snapshot (every routable engine when it names none).
-func (s *Server) currentRoute(in *inbound) (*route, error) {
+func (s *Server) currentRoute(in *inbound) (*fleet.Route, error) {
 	if in.target == "" {
-		snap := s.pool.snap.Load()
-		if len(snap.all.eps) == 0 {
+		snap := s.fleet.Snapshot()
+		if len(snap.All().Endpoints()) == 0 {
 			return nil, routing.ErrNoEndpoint
 		}
-		return &snap.all, nil
+		return snap.All(), nil
 	}
-	return s.pool.lookup(in.target)
+	rt, err := s.fleet.Lookup(in.target)
+	return rt, lookupError(in.target, err)
 }
 
 // pendingFor returns the counter of model's generative attempts that have
@@ -280,8 +282,8 @@ func (s *Server) pendingFor(model string) *atomic.Int64 {
 // admissible returns the candidates whose engine is under its
 // EngineConfig.MaxInFlight: cands itself when all are (no allocation), a
 // new slice otherwise.
-func admissible(rt *route, cands []*routing.Endpoint) []*routing.Endpoint {
-	if !rt.limited {
+func admissible(rt *fleet.Route, cands []*routing.Endpoint) []*routing.Endpoint {
+	if !rt.Limited() {
 		return cands
 	}
 	full := -1
@@ -307,12 +309,12 @@ func admissible(rt *route, cands []*routing.Endpoint) []*routing.Endpoint {
 // atCapacity reports whether ep's engine has a MaxInFlight and is at it.
 // The limit is the engine's current one: a reload may change it under the
 // requests in flight, which count against the new limit.
-func atCapacity(rt *route, ep *routing.Endpoint) bool {
-	e := rt.engineFor(ep)
+func atCapacity(rt *fleet.Route, ep *routing.Endpoint) bool {
+	e := rt.Engine(ep)
 	if e == nil {
 		return false
 	}
-	limit := e.maxInFlight.Load()
+	limit := e.MaxInFlight()
 	if limit <= 0 {
 		return false
 	}
@@ -420,28 +422,25 @@ func validID(id string) bool {
 // of engines that serve it, or of every routable engine when it names
 // none. Errors: 404 model_not_found, 503 when no engine serving it is
 // routable.
-func (s *Server) candidates(op *operation, in *inbound) (*route, error) {
-	snap := s.pool.snap.Load()
+func (s *Server) candidates(op *operation, in *inbound) (*fleet.Route, error) {
+	snap := s.fleet.Snapshot()
 	in.target = in.model
 	if in.model == "" {
-		if len(snap.all.eps) == 0 {
+		if len(snap.All().Endpoints()) == 0 {
 			return nil, routing.ErrNoEndpoint
 		}
-		return &snap.all, nil
+		return snap.All(), nil
 	}
-	if a, ok := snap.aliases[in.model]; ok {
-		in.target = a.target
+	if a, ok := snap.Alias(in.model); ok {
+		in.target = a.Target
 		if op.body == bodyForm {
-			in.rename = a.raw
+			in.rename = a.Raw
 		} else {
-			in.rename = a.quoted
+			in.rename = a.Quoted
 		}
 	}
-	rt, err := s.pool.lookup(in.target)
-	if _, ok := err.(*APIError); ok && in.target != in.model {
-		return nil, errModelNotFound(in.model) // never name an alias's target
-	}
-	return rt, err
+	rt, err := s.fleet.Lookup(in.target)
+	return rt, lookupError(in.model, err) // never name an alias's target
 }
 
 // exchange runs one attempt of the request on eng: it sends the request,
@@ -450,12 +449,12 @@ func (s *Server) candidates(op *operation, in *inbound) (*route, error) {
 // request should be tried again (rs then says where, after what wait and
 // why). Nothing has reached the client then: a result is only what
 // arrived before the response is committed.
-func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Request, op *operation, in *inbound, out *outBody, eng *engine, rs *retryState) (again bool) {
+func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Request, op *operation, in *inbound, out *outBody, eng *fleet.Engine, rs *retryState) (again bool) {
 	ctx, a := s.startAttempt(ctx, eng, op, in)
 	defer a.finish()
 	if in.set.cfg.EngineHeader {
 		// Set now, so the gateway's own errors name the engine tried too.
-		w.Header()["X-Switchboard-Engine"] = eng.header // shared: no one mutates it
+		w.Header()["X-Switchboard-Engine"] = eng.Header() // shared: no one mutates it
 	}
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -500,7 +499,7 @@ type call struct {
 	observe bool // a non-streaming request sent as a stream, to reassemble
 	out     *outBody
 	a       *attempt
-	eng     *engine
+	eng     *fleet.Engine
 	actx    context.Context // the attempt's context: cancelled by its timeouts
 	cancel  context.CancelCauseFunc
 	firstBy time.Time // a stream's first-token deadline; zero when none
@@ -537,9 +536,9 @@ type result struct {
 func (s *Server) send(c *call, r *http.Request, body *outBody) result {
 	a, eng, op := c.a, c.eng, c.op
 	t0 := time.Now()
-	url, ok := eng.urls[r.URL.Path]
+	url, ok := eng.PathURL(r.URL.Path)
 	if !ok || r.URL.RawPath != "" {
-		url = eng.base + r.URL.EscapedPath()
+		url = eng.Base() + r.URL.EscapedPath()
 	}
 	if r.URL.RawQuery != "" {
 		url += "?" + r.URL.RawQuery
@@ -571,8 +570,8 @@ func (s *Server) send(c *call, r *http.Request, body *outBody) result {
 		delete(ureq.Header, "Content-Type")
 	}
 	ureq.Header.Set(RequestIDHeader, RequestIDFrom(r.Context()))
-	if eng.auth != nil {
-		ureq.Header["Authorization"] = eng.auth
+	if auth := eng.Auth(); auth != nil {
+		ureq.Header["Authorization"] = auth
 	}
 	s.prop.Inject(c.actx, propagation.HeaderCarrier(ureq.Header))
 
@@ -611,7 +610,7 @@ func (s *Server) send(c *call, r *http.Request, body *outBody) result {
 		et, ae := s.classify(r, c.actx, err)
 		a.fail(et)
 		if et == ErrTypeConnect {
-			s.pool.markFailed(eng, err)
+			s.fleet.MarkFailed(eng, err)
 			return result{err: ae, connFailed: true}
 		}
 		return result{err: ae}
@@ -1033,7 +1032,7 @@ const maxErrorBody = 64 << 10
 // Anything else (an HTML page, a stack trace, plain text, nothing) is not
 // safe to show: it is replaced by an error naming the engine and the
 // status, and the original, capped, is logged at debug level.
-func (s *Server) passError(w http.ResponseWriter, r *http.Request, resp *http.Response, eng *engine) {
+func (s *Server) passError(w http.ResponseWriter, r *http.Request, resp *http.Response, eng *fleet.Engine) {
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 	env := envOpenAI
 	if st := stateFrom(r.Context()); st != nil {
@@ -1087,11 +1086,11 @@ func (s *Server) passError(w http.ResponseWriter, r *http.Request, resp *http.Re
 	if !jsonErr || msg == "" {
 		if s.log.Enabled(r.Context(), slog.LevelDebug) {
 			s.log.LogAttrs(r.Context(), slog.LevelDebug, "engine error body not shown to the client",
-				slog.String("request_id", RequestIDFrom(r.Context())), slog.String("engine", eng.cfg.Name),
+				slog.String("request_id", RequestIDFrom(r.Context())), slog.String("engine", eng.Name()),
 				slog.Int("status", resp.StatusCode), slog.String("content_type", resp.Header.Get("Content-Type")),
 				slog.String("body", string(b[:min(len(b), maxLoggedErrorBody)])))
 		}
-		msg = "engine " + eng.cfg.Name + " answered " + strconv.Itoa(resp.StatusCode)
+		msg = "engine " + eng.Name() + " answered " + strconv.Itoa(resp.StatusCode)
 		if t := http.StatusText(resp.StatusCode); t != "" {
 			msg += " " + t
 		}

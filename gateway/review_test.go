@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
@@ -22,7 +23,7 @@ import (
 // longer (or off) and there is no request timeout.
 func TestFirstTokenBoundsHeaderWait(t *testing.T) {
 	eng, simSrv := sim(t, enginesim.Config{Models: []string{"m"}})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
 	cfg.Timeouts.ResponseHeader = 0
 	cfg.Timeouts.Request = 0
 	cfg.Timeouts.FirstToken = 300 * time.Millisecond
@@ -65,7 +66,7 @@ func TestUsageChunkDropOnlyUsageOnly(t *testing.T) {
 			http.NewResponseController(w).Flush()
 		}
 	})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: eng.URL}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL}))
 	resp := h.post("/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"a b"}]}`)
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
@@ -97,7 +98,7 @@ func TestUsageChunkDropOnlyUsageOnly(t *testing.T) {
 func TestAccessLogAbortedRequest(t *testing.T) {
 	_, simSrv := sim(t, enginesim.Config{Models: []string{"m"}})
 	var buf testutil.LockedBuffer
-	cfg := testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
 	cfg.MaxResponseBufferBytes = 64 // relay every body, so a cut one aborts the client
 	h := newHarnessWith(t, cfg, []Option{WithLogger(slog.New(slog.NewJSONHandler(&buf, nil)))})
 	resp := h.post("/v1/chat/completions", `{"model":"m","max_tokens":30,"messages":[{"role":"user","content":"hi"}]}`,
@@ -138,7 +139,7 @@ func TestResponseBufferWithinBudget(t *testing.T) {
 		}
 		_, _ = io.WriteString(w, big)
 	})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: eng.URL})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL})
 	cfg.MaxBodyBytes = 16 << 10
 	cfg.MaxFormBytes = 16 << 10
 	cfg.MaxBufferedBytes = 64 << 10
@@ -195,7 +196,7 @@ func TestEngineJSONErrorShapes(t *testing.T) {
 			_, _ = io.WriteString(w, `{"detail": [ {"loc": ["body","messages"], "msg": "field required"} ]}`)
 		}
 	})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: eng.URL}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL}))
 	for _, tc := range []struct {
 		shape, msg string
 		status     int
@@ -218,7 +219,7 @@ func TestEngineJSONErrorShapes(t *testing.T) {
 func TestAccessLogUnmatchedPath(t *testing.T) {
 	_, simSrv := sim(t, enginesim.Config{Models: []string{"m"}})
 	var buf testutil.LockedBuffer
-	h := newHarnessWith(t, testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}}),
+	h := newHarnessWith(t, testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}}),
 		[]Option{WithLogger(slog.New(slog.NewJSONHandler(&buf, nil)))})
 	for _, c := range []struct {
 		method, path string

@@ -13,6 +13,7 @@ import (
 
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
@@ -62,7 +63,7 @@ func TestResponsesSticky(t *testing.T) {
 	// Background responses that run for seconds, so they can be cancelled.
 	_, rec1, srv1 := recordedSim(t, enginesim.Config{Models: []string{"m"}, ITL: 20 * time.Millisecond})
 	_, rec2, srv2 := recordedSim(t, enginesim.Config{Models: []string{"m"}, ITL: 20 * time.Millisecond})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: srv1.URL, Models: []string{"m"}}, EngineConfig{Name: "e2", URL: srv2.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv1.URL, Models: []string{"m"}}, fleet.EngineConfig{Name: "e2", URL: srv2.URL, Models: []string{"m"}})
 	h := newHarness(t, cfg)
 
 	ids := map[string]string{} // response id -> engine that made it
@@ -140,7 +141,7 @@ type anthropicErr struct {
 // broken mid-way ends with an Anthropic error event.
 func TestAnthropicEnvelope(t *testing.T) {
 	_, _, srv := recordedSim(t, enginesim.Config{Models: []string{"m"}, OutputTokens: 6})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}}))
 	msgs := `"messages":[{"role":"user","content":"hi"}]`
 	for _, tc := range []struct {
 		name, body, fault string
@@ -206,7 +207,7 @@ func TestAnthropicEnvelope(t *testing.T) {
 // engine is contacted (no slot taken).
 func TestFormLimits(t *testing.T) {
 	_, rec, srv := recordedSim(t, enginesim.Config{Models: []string{"m"}})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
 	cfg.MaxFormBytes = 4096
 	h := newHarness(t, cfg)
 	big, bigCT := audioForm(t, "m", false)
@@ -260,7 +261,7 @@ func TestFormLimits(t *testing.T) {
 // answers both and 404s the rest in the OpenAI envelope.
 func TestModelAliases(t *testing.T) {
 	_, rec, srv := recordedSim(t, enginesim.Config{Models: []string{"org/base-8b"}, OutputTokens: 2})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: srv.URL})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL})
 	cfg.Models.Aliases = map[string]string{"public": "org/base-8b"}
 	h := newHarness(t, cfg)
 
@@ -290,7 +291,7 @@ func TestModelAliases(t *testing.T) {
 
 	st, _, b = h.do(http.MethodGet, "/v1/models", "")
 	var list struct {
-		Data []modelObject `json:"data"`
+		Data []fleet.ModelCard `json:"data"`
 	}
 	if err := json.Unmarshal(b, &list); err != nil || st != 200 || len(list.Data) != 2 {
 		t.Fatalf("models: %d %s", st, b)
@@ -305,7 +306,7 @@ func TestModelAliases(t *testing.T) {
 	}
 	for _, id := range []string{"public", "org/base-8b"} {
 		st, _, b = h.do(http.MethodGet, "/v1/models/"+id, "")
-		var m modelObject
+		var m fleet.ModelCard
 		if err := json.Unmarshal(b, &m); err != nil || st != 200 || m.ID != id {
 			t.Errorf("GET /v1/models/%s: %d %s", id, st, b)
 		}
@@ -315,7 +316,7 @@ func TestModelAliases(t *testing.T) {
 	}
 	// An alias whose target no engine serves: the 404 names the alias,
 	// never the internal target.
-	cfg2 := testConfig(EngineConfig{Name: "e1", URL: srv.URL})
+	cfg2 := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL})
 	cfg2.Models.Aliases = map[string]string{"pub": "internal-ghost"}
 	h2 := newHarness(t, cfg2)
 	st, _, b = h2.do(http.MethodPost, "/v1/chat/completions", `{"model":"pub","messages":[{"role":"user","content":"hi"}]}`)
@@ -356,7 +357,7 @@ func (h *harness) engineStates() map[string]string {
 // behind the gateway's back comes back at the next probe.
 func TestEngineSleepWake(t *testing.T) {
 	_, _, srv := recordedSim(t, enginesim.Config{Models: []string{"m"}, OutputTokens: 2})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
 	// Stats on, scraped only when the test says (ScrapeNow), and trusted
 	// all along: the engine's own sleep state is seen too.
 	cfg.EngineStats.Enabled, cfg.EngineStats.Interval, cfg.EngineStats.MaxAge, cfg.EngineStats.Timeout = true, time.Hour, 2*time.Hour, time.Second
@@ -375,7 +376,7 @@ func TestEngineSleepWake(t *testing.T) {
 	}
 	chat := `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`
 	state := func() string {
-		for _, s := range h.gw.pool.Status() {
+		for _, s := range h.gw.fleet.Status() {
 			if s.Name == "e1" {
 				return s.State
 			}
@@ -399,7 +400,7 @@ func TestEngineSleepWake(t *testing.T) {
 	}
 	// The scraped stats now say asleep too; wake_up must not wait for the
 	// next scrape to bring the engine back.
-	h.gw.pool.ScrapeNow(t.Context())
+	h.gw.fleet.ScrapeNow(t.Context())
 	if st, b := call(http.MethodPost, "/admin/engines/e1/wake_up"); st != 200 {
 		t.Fatalf("wake_up: %d %s", st, b)
 	}
@@ -419,7 +420,7 @@ func TestEngineSleepWake(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	h.gw.pool.ProbeNow(t.Context())
+	h.gw.fleet.ProbeNow(t.Context())
 	if s := state(); s != "ready" {
 		t.Errorf("after a direct wake-up and a probe: state %q, want ready", s)
 	}
@@ -442,7 +443,7 @@ func TestEngineSleepWake(t *testing.T) {
 func TestLoRAAdapters(t *testing.T) {
 	_, rec1, srv1 := recordedSim(t, enginesim.Config{Models: []string{"base"}, OutputTokens: 2})
 	_, _, srv2 := recordedSim(t, enginesim.Config{Models: []string{"base"}, OutputTokens: 2})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: srv1.URL}, EngineConfig{Name: "e2", URL: srv2.URL}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: srv1.URL}, fleet.EngineConfig{Name: "e2", URL: srv2.URL}))
 	admin := httptest.NewServer(h.gw.AdminHandler(nil))
 	t.Cleanup(admin.Close)
 	post := func(path, body string) (int, string) {
@@ -458,7 +459,7 @@ func TestLoRAAdapters(t *testing.T) {
 		t.Fatalf("load: %d %s", st, b)
 	}
 	_, _, b := h.do(http.MethodGet, "/v1/models/sql", "")
-	var card modelObject
+	var card fleet.ModelCard
 	if err := json.Unmarshal(b, &card); err != nil || card.Parent == nil || *card.Parent != "base" {
 		t.Errorf("adapter card %s, want parent base", b)
 	}
@@ -506,7 +507,7 @@ func TestModelFromPathAndQuery(t *testing.T) {
 	}
 	e1 := fakeEngine(t, []string{"a"}, answer("e1"))
 	e2 := fakeEngine(t, []string{"b"}, answer("e2"))
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: e1.URL, Models: []string{"a"}}, EngineConfig{Name: "e2", URL: e2.URL, Models: []string{"b"}}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: e1.URL, Models: []string{"a"}}, fleet.EngineConfig{Name: "e2", URL: e2.URL, Models: []string{"b"}}))
 	h.gw.ops = append(slices.Clone(operations),
 		&operation{name: "test.query", genai: "test", method: http.MethodGet, paths: []string{"/v1/test/query"},
 			body: bodyNone, model: modelQuery, param: "model", class: classLight, framing: frameAny},

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 )
 
 // TestLightStreamBoundByIdleNotFirstToken: GET /v1/responses/{id}?stream=true
@@ -27,7 +29,7 @@ func TestLightStreamBoundByIdleNotFirstToken(t *testing.T) {
 		}
 		s.raw("event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_1\",\"usage\":{\"input_tokens\":1,\"output_tokens\":20}}}\n\n")
 	})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: eng.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL, Models: []string{"m"}})
 	cfg.Timeouts.FirstToken = 300 * time.Millisecond
 	cfg.Timeouts.Idle = time.Minute
 	h := newHarness(t, cfg)
@@ -66,7 +68,7 @@ func TestStickyMissIsNotAnEngineError(t *testing.T) {
 	}
 	e1 := fakeEngine(t, []string{"m"}, mk(false))
 	e2 := fakeEngine(t, []string{"m"}, mk(true))
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: e1.URL, Models: []string{"m"}}, EngineConfig{Name: "e2", URL: e2.URL, Models: []string{"m"}}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: e1.URL, Models: []string{"m"}}, fleet.EngineConfig{Name: "e2", URL: e2.URL, Models: []string{"m"}}))
 	st, _, b := h.do(http.MethodGet, "/v1/responses/resp_x", "")
 	if st != 200 {
 		t.Fatalf("%d %s", st, b)
@@ -92,7 +94,7 @@ func TestUnflaggedStreamBoundByIdle(t *testing.T) {
 		newSSE(w) // headers only
 		<-r.Context().Done()
 	})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: eng.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL, Models: []string{"m"}})
 	cfg.Timeouts.Idle = 200 * time.Millisecond
 	cfg.Timeouts.Request = time.Minute
 	h := newHarness(t, cfg)
@@ -120,7 +122,7 @@ func TestEngineErrorEventThenEOF(t *testing.T) {
 		s.raw("event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":1,\"output_tokens\":1}}}\n\n")
 		s.raw("event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"engine overloaded\"}}\n\n")
 	})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: eng.URL, Models: []string{"m"}}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL, Models: []string{"m"}}))
 	st, _, b := h.do(http.MethodPost, "/v1/messages", `{"model":"m","max_tokens":3,"stream":true,"messages":[{"role":"user","content":"hi"}]}`)
 	if st != 200 || strings.Count(string(b), "event: error") != 1 || !strings.Contains(string(b), "engine overloaded") {
 		t.Errorf("got %d %q, want the engine's one error event", st, b)

@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
@@ -197,7 +198,7 @@ func TestEveryRoute(t *testing.T) {
 	}
 
 	_, rec, srv := recordedSim(t, enginesim.Config{Models: []string{"m"}, OutputTokens: 4})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: srv.URL}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL}))
 
 	var relMu sync.Mutex
 	var released []routing.Phase

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 )
 
@@ -17,7 +18,7 @@ import (
 func TestCaseL13ModelAwareRouting(t *testing.T) {
 	e1, s1 := sim(t, enginesim.Config{Name: "e1", Models: []string{"llama-8b"}})
 	e2, s2 := sim(t, enginesim.Config{Name: "e2", Models: []string{"qwen-7b", "qwen-7b-lora"}})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: s1.URL}, EngineConfig{Name: "e2", URL: s2.URL}), withoutStart())
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: s1.URL}, fleet.EngineConfig{Name: "e2", URL: s2.URL}), withoutStart())
 
 	t.Run("before discovery", func(t *testing.T) {
 		resp, err := h.client.Get(h.srv.URL + "/v1/models")
@@ -50,7 +51,7 @@ func TestCaseL13ModelAwareRouting(t *testing.T) {
 		if i == 0 {
 			first = string(b)
 			var list struct {
-				Data []modelObject `json:"data"`
+				Data []fleet.ModelCard `json:"data"`
 			}
 			_ = json.Unmarshal(b, &list)
 			var ids []string
@@ -104,7 +105,7 @@ func TestCaseL13ModelAwareRouting(t *testing.T) {
 func TestRoutingSpreadsAcrossEngines(t *testing.T) {
 	e1, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
 	e2, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}, EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}, fleet.EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}}))
 	for range 10 {
 		resp := h.post("/v1/completions", `{"model":"m","prompt":"a","max_tokens":1}`)
 		_, _ = io.Copy(io.Discard, resp.Body)

@@ -1,16 +1,14 @@
-package gateway
+package fleet
 
 import (
 	"context"
 	"errors"
-	"io"
 	"net/http"
+	"slices"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
-	"github.com/switchboard-gw/switchboard/routing"
 )
 
 // healthCounter is the engine transport of the connect probe tests: it
@@ -44,15 +42,14 @@ func (c *healthCounter) probes(host string) int {
 	return c.n[host]
 }
 
-// connectProbeRig is a gateway with outlier detection off in front of e1
-// and e2, both probed once and found healthy; then e1 stops listening.
+// connectProbeRig is a fleet with outlier detection off of e1 and e2, both
+// probed once and found healthy; then e1 stops listening.
 type connectProbeRig struct {
-	*harness
-	clk      *fakeClock
-	hc       *healthCounter
-	e1       *engine
-	mu       sync.Mutex
-	attempts int // e1's ended attempts
+	t   *testing.T
+	f   *Fleet
+	clk *fakeClock
+	hc  *healthCounter
+	e1  *Engine
 }
 
 func newConnectProbeRig(t *testing.T, unhealthyAfter int) *connectProbeRig {
@@ -62,20 +59,15 @@ func newConnectProbeRig(t *testing.T, unhealthyAfter int) *connectProbeRig {
 	cfg := testConfig(EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}, EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}})
 	cfg.Outlier.Enabled = false
 	cfg.Health.UnhealthyAfter = unhealthyAfter
-	r := &connectProbeRig{clk: newFakeClock(), hc: &healthCounter{base: NewTransport(time.Second), n: map[string]int{}}}
+	base := http.DefaultTransport.(*http.Transport).Clone()
+	t.Cleanup(base.CloseIdleConnections)
+	r := &connectProbeRig{t: t, clk: newFakeClock(), hc: &healthCounter{base: base, n: map[string]int{}}}
 	// Not started: no probe round runs by itself (health.interval is an
-	// hour anyway), so the pool's WaitGroup counts only the probes a
+	// hour anyway), so the fleet's WaitGroup counts only the probes a
 	// refused connection starts, and the test waits for them with it.
-	r.harness = newHarnessWith(t, cfg, []Option{withClock(r.clk.Now), WithTransport(r.hc)}, withoutStart())
-	r.gw.pool.ProbeNow(context.Background())
-	r.e1 = r.gw.pool.byName("e1")
-	r.gw.onRelease = func(name string, _ routing.Phase) {
-		if name == "e1" {
-			r.mu.Lock()
-			r.attempts++
-			r.mu.Unlock()
-		}
-	}
+	r.f = newTestFleet(t, cfg, WithClock(r.clk.Now), WithTransport(r.hc))
+	r.f.ProbeNow(context.Background())
+	r.e1 = r.f.Engine("e1")
 	if st := r.status("e1"); st.State != "ready" || r.probes() != 1 {
 		t.Fatalf("e1 before it stops listening: %+v after %d probes", st, r.probes())
 	}
@@ -83,30 +75,16 @@ func newConnectProbeRig(t *testing.T, unhealthyAfter int) *connectProbeRig {
 	return r
 }
 
+func (r *connectProbeRig) status(name string) EngineStatus { return statusOf(r.t, r.f, name) }
+
 func (r *connectProbeRig) probes() int { return r.hc.probes(r.e1.ep.URL().Host) }
 
-func (r *connectProbeRig) e1Attempts() int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.attempts
-}
-
-// refused sends requests until one has tried e1 (its connection refused,
-// then retried on e2), and waits for the probe that started, if any.
+// refused reports a refused connection to e1, as the request path does
+// (and retries the request on e2), and waits for the probe that started,
+// if any.
 func (r *connectProbeRig) refused() {
-	r.t.Helper()
-	for i, want := 0, r.e1Attempts()+1; r.e1Attempts() < want; i++ {
-		if i > 20 {
-			r.t.Fatal("no request tried e1")
-		}
-		resp := r.post("/v1/chat/completions", `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`)
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 || resp.Header.Get("X-Switchboard-Engine") != "e2" {
-			r.t.Fatalf("status %d from %q, want 200 from e2", resp.StatusCode, resp.Header.Get("X-Switchboard-Engine"))
-		}
-	}
-	r.gw.pool.wg.Wait()
+	r.f.MarkFailed(r.e1, errors.New("dial tcp: connection refused"))
+	r.f.wg.Wait()
 }
 
 // outOfRouting checks that e1 is unhealthy and gets no more requests.
@@ -115,17 +93,8 @@ func (r *connectProbeRig) outOfRouting() {
 	if st := r.status("e1"); st.State != "unhealthy" || st.Routable {
 		r.t.Fatalf("e1 after its probe failed: %+v, want unhealthy", st)
 	}
-	before := r.e1Attempts()
-	for range 6 {
-		resp := r.post("/v1/chat/completions", `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`)
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != 200 || resp.Header.Get("X-Switchboard-Engine") != "e2" {
-			r.t.Fatalf("status %d from %q, want 200 from e2", resp.StatusCode, resp.Header.Get("X-Switchboard-Engine"))
-		}
-	}
-	if n := r.e1Attempts() - before; n != 0 {
-		r.t.Errorf("e1 tried %d more times out of routing", n)
+	if got := routed(r.f, "m"); !slices.Equal(got, []string{"e2"}) {
+		r.t.Errorf("m routed to %v out of routing, want e2 alone", got)
 	}
 }
 
@@ -143,7 +112,6 @@ func TestConnectFailureProbesAtOnce(t *testing.T) {
 			t.Errorf("e1 probed %d times, want 2 (the first round, then at its refused connection)", n)
 		}
 		r.outOfRouting()
-		r.waitIdle()
 	})
 	t.Run("unhealthy_after 2", func(t *testing.T) {
 		r := newConnectProbeRig(t, 2)
@@ -155,13 +123,12 @@ func TestConnectFailureProbesAtOnce(t *testing.T) {
 		if st := r.status("e1"); r.probes() != 2 || st.State != "ready" {
 			t.Fatalf("a second refused connection at once: %d probes, %+v; want still 2, ready", r.probes(), st)
 		}
-		r.clk.Advance(r.gw.pool.cfg.Timeout)
+		r.clk.Advance(r.f.health.Timeout)
 		r.refused()
 		if n := r.probes(); n != 3 {
 			t.Errorf("e1 probed %d times, want 3", n)
 		}
 		r.outOfRouting()
-		r.waitIdle()
 	})
 	t.Run("one probe at a time", func(t *testing.T) {
 		r := newConnectProbeRig(t, 1)
@@ -172,49 +139,35 @@ func TestConnectFailureProbesAtOnce(t *testing.T) {
 		// The first refused connection's probe waits in the transport;
 		// a second one, past health.timeout, finds it still running.
 		for range 2 {
-			for i, want := 0, r.e1Attempts()+1; r.e1Attempts() < want; i++ {
-				if i > 20 {
-					t.Fatal("no request tried e1")
-				}
-				resp := r.post("/v1/chat/completions", `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`)
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-			}
-			r.clk.Advance(r.gw.pool.cfg.Timeout)
+			r.f.MarkFailed(r.e1, errors.New("dial tcp: connection refused"))
+			r.clk.Advance(r.f.health.Timeout)
 		}
 		close(hold)
-		r.gw.pool.wg.Wait()
+		r.f.wg.Wait()
 		if n := r.probes(); n != 2 {
 			t.Errorf("e1 probed %d times, want 2 (the round, then one for both refused connections)", n)
 		}
 		r.outOfRouting()
-		r.waitIdle()
 	})
 	t.Run("not the last ready engine", func(t *testing.T) {
 		// e2 drained: e1 is the model's last ready engine. Taking it out
 		// early would only turn its 502 into a 503 (the retry asks it
 		// again), so it waits for the rounds, as it is never ejected.
 		r := newConnectProbeRig(t, 1)
-		if _, ok := r.gw.pool.setDrained("e2", true); !ok {
+		if _, ok := r.f.SetDrained("e2", true); !ok {
 			t.Fatal("no e2")
 		}
-		resp := r.post("/v1/chat/completions", `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`)
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		r.gw.pool.wg.Wait()
-		if resp.StatusCode != http.StatusBadGateway || r.e1Attempts() != 2 {
-			t.Errorf("status %d after %d attempts on e1, want 502 after 2", resp.StatusCode, r.e1Attempts())
-		}
+		r.refused()
+		r.refused() // the retry on the same engine, refused again
 		if st := r.status("e1"); r.probes() != 1 || st.State != "ready" {
 			t.Errorf("%d probes, e1 %+v; want no probe and ready", r.probes(), st)
 		}
-		r.waitIdle()
 	})
 	t.Run("none after Close", func(t *testing.T) {
 		r := newConnectProbeRig(t, 1)
-		r.gw.pool.Close()
-		r.gw.pool.markFailed(r.e1, errors.New("dial tcp: connection refused"))
-		r.gw.pool.wg.Wait()
+		r.f.Close()
+		r.f.MarkFailed(r.e1, errors.New("dial tcp: connection refused"))
+		r.f.wg.Wait()
 		if n := r.probes(); n != 1 {
 			t.Errorf("e1 probed %d times, want 1: no probe after Close", n)
 		}

@@ -1,4 +1,4 @@
-package gateway
+package fleet
 
 import (
 	"net/url"
@@ -14,18 +14,18 @@ import (
 //
 // It is the liveness telemetry.Providers.SetEngineLive takes, so that the
 // metric exports drop a gone engine's series (the SDK would export them
-// forever, open-telemetry/opentelemetry-go#8905): pass p.Live. It is
+// forever, open-telemetry/opentelemetry-go#8905): pass f.Live. It is
 // called at collection time, once per engine name per collection, never on
 // the request path; it takes the pool lock for a scan of the engines and
 // the retired incarnations (no allocation), as the gauge callbacks do.
 // Safe for concurrent use.
-func (p *Pool) Live(name string) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.byNameLocked(name) != nil {
+func (f *Fleet) Live(name string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.byNameLocked(name) != nil {
 		return true
 	}
-	for _, e := range p.retired {
+	for _, e := range f.retired {
 		if e.cfg.Name != name {
 			continue
 		}
@@ -49,22 +49,22 @@ func (p *Pool) Live(name string) bool {
 // metric exports drop the gen_ai.client.* series of an engine address no
 // engine has any more (a Kubernetes pod's IP after the pod is replaced;
 // the SDK would export them forever, open-telemetry/opentelemetry-go#8905):
-// pass p.LiveServer. It is called at collection time, once per (address,
+// pass f.LiveServer. It is called at collection time, once per (address,
 // port) per collection, never on the request path; it takes the pool lock
 // for a scan of the engines and the retired incarnations, reading each
 // one's parsed URL (no allocation). Safe for concurrent use.
-func (p *Pool) LiveServer(address string, port int) bool {
+func (f *Fleet) LiveServer(address string, port int) bool {
 	if address == "" {
 		return false
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, e := range p.engines {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, e := range f.engines {
 		if e.servesAt(address, port) {
 			return true
 		}
 	}
-	for _, e := range p.retired {
+	for _, e := range f.retired {
 		if !e.servesAt(address, port) {
 			continue
 		}
@@ -80,7 +80,7 @@ func (p *Pool) LiveServer(address string, port int) bool {
 // for telemetry.WithServer, from the endpoint's URL (newEngine's parsed
 // base, which nothing writes after): Hostname and Port slice u.Host, so
 // nothing is allocated.
-func (e *engine) servesAt(address string, port int) bool {
+func (e *Engine) servesAt(address string, port int) bool {
 	u := e.ep.URL()
 	if u.Hostname() != address {
 		return false

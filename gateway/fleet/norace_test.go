@@ -1,0 +1,6 @@
+//go:build !race
+
+package fleet
+
+// raceEnabled is true when the race detector is on.
+const raceEnabled = false
