@@ -136,36 +136,6 @@ func (h *harness) heldStreamOn(engine string) func() error {
 	}
 }
 
-// TestSetDiscoveredLeavesOutBadAndTaken: a discovered engine whose name a
-// configured engine has, or that is invalid, is left out with an error
-// wrapping fleet.ErrEngineLeftOut; the others are applied.
-func TestSetDiscoveredLeavesOutBadAndTaken(t *testing.T) {
-	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
-	e1 := fleet.EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}
-	h := newHarness(t, testConfig(e1))
-	rep, err := h.gw.SetDiscovered("kubernetes", discovered(
-		fleet.EngineConfig{Name: "e1", URL: "http://10.0.0.1:8000", Models: []string{"m"}},
-		fleet.EngineConfig{Name: "bad", URL: "ftp://x", Models: []string{"m"}},
-		fleet.EngineConfig{Name: "ok", URL: s1.URL, Models: []string{"m"}},
-		fleet.EngineConfig{Name: "ok", URL: "http://10.0.0.2:8000", Models: []string{"m"}},
-	))
-	if !errors.Is(err, fleet.ErrEngineLeftOut) || !errors.Is(err, ErrInvalidConfig) {
-		t.Fatalf("err = %v, want fleet.ErrEngineLeftOut and ErrInvalidConfig", err)
-	}
-	for _, want := range []string{`"e1": the name is taken by a configured engine`, `"bad": url scheme`, `"ok": the name is taken by another engine of kubernetes discovery`} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("err = %v, want it to say %s", err, want)
-		}
-	}
-	if !slices.Equal(rep.Added, []string{"ok"}) {
-		t.Fatalf("report %+v, want only ok added", rep)
-	}
-	st := statusByName(h.gw.Fleet())
-	if len(st["e1"]) != 1 || st["e1"][0].URL != s1.URL {
-		t.Errorf("e1 = %+v, want the configured one, untouched", st["e1"])
-	}
-}
-
 // TestDynamicEnginesStartEmpty: WithDynamicEngines accepts a config with
 // no engines; requests get 503 until a source adds one, and Reload also
 // accepts an empty list then.
