@@ -53,14 +53,14 @@ func (r ReloadReport) Applied() bool {
 // Otherwise the engine set is applied as one batch, in one new routing
 // snapshot: engines new to cfg are added, engines missing from it are
 // removed, engines whose max_in_flight or configured models alone changed
-// are updated in place, engines whose EngineConfig otherwise differs are
+// are updated in place, engines whose fleet.EngineConfig otherwise differs are
 // replaced (see ReloadReport.Changed). A removed engine, and the old
 // incarnation of a replaced one, take no new request;
 // their requests in flight finish and release their slots into their own
 // incarnation, whose gauges are reported until they drain. Each new
 // incarnation is probed (health, and its models when none are
 // configured) before the batch is applied, each probe bounded by
-// HealthConfig.Timeout, so a new engine serves at once and one that is
+// fleet.HealthConfig.Timeout, so a new engine serves at once and one that is
 // down enters as unhealthy. A replaced engine's metrics and spans carry
 // its new server.address and server.port from its first request on. The
 // model aliases are then replaced, and last the settings snapshot the

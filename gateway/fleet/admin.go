@@ -220,9 +220,9 @@ func (f *Fleet) Serving(model string) []*Engine {
 
 // SetDrained sets or clears (undrain) the admin drain of the named engine
 // and rebuilds the routing snapshot; it returns the engine's status after
-// the change, and false when no engine in the pool has that name. A
-// drained engine stays in the pool (probed, its stats scraped) but takes no
-// new requests. The flag is set under the pool's lock, so a reload that
+// the change, and false when no engine in the fleet has that name. A
+// drained engine stays in the fleet (probed, its stats scraped) but takes no
+// new requests. The flag is set under the fleet's lock, so a reload that
 // replaces the engine at the same moment carries it over to the new
 // incarnation (Fleet.apply), never leaves it on the old one alone.
 func (f *Fleet) SetDrained(name string, on bool) (EngineStatus, bool) {

@@ -56,14 +56,14 @@ func sortedSet(s []string) []string {
 	return slices.Compact(s)
 }
 
-// reloadTries bounds how often apply builds its batch again when the pool
+// reloadTries bounds how often apply builds its batch again when the fleet
 // changed (Add, Remove) while the new engines were being probed.
 const reloadTries = 3
 
-// errPoolChanged is apply's conflict, retried.
-var errPoolChanged = errors.New("the engine pool changed during the reload")
+// errFleetChanged is apply's conflict, retried.
+var errFleetChanged = errors.New("the engine pool changed during the reload")
 
-// apply makes the pool's engines those of want (validated), in want's
+// apply makes the fleet's engines those of want (validated), in want's
 // order, as one batch, and the model aliases those of aliases. An engine
 // whose configuration is unchanged keeps its incarnation (its slots,
 // health, models, sleep state, outlier state, admin drain), and so does
@@ -78,11 +78,11 @@ var errPoolChanged = errors.New("the engine pool changed during the reload")
 func (f *Fleet) apply(want []EngineConfig, unready map[string]bool, aliases map[string]string) (added, removed, changed []string, err error) {
 	for range reloadTries {
 		added, removed, changed, err = f.tryApply(want, unready, aliases)
-		if !errors.Is(err, errPoolChanged) {
+		if !errors.Is(err, errFleetChanged) {
 			return added, removed, changed, err
 		}
 	}
-	return nil, nil, nil, fmt.Errorf("%w: %w, %d times; try again", ErrInvalidConfig, errPoolChanged, reloadTries)
+	return nil, nil, nil, fmt.Errorf("%w: %w, %d times; try again", ErrInvalidConfig, errFleetChanged, reloadTries)
 }
 
 func (f *Fleet) tryApply(want []EngineConfig, unready map[string]bool, aliases map[string]string) (added, removed, changed []string, err error) {
@@ -143,9 +143,9 @@ func (f *Fleet) tryApply(want []EngineConfig, unready map[string]bool, aliases m
 	}
 	newAliases := aliasesOf(aliases)
 
-	// 2. Probe the new incarnations, outside the pool lock: a probe takes
+	// 2. Probe the new incarnations, outside the fleet lock: a probe takes
 	// up to HealthConfig.Timeout, and the request path and the gauges must
-	// not wait for it. They are not in the pool yet, so only this
+	// not wait for it. They are not in the fleet yet, so only this
 	// goroutine touches their probe state; probeMu keeps a probe round
 	// from running beside them all the same.
 	if len(fresh) > 0 {
@@ -158,11 +158,11 @@ func (f *Fleet) tryApply(want []EngineConfig, unready map[string]bool, aliases m
 		f.probeMu.Unlock()
 	}
 
-	// 3. Apply the batch, unless the pool changed meanwhile.
+	// 3. Apply the batch, unless the fleet changed meanwhile.
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !slices.Equal(f.engines, base) {
-		return nil, nil, nil, errPoolChanged
+		return nil, nil, nil, errFleetChanged
 	}
 	keep := make(map[*Engine]bool, len(next))
 	for _, e := range next {
@@ -238,10 +238,10 @@ func (e *Engine) updateLocked(ec EngineConfig) {
 const maxRetired = 256
 
 // pruneRetiredLocked drops the retired incarnations that have drained and
-// whose name an engine in the pool has (that engine continues the name's
+// whose name an engine in the fleet has (that engine continues the name's
 // gauge series, so no last 0 is owed), then, while the list is longer
 // than maxRetired, the oldest drained ones. Without it the list would
-// only shrink when the gauges are collected (observeInFlight), so a
+// only shrink when the gauges are collected (inFlightByIncarnation), so a
 // gateway nobody scrapes would keep every incarnation each reload or
 // Remove retired. Call with Fleet.mu held.
 func (f *Fleet) pruneRetiredLocked() {
@@ -279,7 +279,7 @@ func (f *Fleet) pruneRetiredLocked() {
 // newIncarnation builds a new incarnation of ec with its own
 // telemetry.Engine, so its metrics and spans carry its own server.address,
 // server.port and gen_ai.provider.name while an older incarnation under the
-// same name drains with its own. The pool's telemetry map is left as it
+// same name drains with its own. The fleet's telemetry map is left as it
 // was (apply installs the new one with the batch). Call with f.mu held.
 func (f *Fleet) newIncarnation(ec EngineConfig) (*Engine, error) {
 	prev, had := f.telByName[ec.Name]

@@ -26,7 +26,7 @@ import (
 // sent to a dead engine pays a failed connection (up to the connect
 // timeout) before its retry.
 
-// outliers is the pool's passive health state: outlier detection, and the
+// outliers is the fleet's passive health state: outlier detection, and the
 // probes started by refused connections.
 type outliers struct {
 	cfg atomic.Pointer[routing.OutlierConfig]
@@ -51,7 +51,7 @@ type outliers struct {
 	connProbes map[*Engine]connProbe
 
 	// tripped, when set (tests only), runs after a streak has tripped and
-	// before its ejection takes the pool's lock.
+	// before its ejection takes the fleet's lock.
 	tripped func(*Engine)
 }
 
@@ -133,7 +133,7 @@ func (f *Fleet) SetOutlier(c routing.OutlierConfig) {
 }
 
 // eject takes e out of routing after a streak of kind, unless detection
-// is off by now, e left the pool or ejectionAllowedLocked forbids it, and
+// is off by now, e left the fleet or ejectionAllowedLocked forbids it, and
 // arms the timer that probes it when its ejection time ends.
 func (f *Fleet) eject(e *Engine, kind routing.Outcome) {
 	f.mu.Lock()
@@ -182,7 +182,7 @@ func (f *Fleet) eject(e *Engine, kind routing.Outcome) {
 //     probeOnConnectFailure). The other engines may be out for any reason
 //     (drained, unhealthy, sleeping, ejected);
 //   - max_ejection_percent: the engines of the model already ejected
-//     plus e stay within MaxEjected of all the engines in the pool serving
+//     plus e stay within MaxEjected of all the engines in the fleet serving
 //     it, whatever their state.
 //
 // An engine whose models are not known yet serves no route and may be
@@ -210,7 +210,7 @@ func (f *Fleet) ejectionAllowedLocked(e *Engine, c *routing.OutlierConfig) (mode
 }
 
 // lastReadyLocked returns a model e serves that no other ready (routable)
-// engine in the pool serves, if there is one.
+// engine in the fleet serves, if there is one.
 func (f *Fleet) lastReadyLocked(e *Engine) (string, bool) {
 	for _, m := range e.knownModels() {
 		if !slices.ContainsFunc(f.engines, func(o *Engine) bool {
@@ -235,7 +235,7 @@ func (f *Fleet) refusedLocked(e *Engine, c *routing.OutlierConfig, now time.Time
 	f.log.Warn("engine not ejected: "+why, "engine", e.cfg.Name, "reason", kind.String(), "model", model,
 		"max_ejection_percent", c.MaxEjectionPercent, "refused", r.since, "since", c.BaseEjectionTime.String())
 	f.out.refused[e] = refusal{logged: now}
-	// Forget the engines that left the pool (rarely more than a few).
+	// Forget the engines that left the fleet (rarely more than a few).
 	for o := range f.out.refused {
 		if !slices.Contains(f.engines, o) {
 			delete(f.out.refused, o)
@@ -287,7 +287,7 @@ func (f *Fleet) returnEjected(e *Engine) bool {
 // burst share it) nor within health.timeout of the last one's start, so a
 // dead engine at unhealthy_after 2 leaves after about health.timeout, and
 // a live engine refusing the odd connection gets one extra probe per
-// health.timeout at most. The goroutine is counted by the pool's WaitGroup
+// health.timeout at most. The goroutine is counted by the fleet's WaitGroup
 // and none starts after Close (closed is set under mu before Close waits).
 //
 // The last ready engine of one of its models is not probed early, for the
@@ -321,7 +321,7 @@ func (f *Fleet) probeOnConnectFailure(e *Engine) {
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		f.out.connProbes[e] = connProbe{started: now}
-		// Forget the engines that left the pool (rarely more than a few).
+		// Forget the engines that left the fleet (rarely more than a few).
 		for o := range f.out.connProbes {
 			if !slices.Contains(f.engines, o) {
 				delete(f.out.connProbes, o)

@@ -28,7 +28,7 @@ func (f *Fleet) ProbeNow(ctx context.Context) {
 	f.rebuild()
 }
 
-// forEachEngine runs fn on every engine in the pool, each on its own
+// forEachEngine runs fn on every engine in the fleet, each on its own
 // goroutine, and returns when all have returned.
 func (f *Fleet) forEachEngine(fn func(*Engine)) {
 	f.mu.Lock()

@@ -13,11 +13,11 @@ import (
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
 
-// TestLive: an engine is live while it is in the pool, and after
+// TestLive: an engine is live while it is in the fleet, and after
 // Remove (or a reload that drops it) while a request holds a slot on it;
 // an engine never added is not.
 func TestLive(t *testing.T) {
-	// Nothing listens: the pool is never started, and the reload's
+	// Nothing listens: the fleet is never started, and the reload's
 	// probe of a new incarnation fails at once.
 	cfg := testConfig(EngineConfig{Name: "e1", URL: "http://127.0.0.1:1", Models: []string{"m"}})
 	p, err := New(cfg, mustMetrics(t), WithLogger(discard))
@@ -72,7 +72,7 @@ func TestLive(t *testing.T) {
 	check("e2 dropped by a reload, slot released", map[string]bool{"e2": false, "e1": false})
 }
 
-// TestLiveServer: a server is live while an engine in the pool has
+// TestLiveServer: a server is live while an engine in the fleet has
 // its host and port (the scheme's default when the URL names none), and
 // after the engine leaves while a request holds a slot on it.
 func TestLiveServer(t *testing.T) {

@@ -13,7 +13,7 @@ type EngineStatus struct {
 	Name     string   `json:"name"`               // configured engine name
 	URL      string   `json:"url"`                // base URL, userinfo redacted
 	Healthy  bool     `json:"healthy"`            // last health verdict
-	Routable bool     `json:"routable"`           // ready: healthy, in the pool, not ejected, not sleeping or self-reported unhealthy by fresh stats
+	Routable bool     `json:"routable"`           // ready: healthy, in the fleet, not ejected, not sleeping or self-reported unhealthy by fresh stats
 	State    string   `json:"state"`              // ready, unhealthy, sleeping, draining or ejected (telemetry.EngineStates)
 	Sleeping bool     `json:"sleeping,omitempty"` // put to sleep through the admin API and not woken yet
 	Models   []string `json:"models"`             // sorted; empty until discovered
