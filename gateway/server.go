@@ -230,8 +230,10 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 	if c.transport == nil {
 		c.transport = NewTransport(cfg.Timeouts.Connect)
 	}
-	fl, err := fleet.New(fleet.Config{Engines: cfg.Engines, Health: cfg.Health, Stats: cfg.EngineStats, Outlier: cfg.Outlier, Aliases: cfg.Models.Aliases}, m,
-		append([]fleet.Option{fleet.WithTransport(c.transport), fleet.WithLogger(c.log), fleet.WithClock(c.now), fleet.WithPaths(fixedPaths(operations)...)}, c.fleet...)...)
+	fcfg := fleet.Config{Engines: cfg.Engines, Health: cfg.Health, Stats: cfg.EngineStats, Outlier: cfg.Outlier, Aliases: cfg.Models.Aliases}
+	fopts := append([]fleet.Option{fleet.WithTransport(c.transport), fleet.WithLogger(c.log), fleet.WithClock(c.now),
+		fleet.WithPaths(fixedPaths(operations)...)}, c.fleet...)
+	fl, err := fleet.New(fcfg, m, fopts...)
 	if err != nil {
 		return nil, err
 	}

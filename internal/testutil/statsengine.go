@@ -77,6 +77,7 @@ vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="discard_all"} %d.
 // MetricsMode is what a StatsEngine's /metrics does.
 type MetricsMode int32
 
+// The MetricsModes (StatsEngine.SetMode).
 const (
 	MetricsServe MetricsMode = iota // the current page
 	MetricsFail                     // 500
