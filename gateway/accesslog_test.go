@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
@@ -21,7 +22,7 @@ import (
 func TestAccessLogAbortedRequest(t *testing.T) {
 	_, simSrv := sim(t, enginesim.Config{Models: []string{"m"}})
 	var buf testutil.LockedBuffer
-	cfg := testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
 	cfg.MaxResponseBufferBytes = 64 // relay every body, so a cut one aborts the client
 	h := newHarnessWith(t, cfg, []Option{WithLogger(slog.New(slog.NewJSONHandler(&buf, nil)))})
 	resp := h.post("/v1/chat/completions", `{"model":"m","max_tokens":30,"messages":[{"role":"user","content":"hi"}]}`,
@@ -53,7 +54,7 @@ func TestAccessLogAbortedRequest(t *testing.T) {
 func TestAccessLogUnmatchedPath(t *testing.T) {
 	_, simSrv := sim(t, enginesim.Config{Models: []string{"m"}})
 	var buf testutil.LockedBuffer
-	h := newHarnessWith(t, testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}}),
+	h := newHarnessWith(t, testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}}),
 		[]Option{WithLogger(slog.New(slog.NewJSONHandler(&buf, nil)))})
 	for _, c := range []struct {
 		method, path string
@@ -89,7 +90,7 @@ func TestAccessLog(t *testing.T) {
 	ln.Close()
 	var buf testutil.LockedBuffer
 	log := slog.New(slog.NewJSONHandler(&buf, nil))
-	cfg := testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}}, EngineConfig{Name: "dead", URL: dead, Models: []string{"gone"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}}, fleet.EngineConfig{Name: "dead", URL: dead, Models: []string{"gone"}})
 	cfg.MaxAttempts = 1
 	// Not started: no probe marks the dead engine down before the request.
 	h := newHarnessWith(t, cfg, []Option{WithLogger(log)}, withoutStart())

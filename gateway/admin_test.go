@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 )
 
@@ -19,7 +20,7 @@ import (
 // behind the gateway's back comes back at the next probe.
 func TestEngineSleepWake(t *testing.T) {
 	_, _, srv := recordedSim(t, enginesim.Config{Models: []string{"m"}, OutputTokens: 2})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
 	// Stats on, scraped only when the test says (ScrapeNow), and trusted
 	// all along: the engine's own sleep state is seen too.
 	cfg.EngineStats.Enabled, cfg.EngineStats.Interval, cfg.EngineStats.MaxAge, cfg.EngineStats.Timeout = true, time.Hour, 2*time.Hour, time.Second
@@ -38,7 +39,7 @@ func TestEngineSleepWake(t *testing.T) {
 	}
 	chat := `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`
 	state := func() string {
-		for _, s := range h.gw.pool.Status() {
+		for _, s := range h.gw.fleet.Status() {
 			if s.Name == "e1" {
 				return s.State
 			}
@@ -62,7 +63,7 @@ func TestEngineSleepWake(t *testing.T) {
 	}
 	// The scraped stats now say asleep too; wake_up must not wait for the
 	// next scrape to bring the engine back.
-	h.gw.pool.ScrapeNow(t.Context())
+	h.gw.fleet.ScrapeNow(t.Context())
 	if st, b := call(http.MethodPost, "/admin/engines/e1/wake_up"); st != 200 {
 		t.Fatalf("wake_up: %d %s", st, b)
 	}
@@ -82,7 +83,7 @@ func TestEngineSleepWake(t *testing.T) {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	h.gw.pool.ProbeNow(t.Context())
+	h.gw.fleet.ProbeNow(t.Context())
 	if s := state(); s != "ready" {
 		t.Errorf("after a direct wake-up and a probe: state %q, want ready", s)
 	}
@@ -105,7 +106,7 @@ func TestEngineSleepWake(t *testing.T) {
 func TestLoRAAdapters(t *testing.T) {
 	_, rec1, srv1 := recordedSim(t, enginesim.Config{Models: []string{"base"}, OutputTokens: 2})
 	_, _, srv2 := recordedSim(t, enginesim.Config{Models: []string{"base"}, OutputTokens: 2})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: srv1.URL}, EngineConfig{Name: "e2", URL: srv2.URL}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: srv1.URL}, fleet.EngineConfig{Name: "e2", URL: srv2.URL}))
 	admin := httptest.NewServer(h.gw.AdminHandler(nil))
 	t.Cleanup(admin.Close)
 	post := func(path, body string) (int, string) {
@@ -121,7 +122,7 @@ func TestLoRAAdapters(t *testing.T) {
 		t.Fatalf("load: %d %s", st, b)
 	}
 	_, _, b := h.do(http.MethodGet, "/v1/models/sql", "")
-	var card modelObject
+	var card fleet.ModelCard
 	if err := json.Unmarshal(b, &card); err != nil || card.Parent == nil || *card.Parent != "base" {
 		t.Errorf("adapter card %s, want parent base", b)
 	}

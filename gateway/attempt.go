@@ -10,6 +10,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/oai"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
@@ -35,7 +36,7 @@ import (
 type attempt struct {
 	s     *Server
 	ctx   context.Context // carries the engine span (for exemplars)
-	eng   *engine
+	eng   *fleet.Engine
 	attrs *telemetry.Attrs
 	span  trace.Span
 	slot  routing.Slot // not acquired on a light route
@@ -63,17 +64,17 @@ type attempt struct {
 // startAttempt starts the engine span and, unless the route is light,
 // takes a prefill slot on eng. The caller must `defer a.finish()`
 // immediately.
-func (s *Server) startAttempt(ctx context.Context, eng *engine, op *operation, in *inbound) (context.Context, *attempt) {
+func (s *Server) startAttempt(ctx context.Context, eng *fleet.Engine, op *operation, in *inbound) (context.Context, *attempt) {
 	// The metrics carry the model the engines serve (a bounded set: the
 	// route lookup found it), the span the name the client used.
-	a := &attempt{s: s, eng: eng, class: op.class, attrs: eng.tel.Attrs(in.target, op.genai, op.name)}
+	a := &attempt{s: s, eng: eng, class: op.class, attrs: eng.Telemetry().Attrs(in.target, op.genai, op.name)}
 	// The GenAI attributes the sampler may use are set at start: the
 	// operation, provider, model (the one the engine is asked for, as in
 	// the span name) and the engine's address.
 	ctx, a.span = s.tracer.Start(ctx, a.attrs.SpanName(), a.attrs.SpanStart()...)
 	a.ctx = ctx
 	if a.span.IsRecording() {
-		a.span.SetAttributes(eng.spanAttrs...)
+		a.span.SetAttributes(eng.SpanAttrs()...)
 		a.span.SetAttributes(
 			telemetry.AttrOperation.String(op.name),
 			telemetry.AttrStream.Bool(in.stream),
@@ -98,7 +99,7 @@ func (s *Server) startAttempt(ctx context.Context, eng *engine, op *operation, i
 	}
 	a.stream = in.stream || in.observe
 	if op.class != classLight {
-		a.slot.Acquire(eng.ep)
+		a.slot.Acquire(eng.Endpoint())
 	}
 	if in.set.cfg.MaxPendingPerModel > 0 && op.class == classGenerative && in.target != "" {
 		a.pending = s.pendingFor(in.target)
@@ -107,7 +108,7 @@ func (s *Server) startAttempt(ctx context.Context, eng *engine, op *operation, i
 	s.live.Add(1)
 	a.start = time.Now()
 	if st := stateFrom(ctx); st != nil {
-		st.triedEngine(eng.cfg.Name)
+		st.triedEngine(eng.Name())
 	}
 	return ctx, a
 }
@@ -194,7 +195,7 @@ func (a *attempt) end() {
 	phase := a.slot.Release()
 	a.unpend()
 	if a.s.onRelease != nil {
-		a.s.onRelease(a.eng.cfg.Name, phase)
+		a.s.onRelease(a.eng.Name(), phase)
 	}
 	now := time.Now()
 	o := telemetry.Outcome{Seconds: now.Sub(a.start).Seconds(), ErrorType: a.errType, InputTokens: -1, OutputTokens: -1}
@@ -215,7 +216,7 @@ func (a *attempt) end() {
 		// A light route (tokenize, a sticky lookup, model retrieval)
 		// says nothing of the engine's health for real work: neither
 		// its success nor its failure counts for outlier detection.
-		a.s.pool.observeOutcome(a.eng, a.status, a.errType)
+		a.s.fleet.Report(a.eng, outcomeOf(a.status, a.errType))
 	}
 	if st := stateFrom(a.ctx); st != nil { // for the access log: the last attempt's outcome
 		a.countUsage(st)

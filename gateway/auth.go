@@ -15,6 +15,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/quota"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
@@ -261,11 +262,11 @@ func keyOf(r *http.Request) *apiKey {
 
 // modelsFor returns the GET /v1/models body of the models in cards key may
 // use.
-func modelsFor(key *apiKey, cards map[string]modelObject) []byte {
+func modelsFor(key *apiKey, cards map[string]fleet.ModelCard) []byte {
 	list := struct {
-		Object string        `json:"object"`
-		Data   []modelObject `json:"data"`
-	}{Object: "list", Data: []modelObject{}}
+		Object string            `json:"object"`
+		Data   []fleet.ModelCard `json:"data"`
+	}{Object: "list", Data: []fleet.ModelCard{}}
 	for id, c := range cards {
 		if key.allows(id) {
 			list.Data = append(list.Data, c)

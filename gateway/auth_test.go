@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
@@ -25,7 +26,7 @@ func sha(key string) string {
 // authConfig: keys "k-all" (team-all, every model), "k-m" (team-m, model
 // m only) on an engine serving m and other.
 func authConfig(url string, hide bool) Config {
-	cfg := testConfig(EngineConfig{Name: "e1", URL: url, Models: []string{"m", "other"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: url, Models: []string{"m", "other"}})
 	cfg.Auth = AuthConfig{Keys: []KeyConfig{
 		{Name: "team-all", SHA256: sha("k-all"), Models: []string{"*"}},
 		{Name: "team-m", SHA256: sha("k-m"), Models: []string{"m"}},
@@ -367,7 +368,7 @@ func TestAuthConfigValidate(t *testing.T) {
 		{"empty glob", []KeyConfig{{Name: "a", SHA256: sha("a"), Models: []string{""}}}, "is not a path.Match glob"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cfg := testConfig(EngineConfig{Name: "e1", URL: "http://127.0.0.1:1"})
+			cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: "http://127.0.0.1:1"})
 			cfg.Auth.Keys = tc.keys
 			err := cfg.Validate()
 			if tc.want == "" {

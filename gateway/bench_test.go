@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/internal/redistest"
 	"github.com/switchboard-gw/switchboard/quota"
@@ -35,7 +36,7 @@ func BenchmarkGatewayOverhead(b *testing.B) {
 		{"nonstream-16tok", `{"model":"m","max_tokens":16,"messages":[{"role":"user","content":"hello there"}]}`},
 	} {
 		_, simSrv := sim(b, enginesim.Config{Models: []string{"m"}, TTFT: time.Nanosecond, ITL: time.Nanosecond})
-		cfg := testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
+		cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
 		h := newHarness(b, cfg, withSampler(sdktrace.NeverSample())) // access log on (to a discarding text handler), as by default
 		cfg.AccessLog = false
 		quiet := newHarness(b, cfg, withSampler(sdktrace.NeverSample()))
@@ -104,7 +105,7 @@ func BenchmarkKeyLimits(b *testing.B) {
 	}
 	limits := KeyLimits{RequestsPerMinute: 1 << 40, TokensPerMinute: 1 << 40, Concurrent: 1 << 20}
 	gw := func(keyed bool, l KeyLimits, opts ...Option) *harness {
-		cfg := testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
+		cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
 		cfg.AccessLog = false
 		if keyed {
 			cfg.Auth = AuthConfig{Keys: []KeyConfig{{Name: "team-1", SHA256: sha("k-1"), Models: []string{"*"}, Limits: l}}}

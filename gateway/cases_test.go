@@ -14,6 +14,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/routing"
@@ -33,7 +34,7 @@ func TestCaseL01FailedRequestsReleaseFromPrefill(t *testing.T) {
 	}
 	deadURL := "http://" + ln.Addr().String()
 	ln.Close()
-	cfg := testConfig(EngineConfig{Name: "A", URL: sA.URL, Models: []string{"m"}}, EngineConfig{Name: "dead", URL: deadURL, Models: []string{"gone"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "A", URL: sA.URL, Models: []string{"m"}}, fleet.EngineConfig{Name: "dead", URL: deadURL, Models: []string{"gone"}})
 	cfg.MaxAttempts = 1
 	h := newHarness(t, cfg, withoutStart())
 	var mu sync.Mutex
@@ -64,13 +65,9 @@ func TestCaseL01FailedRequestsReleaseFromPrefill(t *testing.T) {
 	}
 	wg.Wait()
 	for i := range refused {
-		// The engine died after its last probe: it is still in routing.
-		for _, e := range h.gw.pool.engines {
-			if e.cfg.Name == "dead" {
-				e.ep.SetHealthy(true)
-			}
-		}
-		h.gw.pool.rebuild()
+		// The engine died after its last probe: it stays in routing (the
+		// last ready engine of its model is neither probed early nor
+		// ejected).
 		send(i, "gone", "")
 	}
 	h.waitIdle()
@@ -111,7 +108,7 @@ func TestCaseL02DisconnectsBeforeHeadersRelease(t *testing.T) {
 	// B is the only engine for "b-only": every request waits on B. Both
 	// serve "m", for the spreading check afterwards.
 	_, sC := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: time.Nanosecond, ITL: time.Nanosecond})
-	cfg := testConfig(EngineConfig{Name: "B", URL: sB.URL, Models: []string{"b-only", "m"}}, EngineConfig{Name: "C", URL: sC.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "B", URL: sB.URL, Models: []string{"b-only", "m"}}, fleet.EngineConfig{Name: "C", URL: sC.URL, Models: []string{"m"}})
 	h := newHarness(t, cfg, withPolicy(routing.NewLeastLoaded(2)))
 	const n = 50
 	var wg sync.WaitGroup
@@ -138,7 +135,7 @@ func TestCaseL02DisconnectsBeforeHeadersRelease(t *testing.T) {
 	if g := h.gauges()["B/prefill"]; g != n {
 		t.Fatalf("B prefill gauge %d with %d requests waiting, want %d", g, n, n)
 	}
-	h.gw.pool.ProbeNow(context.Background())
+	h.gw.fleet.ProbeNow(context.Background())
 	if g := h.gauges()["B/prefill"]; g != n {
 		t.Fatalf("after a health probe the B gauge reads %d, want %d", g, n)
 	}
@@ -173,7 +170,7 @@ func TestCaseL02DisconnectsBeforeHeadersRelease(t *testing.T) {
 // the gauge never goes below 0 and ends at 0.
 func TestCaseL03EngineFlap(t *testing.T) {
 	_, sE := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: 5 * time.Millisecond, ITL: 30 * time.Millisecond})
-	ecfg := EngineConfig{Name: "E", URL: sE.URL, Models: []string{"m"}}
+	ecfg := fleet.EngineConfig{Name: "E", URL: sE.URL, Models: []string{"m"}}
 	h := newHarness(t, testConfig(ecfg))
 
 	stream := func(tokens int) (func() error, error) {
@@ -204,14 +201,14 @@ func TestCaseL03EngineFlap(t *testing.T) {
 	}
 	testutil.Poll(2*time.Second, func() bool { return h.gauges()["E/decode"] == 1 })
 	check("R1 streaming")
-	if !h.gw.Pool().Remove("E") {
+	if !h.gw.Fleet().Remove("E") {
 		t.Fatal("Remove(E) = false")
 	}
 	check("E removed")
 	if g := h.gauges()["E/decode"]; g != 1 {
 		t.Errorf("removed engine's gauge %d while R1 streams, want 1 (kept until drained)", g)
 	}
-	if err := h.gw.Pool().Add(ecfg); err != nil {
+	if err := h.gw.Fleet().Add(ecfg); err != nil {
 		t.Fatal(err)
 	}
 	finishR2, err := stream(40) // outlives R1
@@ -237,7 +234,7 @@ func TestCaseL03EngineFlap(t *testing.T) {
 		t.Errorf("gauge below zero: %v", negative)
 	}
 	// Removed for good: the series drains to 0, then is deleted.
-	h.gw.Pool().Remove("E")
+	h.gw.Fleet().Remove("E")
 	if g, ok := h.gauges()["E/decode"]; !ok || g != 0 {
 		t.Errorf("E/decode after final removal = %d (present %v), want a last 0", g, ok)
 	}
@@ -259,7 +256,7 @@ func TestRetryOnConnectFailure(t *testing.T) {
 	}
 	deadURL := "http://" + ln.Addr().String()
 	ln.Close()
-	cfg := testConfig(EngineConfig{Name: "dead", URL: deadURL, Models: []string{"m"}}, EngineConfig{Name: "live", URL: sLive.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "dead", URL: deadURL, Models: []string{"m"}}, fleet.EngineConfig{Name: "live", URL: sLive.URL, Models: []string{"m"}})
 	cfg.Outlier.ConsecutiveConnectFailures = 1
 	h := newHarness(t, cfg, withoutStart()) // no probe: "dead" starts healthy
 	var mu sync.Mutex
@@ -313,7 +310,7 @@ func TestCaseL07SplitEventsByteIdentical(t *testing.T) {
 				}
 				s.raw("data: [DONE]\n\n")
 			})
-			h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: eng.URL}))
+			h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL}))
 			resp := h.post("/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`)
 			b, err := io.ReadAll(resp.Body)
 			resp.Body.Close()
@@ -351,7 +348,7 @@ func TestCaseL08KeepAliveComments(t *testing.T) {
 			}
 		}
 	})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: eng.URL}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL}))
 	resp := h.post("/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"x"}]}`)
 	br := bufio.NewReader(resp.Body)
 	var got strings.Builder
@@ -382,7 +379,7 @@ func TestCaseL09ClientCancelPropagates(t *testing.T) {
 		t.Run(fmt.Sprintf("stream=%t", stream), func(t *testing.T) {
 			eng, s := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: 10 * time.Millisecond, ITL: 50 * time.Millisecond})
 			_, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
-			h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: s.URL, Models: []string{"m"}}, EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"other"}}))
+			h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: s.URL, Models: []string{"m"}}, fleet.EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"other"}}))
 			ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
 			defer cancel()
 			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.srv.URL+"/v1/chat/completions",

@@ -10,6 +10,8 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 )
 
 // Causes given to the attempt context when a gateway timeout fires, and to
@@ -78,7 +80,7 @@ const maxErrorBody = 64 << 10
 // Anything else (an HTML page, a stack trace, plain text, nothing) is not
 // safe to show: it is replaced by an error naming the engine and the
 // status, and the original, capped, is logged at debug level.
-func (s *Server) passError(w http.ResponseWriter, r *http.Request, resp *http.Response, eng *engine) error {
+func (s *Server) passError(w http.ResponseWriter, r *http.Request, resp *http.Response, eng *fleet.Engine) error {
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
 	env := envOpenAI
 	if st := stateFrom(r.Context()); st != nil {
@@ -132,11 +134,11 @@ func (s *Server) passError(w http.ResponseWriter, r *http.Request, resp *http.Re
 	if !jsonErr || msg == "" {
 		if s.log.Enabled(r.Context(), slog.LevelDebug) {
 			s.log.LogAttrs(r.Context(), slog.LevelDebug, "engine error body not shown to the client",
-				slog.String("request_id", RequestIDFrom(r.Context())), slog.String("engine", eng.cfg.Name),
+				slog.String("request_id", RequestIDFrom(r.Context())), slog.String("engine", eng.Name()),
 				slog.Int("status", resp.StatusCode), slog.String("content_type", resp.Header.Get("Content-Type")),
 				slog.String("body", string(b[:min(len(b), maxLoggedErrorBody)])))
 		}
-		msg = "engine " + eng.cfg.Name + " answered " + strconv.Itoa(resp.StatusCode)
+		msg = "engine " + eng.Name() + " answered " + strconv.Itoa(resp.StatusCode)
 		if t := http.StatusText(resp.StatusCode); t != "" {
 			msg += " " + t
 		}

@@ -19,6 +19,7 @@ import (
 	"github.com/openai/openai-go/v3/packages/ssestream"
 	"github.com/openai/openai-go/v3/responses"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 )
 
@@ -40,7 +41,7 @@ func clientHarness(t *testing.T) (*harness, *bodyRecorder) {
 	t.Helper()
 	models := []string{"m", slashModel}
 	_, rec, srv := recordedSim(t, enginesim.Config{Models: models, OutputTokens: clientOutputTokens})
-	return newHarness(t, testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: models})), rec
+	return newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: models})), rec
 }
 
 // openAIClient returns an openai-go client pointed at the gateway.

@@ -3,12 +3,11 @@ package gateway
 import (
 	"errors"
 	"fmt"
-	"net/url"
-	"strings"
 	"time"
 
 	"golang.org/x/net/http/httpguts"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/routing"
 )
 
@@ -81,13 +80,13 @@ type Config struct {
 	// Timeouts bound each phase of an engine attempt.
 	Timeouts Timeouts `koanf:"timeouts"`
 	// Health configures active health checks and model discovery.
-	Health HealthConfig `koanf:"health"`
+	Health fleet.HealthConfig `koanf:"health"`
 	// Outlier configures outlier detection: engines failing traffic are
 	// ejected for a while (routing.OutlierConfig).
 	Outlier routing.OutlierConfig `koanf:"outlier"`
 	// EngineStats configures the scraping of each engine's Prometheus
 	// metrics (queue, KV cache, prefix cache, sleep state).
-	EngineStats EngineStatsConfig `koanf:"engine_stats"`
+	EngineStats fleet.EngineStatsConfig `koanf:"engine_stats"`
 	// EngineHeader, when true (the default), names the engine that served a
 	// request in the X-Switchboard-Engine response header.
 	EngineHeader bool `koanf:"engine_header"`
@@ -128,7 +127,7 @@ type Config struct {
 	AccessLog bool `koanf:"-"`
 	// Engines is the static engine list (the top-level `engines` section;
 	// the loader fills it in).
-	Engines []EngineConfig `koanf:"-"`
+	Engines []fleet.EngineConfig `koanf:"-"`
 	// Models is the top-level `models` section (the loader fills it in).
 	Models ModelsConfig `koanf:"-"`
 	// Auth is the top-level `auth` section (the loader fills it in): API
@@ -185,80 +184,6 @@ type Timeouts struct {
 	Request time.Duration `koanf:"request"`
 }
 
-// HealthConfig configures active health checks (GET /health) and model
-// discovery (GET /v1/models).
-type HealthConfig struct {
-	// Interval between health probes of each engine. Default 5 s.
-	Interval time.Duration `koanf:"interval"`
-	// Timeout of one probe. Default 2 s.
-	Timeout time.Duration `koanf:"timeout"`
-	// UnhealthyAfter is the number of consecutive failed probes that mark
-	// an engine unhealthy. Default 2.
-	UnhealthyAfter int `koanf:"unhealthy_after"`
-	// DiscoveryInterval is how often engines configured without models
-	// are asked for their models again. Default 30 s.
-	DiscoveryInterval time.Duration `koanf:"discovery_interval"`
-}
-
-// EngineStatsConfig configures the engine stats scraper: every Interval the
-// gateway reads each engine's Prometheus text exposition at Path (the vLLM
-// metric names), stores what it found on the engine's routing.Endpoint for
-// the routing policies, exports it as the switchboard.engine.* stats gauges
-// and keeps an engine that reports itself sleeping or unhealthy out of
-// routing while those stats are fresh.
-type EngineStatsConfig struct {
-	// Enabled turns scraping on. Default true. Off, no engine has stats:
-	// policies use the gateway's own counters and the stats gauges are not
-	// reported.
-	Enabled bool `koanf:"enabled"`
-	// Interval between two scrapes of each engine. Default 1 s.
-	Interval time.Duration `koanf:"interval"`
-	// Timeout of one scrape, connection and body included. Default 500 ms.
-	Timeout time.Duration `koanf:"timeout"`
-	// MaxAge is how long the stats of a successful scrape are trusted;
-	// after it (the engine stopped answering /metrics) they are ignored
-	// and the stats gauges stop reporting the engine. Default 5 s; must be
-	// longer than Interval.
-	MaxAge time.Duration `koanf:"max_age"`
-	// Path is the metrics path on the engine's base URL. Default /metrics.
-	Path string `koanf:"path"`
-}
-
-// EngineConfig is one engine (a vLLM-compatible OpenAI server).
-type EngineConfig struct {
-	// Name is the engine's unique name; it is the `engine` attribute on
-	// every metric, so keep it short and stable.
-	Name string `koanf:"name"`
-	// URL is the engine's base URL, e.g. http://10.0.0.5:8000 (the
-	// /v1/... paths are appended).
-	URL string `koanf:"url"`
-	// Models the engine serves. When empty they are learned from the
-	// engine's GET /v1/models and refreshed every DiscoveryInterval.
-	Models []string `koanf:"models"`
-	// APIKey, when set, is sent to the engine as `Authorization: Bearer`.
-	// Prefer APIKeyEnv, which keeps the secret out of the file.
-	// The client's own Authorization header is never forwarded.
-	APIKey string `koanf:"api_key"`
-	// APIKeyEnv names an environment variable holding the engine's key.
-	// The engine then needs a key: if the variable is unset or empty the
-	// gateway refuses to start rather than send requests without it (fail
-	// closed, shared/cases L19).
-	APIKeyEnv string `koanf:"api_key_env"`
-	// Provider is the engine's gen_ai.provider.name on GenAI spans and
-	// metrics (OpenTelemetry GenAI conventions: a well-known value such as
-	// "openai" when the engine is that provider's API, else a custom one).
-	// Default telemetry.DefaultProvider ("vllm").
-	Provider string `koanf:"provider"`
-	// MaxInFlight is the engine's circuit breaker: the most requests the
-	// gateway has on it at once (prefill + decode, the counters the
-	// in-flight gauges report). A request finding it full goes to another
-	// engine, or is answered 503 with Retry-After at once when every
-	// engine of its model is full. Concurrent admissions in the same
-	// instant may pass it by a few (Envoy's circuit breakers are
-	// approximate the same way). 0 (the default) = no limit.
-	MaxInFlight int `koanf:"max_in_flight"`
-}
-
 // DefaultConfig returns the gateway defaults documented on each field.
 func DefaultConfig() Config {
 	return Config{
@@ -284,20 +209,9 @@ func DefaultConfig() Config {
 			ClientWrite:    60 * time.Second,
 			Request:        10 * time.Minute,
 		},
-		Health: HealthConfig{
-			Interval:          5 * time.Second,
-			Timeout:           2 * time.Second,
-			UnhealthyAfter:    2,
-			DiscoveryInterval: 30 * time.Second,
-		},
-		Outlier: routing.DefaultOutlierConfig(),
-		EngineStats: EngineStatsConfig{
-			Enabled:  true,
-			Interval: time.Second,
-			Timeout:  500 * time.Millisecond,
-			MaxAge:   5 * time.Second,
-			Path:     "/metrics",
-		},
+		Health:      fleet.DefaultHealthConfig(),
+		Outlier:     routing.DefaultOutlierConfig(),
+		EngineStats: fleet.DefaultEngineStatsConfig(),
 	}
 }
 
@@ -312,8 +226,10 @@ func hasControl(s string) bool {
 	return false
 }
 
-// ErrInvalidConfig wraps every configuration error.
-var ErrInvalidConfig = errors.New("invalid gateway config")
+// ErrInvalidConfig wraps every configuration error. It is
+// fleet.ErrInvalidConfig, which the engine, health and stats settings'
+// errors wrap, so one errors.Is finds every configuration error.
+var ErrInvalidConfig = fleet.ErrInvalidConfig
 
 // Validate reports every problem with c, each wrapping [ErrInvalidConfig],
 // joined with errors.Join.
@@ -412,48 +328,9 @@ func (c Config) ValidateSettings() error {
 		bad("server.trusted_proxies: %v", err)
 	}
 	errs = append(errs, c.Timeouts.validate()...)
-	if c.Health.Interval <= 0 {
-		bad("server.health.interval must be > 0, got %s", c.Health.Interval)
-	}
-	if c.Health.Timeout <= 0 {
-		bad("server.health.timeout must be > 0, got %s", c.Health.Timeout)
-	}
-	if c.Health.UnhealthyAfter < 1 {
-		bad("server.health.unhealthy_after must be >= 1, got %d", c.Health.UnhealthyAfter)
-	}
-	if c.Health.DiscoveryInterval <= 0 {
-		bad("server.health.discovery_interval must be > 0, got %s", c.Health.DiscoveryInterval)
-	}
-	errs = append(errs, c.EngineStats.validate()...)
+	errs = append(errs, c.Health.Validate(), c.EngineStats.Validate())
 	errs = append(errs, outlierConfigErrors(c.Outlier.Validate())...)
 	return errors.Join(errs...)
-}
-
-// validate reports every problem with the scraper settings. They are
-// checked even when scraping is off, so turning it on later cannot reveal
-// an old mistake.
-func (s EngineStatsConfig) validate() []error {
-	var errs []error
-	bad := func(format string, a ...any) {
-		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...))
-	}
-	if s.Interval <= 0 {
-		bad("server.engine_stats.interval must be > 0, got %s", s.Interval)
-	}
-	if s.Timeout <= 0 {
-		bad("server.engine_stats.timeout must be > 0, got %s", s.Timeout)
-	} else if s.Interval > 0 && s.Timeout > s.Interval {
-		bad("server.engine_stats.timeout (%s) must not be longer than server.engine_stats.interval (%s): a hung engine would delay every engine's next scrape", s.Timeout, s.Interval)
-	}
-	if s.MaxAge <= 0 {
-		bad("server.engine_stats.max_age must be > 0, got %s", s.MaxAge)
-	} else if s.Interval > 0 && s.MaxAge <= s.Interval {
-		bad("server.engine_stats.max_age (%s) must be longer than server.engine_stats.interval (%s): stats would expire before the next scrape could renew them", s.MaxAge, s.Interval)
-	}
-	if u, err := url.Parse(s.Path); s.Path == "" || err != nil || !strings.HasPrefix(s.Path, "/") || u.Host != "" || u.RawQuery != "" || u.Fragment != "" {
-		bad("server.engine_stats.path must be a path starting with /, such as /metrics, got %q", s.Path)
-	}
-	return errs
 }
 
 // named lists each timeout with its key, in documentation order.
@@ -502,47 +379,18 @@ func (t Timeouts) validate() []error {
 	return errs
 }
 
-// Validate reports every problem with one engine's configuration.
-func (e EngineConfig) Validate() error {
+// outlierConfigErrors puts each of routing's outlier config errors under
+// the server section, wrapping ErrInvalidConfig.
+func outlierConfigErrors(err error) []error {
+	if err == nil {
+		return nil
+	}
 	var errs []error
-	bad := func(format string, a ...any) {
-		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...))
-	}
-	if e.Name == "" {
-		bad("engine name must not be empty")
-	}
-	if e.MaxInFlight < 0 {
-		bad("engine %q: max_in_flight must be >= 0, got %d", e.Name, e.MaxInFlight)
-	}
-	u, err := url.Parse(e.URL)
-	switch {
-	case e.URL == "":
-		bad("engine %q: url must not be empty", e.Name)
-	case !strings.Contains(e.URL, "://"):
-		// 127.0.0.1:8001 fails to parse and localhost:8001 parses with
-		// the scheme "localhost": say what is missing. Not the URL
-		// itself: it may hold a password.
-		bad("engine %q: url needs http:// or https:// before the host", e.Name)
-	case err != nil:
-		// Not err itself: it quotes the URL, or part of it, credentials
-		// included.
-		bad("engine %q: url is not a valid URL (a user name or password in it must be percent-encoded)", e.Name)
-	case strings.Contains(u.Path+u.RawQuery+u.Fragment, "@") || strings.Contains(u.Opaque, "@"):
-		// http://user:pa/ss@host parses with host "user:pa" and the
-		// password in the path: refuse rather than show it anywhere.
-		bad("engine %q: url has an @ after its host (a user name or password in it must be percent-encoded)", e.Name)
-	case u.Scheme != "http" && u.Scheme != "https":
-		bad("engine %q: url scheme must be http or https, got %q", e.Name, u.Scheme)
-	case u.Host == "":
-		bad("engine %q: url has no host", e.Name)
-	}
-	if e.APIKey != "" && e.APIKeyEnv != "" {
-		bad("engine %q: set api_key or api_key_env, not both", e.Name)
-	}
-	for _, m := range e.Models {
-		if strings.TrimSpace(m) == "" {
-			bad("engine %q: empty model name", e.Name)
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		for _, e := range j.Unwrap() {
+			errs = append(errs, fmt.Errorf("%w: server.%w", ErrInvalidConfig, e))
 		}
+		return errs
 	}
-	return errors.Join(errs...)
+	return []error{fmt.Errorf("%w: server.%w", ErrInvalidConfig, err)}
 }

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 )
 
@@ -22,16 +23,16 @@ func TestSetDiscoveredCombinesWithStatic(t *testing.T) {
 	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
 	_, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
 	g := newGated(t)
-	e1 := EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}
+	e1 := fleet.EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}
 	h := newHarness(t, testConfig(e1))
 
-	d1 := EngineConfig{Name: "pod-a", URL: g.srv.URL} // models from /v1/models
-	d2 := EngineConfig{Name: "pod-b", URL: s2.URL, Models: []string{"m"}}
+	d1 := fleet.EngineConfig{Name: "pod-a", URL: g.srv.URL} // models from /v1/models
+	d2 := fleet.EngineConfig{Name: "pod-b", URL: s2.URL, Models: []string{"m"}}
 	rep, err := h.gw.SetDiscovered("kubernetes", discovered(d1, d2))
 	if err != nil || !slices.Equal(rep.Added, []string{"pod-a", "pod-b"}) || rep.Removed != nil || rep.Changed != nil {
 		t.Fatalf("SetDiscovered = %+v, %v; want pod-a and pod-b added", rep, err)
 	}
-	if got := h.gw.Pool().String(); !strings.Contains(got, "e1") || !strings.Contains(got, "pod-a") || !strings.Contains(got, "pod-b") {
+	if got := h.gw.Fleet().String(); !strings.Contains(got, "e1") || !strings.Contains(got, "pod-a") || !strings.Contains(got, "pod-b") {
 		t.Fatalf("pool %s, want e1, pod-a, pod-b", got)
 	}
 	if got := h.servedBy(3, "m"); got["e1"] != 1 || got["pod-a"] != 1 || got["pod-b"] != 1 {
@@ -49,12 +50,12 @@ func TestSetDiscoveredCombinesWithStatic(t *testing.T) {
 	g.waitStarted(t)
 	// pod-a turns unready (its endpoint terminating): it stays, draining,
 	// its stream goes on, new requests go elsewhere.
-	inc := h.gw.Pool().byName("pod-a")
-	rep, err = h.gw.SetDiscovered("kubernetes", []DiscoveredEngine{{EngineConfig: d1, Unready: true}, {EngineConfig: d2}})
+	inc := h.gw.Fleet().Engine("pod-a")
+	rep, err = h.gw.SetDiscovered("kubernetes", []fleet.DiscoveredEngine{{EngineConfig: d1, Unready: true}, {EngineConfig: d2}})
 	if err != nil || rep.Added != nil || rep.Removed != nil || !slices.Equal(rep.Unready, []string{"pod-a"}) || rep.Ready != nil || !rep.Applied() {
 		t.Fatalf("SetDiscovered with pod-a unready = %+v, %v; want pod-a unready", rep, err)
 	}
-	if st := statusByName(h.gw.Pool())["pod-a"]; len(st) != 1 || st[0].State != "draining" || !st[0].Unready || st[0].Routable || st[0].Decode != 1 {
+	if st := statusByName(h.gw.Fleet())["pod-a"]; len(st) != 1 || st[0].State != "draining" || !st[0].Unready || st[0].Routable || st[0].Decode != 1 {
 		t.Errorf("pod-a while unready with its stream: %+v, want one incarnation, draining, decode 1", st)
 	}
 	if got := h.servedBy(4, "m"); got["pod-a"] != 0 || got["e1"] != 2 || got["pod-b"] != 2 {
@@ -65,7 +66,7 @@ func TestSetDiscoveredCombinesWithStatic(t *testing.T) {
 	if err != nil || !slices.Equal(rep.Ready, []string{"pod-a"}) || rep.Added != nil || rep.Changed != nil {
 		t.Fatalf("SetDiscovered with pod-a ready again = %+v, %v", rep, err)
 	}
-	if h.gw.Pool().byName("pod-a") != inc {
+	if h.gw.Fleet().Engine("pod-a") != inc {
 		t.Error("pod-a got a new incarnation by turning ready again")
 	}
 	if got := h.servedBy(3, "m"); got["pod-a"] != 1 {
@@ -85,8 +86,8 @@ func TestSetDiscoveredCombinesWithStatic(t *testing.T) {
 
 	// A reload of the configured engines keeps pod-b.
 	_, s3 := sim(t, enginesim.Config{Models: []string{"m"}})
-	e3 := EngineConfig{Name: "e3", URL: s3.URL, Models: []string{"m"}}
-	rep = h.reload(testConfig(e3), h.policy())
+	e3 := fleet.EngineConfig{Name: "e3", URL: s3.URL, Models: []string{"m"}}
+	rep = h.reload(testConfig(e3), h.policy()).Changes
 	if !slices.Equal(rep.Added, []string{"e3"}) || !slices.Equal(rep.Removed, []string{"e1"}) {
 		t.Fatalf("reload = %+v, want e3 added, e1 removed, pod-b kept", rep)
 	}
@@ -102,7 +103,7 @@ func TestSetDiscoveredCombinesWithStatic(t *testing.T) {
 		t.Fatalf("the stream on the engine that left: %v", err)
 	}
 	h.waitIdle()
-	if _, ok := statusByName(h.gw.Pool())["pod-a"]; ok {
+	if _, ok := statusByName(h.gw.Fleet())["pod-a"]; ok {
 		t.Error("pod-a is still listed after its stream drained")
 	}
 }
@@ -135,36 +136,6 @@ func (h *harness) heldStreamOn(engine string) func() error {
 	}
 }
 
-// TestSetDiscoveredLeavesOutBadAndTaken: a discovered engine whose name a
-// configured engine has, or that is invalid, is left out with an error
-// wrapping ErrEngineLeftOut; the others are applied.
-func TestSetDiscoveredLeavesOutBadAndTaken(t *testing.T) {
-	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
-	e1 := EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}
-	h := newHarness(t, testConfig(e1))
-	rep, err := h.gw.SetDiscovered("kubernetes", discovered(
-		EngineConfig{Name: "e1", URL: "http://10.0.0.1:8000", Models: []string{"m"}},
-		EngineConfig{Name: "bad", URL: "ftp://x", Models: []string{"m"}},
-		EngineConfig{Name: "ok", URL: s1.URL, Models: []string{"m"}},
-		EngineConfig{Name: "ok", URL: "http://10.0.0.2:8000", Models: []string{"m"}},
-	))
-	if !errors.Is(err, ErrEngineLeftOut) || !errors.Is(err, ErrInvalidConfig) {
-		t.Fatalf("err = %v, want ErrEngineLeftOut and ErrInvalidConfig", err)
-	}
-	for _, want := range []string{`"e1": the name is taken by a configured engine`, `"bad": url scheme`, `"ok": the name is taken by another engine of kubernetes discovery`} {
-		if !strings.Contains(err.Error(), want) {
-			t.Errorf("err = %v, want it to say %s", err, want)
-		}
-	}
-	if !slices.Equal(rep.Added, []string{"ok"}) {
-		t.Fatalf("report %+v, want only ok added", rep)
-	}
-	st := statusByName(h.gw.Pool())
-	if len(st["e1"]) != 1 || st["e1"][0].URL != s1.URL {
-		t.Errorf("e1 = %+v, want the configured one, untouched", st["e1"])
-	}
-}
-
 // TestDynamicEnginesStartEmpty: WithDynamicEngines accepts a config with
 // no engines; requests get 503 until a source adds one, and Reload also
 // accepts an empty list then.
@@ -179,7 +150,7 @@ func TestDynamicEnginesStartEmpty(t *testing.T) {
 		t.Fatalf("no engine: %d, want 404 or 503", resp.StatusCode)
 	}
 	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
-	if _, err := h.gw.SetDiscovered("kubernetes", discovered(EngineConfig{Name: "pod-a", URL: s1.URL})); err != nil {
+	if _, err := h.gw.SetDiscovered("kubernetes", discovered(fleet.EngineConfig{Name: "pod-a", URL: s1.URL})); err != nil {
 		t.Fatal(err)
 	}
 	if got := h.servedBy(2, "m"); got["pod-a"] != 2 {
@@ -197,7 +168,7 @@ func TestDynamicEnginesStartEmpty(t *testing.T) {
 // until each is released; release is idempotent.
 func TestHoldReady(t *testing.T) {
 	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}))
 	ready := func() (int, apiErr) {
 		t.Helper()
 		resp, err := h.client.Get(h.srv.URL + "/ready")
@@ -234,10 +205,10 @@ func TestHoldReady(t *testing.T) {
 }
 
 // discovered wraps engines as ready discovered engines.
-func discovered(ecs ...EngineConfig) []DiscoveredEngine {
-	out := make([]DiscoveredEngine, len(ecs))
+func discovered(ecs ...fleet.EngineConfig) []fleet.DiscoveredEngine {
+	out := make([]fleet.DiscoveredEngine, len(ecs))
 	for i, ec := range ecs {
-		out[i] = DiscoveredEngine{EngineConfig: ec}
+		out[i] = fleet.DiscoveredEngine{EngineConfig: ec}
 	}
 	return out
 }
@@ -247,7 +218,7 @@ func discovered(ecs ...EngineConfig) []DiscoveredEngine {
 func TestAdminEngineNameWithSlash(t *testing.T) {
 	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
 	h := newHarnessWith(t, testConfig(), []Option{WithDynamicEngines()})
-	if _, err := h.gw.SetDiscovered("kubernetes", discovered(EngineConfig{Name: "team-a/vllm-0", URL: s1.URL, Models: []string{"m"}})); err != nil {
+	if _, err := h.gw.SetDiscovered("kubernetes", discovered(fleet.EngineConfig{Name: "team-a/vllm-0", URL: s1.URL, Models: []string{"m"}})); err != nil {
 		t.Fatal(err)
 	}
 	admin := httptest.NewServer(h.gw.AdminHandler(nil))
@@ -270,15 +241,15 @@ func TestAdminEngineNameWithSlash(t *testing.T) {
 func TestSetDiscoveredReloadConcurrentSafe(t *testing.T) {
 	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
 	_, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
-	e1 := EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}
+	e1 := fleet.EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}
 	h := newHarness(t, testConfig(e1))
-	pods := []EngineConfig{{Name: "pod-a", URL: s2.URL, Models: []string{"m"}}, {Name: "pod-b", URL: s2.URL, Models: []string{"m"}}}
+	pods := []fleet.EngineConfig{{Name: "pod-a", URL: s2.URL, Models: []string{"m"}}, {Name: "pod-b", URL: s2.URL, Models: []string{"m"}}}
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		for i := range 50 {
-			set := []DiscoveredEngine{{EngineConfig: pods[0], Unready: i%3 == 0}}
+			set := []fleet.DiscoveredEngine{{EngineConfig: pods[0], Unready: i%3 == 0}}
 			if i%2 == 0 {
-				set = append(set, DiscoveredEngine{EngineConfig: pods[1]})
+				set = append(set, fleet.DiscoveredEngine{EngineConfig: pods[1]})
 			}
 			if _, err := h.gw.SetDiscovered("kubernetes", set); err != nil {
 				t.Errorf("SetDiscovered: %v", err)
@@ -307,7 +278,7 @@ func TestSetDiscoveredReloadConcurrentSafe(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	st := statusByName(h.gw.Pool())
+	st := statusByName(h.gw.Fleet())
 	if len(st["e1"]) != 1 || len(st["pod-a"]) == 0 || st["pod-a"][0].Retired {
 		t.Errorf("after the race: %+v, want e1 and pod-a in the pool", st)
 	}

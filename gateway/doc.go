@@ -1,7 +1,8 @@
 // Package gateway is Switchboard's HTTP front: the chi router, the
 // OpenAI-compatible handlers (every route of the operation table), the
-// engine pool, the proxy and SSE streaming, the OpenAI and Anthropic error
-// objects and the per-request engine lifecycle.
+// proxy and SSE streaming, the OpenAI and Anthropic error objects and the
+// per-request engine lifecycle, in front of the engine fleet (package
+// fleet).
 //
 // # Operation table
 //
@@ -80,67 +81,17 @@
 // and re-added under the same name never sees a foreign release. There is no
 // per-request registry to leak: the attempt lives on the handler's stack.
 //
-// # Engine stats
+// # Engines
 //
-// With Config.EngineStats.Enabled (the default) the pool scrapes every
-// engine's Prometheus text exposition (EngineStatsConfig.Path, /metrics,
-// with the engine's credentials) every EngineStatsConfig.Interval,
-// concurrently and off the request path, each scrape bounded by its
-// timeout and a 4 MiB body. It reads vLLM's names: vllm:num_requests_running
-// and vllm:num_requests_waiting summed over the served models,
-// vllm:kv_cache_usage_perc (or the older vllm:gpu_cache_usage_perc), the
-// prefix cache counters (a hit ratio from their growth between two
-// scrapes, restarted when they fall), vllm:engine_sleep_state (its
-// sleep_state="awake" series at 0, or a sleep level series above 0: the
-// engine sleeps) and, under vLLM fault tolerance, vllm:engine_healthy. The
-// result, with the gateway's own in-flight count at that moment, is stored
-// as the engine's routing.Stats for the policies, trusted for
-// EngineStatsConfig.MaxAge. A failed scrape leaves the last stats to expire
-// and is logged at debug level; it never changes the health verdict, which
-// belongs to the health probe. An engine whose fresh stats say it sleeps or
-// is unhealthy gets no new requests (its requests in flight finish); when
-// it wakes, or its stats expire, it is routable again. The stats are also
-// exported as the switchboard.engine.queue_depth, kv_cache_usage,
-// prefix_cache_hit_ratio and accounting_drift gauges (see package
-// telemetry) and shown on GET /admin/engines ([EngineStatsStatus]).
-//
-// # Outlier detection
-//
-// Passive health after Envoy's outlier detection (Config.Outlier,
-// routing.OutlierConfig). When an attempt ends its outcome is counted on
-// its engine: engine 5xx answers and engines failing mid-response
-// (engine_disconnect, stream_error), failed connections, and the
-// per-attempt timeouts (header, first token, idle, attempt) each have a
-// streak; a success ends them all; 4xx (429 included), clients that cancel
-// or stall, the shutdown and the whole-request timeout count for nothing,
-// and so does every attempt on a light route (tokenize, detokenize,
-// count_tokens, stored-response lookups), whose success says nothing of
-// the engine's generations. A streak at its threshold ejects the engine
-// for base_ejection_time × its ejections (capped at max_ejection_time,
-// forgiven one per base_ejection_time back in routing), unless more than
-// max_ejection_percent of a model's engines would then be ejected (so the
-// only engine of a model is never ejected at the default 50%), or it is
-// the last ready engine of a model it serves (the others drained,
-// unhealthy, sleeping or ejected; at any max_ejection_percent, 100
-// included: Envoy's panic threshold exists for the same reason, and the
-// engine's own answers beat a 503 for every request). A refused ejection
-// is logged once per base_ejection_time per engine. The routing snapshot
-// is rebuilt without it at once; when its ejection time ends a timer
-// probes it, and it returns at that probe or any later one that passes.
-// Its in-flight requests finish and release their slots as usual. The
-// ejection reads the settings under the pool's lock, so turning detection
-// off (a reload) while a streak trips ejects nothing.
-//
-// A refused or timed-out connection also probes its engine at once, with
-// outlier detection on or off: one probe at a time per engine and at most
-// one per health.timeout, judged by the probes' own rule
-// (health.unhealthy_after), so a dead engine leaves routing without
-// waiting for the next round. A model's last ready engine is not probed
-// early (its requests have nowhere else to go; the rounds take it out). An engine's state (GET /admin/engines, switchboard.engine.state)
-// combines one verdict per writer: removal (draining), the probes
-// (unhealthy), outlier detection (ejected, with ejected_until and
-// ejections), the admin API and the engine's stats (sleeping); only a
-// ready engine is routed to.
+// The engines are package fleet's: their incarnations and state, health
+// probes and model discovery, stats scraping, outlier detection, the
+// admin actions, reloads and discovery. The request path reads the fleet's
+// routing snapshot once per decision, looks the model up in it, tells the
+// fleet of a refused connection (fleet.Fleet.MarkFailed) and reports every
+// attempt's outcome as a routing.Outcome when the attempt ends
+// (fleet.Fleet.Report; outcomeOf classifies it). The fleet's lookup errors
+// are sentinels, answered in errors.go: 404 model_not_found, or 503 when
+// no engine serving the model is routable.
 //
 // # Streaming
 //

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
@@ -23,10 +24,10 @@ import (
 func TestAdminDrainAndResume(t *testing.T) {
 	g := newGated(t)
 	_, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: g.srv.URL, Models: []string{"m"}}, EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: g.srv.URL, Models: []string{"m"}}, fleet.EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}}))
 	admin := httptest.NewServer(h.gw.AdminHandler(nil))
 	t.Cleanup(admin.Close)
-	post := func(path string) (int, EngineStatus) {
+	post := func(path string) (int, fleet.EngineStatus) {
 		t.Helper()
 		resp, err := http.Post(admin.URL+path, "", nil)
 		if err != nil {
@@ -34,7 +35,7 @@ func TestAdminDrainAndResume(t *testing.T) {
 		}
 		defer resp.Body.Close()
 		b, _ := io.ReadAll(resp.Body)
-		var st EngineStatus
+		var st fleet.EngineStatus
 		if resp.StatusCode == 200 {
 			if err := json.Unmarshal(b, &st); err != nil {
 				t.Fatalf("%s: %v in %q", path, err, b)
@@ -96,12 +97,12 @@ func TestAdminDrainAndResume(t *testing.T) {
 func TestStatusDropsDrainedRetiredEngine(t *testing.T) {
 	g := newGated(t)
 	_, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: g.srv.URL, Models: []string{"m"}}, EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: g.srv.URL, Models: []string{"m"}}, fleet.EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}}))
 	finish := h.heldStream() // on e1
 	g.waitStarted(t)
-	h.gw.Pool().Remove("e1")
+	h.gw.Fleet().Remove("e1")
 	names := func() (out []string) {
-		for _, st := range h.gw.Pool().Status() {
+		for _, st := range h.gw.Fleet().Status() {
 			out = append(out, fmt.Sprintf("%s/retired=%t", st.Name, st.Retired))
 		}
 		return out

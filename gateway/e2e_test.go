@@ -10,6 +10,7 @@ import (
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/option"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
@@ -36,7 +37,7 @@ func newOpenAIClient(h *harness) openai.Client {
 func TestOpenAIClientEndToEnd(t *testing.T) {
 	_, s1 := sim(t, enginesim.Config{Name: "s1", Models: []string{"m"}})
 	_, s2 := sim(t, enginesim.Config{Name: "s2", Models: []string{"m"}})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: s1.URL}, EngineConfig{Name: "e2", URL: s2.URL}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: s1.URL}, fleet.EngineConfig{Name: "e2", URL: s2.URL}))
 	c := newOpenAIClient(h)
 	ctx := context.Background()
 
@@ -160,7 +161,7 @@ func TestOpenAIClientEndToEnd(t *testing.T) {
 // engine's events unchanged, ending in [DONE].
 func TestChatStreamRawBytes(t *testing.T) {
 	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: s1.URL}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: s1.URL}))
 	resp := h.post("/v1/chat/completions", `{"model":"m","stream":true,"max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`)
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {

@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/routing"
 )
 
@@ -142,7 +143,8 @@ func (e *APIError) responsesErrorEvent() []byte {
 
 // apiErrorFor maps any error to the APIError answered for it:
 //   - an *APIError anywhere in the chain: itself
-//   - routing.ErrNoEndpoint: 503 with Retry-After
+//   - routing.ErrNoEndpoint, fleet.ErrModelPending: 503 with Retry-After
+//     (fleet.ErrModelNotFound is lookupError's: its 404 names the model)
 //   - a timeout (net.Error Timeout, context.DeadlineExceeded): 504
 //   - anything else reaching an engine: 502
 func apiErrorFor(err error) *APIError {
@@ -150,7 +152,7 @@ func apiErrorFor(err error) *APIError {
 	if errors.As(err, &ae) {
 		return ae
 	}
-	if errors.Is(err, routing.ErrNoEndpoint) {
+	if errors.Is(err, routing.ErrNoEndpoint) || errors.Is(err, fleet.ErrModelPending) {
 		return &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "no_healthy_engine", Message: "no healthy engine is available for this model", Err: err}
 	}
 	var ne net.Error
@@ -218,6 +220,18 @@ func errBadRequest(param, msg string) *APIError {
 func errModelNotFound(model string) *APIError {
 	return &APIError{Status: http.StatusNotFound, Type: TypeInvalidRequest, Param: "model", Code: "model_not_found",
 		Message: "the model `" + model + "` does not exist or is not served by any engine"}
+}
+
+// lookupError maps the error of a fleet lookup (fleet.Fleet.Lookup) of the
+// model the client named as model (an alias, not its target) to what is
+// answered: fleet.ErrModelNotFound becomes errModelNotFound(model); the
+// others (routing.ErrNoEndpoint, fleet.ErrModelPending: 503) go to
+// apiErrorFor as they are. nil stays nil.
+func lookupError(model string, err error) error {
+	if errors.Is(err, fleet.ErrModelNotFound) {
+		return errModelNotFound(model)
+	}
+	return err
 }
 
 // errOverloaded is the 503 for a request over a gateway-wide budget

@@ -3,12 +3,13 @@ package gateway
 import (
 	"encoding/json"
 	"io"
-	"net"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
@@ -20,34 +21,24 @@ func ptr(s string) *string { return &s }
 // never takes a slot and records no engine metric.
 func TestCaseL15ErrorStatuses(t *testing.T) {
 	engine, s1 := sim(t, enginesim.Config{Models: []string{"m", "down-model"}})
-	_, sDown := sim(t, enginesim.Config{Models: []string{"down-model"}})
-	// A port with nothing listening: connection refused.
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadURL := "http://" + ln.Addr().String()
-	ln.Close()
+	down, sDown := sim(t, enginesim.Config{Models: []string{"down-model"}})
+	// An engine that answers its first probe, then stops listening:
+	// connection refused.
+	deadSrv := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	deadURL := deadSrv.URL
 
 	cfg := testConfig(
-		EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}},
-		EngineConfig{Name: "down", URL: sDown.URL, Models: []string{"down-model"}},
-		EngineConfig{Name: "dead", URL: deadURL, Models: []string{"dead-model"}},
+		fleet.EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}},
+		fleet.EngineConfig{Name: "down", URL: sDown.URL, Models: []string{"down-model"}},
+		fleet.EngineConfig{Name: "dead", URL: deadURL, Models: []string{"dead-model"}},
 	)
 	cfg.MaxBodyBytes = 1024
 	cfg.Timeouts.ResponseHeader = 150 * time.Millisecond
+	// "down" fails its probe (unhealthy); "dead" passes it, then dies: it
+	// died after its last probe.
+	down.SetHealthy(false)
 	h := newHarness(t, cfg)
-	// Mark "down" unhealthy the way a failed probe does, and "dead"
-	// healthy: it died after its last probe.
-	for _, e := range h.gw.pool.engines {
-		switch e.cfg.Name {
-		case "down":
-			e.ep.SetHealthy(false)
-		case "dead":
-			e.ep.SetHealthy(true)
-		}
-	}
-	h.gw.pool.rebuild()
+	deadSrv.Close()
 
 	chat := func(model, extra string) string {
 		return `{"model":"` + model + `","messages":[{"role":"user","content":"hi"}]` + extra + `}`
@@ -160,7 +151,7 @@ func TestEngineErrorEnvelope(t *testing.T) {
 			_, _ = io.WriteString(w, "upstream exploded\n")
 		}
 	})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: eng.URL}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL}))
 	body := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
 
 	resp := h.post("/v1/chat/completions", body, "X-Shape", "openai")
@@ -197,7 +188,7 @@ func TestEngineErrorEnvelope(t *testing.T) {
 // TestCaseL15ErrorStatuses.
 func TestBodyMediaTypesAccepted(t *testing.T) {
 	engine, srv := sim(t, enginesim.Config{Models: []string{"m"}})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}}))
 	body := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
 	for _, hdr := range [][]string{
 		{"Content-Type", "application/json; charset=utf-8"},
@@ -241,7 +232,7 @@ type anthropicErr struct {
 // broken mid-way ends with an Anthropic error event.
 func TestAnthropicEnvelope(t *testing.T) {
 	_, _, srv := recordedSim(t, enginesim.Config{Models: []string{"m"}, OutputTokens: 6})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}}))
 	msgs := `"messages":[{"role":"user","content":"hi"}]`
 	for _, tc := range []struct {
 		name, body, fault string
@@ -320,7 +311,7 @@ func TestEngineJSONErrorShapes(t *testing.T) {
 			_, _ = io.WriteString(w, `{"detail": [ {"loc": ["body","messages"], "msg": "field required"} ]}`)
 		}
 	})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: eng.URL}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL}))
 	for _, tc := range []struct {
 		shape, msg string
 		status     int

@@ -5,6 +5,7 @@ import (
 	"net/http"
 
 	"github.com/switchboard-gw/switchboard/gateway"
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
@@ -13,7 +14,7 @@ import (
 // (cmd/gateway does the same with OTLP and Prometheus providers).
 func ExampleNew() {
 	cfg := gateway.DefaultConfig()
-	cfg.Engines = []gateway.EngineConfig{
+	cfg.Engines = []fleet.EngineConfig{
 		{Name: "gpu-a", URL: "http://10.0.0.5:8000", Models: []string{"llama-3.1-8b"}},
 		{Name: "gpu-b", URL: "http://10.0.0.6:8000"}, // models discovered from GET /v1/models
 	}

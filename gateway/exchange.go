@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/telemetry"
 	"go.opentelemetry.io/otel/propagation"
 )
@@ -20,12 +21,12 @@ import (
 // answer was relayed, or when the relay failed after bytes reached the
 // client and ended the response itself). A leg followed by another has
 // sent nothing to the client.
-func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Request, op *operation, in *inbound, out *outBody, eng *engine, p *plan) (nextLeg, error) {
+func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Request, op *operation, in *inbound, out *outBody, eng *fleet.Engine, p *plan) (nextLeg, error) {
 	ctx, a := s.startAttempt(ctx, eng, op, in)
 	defer a.finish()
 	if in.set.cfg.EngineHeader {
 		// Set now, so the gateway's own errors name the engine tried too.
-		w.Header()["X-Switchboard-Engine"] = eng.header // shared: no one mutates it
+		w.Header()["X-Switchboard-Engine"] = eng.Header() // shared: no one mutates it
 	}
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -79,7 +80,7 @@ type call struct {
 	observe bool // a non-streaming request sent as a stream, to reassemble
 	out     *outBody
 	a       *attempt
-	eng     *engine
+	eng     *fleet.Engine
 	actx    context.Context // the attempt's context: cancelled by its timeouts
 	cancel  context.CancelCauseFunc
 	firstBy time.Time // a stream's first-token deadline; zero when none
@@ -101,9 +102,9 @@ func (c *call) stop() {
 func (s *Server) send(c *call, r *http.Request, body *outBody) outcome {
 	a, eng, op := c.a, c.eng, c.op
 	t0 := time.Now()
-	url, ok := eng.urls[r.URL.Path]
+	url, ok := eng.PathURL(r.URL.Path)
 	if !ok || r.URL.RawPath != "" {
-		url = eng.base + r.URL.EscapedPath()
+		url = eng.Base() + r.URL.EscapedPath()
 	}
 	if r.URL.RawQuery != "" {
 		url += "?" + r.URL.RawQuery
@@ -135,8 +136,8 @@ func (s *Server) send(c *call, r *http.Request, body *outBody) outcome {
 		delete(ureq.Header, "Content-Type")
 	}
 	ureq.Header.Set(RequestIDHeader, RequestIDFrom(r.Context()))
-	if eng.auth != nil {
-		ureq.Header["Authorization"] = eng.auth
+	if auth := eng.Auth(); auth != nil {
+		ureq.Header["Authorization"] = auth
 	}
 	s.prop.Inject(c.actx, propagation.HeaderCarrier(ureq.Header))
 
@@ -175,7 +176,7 @@ func (s *Server) send(c *call, r *http.Request, body *outBody) outcome {
 		et, ae := s.classify(r, c.actx, err)
 		a.fail(et)
 		if et == ErrTypeConnect {
-			s.pool.markFailed(eng, err)
+			s.fleet.MarkFailed(eng, err)
 			return outcome{err: ae, connFailed: true}
 		}
 		return outcome{err: ae}

@@ -21,6 +21,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.uber.org/goleak"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/quota"
@@ -372,7 +373,7 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 		t.Cleanup(tr.CloseIdleConnections)
 		opts = append(opts, WithTransport(tr))
 	}
-	cfg := testConfig(EngineConfig{Name: "e1", URL: url, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: url, Models: []string{"m"}})
 	cfg.Timeouts.ResponseHeader = 300 * time.Millisecond
 	cfg.Timeouts.Idle = 300 * time.Millisecond
 	cfg.Timeouts.Request = 5 * time.Second
@@ -399,8 +400,8 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 	}
 	h := newHarnessWith(t, cfg, opts, withSampler(sampler), withoutStart())
 	if fc.setup == unhealthy {
-		h.gw.pool.engines[0].ep.SetHealthy(false)
-		h.gw.pool.rebuild()
+		simEng.SetHealthy(false)
+		h.gw.Fleet().ProbeNow(context.Background())
 	}
 
 	var relMu sync.Mutex

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
@@ -64,7 +65,7 @@ func TestCaseL10FirstTokenRule(t *testing.T) {
 				s.data(usage)
 				s.data("[DONE]")
 			})
-			h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: eng.URL}))
+			h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL}))
 			stream := "false"
 			if tt.stream {
 				stream = "true"
@@ -122,7 +123,7 @@ func TestCaseL10FirstTokenRule(t *testing.T) {
 // longer (or off) and there is no request timeout.
 func TestFirstTokenBoundsHeaderWait(t *testing.T) {
 	eng, simSrv := sim(t, enginesim.Config{Models: []string{"m"}})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
 	cfg.Timeouts.ResponseHeader = 0
 	cfg.Timeouts.Request = 0
 	cfg.Timeouts.FirstToken = 300 * time.Millisecond

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 )
 
 // TestCaseL04L05L06EventsFlushedAsSent: each event reaches a real TCP
@@ -40,7 +42,7 @@ func TestCaseL04L05L06EventsFlushedAsSent(t *testing.T) {
 				}
 				_, _ = io.WriteString(w, "data: [DONE]\n\n")
 			})
-			h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: eng.URL}))
+			h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL}))
 
 			// A raw TCP client, so nothing on the client side buffers.
 			conn, err := net.Dial("tcp", h.srv.Listener.Addr().String())
@@ -107,7 +109,7 @@ func TestNonStreamingBodyByteForByte(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, body)
 	})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: eng.URL}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL}))
 	resp := h.post("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()

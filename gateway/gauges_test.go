@@ -10,6 +10,7 @@ import (
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
@@ -27,7 +28,7 @@ func TestGaugesReturnToZeroAfterMixedBatch(t *testing.T) {
 		t.Run(sc.name, func(t *testing.T) {
 			_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
 			_, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
-			h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: s1.URL}, EngineConfig{Name: "e2", URL: s2.URL}),
+			h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: s1.URL}, fleet.EngineConfig{Name: "e2", URL: s2.URL}),
 				withSampler(sc.sampler), withPolicy(routing.NewLeastLoaded(2)))
 			type req struct {
 				body, fault string

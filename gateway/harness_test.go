@@ -21,6 +21,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.uber.org/goleak"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/routing"
@@ -98,7 +99,7 @@ func withSpanProcessor(sp sdktrace.SpanProcessor) harnessOpt {
 
 // testConfig returns a gateway config for tests: fast health checks, given
 // engines.
-func testConfig(engines ...EngineConfig) Config {
+func testConfig(engines ...fleet.EngineConfig) Config {
 	cfg := DefaultConfig()
 	cfg.Engines = engines
 	cfg.Health.Interval = time.Hour // tests call ProbeNow when they need a probe

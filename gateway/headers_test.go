@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
@@ -33,8 +34,8 @@ func TestCaseL19HeaderHygiene(t *testing.T) {
 	withKey := fakeEngine(t, []string{"keyed"}, handler)
 	noKey := fakeEngine(t, []string{"open"}, handler)
 	h := newHarness(t, testConfig(
-		EngineConfig{Name: "keyed", URL: withKey.URL, APIKey: "engine-key"},
-		EngineConfig{Name: "open", URL: noKey.URL},
+		fleet.EngineConfig{Name: "keyed", URL: withKey.URL, APIKey: "engine-key"},
+		fleet.EngineConfig{Name: "open", URL: noKey.URL},
 	))
 	for _, tc := range []struct{ model, wantAuth string }{{"keyed", "Bearer engine-key"}, {"open", ""}} {
 		t.Run(tc.model, func(t *testing.T) {
@@ -125,7 +126,7 @@ func TestCaseL19EngineKeyFailsClosed(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{}`)
 	})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: eng.URL, APIKeyEnv: "SWITCHBOARD_TEST_ENGINE_KEY"})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL, APIKeyEnv: "SWITCHBOARD_TEST_ENGINE_KEY"})
 	t.Setenv("SWITCHBOARD_TEST_ENGINE_KEY", "")
 	m, _ := telemetry.NewMetrics(nil)
 	if _, err := New(cfg, routing.NewRoundRobin(), m); !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "SWITCHBOARD_TEST_ENGINE_KEY") {
@@ -139,7 +140,7 @@ func TestCaseL19EngineKeyFailsClosed(t *testing.T) {
 	if got := rec.last().Header.Get("Authorization"); got != "Bearer from-env" {
 		t.Errorf("engine saw Authorization %q, want the key from the environment", got)
 	}
-	bad := EngineConfig{Name: "e2", URL: eng.URL, APIKey: "k", APIKeyEnv: "X"}
+	bad := fleet.EngineConfig{Name: "e2", URL: eng.URL, APIKey: "k", APIKeyEnv: "X"}
 	if err := bad.Validate(); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("api_key and api_key_env together: %v, want ErrInvalidConfig", err)
 	}
@@ -153,7 +154,7 @@ func TestRequestIDGeneratedAndCapped(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{}`)
 	})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: eng.URL}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL}))
 	body := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
 	for _, tc := range []struct{ sent, wantLen int }{{0, 32}, {500, MaxRequestIDLen}} {
 		var hdr []string
@@ -185,7 +186,7 @@ func TestTracing(t *testing.T) {
 		s.data(`{"id":"chatcmpl-42","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":1,"total_tokens":8}}`)
 		s.data("[DONE]")
 	})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: eng.URL}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL}))
 	resp := h.post("/v1/chat/completions", `{"model":"m","stream":true,"max_tokens":9,"messages":[{"role":"user","content":"hi"}]}`)
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
@@ -286,7 +287,7 @@ func TestUsageInjection(t *testing.T) {
 			}
 		}
 	})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: proxy.URL}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: proxy.URL}))
 	const usage = `"include_usage":true`
 	cases := []struct {
 		name, opts string
@@ -365,7 +366,7 @@ func TestNoopTracerPropagatesClientContext(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"id":"x","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)
 	})
-	h := newHarnessWith(t, testConfig(EngineConfig{Name: "e1", URL: eng.URL}), []Option{WithTracerProvider(tracenoop.NewTracerProvider())})
+	h := newHarnessWith(t, testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL}), []Option{WithTracerProvider(tracenoop.NewTracerProvider())})
 	const parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 	resp := h.post("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, "Traceparent", parent)
 	_, _ = io.Copy(io.Discard, resp.Body)
@@ -397,7 +398,7 @@ func TestUsageChunkDropOnlyUsageOnly(t *testing.T) {
 			http.NewResponseController(w).Flush()
 		}
 	})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: eng.URL}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL}))
 	resp := h.post("/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"a b"}]}`)
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()

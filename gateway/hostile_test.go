@@ -21,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/internal/oai"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
@@ -35,10 +36,10 @@ import (
 
 // hostileAdmin is the decoded GET /admin/engines answer, with its raw JSON.
 type hostileAdmin struct {
-	Engines       []EngineStatus `json:"engines"`
-	LiveAttempts  int64          `json:"live_attempts"`
-	Requests      int64          `json:"requests_in_flight"`
-	BufferedBytes int64          `json:"buffered_bytes"`
+	Engines       []fleet.EngineStatus `json:"engines"`
+	LiveAttempts  int64                `json:"live_attempts"`
+	Requests      int64                `json:"requests_in_flight"`
+	BufferedBytes int64                `json:"buffered_bytes"`
 	raw           []byte
 }
 
@@ -112,7 +113,7 @@ func hostileChatBody(model string, n int) string {
 // in flight and no engine was contacted.
 func TestBodyBufferFollowsArrival(t *testing.T) {
 	eng, simSrv := sim(t, enginesim.Config{Models: []string{"m"}})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}}))
 	admin := hostileAdminServer(t, h)
 	state := func() string { a := admin(); return string(a.raw) }
 
@@ -170,7 +171,7 @@ func TestBodyBufferFollowsArrival(t *testing.T) {
 func TestBodyReadDeadline(t *testing.T) {
 	const timeout = 300 * time.Millisecond
 	eng, simSrv := sim(t, enginesim.Config{Models: []string{"m"}})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
 	cfg.BodyReadTimeout = timeout
 	h := newHarness(t, cfg)
 
@@ -269,7 +270,7 @@ func TestBodyReadDeadline(t *testing.T) {
 // request succeeds, and every gauge is back to 0.
 func TestConcurrencyBudget(t *testing.T) {
 	eng, simSrv := sim(t, enginesim.Config{Models: []string{"m"}})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
 	cfg.MaxConcurrentRequests = 2
 	h := newHarness(t, cfg)
 
@@ -345,7 +346,7 @@ func TestConcurrencyBudget(t *testing.T) {
 func TestBufferedBytesBudget(t *testing.T) {
 	const limit = 64 << 10
 	eng, simSrv := sim(t, enginesim.Config{Models: []string{"m"}})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
 	cfg.MaxBufferedBytes = limit
 	cfg.MaxBodyBytes = limit
 	cfg.MaxFormBytes = limit
@@ -446,7 +447,7 @@ func TestUsageInjectionNoCopy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gw, err := New(testConfig(EngineConfig{Name: "e1", URL: "http://127.0.0.1:1", Models: []string{"m"}}), routing.NewRoundRobin(), m)
+	gw, err := New(testConfig(fleet.EngineConfig{Name: "e1", URL: "http://127.0.0.1:1", Models: []string{"m"}}), routing.NewRoundRobin(), m)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -517,8 +518,8 @@ func TestCredentialsNeverReachEngine(t *testing.T) {
 	keyed := fakeEngine(t, []string{"keyed"}, handler)
 	open := fakeEngine(t, []string{"open"}, handler)
 	cfg := testConfig(
-		EngineConfig{Name: "keyed", URL: keyed.URL, APIKey: "engine-key"},
-		EngineConfig{Name: "open", URL: open.URL},
+		fleet.EngineConfig{Name: "keyed", URL: keyed.URL, APIKey: "engine-key"},
+		fleet.EngineConfig{Name: "open", URL: open.URL},
 	)
 	cfg.StripRequestHeaders = []string{"x-tenant-secret"}
 	h := newHarness(t, cfg)
@@ -625,7 +626,7 @@ func TestForwardedHeaders(t *testing.T) {
 				w.Header().Set("Content-Type", "application/json")
 				_, _ = io.WriteString(w, `{}`)
 			})
-			cfg := testConfig(EngineConfig{Name: "e1", URL: eng.URL, Models: []string{"m"}})
+			cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL, Models: []string{"m"}})
 			cfg.TrustedProxies = tc.trusted
 			h := newHarness(t, cfg)
 			req, _ := http.NewRequest(http.MethodPost, h.srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`))
@@ -672,7 +673,7 @@ func TestForwardedHeaders(t *testing.T) {
 	t.Run("config", func(t *testing.T) {
 		m, _ := telemetry.NewMetrics(nil)
 		for _, bad := range []string{"nope", "10.0.0.0/33", "1.2.3.4.5", "example.com"} {
-			cfg := testConfig(EngineConfig{Name: "e1", URL: "http://127.0.0.1:1", Models: []string{"m"}})
+			cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: "http://127.0.0.1:1", Models: []string{"m"}})
 			cfg.TrustedProxies = []string{"127.0.0.1", bad}
 			gw, err := New(cfg, routing.NewRoundRobin(), m)
 			if err == nil {
@@ -684,7 +685,7 @@ func TestForwardedHeaders(t *testing.T) {
 				t.Errorf("trusted_proxies %q: %v, want an ErrInvalidConfig naming the key and the entry", bad, err)
 			}
 		}
-		cfg := testConfig(EngineConfig{Name: "e1", URL: "http://127.0.0.1:1", Models: []string{"m"}})
+		cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: "http://127.0.0.1:1", Models: []string{"m"}})
 		cfg.TrustedProxies = []string{" 10.1.2.3 ", "::1", "fd00::/8"}
 		gw, err := New(cfg, routing.NewRoundRobin(), m)
 		if err != nil {
@@ -701,7 +702,7 @@ func TestForwardedHeaders(t *testing.T) {
 // engine's echo of X-Request-Id does not duplicate the gateway's.
 func TestEngineIdentityHidden(t *testing.T) {
 	_, simSrv := sim(t, enginesim.Config{Models: []string{"m"}})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}}))
 	const chat = `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`
 	const stream = `{"model":"m","stream":true,"max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`
 
@@ -803,8 +804,8 @@ func TestEngineURLUserinfoRedacted(t *testing.T) {
 	var logs testutil.LockedBuffer
 	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	h := newHarnessWith(t, testConfig(
-		EngineConfig{Name: "e1", URL: "http://user:s3cret@" + addr},
-		EngineConfig{Name: "dead", URL: "http://deaduser:d3adpw@" + deadAddr + "/base", Models: []string{"other"}},
+		fleet.EngineConfig{Name: "e1", URL: "http://user:s3cret@" + addr},
+		fleet.EngineConfig{Name: "dead", URL: "http://deaduser:d3adpw@" + deadAddr + "/base", Models: []string{"other"}},
 	), []Option{WithLogger(logger)})
 	admin := hostileAdminServer(t, h)
 
@@ -814,7 +815,7 @@ func TestEngineURLUserinfoRedacted(t *testing.T) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("status %d", resp.StatusCode)
 	}
-	h.gw.Pool().ProbeNow(context.Background())
+	h.gw.Fleet().ProbeNow(context.Background())
 	h.waitIdle()
 
 	wantAuth := "Basic " + base64.StdEncoding.EncodeToString([]byte("user:s3cret"))
@@ -843,7 +844,7 @@ func TestEngineURLUserinfoRedacted(t *testing.T) {
 	if urls["e1"] != "http://xxxxx@"+addr || urls["dead"] != "http://xxxxx@"+deadAddr+"/base" {
 		t.Errorf("/admin/engines URLs %v, want userinfo shown as xxxxx", urls)
 	}
-	var dead EngineStatus
+	var dead fleet.EngineStatus
 	for _, e := range a.Engines {
 		if e.Name == "dead" {
 			dead = e
@@ -852,7 +853,7 @@ func TestEngineURLUserinfoRedacted(t *testing.T) {
 	if dead.Healthy || dead.LastError == "" {
 		t.Errorf("the dead engine: healthy %v, last_error %q; want an unhealthy engine with its error", dead.Healthy, dead.LastError)
 	}
-	pool := h.gw.Pool().String()
+	pool := h.gw.Fleet().String()
 	if !strings.Contains(pool, "http://xxxxx@"+addr) {
 		t.Errorf("Pool.String() = %q, want the redacted URL", pool)
 	}
@@ -874,7 +875,7 @@ func TestEngineURLUserinfoRedacted(t *testing.T) {
 			"ftp://user:s3cret@host",
 			"http://user:s3cret@",
 		} {
-			ec := EngineConfig{Name: "e", URL: u}
+			ec := fleet.EngineConfig{Name: "e", URL: u}
 			err := ec.Validate()
 			if !errors.Is(err, ErrInvalidConfig) {
 				t.Errorf("%q: Validate() = %v, want ErrInvalidConfig", u, err)
@@ -906,7 +907,7 @@ func TestEngineURLUserinfoRedacted(t *testing.T) {
 func TestEarlyAnswerLingers(t *testing.T) {
 	const limit = 4 << 10
 	_, srv := sim(t, enginesim.Config{Models: []string{"m"}})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
 	cfg.MaxBodyBytes = limit
 	h := newHarness(t, cfg)
 	conn, err := net.Dial("tcp", strings.TrimPrefix(h.srv.URL, "http://"))

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 )
 
 // TestLightStreamBoundByIdleNotFirstToken: GET /v1/responses/{id}?stream=true
@@ -27,7 +29,7 @@ func TestLightStreamBoundByIdleNotFirstToken(t *testing.T) {
 		}
 		s.raw("event: response.completed\ndata: {\"type\":\"response.completed\",\"response\":{\"id\":\"resp_1\",\"usage\":{\"input_tokens\":1,\"output_tokens\":20}}}\n\n")
 	})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: eng.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL, Models: []string{"m"}})
 	cfg.Timeouts.FirstToken = 300 * time.Millisecond
 	cfg.Timeouts.Idle = time.Minute
 	h := newHarness(t, cfg)
@@ -56,7 +58,7 @@ func TestUnflaggedStreamBoundByIdle(t *testing.T) {
 		newSSE(w) // headers only
 		<-r.Context().Done()
 	})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: eng.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL, Models: []string{"m"}})
 	cfg.Timeouts.Idle = 200 * time.Millisecond
 	cfg.Timeouts.Request = time.Minute
 	h := newHarness(t, cfg)

@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/quota"
@@ -33,7 +34,7 @@ func newLimitsRig(t *testing.T, l KeyLimits, sc enginesim.Config, opts ...Option
 	t.Helper()
 	sc.Models = []string{"m"}
 	eng, srv := sim(t, sc)
-	cfg := testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
 	cfg.Auth = AuthConfig{Keys: []KeyConfig{{Name: "team-1", SHA256: sha("k-1"), Models: []string{"*"}, Limits: l}}}
 	r := &limitsRig{clk: testutil.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)), eng: eng}
 	r.harness = newHarnessWith(t, cfg, append([]Option{withClock(r.clk.Now)}, opts...), withoutStart())
@@ -349,7 +350,7 @@ func TestKeyLimitsStoreUnavailable(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			fs := &failingStore{}
 			_, srv := sim(t, enginesim.Config{Models: []string{"m"}, OutputTokens: 2})
-			cfg := testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+			cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
 			cfg.Auth = AuthConfig{Keys: []KeyConfig{{Name: "team-1", SHA256: sha("k-1"), Models: []string{"*"}, Limits: KeyLimits{RequestsPerMinute: 10}}}}
 			cfg.Limits.FailMode = mode
 			h := newHarnessWith(t, cfg, []Option{WithQuotaStore(fs)}, withoutStart())
@@ -390,7 +391,7 @@ func TestKeyLimitsStoreUnavailable(t *testing.T) {
 func TestKeyLimitsUnkeyedUntouched(t *testing.T) {
 	fs := &failingStore{}
 	_, srv := sim(t, enginesim.Config{Models: []string{"m"}, OutputTokens: 2})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
 	cfg.Auth = AuthConfig{Keys: []KeyConfig{{Name: "team-1", SHA256: sha("k-1"), Models: []string{"*"}}}}
 	h := newHarnessWith(t, cfg, []Option{WithQuotaStore(fs)}, withoutStart())
 	resp := h.post("/v1/chat/completions", chatBody(2), "Authorization", "Bearer k-1")
@@ -504,7 +505,7 @@ func TestKeyLimitsEngineHeadersDropped(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"id":"x","object":"chat.completion","choices":[]}`))
 	}).URL
-	cfg := testConfig(EngineConfig{Name: "e1", URL: url, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: url, Models: []string{"m"}})
 	cfg.Auth = AuthConfig{Keys: []KeyConfig{{Name: "team-1", SHA256: sha("k-1"), Models: []string{"*"}, Limits: KeyLimits{RequestsPerMinute: 5}}}}
 	h := newHarnessWith(t, cfg, []Option{withClock(testutil.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)).Now)}, withoutStart())
 	resp := h.post("/v1/chat/completions", chatBody(50), "Authorization", "Bearer k-1")

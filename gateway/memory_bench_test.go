@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 )
 
@@ -91,7 +92,7 @@ type heldOpener func(b *testing.B, h *harness, addr string) ([]net.Conn, error)
 func benchHeld(b *testing.B, name string, open heldOpener) {
 	_, esrv := sim(b, enginesim.Config{Name: "e1", Models: []string{"m"},
 		TTFT: time.Nanosecond, ITL: time.Nanosecond, OutputTokens: 1})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: esrv.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: esrv.URL, Models: []string{"m"}})
 	cfg.BodyReadTimeout = 10 * time.Minute
 	// Spans are sampled (a live request holds its server span) but dropped
 	// when they end: the span recorder would keep them all.

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/routing"
@@ -29,7 +30,7 @@ import (
 // gateway without the option records none.
 func TestObserveNonStreamingBody(t *testing.T) {
 	_, srv := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: 5 * time.Millisecond, ITL: time.Millisecond, OutputTokens: 6})
-	plainCfg := testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+	plainCfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
 	obsCfg := plainCfg
 	obsCfg.ObserveNonStreaming = true
 	plain, obs := newHarness(t, plainCfg), newHarness(t, obsCfg)
@@ -140,7 +141,7 @@ func TestObserveNonStreamingFailures(t *testing.T) {
 			_, _ = io.WriteString(w, `{"id":"x","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"plain"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)
 		}
 	})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: eng.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL, Models: []string{"m"}})
 	cfg.ObserveNonStreaming = true
 	cfg.Timeouts.Idle = 150 * time.Millisecond
 	cfg.MaxResponseBufferBytes = 4 << 20
@@ -214,7 +215,7 @@ func TestObserveNonStreamingFaults(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.fault, func(t *testing.T) {
 			_, srv := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: 5 * time.Millisecond, ITL: 5 * time.Millisecond, OutputTokens: 6})
-			cfg := testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+			cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
 			cfg.ObserveNonStreaming = true
 			cfg.Timeouts.Idle = 300 * time.Millisecond
 			cfg.MaxAttempts = 1
@@ -256,7 +257,7 @@ func TestObserveNonStreamingFaults(t *testing.T) {
 // back.
 func TestObserveNonStreamingBudget(t *testing.T) {
 	_, srv := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: time.Millisecond, ITL: time.Microsecond, OutputTokens: 200})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
 	cfg.ObserveNonStreaming = true
 	cfg.MaxBufferedBytes, cfg.MaxFormBytes, cfg.MaxBodyBytes, cfg.MaxResponseBufferBytes = 20<<10, 20<<10, 20<<10, 20<<10
 	h := newHarness(t, cfg)
@@ -290,7 +291,7 @@ func TestResponseBufferWithinBudget(t *testing.T) {
 		}
 		_, _ = io.WriteString(w, big)
 	})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: eng.URL})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL})
 	cfg.MaxBodyBytes = 16 << 10
 	cfg.MaxFormBytes = 16 << 10
 	cfg.MaxBufferedBytes = 64 << 10

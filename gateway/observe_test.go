@@ -16,6 +16,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/telemetry"
@@ -28,7 +29,7 @@ import (
 // steps), so it stays far below the request's duration.
 func TestGatewayOverheadMetrics(t *testing.T) {
 	_, srv := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: 40 * time.Millisecond, ITL: 10 * time.Millisecond, OutputTokens: 5})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}}))
 	const streams, unary = 3, 2
 	for i := range streams + unary {
 		stream := i < streams
@@ -89,7 +90,7 @@ func TestGatewayOverheadMetrics(t *testing.T) {
 // the inference span (or Switchboard's own).
 func TestGenAISpanAttributes(t *testing.T) {
 	_, srv := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: time.Millisecond, ITL: time.Millisecond, OutputTokens: 3})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}, Provider: "acme"}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}, Provider: "acme"}))
 	for _, body := range []string{
 		`{"model":"m","stream":true,"max_tokens":2,"temperature":0.5,"top_p":0.9,"seed":7,"n":1,"stop":["x"],"messages":[{"role":"user","content":"hi"}]}`,
 		`{"model":"m","messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_object"}}`,
@@ -190,7 +191,7 @@ func srvHostPort(t *testing.T, u string) (string, int) {
 // Error for a client that went away.
 func TestServerSpanMarksFailureAfterStart(t *testing.T) {
 	_, srv := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: time.Millisecond, ITL: 20 * time.Millisecond, OutputTokens: 50})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}}))
 	const body = `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
 
 	resp := h.post("/v1/chat/completions", body, "X-Enginesim-Fault", "close-after=2")
@@ -261,7 +262,7 @@ func (c *startCapture) Description() string { return "startCapture" }
 // in the span name.
 func TestGenAISamplingAttributesAtStart(t *testing.T) {
 	_, srv := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: time.Millisecond, ITL: time.Millisecond, OutputTokens: 2})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
 	cfg.Models.Aliases = map[string]string{"public": "m"}
 	capture := &startCapture{attrs: map[string][]attribute.KeyValue{}}
 	h := newHarness(t, cfg, withSampler(capture))

@@ -11,6 +11,7 @@ import (
 
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 )
 
@@ -33,7 +34,7 @@ func TestFirstTokenSilenceIsNotIdle(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			eng, simSrv := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: 500 * time.Millisecond})
-			cfg := testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
+			cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
 			cfg.Timeouts.Idle = 100 * time.Millisecond
 			cfg.Timeouts.ResponseHeader = 100 * time.Millisecond
 			cfg.Timeouts.FirstToken = tc.firstToken
@@ -76,8 +77,8 @@ func TestDiscoveryDownEngineUnknownModel404(t *testing.T) {
 	dead := "http://" + ln.Addr().String()
 	ln.Close()
 	h := newHarness(t, testConfig(
-		EngineConfig{Name: "static", URL: simSrv.URL, Models: []string{"m"}},
-		EngineConfig{Name: "down", URL: dead}, // models to be discovered
+		fleet.EngineConfig{Name: "static", URL: simSrv.URL, Models: []string{"m"}},
+		fleet.EngineConfig{Name: "down", URL: dead}, // models to be discovered
 	), withoutStart())
 	typo := `{"model":"mm","messages":[{"role":"user","content":"hi"}]}`
 	if resp := h.post("/v1/chat/completions", typo); resp.StatusCode != http.StatusServiceUnavailable {
@@ -108,7 +109,7 @@ func TestEngineHeaderOnGatewayErrors(t *testing.T) {
 	dead := "http://" + ln.Addr().String()
 	ln.Close()
 	_, simSrv := sim(t, enginesim.Config{Models: []string{"slow"}})
-	cfg := testConfig(EngineConfig{Name: "dead", URL: dead, Models: []string{"m"}}, EngineConfig{Name: "staller", URL: simSrv.URL, Models: []string{"slow"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "dead", URL: dead, Models: []string{"m"}}, fleet.EngineConfig{Name: "staller", URL: simSrv.URL, Models: []string{"slow"}})
 	cfg.MaxAttempts = 1
 	cfg.Timeouts.Attempt = 200 * time.Millisecond
 	h := newHarness(t, cfg, withoutStart()) // no probe marks the dead engine down first
@@ -135,7 +136,7 @@ func TestEngineHeaderOnGatewayErrors(t *testing.T) {
 // handler must stay unwrapped); a proxied request still does.
 func TestProbesNotTraced(t *testing.T) {
 	_, simSrv := sim(t, enginesim.Config{Models: []string{"m"}})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}}))
 	admin := httptest.NewServer(h.gw.AdminHandler(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "# metrics\n") })))
 	defer admin.Close()
 	for _, u := range []string{h.srv.URL + "/health", h.srv.URL + "/ready", admin.URL + "/metrics", admin.URL + "/admin/engines"} {

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"net/http"
+	"strings"
 	"sync/atomic"
 
 	"github.com/switchboard-gw/switchboard/internal/oai"
@@ -174,6 +175,20 @@ var operations = []*operation{
 		schema: oai.SchemaTokenize, class: classLight, framing: frameAny},
 	{name: "detokenize", genai: "detokenize", method: http.MethodPost, paths: []string{"/detokenize"},
 		schema: oai.SchemaDetokenize, class: classLight, framing: frameAny},
+}
+
+// fixedPaths returns the paths of ops without a pattern ({id}): the fleet
+// builds each engine's URL for each once (fleet.WithPaths).
+func fixedPaths(ops []*operation) []string {
+	var out []string
+	for _, op := range ops {
+		for _, path := range op.paths {
+			if !strings.Contains(path, "{") {
+				out = append(out, path)
+			}
+		}
+	}
+	return out
 }
 
 // budget is a gateway-wide byte budget shared by all requests

@@ -16,6 +16,7 @@ import (
 
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/routing"
@@ -46,7 +47,7 @@ func newOutlierRig(t *testing.T, names []string, mod func(*Config)) *outlierRig 
 	r := &outlierRig{clk: testutil.NewClock(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)), logs: &logRecorder{}, sims: map[string]*enginesim.Engine{}, ended: map[string]int{},
 		chat:    `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`,
 		streams: `{"model":"m","stream":true,"max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`}
-	var engines []EngineConfig
+	var engines []fleet.EngineConfig
 	var dead []*httptest.Server
 	for _, n := range names {
 		url := ""
@@ -62,19 +63,18 @@ func newOutlierRig(t *testing.T, names []string, mod func(*Config)) *outlierRig 
 			r.sims[n] = e
 			url = srv.URL
 		}
-		engines = append(engines, EngineConfig{Name: n, URL: url, Models: []string{"m"}})
+		engines = append(engines, fleet.EngineConfig{Name: n, URL: url, Models: []string{"m"}})
 	}
 	cfg := testConfig(engines...)
 	cfg.MaxAttempts = 1
 	if mod != nil {
 		mod(&cfg)
 	}
-	r.harness = newHarnessWith(t, cfg, []Option{withClock(r.clk.Now), WithLogger(slog.New(r.logs))}, withoutStart())
-	r.gw.pool.out.after = r.clk.AfterFunc
+	r.harness = newHarnessWith(t, cfg, []Option{withClock(r.clk.Now), withFleet(fleet.WithAfterFunc(r.clk.AfterFunc)), WithLogger(slog.New(r.logs))}, withoutStart())
 	if dead != nil {
 		// Healthy at its last probe, then gone: its first refused
 		// connection's probe is not the engine's first verdict.
-		r.gw.pool.ProbeNow(context.Background())
+		r.gw.fleet.ProbeNow(context.Background())
 		for _, srv := range dead {
 			srv.Close()
 		}
@@ -207,7 +207,8 @@ func TestOutlierEjectsAfterStreak(t *testing.T) {
 			if tc.stream {
 				body = r.streams
 			}
-			n := tc.n(r.gw.pool.out.cfg.Load())
+			oc := r.gw.fleet.OutlierConfig()
+			n := tc.n(&oc)
 			r.sendUntil(bad, n, body)
 			st := r.status(bad)
 			if st.State != "ejected" || st.Routable || st.EjectedUntil == nil || st.Ejections != 1 {
@@ -285,7 +286,7 @@ func TestOutlierNeutralOutcomes(t *testing.T) {
 // TestOutlierSuccessResets: a success between failures ends the streak.
 func TestOutlierSuccessResets(t *testing.T) {
 	r := newOutlierRig(t, []string{"bad", "good"}, nil)
-	n := r.gw.pool.out.cfg.Load().Consecutive5xx
+	n := r.gw.fleet.OutlierConfig().Consecutive5xx
 	bad := r.sims["bad"]
 	_ = bad.SetFault("status=500")
 	r.sendUntil("bad", n-1, r.chat)
@@ -316,7 +317,7 @@ func TestOutlierReturnAfterTimeAndProbe(t *testing.T) {
 		t.Fatalf("state %s, want ejected", s)
 	}
 	_ = bad.SetFault("")
-	r.gw.pool.ProbeNow(context.Background())
+	r.gw.fleet.ProbeNow(context.Background())
 	if s := r.state("bad"); s != "ejected" {
 		t.Fatalf("a passing probe before the ejection time: %s, want ejected", s)
 	}
@@ -334,7 +335,7 @@ func TestOutlierReturnAfterTimeAndProbe(t *testing.T) {
 		t.Fatalf("while bad is out: %d from %q", code, eng)
 	}
 	bad.SetHealthy(true)
-	r.gw.pool.ProbeNow(context.Background())
+	r.gw.fleet.ProbeNow(context.Background())
 	st = r.status("bad")
 	if st.State != "ready" || !st.Routable || st.EjectedUntil != nil || st.Ejections != 1 {
 		t.Fatalf("after a passing probe past the ejection time: %+v, want ready", st)
@@ -487,15 +488,15 @@ func TestOutlierDisabled(t *testing.T) {
 	if s := r.state("bad"); s != "ready" {
 		t.Fatalf("disabled: %s, want ready", s)
 	}
-	c := *r.gw.pool.out.cfg.Load()
+	c := r.gw.fleet.OutlierConfig()
 	c.Enabled = true
-	r.gw.pool.setOutlier(c)
+	r.gw.fleet.SetOutlier(c)
 	r.sendUntil("bad", r.attempts("bad")+5, r.chat)
 	if s := r.state("bad"); s != "ejected" {
 		t.Fatalf("enabled at run time: %s, want ejected", s)
 	}
 	c.Enabled = false
-	r.gw.pool.setOutlier(c)
+	r.gw.fleet.SetOutlier(c)
 	if st := r.status("bad"); st.State != "ready" || !st.Routable {
 		t.Errorf("disabled at run time: %+v, want ready at once", st)
 	}
@@ -603,8 +604,8 @@ func TestOutlierFlappingNeverNegative(t *testing.T) {
 		})
 	}
 	flappy := r.sims["flappy"]
-	tracker := r.gw.pool.engines[0].ep.Outlier()
-	total := func() uint64 { return tracker.Status(r.gw.pool.out.cfg.Load(), r.clk.Now()).Total }
+	tracker := r.gw.fleet.Engine("flappy").Endpoint().Outlier()
+	total := func() uint64 { oc := r.gw.fleet.OutlierConfig(); return tracker.Status(&oc, r.clk.Now()).Total }
 	for round := 0; total() < 8 && round < 400; round++ {
 		switch round % 4 {
 		case 0:
@@ -615,7 +616,7 @@ func TestOutlierFlappingNeverNegative(t *testing.T) {
 			_ = flappy.SetFault("")
 		case 3:
 			r.clk.Advance(time.Second)
-			r.gw.pool.ProbeNow(context.Background())
+			r.gw.fleet.ProbeNow(context.Background())
 		}
 		for range 4 {
 			r.send(r.streams)
@@ -681,127 +682,16 @@ func TestOutcomeOf(t *testing.T) {
 	}
 }
 
-// TestEngineStatesMatchRouting: the state gauge's values are routing's
-// states, index for index.
-func TestEngineStatesMatchRouting(t *testing.T) {
-	for i, name := range telemetry.EngineStates {
-		if got := routing.State(i).String(); got != name {
-			t.Errorf("telemetry.EngineStates[%d] = %q, routing.State(%d) = %q", i, name, i, got)
-		}
-	}
-}
-
-// TestObserveOutcomeDoesNotAllocate: the per-attempt hook allocates
-// nothing.
-func TestObserveOutcomeDoesNotAllocate(t *testing.T) {
-	if raceEnabled {
-		t.Skip("the race detector allocates")
-	}
-	r := newOutlierRig(t, []string{"a", "b"}, func(c *Config) { c.Outlier.Consecutive5xx = 1 << 30 })
-	e := r.gw.pool.engines[0]
-	i := 0
-	if a := testing.AllocsPerRun(1000, func() {
-		if i%2 == 0 {
-			r.gw.pool.observeOutcome(e, 503, "503")
-		} else {
-			r.gw.pool.observeOutcome(e, 200, "")
-		}
-		i++
-	}); a != 0 {
-		t.Errorf("observeOutcome allocates %v per call", a)
-	}
-}
-
 // TestSetOutlierConfigValidate: server.outlier errors name their key and
 // wrap ErrInvalidConfig.
 func TestSetOutlierConfigValidate(t *testing.T) {
-	cfg := testConfig(EngineConfig{Name: "e", URL: "http://127.0.0.1:1", Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e", URL: "http://127.0.0.1:1", Models: []string{"m"}})
 	cfg.Outlier.MaxEjectionPercent = 150
 	cfg.Outlier.BaseEjectionTime = 0
 	err := cfg.Validate()
 	if !errors.Is(err, ErrInvalidConfig) || !errors.Is(err, routing.ErrInvalidOutlierConfig) ||
 		!strings.Contains(err.Error(), "server.outlier.max_ejection_percent") || !strings.Contains(err.Error(), "server.outlier.base_ejection_time") {
 		t.Errorf("Validate() = %v", err)
-	}
-}
-
-// TestOutlierIncarnations: an ejected engine removed from the pool shows
-// draining (its return timer then does nothing), and the engine added
-// again under its name is a new incarnation: ready, never ejected.
-func TestOutlierIncarnations(t *testing.T) {
-	r := newOutlierRig(t, []string{"bad", "good"}, nil)
-	_ = r.sims["bad"].SetFault("status=500")
-	r.sendUntil("bad", 5, r.chat)
-	old := r.gw.pool.byName("bad")
-	if s := r.state("bad"); s != "ejected" {
-		t.Fatalf("state %s, want ejected", s)
-	}
-	if !r.gw.pool.Remove("bad") {
-		t.Fatal("Remove")
-	}
-	r.clk.Advance(time.Minute) // the return timer fires for an engine no longer in the pool
-	if !old.ep.Outlier().Ejected() {
-		t.Error("the retired incarnation was probed back")
-	}
-	if err := r.gw.pool.Add(old.cfg); err != nil {
-		t.Fatal(err)
-	}
-	if st := r.status("bad"); st.State != "ready" || st.Ejections != 0 || st.EjectedUntil != nil {
-		t.Errorf("the new incarnation: %+v, want ready and never ejected", st)
-	}
-	r.waitIdle()
-}
-
-// TestOutlierRealTimer: with the real clock and time.AfterFunc the return
-// timer fires by itself at the end of a short ejection and its probe
-// brings the engine back; Close stops an armed timer (goleak checks
-// nothing is left). The test waits on the timer, not on a sleep.
-func TestOutlierRealTimer(t *testing.T) {
-	_, sBad := sim(t, enginesim.Config{Models: []string{"m"}, Fault: "status=500"})
-	_, sGood := sim(t, enginesim.Config{Models: []string{"m"}})
-	cfg := testConfig(EngineConfig{Name: "bad", URL: sBad.URL, Models: []string{"m"}}, EngineConfig{Name: "good", URL: sGood.URL, Models: []string{"m"}})
-	cfg.MaxAttempts = 1
-	cfg.Outlier.Consecutive5xx = 1
-	cfg.Outlier.BaseEjectionTime = 20 * time.Millisecond
-	h := newHarness(t, cfg, withoutStart())
-	// The real timer, telling the test when its function has returned.
-	fired := make(chan struct{}, 4)
-	h.gw.pool.out.after = func(d time.Duration, f func()) func() bool {
-		return time.AfterFunc(d, func() { f(); fired <- struct{}{} }).Stop
-	}
-	chat := `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}`
-	for i := 0; h.status("bad").State != "ejected"; i++ {
-		if i > 10 {
-			t.Fatal("bad never ejected")
-		}
-		resp := h.post("/v1/chat/completions", chat)
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	}
-	select {
-	case <-fired:
-	case <-time.After(5 * time.Second):
-		t.Fatal("the return timer of a 20 ms ejection did not fire within 5 s")
-	}
-	if s := h.status("bad").State; s != "ready" {
-		t.Fatalf("after the return timer's probe: %s, want ready", s)
-	}
-	// Ejected again, for 40 ms, and closed while the timer is armed.
-	for i := 0; h.status("bad").State != "ejected"; i++ {
-		if i > 10 {
-			t.Fatal("bad never ejected again")
-		}
-		resp := h.post("/v1/chat/completions", chat)
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	}
-	h.waitIdle()
-	h.gw.pool.Close()
-	h.gw.pool.mu.Lock()
-	armed := len(h.gw.pool.out.timers)
-	h.gw.pool.mu.Unlock()
-	if armed != 0 {
-		t.Errorf("%d return timers armed after Close", armed)
 	}
 }
 
@@ -816,7 +706,7 @@ func TestOutlierLightRoutesDoNotCount(t *testing.T) {
 	t.Run("successes do not end a streak", func(t *testing.T) {
 		r := newOutlierRig(t, []string{"bad", "good"}, nil)
 		_ = r.sims["bad"].SetFault("status=500")
-		n := r.gw.pool.out.cfg.Load().Consecutive5xx
+		n := r.gw.fleet.OutlierConfig().Consecutive5xx
 		for i := 1; i <= n; i++ {
 			r.sendUntil("bad", r.attempts("bad")+1, r.chat) // one more generation failure
 			if i == n {
@@ -887,10 +777,10 @@ func TestOutlierKeepsLastReadyEngine(t *testing.T) {
 		{"drained", func(r *outlierRig) { admin(r, "/admin/engines/e1/drain") }, func(r *outlierRig) { admin(r, "/admin/engines/e1/resume") }},
 		{"unhealthy", func(r *outlierRig) {
 			r.sims["e1"].SetHealthy(false)
-			r.gw.pool.ProbeNow(context.Background())
+			r.gw.fleet.ProbeNow(context.Background())
 		}, func(r *outlierRig) {
 			r.sims["e1"].SetHealthy(true)
-			r.gw.pool.ProbeNow(context.Background())
+			r.gw.fleet.ProbeNow(context.Background())
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -900,7 +790,7 @@ func TestOutlierKeepsLastReadyEngine(t *testing.T) {
 				t.Fatalf("e1 is %s", s)
 			}
 			_ = r.sims["e2"].SetFault("status=500")
-			n := r.gw.pool.out.cfg.Load().Consecutive5xx
+			n := r.gw.fleet.OutlierConfig().Consecutive5xx
 			for i := range 6 * n {
 				if code, eng := r.send(r.chat); code != 500 || eng != "e2" {
 					t.Fatalf("request %d: %d from %q, want e2's 500 (the model's last ready engine stays in)", i, code, eng)
@@ -925,27 +815,6 @@ func TestOutlierKeepsLastReadyEngine(t *testing.T) {
 	}
 }
 
-// TestOutlierDisableDuringEjection: outlier detection turned off (a
-// reload's setOutlier) between a streak tripping and its ejection taking
-// the pool's lock ejects nothing and arms no return timer: the ejection
-// reads the settings again under the lock.
-func TestOutlierDisableDuringEjection(t *testing.T) {
-	r := newOutlierRig(t, []string{"bad", "good"}, nil)
-	off := *r.gw.pool.out.cfg.Load()
-	off.Enabled = false
-	var once sync.Once
-	r.gw.pool.out.tripped = func(*engine) { once.Do(func() { r.gw.pool.setOutlier(off) }) }
-	_ = r.sims["bad"].SetFault("status=500")
-	r.sendUntil("bad", off.Consecutive5xx, r.chat)
-	if st := r.status("bad"); st.State != "ready" || !st.Routable || st.EjectedUntil != nil || st.Ejections != 0 {
-		t.Errorf("detection turned off as the streak tripped: %+v, want ready, never ejected", st)
-	}
-	if n := r.clk.Pending(); n != 0 {
-		t.Errorf("%d return timers armed with detection off", n)
-	}
-	r.waitIdle()
-}
-
 // TestOutlierRefusedEjectionLogsOnce: an ejection refused streak after
 // streak (the only engine of its model answering 500s; at 1k QPS that is a
 // streak every 5 ms) is logged once per base_ejection_time per engine, not
@@ -953,7 +822,7 @@ func TestOutlierDisableDuringEjection(t *testing.T) {
 func TestOutlierRefusedEjectionLogsOnce(t *testing.T) {
 	r := newOutlierRig(t, []string{"only"}, nil)
 	_ = r.sims["only"].SetFault("status=500")
-	c := r.gw.pool.out.cfg.Load()
+	c := r.gw.fleet.OutlierConfig()
 	streaks := func(k int) {
 		for range k * c.Consecutive5xx {
 			if code, _ := r.send(r.chat); code != 500 {

@@ -8,21 +8,22 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/routing"
 )
 
 // simFleet starts n simulated engines serving model m and returns them with
 // their engine configs.
-func simFleet(t *testing.T, n int) ([]*enginesim.Engine, []EngineConfig) {
+func simFleet(t *testing.T, n int) ([]*enginesim.Engine, []fleet.EngineConfig) {
 	t.Helper()
 	var engines []*enginesim.Engine
-	var cfgs []EngineConfig
+	var cfgs []fleet.EngineConfig
 	for i := range n {
 		name := fmt.Sprintf("e%d", i)
 		e, srv := sim(t, enginesim.Config{Name: name, Models: []string{"m"}})
 		engines = append(engines, e)
-		cfgs = append(cfgs, EngineConfig{Name: name, URL: srv.URL, Models: []string{"m"}})
+		cfgs = append(cfgs, fleet.EngineConfig{Name: name, URL: srv.URL, Models: []string{"m"}})
 	}
 	return engines, cfgs
 }
@@ -130,8 +131,8 @@ func TestPrefixRetryForgetsFailedEngine(t *testing.T) {
 		t.Run(policy, func(t *testing.T) {
 			bad, badSrv := sim(t, enginesim.Config{Name: "bad", Models: []string{"m"}, Fault: "status=429"})
 			_, goodSrv := sim(t, enginesim.Config{Name: "good", Models: []string{"m"}})
-			cfg := testConfig(EngineConfig{Name: "bad", URL: badSrv.URL, Models: []string{"m"}},
-				EngineConfig{Name: "good", URL: goodSrv.URL, Models: []string{"m"}})
+			cfg := testConfig(fleet.EngineConfig{Name: "bad", URL: badSrv.URL, Models: []string{"m"}},
+				fleet.EngineConfig{Name: "good", URL: goodSrv.URL, Models: []string{"m"}})
 			h := newHarness(t, cfg, withPolicy(policyFor(t, policy, nil)))
 			// A system prompt of its own per conversation: no shared
 			// prefix draws a first turn to either engine.

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
 	"go.opentelemetry.io/otel/codes"
@@ -103,7 +104,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 	if grant != nil {
 		defer s.settle(r.Context(), st, grant)
 	}
-	candidates := rt.eps
+	candidates := rt.Endpoints()
 	if op.sticky {
 		candidates = s.stickyOrder(in.id, rt)
 	}
@@ -134,7 +135,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 				return err
 			}
 		}
-		eng := rt.engineFor(ep)
+		eng := rt.Engine(ep)
 		if eng == nil { // a policy returned a non-candidate: a bug, not an input
 			return &APIError{Status: http.StatusInternalServerError, Type: TypeServer, Code: "internal_error", Message: "routing policy returned an unknown engine"}
 		}
@@ -177,8 +178,8 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 		if rt, err = s.currentRoute(&in); err != nil {
 			return err
 		}
-		candidates = excluding(rt.eps, tried)
-		if len(candidates) == 0 && leg.same && slices.Contains(rt.eps, ep) {
+		candidates = excluding(rt.Endpoints(), tried)
+		if len(candidates) == 0 && leg.same && slices.Contains(rt.Endpoints(), ep) {
 			candidates = []*routing.Endpoint{ep}
 		}
 		if len(candidates) == 0 {
@@ -194,15 +195,16 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 
 // currentRoute returns the route of in's model in the current routing
 // snapshot (every routable engine when it names none).
-func (s *Server) currentRoute(in *inbound) (*route, error) {
+func (s *Server) currentRoute(in *inbound) (*fleet.Route, error) {
 	if in.target == "" {
-		snap := s.pool.snap.Load()
-		if len(snap.all.eps) == 0 {
+		snap := s.fleet.Snapshot()
+		if len(snap.All().Endpoints()) == 0 {
 			return nil, routing.ErrNoEndpoint
 		}
-		return &snap.all, nil
+		return snap.All(), nil
 	}
-	return s.pool.lookup(in.target)
+	rt, err := s.fleet.Lookup(in.target)
+	return rt, lookupError(in.target, err)
 }
 
 // pendingFor returns the counter of model's generative attempts that have
@@ -220,8 +222,8 @@ func (s *Server) pendingFor(model string) *atomic.Int64 {
 // admissible returns the candidates whose engine is under its
 // EngineConfig.MaxInFlight: cands itself when all are (no allocation), a
 // new slice otherwise.
-func admissible(rt *route, cands []*routing.Endpoint) []*routing.Endpoint {
-	if !rt.limited {
+func admissible(rt *fleet.Route, cands []*routing.Endpoint) []*routing.Endpoint {
+	if !rt.Limited() {
 		return cands
 	}
 	full := -1
@@ -247,12 +249,12 @@ func admissible(rt *route, cands []*routing.Endpoint) []*routing.Endpoint {
 // atCapacity reports whether ep's engine has a MaxInFlight and is at it.
 // The limit is the engine's current one: a reload may change it under the
 // requests in flight, which count against the new limit.
-func atCapacity(rt *route, ep *routing.Endpoint) bool {
-	e := rt.engineFor(ep)
+func atCapacity(rt *fleet.Route, ep *routing.Endpoint) bool {
+	e := rt.Engine(ep)
 	if e == nil {
 		return false
 	}
-	limit := e.maxInFlight.Load()
+	limit := e.MaxInFlight()
 	if limit <= 0 {
 		return false
 	}
@@ -264,26 +266,23 @@ func atCapacity(rt *route, ep *routing.Endpoint) bool {
 // of engines that serve it, or of every routable engine when it names
 // none. Errors: 404 model_not_found, 503 when no engine serving it is
 // routable.
-func (s *Server) candidates(op *operation, in *inbound) (*route, error) {
-	snap := s.pool.snap.Load()
+func (s *Server) candidates(op *operation, in *inbound) (*fleet.Route, error) {
+	snap := s.fleet.Snapshot()
 	in.target = in.model
 	if in.model == "" {
-		if len(snap.all.eps) == 0 {
+		if len(snap.All().Endpoints()) == 0 {
 			return nil, routing.ErrNoEndpoint
 		}
-		return &snap.all, nil
+		return snap.All(), nil
 	}
-	if a, ok := snap.aliases[in.model]; ok {
-		in.target = a.target
+	if a, ok := snap.Alias(in.model); ok {
+		in.target = a.Target
 		if op.body == bodyForm {
-			in.rename = a.raw
+			in.rename = a.Raw
 		} else {
-			in.rename = a.quoted
+			in.rename = a.Quoted
 		}
 	}
-	rt, err := s.pool.lookup(in.target)
-	if _, ok := err.(*APIError); ok && in.target != in.model {
-		return nil, errModelNotFound(in.model) // never name an alias's target
-	}
-	return rt, err
+	rt, err := s.fleet.Lookup(in.target)
+	return rt, lookupError(in.model, err) // never name an alias's target
 }

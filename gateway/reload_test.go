@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
@@ -166,8 +167,8 @@ func (h *harness) points(name string, match ...attribute.KeyValue) []metricdata.
 	return out
 }
 
-func statusByName(p *Pool) map[string][]EngineStatus {
-	out := map[string][]EngineStatus{}
+func statusByName(p *fleet.Fleet) map[string][]fleet.EngineStatus {
+	out := map[string][]fleet.EngineStatus{}
 	for _, s := range p.Status() {
 		out[s.Name] = append(out[s.Name], s)
 	}
@@ -190,16 +191,16 @@ func portOf(t testing.TB, raw string) int {
 func TestReloadAddEngine(t *testing.T) {
 	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
 	_, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
-	e1 := EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}
+	e1 := fleet.EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}
 	h := newHarness(t, testConfig(e1)) // health interval 1 h: no round will come
 	if got := h.servedBy(2, "m"); got["e1"] != 2 {
 		t.Fatalf("before the reload: %v", got)
 	}
-	rep := h.reload(testConfig(e1, EngineConfig{Name: "e2", URL: s2.URL}), h.policy())
+	rep := h.reload(testConfig(e1, fleet.EngineConfig{Name: "e2", URL: s2.URL}), h.policy())
 	if !slices.Equal(rep.Added, []string{"e2"}) || rep.Removed != nil || rep.Changed != nil || rep.PolicyChanged || rep.Settings != nil || rep.Restart != nil || !rep.Applied() {
 		t.Fatalf("report = %+v, want e2 added and nothing else", rep)
 	}
-	st := statusByName(h.gw.Pool())["e2"]
+	st := statusByName(h.gw.Fleet())["e2"]
 	if len(st) != 1 || !st[0].Healthy || !st[0].Routable || !slices.Equal(st[0].Models, []string{"m"}) || st[0].Static {
 		t.Fatalf("e2 after the reload: %+v, want healthy, routable, models [m] discovered", st)
 	}
@@ -218,10 +219,10 @@ func TestReloadAddEngineDown(t *testing.T) {
 	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
 	down, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
 	down.SetHealthy(false)
-	e1 := EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}
+	e1 := fleet.EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}
 	h := newHarness(t, testConfig(e1))
-	h.reload(testConfig(e1, EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}}), h.policy())
-	if st := statusByName(h.gw.Pool())["e2"]; len(st) != 1 || st[0].Healthy || st[0].LastError == "" {
+	h.reload(testConfig(e1, fleet.EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}}), h.policy())
+	if st := statusByName(h.gw.Fleet())["e2"]; len(st) != 1 || st[0].Healthy || st[0].LastError == "" {
 		t.Fatalf("e2 (down) after the reload: %+v, want unhealthy with its probe error", st)
 	}
 	if got := h.servedBy(4, "m"); got["e1"] != 4 {
@@ -240,8 +241,8 @@ func TestReloadAddEngineDown(t *testing.T) {
 func TestReloadRemoveDrains(t *testing.T) {
 	g := newGated(t)
 	_, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
-	e1 := EngineConfig{Name: "e1", URL: g.srv.URL, Models: []string{"m"}}
-	e2 := EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}}
+	e1 := fleet.EngineConfig{Name: "e1", URL: g.srv.URL, Models: []string{"m"}}
+	e2 := fleet.EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}}
 	h := newHarness(t, testConfig(e1))
 	finish := h.heldStream()
 	g.waitStarted(t)
@@ -268,7 +269,7 @@ func TestReloadRemoveDrains(t *testing.T) {
 	if !slices.Equal(rep.Added, []string{"e1"}) {
 		t.Fatalf("report = %+v, want e1 added", rep)
 	}
-	st := statusByName(h.gw.Pool())["e1"]
+	st := statusByName(h.gw.Fleet())["e1"]
 	if len(st) != 2 || st[0].Retired || st[0].Decode != 0 || !st[1].Retired || st[1].Decode != 1 {
 		t.Fatalf("e1 status %+v, want a new incarnation at 0 and the retired one with the stream", st)
 	}
@@ -284,11 +285,11 @@ func TestReloadRemoveDrains(t *testing.T) {
 		t.Fatalf("the removed engine's stream: %v", err)
 	}
 	h.waitIdle()
-	st = statusByName(h.gw.Pool())["e1"]
+	st = statusByName(h.gw.Fleet())["e1"]
 	if len(st) != 1 || st[0].Retired || st[0].Prefill != 0 || st[0].Decode != 0 {
 		t.Errorf("e1 after the drain: %+v, want only the new incarnation, at 0", st)
 	}
-	if n := len(statusByName(h.gw.Pool())); n != 2 {
+	if n := len(statusByName(h.gw.Fleet())); n != 2 {
 		t.Errorf("%d engine names after the drain, want 2", n)
 	}
 }
@@ -300,12 +301,12 @@ func TestReloadRemoveDrains(t *testing.T) {
 func TestReloadChangedURL(t *testing.T) {
 	g := newGated(t)
 	b, sB := sim(t, enginesim.Config{Models: []string{"m"}})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: g.srv.URL, Models: []string{"m"}}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: g.srv.URL, Models: []string{"m"}}))
 	oldPort, newPort := portOf(t, g.srv.URL), portOf(t, sB.URL)
 	finish := h.heldStream()
 	g.waitStarted(t)
 
-	rep := h.reload(testConfig(EngineConfig{Name: "e1", URL: sB.URL, Models: []string{"m"}}), h.policy())
+	rep := h.reload(testConfig(fleet.EngineConfig{Name: "e1", URL: sB.URL, Models: []string{"m"}}), h.policy())
 	if !slices.Equal(rep.Changed, []string{"e1"}) || rep.Added != nil || rep.Removed != nil {
 		t.Fatalf("report = %+v, want e1 changed", rep)
 	}
@@ -361,21 +362,21 @@ func TestReloadChangedURL(t *testing.T) {
 func TestReloadRejected(t *testing.T) {
 	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
 	_, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
-	e1 := EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}
+	e1 := fleet.EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}
 	h := newHarness(t, testConfig(e1))
 	before := h.gw.set.Load()
 	for _, tt := range []struct {
 		name string
 		mut  func(*Config)
 	}{
-		{"bad engine URL", func(c *Config) { c.Engines = append(c.Engines, EngineConfig{Name: "e2", URL: "ftp://x"}) }},
+		{"bad engine URL", func(c *Config) { c.Engines = append(c.Engines, fleet.EngineConfig{Name: "e2", URL: "ftp://x"}) }},
 		{"duplicate engine", func(c *Config) { c.Engines = append(c.Engines, e1) }},
 		{"negative timeout beside a good engine", func(c *Config) {
-			c.Engines = append(c.Engines, EngineConfig{Name: "e2", URL: s2.URL})
+			c.Engines = append(c.Engines, fleet.EngineConfig{Name: "e2", URL: s2.URL})
 			c.Timeouts.Idle = -time.Second
 		}},
 		{"key variable unset", func(c *Config) {
-			c.Engines = append(c.Engines, EngineConfig{Name: "e2", URL: s2.URL, APIKeyEnv: "SWITCHBOARD_TEST_RELOAD_UNSET_KEY"})
+			c.Engines = append(c.Engines, fleet.EngineConfig{Name: "e2", URL: s2.URL, APIKeyEnv: "SWITCHBOARD_TEST_RELOAD_UNSET_KEY"})
 			c.MaxAttempts = 5
 		}},
 		{"no engines", func(c *Config) { c.Engines = nil }},
@@ -393,7 +394,7 @@ func TestReloadRejected(t *testing.T) {
 			if h.gw.set.Load() != before {
 				t.Error("settings snapshot replaced by a rejected config")
 			}
-			if st := h.gw.Pool().Status(); len(st) != 1 || st[0].Name != "e1" || st[0].Retired {
+			if st := h.gw.Fleet().Status(); len(st) != 1 || st[0].Name != "e1" || st[0].Retired {
 				t.Errorf("pool after a rejected config: %+v, want e1 alone", st)
 			}
 			if got := h.servedBy(2, "m"); got["e1"] != 2 {
@@ -424,7 +425,7 @@ func (lastPick) Pick(_ context.Context, _ *routing.Request, c []*routing.Endpoin
 func TestReloadPolicySwitch(t *testing.T) {
 	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
 	_, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}, EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}, fleet.EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}})
 	h := newHarness(t, cfg)
 	if got := h.servedBy(4, "m"); got["e1"] != 2 || got["e2"] != 2 {
 		t.Fatalf("round-robin: %v", got)
@@ -450,7 +451,7 @@ func TestReloadPolicySwitch(t *testing.T) {
 // are reported as such, on every reload until the restart.
 func TestReloadSettings(t *testing.T) {
 	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
-	e1 := EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}
+	e1 := fleet.EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}
 	h := newHarness(t, testConfig(e1))
 	running := h.gw.set.Load().cfg
 
@@ -475,8 +476,8 @@ func TestReloadSettings(t *testing.T) {
 		set.Timeouts.Connect != running.Timeouts.Connect || set.TrustedProxies != nil {
 		t.Errorf("settings in force: %+v", set)
 	}
-	if c := h.gw.pool.out.cfg.Load(); c.ConsecutiveTimeouts != 9 {
-		t.Errorf("outlier detection in force: %+v, want consecutive_timeouts 9", *c)
+	if c := h.gw.fleet.OutlierConfig(); c.ConsecutiveTimeouts != 9 {
+		t.Errorf("outlier detection in force: %+v, want consecutive_timeouts 9", c)
 	}
 	resp := h.post("/v1/chat/completions", `{"model":"public","messages":[{"role":"user","content":"x"}],"max_tokens":1}`)
 	_, _ = io.Copy(io.Discard, resp.Body)
@@ -498,7 +499,7 @@ func TestReloadSettings(t *testing.T) {
 // TestReloadMaxConcurrentRequests: the admission limit follows a reload.
 func TestReloadMaxConcurrentRequests(t *testing.T) {
 	g := newGated(t)
-	e1 := EngineConfig{Name: "e1", URL: g.srv.URL, Models: []string{"m"}}
+	e1 := fleet.EngineConfig{Name: "e1", URL: g.srv.URL, Models: []string{"m"}}
 	h := newHarness(t, testConfig(e1))
 	finish := h.heldStream()
 	g.waitStarted(t)
@@ -527,7 +528,7 @@ func TestReloadConcurrentSafe(t *testing.T) {
 	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
 	_, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
 	_, s3 := sim(t, enginesim.Config{Models: []string{"m"}})
-	e1 := EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}
+	e1 := fleet.EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}
 	h := newHarness(t, testConfig(e1))
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -563,9 +564,9 @@ func TestReloadConcurrentSafe(t *testing.T) {
 		var cfg Config
 		switch i % 3 {
 		case 0:
-			cfg = testConfig(e1, EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}})
+			cfg = testConfig(e1, fleet.EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}})
 		case 1:
-			cfg = testConfig(e1, EngineConfig{Name: "e2", URL: s3.URL})
+			cfg = testConfig(e1, fleet.EngineConfig{Name: "e2", URL: s3.URL})
 		case 2:
 			cfg = testConfig(e1)
 		}
@@ -580,7 +581,7 @@ func TestReloadConcurrentSafe(t *testing.T) {
 		t.Errorf("%d of %d requests failed during the reloads, want 0 of at least 30", n, sent.Load())
 	}
 	h.waitIdle()
-	for _, st := range h.gw.Pool().Status() {
+	for _, st := range h.gw.Fleet().Status() {
 		if st.Prefill != 0 || st.Decode != 0 || st.Retired {
 			t.Errorf("after the load: %+v", st)
 		}
@@ -593,14 +594,14 @@ func TestReloadConcurrentSafe(t *testing.T) {
 func TestPoolAddAfterRemoveNewURL(t *testing.T) {
 	_, sA := sim(t, enginesim.Config{Models: []string{"m"}})
 	_, sB := sim(t, enginesim.Config{Models: []string{"m"}})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: sA.URL, Models: []string{"m"}}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: sA.URL, Models: []string{"m"}}))
 	if got := h.servedBy(1, "m"); got["e1"] != 1 {
 		t.Fatalf("served %v", got)
 	}
-	if !h.gw.Pool().Remove("e1") {
+	if !h.gw.Fleet().Remove("e1") {
 		t.Fatal("e1 not removed")
 	}
-	if err := h.gw.Pool().Add(EngineConfig{Name: "e1", URL: sB.URL, Models: []string{"m"}}); err != nil {
+	if err := h.gw.Fleet().Add(fleet.EngineConfig{Name: "e1", URL: sB.URL, Models: []string{"m"}}); err != nil {
 		t.Fatal(err)
 	}
 	if got := h.servedBy(2, "m"); got["e1"] != 2 {
@@ -623,11 +624,11 @@ func TestPoolAddAfterRemoveNewURL(t *testing.T) {
 func TestReloadInPlaceKeepsBreaker(t *testing.T) {
 	for _, tt := range []struct {
 		name         string
-		before, next EngineConfig
+		before, next fleet.EngineConfig
 	}{
-		{"models changed", EngineConfig{MaxInFlight: 1, Models: []string{"m"}}, EngineConfig{MaxInFlight: 1, Models: []string{"m2", "m"}}},
-		{"max_in_flight from none", EngineConfig{Models: []string{"m"}}, EngineConfig{MaxInFlight: 1, Models: []string{"m"}}},
-		{"max_in_flight lowered", EngineConfig{MaxInFlight: 2, Models: []string{"m"}}, EngineConfig{MaxInFlight: 1, Models: []string{"m"}}},
+		{"models changed", fleet.EngineConfig{MaxInFlight: 1, Models: []string{"m"}}, fleet.EngineConfig{MaxInFlight: 1, Models: []string{"m2", "m"}}},
+		{"max_in_flight from none", fleet.EngineConfig{Models: []string{"m"}}, fleet.EngineConfig{MaxInFlight: 1, Models: []string{"m"}}},
+		{"max_in_flight lowered", fleet.EngineConfig{MaxInFlight: 2, Models: []string{"m"}}, fleet.EngineConfig{MaxInFlight: 1, Models: []string{"m"}}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			g := newGated(t)
@@ -651,8 +652,8 @@ func TestReloadInPlaceKeepsBreaker(t *testing.T) {
 			if n := g.served.Load(); n != 1 {
 				t.Errorf("engine received %d requests, want only the held one", n)
 			}
-			st := statusByName(h.gw.Pool())["e1"]
-			want := sortedSet(next.Models)
+			st := statusByName(h.gw.Fleet())["e1"]
+			want := slices.Compact(slices.Sorted(slices.Values(next.Models)))
 			if len(st) != 1 || st[0].Retired || st[0].Prefill+st[0].Decode != 1 || st[0].MaxInFlight != 1 || !slices.Equal(st[0].Models, want) {
 				t.Errorf("e1 after the reload: %+v, want one incarnation with its stream, max_in_flight 1, models %v", st, want)
 			}
@@ -709,17 +710,17 @@ func TestReloadKeepsAdminDrain(t *testing.T) {
 	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
 	_, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
 	moved, s3 := sim(t, enginesim.Config{Models: []string{"m"}})
-	e2 := EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}}
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}, e2))
-	if _, ok := h.gw.Pool().setDrained("e1", true); !ok {
+	e2 := fleet.EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}}
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}, e2))
+	if _, ok := h.gw.Fleet().SetDrained("e1", true); !ok {
 		t.Fatal("setDrained: e1 not found")
 	}
 	for _, step := range []struct {
 		name string
-		e1   EngineConfig
+		e1   fleet.EngineConfig
 	}{
-		{"models changed", EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m", "m2"}}},
-		{"url changed", EngineConfig{Name: "e1", URL: s3.URL, Models: []string{"m", "m2"}}},
+		{"models changed", fleet.EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m", "m2"}}},
+		{"url changed", fleet.EngineConfig{Name: "e1", URL: s3.URL, Models: []string{"m", "m2"}}},
 	} {
 		if rep := h.reload(testConfig(step.e1, e2), h.policy()); !slices.Equal(rep.Changed, []string{"e1"}) {
 			t.Fatalf("%s: report = %+v, want e1 changed", step.name, rep)
@@ -734,7 +735,7 @@ func TestReloadKeepsAdminDrain(t *testing.T) {
 	if n := moved.Stats().Received; n != 0 {
 		t.Errorf("e1's new URL received %d requests while drained", n)
 	}
-	if st, _ := h.gw.Pool().setDrained("e1", false); st.State != "ready" {
+	if st, _ := h.gw.Fleet().SetDrained("e1", false); st.State != "ready" {
 		t.Fatalf("resume: %+v", st)
 	}
 	if got := h.servedBy(4, "m"); got["e1"] != 2 || moved.Stats().Received != 2 {
@@ -748,7 +749,7 @@ func TestReloadKeepsAdminDrain(t *testing.T) {
 // after a reload that changes those models.
 func TestReloadInPlaceKeepsLoadedAdapter(t *testing.T) {
 	_, srv := sim(t, enginesim.Config{Models: []string{"base", "other"}, OutputTokens: 2})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"base"}}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"base"}}))
 	admin := httptest.NewServer(h.gw.AdminHandler(nil))
 	t.Cleanup(admin.Close)
 	resp, err := admin.Client().Post(admin.URL+"/admin/engines/e1/load_lora_adapter", "application/json", strings.NewReader(`{"lora_name":"sql","lora_path":"/adapters/sql"}`))
@@ -760,7 +761,7 @@ func TestReloadInPlaceKeepsLoadedAdapter(t *testing.T) {
 	if resp.StatusCode != 200 {
 		t.Fatalf("load: %d", resp.StatusCode)
 	}
-	if rep := h.reload(testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"base", "other"}}), h.policy()); !slices.Equal(rep.Changed, []string{"e1"}) {
+	if rep := h.reload(testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"base", "other"}}), h.policy()); !slices.Equal(rep.Changed, []string{"e1"}) {
 		t.Fatalf("report = %+v, want e1 changed", rep)
 	}
 	if st := h.status("e1"); !slices.Equal(st.Models, []string{"base", "other", "sql"}) {
@@ -770,64 +771,6 @@ func TestReloadInPlaceKeepsLoadedAdapter(t *testing.T) {
 		if got := h.servedBy(1, m); got["e1"] != 1 {
 			t.Errorf("%s: served %v, want e1", m, got)
 		}
-	}
-	h.waitIdle()
-}
-
-// retiredLen is how many retired incarnations the pool keeps.
-func retiredLen(p *Pool) int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return len(p.retired)
-}
-
-// TestPoolPrunesRetired: with no metrics collection at all, the retired
-// list does not grow with reloads that replace an engine (the drained old
-// incarnations are dropped: the engine in the pool continues the name's
-// series) and is bounded when engines are removed for good; a removed
-// name still reports a last 0 once when a collection does come.
-func TestPoolPrunesRetired(t *testing.T) {
-	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
-	_, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}))
-	p := h.gw.Pool()
-	for i := range 20 {
-		url := s1.URL
-		if i%2 == 0 {
-			url = s2.URL
-		}
-		if rep := h.reload(testConfig(EngineConfig{Name: "e1", URL: url, Models: []string{"m"}}), h.policy()); !slices.Equal(rep.Changed, []string{"e1"}) {
-			t.Fatalf("reload %d: %+v, want e1 changed", i, rep)
-		}
-	}
-	if n := retiredLen(p); n != 0 {
-		t.Errorf("after 20 reloads that replaced e1: %d retired incarnations kept, want 0", n)
-	}
-
-	ec := func(name string) EngineConfig { return EngineConfig{Name: name, URL: s1.URL, Models: []string{"m"}} }
-	if err := p.Add(ec("gone")); err != nil {
-		t.Fatal(err)
-	}
-	p.Remove("gone")
-	if dps := h.points(telemetry.ActiveRequestsName, telemetry.AttrEngine.String("gone")); len(dps) != 2 || dps[0].Value != 0 || dps[1].Value != 0 {
-		t.Errorf("first collection after removing gone: %+v, want its last 0 for both phases", dps)
-	}
-	if dps := h.points(telemetry.ActiveRequestsName, telemetry.AttrEngine.String("gone")); len(dps) != 0 {
-		t.Errorf("second collection: %+v, want gone no longer reported", dps)
-	}
-
-	for i := range maxRetired + 50 {
-		name := fmt.Sprintf("x%d", i)
-		if err := p.Add(ec(name)); err != nil {
-			t.Fatal(err)
-		}
-		p.Remove(name)
-	}
-	if n := retiredLen(p); n > maxRetired {
-		t.Errorf("after removing %d engines: %d retired incarnations kept, want at most %d", maxRetired+50, n, maxRetired)
-	}
-	if got := h.servedBy(2, "m"); got["e1"] != 2 {
-		t.Errorf("served %v", got)
 	}
 	h.waitIdle()
 }

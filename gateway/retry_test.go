@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/routing"
@@ -32,7 +33,7 @@ func newRetryHarness(t *testing.T, fault1, fault2 string, tune func(*Config)) *r
 	t.Helper()
 	e1, s1 := sim(t, enginesim.Config{Models: []string{"m"}, Fault: fault1})
 	e2, s2 := sim(t, enginesim.Config{Models: []string{"m"}, Fault: fault2})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}, EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}, fleet.EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}})
 	cfg.Retry.Backoff = time.Millisecond
 	if tune != nil {
 		tune(&cfg)
@@ -125,7 +126,7 @@ func TestRetry503ThenSuccessOnAnotherEngine(t *testing.T) {
 // is passed to the client at once, without a retry.
 func TestRetry429HonoursRetryAfter(t *testing.T) {
 	e1, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}})
 	cfg.Retry.RetryAfterCap = 2 * time.Second
 	h := newHarness(t, cfg)
 
@@ -310,8 +311,8 @@ func TestRetryTimeBudget(t *testing.T) {
 func TestCircuitBreakerMaxInFlight(t *testing.T) {
 	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: 300 * time.Millisecond})
 	_, s2 := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: 300 * time.Millisecond})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}, MaxInFlight: 1},
-		EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}, MaxInFlight: 1})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}, MaxInFlight: 1},
+		fleet.EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}, MaxInFlight: 1})
 	h := newHarness(t, cfg, withPolicy(routing.NewLeastLoaded(1)))
 	var wg sync.WaitGroup
 	served := make([]string, 2)
@@ -350,7 +351,7 @@ func TestCircuitBreakerMaxInFlight(t *testing.T) {
 // counters are back to 0 at the end.
 func TestMaxPendingPerModel(t *testing.T) {
 	_, s1 := sim(t, enginesim.Config{Models: []string{"m", "m2"}, TTFT: 300 * time.Millisecond, ITL: 50 * time.Millisecond})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m", "m2"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m", "m2"}})
 	cfg.MaxPendingPerModel = 1
 	h := newHarness(t, cfg)
 	waitGauge := func(key string, want int64) {
@@ -508,7 +509,7 @@ func TestRetryTimeoutConditionNeedsBudget(t *testing.T) {
 		{"header-timeout", func(c *Config, d time.Duration) { c.Timeouts.ResponseHeader = d }},
 		{"first-token-timeout", func(c *Config, d time.Duration) { c.Timeouts.FirstToken = d }},
 	} {
-		cfg := testConfig(EngineConfig{Name: "e1", URL: "http://127.0.0.1:1", Models: []string{"m"}})
+		cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: "http://127.0.0.1:1", Models: []string{"m"}})
 		cfg.Retry.On = append(cfg.Retry.On, tc.cond)
 		cfg.Retry.Within = 10 * time.Second
 		tc.timeout(&cfg, 10*time.Second)
@@ -554,7 +555,7 @@ func TestRetryUsesCurrentRoutingView(t *testing.T) {
 	done := make(chan *http.Response, 1)
 	go func() { done <- rh.post("/v1/chat/completions", fmt.Sprintf(retryChat, false)) }()
 	testutil.Poll(2*time.Second, func() bool { return rh.e1.Stats().Received != 0 })
-	if _, ok := rh.gw.pool.setDrained("e2", true); !ok {
+	if _, ok := rh.gw.fleet.SetDrained("e2", true); !ok {
 		t.Fatal("no e2")
 	}
 	resp := <-done
@@ -608,7 +609,7 @@ func TestRetryCancelsPreviousAttemptFirst(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			_, s1 := sim(t, enginesim.Config{Models: []string{"m"}, Fault: tc.fault})
 			_, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
-			cfg := testConfig(EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}, EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}})
+			cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}, fleet.EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}})
 			cfg.Retry.On = append(cfg.Retry.On, "header-timeout", "first-token-timeout")
 			cfg.Timeouts.ResponseHeader = 200 * time.Millisecond
 			cfg.Timeouts.FirstToken = 300 * time.Millisecond

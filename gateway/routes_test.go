@@ -12,6 +12,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
@@ -199,7 +200,7 @@ func TestEveryRoute(t *testing.T) {
 	}
 
 	_, rec, srv := recordedSim(t, enginesim.Config{Models: []string{"m"}, OutputTokens: 4})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: srv.URL}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL}))
 
 	var relMu sync.Mutex
 	var released []routing.Phase
@@ -301,7 +302,7 @@ func TestEveryRoute(t *testing.T) {
 // engine is contacted (no slot taken).
 func TestFormLimits(t *testing.T) {
 	_, rec, srv := recordedSim(t, enginesim.Config{Models: []string{"m"}})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
 	cfg.MaxFormBytes = 4096
 	h := newHarness(t, cfg)
 	big, bigCT := audioForm(t, "m", false)
@@ -361,7 +362,7 @@ func TestModelFromPathAndQuery(t *testing.T) {
 	}
 	e1 := fakeEngine(t, []string{"a"}, answer("e1"))
 	e2 := fakeEngine(t, []string{"b"}, answer("e2"))
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: e1.URL, Models: []string{"a"}}, EngineConfig{Name: "e2", URL: e2.URL, Models: []string{"b"}}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: e1.URL, Models: []string{"a"}}, fleet.EngineConfig{Name: "e2", URL: e2.URL, Models: []string{"b"}}))
 	h.gw.ops = append(slices.Clone(operations),
 		&operation{name: "test.query", genai: "test", method: http.MethodGet, paths: []string{"/v1/test/query"},
 			body: bodyNone, model: modelQuery, param: "model", class: classLight, framing: frameAny},

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 )
 
@@ -18,7 +19,7 @@ import (
 func TestCaseL13ModelAwareRouting(t *testing.T) {
 	e1, s1 := sim(t, enginesim.Config{Name: "e1", Models: []string{"llama-8b"}})
 	e2, s2 := sim(t, enginesim.Config{Name: "e2", Models: []string{"qwen-7b", "qwen-7b-lora"}})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: s1.URL}, EngineConfig{Name: "e2", URL: s2.URL}), withoutStart())
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: s1.URL}, fleet.EngineConfig{Name: "e2", URL: s2.URL}), withoutStart())
 
 	t.Run("before discovery", func(t *testing.T) {
 		resp, err := h.client.Get(h.srv.URL + "/v1/models")
@@ -51,7 +52,7 @@ func TestCaseL13ModelAwareRouting(t *testing.T) {
 		if i == 0 {
 			first = string(b)
 			var list struct {
-				Data []modelObject `json:"data"`
+				Data []fleet.ModelCard `json:"data"`
 			}
 			_ = json.Unmarshal(b, &list)
 			var ids []string
@@ -105,7 +106,7 @@ func TestCaseL13ModelAwareRouting(t *testing.T) {
 func TestRoutingSpreadsAcrossEngines(t *testing.T) {
 	e1, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
 	e2, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}, EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}, fleet.EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}}))
 	for range 10 {
 		resp := h.post("/v1/completions", `{"model":"m","prompt":"a","max_tokens":1}`)
 		_, _ = io.Copy(io.Discard, resp.Body)
@@ -124,7 +125,7 @@ func TestRoutingSpreadsAcrossEngines(t *testing.T) {
 // answers both and 404s the rest in the OpenAI envelope.
 func TestModelAliases(t *testing.T) {
 	_, rec, srv := recordedSim(t, enginesim.Config{Models: []string{"org/base-8b"}, OutputTokens: 2})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: srv.URL})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL})
 	cfg.Models.Aliases = map[string]string{"public": "org/base-8b"}
 	h := newHarness(t, cfg)
 
@@ -154,7 +155,7 @@ func TestModelAliases(t *testing.T) {
 
 	st, _, b = h.do(http.MethodGet, "/v1/models", "")
 	var list struct {
-		Data []modelObject `json:"data"`
+		Data []fleet.ModelCard `json:"data"`
 	}
 	if err := json.Unmarshal(b, &list); err != nil || st != 200 || len(list.Data) != 2 {
 		t.Fatalf("models: %d %s", st, b)
@@ -169,7 +170,7 @@ func TestModelAliases(t *testing.T) {
 	}
 	for _, id := range []string{"public", "org/base-8b"} {
 		st, _, b = h.do(http.MethodGet, "/v1/models/"+id, "")
-		var m modelObject
+		var m fleet.ModelCard
 		if err := json.Unmarshal(b, &m); err != nil || st != 200 || m.ID != id {
 			t.Errorf("GET /v1/models/%s: %d %s", id, st, b)
 		}
@@ -179,7 +180,7 @@ func TestModelAliases(t *testing.T) {
 	}
 	// An alias whose target no engine serves: the 404 names the alias,
 	// never the internal target.
-	cfg2 := testConfig(EngineConfig{Name: "e1", URL: srv.URL})
+	cfg2 := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL})
 	cfg2.Models.Aliases = map[string]string{"pub": "internal-ghost"}
 	h2 := newHarness(t, cfg2)
 	st, _, b = h2.do(http.MethodPost, "/v1/chat/completions", `{"model":"pub","messages":[{"role":"user","content":"hi"}]}`)

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/http/pprof"
 	"net/textproto"
-	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -25,6 +24,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/oai"
 	"github.com/switchboard-gw/switchboard/internal/version"
 	"github.com/switchboard-gw/switchboard/quota"
@@ -33,15 +33,15 @@ import (
 )
 
 // Server is the OpenAI-compatible gateway: the public handler, the admin
-// handler, the engine pool and the per-request engine lifecycle. Create it
+// handler, the engine fleet and the per-request engine lifecycle. Create it
 // with [New], call [Server.Start], serve [Server.Handler] and
 // [Server.AdminHandler], and [Server.Close] it after the HTTP servers have
 // shut down. All methods are safe for concurrent use.
 type Server struct {
 	// cfg is the configuration the server was built with; what a reload
 	// may change is read from set instead.
-	cfg  Config
-	pool *Pool
+	cfg   Config
+	fleet *fleet.Fleet
 	// set is the settings snapshot the request path reads, once per
 	// request; Reload swaps it.
 	set     atomic.Pointer[settings]
@@ -95,16 +95,10 @@ type Server struct {
 	// released its slot from.
 	onRelease func(engine string, p routing.Phase)
 	closeOnce sync.Once
-	// reloadMu applies one Reload or SetDiscovered at a time, and guards
-	// static and discovered.
+	// reloadMu applies one Reload or SetDiscovered at a time.
 	reloadMu sync.Mutex
 	// dynamic: the engine list may be empty (WithDynamicEngines).
 	dynamic bool
-	// static are the configured engines in force; discovered the engines
-	// of each discovery source (SetDiscovered), by source. The pool's
-	// engines are static followed by every source's, in source order.
-	static     []EngineConfig
-	discovered map[string][]DiscoveredEngine
 	// holds are the reasons /ready is held at 503 (HoldReady), under
 	// holdMu.
 	holdMu sync.Mutex
@@ -120,6 +114,7 @@ type config struct {
 	now       func() time.Time // the engine stats clock; tests inject one
 	dynamic   bool             // WithDynamicEngines
 	store     quota.Store      // WithQuotaStore
+	fleet     []fleet.Option   // tests: more options for the fleet
 }
 
 // WithQuotaStore sets the store of the API keys' limits, such as a
@@ -236,7 +231,10 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 	if c.transport == nil {
 		c.transport = NewTransport(cfg.Timeouts.Connect)
 	}
-	pool, err := newPool(cfg, m, c.transport, c.log, c.now)
+	fcfg := fleet.Config{Engines: cfg.Engines, Health: cfg.Health, Stats: cfg.EngineStats, Outlier: cfg.Outlier, Aliases: cfg.Models.Aliases}
+	fopts := append([]fleet.Option{fleet.WithTransport(c.transport), fleet.WithLogger(c.log), fleet.WithClock(c.now),
+		fleet.WithPaths(fixedPaths(operations)...)}, c.fleet...)
+	fl, err := fleet.New(fcfg, m, fopts...)
 	if err != nil {
 		return nil, err
 	}
@@ -251,8 +249,7 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 		limits:   newLimiter(c.store, c.now, c.log),
 		cfg:      cfg,
 		dynamic:  c.dynamic,
-		static:   slices.Clone(cfg.Engines),
-		pool:     pool,
+		fleet:    fl,
 		metrics:  m,
 		tp:       c.tp,
 		mp:       c.mp,
@@ -266,16 +263,16 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 	s.retries.inflight = &s.inflight
 	s.set.Store(newSettings(cfg, policy))
 	s.base, s.abort = context.WithCancelCause(context.Background())
-	s.reg, err = m.ObserveInFlight(pool.observeInFlightByName)
+	s.reg, err = m.ObserveInFlight(fl.ObserveInFlight)
 	if err != nil {
 		return nil, fmt.Errorf("register in-flight gauge: %w", err)
 	}
-	s.statsReg, err = m.ObserveEngineStats(pool.observeStats)
+	s.statsReg, err = m.ObserveEngineStats(fl.ObserveStats)
 	if err != nil {
 		_ = s.reg.Unregister()
 		return nil, fmt.Errorf("register engine stats gauges: %w", err)
 	}
-	s.stateReg, err = m.ObserveEngineState(pool.observeStateByName)
+	s.stateReg, err = m.ObserveEngineState(fl.ObserveState)
 	if err != nil {
 		_ = s.reg.Unregister()
 		_ = s.statsReg.Unregister()
@@ -284,8 +281,9 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 	return s, nil
 }
 
-// Pool returns the engine pool (to add or remove engines at run time).
-func (s *Server) Pool() *Pool { return s.pool }
+// Fleet returns the engine fleet (to add or remove engines at run time,
+// read their status, probe them).
+func (s *Server) Fleet() *fleet.Fleet { return s.fleet }
 
 // LiveAttempts returns the number of engine attempts started and not yet
 // ended. It is 0 whenever no request is in flight; tests assert it.
@@ -293,7 +291,7 @@ func (s *Server) LiveAttempts() int64 { return s.live.Load() }
 
 // Start probes every engine once (discovering models) and starts the
 // periodic health checks.
-func (s *Server) Start() { s.pool.Start() }
+func (s *Server) Start() { s.fleet.Start() }
 
 // Drain makes /ready answer 503 so load balancers stop sending traffic;
 // call it before http.Server.Shutdown.
@@ -340,7 +338,7 @@ func (s *Server) Close() error {
 	var err error
 	s.closeOnce.Do(func() {
 		s.abort(errServerShutdown)
-		s.pool.Close()
+		s.fleet.Close()
 		if s.reg != nil {
 			err = s.reg.Unregister()
 		}
@@ -465,14 +463,14 @@ func getHead(r chi.Router, pattern string, h http.HandlerFunc) {
 }
 
 func (s *Server) models(w http.ResponseWriter, r *http.Request) {
-	body := s.pool.snap.Load().modelsBody
+	body := s.fleet.Snapshot().ModelsBody()
 	if body == nil {
 		writeError(w, r, &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "no_models",
 			Message: "no routable engine (healthy and awake) has reported its models"})
 		return
 	}
 	if key := keyOf(r); key != nil {
-		body = modelsFor(key, s.pool.snap.Load().cards)
+		body = modelsFor(key, s.fleet.Snapshot().Cards())
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
@@ -484,15 +482,15 @@ func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 // ("meta-llama/Llama-3.1-8B") work as the SDKs send them.
 func (s *Server) model(w http.ResponseWriter, r *http.Request) {
 	id := strings.TrimPrefix(r.URL.Path, "/v1/models/")
-	snap := s.pool.snap.Load()
-	card, ok := snap.cards[id]
+	snap := s.fleet.Snapshot()
+	card, ok := snap.Cards()[id]
 	if key := keyOf(r); key != nil && !key.allows(id) {
 		// Listed only for the keys that may use it (modelsFor).
 		writeError(w, r, errModelNotFound(id))
 		return
 	}
 	if !ok {
-		if snap.known[id] {
+		if snap.Known(id) {
 			writeError(w, r, routing.ErrNoEndpoint)
 			return
 		}
@@ -512,7 +510,7 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 		writeError(w, r, &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "draining", Message: "the gateway is shutting down"})
 	case held != "":
 		writeError(w, r, &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "starting", Message: "waiting for " + held})
-	case !s.pool.Ready() && s.set.Load().cfg.ReadyRequiresEngine:
+	case !s.fleet.Ready() && s.set.Load().cfg.ReadyRequiresEngine:
 		writeError(w, r, &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "no_ready_engine", Message: "no healthy engine has reported its models yet"})
 	default:
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
@@ -524,7 +522,7 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
 //
 //	GET /metrics         prom (the Prometheus exposition of the OTel metrics); 404 when nil
 //	GET /admin/engines   JSON: every engine's models, health, routability, in-flight prefill/decode
-//	                     and last scraped stats (EngineStatsStatus), plus the gateway's live
+//	                     and last scraped stats (fleet.EngineStatsStatus), plus the gateway's live
 //	                     attempts, requests in flight and buffered bytes
 //	GET /admin/keys      JSON: every API key's name, models, limits and this process's usage
 //	                     (KeyStatus); never a key or its hash
@@ -541,11 +539,11 @@ func (s *Server) AdminHandler(prom http.Handler) http.Handler {
 	r.Get("/admin/engines", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_ = json.NewEncoder(w).Encode(struct {
-			Engines       []EngineStatus `json:"engines"`
-			LiveAttempts  int64          `json:"live_attempts"`
-			Requests      int64          `json:"requests_in_flight"` // proxied requests being handled
-			BufferedBytes int64          `json:"buffered_bytes"`     // request and response bytes held
-		}{s.pool.Status(), s.live.Load(), s.inflight.Load(), s.buffered.used.Load()})
+			Engines       []fleet.EngineStatus `json:"engines"`
+			LiveAttempts  int64                `json:"live_attempts"`
+			Requests      int64                `json:"requests_in_flight"` // proxied requests being handled
+			BufferedBytes int64                `json:"buffered_bytes"`     // request and response bytes held
+		}{s.fleet.Status(), s.live.Load(), s.inflight.Load(), s.buffered.used.Load()})
 	})
 	r.Get("/admin/keys", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")

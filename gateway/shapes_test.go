@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/telemetry"
@@ -93,7 +94,7 @@ func TestEngineErrorBodiesSafe(t *testing.T) {
 	})
 	var logBuf testutil.LockedBuffer
 	logger := slog.New(slog.NewTextHandler(&logBuf, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	cfg := testConfig(EngineConfig{Name: "e1", URL: simSrv.URL}, EngineConfig{Name: "big", URL: big.URL})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL}, fleet.EngineConfig{Name: "big", URL: big.URL})
 	h := newHarnessWith(t, cfg, []Option{WithLogger(logger)})
 
 	const simJSON503 = `{"error":{"message":"enginesim: injected fault status=503","type":"ServiceUnavailableError","param":null,"code":503}}`
@@ -213,7 +214,7 @@ func TestEngineErrorBodiesSafe(t *testing.T) {
 	t.Run("info level logs nothing", func(t *testing.T) {
 		var infoBuf testutil.LockedBuffer
 		info := slog.New(slog.NewTextHandler(&infoBuf, &slog.HandlerOptions{Level: slog.LevelInfo}))
-		hi := newHarnessWith(t, testConfig(EngineConfig{Name: "e1", URL: simSrv.URL}), []Option{WithLogger(info)})
+		hi := newHarnessWith(t, testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL}), []Option{WithLogger(info)})
 		resp := hi.post("/v1/chat/completions", shapeChat, enginesim.FaultHeader, "status=502,error-body=html")
 		if resp.StatusCode != 502 {
 			t.Errorf("status %d, want 502", resp.StatusCode)
@@ -237,7 +238,7 @@ func TestQueryStringForwarded(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, `{"id":"x","object":"list","data":[]}`)
 	})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: eng.URL}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL}))
 	const q = "api-version=2024-06-01&x=1"
 	for _, tc := range []struct{ path, body string }{
 		{"/v1/chat/completions", shapeChat},
@@ -311,7 +312,7 @@ func TestNonSSEStreamPassThrough(t *testing.T) {
 					}
 				}
 			})
-			h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: eng.URL}))
+			h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL}))
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			resp := h.postCtx(ctx, "/v1/chat/completions", shapeChatStream)
@@ -372,7 +373,7 @@ func TestNonSSEStreamPassThrough(t *testing.T) {
 func TestStreamEndRulePerRoute(t *testing.T) {
 	t.Run("chat and completions without [DONE] are cut", func(t *testing.T) {
 		_, simSrv := sim(t, enginesim.Config{Models: []string{"m"}, OutputTokens: 3})
-		h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: simSrv.URL}))
+		h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL}))
 		for _, tc := range []struct{ path, body string }{
 			{"/v1/chat/completions", shapeChatStream},
 			{"/v1/completions", `{"model":"m","stream":true,"prompt":"hi"}`},
@@ -421,7 +422,7 @@ func TestStreamEndRulePerRoute(t *testing.T) {
 				}
 			}
 		})
-		h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: eng.URL}))
+		h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL}))
 		resp := h.post("/v1/embeddings", `{"model":"m","input":["a","b"]}`)
 		b, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
@@ -460,7 +461,7 @@ func TestStreamEndRulePerRoute(t *testing.T) {
 				t.Error("the gateway kept the engine connection open after [DONE]")
 			}
 		})
-		h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: eng.URL}))
+		h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL}))
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		resp := h.postCtx(ctx, "/v1/chat/completions", shapeChatStream)
@@ -490,7 +491,7 @@ func TestCutNonStreamingBody(t *testing.T) {
 	_, simSrv := sim(t, enginesim.Config{Models: []string{"m"}, OutputTokens: 6})
 	raw := hijackEngine(t, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n"+
 		strings.Repeat("y", 100))
-	cfg := testConfig(EngineConfig{Name: "e1", URL: simSrv.URL}, EngineConfig{Name: "raw", URL: raw, Models: []string{"raw-model"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL}, fleet.EngineConfig{Name: "raw", URL: raw, Models: []string{"raw-model"}})
 	h := newHarness(t, cfg)
 
 	for _, tc := range []struct{ name, body, fault string }{
@@ -564,7 +565,7 @@ func TestLargeBodyAbortsOnFailure(t *testing.T) {
 		w.Header().Set("Content-Length", strconv.Itoa(len(good)))
 		_, _ = io.WriteString(w, good)
 	})
-	cfg := testConfig(EngineConfig{Name: "raw", URL: raw, Models: []string{"m"}}, EngineConfig{Name: "good", URL: goodEng.URL})
+	cfg := testConfig(fleet.EngineConfig{Name: "raw", URL: raw, Models: []string{"m"}}, fleet.EngineConfig{Name: "good", URL: goodEng.URL})
 	cfg.MaxResponseBufferBytes = 1024
 	h := newHarness(t, cfg)
 
@@ -627,7 +628,7 @@ func TestBufferedBodyNotSentBeforeEnd(t *testing.T) {
 		_ = rc.Flush()
 		lastWritten.Store(true)
 	})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: eng.URL}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL}))
 
 	type result struct {
 		resp *http.Response
@@ -687,7 +688,7 @@ func TestEngineErrorEventThenEOF(t *testing.T) {
 		s.raw("event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"msg_1\",\"usage\":{\"input_tokens\":1,\"output_tokens\":1}}}\n\n")
 		s.raw("event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"engine overloaded\"}}\n\n")
 	})
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: eng.URL, Models: []string{"m"}}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL, Models: []string{"m"}}))
 	st, _, b := h.do(http.MethodPost, "/v1/messages", `{"model":"m","max_tokens":3,"stream":true,"messages":[{"role":"user","content":"hi"}]}`)
 	if st != 200 || strings.Count(string(b), "event: error") != 1 || !strings.Contains(string(b), "engine overloaded") {
 		t.Errorf("got %d %q, want the engine's one error event", st, b)

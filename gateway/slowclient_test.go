@@ -13,6 +13,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
@@ -36,7 +37,7 @@ func (l smallBufListener) Accept() (net.Conn, error) {
 // off: the write deadline does not depend on it.
 func TestClientStopsReading(t *testing.T) {
 	eng, simSrv := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: time.Millisecond, ITL: time.Nanosecond, MaxOutputTokens: 100000})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
 	cfg.Timeouts.ClientWrite = 300 * time.Millisecond
 	cfg.Timeouts.Idle = 0
 	h := newHarness(t, cfg)

@@ -22,6 +22,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/routing"
@@ -395,7 +396,7 @@ func BenchmarkSoak(b *testing.B) {
 	// gateway, not the simulated GPU.
 	const nEngines = 3
 	var sims []*enginesim.Engine
-	var engines []EngineConfig
+	var engines []fleet.EngineConfig
 	for i := range nEngines {
 		e, err := enginesim.New(enginesim.Config{Name: fmt.Sprintf("e%d", i+1), Models: []string{"m"},
 			TTFT: time.Nanosecond, ITL: time.Nanosecond, OutputTokens: 4})
@@ -408,7 +409,7 @@ func BenchmarkSoak(b *testing.B) {
 			srv.Close()
 		})
 		sims = append(sims, e)
-		engines = append(engines, EngineConfig{Name: fmt.Sprintf("e%d", i+1), URL: srv.URL, Models: []string{"m"}})
+		engines = append(engines, fleet.EngineConfig{Name: fmt.Sprintf("e%d", i+1), URL: srv.URL, Models: []string{"m"}})
 	}
 	cfg := testConfig(engines...)
 	// Small gateway timeouts so the stall-* kinds end quickly: the header

@@ -11,6 +11,7 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
 
@@ -97,7 +98,7 @@ const embedBody = `{"model":"m","input":"hi"}`
 // whatever is sent again is net/http's replay, not the retry machinery.
 func staleConnHarness(t *testing.T, e *closingEngine) *harness {
 	t.Helper()
-	cfg := testConfig(EngineConfig{Name: "e1", URL: e.url(), Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: e.url(), Models: []string{"m"}})
 	cfg.Retry.On = nil
 	cfg.MaxAttempts = 1
 	cfg.Outlier.Enabled = false

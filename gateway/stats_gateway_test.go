@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/routing"
@@ -26,14 +27,27 @@ import (
 // stats of a real-socket test can be aged without waiting.
 type offsetClock struct{ off atomic.Int64 }
 
-func (c *offsetClock) now() time.Time              { return time.Now().Add(time.Duration(c.off.Load())) }
-func (c *offsetClock) advance(d time.Duration)     { c.off.Add(int64(d)) }
-func withClock(now func() time.Time) Option        { return optionFunc(func(c *config) { c.now = now }) }
-func (h *harness) pool() *Pool                     { return h.gw.Pool() }
-func (h *harness) scrape()                         { h.pool().ScrapeNow(context.Background()) }
-func (h *harness) status(name string) EngineStatus { return statusOf(h.t, h.pool(), name) }
+func (c *offsetClock) now() time.Time                    { return time.Now().Add(time.Duration(c.off.Load())) }
+func (c *offsetClock) advance(d time.Duration)           { c.off.Add(int64(d)) }
+func withClock(now func() time.Time) Option              { return optionFunc(func(c *config) { c.now = now }) }
+func (h *harness) pool() *fleet.Fleet                    { return h.gw.Fleet() }
+func (h *harness) scrape()                               { h.pool().ScrapeNow(context.Background()) }
+func (h *harness) status(name string) fleet.EngineStatus { return statusOf(h.t, h.pool(), name) }
 
-func statusOf(t testing.TB, p *Pool, name string) EngineStatus {
+// withFleet passes more options to the fleet (fleet.New).
+func withFleet(opts ...fleet.Option) Option {
+	return optionFunc(func(c *config) { c.fleet = append(c.fleet, opts...) })
+}
+
+// statsConfig is testConfig with scraping on: every second, 500 ms per
+// scrape, stats trusted for 5 s.
+func statsConfig(engines ...fleet.EngineConfig) Config {
+	cfg := testConfig(engines...)
+	cfg.EngineStats = fleet.EngineStatsConfig{Enabled: true, Interval: time.Second, Timeout: 500 * time.Millisecond, MaxAge: 5 * time.Second, Path: "/metrics"}
+	return cfg
+}
+
+func statusOf(t testing.TB, p *fleet.Fleet, name string) fleet.EngineStatus {
 	t.Helper()
 	for _, s := range p.Status() {
 		if s.Name == name {
@@ -41,7 +55,7 @@ func statusOf(t testing.TB, p *Pool, name string) EngineStatus {
 		}
 	}
 	t.Fatalf("no engine %q in the status", name)
-	return EngineStatus{}
+	return fleet.EngineStatus{}
 }
 
 // engineGauges returns the value of the engine gauge name per engine, from
@@ -109,7 +123,7 @@ func engineMetric(t *testing.T, url, prefix string) float64 {
 // stats are older than max_age none of the gauges reports the engine.
 func TestEngineStatsGauges(t *testing.T) {
 	eng, srv := sim(t, enginesim.Config{Models: []string{"m"}, MaxNumSeqs: 1, BlockSize: 4, KVCacheBlocks: 64})
-	cfg := statsConfig(EngineConfig{Name: "e1", URL: srv.URL})
+	cfg := statsConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL})
 	cfg.EngineStats.Interval, cfg.EngineStats.MaxAge = time.Hour, 2*time.Hour // scrapes only when asked
 	clk := &offsetClock{}
 	h := newHarnessWith(t, cfg, []Option{withClock(clk.now)})
@@ -153,7 +167,7 @@ func TestEngineStatsGauges(t *testing.T) {
 	queried := before.PrefixCacheQueries + 2*12 + 5
 	testutil.Eventually(t, 5*time.Second, func() bool {
 		s := eng.Stats()
-		pf, dc := h.pool().engines[0].ep.InFlight()
+		pf, dc := h.pool().Engine("e1").Endpoint().InFlight()
 		return s.Running == 1 && s.Waiting == 2 && pf+dc == 3 && s.PrefixCacheQueries == queried
 	}, "1 running and 2 waiting on the engine")
 	// The engine is still now (one sequence stalled, two queued): its
@@ -208,17 +222,17 @@ const completionJSON = `{"id":"cmpl-1","object":"text_completion","created":1,"m
 // gets traffic again once it wakes, and once its stats expire.
 func TestSleepingEngineGetsNoRequests(t *testing.T) {
 	var hits [2]atomic.Int64
-	engines := [2]*statsEngine{newStatsEngine(sleepPage(1), "m"), newStatsEngine(sleepPage(0), "m")}
-	var cfgs []EngineConfig
+	engines := [2]*testutil.StatsEngine{testutil.NewStatsEngine(testutil.SleepPage(1), "m"), testutil.NewStatsEngine(testutil.SleepPage(0), "m")}
+	var cfgs []fleet.EngineConfig
 	for i, e := range engines {
-		e.handleV1(func(w http.ResponseWriter, r *http.Request) {
+		e.HandleV1(func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.Copy(io.Discard, r.Body)
 			hits[i].Add(1)
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = io.WriteString(w, completionJSON)
 		})
 		srv := serveSim(t, e)
-		cfgs = append(cfgs, EngineConfig{Name: fmt.Sprintf("e%d", i+1), URL: srv.URL, Models: []string{"m"}})
+		cfgs = append(cfgs, fleet.EngineConfig{Name: fmt.Sprintf("e%d", i+1), URL: srv.URL, Models: []string{"m"}})
 	}
 	cfg := statsConfig(cfgs...)
 	cfg.EngineStats.Interval, cfg.EngineStats.MaxAge = time.Hour, 2*time.Hour
@@ -246,13 +260,13 @@ func TestSleepingEngineGetsNoRequests(t *testing.T) {
 		t.Fatalf("sleeping e1 got %d of 6 requests (e2 %d)", a, b)
 	}
 
-	engines[0].setPage(sleepPage(0))
+	engines[0].SetPage(testutil.SleepPage(0))
 	h.scrape()
 	if a, b := send(6); a != 3 || b != 3 {
 		t.Fatalf("awake: e1 %d, e2 %d of 6 requests, want 3 each", a, b)
 	}
 
-	engines[0].setPage(sleepPage(0) + "# TYPE vllm:engine_healthy gauge\nvllm:engine_healthy{engine=\"0\"} 0\n")
+	engines[0].SetPage(testutil.SleepPage(0) + "# TYPE vllm:engine_healthy gauge\nvllm:engine_healthy{engine=\"0\"} 0\n")
 	h.scrape()
 	if st := h.status("e1"); st.Routable || !st.Healthy || !st.Stats.EngineUnhealthy {
 		t.Fatalf("self-reported unhealthy e1: %+v", st)
@@ -262,7 +276,7 @@ func TestSleepingEngineGetsNoRequests(t *testing.T) {
 	}
 
 	// Both engines asleep: the model is known but has no engine.
-	engines[1].setPage(sleepPage(2))
+	engines[1].SetPage(testutil.SleepPage(2))
 	h.scrape()
 	resp := h.post("/v1/completions", `{"model":"m","prompt":"x","max_tokens":1}`)
 	_, _ = io.Copy(io.Discard, resp.Body)
@@ -270,11 +284,11 @@ func TestSleepingEngineGetsNoRequests(t *testing.T) {
 	if resp.StatusCode != http.StatusServiceUnavailable {
 		t.Fatalf("every engine asleep: status %d, want 503", resp.StatusCode)
 	}
-	engines[1].setPage(sleepPage(0))
+	engines[1].SetPage(testutil.SleepPage(0))
 
 	// e1 stops answering /metrics while blocked: its stats expire and it
 	// is routable again (the health probe, which still passes, decides).
-	engines[0].setMode(metricsFail)
+	engines[0].SetMode(testutil.MetricsFail)
 	h.scrape()
 	if a, _ := send(2); a != 0 {
 		t.Fatalf("e1 got requests while its unhealthy stats were fresh")
@@ -303,12 +317,12 @@ func TestSleepingEngineGetsNoRequests(t *testing.T) {
 func TestAccountingDriftZeroAfterMixedFaults(t *testing.T) {
 	const nEngines, total, conc = 3, 600, 8
 	var sims []*enginesim.Engine
-	var engines []EngineConfig
+	var engines []fleet.EngineConfig
 	for i := range nEngines {
 		e, srv := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: time.Millisecond, ITL: time.Millisecond,
 			OutputTokens: 4, MaxNumSeqs: 4}) // few seats: requests queue, and are aborted while queued
 		sims = append(sims, e)
-		engines = append(engines, EngineConfig{Name: fmt.Sprintf("e%d", i+1), URL: srv.URL, Models: []string{"m"}})
+		engines = append(engines, fleet.EngineConfig{Name: fmt.Sprintf("e%d", i+1), URL: srv.URL, Models: []string{"m"}})
 	}
 	cfg := statsConfig(engines...)
 	cfg.EngineStats.Interval, cfg.EngineStats.Timeout, cfg.EngineStats.MaxAge = 200*time.Millisecond, 200*time.Millisecond, time.Minute

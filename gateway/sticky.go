@@ -3,6 +3,7 @@ package gateway
 import (
 	"sync"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/routing"
 )
 
@@ -62,24 +63,24 @@ func (x *stickyIndex) get(id string) (string, bool) {
 func (s *Server) remember(c *call) {
 	a := c.a
 	if a.errType == "" && a.respID != "" && validID(a.respID) {
-		s.sticky.put(a.respID, c.eng.cfg.Name)
+		s.sticky.put(a.respID, c.eng.Name())
 	}
 }
 
 // stickyOrder returns the engines to ask for the stored response id: the
 // one that created it first, when remembered and routable, then the others
 // in the pool's order.
-func (s *Server) stickyOrder(id string, rt *route) []*routing.Endpoint {
-	out := make([]*routing.Endpoint, 0, len(rt.eps))
+func (s *Server) stickyOrder(id string, rt *fleet.Route) []*routing.Endpoint {
+	out := make([]*routing.Endpoint, 0, len(rt.Endpoints()))
 	if name, ok := s.sticky.get(id); ok {
-		for i, e := range rt.engs {
-			if e.cfg.Name == name {
-				out = append(out, rt.eps[i])
+		for i, e := range rt.Engines() {
+			if e.Name() == name {
+				out = append(out, rt.Endpoints()[i])
 				break
 			}
 		}
 	}
-	for _, ep := range rt.eps {
+	for _, ep := range rt.Endpoints() {
 		if len(out) == 0 || ep != out[0] {
 			out = append(out, ep)
 		}

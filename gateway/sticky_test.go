@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 )
 
@@ -51,7 +52,7 @@ func TestResponsesSticky(t *testing.T) {
 	// Background responses that run for seconds, so they can be cancelled.
 	_, rec1, srv1 := recordedSim(t, enginesim.Config{Models: []string{"m"}, ITL: 20 * time.Millisecond})
 	_, rec2, srv2 := recordedSim(t, enginesim.Config{Models: []string{"m"}, ITL: 20 * time.Millisecond})
-	cfg := testConfig(EngineConfig{Name: "e1", URL: srv1.URL, Models: []string{"m"}}, EngineConfig{Name: "e2", URL: srv2.URL, Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv1.URL, Models: []string{"m"}}, fleet.EngineConfig{Name: "e2", URL: srv2.URL, Models: []string{"m"}})
 	h := newHarness(t, cfg)
 
 	ids := map[string]string{} // response id -> engine that made it
@@ -133,7 +134,7 @@ func TestStickyMissIsNotAnEngineError(t *testing.T) {
 	}
 	e1 := fakeEngine(t, []string{"m"}, mk(false))
 	e2 := fakeEngine(t, []string{"m"}, mk(true))
-	h := newHarness(t, testConfig(EngineConfig{Name: "e1", URL: e1.URL, Models: []string{"m"}}, EngineConfig{Name: "e2", URL: e2.URL, Models: []string{"m"}}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: e1.URL, Models: []string{"m"}}, fleet.EngineConfig{Name: "e2", URL: e2.URL, Models: []string{"m"}}))
 	st, _, b := h.do(http.MethodGet, "/v1/responses/resp_x", "")
 	if st != 200 {
 		t.Fatalf("%d %s", st, b)

@@ -6,6 +6,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
 // t0 is the injected clock's origin in the outlier tests.
@@ -250,7 +252,7 @@ func TestStateVerdicts(t *testing.T) {
 
 // TestOutlierRecordDoesNotAllocate: the per-attempt path allocates nothing.
 func TestOutlierRecordDoesNotAllocate(t *testing.T) {
-	if raceEnabled {
+	if testutil.RaceEnabled {
 		t.Skip("the race detector allocates")
 	}
 	c := DefaultOutlierConfig()

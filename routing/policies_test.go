@@ -15,6 +15,7 @@ import (
 	"unsafe"
 
 	"github.com/switchboard-gw/switchboard/internal/stablehash"
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
 // loadOn gives e prefill requests in prefill and decode in decode until the
@@ -524,7 +525,7 @@ func TestPrefixIndexMemoryBound(t *testing.T) {
 	p := pol.(*PrefixAware)
 	eps := endpoints(8)
 	blocks := 16
-	if raceEnabled {
+	if testutil.RaceEnabled {
 		blocks = 1
 	}
 	before := heapInUse()
@@ -533,7 +534,7 @@ func TestPrefixIndexMemoryBound(t *testing.T) {
 		for j := range hashes {
 			hashes[j] = stablehash.Mix64(uint64(i)<<8 | uint64(j))
 		}
-		if raceEnabled {
+		if testutil.RaceEnabled {
 			p.Index().Record(hashes, eps[i%len(eps)])
 			continue
 		}
@@ -816,7 +817,7 @@ func TestPrefixIndexMatchWithGaps(t *testing.T) {
 // TestPickDoesNotAllocate holds every policy to 0 allocations per pick, at
 // 4 and 64 candidates (BenchmarkPick reports the same numbers).
 func TestPickDoesNotAllocate(t *testing.T) {
-	if raceEnabled {
+	if testutil.RaceEnabled {
 		t.Skip("the race detector allocates")
 	}
 	for _, n := range []int{4, 64} {

@@ -18,6 +18,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/switchboard-gw/switchboard/gateway"
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/gateway/k8s"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
@@ -32,18 +33,18 @@ const envPrefix = "SWITCHBOARD_"
 // every key. Precedence: defaults < YAML file (--config) < SWITCHBOARD_*
 // environment < flags.
 type Config struct {
-	Server    ServerConfig           `koanf:"server"`
-	Admin     AdminConfig            `koanf:"admin"`
-	Engines   []gateway.EngineConfig `koanf:"engines"`
-	Models    gateway.ModelsConfig   `koanf:"models"`
-	Auth      AuthConfig             `koanf:"auth"`
-	Limits    gateway.LimitsConfig   `koanf:"limits"`
-	Routing   routing.Config         `koanf:"routing"`
-	Telemetry telemetry.Config       `koanf:"telemetry"`
-	Log       LogConfig              `koanf:"log"`
-	Simulate  SimulateConfig         `koanf:"simulate"`
-	Reload    ReloadConfig           `koanf:"reload"`
-	Discovery DiscoveryConfig        `koanf:"discovery"`
+	Server    ServerConfig         `koanf:"server"`
+	Admin     AdminConfig          `koanf:"admin"`
+	Engines   []fleet.EngineConfig `koanf:"engines"`
+	Models    gateway.ModelsConfig `koanf:"models"`
+	Auth      AuthConfig           `koanf:"auth"`
+	Limits    gateway.LimitsConfig `koanf:"limits"`
+	Routing   routing.Config       `koanf:"routing"`
+	Telemetry telemetry.Config     `koanf:"telemetry"`
+	Log       LogConfig            `koanf:"log"`
+	Simulate  SimulateConfig       `koanf:"simulate"`
+	Reload    ReloadConfig         `koanf:"reload"`
+	Discovery DiscoveryConfig      `koanf:"discovery"`
 }
 
 // DiscoveryConfig holds the engine discovery sources besides the static

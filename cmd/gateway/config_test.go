@@ -19,6 +19,7 @@ import (
 	"github.com/knadh/koanf/v2"
 
 	"github.com/switchboard-gw/switchboard/gateway"
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/routing"
 )
 
@@ -65,7 +66,7 @@ func withFullYAML() Config {
 	c.Server.Timeouts.Request = 3 * time.Minute
 	c.Server.Health.UnhealthyAfter = 4
 	c.Admin.Listen = "10.0.0.1:2000"
-	c.Engines = []gateway.EngineConfig{
+	c.Engines = []fleet.EngineConfig{
 		{Name: "gpu-a", URL: "http://10.0.0.5:8000", Models: []string{"meta-llama/Llama-3.1-8B-Instruct", "qwen"}},
 		{Name: "gpu-b", URL: "https://10.0.0.6:8443", APIKey: "engine-secret"},
 	}
@@ -386,7 +387,7 @@ func TestShippedConfigs(t *testing.T) {
 		// The reference file claims to show every key with its default:
 		// apart from the example engine it must equal the built-in defaults.
 		want := defaults()
-		want.Engines = []gateway.EngineConfig{{Name: "e1", URL: "http://127.0.0.1:8001", Models: []string{"my-model"}}}
+		want.Engines = []fleet.EngineConfig{{Name: "e1", URL: "http://127.0.0.1:8001", Models: []string{"my-model"}}}
 		want.Simulate.Models = []string{"demo-model"}
 		// The example key (whose key nobody knows: auth on, fail closed).
 		want.Auth.Keys = []gateway.KeyConfig{{Name: "team-a", SHA256: "6b06e61934c28cc6e80eee09615352bf253539a7727e044324fdbff75f7542b5", Models: []string{"*"}}}

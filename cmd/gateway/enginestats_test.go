@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/switchboard-gw/switchboard/gateway"
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 )
 
 // TestLoadConfigEngineStats: the server.engine_stats keys are accepted from
@@ -20,7 +21,7 @@ func TestLoadConfigEngineStats(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := gateway.EngineStatsConfig{Enabled: false, Interval: 2 * time.Second, Timeout: 250 * time.Millisecond,
+		want := fleet.EngineStatsConfig{Enabled: false, Interval: 2 * time.Second, Timeout: 250 * time.Millisecond,
 			MaxAge: 10 * time.Second, Path: "/engine/metrics"}
 		if cfg.Server.EngineStats != want {
 			t.Errorf("engine_stats = %+v, want %+v", cfg.Server.EngineStats, want)

@@ -29,6 +29,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/switchboard-gw/switchboard/gateway"
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/gateway/k8s"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/internal/version"
@@ -164,7 +165,7 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 	if err != nil {
 		return err
 	}
-	var simEngines []gateway.EngineConfig
+	var simEngines []fleet.EngineConfig
 	for _, s := range sims {
 		simEngines = append(simEngines, s.engine)
 	}
@@ -207,7 +208,7 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 	// The series of an engine gone and drained leave the metric exports
 	// after telemetry.series_linger: discovery churn does
 	// not grow them without bound.
-	providers.SetEngineLive(gw.Pool().Live, telemetry.WithServerLive(gw.Pool().LiveServer),
+	providers.SetEngineLive(gw.Fleet().Live, telemetry.WithServerLive(gw.Fleet().LiveServer),
 		telemetry.WithSeriesLinger(cfg.Telemetry.SeriesLinger))
 	defer func() { err = errors.Join(err, gw.Close()) }()
 	gw.Start()
@@ -261,7 +262,7 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 	rl := &reloader{args: args, environ: environ, log: log, gw: gw, metrics: metrics, sims: simEngines,
 		started: cfg, routing: cfg.Routing, policy: policy, shadowed: shadow}
 	defer rl.startReloads(ctx, hup, configFile(args), loaded, cfg.Reload.Watch, cfg.Reload.Debounce)()
-	log.Info("switchboard listening", "addr", ln.Addr().String(), "policy", cfg.Routing.Policy, "engines", gw.Pool().String())
+	log.Info("switchboard listening", "addr", ln.Addr().String(), "policy", cfg.Routing.Policy, "engines", gw.Fleet().String())
 	if ready != nil {
 		ready(ln.Addr().String(), adminAddr)
 	}
@@ -322,7 +323,7 @@ const abortGrace = 10 * time.Second
 
 // simulated is one in-process simulated engine.
 type simulated struct {
-	engine gateway.EngineConfig
+	engine fleet.EngineConfig
 	srv    *http.Server
 }
 
@@ -348,7 +349,7 @@ func startSimulated(cfg SimulateConfig, tp trace.TracerProvider, log *slog.Logge
 		srv := &http.Server{Handler: e.Handler(), ReadHeaderTimeout: 10 * time.Second}
 		go func() { _ = srv.Serve(ln) }()
 		url := "http://" + ln.Addr().String()
-		out = append(out, &simulated{engine: gateway.EngineConfig{Name: name, URL: url}, srv: srv})
+		out = append(out, &simulated{engine: fleet.EngineConfig{Name: name, URL: url}, srv: srv})
 		log.Info("simulated engine started", "engine", name, "url", url, "models", cfg.Models)
 	}
 	return out, nil

@@ -26,6 +26,7 @@ import (
 	"github.com/fsnotify/fsnotify"
 
 	"github.com/switchboard-gw/switchboard/gateway"
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/cfgdiff"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
@@ -47,7 +48,7 @@ type ReloadConfig struct {
 // gatewayConfig is the gateway section of cfg with the engine list (cfg's
 // engines, then extra: the simulated ones), the model aliases, the API
 // keys and the access-log switch filled in.
-func gatewayConfig(cfg Config, extra []gateway.EngineConfig) gateway.Config {
+func gatewayConfig(cfg Config, extra []fleet.EngineConfig) gateway.Config {
 	g := cfg.Server.Config
 	g.Engines = append(slices.Clone(cfg.Engines), extra...)
 	g.Models = cfg.Models
@@ -65,7 +66,7 @@ type reloader struct {
 	log     *slog.Logger
 	gw      *gateway.Server
 	metrics *telemetry.Metrics
-	sims    []gateway.EngineConfig // appended to every engine list
+	sims    []fleet.EngineConfig // appended to every engine list
 
 	mu      sync.Mutex
 	started Config         // the configuration the process started with

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/switchboard-gw/switchboard/gateway"
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
@@ -228,10 +229,10 @@ func TestRestartKeys(t *testing.T) {
 	next.Admin.Listen = ""
 	next.Telemetry.CardinalityLimit = 10
 	next.Log.Level = "debug"
-	next.Log.Access = false                   // the gateway reports it
-	next.Server.MaxAttempts = 7               // the gateway's own key
-	next.Routing.Policy = "least-loaded"      // applied
-	next.Engines = []gateway.EngineConfig{{}} // applied
+	next.Log.Access = false                 // the gateway reports it
+	next.Server.MaxAttempts = 7             // the gateway's own key
+	next.Routing.Policy = "least-loaded"    // applied
+	next.Engines = []fleet.EngineConfig{{}} // applied
 	next.Models.Aliases = map[string]string{"a": "b"}
 	next.Reload.Debounce = time.Second
 	next.Auth.Keys = []gateway.KeyConfig{{Name: "a"}} // the gateway reports it

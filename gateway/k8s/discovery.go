@@ -25,7 +25,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/switchboard-gw/switchboard/gateway"
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/loglimit"
 	"github.com/switchboard-gw/switchboard/internal/version"
 )
@@ -33,18 +33,16 @@ import (
 // Source is the discovery source name given to [Sink.SetDiscovered].
 const Source = "kubernetes"
 
-// Sink receives the discovered engines; *gateway.Server is one.
+// Sink receives the discovered engines; the gateway's *Server is one.
 // Implementations must be safe for concurrent use.
 type Sink interface {
 	// SetDiscovered replaces the engines of source with engines, applied
-	// as one batch ([gateway.Server.SetDiscovered]); an Unready engine
-	// stays in the pool but takes no new requests.
-	SetDiscovered(source string, engines []gateway.DiscoveredEngine) (gateway.ReloadReport, error)
+	// as one batch (fleet.Fleet.SetDiscovered); an Unready engine stays
+	// in the fleet but takes no new requests.
+	fleet.Sink
 	// HoldReady holds readiness until release is called.
 	HoldReady(reason string) (release func())
 }
-
-var _ Sink = (*gateway.Server)(nil)
 
 // Rule is one permission discovery needs, as a Role grants it.
 type Rule struct {
@@ -128,7 +126,7 @@ type Discovery struct {
 	wg         sync.WaitGroup
 
 	mu      sync.Mutex
-	applied []gateway.DiscoveredEngine // the last list the sink took
+	applied []fleet.DiscoveredEngine // the last list the sink took
 	synced  bool
 	skipped string // the last skipped lines logged, so a batch that changes nothing logs nothing
 	failed  string // the last apply failure logged, "" after a success
@@ -362,7 +360,7 @@ func allSynced(fs []cache.InformerSynced) bool {
 // engines returns the engines the informers' caches describe now, the
 // left-out lines, how many slices match the selector and address type,
 // and how many match the selector but are of another address type.
-func (d *Discovery) engines() (es []gateway.DiscoveredEngine, skipped []string, matched, otherType int) {
+func (d *Discovery) engines() (es []fleet.DiscoveredEngine, skipped []string, matched, otherType int) {
 	var all []*discoveryv1.EndpointSlice
 	for _, inf := range d.informers {
 		for _, o := range inf.GetStore().List() {
@@ -382,7 +380,7 @@ func (d *Discovery) engines() (es []gateway.DiscoveredEngine, skipped []string, 
 
 // sameEngine reports whether the sink already has b as a: same name, URL,
 // models and readiness (the other settings come from the configuration).
-func sameEngine(a, b gateway.DiscoveredEngine) bool {
+func sameEngine(a, b fleet.DiscoveredEngine) bool {
 	return a.Name == b.Name && a.URL == b.URL && slices.Equal(a.Models, b.Models) && a.Unready == b.Unready
 }
 
@@ -418,7 +416,7 @@ func (d *Discovery) apply(listed bool) int {
 		return len(es)
 	}
 	rep, err := d.sink.SetDiscovered(Source, es)
-	if err != nil && !errors.Is(err, gateway.ErrEngineLeftOut) {
+	if err != nil && !errors.Is(err, fleet.ErrEngineLeftOut) {
 		d.mu.Lock()
 		if msg := err.Error(); msg != d.failed {
 			d.failed = msg

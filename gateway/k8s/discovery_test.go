@@ -32,7 +32,7 @@ import (
 	k8stesting "k8s.io/client-go/testing"
 	"k8s.io/client-go/tools/cache"
 
-	"github.com/switchboard-gw/switchboard/gateway"
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
@@ -48,14 +48,14 @@ func TestMain(m *testing.M) {
 type fakeSink struct {
 	mu       sync.Mutex
 	changed  chan struct{} // closed and replaced on every change
-	calls    [][]gateway.DiscoveredEngine
+	calls    [][]fleet.DiscoveredEngine
 	sources  []string
 	fail     map[int]error // the error of call n (1-based)
 	events   []string      // "hold", "set" and "release", in order
 	held     int           // holds not released
 	logs     []string
 	timeline []string // "set ok", "set failed" and each log line, in order
-	cur      map[string]gateway.DiscoveredEngine
+	cur      map[string]fleet.DiscoveredEngine
 }
 
 func newFakeSink() *fakeSink { return &fakeSink{changed: make(chan struct{}), fail: map[int]error{}} }
@@ -72,7 +72,7 @@ func (s *fakeSink) poke() {
 	s.mu.Unlock()
 }
 
-func (s *fakeSink) SetDiscovered(source string, engines []gateway.DiscoveredEngine) (gateway.ReloadReport, error) {
+func (s *fakeSink) SetDiscovered(source string, engines []fleet.DiscoveredEngine) (fleet.Changes, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.calls = append(s.calls, slices.Clone(engines))
@@ -80,13 +80,13 @@ func (s *fakeSink) SetDiscovered(source string, engines []gateway.DiscoveredEngi
 	s.events = append(s.events, "set")
 	s.changedLocked()
 	err := s.fail[len(s.calls)]
-	if err != nil && !errors.Is(err, gateway.ErrEngineLeftOut) {
+	if err != nil && !errors.Is(err, fleet.ErrEngineLeftOut) {
 		s.timeline = append(s.timeline, "set failed")
-		return gateway.ReloadReport{}, err
+		return fleet.Changes{}, err
 	}
 	s.timeline = append(s.timeline, "set ok")
-	var rep gateway.ReloadReport
-	next := map[string]gateway.DiscoveredEngine{}
+	var rep fleet.Changes
+	next := map[string]fleet.DiscoveredEngine{}
 	for _, de := range engines {
 		next[de.Name] = de
 		old, had := s.cur[de.Name]
@@ -155,7 +155,7 @@ func (s *fakeSink) waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 // waitEngines waits for a SetDiscovered call of want.
-func (s *fakeSink) waitEngines(t *testing.T, want ...gateway.DiscoveredEngine) {
+func (s *fakeSink) waitEngines(t *testing.T, want ...fleet.DiscoveredEngine) {
 	t.Helper()
 	s.waitFor(t, fmt.Sprintf("engines %+v", want), func() bool {
 		return len(s.calls) > 0 && sameEngines(s.calls[len(s.calls)-1], want)
@@ -173,7 +173,7 @@ func (s *fakeSink) waitReleased(t *testing.T) {
 	s.waitFor(t, "readiness released", func() bool { return slices.Contains(s.events, "release") && s.held == 0 })
 }
 
-func (s *fakeSink) snapshot() (calls [][]gateway.DiscoveredEngine, events []string) {
+func (s *fakeSink) snapshot() (calls [][]fleet.DiscoveredEngine, events []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.calls), slices.Clone(s.events)
@@ -265,7 +265,7 @@ func TestStartHoldsReadyUntilFirstSync(t *testing.T) {
 	if want := []string{"hold", "set", "release"}; !slices.Equal(events, want) {
 		t.Errorf("events %q, want %q", events, want)
 	}
-	want := []gateway.DiscoveredEngine{
+	want := []fleet.DiscoveredEngine{
 		eng("vllm-0", "http://10.0.0.1:8000"),
 		eng("vllm-1", "http://10.0.0.2:8000"),
 		eng("vllm-2", "http://10.0.0.3:8000"),
@@ -358,7 +358,7 @@ func TestDiscoveryBatchesChanges(t *testing.T) {
 	cfg := discoveryConfig()
 	cfg.Batch = 500 * time.Millisecond
 	start(t, cfg, cs, sink)
-	e := func(i int) gateway.DiscoveredEngine {
+	e := func(i int) fleet.DiscoveredEngine {
 		return eng(fmt.Sprintf("vllm-%d", i), fmt.Sprintf("http://10.0.0.%d:8000", i+1))
 	}
 	sink.waitReleased(t)
@@ -377,7 +377,7 @@ func TestDiscoveryBatchesChanges(t *testing.T) {
 	}
 	sink.waitEngines(t, e(1), e(2), e(3))
 	calls, _ := sink.snapshot()
-	want := [][]gateway.DiscoveredEngine{{e(0)}, {e(0), e(1), e(2), e(3)}, {e(1), e(2), e(3)}}
+	want := [][]fleet.DiscoveredEngine{{e(0)}, {e(0), e(1), e(2), e(3)}, {e(1), e(2), e(3)}}
 	if len(calls) != len(want) {
 		t.Fatalf("%d calls, want %d: %+v", len(calls), len(want), calls)
 	}
@@ -395,20 +395,20 @@ func TestDiscoveryRetriesSinkErrors(t *testing.T) {
 		failAt int
 		err    error
 		// want are the calls once the second slice is applied.
-		want [][]gateway.DiscoveredEngine
+		want [][]fleet.DiscoveredEngine
 	}{
 		{
 			name: "first call fails", failAt: 1, err: errors.New("engine key variable unset"),
-			want: [][]gateway.DiscoveredEngine{{e0}, {e0}, {e0, e1}},
+			want: [][]fleet.DiscoveredEngine{{e0}, {e0}, {e0, e1}},
 		},
 		{
 			name: "a later call fails", failAt: 2, err: errors.New("the pool kept changing"),
-			want: [][]gateway.DiscoveredEngine{{e0}, {e0, e1}, {e0, e1}},
+			want: [][]fleet.DiscoveredEngine{{e0}, {e0, e1}, {e0, e1}},
 		},
 		{
 			name: "an engine left out is not retried", failAt: 1,
-			err:  fmt.Errorf("%w: %w: engine name taken", gateway.ErrEngineLeftOut, gateway.ErrInvalidConfig),
-			want: [][]gateway.DiscoveredEngine{{e0}, {e0, e1}},
+			err:  fmt.Errorf("%w: %w: engine name taken", fleet.ErrEngineLeftOut, fleet.ErrInvalidConfig),
+			want: [][]fleet.DiscoveredEngine{{e0}, {e0, e1}},
 		},
 	}
 	for _, tt := range tests {
@@ -422,7 +422,7 @@ func TestDiscoveryRetriesSinkErrors(t *testing.T) {
 				// Wait for the first call's outcome (a retry, or none)
 				// to be settled before the next change.
 				sink.waitFor(t, "the first call", func() bool { return len(sink.calls) >= 1 })
-				if !errors.Is(tt.err, gateway.ErrEngineLeftOut) {
+				if !errors.Is(tt.err, fleet.ErrEngineLeftOut) {
 					sink.waitFor(t, "the retry", func() bool { return len(sink.calls) >= 2 })
 				}
 			}
@@ -430,7 +430,7 @@ func TestDiscoveryRetriesSinkErrors(t *testing.T) {
 			if !d.Synced() {
 				t.Errorf("Synced() = false")
 			}
-			if tt.failAt == 1 && !errors.Is(tt.err, gateway.ErrEngineLeftOut) {
+			if tt.failAt == 1 && !errors.Is(tt.err, fleet.ErrEngineLeftOut) {
 				// Synced only once the sink took the engines: the first
 				// apply's failure says they could not be applied.
 				sink.mu.Lock()
@@ -460,7 +460,7 @@ func TestDiscoveryRetriesSinkErrors(t *testing.T) {
 			}
 			sink.mu.Lock()
 			defer sink.mu.Unlock()
-			if !errors.Is(tt.err, gateway.ErrEngineLeftOut) && !sink.loggedLocked(tt.err.Error()) {
+			if !errors.Is(tt.err, fleet.ErrEngineLeftOut) && !sink.loggedLocked(tt.err.Error()) {
 				t.Errorf("the failure is not logged:\n%s", strings.Join(sink.logs, "\n"))
 			}
 		})
@@ -580,7 +580,7 @@ func TestSyncTimeout(t *testing.T) {
 	for _, empty := range []bool{false, true} {
 		t.Run(fmt.Sprintf("empty=%v", empty), func(t *testing.T) {
 			var objs []runtime.Object
-			var want []gateway.DiscoveredEngine
+			var want []fleet.DiscoveredEngine
 			if !empty {
 				objs = append(objs, eslice("default", "vllm-a", "vllm", http8000(), podEP("vllm-0", "10.0.0.1")))
 				want = append(want, eng("vllm-0", "http://10.0.0.1:8000"))

@@ -8,7 +8,7 @@ import (
 
 	discoveryv1 "k8s.io/api/discovery/v1"
 
-	"github.com/switchboard-gw/switchboard/gateway"
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 )
 
 // Engines returns the engines the slices describe under c, sorted by name,
@@ -31,9 +31,9 @@ import (
 // (several namespaces are watched). The result depends only on the
 // slices' contents, never on their order, so every gateway replica builds
 // the same list.
-func Engines(c Config, list []*discoveryv1.EndpointSlice, prefixNS bool) (engines []gateway.DiscoveredEngine, skipped []string) {
+func Engines(c Config, list []*discoveryv1.EndpointSlice, prefixNS bool) (engines []fleet.DiscoveredEngine, skipped []string) {
 	type candidate struct {
-		de    gateway.DiscoveredEngine
+		de    fleet.DiscoveredEngine
 		slice string // namespace/name
 	}
 	byName := map[string][]candidate{}
@@ -60,8 +60,8 @@ func Engines(c Config, list []*discoveryv1.EndpointSlice, prefixNS bool) (engine
 			}
 			addr := ep.Addresses[0] // the others are the same endpoint's (the API uses only the first)
 			name := engineName(c, s, ep, addr, prefixNS)
-			de := gateway.DiscoveredEngine{
-				EngineConfig: gateway.EngineConfig{
+			de := fleet.DiscoveredEngine{
+				EngineConfig: fleet.EngineConfig{
 					Name:        name,
 					URL:         c.Scheme + "://" + net.JoinHostPort(addr, strconv.Itoa(int(port))),
 					Models:      models,
@@ -78,7 +78,7 @@ func Engines(c Config, list []*discoveryv1.EndpointSlice, prefixNS bool) (engine
 		}
 	}
 	slices.Sort(names)
-	engines = make([]gateway.DiscoveredEngine, 0, len(names))
+	engines = make([]fleet.DiscoveredEngine, 0, len(names))
 	for _, name := range names {
 		cands := byName[name] // in slice order
 		win := 0

@@ -12,7 +12,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/switchboard-gw/switchboard/gateway"
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 )
 
 // testConfig is an enabled, valid Config picking the slices of Service
@@ -64,12 +64,12 @@ func withConditions(ep discoveryv1.Endpoint, c discoveryv1.EndpointConditions) d
 
 // eng returns the ready engine the defaults of testConfig give name at
 // url.
-func eng(name, url string, models ...string) gateway.DiscoveredEngine {
-	return gateway.DiscoveredEngine{EngineConfig: gateway.EngineConfig{Name: name, URL: url, Models: models}}
+func eng(name, url string, models ...string) fleet.DiscoveredEngine {
+	return fleet.DiscoveredEngine{EngineConfig: fleet.EngineConfig{Name: name, URL: url, Models: models}}
 }
 
 // unready returns de marked Unready.
-func unready(de gateway.DiscoveredEngine) gateway.DiscoveredEngine {
+func unready(de fleet.DiscoveredEngine) fleet.DiscoveredEngine {
 	de.Unready = true
 	return de
 }
@@ -81,7 +81,7 @@ func family(s *discoveryv1.EndpointSlice, t discoveryv1.AddressType) *discoveryv
 }
 
 // sameEngines reports whether got and want are equal, nil and empty alike.
-func sameEngines(got, want []gateway.DiscoveredEngine) bool {
+func sameEngines(got, want []fleet.DiscoveredEngine) bool {
 	if len(got) == 0 && len(want) == 0 {
 		return true
 	}
@@ -95,7 +95,7 @@ func TestEngines(t *testing.T) {
 		cfg      func(*Config) // applied to testConfig; nil: as is
 		slices   []*discoveryv1.EndpointSlice
 		prefixNS bool
-		want     []gateway.DiscoveredEngine
+		want     []fleet.DiscoveredEngine
 		// skipped are the left-out lines, each given by substrings it
 		// must contain.
 		skipped [][]string
@@ -103,7 +103,7 @@ func TestEngines(t *testing.T) {
 		{
 			name:   "ready unset is ready",
 			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-1", "vllm", http8000(), podEP("vllm-0", "10.0.0.1"))},
-			want:   []gateway.DiscoveredEngine{eng("vllm-0", "http://10.0.0.1:8000")},
+			want:   []fleet.DiscoveredEngine{eng("vllm-0", "http://10.0.0.1:8000")},
 		},
 		{
 			name: "ready true is ready, ready false is unready",
@@ -112,7 +112,7 @@ func TestEngines(t *testing.T) {
 				withConditions(podEP("vllm-1", "10.0.0.2"), discoveryv1.EndpointConditions{Ready: new(false)}),
 				withConditions(podEP("vllm-2", "10.0.0.3"), discoveryv1.EndpointConditions{Ready: new(false), Serving: new(true)}),
 			)},
-			want: []gateway.DiscoveredEngine{
+			want: []fleet.DiscoveredEngine{
 				eng("vllm-0", "http://10.0.0.1:8000"),
 				unready(eng("vllm-1", "http://10.0.0.2:8000")),
 				unready(eng("vllm-2", "http://10.0.0.3:8000")),
@@ -126,7 +126,7 @@ func TestEngines(t *testing.T) {
 				withConditions(podEP("vllm-2", "10.0.0.3"), discoveryv1.EndpointConditions{Ready: new(true), Serving: new(true), Terminating: new(true)}),
 				withConditions(podEP("vllm-3", "10.0.0.4"), discoveryv1.EndpointConditions{Ready: new(true), Serving: new(true), Terminating: new(false)}),
 			)},
-			want: []gateway.DiscoveredEngine{
+			want: []fleet.DiscoveredEngine{
 				unready(eng("vllm-0", "http://10.0.0.1:8000")),
 				unready(eng("vllm-1", "http://10.0.0.2:8000")),
 				unready(eng("vllm-2", "http://10.0.0.3:8000")),
@@ -137,18 +137,18 @@ func TestEngines(t *testing.T) {
 			name: "an endpoint without addresses is left out silently",
 			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-1", "vllm", http8000(),
 				podEP("vllm-0"), podEP("vllm-1", "10.0.0.2"))},
-			want: []gateway.DiscoveredEngine{eng("vllm-1", "http://10.0.0.2:8000")},
+			want: []fleet.DiscoveredEngine{eng("vllm-1", "http://10.0.0.2:8000")},
 		},
 		{
 			name:   "several addresses: the first",
 			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-1", "vllm", http8000(), podEP("vllm-0", "10.0.0.7", "10.0.0.8"))},
-			want:   []gateway.DiscoveredEngine{eng("vllm-0", "http://10.0.0.7:8000")},
+			want:   []fleet.DiscoveredEngine{eng("vllm-0", "http://10.0.0.7:8000")},
 		},
 		{
 			name:   "IPv6 address in brackets",
 			cfg:    func(c *Config) { c.Names = NamesSliceAddress; c.AddressType = AddressTypeIPv6 },
 			slices: []*discoveryv1.EndpointSlice{family(eslice(ns, "vllm-v6", "vllm", http8000(), podEP("vllm-0", "fd00::1")), discoveryv1.AddressTypeIPv6)},
-			want:   []gateway.DiscoveredEngine{eng("vllm-v6/fd00::1", "http://[fd00::1]:8000")},
+			want:   []fleet.DiscoveredEngine{eng("vllm-v6/fd00::1", "http://[fd00::1]:8000")},
 		},
 		{
 			// The IPv6 slice sorts first: taking both families, the
@@ -158,7 +158,7 @@ func TestEngines(t *testing.T) {
 				family(eslice(ns, "vllm-a6", "vllm", http8000(), podEP("vllm-0", "fd00::1"), podEP("vllm-1", "fd00::2")), discoveryv1.AddressTypeIPv6),
 				eslice(ns, "vllm-b4", "vllm", http8000(), podEP("vllm-0", "10.0.0.1"), podEP("vllm-1", "10.0.0.2")),
 			},
-			want: []gateway.DiscoveredEngine{eng("vllm-0", "http://10.0.0.1:8000"), eng("vllm-1", "http://10.0.0.2:8000")},
+			want: []fleet.DiscoveredEngine{eng("vllm-0", "http://10.0.0.1:8000"), eng("vllm-1", "http://10.0.0.2:8000")},
 		},
 		{
 			name: "dual stack: address_type IPv6 takes the IPv6 slice",
@@ -167,7 +167,7 @@ func TestEngines(t *testing.T) {
 				eslice(ns, "vllm-a4", "vllm", http8000(), podEP("vllm-0", "10.0.0.1"), podEP("vllm-1", "10.0.0.2")),
 				family(eslice(ns, "vllm-b6", "vllm", http8000(), podEP("vllm-0", "fd00::1"), podEP("vllm-1", "fd00::2")), discoveryv1.AddressTypeIPv6),
 			},
-			want: []gateway.DiscoveredEngine{eng("vllm-0", "http://[fd00::1]:8000"), eng("vllm-1", "http://[fd00::2]:8000")},
+			want: []fleet.DiscoveredEngine{eng("vllm-0", "http://[fd00::1]:8000"), eng("vllm-1", "http://[fd00::2]:8000")},
 		},
 		{
 			name: "address_type FQDN",
@@ -176,7 +176,7 @@ func TestEngines(t *testing.T) {
 				eslice(ns, "vllm-a4", "vllm", http8000(), podEP("vllm-0", "10.0.0.1")),
 				family(eslice(ns, "vllm-ext", "vllm", http8000(), discoveryv1.Endpoint{Addresses: []string{"vllm.example.com"}}), discoveryv1.AddressTypeFQDN),
 			},
-			want: []gateway.DiscoveredEngine{eng("vllm-ext/vllm.example.com", "http://vllm.example.com:8000")},
+			want: []fleet.DiscoveredEngine{eng("vllm-ext/vllm.example.com", "http://vllm.example.com:8000")},
 		},
 		{
 			name: "a slice of another address type says nothing, even without a usable port",
@@ -190,13 +190,13 @@ func TestEngines(t *testing.T) {
 			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-1", "vllm",
 				[]discoveryv1.EndpointPort{port("metrics", 9090), port("http", 8000), port("", 7000)},
 				podEP("vllm-0", "10.0.0.1"))},
-			want: []gateway.DiscoveredEngine{eng("vllm-0", "http://10.0.0.1:8000")},
+			want: []fleet.DiscoveredEngine{eng("vllm-0", "http://10.0.0.1:8000")},
 		},
 		{
 			name: "the only port, unnamed, no port configured",
 			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-1", "vllm",
 				[]discoveryv1.EndpointPort{port("", 8080)}, podEP("vllm-0", "10.0.0.1"))},
-			want: []gateway.DiscoveredEngine{eng("vllm-0", "http://10.0.0.1:8080")},
+			want: []fleet.DiscoveredEngine{eng("vllm-0", "http://10.0.0.1:8080")},
 		},
 		{
 			name: "several ports and no port configured: the slice is left out",
@@ -204,7 +204,7 @@ func TestEngines(t *testing.T) {
 				eslice(ns, "vllm-1", "vllm", []discoveryv1.EndpointPort{port("http", 8000), port("metrics", 9090)}, podEP("vllm-0", "10.0.0.1")),
 				eslice(ns, "vllm-2", "vllm", http8000(), podEP("vllm-1", "10.0.0.2")),
 			},
-			want: []gateway.DiscoveredEngine{eng("vllm-1", "http://10.0.0.2:8000")},
+			want: []fleet.DiscoveredEngine{eng("vllm-1", "http://10.0.0.2:8000")},
 			skipped: [][]string{{"EndpointSlice default/vllm-1 has 2 ports", `"http" 8000, "metrics" 9090`,
 				"discovery.kubernetes.port does not name one", "left out"}},
 		},
@@ -241,7 +241,7 @@ func TestEngines(t *testing.T) {
 				eslice(ns, "vllm-1", "vllm", nil),
 				eslice(ns, "vllm-2", "vllm", http8000(), podEP("vllm-0", "10.0.0.1")),
 			},
-			want: []gateway.DiscoveredEngine{eng("vllm-0", "http://10.0.0.1:8000")},
+			want: []fleet.DiscoveredEngine{eng("vllm-0", "http://10.0.0.1:8000")},
 		},
 		{
 			name: "names pod; no pod reference or not a pod: slice-address",
@@ -251,7 +251,7 @@ func TestEngines(t *testing.T) {
 				discoveryv1.Endpoint{Addresses: []string{"10.0.0.3"}, TargetRef: &corev1.ObjectReference{Kind: "Node", Name: "node-1"}},
 				discoveryv1.Endpoint{Addresses: []string{"10.0.0.4"}, TargetRef: &corev1.ObjectReference{Kind: "Pod"}},
 			)},
-			want: []gateway.DiscoveredEngine{
+			want: []fleet.DiscoveredEngine{
 				eng("vllm-0", "http://10.0.0.1:8000"),
 				eng("vllm-1/10.0.0.2", "http://10.0.0.2:8000"),
 				eng("vllm-1/10.0.0.3", "http://10.0.0.3:8000"),
@@ -262,7 +262,7 @@ func TestEngines(t *testing.T) {
 			name:   "names slice-address",
 			cfg:    func(c *Config) { c.Names = NamesSliceAddress },
 			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-abcde", "vllm", http8000(), podEP("vllm-0", "10.0.0.1"))},
-			want:   []gateway.DiscoveredEngine{eng("vllm-abcde/10.0.0.1", "http://10.0.0.1:8000")},
+			want:   []fleet.DiscoveredEngine{eng("vllm-abcde/10.0.0.1", "http://10.0.0.1:8000")},
 		},
 		{
 			name: "names service-address; no service label: slice-address",
@@ -271,7 +271,7 @@ func TestEngines(t *testing.T) {
 				eslice(ns, "vllm-abcde", "vllm", http8000(), podEP("vllm-0", "10.0.0.1")),
 				eslice(ns, "manual", "", http8000(), podEP("vllm-1", "10.0.0.2")),
 			},
-			want: []gateway.DiscoveredEngine{
+			want: []fleet.DiscoveredEngine{
 				eng("manual/10.0.0.2", "http://10.0.0.2:8000"),
 				eng("vllm/10.0.0.1", "http://10.0.0.1:8000"),
 			},
@@ -283,7 +283,7 @@ func TestEngines(t *testing.T) {
 				eslice("team-a", "vllm-1", "vllm", http8000(), podEP("vllm-0", "10.0.0.1"), discoveryv1.Endpoint{Addresses: []string{"10.0.0.2"}}),
 			},
 			prefixNS: true,
-			want: []gateway.DiscoveredEngine{
+			want: []fleet.DiscoveredEngine{
 				eng("team-a/vllm-0", "http://10.0.0.1:8000"),
 				eng("team-a/vllm-1/10.0.0.2", "http://10.0.0.2:8000"),
 				eng("team-b/vllm-0", "http://10.0.1.1:8000"),
@@ -296,14 +296,14 @@ func TestEngines(t *testing.T) {
 				eslice("team-a", "vllm-1", "vllm", http8000(), podEP("vllm-0", "10.0.0.1")),
 			},
 			prefixNS: true,
-			want:     []gateway.DiscoveredEngine{eng("team-a/vllm/10.0.0.1", "http://10.0.0.1:8000")},
+			want:     []fleet.DiscoveredEngine{eng("team-a/vllm/10.0.0.1", "http://10.0.0.1:8000")},
 		},
 		{
 			name: "models from the configuration",
 			cfg:  func(c *Config) { c.Models = []string{"llama-3-8b", "qwen"} },
 			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-1", "vllm", http8000(),
 				podEP("vllm-0", "10.0.0.1"), podEP("vllm-1", "10.0.0.2"))},
-			want: []gateway.DiscoveredEngine{
+			want: []fleet.DiscoveredEngine{
 				eng("vllm-0", "http://10.0.0.1:8000", "llama-3-8b", "qwen"),
 				eng("vllm-1", "http://10.0.0.2:8000", "llama-3-8b", "qwen"),
 			},
@@ -324,7 +324,7 @@ func TestEngines(t *testing.T) {
 					return s
 				}(),
 			},
-			want: []gateway.DiscoveredEngine{
+			want: []fleet.DiscoveredEngine{
 				eng("vllm-0", "http://10.0.0.1:8000", "llama-3-8b", "qwen", "mistral"),
 				eng("vllm-1", "http://10.0.0.2:8000"),
 				eng("vllm-2", "http://10.0.0.3:8000"),
@@ -341,7 +341,7 @@ func TestEngines(t *testing.T) {
 				}(),
 				eslice(ns, "vllm-2", "vllm", http8000(), podEP("vllm-1", "10.0.0.2")),
 			},
-			want: []gateway.DiscoveredEngine{
+			want: []fleet.DiscoveredEngine{
 				eng("vllm-0", "http://10.0.0.1:8000", "llama-3-8b"),
 				eng("vllm-1", "http://10.0.0.2:8000"),
 			},
@@ -352,7 +352,7 @@ func TestEngines(t *testing.T) {
 				eslice(ns, "vllm-2", "vllm", http8000(), podEP("vllm-0", "10.0.0.1")),
 				eslice(ns, "vllm-1", "vllm", http8000(), podEP("vllm-0", "10.0.0.1"), podEP("vllm-1", "10.0.0.2")),
 			},
-			want: []gateway.DiscoveredEngine{eng("vllm-0", "http://10.0.0.1:8000"), eng("vllm-1", "http://10.0.0.2:8000")},
+			want: []fleet.DiscoveredEngine{eng("vllm-0", "http://10.0.0.1:8000"), eng("vllm-1", "http://10.0.0.2:8000")},
 		},
 		{
 			name: "the same endpoint in two slices, unready in the first: the ready one",
@@ -360,7 +360,7 @@ func TestEngines(t *testing.T) {
 				eslice(ns, "vllm-b", "vllm", http8000(), podEP("vllm-0", "10.0.0.1")),
 				eslice(ns, "vllm-a", "vllm", http8000(), withConditions(podEP("vllm-0", "10.0.0.1"), discoveryv1.EndpointConditions{Ready: new(false)})),
 			},
-			want: []gateway.DiscoveredEngine{eng("vllm-0", "http://10.0.0.1:8000")},
+			want: []fleet.DiscoveredEngine{eng("vllm-0", "http://10.0.0.1:8000")},
 		},
 		{
 			name: "the same endpoint unready in both slices: unready",
@@ -368,7 +368,7 @@ func TestEngines(t *testing.T) {
 				eslice(ns, "vllm-b", "vllm", http8000(), withConditions(podEP("vllm-0", "10.0.0.1"), discoveryv1.EndpointConditions{Terminating: new(true)})),
 				eslice(ns, "vllm-a", "vllm", http8000(), withConditions(podEP("vllm-0", "10.0.0.1"), discoveryv1.EndpointConditions{Ready: new(false)})),
 			},
-			want: []gateway.DiscoveredEngine{unready(eng("vllm-0", "http://10.0.0.1:8000"))},
+			want: []fleet.DiscoveredEngine{unready(eng("vllm-0", "http://10.0.0.1:8000"))},
 		},
 		{
 			name: "the same name at another URL, unready in the first slice: the ready one wins",
@@ -376,7 +376,7 @@ func TestEngines(t *testing.T) {
 				eslice(ns, "vllm-b", "vllm", http8000(), podEP("vllm-0", "10.0.0.9")),
 				eslice(ns, "vllm-a", "vllm", http8000(), withConditions(podEP("vllm-0", "10.0.0.1"), discoveryv1.EndpointConditions{Terminating: new(true)})),
 			},
-			want: []gateway.DiscoveredEngine{eng("vllm-0", "http://10.0.0.9:8000")},
+			want: []fleet.DiscoveredEngine{eng("vllm-0", "http://10.0.0.9:8000")},
 			skipped: [][]string{{"endpoint vllm-0 at http://10.0.0.1:8000 in EndpointSlice default/vllm-a left out",
 				"EndpointSlice default/vllm-b has it ready at http://10.0.0.9:8000"}},
 		},
@@ -386,7 +386,7 @@ func TestEngines(t *testing.T) {
 				eslice(ns, "vllm-b", "vllm", http8000(), podEP("vllm-0", "10.0.0.9")),
 				eslice(ns, "vllm-a", "vllm", http8000(), podEP("vllm-0", "10.0.0.1")),
 			},
-			want: []gateway.DiscoveredEngine{eng("vllm-0", "http://10.0.0.1:8000")},
+			want: []fleet.DiscoveredEngine{eng("vllm-0", "http://10.0.0.1:8000")},
 			skipped: [][]string{{"endpoint vllm-0 at http://10.0.0.9:8000 in EndpointSlice default/vllm-b left out",
 				"EndpointSlice default/vllm-a has it at http://10.0.0.1:8000"}},
 		},
@@ -396,7 +396,7 @@ func TestEngines(t *testing.T) {
 				eslice(ns, "vllm-1", "vllm", http8000(), podEP("vllm-c", "10.0.0.3"), podEP("vllm-a", "10.0.0.1")),
 				eslice(ns, "vllm-0", "vllm", http8000(), podEP("vllm-d", "10.0.0.4"), podEP("vllm-b", "10.0.0.2")),
 			},
-			want: []gateway.DiscoveredEngine{
+			want: []fleet.DiscoveredEngine{
 				eng("vllm-a", "http://10.0.0.1:8000"),
 				eng("vllm-b", "http://10.0.0.2:8000"),
 				eng("vllm-c", "http://10.0.0.3:8000"),
@@ -413,7 +413,7 @@ func TestEngines(t *testing.T) {
 				c.Models = []string{"llama-3-8b"}
 			},
 			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-1", "vllm", http8000(), podEP("vllm-0", "10.0.0.1"))},
-			want: []gateway.DiscoveredEngine{{EngineConfig: gateway.EngineConfig{Name: "vllm-0", URL: "https://10.0.0.1:8000",
+			want: []fleet.DiscoveredEngine{{EngineConfig: fleet.EngineConfig{Name: "vllm-0", URL: "https://10.0.0.1:8000",
 				Models: []string{"llama-3-8b"}, APIKeyEnv: "VLLM_API_KEY", Provider: "openai", MaxInFlight: 32}}},
 		},
 		{
@@ -506,8 +506,8 @@ func TestEnginesOrderIndependent(t *testing.T) {
 		if len(want) == 0 || len(wantSkipped) == 0 {
 			t.Fatalf("the input should give engines and left-out lines: %+v, %q", want, wantSkipped)
 		}
-		if !slices.ContainsFunc(want, func(de gateway.DiscoveredEngine) bool { return de.Unready }) ||
-			!slices.ContainsFunc(want, func(de gateway.DiscoveredEngine) bool { return !de.Unready }) {
+		if !slices.ContainsFunc(want, func(de fleet.DiscoveredEngine) bool { return de.Unready }) ||
+			!slices.ContainsFunc(want, func(de fleet.DiscoveredEngine) bool { return !de.Unready }) {
 			t.Fatalf("the input should give ready and unready engines: %+v", want)
 		}
 		for _, de := range want {

@@ -1,30 +1,27 @@
-package gateway
+package fleet
 
 import (
 	"context"
 	"fmt"
-	"io"
-	"log/slog"
-	"net/http"
 	"testing"
-	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
 
-// TestPoolLive: an engine is live while it is in the pool, and after
+// TestLive: an engine is live while it is in the fleet, and after
 // Remove (or a reload that drops it) while a request holds a slot on it;
 // an engine never added is not.
-func TestPoolLive(t *testing.T) {
-	// Nothing listens: the pool is never started, and the reload's
+func TestLive(t *testing.T) {
+	// Nothing listens: the fleet is never started, and the reload's
 	// probe of a new incarnation fails at once.
 	cfg := testConfig(EngineConfig{Name: "e1", URL: "http://127.0.0.1:1", Models: []string{"m"}})
-	p, err := newPool(cfg, mustMetrics(t), http.DefaultTransport, slog.New(slog.NewTextHandler(io.Discard, nil)), time.Now)
+	p, err := New(cfg, mustMetrics(t), WithLogger(discard))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +49,7 @@ func TestPoolLive(t *testing.T) {
 	check("e1 removed, drained", map[string]bool{"e1": false, "e2": true})
 
 	// Removed while a request holds a slot: live until it releases it.
-	ep := p.byName("e2").ep
+	ep := p.Engine("e2").ep
 	var s routing.Slot
 	s.Acquire(ep)
 	if !p.Remove("e2") {
@@ -67,7 +64,7 @@ func TestPoolLive(t *testing.T) {
 	if err := p.Add(e2); err != nil {
 		t.Fatal(err)
 	}
-	s.Acquire(p.byName("e2").ep)
+	s.Acquire(p.Engine("e2").ep)
 	if _, removed, _, err := p.apply(nil, nil, nil); err != nil || len(removed) != 1 {
 		t.Fatalf("apply(no engines): removed %v, %v", removed, err)
 	}
@@ -76,10 +73,10 @@ func TestPoolLive(t *testing.T) {
 	check("e2 dropped by a reload, slot released", map[string]bool{"e2": false, "e1": false})
 }
 
-// TestPoolLiveServer: a server is live while an engine in the pool has
+// TestLiveServer: a server is live while an engine in the fleet has
 // its host and port (the scheme's default when the URL names none), and
 // after the engine leaves while a request holds a slot on it.
-func TestPoolLiveServer(t *testing.T) {
+func TestLiveServer(t *testing.T) {
 	cfg := testConfig(
 		EngineConfig{Name: "http", URL: "http://10.0.0.1", Models: []string{"m"}},
 		EngineConfig{Name: "https", URL: "https://10.0.0.2/v1", Models: []string{"m"}},
@@ -88,7 +85,7 @@ func TestPoolLiveServer(t *testing.T) {
 		EngineConfig{Name: "v6", URL: "http://[fd00::1]:9000", Models: []string{"m"}},
 		EngineConfig{Name: "creds", URL: "https://user:secret@Engine.Example", Models: []string{"m"}},
 	)
-	p, err := newPool(cfg, mustMetrics(t), http.DefaultTransport, slog.New(slog.NewTextHandler(io.Discard, nil)), time.Now)
+	p, err := New(cfg, mustMetrics(t), WithLogger(discard))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +120,7 @@ func TestPoolLiveServer(t *testing.T) {
 
 	// Removed while a request holds a slot: live until it releases it.
 	var s routing.Slot
-	s.Acquire(p.byName("port").ep)
+	s.Acquire(p.Engine("port").ep)
 	if !p.Remove("port") {
 		t.Fatal("Remove(port) = false")
 	}
@@ -135,7 +132,7 @@ func TestPoolLiveServer(t *testing.T) {
 	// request holds a slot on the old incarnation: both are live until
 	// the old one drains, then only the new one. (Nothing listens there:
 	// the new incarnation's probe fails at once.)
-	s.Acquire(p.byName("https").ep)
+	s.Acquire(p.Engine("https").ep)
 	var next []EngineConfig
 	for _, e := range p.engines {
 		ec := e.cfg
@@ -155,11 +152,11 @@ func TestPoolLiveServer(t *testing.T) {
 	}
 }
 
-// TestPoolLiveServerMatchesTelemetry: every engine's GenAI data points
+// TestLiveServerMatchesTelemetry: every engine's GenAI data points
 // carry a server.address and server.port LiveServer reports live (it
 // computes them as newEngine does for telemetry.WithServer), and no
 // longer once the engine is gone.
-func TestPoolLiveServerMatchesTelemetry(t *testing.T) {
+func TestLiveServerMatchesTelemetry(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	defer func() { _ = mp.Shutdown(context.Background()) }()
@@ -172,7 +169,7 @@ func TestPoolLiveServerMatchesTelemetry(t *testing.T) {
 	for i, u := range urls {
 		engines = append(engines, EngineConfig{Name: fmt.Sprintf("e%d", i), URL: u, Models: []string{"m"}})
 	}
-	p, err := newPool(testConfig(engines...), m, http.DefaultTransport, slog.New(slog.NewTextHandler(io.Discard, nil)), time.Now)
+	p, err := New(testConfig(engines...), m, WithLogger(discard))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,16 +219,16 @@ func TestPoolLiveServerMatchesTelemetry(t *testing.T) {
 	}
 }
 
-// TestPoolLiveServerDoesNotAllocate: a collection asks once per server.
-func TestPoolLiveServerDoesNotAllocate(t *testing.T) {
-	if raceEnabled {
+// TestLiveServerDoesNotAllocate: a collection asks once per server.
+func TestLiveServerDoesNotAllocate(t *testing.T) {
+	if testutil.RaceEnabled {
 		t.Skip("the race detector allocates")
 	}
 	cfg := testConfig(
 		EngineConfig{Name: "a", URL: "https://10.0.0.1", Models: []string{"m"}},
 		EngineConfig{Name: "b", URL: "http://[fd00::1]:9000", Models: []string{"m"}},
 	)
-	p, err := newPool(cfg, mustMetrics(t), http.DefaultTransport, slog.New(slog.NewTextHandler(io.Discard, nil)), time.Now)
+	p, err := New(cfg, mustMetrics(t), WithLogger(discard))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,16 +1,12 @@
-package gateway
+package fleet
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -21,71 +17,6 @@ import (
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
 
-// vllmPage is a /metrics page shaped like vLLM v1's prometheus_client
-// output (abridged): two served models, counters exposed with _total and
-// their _created companions, a histogram, the sleep-state gauge with its
-// three sleep_state series, and the help and type comments.
-const vllmPage = `# HELP python_gc_objects_collected_total Objects collected during gc
-# TYPE python_gc_objects_collected_total counter
-python_gc_objects_collected_total{generation="0"} 12345.0
-# HELP vllm:num_requests_running Number of requests in model execution batches.
-# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 3.0
-vllm:num_requests_running{engine="0",model_name="lora-a"} 2.0
-# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
-# TYPE vllm:num_requests_waiting gauge
-vllm:num_requests_waiting{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 1.0
-vllm:num_requests_waiting{engine="0",model_name="lora-a"} 4.0
-# HELP vllm:engine_sleep_state Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.
-# TYPE vllm:engine_sleep_state gauge
-vllm:engine_sleep_state{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct",sleep_state="awake"} 1.0
-vllm:engine_sleep_state{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct",sleep_state="weights_offloaded"} 0.0
-vllm:engine_sleep_state{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct",sleep_state="discard_all"} 0.0
-# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
-# TYPE vllm:kv_cache_usage_perc gauge
-vllm:kv_cache_usage_perc{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.25
-vllm:kv_cache_usage_perc{engine="1",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.5
-# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
-# TYPE vllm:prefix_cache_queries_total counter
-vllm:prefix_cache_queries_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 1000.0
-vllm:prefix_cache_queries_total{engine="0",model_name="lora-a"} 24.0
-# HELP vllm:prefix_cache_queries_created Prefix cache queries, in terms of number of queried tokens.
-# TYPE vllm:prefix_cache_queries_created gauge
-vllm:prefix_cache_queries_created{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 1.7e+09
-# HELP vllm:prefix_cache_hits_total Prefix cache hits, in terms of number of cached tokens.
-# TYPE vllm:prefix_cache_hits_total counter
-vllm:prefix_cache_hits_total{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 600.0
-vllm:prefix_cache_hits_total{engine="0",model_name="lora-a"} 16.0
-# HELP vllm:time_to_first_token_seconds Histogram of time to first token in seconds.
-# TYPE vllm:time_to_first_token_seconds histogram
-vllm:time_to_first_token_seconds_sum{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 1.5
-vllm:time_to_first_token_seconds_bucket{engine="0",le="0.001",model_name="meta-llama/Llama-3.1-8B-Instruct"} 0.0
-vllm:time_to_first_token_seconds_bucket{engine="0",le="+Inf",model_name="meta-llama/Llama-3.1-8B-Instruct"} 7.0
-vllm:time_to_first_token_seconds_count{engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"} 7.0
-`
-
-// sleepPage returns a page of one engine at the given vLLM sleep level (0
-// awake, 1 weights offloaded, 2 discard all), as record_sleep_state sets
-// the three series.
-func sleepPage(level int) string {
-	awake, offloaded, discard := 1, 0, 0
-	switch level {
-	case 1:
-		awake, offloaded = 0, 1
-	case 2:
-		awake, discard = 0, 1
-	}
-	return fmt.Sprintf(`# TYPE vllm:num_requests_running gauge
-vllm:num_requests_running{engine="0",model_name="m"} 0.0
-# TYPE vllm:num_requests_waiting gauge
-vllm:num_requests_waiting{engine="0",model_name="m"} 0.0
-# TYPE vllm:engine_sleep_state gauge
-vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="awake"} %d.0
-vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="weights_offloaded"} %d.0
-vllm:engine_sleep_state{engine="0",model_name="m",sleep_state="discard_all"} %d.0
-`, awake, offloaded, discard)
-}
-
 func TestParseEngineMetrics(t *testing.T) {
 	tests := []struct {
 		name string
@@ -95,7 +26,7 @@ func TestParseEngineMetrics(t *testing.T) {
 	}{
 		{
 			name: "vLLM v1 page, two models",
-			page: vllmPage,
+			page: testutil.VLLMPage,
 			want: sample{running: 5, waiting: 5, kvUsage: 0.5, hits: 616, queries: 1024, hasPrefix: true},
 		},
 		{
@@ -144,9 +75,9 @@ vllm:prefix_cache_hits_total{model_name="m"} 2
 			page: "vllm:num_requests_running 1\nvllm:prefix_cache_queries_total 8\n",
 			want: sample{running: 1, kvUsage: -1},
 		},
-		{name: "awake", page: sleepPage(0), want: sample{kvUsage: -1}},
-		{name: "sleep level 1", page: sleepPage(1), want: sample{kvUsage: -1, sleeping: true}},
-		{name: "sleep level 2", page: sleepPage(2), want: sample{kvUsage: -1, sleeping: true}},
+		{name: "awake", page: testutil.SleepPage(0), want: sample{kvUsage: -1}},
+		{name: "sleep level 1", page: testutil.SleepPage(1), want: sample{kvUsage: -1, sleeping: true}},
+		{name: "sleep level 2", page: testutil.SleepPage(2), want: sample{kvUsage: -1, sleeping: true}},
 		{
 			name: "sleep level as a plain gauge",
 			page: "vllm:num_requests_running 0\nvllm:engine_sleep_state 1\n",
@@ -245,84 +176,11 @@ func TestPrefixState(t *testing.T) {
 	}
 }
 
-// handlerTransport serves requests with a handler in memory, on the
-// caller's goroutine: no sockets, so it works inside a synctest bubble.
-type handlerTransport struct{ h http.Handler }
-
-func (t handlerTransport) RoundTrip(r *http.Request) (*http.Response, error) {
-	rec := httptest.NewRecorder()
-	t.h.ServeHTTP(rec, r)
-	if err := r.Context().Err(); err != nil {
-		return nil, err
-	}
-	return rec.Result(), nil
-}
-
-// metricsMode is what a test engine's /metrics does.
-type metricsMode int32
-
-const (
-	metricsServe metricsMode = iota // the current page
-	metricsFail                     // 500
-	metricsHang                     // nothing until the scraper gives up
-)
-
-// statsEngine is a test engine's /health, /v1/models and /metrics. Its
-// page and mode can be changed at any time.
-type statsEngine struct {
-	models  []string
-	page    atomic.Pointer[string]
-	mode    atomic.Int32
-	scrapes atomic.Int64
-	auth    atomic.Pointer[string] // the Authorization header of the last scrape
-	next    http.HandlerFunc       // the /v1/ handler; nil: 404
-}
-
-func newStatsEngine(page string, models ...string) *statsEngine {
-	e := &statsEngine{models: models}
-	e.setPage(page)
-	return e
-}
-
-func (e *statsEngine) setPage(p string)            { e.page.Store(&p) }
-func (e *statsEngine) setMode(m metricsMode)       { e.mode.Store(int32(m)) }
-func (e *statsEngine) lastAuth() string            { return *e.auth.Load() }
-func (e *statsEngine) handleV1(h http.HandlerFunc) { e.next = h }
-
-func (e *statsEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	switch {
-	case r.URL.Path == "/health":
-	case r.URL.Path == "/v1/models":
-		var data []map[string]string
-		for _, m := range e.models {
-			data = append(data, map[string]string{"id": m, "object": "model"})
-		}
-		_ = json.NewEncoder(w).Encode(map[string]any{"object": "list", "data": data})
-	case r.URL.Path == "/metrics":
-		e.scrapes.Add(1)
-		a := r.Header.Get("Authorization")
-		e.auth.Store(&a)
-		switch metricsMode(e.mode.Load()) {
-		case metricsFail:
-			http.Error(w, "boom", http.StatusInternalServerError)
-		case metricsHang:
-			<-r.Context().Done()
-		default:
-			w.Header().Set("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
-			_, _ = io.WriteString(w, *e.page.Load())
-		}
-	case strings.HasPrefix(r.URL.Path, "/v1/") && e.next != nil:
-		e.next(w, r)
-	default:
-		http.NotFound(w, r)
-	}
-}
-
 // statsConfig is testConfig with scraping on: every second, 500 ms per
 // scrape, stats trusted for 5 s.
 func statsConfig(engines ...EngineConfig) Config {
 	cfg := testConfig(engines...)
-	cfg.EngineStats = EngineStatsConfig{Enabled: true, Interval: time.Second, Timeout: 500 * time.Millisecond, MaxAge: 5 * time.Second, Path: "/metrics"}
+	cfg.Stats = EngineStatsConfig{Enabled: true, Interval: time.Second, Timeout: 500 * time.Millisecond, MaxAge: 5 * time.Second, Path: "/metrics"}
 	return cfg
 }
 
@@ -334,9 +192,9 @@ func statsConfig(engines ...EngineConfig) Config {
 // its stats were fresh, is routable again. Its health verdict never moves.
 func TestEngineStatsExpire(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		eng := newStatsEngine(sleepPage(1), "m")
+		eng := testutil.NewStatsEngine(testutil.SleepPage(1), "m")
 		cfg := statsConfig(EngineConfig{Name: "e1", URL: "http://e1.test:8000", Models: []string{"m"}})
-		p, err := newPool(cfg, mustMetrics(t), handlerTransport{eng}, slog.New(slog.NewTextHandler(io.Discard, nil)), time.Now)
+		p, err := New(cfg, mustMetrics(t), WithTransport(handlerTransport{eng}), WithLogger(discard))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -349,31 +207,31 @@ func TestEngineStatsExpire(t *testing.T) {
 		if !first.Fresh(time.Now()) || !first.Sleeping || !first.At.Equal(start) || !first.Expires.Equal(start.Add(5*time.Second)) {
 			t.Fatalf("after the first scrape: %+v (now %v)", first, start)
 		}
-		if _, err := p.lookup("m"); !errors.Is(err, routing.ErrNoEndpoint) {
+		if _, err := p.Lookup("m"); !errors.Is(err, routing.ErrNoEndpoint) {
 			t.Fatalf("sleeping engine routable: lookup error %v", err)
 		}
 
 		// Awake: the next scrape (one interval later) brings it back.
-		eng.setPage(sleepPage(0))
+		eng.SetPage(testutil.SleepPage(0))
 		time.Sleep(time.Second)
 		synctest.Wait()
-		if _, err := p.lookup("m"); err != nil {
+		if _, err := p.Lookup("m"); err != nil {
 			t.Fatalf("awake engine not routable: %v", err)
 		}
-		eng.setPage(sleepPage(2))
+		eng.SetPage(testutil.SleepPage(2))
 		time.Sleep(time.Second)
 		synctest.Wait()
 		last := ep.Stats()
-		if _, err := p.lookup("m"); !errors.Is(err, routing.ErrNoEndpoint) || !last.Sleeping {
+		if _, err := p.Lookup("m"); !errors.Is(err, routing.ErrNoEndpoint) || !last.Sleeping {
 			t.Fatalf("engine asleep again but routable: %v, %+v", err, last)
 		}
 
 		// The engine stops answering: every further scrape times out.
-		eng.setMode(metricsHang)
-		scrapes := eng.scrapes.Load()
+		eng.SetMode(testutil.MetricsHang)
+		scrapes := eng.Scrapes()
 		time.Sleep(5*time.Second - time.Nanosecond) // to just before expiry
 		synctest.Wait()
-		if eng.scrapes.Load() <= scrapes {
+		if eng.Scrapes() <= scrapes {
 			t.Fatal("no scrape attempted while the engine hung")
 		}
 		if ep.Stats() != last || !last.Fresh(time.Now()) {
@@ -382,7 +240,7 @@ func TestEngineStatsExpire(t *testing.T) {
 		if n := countObserved(p); n != 1 {
 			t.Errorf("fresh stats observed for %d engines, want 1", n)
 		}
-		if _, err := p.lookup("m"); !errors.Is(err, routing.ErrNoEndpoint) {
+		if _, err := p.Lookup("m"); !errors.Is(err, routing.ErrNoEndpoint) {
 			t.Fatalf("sleeping engine routable before its stats expired: %v", err)
 		}
 		time.Sleep(time.Nanosecond) // now == Expires: stale
@@ -394,9 +252,9 @@ func TestEngineStatsExpire(t *testing.T) {
 		}
 		// The next round notices (at most one interval and one timeout
 		// later) and routes to the engine again; the probe decides.
-		time.Sleep(cfg.EngineStats.Interval + cfg.EngineStats.Timeout)
+		time.Sleep(cfg.Stats.Interval + cfg.Stats.Timeout)
 		synctest.Wait()
-		if _, err := p.lookup("m"); err != nil {
+		if _, err := p.Lookup("m"); err != nil {
 			t.Errorf("engine with stale stats not routable: %v", err)
 		}
 		if !ep.Healthy() {
@@ -408,20 +266,10 @@ func TestEngineStatsExpire(t *testing.T) {
 	})
 }
 
-// mustMetrics returns no-op metrics.
-func mustMetrics(t *testing.T) *telemetry.Metrics {
-	t.Helper()
-	m, err := telemetry.NewMetrics(nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m
-}
-
 // countObserved returns how many engines the stats gauges would report.
-func countObserved(p *Pool) int {
+func countObserved(p *Fleet) int {
 	n := 0
-	p.observeStats(func(*telemetry.Engine, telemetry.EngineStats) { n++ })
+	p.ObserveStats(func(*telemetry.Engine, telemetry.EngineStats) { n++ })
 	return n
 }
 
@@ -431,28 +279,27 @@ func countObserved(p *Pool) int {
 // and does not touch the health verdict. The scrape carries the engine's
 // key as the probes do.
 func TestScrapeFailuresKeepStats(t *testing.T) {
-	eng := newStatsEngine(vllmPage, "m")
+	eng := testutil.NewStatsEngine(testutil.VLLMPage, "m")
 	srv := httptest.NewServer(eng)
 	t.Cleanup(srv.Close)
 	cfg := statsConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}, APIKey: "sk-engine-secret"})
-	cfg.EngineStats.Interval, cfg.EngineStats.MaxAge = time.Hour, 2*time.Hour // scrapes only when asked
+	cfg.Stats.Interval, cfg.Stats.MaxAge = time.Hour, 2*time.Hour // scrapes only when asked
 	// Parsing 4 MiB under the race detector takes a good part of a second:
 	// only the hanging engine below should time out.
-	cfg.EngineStats.Timeout = 20 * time.Second
+	cfg.Stats.Timeout = 20 * time.Second
 	var logs testutil.LockedBuffer
-	gw, err := New(cfg, routing.NewRoundRobin(), mustMetrics(t),
+	p, err := New(cfg, mustMetrics(t),
 		WithLogger(slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer gw.Close()
-	p := gw.Pool()
+	defer p.Close()
 	p.ScrapeNow(context.Background())
 	good := p.engines[0].ep.Stats()
 	if good == nil || good.Running != 5 || good.Waiting != 5 || good.KVCacheUsage != 0.5 || good.PrefixCacheHitRatio != -1 {
 		t.Fatalf("stats from the vLLM page: %+v", good)
 	}
-	if a := eng.lastAuth(); a != "Bearer sk-engine-secret" {
+	if a := eng.LastAuth(); a != "Bearer sk-engine-secret" {
 		t.Errorf("scrape sent Authorization %q, want the engine's key", a)
 	}
 	huge := "vllm:num_requests_running 1\n" + strings.Repeat("# padding padding padding padding padding padding padding\n", (5<<20)/58)
@@ -461,11 +308,11 @@ func TestScrapeFailuresKeepStats(t *testing.T) {
 		set  func()
 		log  string
 	}{
-		{"status 500", func() { eng.setMode(metricsFail) }, "unexpected status 500"},
-		{"garbage", func() { eng.setMode(metricsServe); eng.setPage("vllm:num_requests_running {{{\n") }, "parse metrics"},
-		{"over 4 MiB", func() { eng.setPage(huge) }, "metrics body over the size limit (4 MiB)"},
-		{"not vLLM", func() { eng.setPage("up 1\n") }, "neither vllm:num_requests_running"},
-		{"timeout", func() { eng.setMode(metricsHang); p.stats.Timeout = 100 * time.Millisecond }, "context deadline exceeded"},
+		{"status 500", func() { eng.SetMode(testutil.MetricsFail) }, "unexpected status 500"},
+		{"garbage", func() { eng.SetMode(testutil.MetricsServe); eng.SetPage("vllm:num_requests_running {{{\n") }, "parse metrics"},
+		{"over 4 MiB", func() { eng.SetPage(huge) }, "metrics body over the size limit (4 MiB)"},
+		{"not vLLM", func() { eng.SetPage("up 1\n") }, "neither vllm:num_requests_running"},
+		{"timeout", func() { eng.SetMode(testutil.MetricsHang); p.stats.Timeout = 100 * time.Millisecond }, "context deadline exceeded"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			tc.set()
@@ -487,8 +334,8 @@ func TestScrapeFailuresKeepStats(t *testing.T) {
 	if n := strings.Count(logs.String(), "level=WARN msg=\"engine stats scrape failing"); n != 1 {
 		t.Errorf("%d warnings for one failure streak, want 1:\n%s", n, logs.String())
 	}
-	eng.setMode(metricsServe)
-	eng.setPage(vllmPage)
+	eng.SetMode(testutil.MetricsServe)
+	eng.SetPage(testutil.VLLMPage)
 	p.stats.Timeout = 20 * time.Second
 	p.ScrapeNow(context.Background())
 	if n := strings.Count(logs.String(), "msg=\"engine stats scrape recovered\" engine=e1"); n != 1 {
@@ -503,21 +350,21 @@ func TestScrapeFailuresKeepStats(t *testing.T) {
 // successful scrapes of the same engine, stays through an idle scrape,
 // and starts over when the counters fall (the engine restarted).
 func TestScrapeHitRatioAndRestart(t *testing.T) {
-	eng := newStatsEngine("", "m")
+	eng := testutil.NewStatsEngine("", "m")
 	srv := httptest.NewServer(eng)
 	t.Cleanup(srv.Close)
 	cfg := statsConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
-	gw, err := New(cfg, routing.NewRoundRobin(), mustMetrics(t))
+	p, err := New(cfg, mustMetrics(t), WithLogger(discard))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer gw.Close()
+	defer p.Close()
 	page := func(hits, queries int) string {
 		return fmt.Sprintf("vllm:num_requests_running{model_name=\"m\"} 0\n"+
 			"# TYPE vllm:prefix_cache_hits_total counter\nvllm:prefix_cache_hits_total{model_name=\"m\"} %d\n"+
 			"# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total{model_name=\"m\"} %d\n", hits, queries)
 	}
-	ep := gw.Pool().engines[0].ep
+	ep := p.engines[0].ep
 	for i, s := range []struct {
 		hits, queries int
 		want          float64
@@ -529,8 +376,8 @@ func TestScrapeHitRatioAndRestart(t *testing.T) {
 		{0, 16, -1}, // restarted
 		{16, 32, 1},
 	} {
-		eng.setPage(page(s.hits, s.queries))
-		gw.Pool().ScrapeNow(context.Background())
+		eng.SetPage(page(s.hits, s.queries))
+		p.ScrapeNow(context.Background())
 		if got := ep.Stats().PrefixCacheHitRatio; got != s.want {
 			t.Errorf("scrape %d (hits %d, queries %d): ratio %v, want %v", i, s.hits, s.queries, got, s.want)
 		}
@@ -562,9 +409,8 @@ func TestStatsConfigValidate(t *testing.T) {
 		{"a deeper path", func(s *EngineStatsConfig) { s.Path = "/engine/metrics" }, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := DefaultConfig()
-			c.Engines = []EngineConfig{{Name: "e", URL: "http://127.0.0.1:1"}}
-			tc.mut(&c.EngineStats)
+			c := DefaultEngineStatsConfig()
+			tc.mut(&c)
 			err := c.Validate()
 			switch {
 			case tc.want == "" && err != nil:

@@ -1,4 +1,4 @@
-package gateway
+package fleet
 
 import (
 	"context"
@@ -45,7 +45,7 @@ func parseEngineMetrics(r io.Reader) (vllmmetrics.Sample, error) {
 
 // prefixState is the prefix cache bookkeeping of one engine incarnation:
 // the counters of its last successful scrape and the ratio derived so far.
-// It is touched only under Pool.statsMu.
+// It is touched only under Fleet.statsMu.
 type prefixState struct {
 	hits, queries float64
 	known         bool    // hits and queries hold a baseline
@@ -84,49 +84,49 @@ func (ps *prefixState) update(s vllmmetrics.Sample) float64 {
 // fresh stats: no new requests) are taken out of or put back into routing.
 // Scrapes never change an engine's health verdict, which the health probe
 // owns. Safe for concurrent use; rounds do not overlap.
-func (p *Pool) ScrapeNow(ctx context.Context) {
-	p.statsMu.Lock()
-	defer p.statsMu.Unlock()
-	p.forEachEngine(func(e *engine) {
-		err := p.scrape(ctx, e)
+func (f *Fleet) ScrapeNow(ctx context.Context) {
+	f.statsMu.Lock()
+	defer f.statsMu.Unlock()
+	f.forEachEngine(func(e *Engine) {
+		err := f.scrape(ctx, e)
 		switch {
 		case err == nil:
 			if e.statsFailing.Swap(false) {
-				p.log.Info("engine stats scrape recovered", "engine", e.cfg.Name)
+				f.log.Info("engine stats scrape recovered", "engine", e.cfg.Name)
 			}
 		case ctx.Err() != nil: // shutting down
 		case !e.statsFailing.Swap(true):
 			// Once per failure streak: an operator whose engine answers
 			// /metrics with 401 or 404 must learn that the stats-driven
 			// policies run on the gateway's counters alone.
-			p.log.Warn("engine stats scrape failing; routing uses the gateway's own counters for it until it recovers", "engine", e.cfg.Name, "error", err)
+			f.log.Warn("engine stats scrape failing; routing uses the gateway's own counters for it until it recovers", "engine", e.cfg.Name, "error", err)
 		default:
-			p.log.Debug("engine stats scrape failed", "engine", e.cfg.Name, "error", err)
+			f.log.Debug("engine stats scrape failed", "engine", e.cfg.Name, "error", err)
 		}
 	})
-	p.applyStatsVerdicts()
+	f.applyStatsVerdicts()
 }
 
 // scrape reads one engine's metrics and stores its stats.
-func (p *Pool) scrape(ctx context.Context, e *engine) error {
-	ctx, cancel := context.WithTimeout(ctx, p.stats.Timeout)
+func (f *Fleet) scrape(ctx context.Context, e *Engine) error {
+	ctx, cancel := context.WithTimeout(ctx, f.stats.Timeout)
 	defer cancel()
-	resp, err := p.engineGet(ctx, p.statsClient, e, e.statsURL, p.stats.Path, statsAccept)
+	resp, err := f.engineGet(ctx, f.statsClient, e, e.statsURL, f.stats.Path, statsAccept)
 	if err != nil {
 		return err
 	}
 	defer resp.Body.Close()
 	s, err := parseEngineMetrics(resp.Body)
 	if err != nil {
-		return fmt.Errorf("GET %s: %w", p.stats.Path, err)
+		return fmt.Errorf("GET %s: %w", f.stats.Path, err)
 	}
 	// The gateway's count right after the page was read, so the drift
 	// compares two views of (nearly) the same moment.
 	pf, dc := e.ep.InFlight()
-	now := p.now()
+	now := f.now()
 	e.ep.SetStats(&routing.Stats{
 		At:                  now,
-		Expires:             now.Add(p.stats.MaxAge),
+		Expires:             now.Add(f.stats.MaxAge),
 		Running:             s.Running,
 		Waiting:             s.Waiting,
 		KVCacheUsage:        s.KVCacheUsage,
@@ -147,12 +147,12 @@ func statsBlocked(st *routing.Stats, now time.Time) bool {
 // applyStatsVerdicts recomputes every engine's stats verdict and rebuilds
 // the routing snapshot when one changed. Stale stats stop blocking here,
 // at the first round after they expire.
-func (p *Pool) applyStatsVerdicts() {
-	now := p.now()
-	p.mu.Lock()
-	defer p.mu.Unlock()
+func (f *Fleet) applyStatsVerdicts() {
+	now := f.now()
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	changed := false
-	for _, e := range p.engines {
+	for _, e := range f.engines {
 		st := e.ep.Stats()
 		blocked := statsBlocked(st, now)
 		if blocked == e.blocked {
@@ -161,26 +161,28 @@ func (p *Pool) applyStatsVerdicts() {
 		e.blocked, changed = blocked, true
 		switch {
 		case blocked && st.Sleeping:
-			p.log.Info("engine sleeping: no new requests until it wakes", "engine", e.cfg.Name)
+			f.log.Info("engine sleeping: no new requests until it wakes", "engine", e.cfg.Name)
 		case blocked:
-			p.log.Warn("engine reports itself unhealthy: no new requests", "engine", e.cfg.Name)
+			f.log.Warn("engine reports itself unhealthy: no new requests", "engine", e.cfg.Name)
 		case st.Fresh(now):
-			p.log.Info("engine awake and healthy again: back in routing", "engine", e.cfg.Name)
+			f.log.Info("engine awake and healthy again: back in routing", "engine", e.cfg.Name)
 		default:
-			p.log.Info("engine stats expired: back in routing, the health probe decides", "engine", e.cfg.Name)
+			f.log.Info("engine stats expired: back in routing, the health probe decides", "engine", e.cfg.Name)
 		}
 	}
 	if changed {
-		p.rebuildLocked()
+		f.rebuildLocked()
 	}
 }
 
-// observeStats reports the stats gauges of every engine with fresh stats.
-func (p *Pool) observeStats(report func(e *telemetry.Engine, s telemetry.EngineStats)) {
-	now := p.now()
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, e := range p.engines {
+// ObserveStats reports the stats gauges of every engine with fresh stats
+// (telemetry.Metrics ObserveEngineStats): queue depth, KV cache usage,
+// prefix cache hit ratio and accounting drift.
+func (f *Fleet) ObserveStats(report func(e *telemetry.Engine, s telemetry.EngineStats)) {
+	now := f.now()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, e := range f.engines {
 		st := e.ep.Stats()
 		if !st.Fresh(now) {
 			continue

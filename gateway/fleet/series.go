@@ -1,4 +1,4 @@
-package gateway
+package fleet
 
 import (
 	"net/url"
@@ -6,26 +6,26 @@ import (
 )
 
 // Live reports whether an engine called name is live for telemetry: an
-// engine of that name is in the pool (healthy or not, drained through the
+// engine of that name is in the fleet (healthy or not, drained through the
 // admin API or not), or a retired incarnation of that name (removed by
 // Remove, a reload or discovery, or replaced by a reload) still holds
-// slots. It is false once the name has left the pool and its last request
+// slots. It is false once the name has left the fleet and its last request
 // there has ended: no measurement carries the name after that.
 //
 // It is the liveness telemetry.Providers.SetEngineLive takes, so that the
 // metric exports drop a gone engine's series (the SDK would export them
-// forever, open-telemetry/opentelemetry-go#8905): pass p.Live. It is
+// forever, open-telemetry/opentelemetry-go#8905): pass f.Live. It is
 // called at collection time, once per engine name per collection, never on
-// the request path; it takes the pool lock for a scan of the engines and
+// the request path; it takes the fleet lock for a scan of the engines and
 // the retired incarnations (no allocation), as the gauge callbacks do.
 // Safe for concurrent use.
-func (p *Pool) Live(name string) bool {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.byNameLocked(name) != nil {
+func (f *Fleet) Live(name string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.byNameLocked(name) != nil {
 		return true
 	}
-	for _, e := range p.retired {
+	for _, e := range f.retired {
 		if e.cfg.Name != name {
 			continue
 		}
@@ -37,7 +37,7 @@ func (p *Pool) Live(name string) bool {
 }
 
 // LiveServer reports whether a server at address and port is live for
-// telemetry: an engine in the pool, or a retired incarnation still
+// telemetry: an engine in the fleet, or a retired incarnation still
 // holding slots (as for Live), has that host and port, as its
 // telemetry.Engine reports them in server.address and server.port (the
 // engine URL's host, without brackets for IPv6, and its port, or the
@@ -49,22 +49,22 @@ func (p *Pool) Live(name string) bool {
 // metric exports drop the gen_ai.client.* series of an engine address no
 // engine has any more (a Kubernetes pod's IP after the pod is replaced;
 // the SDK would export them forever, open-telemetry/opentelemetry-go#8905):
-// pass p.LiveServer. It is called at collection time, once per (address,
-// port) per collection, never on the request path; it takes the pool lock
+// pass f.LiveServer. It is called at collection time, once per (address,
+// port) per collection, never on the request path; it takes the fleet lock
 // for a scan of the engines and the retired incarnations, reading each
 // one's parsed URL (no allocation). Safe for concurrent use.
-func (p *Pool) LiveServer(address string, port int) bool {
+func (f *Fleet) LiveServer(address string, port int) bool {
 	if address == "" {
 		return false
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for _, e := range p.engines {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, e := range f.engines {
 		if e.servesAt(address, port) {
 			return true
 		}
 	}
-	for _, e := range p.retired {
+	for _, e := range f.retired {
 		if !e.servesAt(address, port) {
 			continue
 		}
@@ -80,7 +80,7 @@ func (p *Pool) LiveServer(address string, port int) bool {
 // for telemetry.WithServer, from the endpoint's URL (newEngine's parsed
 // base, which nothing writes after): Hostname and Port slice u.Host, so
 // nothing is allocated.
-func (e *engine) servesAt(address string, port int) bool {
+func (e *Engine) servesAt(address string, port int) bool {
 	u := e.ep.URL()
 	if u.Hostname() != address {
 		return false

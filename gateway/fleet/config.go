@@ -1,0 +1,228 @@
+package fleet
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/switchboard-gw/switchboard/routing"
+)
+
+// ErrInvalidConfig wraps every configuration error of the fleet: an
+// engine's, the health checks' or the stats scraper's. It is the gateway's
+// own (gateway.ErrInvalidConfig is this error), so one errors.Is finds a
+// configuration error wherever it was found.
+var ErrInvalidConfig = errors.New("invalid gateway config")
+
+// Config is what [New] builds a fleet from; the gateway fills it in from
+// its own configuration, validated.
+type Config struct {
+	// Engines are the engines to start with, in configuration order.
+	Engines []EngineConfig
+	// Health configures the active health checks and model discovery.
+	Health HealthConfig
+	// Stats configures the engine stats scraper.
+	Stats EngineStatsConfig
+	// Outlier configures outlier detection (routing.OutlierConfig).
+	Outlier routing.OutlierConfig
+	// Aliases map a public model name to the engine model it stands for
+	// (the gateway's models.aliases, validated: no alias points at another).
+	Aliases map[string]string
+}
+
+// HealthConfig configures active health checks (GET /health) and model
+// discovery (GET /v1/models).
+type HealthConfig struct {
+	// Interval between health probes of each engine. Default 5 s.
+	Interval time.Duration `koanf:"interval"`
+	// Timeout of one probe. Default 2 s.
+	Timeout time.Duration `koanf:"timeout"`
+	// UnhealthyAfter is the number of consecutive failed probes that mark
+	// an engine unhealthy. Default 2.
+	UnhealthyAfter int `koanf:"unhealthy_after"`
+	// DiscoveryInterval is how often engines configured without models
+	// are asked for their models again. Default 30 s.
+	DiscoveryInterval time.Duration `koanf:"discovery_interval"`
+}
+
+// EngineStatsConfig configures the engine stats scraper: every Interval the
+// gateway reads each engine's Prometheus text exposition at Path (the vLLM
+// metric names), stores what it found on the engine's routing.Endpoint for
+// the routing policies, exports it as the switchboard.engine.* stats gauges
+// and keeps an engine that reports itself sleeping or unhealthy out of
+// routing while those stats are fresh.
+type EngineStatsConfig struct {
+	// Enabled turns scraping on. Default true. Off, no engine has stats:
+	// policies use the gateway's own counters and the stats gauges are not
+	// reported.
+	Enabled bool `koanf:"enabled"`
+	// Interval between two scrapes of each engine. Default 1 s.
+	Interval time.Duration `koanf:"interval"`
+	// Timeout of one scrape, connection and body included. Default 500 ms.
+	Timeout time.Duration `koanf:"timeout"`
+	// MaxAge is how long the stats of a successful scrape are trusted;
+	// after it (the engine stopped answering /metrics) they are ignored
+	// and the stats gauges stop reporting the engine. Default 5 s; must be
+	// longer than Interval.
+	MaxAge time.Duration `koanf:"max_age"`
+	// Path is the metrics path on the engine's base URL. Default /metrics.
+	Path string `koanf:"path"`
+}
+
+// EngineConfig is one engine (a vLLM-compatible OpenAI server).
+type EngineConfig struct {
+	// Name is the engine's unique name; it is the `engine` attribute on
+	// every metric, so keep it short and stable.
+	Name string `koanf:"name"`
+	// URL is the engine's base URL, e.g. http://10.0.0.5:8000 (the
+	// /v1/... paths are appended).
+	URL string `koanf:"url"`
+	// Models the engine serves. When empty they are learned from the
+	// engine's GET /v1/models and refreshed every DiscoveryInterval.
+	Models []string `koanf:"models"`
+	// APIKey, when set, is sent to the engine as `Authorization: Bearer`.
+	// Prefer APIKeyEnv, which keeps the secret out of the file.
+	// The client's own Authorization header is never forwarded.
+	APIKey string `koanf:"api_key"`
+	// APIKeyEnv names an environment variable holding the engine's key.
+	// The engine then needs a key: if the variable is unset or empty the
+	// gateway refuses to start rather than send requests without it (fail
+	// closed, shared/cases L19).
+	APIKeyEnv string `koanf:"api_key_env"`
+	// Provider is the engine's gen_ai.provider.name on GenAI spans and
+	// metrics (OpenTelemetry GenAI conventions: a well-known value such as
+	// "openai" when the engine is that provider's API, else a custom one).
+	// Default telemetry.DefaultProvider ("vllm").
+	Provider string `koanf:"provider"`
+	// MaxInFlight is the engine's circuit breaker: the most requests the
+	// gateway has on it at once (prefill + decode, the counters the
+	// in-flight gauges report). A request finding it full goes to another
+	// engine, or is answered 503 with Retry-After at once when every
+	// engine of its model is full. Concurrent admissions in the same
+	// instant may pass it by a few (Envoy's circuit breakers are
+	// approximate the same way). 0 (the default) = no limit.
+	MaxInFlight int `koanf:"max_in_flight"`
+}
+
+// DefaultHealthConfig returns the health check defaults documented on
+// each field.
+func DefaultHealthConfig() HealthConfig {
+	return HealthConfig{
+		Interval:          5 * time.Second,
+		Timeout:           2 * time.Second,
+		UnhealthyAfter:    2,
+		DiscoveryInterval: 30 * time.Second,
+	}
+}
+
+// DefaultEngineStatsConfig returns the scraper defaults documented on each
+// field.
+func DefaultEngineStatsConfig() EngineStatsConfig {
+	return EngineStatsConfig{
+		Enabled:  true,
+		Interval: time.Second,
+		Timeout:  500 * time.Millisecond,
+		MaxAge:   5 * time.Second,
+		Path:     "/metrics",
+	}
+}
+
+// badf returns a function that appends an error wrapping ErrInvalidConfig
+// to *errs.
+func badf(errs *[]error) func(format string, a ...any) {
+	return func(format string, a ...any) {
+		*errs = append(*errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...))
+	}
+}
+
+// Validate reports every problem with the health check settings, each
+// wrapping [ErrInvalidConfig], joined with errors.Join.
+func (h HealthConfig) Validate() error {
+	var errs []error
+	bad := badf(&errs)
+	if h.Interval <= 0 {
+		bad("server.health.interval must be > 0, got %s", h.Interval)
+	}
+	if h.Timeout <= 0 {
+		bad("server.health.timeout must be > 0, got %s", h.Timeout)
+	}
+	if h.UnhealthyAfter < 1 {
+		bad("server.health.unhealthy_after must be >= 1, got %d", h.UnhealthyAfter)
+	}
+	if h.DiscoveryInterval <= 0 {
+		bad("server.health.discovery_interval must be > 0, got %s", h.DiscoveryInterval)
+	}
+	return errors.Join(errs...)
+}
+
+// Validate reports every problem with the scraper settings, each wrapping
+// [ErrInvalidConfig], joined with errors.Join. They are checked even when
+// scraping is off, so turning it on later cannot reveal an old mistake.
+func (s EngineStatsConfig) Validate() error {
+	var errs []error
+	bad := badf(&errs)
+	if s.Interval <= 0 {
+		bad("server.engine_stats.interval must be > 0, got %s", s.Interval)
+	}
+	if s.Timeout <= 0 {
+		bad("server.engine_stats.timeout must be > 0, got %s", s.Timeout)
+	} else if s.Interval > 0 && s.Timeout > s.Interval {
+		bad("server.engine_stats.timeout (%s) must not be longer than server.engine_stats.interval (%s): a hung engine would delay every engine's next scrape", s.Timeout, s.Interval)
+	}
+	if s.MaxAge <= 0 {
+		bad("server.engine_stats.max_age must be > 0, got %s", s.MaxAge)
+	} else if s.Interval > 0 && s.MaxAge <= s.Interval {
+		bad("server.engine_stats.max_age (%s) must be longer than server.engine_stats.interval (%s): stats would expire before the next scrape could renew them", s.MaxAge, s.Interval)
+	}
+	if u, err := url.Parse(s.Path); s.Path == "" || err != nil || !strings.HasPrefix(s.Path, "/") || u.Host != "" || u.RawQuery != "" || u.Fragment != "" {
+		bad("server.engine_stats.path must be a path starting with /, such as /metrics, got %q", s.Path)
+	}
+	return errors.Join(errs...)
+}
+
+// Validate reports every problem with one engine's configuration, each
+// wrapping [ErrInvalidConfig], joined with errors.Join. No message shows
+// the URL's credentials.
+func (e EngineConfig) Validate() error {
+	var errs []error
+	bad := badf(&errs)
+	if e.Name == "" {
+		bad("engine name must not be empty")
+	}
+	if e.MaxInFlight < 0 {
+		bad("engine %q: max_in_flight must be >= 0, got %d", e.Name, e.MaxInFlight)
+	}
+	u, err := url.Parse(e.URL)
+	switch {
+	case e.URL == "":
+		bad("engine %q: url must not be empty", e.Name)
+	case !strings.Contains(e.URL, "://"):
+		// 127.0.0.1:8001 fails to parse and localhost:8001 parses with
+		// the scheme "localhost": say what is missing. Not the URL
+		// itself: it may hold a password.
+		bad("engine %q: url needs http:// or https:// before the host", e.Name)
+	case err != nil:
+		// Not err itself: it quotes the URL, or part of it, credentials
+		// included.
+		bad("engine %q: url is not a valid URL (a user name or password in it must be percent-encoded)", e.Name)
+	case strings.Contains(u.Path+u.RawQuery+u.Fragment, "@") || strings.Contains(u.Opaque, "@"):
+		// http://user:pa/ss@host parses with host "user:pa" and the
+		// password in the path: refuse rather than show it anywhere.
+		bad("engine %q: url has an @ after its host (a user name or password in it must be percent-encoded)", e.Name)
+	case u.Scheme != "http" && u.Scheme != "https":
+		bad("engine %q: url scheme must be http or https, got %q", e.Name, u.Scheme)
+	case u.Host == "":
+		bad("engine %q: url has no host", e.Name)
+	}
+	if e.APIKey != "" && e.APIKeyEnv != "" {
+		bad("engine %q: set api_key or api_key_env, not both", e.Name)
+	}
+	for _, m := range e.Models {
+		if strings.TrimSpace(m) == "" {
+			bad("engine %q: empty model name", e.Name)
+		}
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,241 @@
+package fleet
+
+import (
+	"encoding/base64"
+	"fmt"
+	"net/url"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+
+	"github.com/switchboard-gw/switchboard/routing"
+	"github.com/switchboard-gw/switchboard/telemetry"
+)
+
+// Engine is one incarnation of a configured engine. Removing an engine and
+// adding it again under the same name creates a new incarnation with its own
+// routing.Endpoint, so slots held on the old one are released there
+// (shared/cases L03). A reload that changes only an engine's max_in_flight
+// or its configured models keeps the incarnation and updates it in place
+// (Fleet.tryApply).
+//
+// The request path reads an Engine through its methods, all safe for
+// concurrent use; everything else about it is the fleet's.
+type Engine struct {
+	// cfg is the engine's configuration. Its Models and MaxInFlight are
+	// rewritten in place by a reload, under Fleet.mu: read them under it,
+	// or through models and maxInFlight.
+	cfg    EngineConfig
+	ep     *routing.Endpoint
+	tel    *telemetry.Engine
+	base   string            // the engine's base URL without a trailing slash, never with userinfo; the route path is appended
+	urls   map[string]string // the engine URL of every path given to WithPaths, built once
+	static bool              // models come from config
+	auth   []string          // the Authorization header value, or nil when the engine takes none
+	shown  string            // the URL as logs and /admin/engines show it: userinfo redacted
+	header []string          // the X-Switchboard-Engine value, shared by every response
+
+	// spanAttrs are the engine span attributes that never change:
+	// server.address, server.port, switchboard.engine.
+	spanAttrs []attribute.KeyValue
+
+	// maxInFlight is the engine's circuit breaker (EngineConfig.MaxInFlight,
+	// 0 for none), an atomic so a reload changes it under the requests in
+	// flight, which keep counting against it.
+	maxInFlight atomic.Int64
+
+	models  atomic.Pointer[[]string] // sorted; nil until known
+	lastErr atomic.Pointer[string]
+	// cards are the engine's /v1/models entries by id (created, owned_by,
+	// root, parent, max_model_len), nil until discovered; static engines
+	// have none.
+	cards atomic.Pointer[map[string]ModelCard]
+	// sleeping is set when the engine was put to sleep through the admin
+	// API, cleared by wake-up (or by a probe that finds it awake); a
+	// sleeping engine leaves routing.
+	sleeping atomic.Bool
+	// drained is set by POST /admin/engines/{name}/drain and cleared by
+	// .../resume: the engine takes no new requests and finishes the ones
+	// it has (state draining), while staying in the fleet and probed.
+	drained atomic.Bool
+	// unready is set while the engine's discovery source reports it not
+	// ready (a Kubernetes endpoint not ready or terminating,
+	// DiscoveredEngine.Unready): like drained, it takes no new requests
+	// and finishes the ones it has, keeping its health, outlier state and
+	// stats, so turning ready again is instant. Set by Fleet.tryApply.
+	unready atomic.Bool
+	// sleepGen counts the admin sleep and wake-up calls, so a probe that
+	// asked /is_sleeping before one of them does not undo it.
+	sleepGen atomic.Uint64
+
+	// statsFailing is set while the engine's stats scrapes fail (logged
+	// once per streak).
+	statsFailing atomic.Bool
+
+	// probed is set once the first probe has given its verdict; until
+	// then an engine without known models keeps unknown models answering
+	// 503 rather than 404 (discovery pending).
+	probed atomic.Bool
+
+	// Probe state, touched only under Fleet.probeMu.
+	fails        int
+	lastDiscover time.Time
+
+	// statsURL is the engine's metrics URL (EngineStatsConfig.Path), never
+	// with userinfo.
+	statsURL string
+	// prefix is the prefix cache bookkeeping, touched only under
+	// Fleet.statsMu.
+	prefix prefixState
+	// blocked is the stats verdict the routing snapshot was built with:
+	// fresh stats say the engine sleeps or is unhealthy. Touched only under
+	// Fleet.mu.
+	blocked bool
+	// retired is set when the incarnation leaves the fleet (Remove, a
+	// reload or discovery dropping or replacing it): it finishes its
+	// requests in flight and takes no new ones. Touched only under
+	// Fleet.mu.
+	retired bool
+}
+
+// Name returns the engine's configured name.
+func (e *Engine) Name() string { return e.cfg.Name }
+
+// Endpoint returns the incarnation's routing endpoint: its in-flight
+// counters (take a slot on it with routing.Slot), health, outlier state
+// and stats.
+func (e *Engine) Endpoint() *routing.Endpoint { return e.ep }
+
+// Telemetry returns the incarnation's telemetry.Engine: its metric and
+// span attributes (engine, server.address, server.port, provider).
+func (e *Engine) Telemetry() *telemetry.Engine { return e.tel }
+
+// SpanAttrs returns the engine span attributes that never change. The
+// slice is shared: callers must not modify it.
+func (e *Engine) SpanAttrs() []attribute.KeyValue { return e.spanAttrs }
+
+// Header returns the X-Switchboard-Engine header value naming the engine,
+// one element. The slice is shared by every response: callers must not
+// modify it.
+func (e *Engine) Header() []string { return e.header }
+
+// Auth returns the Authorization header value the engine takes (its
+// Bearer key, or Basic credentials from its URL), or nil when it takes
+// none. The slice is shared: callers must not modify it.
+func (e *Engine) Auth() []string { return e.auth }
+
+// Base returns the engine's base URL without a trailing slash and without
+// userinfo: a request path is appended to it.
+func (e *Engine) Base() string { return e.base }
+
+// PathURL returns the engine URL of path (Base + path) when path is one
+// given to [WithPaths], built once, and false otherwise.
+func (e *Engine) PathURL(path string) (string, bool) {
+	u, ok := e.urls[path]
+	return u, ok
+}
+
+// MaxInFlight returns the engine's circuit breaker, the most requests the
+// gateway may have on it at once (EngineConfig.MaxInFlight; 0 for none).
+// A reload may change it while requests run.
+func (e *Engine) MaxInFlight() int64 { return e.maxInFlight.Load() }
+
+func (e *Engine) knownModels() []string {
+	if p := e.models.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// state is the incarnation's state, the one place it is decided: what
+// /admin/engines and switchboard.engine.state show, and what the routing
+// snapshot routes to (only a ready engine, routable). It combines
+// routing's verdicts, one per writer: removal, discovery and the admin
+// drain (draining), the probes (unhealthy), outlier detection (ejected),
+// the admin API and the engine's stats (sleeping). Call with Fleet.mu
+// held: blocked and retired are guarded by it.
+func (e *Engine) state() routing.State {
+	return routing.Verdicts{
+		Draining:  e.retired || e.drained.Load() || e.unready.Load(),
+		Unhealthy: !e.ep.Healthy(),
+		Ejected:   e.ep.Outlier().Ejected(),
+		Sleeping:  e.sleeping.Load() || e.blocked, // or self-reported unhealthy in fresh stats
+	}.State()
+}
+
+// routable reports whether e may receive new requests: its state is
+// ready. Call with Fleet.mu held.
+func (e *Engine) routable() bool { return e.state() == routing.StateReady }
+
+func (f *Fleet) newEngine(ec EngineConfig) (*Engine, error) {
+	if err := ec.Validate(); err != nil {
+		return nil, err
+	}
+	base, _ := url.Parse(ec.URL)
+	// Credentials in the URL become an Authorization header (Basic, as
+	// net/http's client would send them) and never appear in a URL the
+	// gateway logs, shows or sends.
+	userinfo := base.User
+	base.User = nil
+	key := ec.APIKey
+	if ec.APIKeyEnv != "" {
+		if key = os.Getenv(ec.APIKeyEnv); key == "" {
+			return nil, fmt.Errorf("%w: engine %q needs a key but %s is not set", ErrInvalidConfig, ec.Name, ec.APIKeyEnv)
+		}
+	}
+	port, _ := strconv.Atoi(base.Port())
+	if port == 0 {
+		port = 80
+		if base.Scheme == "https" {
+			port = 443
+		}
+	}
+	tel, ok := f.telByName[ec.Name]
+	if !ok {
+		tel = f.metrics.Engine(ec.Name, telemetry.WithProvider(ec.Provider), telemetry.WithServer(base.Hostname(), port))
+		f.telByName[ec.Name] = tel
+	}
+	e := &Engine{cfg: ec, ep: routing.NewEndpoint(ec.Name, base), tel: tel, shown: redactURL(ec.URL), header: []string{ec.Name}}
+	e.maxInFlight.Store(int64(ec.MaxInFlight))
+	// gen_ai.provider.name, server.address and server.port are set when
+	// the span starts (telemetry.Attrs.SpanStart).
+	e.spanAttrs = []attribute.KeyValue{telemetry.AttrSpanEngine.String(ec.Name)}
+	switch {
+	case key != "":
+		e.auth = []string{"Bearer " + key}
+	case userinfo != nil:
+		pw, _ := userinfo.Password()
+		e.auth = []string{"Basic " + base64.StdEncoding.EncodeToString([]byte(userinfo.Username()+":"+pw))}
+	}
+	e.base = strings.TrimSuffix(base.String(), "/")
+	e.urls = make(map[string]string, len(f.paths))
+	for _, path := range f.paths {
+		e.urls[path] = e.base + path
+	}
+	e.statsURL = base.JoinPath(f.stats.Path).String()
+	if len(ec.Models) > 0 {
+		ms := slices.Clone(ec.Models)
+		sort.Strings(ms)
+		e.models.Store(&ms)
+		e.static = true
+	}
+	return e, nil
+}
+
+// redactURL returns raw with any userinfo replaced by "xxxxx", so neither a
+// user name nor a password shows (url.URL.Redacted keeps the user name,
+// which is often the token itself).
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil || u.User == nil {
+		return raw
+	}
+	u.User = url.User("xxxxx")
+	return u.String()
+}

@@ -1,0 +1,239 @@
+package fleet
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sort"
+
+	"github.com/switchboard-gw/switchboard/routing"
+)
+
+var (
+	// ErrModelNotFound is a model no engine in the fleet serves (as far
+	// as the engines with known models say).
+	ErrModelNotFound = errors.New("model not found")
+	// ErrModelPending is a model no engine is known to serve while some
+	// engine has not reported its models yet (discovery pending): it may
+	// yet be served.
+	ErrModelPending = errors.New("model discovery pending")
+)
+
+// Route is the candidate list for one model: parallel slices, so a policy
+// gets []*routing.Endpoint without a per-request copy. It is part of an
+// immutable [Snapshot]: never modify what its methods return.
+type Route struct {
+	eps  []*routing.Endpoint
+	engs []*Engine
+	// limited: some engine of the route has a circuit breaker
+	// (EngineConfig.MaxInFlight), so candidates are checked against it.
+	limited bool
+}
+
+// Endpoints returns the route's routable endpoints, in fleet order. The
+// slice is shared: callers must not modify it.
+func (rt *Route) Endpoints() []*routing.Endpoint { return rt.eps }
+
+// Engines returns the engines of Endpoints, index for index. The slice is
+// shared: callers must not modify it.
+func (rt *Route) Engines() []*Engine { return rt.engs }
+
+// Limited reports whether some engine of the route has a circuit breaker
+// (EngineConfig.MaxInFlight), so candidates must be checked against it.
+func (rt *Route) Limited() bool { return rt.limited }
+
+// Engine returns the engine of ep, one of the route's endpoints, or nil
+// when ep is not one of them.
+func (rt *Route) Engine(ep *routing.Endpoint) *Engine {
+	for i, e := range rt.eps {
+		if e == ep {
+			return rt.engs[i]
+		}
+	}
+	return nil
+}
+
+// Snapshot is an immutable view of the fleet used by the request path:
+// load it once per decision with [Fleet.Snapshot].
+type Snapshot struct {
+	routes  map[string]*Route // routable engines (healthy, awake, not blocked by their stats), per model
+	all     Route             // every routable engine, for requests that name no model
+	known   map[string]bool   // every model of every engine with known models
+	pending bool              // some engine has not reported its models yet
+	// aliases are Config.Aliases with their replacement bytes.
+	aliases map[string]Alias
+	// cards are the GET /v1/models entries by id (served models and
+	// aliases), modelsBody the whole list; nil when no routable engine has
+	// reported models.
+	cards      map[string]ModelCard
+	modelsBody []byte
+}
+
+// Alias is a public model name's target, the engine model it stands for,
+// with the bytes that replace the name in a request body. Its slices are
+// shared: never modify them.
+type Alias struct {
+	// Target is the engine model the alias stands for.
+	Target string
+	// Quoted is Target as a JSON string (quotes included), for a JSON body.
+	Quoted []byte
+	// Raw is Target's bytes, for a multipart form field.
+	Raw []byte
+}
+
+// ModelCard is one entry of GET /v1/models, with the fields vLLM's
+// ModelCard has (vllm/entrypoints/openai/protocol.py): root is the served
+// weights (an adapter's path), parent the base model of a LoRA adapter,
+// max_model_len the context length in tokens.
+type ModelCard struct {
+	ID          string  `json:"id"`
+	Object      string  `json:"object"`
+	Created     int64   `json:"created"`
+	OwnedBy     string  `json:"owned_by"`
+	Root        *string `json:"root,omitempty"`
+	Parent      *string `json:"parent"`
+	MaxModelLen *int64  `json:"max_model_len,omitempty"`
+}
+
+// All returns the route of every routable engine, for a request that
+// names no model; it has no endpoint when none is routable.
+func (s *Snapshot) All() *Route { return &s.all }
+
+// Alias returns what the public model name model stands for, and whether
+// it is an alias.
+func (s *Snapshot) Alias(model string) (Alias, bool) {
+	a, ok := s.aliases[model]
+	return a, ok
+}
+
+// Known reports whether some engine with known models serves model, or
+// model is an alias of such a model, routable or not.
+func (s *Snapshot) Known(model string) bool { return s.known[model] }
+
+// Cards returns the GET /v1/models entries by id, served models and
+// aliases of the routable engines; nil when no routable engine has
+// reported models. The map is shared: callers must not modify it.
+func (s *Snapshot) Cards() map[string]ModelCard { return s.cards }
+
+// ModelsBody returns the GET /v1/models body (every card, sorted by id);
+// nil when no routable engine has reported models. The slice is shared:
+// callers must not modify it.
+func (s *Snapshot) ModelsBody() []byte { return s.modelsBody }
+
+// Lookup returns the route of model (an engine model, not an alias).
+// Errors: routing.ErrNoEndpoint when the model is known but no engine
+// serving it is routable, ErrModelPending when no engine is known to serve
+// it but an engine has not reported its models yet (its first probe is to
+// come), ErrModelNotFound otherwise; each wrapped with the model's name.
+func (s *Snapshot) Lookup(model string) (*Route, error) {
+	if rt, ok := s.routes[model]; ok {
+		return rt, nil
+	}
+	switch {
+	case s.known[model]:
+		return nil, fmt.Errorf("%w: model %q", routing.ErrNoEndpoint, model)
+	case s.pending:
+		return nil, fmt.Errorf("%w: %q", ErrModelPending, model)
+	}
+	return nil, fmt.Errorf("%w: %q", ErrModelNotFound, model)
+}
+
+// Snapshot returns the current routing view. It is immutable: a change
+// (health and stats verdicts, ejections, the admin API, discovery, a
+// reload) builds a new one.
+func (f *Fleet) Snapshot() *Snapshot { return f.snap.Load() }
+
+// Lookup is Snapshot().Lookup(model).
+func (f *Fleet) Lookup(model string) (*Route, error) { return f.snap.Load().Lookup(model) }
+
+func (f *Fleet) rebuild() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.rebuildLocked()
+}
+
+func (f *Fleet) rebuildLocked() {
+	s := &Snapshot{routes: map[string]*Route{}, known: map[string]bool{}, aliases: f.aliases}
+	cards := map[string]ModelCard{}
+	for _, e := range f.engines {
+		ms := e.knownModels()
+		if ms == nil {
+			// Only until the engine's first probe: an engine that was
+			// down at start must not turn every unknown model (a typo)
+			// into a 503 for as long as it stays down.
+			if !e.probed.Load() {
+				s.pending = true
+			}
+			continue
+		}
+		// A sleeping or self-reported unhealthy engine (fresh stats) is
+		// left out like an unhealthy one: it keeps its slots and its
+		// health verdict, and comes back when woken or when its stats say
+		// so or expire.
+		ok := e.routable()
+		if ok {
+			s.all.eps = append(s.all.eps, e.ep)
+			s.all.engs = append(s.all.engs, e)
+			s.all.limited = s.all.limited || e.maxInFlight.Load() > 0
+		}
+		var ec map[string]ModelCard
+		if c := e.cards.Load(); c != nil {
+			ec = *c
+		}
+		for _, m := range ms {
+			s.known[m] = true
+			if !ok {
+				continue
+			}
+			if _, seen := cards[m]; !seen {
+				card, found := ec[m]
+				if !found {
+					card = ModelCard{ID: m, Object: "model", Created: f.started, OwnedBy: "switchboard"}
+				}
+				cards[m] = card
+			}
+			rt := s.routes[m]
+			if rt == nil {
+				rt = &Route{}
+				s.routes[m] = rt
+			}
+			rt.eps = append(rt.eps, e.ep)
+			rt.engs = append(rt.engs, e)
+			rt.limited = rt.limited || e.maxInFlight.Load() > 0
+		}
+	}
+	for name, a := range f.aliases {
+		s.known[name] = s.known[a.Target]
+		if c, ok := cards[a.Target]; ok {
+			c.ID = name
+			cards[name] = c
+		}
+	}
+	if len(cards) > 0 {
+		names := make([]string, 0, len(cards))
+		for m := range cards {
+			names = append(names, m)
+		}
+		sort.Strings(names)
+		list := struct {
+			Object string      `json:"object"`
+			Data   []ModelCard `json:"data"`
+		}{Object: "list", Data: make([]ModelCard, len(names))}
+		for i, n := range names {
+			list.Data[i] = cards[n]
+		}
+		s.modelsBody, _ = json.Marshal(list)
+		s.cards = cards
+	}
+	f.snap.Store(s)
+}
+
+// aliasesOf builds the alias table of Config.Aliases.
+func aliasesOf(m map[string]string) map[string]Alias {
+	out := make(map[string]Alias, len(m))
+	for name, target := range m {
+		q, _ := json.Marshal(target)
+		out[name] = Alias{Target: target, Quoted: q, Raw: []byte(target)}
+	}
+	return out
+}

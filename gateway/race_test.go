@@ -1,7 +1,0 @@
-//go:build race
-
-package gateway
-
-// raceEnabled is true when the race detector is on (it allocates, so the
-// allocation tests skip).
-const raceEnabled = true
