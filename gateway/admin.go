@@ -44,65 +44,58 @@ func (s *Server) mountEngineAdmin(r chi.Router) {
 	// The answer is the engine's status (GET /admin/engines' entry), whose
 	// prefill and decode say how many requests are still finishing.
 	drain := func(on bool) http.HandlerFunc {
-		return func(w http.ResponseWriter, r *http.Request) {
+		return door(func(w http.ResponseWriter, r *http.Request) error {
 			if r.Method != http.MethodPost {
 				w.Header().Set("Allow", http.MethodPost)
-				writeError(w, r, &APIError{Status: http.StatusMethodNotAllowed, Type: TypeInvalidRequest, Code: "method_not_allowed", Message: "method " + r.Method + " is not allowed on " + r.URL.Path})
-				return
+				return &APIError{Status: http.StatusMethodNotAllowed, Type: TypeInvalidRequest, Code: "method_not_allowed", Message: "method " + r.Method + " is not allowed on " + r.URL.Path}
 			}
 			st, ok := s.fleet.SetDrained(engineParam(r), on)
 			if !ok {
-				writeError(w, r, &APIError{Status: http.StatusNotFound, Type: TypeInvalidRequest, Code: "engine_not_found", Message: "no engine named " + engineParam(r)})
-				return
+				return &APIError{Status: http.StatusNotFound, Type: TypeInvalidRequest, Code: "engine_not_found", Message: "no engine named " + engineParam(r)}
 			}
 			w.Header().Set("Content-Type", "application/json")
 			_ = json.NewEncoder(w).Encode(st)
-		}
+			return nil
+		})
 	}
 	r.HandleFunc("/admin/engines/{name}/drain", drain(true))
 	r.HandleFunc("/admin/engines/{name}/undrain", drain(false))
 	r.HandleFunc("/admin/engines/{name}/resume", drain(false))
-	r.HandleFunc("/admin/engines/{name}/{action}", func(w http.ResponseWriter, r *http.Request) {
+	r.HandleFunc("/admin/engines/{name}/{action}", door(func(w http.ResponseWriter, r *http.Request) error {
 		act, ok := fleet.LookupAction(chi.URLParam(r, "action"))
 		if !ok {
-			writeError(w, r, &APIError{Status: http.StatusNotFound, Type: TypeInvalidRequest, Code: "not_found", Message: "no admin action " + r.URL.Path})
-			return
+			return &APIError{Status: http.StatusNotFound, Type: TypeInvalidRequest, Code: "not_found", Message: "no admin action " + r.URL.Path}
 		}
 		if r.Method != act.Method {
 			w.Header().Set("Allow", act.Method)
-			writeError(w, r, &APIError{Status: http.StatusMethodNotAllowed, Type: TypeInvalidRequest, Code: "method_not_allowed", Message: "method " + r.Method + " is not allowed on " + r.URL.Path})
-			return
+			return &APIError{Status: http.StatusMethodNotAllowed, Type: TypeInvalidRequest, Code: "method_not_allowed", Message: "method " + r.Method + " is not allowed on " + r.URL.Path}
 		}
 		e := s.fleet.Engine(engineParam(r))
 		if e == nil {
-			writeError(w, r, &APIError{Status: http.StatusNotFound, Type: TypeInvalidRequest, Code: "engine_not_found", Message: "no engine named " + engineParam(r)})
-			return
+			return &APIError{Status: http.StatusNotFound, Type: TypeInvalidRequest, Code: "engine_not_found", Message: "no engine named " + engineParam(r)}
 		}
-		s.runAction(w, r, act, []*fleet.Engine{e})
-	})
-	r.Post("/admin/models/{action}", func(w http.ResponseWriter, r *http.Request) {
+		return s.runAction(w, r, act, []*fleet.Engine{e})
+	}))
+	r.Post("/admin/models/{action}", door(func(w http.ResponseWriter, r *http.Request) error {
 		name := chi.URLParam(r, "action")
 		act, ok := fleet.LookupAction(name)
 		if !ok || !strings.HasSuffix(name, "lora_adapter") {
-			writeError(w, r, &APIError{Status: http.StatusNotFound, Type: TypeInvalidRequest, Code: "not_found", Message: "no admin action " + r.Method + " " + r.URL.Path})
-			return
+			return &APIError{Status: http.StatusNotFound, Type: TypeInvalidRequest, Code: "not_found", Message: "no admin action " + r.Method + " " + r.URL.Path}
 		}
 		base := r.URL.Query().Get("model")
 		engs := s.fleet.Serving(base)
 		if len(engs) == 0 {
-			writeError(w, r, errModelNotFound(base))
-			return
+			return errModelNotFound(base)
 		}
-		s.runAction(w, r, act, engs)
-	})
+		return s.runAction(w, r, act, engs)
+	}))
 }
 
 // runAction forwards one admin call to each engine, concurrently.
-func (s *Server) runAction(w http.ResponseWriter, r *http.Request, act fleet.Action, engs []*fleet.Engine) {
+func (s *Server) runAction(w http.ResponseWriter, r *http.Request, act fleet.Action, engs []*fleet.Engine) error {
 	body, err := io.ReadAll(io.LimitReader(r.Body, maxAdminBody+1))
 	if err != nil || len(body) > maxAdminBody {
-		writeError(w, r, errBadRequest("", "admin request body unreadable or over 64 KiB"))
-		return
+		return errBadRequest("", "admin request body unreadable or over 64 KiB")
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), adminTimeout)
 	defer cancel()
@@ -128,6 +121,7 @@ func (s *Server) runAction(w http.ResponseWriter, r *http.Request, act fleet.Act
 	_ = json.NewEncoder(w).Encode(struct {
 		Results []fleet.ActionResult `json:"results"`
 	}{results})
+	return nil
 }
 
 // engineParam is the {name} of an admin engine route, unescaped: a

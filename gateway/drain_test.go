@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -117,5 +118,51 @@ func TestStatusDropsDrainedRetiredEngine(t *testing.T) {
 	testutil.Poll(2*time.Second, func() bool { return h.gw.LiveAttempts() == 0 })
 	if got := names(); !slices.Equal(got, []string{"e2/retired=false"}) {
 		t.Errorf("after it drained, with no metrics collection: %v, want e2 only", got)
+	}
+}
+
+// TestEveryEngineDrainedSaysSo: with every engine of a model drained, a
+// request for it, a request naming no model, GET /v1/models, GET
+// /v1/models/{id} and /ready (ready_requires_engine on) answer 503
+// engines_drained saying "drained", not "no healthy engine"; resuming one
+// engine brings them back.
+func TestEveryEngineDrainedSaysSo(t *testing.T) {
+	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
+	_, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}, fleet.EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}})
+	cfg.ReadyRequiresEngine = true
+	cfg.Models.Aliases = map[string]string{"public": "m"}
+	h := newHarness(t, cfg)
+	for _, e := range []string{"e1", "e2"} {
+		if _, ok := h.gw.fleet.SetDrained(e, true); !ok {
+			t.Fatalf("drain %s", e)
+		}
+	}
+	check := func(method, path, body string) {
+		t.Helper()
+		st, _, b := h.do(method, path, body)
+		var e apiErr
+		_ = json.Unmarshal(b, &e)
+		if st != 503 || e.code() != "engines_drained" || !strings.Contains(e.Error.Message, "drained") {
+			t.Errorf("%s %s: %d %s, want 503 engines_drained saying drained", method, path, st, b)
+		}
+	}
+	chat := `{"model":"%s","messages":[{"role":"user","content":"hi"}]}`
+	check(http.MethodPost, "/v1/chat/completions", fmt.Sprintf(chat, "m"))
+	check(http.MethodPost, "/v1/chat/completions", fmt.Sprintf(chat, "public"))
+	check(http.MethodPost, "/tokenize", `{"prompt":"hi"}`)
+	check(http.MethodGet, "/v1/models", "")
+	check(http.MethodGet, "/v1/models/m", "")
+	check(http.MethodGet, "/ready", "")
+	// A model no engine serves is still unknown, not drained.
+	if st, _, b := h.do(http.MethodPost, "/v1/chat/completions", fmt.Sprintf(chat, "nope")); st != 404 {
+		t.Errorf("unknown model while drained: %d %s, want 404", st, b)
+	}
+	h.gw.fleet.SetDrained("e2", false)
+	if st, _, b := h.do(http.MethodPost, "/v1/chat/completions", fmt.Sprintf(chat, "m")); st != 200 {
+		t.Errorf("after resuming e2: %d %s, want 200", st, b)
+	}
+	if st, _, _ := h.do(http.MethodGet, "/ready", ""); st != 200 {
+		t.Errorf("/ready after resuming e2: %d, want 200", st)
 	}
 }

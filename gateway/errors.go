@@ -228,10 +228,21 @@ func errModelNotFound(model string) *APIError {
 // others (routing.ErrNoEndpoint, fleet.ErrModelPending: 503) go to
 // apiErrorFor as they are. nil stays nil.
 func lookupError(model string, err error) error {
-	if errors.Is(err, fleet.ErrModelNotFound) {
+	switch {
+	case errors.Is(err, fleet.ErrModelNotFound):
 		return errModelNotFound(model)
+	case errors.Is(err, fleet.ErrDrained):
+		return errDrained("every engine serving model `" + model + "` is drained: it finishes its requests in flight and takes no new ones")
 	}
 	return err
+}
+
+// errDrained is the 503 when every engine that could serve a request is
+// drained (the admin API's drain, or its discovery source reports it not
+// ready): not "no healthy engine", which would send the operator looking
+// for a failure.
+func errDrained(msg string) *APIError {
+	return &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "engines_drained", Message: msg}
 }
 
 // errOverloaded is the 503 for a request over a gateway-wide budget

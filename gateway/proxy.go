@@ -198,10 +198,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 func (s *Server) currentRoute(in *inbound) (*fleet.Route, error) {
 	if in.target == "" {
 		snap := s.fleet.Snapshot()
-		if len(snap.All().Endpoints()) == 0 {
-			return nil, routing.ErrNoEndpoint
-		}
-		return snap.All(), nil
+		return allRoute(snap)
 	}
 	rt, err := s.fleet.Lookup(in.target)
 	return rt, lookupError(in.target, err)
@@ -262,6 +259,18 @@ func atCapacity(rt *fleet.Route, ep *routing.Endpoint) bool {
 	return pf+dc >= limit
 }
 
+// allRoute returns every routable engine, for a request that names no
+// model. Errors: 503, saying "drained" when every engine is.
+func allRoute(snap *fleet.Snapshot) (*fleet.Route, error) {
+	if len(snap.All().Endpoints()) > 0 {
+		return snap.All(), nil
+	}
+	if snap.AllDrained() {
+		return nil, errDrained("every engine is drained: each finishes its requests in flight and takes no new ones")
+	}
+	return nil, routing.ErrNoEndpoint
+}
+
 // candidates resolves the request's model (aliases included) to the route
 // of engines that serve it, or of every routable engine when it names
 // none. Errors: 404 model_not_found, 503 when no engine serving it is
@@ -270,10 +279,7 @@ func (s *Server) candidates(op *operation, in *inbound) (*fleet.Route, error) {
 	snap := s.fleet.Snapshot()
 	in.target = in.model
 	if in.model == "" {
-		if len(snap.All().Endpoints()) == 0 {
-			return nil, routing.ErrNoEndpoint
-		}
-		return snap.All(), nil
+		return allRoute(snap)
 	}
 	if a, ok := snap.Alias(in.model); ok {
 		in.target = a.Target

@@ -395,11 +395,11 @@ func (s *Server) Handler() http.Handler {
 	}
 	r.Use(otelhttp.NewMiddleware("switchboard", oopts...))
 	r.Use(s.recoverer)
-	r.NotFound(func(w http.ResponseWriter, r *http.Request) {
+	r.NotFound(door(func(w http.ResponseWriter, r *http.Request) error {
 		anthropicPath(r)
-		writeError(w, r, &APIError{Status: http.StatusNotFound, Type: TypeInvalidRequest, Code: "not_found", Message: "no route for " + r.Method + " " + r.URL.Path})
-	})
-	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
+		return &APIError{Status: http.StatusNotFound, Type: TypeInvalidRequest, Code: "not_found", Message: "no route for " + r.Method + " " + r.URL.Path}
+	}))
+	r.MethodNotAllowed(door(func(w http.ResponseWriter, req *http.Request) error {
 		// chi only sets Allow in its default handler; RFC 9110 requires it.
 		anthropicPath(req)
 		for _, m := range []string{http.MethodGet, http.MethodHead, http.MethodPost} {
@@ -407,9 +407,8 @@ func (s *Server) Handler() http.Handler {
 				w.Header().Add("Allow", m)
 			}
 		}
-		r := req
-		writeError(w, r, &APIError{Status: http.StatusMethodNotAllowed, Type: TypeInvalidRequest, Code: "method_not_allowed", Message: "method " + r.Method + " is not allowed on " + r.URL.Path})
-	})
+		return &APIError{Status: http.StatusMethodNotAllowed, Type: TypeInvalidRequest, Code: "method_not_allowed", Message: "method " + req.Method + " is not allowed on " + req.URL.Path}
+	}))
 	// Group middlewares run after chi has matched the route, so the
 	// pattern is known: put it on the server span (otelhttp only learns it
 	// after the handler returns, for the span name and metrics).
@@ -421,13 +420,13 @@ func (s *Server) Handler() http.Handler {
 				r.Method(op.method, path, h)
 			}
 		}
-		getHead(r, "/v1/models", s.authenticate(http.HandlerFunc(s.models)).ServeHTTP)
-		getHead(r, "/v1/models/*", s.authenticate(http.HandlerFunc(s.model)).ServeHTTP)
+		getHead(r, "/v1/models", s.authenticate(door(s.models)).ServeHTTP)
+		getHead(r, "/v1/models/*", s.authenticate(door(s.model)).ServeHTTP)
 		getHead(r, "/health", func(w http.ResponseWriter, _ *http.Request) {
 			w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 			_, _ = w.Write([]byte("ok\n"))
 		})
-		getHead(r, "/ready", s.ready)
+		getHead(r, "/ready", door(s.ready))
 	})
 	return r
 }
@@ -462,12 +461,14 @@ func getHead(r chi.Router, pattern string, h http.HandlerFunc) {
 	r.Head(pattern, h)
 }
 
-func (s *Server) models(w http.ResponseWriter, r *http.Request) {
+func (s *Server) models(w http.ResponseWriter, r *http.Request) error {
 	body := s.fleet.Snapshot().ModelsBody()
+	if body == nil && s.fleet.Snapshot().AllDrained() {
+		return errDrained("every engine is drained: each finishes its requests in flight and takes no new ones")
+	}
 	if body == nil {
-		writeError(w, r, &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "no_models",
-			Message: "no routable engine (healthy and awake) has reported its models"})
-		return
+		return &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "no_models",
+			Message: "no routable engine (healthy and awake) has reported its models"}
 	}
 	if key := keyOf(r); key != nil {
 		body = modelsFor(key, s.fleet.Snapshot().Cards())
@@ -475,47 +476,52 @@ func (s *Server) models(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 	_, _ = w.Write(body)
+	return nil
 }
 
 // model answers GET /v1/models/{model}: the model's entry as /v1/models
 // lists it. The id is the rest of the path, so ids with slashes
 // ("meta-llama/Llama-3.1-8B") work as the SDKs send them.
-func (s *Server) model(w http.ResponseWriter, r *http.Request) {
+func (s *Server) model(w http.ResponseWriter, r *http.Request) error {
 	id := strings.TrimPrefix(r.URL.Path, "/v1/models/")
 	snap := s.fleet.Snapshot()
 	card, ok := snap.Cards()[id]
 	if key := keyOf(r); key != nil && !key.allows(id) {
 		// Listed only for the keys that may use it (modelsFor).
-		writeError(w, r, errModelNotFound(id))
-		return
+		return errModelNotFound(id)
 	}
 	if !ok {
-		if snap.Known(id) {
-			writeError(w, r, routing.ErrNoEndpoint)
-			return
+		if _, err := snap.Lookup(id); errors.Is(err, fleet.ErrDrained) {
+			return lookupError(id, err)
 		}
-		writeError(w, r, errModelNotFound(id))
-		return
+		if snap.Known(id) {
+			return routing.ErrNoEndpoint
+		}
+		return errModelNotFound(id)
 	}
 	b, _ := json.Marshal(card)
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)))
 	_, _ = w.Write(b)
+	return nil
 }
 
-func (s *Server) ready(w http.ResponseWriter, r *http.Request) {
+func (s *Server) ready(w http.ResponseWriter, r *http.Request) error {
 	held := s.heldReady()
 	switch {
 	case s.draining.Load():
-		writeError(w, r, &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "draining", Message: "the gateway is shutting down"})
+		return &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "draining", Message: "the gateway is shutting down"}
 	case held != "":
-		writeError(w, r, &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "starting", Message: "waiting for " + held})
+		return &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "starting", Message: "waiting for " + held}
+	case !s.fleet.Ready() && s.set.Load().cfg.ReadyRequiresEngine && s.fleet.Snapshot().AllDrained():
+		return errDrained("every engine is drained: each finishes its requests in flight and takes no new ones")
 	case !s.fleet.Ready() && s.set.Load().cfg.ReadyRequiresEngine:
-		writeError(w, r, &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "no_ready_engine", Message: "no healthy engine has reported its models yet"})
+		return &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "no_ready_engine", Message: "no healthy engine has reported its models yet"}
 	default:
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		_, _ = w.Write([]byte("ready\n"))
 	}
+	return nil
 }
 
 // AdminHandler returns the admin handler:

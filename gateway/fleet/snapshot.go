@@ -13,6 +13,9 @@ var (
 	// ErrModelNotFound is a model no engine in the fleet serves (as far
 	// as the engines with known models say).
 	ErrModelNotFound = errors.New("model not found")
+	// ErrDrained is a model whose every engine is draining: it finishes
+	// the requests it has and takes no new ones.
+	ErrDrained = errors.New("every engine is drained")
 	// ErrModelPending is a model no engine is known to serve while some
 	// engine has not reported its models yet (discovery pending): it may
 	// yet be served.
@@ -60,6 +63,12 @@ type Snapshot struct {
 	all     Route             // every routable engine, for requests that name no model
 	known   map[string]bool   // every model of every engine with known models
 	pending bool              // some engine has not reported its models yet
+	// drained are the known models whose every engine is draining (the
+	// admin API's drain, a discovery source's not-ready endpoint, a
+	// removed engine finishing its requests); allDrained says it of the
+	// whole fleet (at least one engine, every one draining).
+	drained    map[string]bool
+	allDrained bool
 	// aliases are Config.Aliases with their replacement bytes.
 	aliases map[string]Alias
 	// cards are the GET /v1/models entries by id (served models and
@@ -106,6 +115,10 @@ func (s *Snapshot) Alias(model string) (Alias, bool) {
 	return a, ok
 }
 
+// AllDrained reports whether the fleet has engines and every one is
+// draining, so none takes new requests.
+func (s *Snapshot) AllDrained() bool { return s.allDrained }
+
 // Known reports whether some engine with known models serves model, or
 // model is an alias of such a model, routable or not.
 func (s *Snapshot) Known(model string) bool { return s.known[model] }
@@ -121,8 +134,9 @@ func (s *Snapshot) Cards() map[string]ModelCard { return s.cards }
 func (s *Snapshot) ModelsBody() []byte { return s.modelsBody }
 
 // Lookup returns the route of model (an engine model, not an alias).
-// Errors: routing.ErrNoEndpoint when the model is known but no engine
-// serving it is routable, ErrModelPending when no engine is known to serve
+// Errors: ErrDrained when the model is known and every engine serving it
+// is draining, routing.ErrNoEndpoint when it is known but no engine
+// serving it is routable for another reason, ErrModelPending when no engine is known to serve
 // it but an engine has not reported its models yet (its first probe is to
 // come), ErrModelNotFound otherwise; each wrapped with the model's name.
 func (s *Snapshot) Lookup(model string) (*Route, error) {
@@ -130,6 +144,8 @@ func (s *Snapshot) Lookup(model string) (*Route, error) {
 		return rt, nil
 	}
 	switch {
+	case s.drained[model]:
+		return nil, fmt.Errorf("%w: model %q", ErrDrained, model)
 	case s.known[model]:
 		return nil, fmt.Errorf("%w: model %q", routing.ErrNoEndpoint, model)
 	case s.pending:
@@ -153,9 +169,12 @@ func (f *Fleet) rebuild() {
 }
 
 func (f *Fleet) rebuildLocked() {
-	s := &Snapshot{routes: map[string]*Route{}, known: map[string]bool{}, aliases: f.aliases}
+	s := &Snapshot{routes: map[string]*Route{}, known: map[string]bool{}, drained: map[string]bool{}, aliases: f.aliases}
 	cards := map[string]ModelCard{}
+	s.allDrained = len(f.engines) > 0
 	for _, e := range f.engines {
+		draining := e.state() == routing.StateDraining
+		s.allDrained = s.allDrained && draining
 		ms := e.knownModels()
 		if ms == nil {
 			// Only until the engine's first probe: an engine that was
@@ -181,6 +200,9 @@ func (f *Fleet) rebuildLocked() {
 			ec = *c
 		}
 		for _, m := range ms {
+			if d, seen := s.drained[m]; !seen || d {
+				s.drained[m] = draining // every engine of m so far drains
+			}
 			s.known[m] = true
 			if !ok {
 				continue
@@ -202,8 +224,14 @@ func (f *Fleet) rebuildLocked() {
 			rt.limited = rt.limited || e.maxInFlight.Load() > 0
 		}
 	}
+	for m := range s.routes {
+		delete(s.drained, m) // routable: not drained, whatever else drains
+	}
 	for name, a := range f.aliases {
 		s.known[name] = s.known[a.Target]
+		if s.drained[a.Target] {
+			s.drained[name] = true
+		}
 		if c, ok := cards[a.Target]; ok {
 			c.ID = name
 			cards[name] = c
