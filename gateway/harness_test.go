@@ -23,6 +23,7 @@ import (
 
 	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/enginetest"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
@@ -163,39 +164,21 @@ func newHarnessWith(t testing.TB, cfg Config, gwOpts []Option, opts ...harnessOp
 	return h
 }
 
-// sim starts a simulated engine on a loopback listener.
+// sim starts a simulated engine (enginetest.Fast's timings unless cfg
+// sets its own) on a loopback listener.
 func sim(t testing.TB, cfg enginesim.Config) (*enginesim.Engine, *httptest.Server) {
 	t.Helper()
-	e := newSim(t, cfg)
-	return e, serveSim(t, e.Handler())
+	return enginetest.Start(t, enginetest.Fast(cfg))
 }
 
-// newSim builds a simulated engine, with 2 ms TTFT and 1 ms ITL unless
-// cfg says otherwise.
+// newSim builds a simulated engine with enginetest.Fast's timings.
 func newSim(t testing.TB, cfg enginesim.Config) *enginesim.Engine {
 	t.Helper()
-	if cfg.TTFT == 0 {
-		cfg.TTFT = 2 * time.Millisecond
-	}
-	if cfg.ITL == 0 {
-		cfg.ITL = time.Millisecond
-	}
-	e, err := enginesim.New(cfg)
+	e, err := enginesim.New(enginetest.Fast(cfg))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return e
-}
-
-// serveSim serves h on a loopback listener closed when the test ends.
-func serveSim(t testing.TB, h http.Handler) *httptest.Server {
-	t.Helper()
-	srv := httptest.NewServer(h)
-	t.Cleanup(func() {
-		srv.CloseClientConnections()
-		srv.Close()
-	})
-	return srv
 }
 
 // waitAborted waits up to 2 s for the engine to have counted want aborted
@@ -493,7 +476,7 @@ func recordedSim(t testing.TB, cfg enginesim.Config) (*enginesim.Engine, *bodyRe
 	t.Helper()
 	e := newSim(t, cfg)
 	rec := &bodyRecorder{next: e.Handler()}
-	return e, rec, serveSim(t, rec)
+	return e, rec, enginetest.Serve(t, rec)
 }
 
 // do sends method path with body and returns the status, the Content-Type

@@ -18,6 +18,7 @@ import (
 
 	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/enginetest"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
@@ -53,7 +54,7 @@ func newOutlierRig(t *testing.T, names []string, mod func(*Config)) *outlierRig 
 		url := ""
 		switch n {
 		case "errevent":
-			url = serveSim(t, http.HandlerFunc(errorEventEngine)).URL
+			url = enginetest.Serve(t, http.HandlerFunc(errorEventEngine)).URL
 		case "dead":
 			_, srv := sim(t, enginesim.Config{Models: []string{"m"}})
 			dead = append(dead, srv)

@@ -22,6 +22,7 @@ import (
 
 	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/enginetest"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
@@ -68,7 +69,7 @@ func newGated(t testing.TB) *gatedEngine {
 		ev(`{"id":"c","object":"chat.completion.chunk","model":"m","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}`)
 		ev("[DONE]")
 	})
-	g.srv = serveSim(t, mux)
+	g.srv = enginetest.Serve(t, mux)
 	t.Cleanup(g.open)
 	return g
 }

@@ -18,6 +18,7 @@ import (
 
 	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/enginetest"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
@@ -231,7 +232,7 @@ func TestSleepingEngineGetsNoRequests(t *testing.T) {
 			w.Header().Set("Content-Type", "application/json")
 			_, _ = io.WriteString(w, completionJSON)
 		})
-		srv := serveSim(t, e)
+		srv := enginetest.Serve(t, e)
 		cfgs = append(cfgs, fleet.EngineConfig{Name: fmt.Sprintf("e%d", i+1), URL: srv.URL, Models: []string{"m"}})
 	}
 	cfg := statsConfig(cfgs...)

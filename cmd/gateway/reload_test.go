@@ -22,6 +22,7 @@ import (
 	"github.com/switchboard-gw/switchboard/gateway"
 	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/enginetest"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
@@ -361,15 +362,7 @@ func startSim(t *testing.T) simEngine {
 // about 12 × itl).
 func startSimITL(t *testing.T, itl time.Duration) simEngine {
 	t.Helper()
-	e, err := enginesim.New(enginesim.Config{Models: []string{"demo-model"}, TTFT: 2 * time.Millisecond, ITL: itl})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(e.Handler())
-	t.Cleanup(func() {
-		srv.CloseClientConnections()
-		srv.Close()
-	})
+	e, srv := enginetest.Start(t, enginesim.Config{Models: []string{"demo-model"}, TTFT: 2 * time.Millisecond, ITL: itl})
 	return simEngine{e: e, url: srv.URL}
 }
 

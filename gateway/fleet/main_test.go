@@ -11,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/enginetest"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
@@ -62,16 +63,7 @@ func mustMetrics(t testing.TB) *telemetry.Metrics {
 // test ends.
 func sim(t testing.TB, cfg enginesim.Config) (*enginesim.Engine, *httptest.Server) {
 	t.Helper()
-	e, err := enginesim.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(e.Handler())
-	t.Cleanup(func() {
-		srv.CloseClientConnections()
-		srv.Close()
-	})
-	return e, srv
+	return enginetest.Start(t, cfg)
 }
 
 // statusOf returns the status of the engine in the fleet called name.

@@ -14,9 +14,9 @@ import (
 	"strconv"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/enginetest"
 	"github.com/switchboard-gw/switchboard/internal/sse"
 )
 
@@ -48,25 +48,11 @@ func reassembleSSE(t testing.TB, completions bool, raw []byte, read int) (*Reass
 	return r, first
 }
 
-// simServer serves a simulated vLLM engine (2 ms TTFT and 1 ms ITL unless cfg says
-// otherwise) on a loopback listener closed when the test ends.
+// simServer serves a simulated vLLM engine (enginetest.Fast's timings
+// unless cfg sets its own), closed when the test ends.
 func simServer(t testing.TB, cfg enginesim.Config) *httptest.Server {
 	t.Helper()
-	if cfg.TTFT == 0 {
-		cfg.TTFT = 2 * time.Millisecond
-	}
-	if cfg.ITL == 0 {
-		cfg.ITL = time.Millisecond
-	}
-	e, err := enginesim.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(e.Handler())
-	t.Cleanup(func() {
-		srv.CloseClientConnections()
-		srv.Close()
-	})
+	_, srv := enginetest.Start(t, enginetest.Fast(cfg))
 	return srv
 }
 
