@@ -19,7 +19,7 @@ import (
 // attempt is one try of a request on one engine: the engine span and the
 // engine slot, tied together.
 //
-// Lifecycle (shared/DESIGN.md, "One request", step 5):
+// Lifecycle (gateway/doc.go, "Engine accounting"):
 //   - startAttempt starts the CLIENT span and takes the engine's prefill
 //     slot;
 //   - onContent at the first content-bearing event moves the slot to decode
@@ -31,7 +31,7 @@ import (
 // end is idempotent and is the only release path. The attempt's owner
 // defers finish right after startAttempt, so success, engine errors,
 // disconnects, timeouts, client cancellation and panics all release exactly
-// once (shared/cases L01, L02). Metrics never depend on the span being
+// once (docs/cases.md L01, L02). Metrics never depend on the span being
 // sampled.
 type attempt struct {
 	s     *Server

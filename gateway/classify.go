@@ -76,7 +76,7 @@ const maxErrorBody = 64 << 10
 // A JSON error of another shape (vLLM's older {"object":"error",
 // "message":...}, {"error":"..."}, FastAPI's {"detail":...}, the other
 // envelope) is rewritten in the route's envelope with its message, so
-// clients always get the error shape their SDK parses (shared/cases L15).
+// clients always get the error shape their SDK parses (docs/cases.md L15).
 // Anything else (an HTML page, a stack trace, plain text, nothing) is not
 // safe to show: it is replaced by an error naming the engine and the
 // status, and the original, capped, is logged at debug level.

@@ -150,7 +150,7 @@ func newHarnessWith(t testing.TB, cfg Config, gwOpts []Option, opts ...harnessOp
 	h.srv = httptest.NewUnstartedServer(gw.Handler())
 	h.srv.Config.BaseContext = gw.BaseContext
 	// net/http's own complaints (such as "superfluous response.WriteHeader
-	// call") are kept so tests can assert there are none (shared/cases L05).
+	// call") are kept so tests can assert there are none (docs/cases.md L05).
 	h.srv.Config.ErrorLog = stdlog.New(&h.serverLog, "", 0)
 	h.srv.Start()
 	h.client = h.srv.Client()

@@ -6,7 +6,7 @@ import (
 )
 
 // hopByHop are the headers RFC 9110 section 7.6.1 says a proxy must not
-// forward, plus the Proxy-* family (shared/cases L19).
+// forward, plus the Proxy-* family (docs/cases.md L19).
 var hopByHop = map[string]bool{
 	"Connection":          true,
 	"Keep-Alive":          true,

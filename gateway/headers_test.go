@@ -253,7 +253,7 @@ func attrValue(kvs []attribute.KeyValue, key string) string {
 	return ""
 }
 
-// TestUsageInjection (shared/cases L19, body rewrite): a stream whose client
+// TestUsageInjection (docs/cases.md L19, body rewrite): a stream whose client
 // set no stream_options is sent to the engine with include_usage added and
 // a Content-Length that matches the rewritten body; the usage chunk is
 // recorded (token usage, span attributes) but not forwarded, so the client

@@ -16,7 +16,7 @@ import (
 
 // RequestIDHeader carries the request id: taken from the client when
 // present (capped and sanitised), generated otherwise, sent to the engine,
-// echoed to the client and put on the spans (shared/cases L19).
+// echoed to the client and put on the spans (docs/cases.md L19).
 const RequestIDHeader = "X-Request-Id"
 
 // MaxRequestIDLen caps a client-supplied request id, in bytes.
@@ -275,7 +275,7 @@ const lingerTimeout = 2 * time.Second
 // response has not started) and logs it with its stack. It re-panics
 // http.ErrAbortHandler, which net/http uses to abort a response silently.
 // Engine slots are released by the attempt's own deferred end, which runs
-// before this recover (shared/cases L01).
+// before this recover (docs/cases.md L01).
 func (s *Server) recoverer(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() {

@@ -55,7 +55,7 @@ func (st *streamState) onChunk(ev sse.Event) {
 	ch, err := oai.InspectChunk(ev.Data)
 	if err != nil {
 		// Forwarded anyway; an unparsable event never becomes a 5xx
-		// mid-stream (shared/cases L07).
+		// mid-stream (docs/cases.md L07).
 		a.s.metrics.RecordParseError(a.ctx, a.attrs)
 		return
 	}

@@ -34,7 +34,7 @@ func (p Phase) String() string {
 // live in-flight counters. An Endpoint is created once per engine
 // incarnation; a slot keeps a pointer to the Endpoint it was taken from, so
 // an engine removed and re-added under the same name never receives releases
-// for slots taken from its previous incarnation (shared/cases L03).
+// for slots taken from its previous incarnation (docs/cases.md L03).
 //
 // All methods are safe for concurrent use.
 type Endpoint struct {
@@ -105,7 +105,7 @@ func (e *Endpoint) Healthy() bool { return e.healthy.Load() }
 
 // SetHealthy records a health verdict. It never touches the in-flight
 // counters: a probe must not reset them while requests are in flight
-// (shared/cases L02, vllm-project/router issue #197).
+// (docs/cases.md L02, vllm-project/router issue #197).
 func (e *Endpoint) SetHealthy(ok bool) { e.healthy.Store(ok) }
 
 // Outlier returns the endpoint's outlier detection state. It belongs to

@@ -139,7 +139,7 @@ func TestSlotLifecycle(t *testing.T) {
 	}
 }
 
-// TestCaseL03SlotReleaseGoesToItsOwnIncarnation is shared/cases L03: an engine
+// TestCaseL03SlotReleaseGoesToItsOwnIncarnation is docs/cases.md L03: an engine
 // removed and re-added under the same name gets a new Endpoint; a release
 // of a slot taken on the old one never touches the new one.
 func TestCaseL03SlotReleaseGoesToItsOwnIncarnation(t *testing.T) {

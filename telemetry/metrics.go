@@ -19,7 +19,7 @@ import (
 const ScopeName = "github.com/switchboard-gw/switchboard/telemetry"
 
 // Instrument names. They are a public contract: dashboards and alerts
-// depend on them (shared/DESIGN.md, "Telemetry contract").
+// depend on them (docs/telemetry.md, "Instruments").
 const (
 	ActiveRequestsName    = "switchboard.engine.active_requests"
 	TimeToFirstTokenName  = "switchboard.engine.time_to_first_token"

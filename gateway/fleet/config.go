@@ -89,7 +89,7 @@ type EngineConfig struct {
 	// APIKeyEnv names an environment variable holding the engine's key.
 	// The engine then needs a key: if the variable is unset or empty the
 	// gateway refuses to start rather than send requests without it (fail
-	// closed, shared/cases L19).
+	// closed, docs/cases.md L19).
 	APIKeyEnv string `koanf:"api_key_env"`
 	// Provider is the engine's gen_ai.provider.name on GenAI spans and
 	// metrics (OpenTelemetry GenAI conventions: a well-known value such as

@@ -21,7 +21,7 @@ import (
 // Engine is one incarnation of a configured engine. Removing an engine and
 // adding it again under the same name creates a new incarnation with its own
 // routing.Endpoint, so slots held on the old one are released there
-// (shared/cases L03). A reload that changes only an engine's max_in_flight
+// (docs/cases.md L03). A reload that changes only an engine's max_in_flight
 // or its configured models keeps the incarnation and updates it in place
 // (Fleet.tryApply).
 //

@@ -15,7 +15,7 @@ import (
 
 // ProbeNow probes every engine once, concurrently, and rebuilds the
 // snapshot. Health probes never touch the in-flight counters
-// (shared/cases L02).
+// (docs/cases.md L02).
 func (f *Fleet) ProbeNow(ctx context.Context) {
 	f.probeMu.Lock()
 	defer f.probeMu.Unlock()
