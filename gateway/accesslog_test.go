@@ -148,3 +148,35 @@ func TestAccessLog(t *testing.T) {
 		t.Errorf("access log off, but logged:\n%s", quiet.String())
 	}
 }
+
+// TestAccessLogStickyMissNoErrorType: a sticky lookup whose last engine
+// answers 404 in a body that is not an OpenAI error (vLLM's older
+// {"object":"error"}) is rewritten in the route's envelope, and the access
+// log still names no error.type: no engine misbehaved (as for a 404 that
+// passes unchanged). The leg's own answer keeps the error type its attempt
+// recorded.
+func TestAccessLogStickyMissNoErrorType(t *testing.T) {
+	eng := fakeEngine(t, []string{"m"}, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = io.WriteString(w, `{"object":"error","message":"no such response","type":"NotFoundError","code":404}`)
+	})
+	var buf testutil.LockedBuffer
+	h := newHarnessWith(t, testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL, Models: []string{"m"}}),
+		[]Option{WithLogger(slog.New(slog.NewJSONHandler(&buf, nil)))})
+	st, _, b := h.do(http.MethodGet, "/v1/responses/resp_gone", "")
+	if st != 404 || !strings.Contains(string(b), "no such response") {
+		t.Fatalf("%d %s, want the engine's 404 in the OpenAI envelope", st, b)
+	}
+	h.waitIdle()
+	for _, l := range strings.Split(buf.String(), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) == nil && m["msg"] == "request" && m["route"] == "/v1/responses/{id}" {
+			if et, ok := m["error.type"]; ok {
+				t.Errorf("access log error.type %v for a sticky miss, want none", et)
+			}
+			return
+		}
+	}
+	t.Fatalf("no access-log line for the lookup:\n%s", buf.String())
+}

@@ -14,6 +14,7 @@ import (
 	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
+	"github.com/switchboard-gw/switchboard/routing"
 )
 
 // TestAdminDrainAndResume: POST /admin/engines/e1/drain while a stream is
@@ -164,5 +165,29 @@ func TestEveryEngineDrainedSaysSo(t *testing.T) {
 	}
 	if st, _, _ := h.do(http.MethodGet, "/ready", ""); st != 200 {
 		t.Errorf("/ready after resuming e2: %d, want 200", st)
+	}
+}
+
+// TestRetryDrainedAliasNamesAlias: a request for an alias whose engines are
+// all drained while its first attempt fails (503) is answered in the name
+// the client used, never the alias's target.
+func TestRetryDrainedAliasNamesAlias(t *testing.T) {
+	var h *harness
+	e1 := fakeEngine(t, []string{"secret-target"}, func(w http.ResponseWriter, r *http.Request) {
+		h.gw.fleet.SetDrained("e1", true)
+		h.gw.fleet.SetDrained("e2", true)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = io.WriteString(w, `{"error":{"message":"busy","type":"server_error","param":null,"code":503}}`)
+	})
+	e2 := fakeEngine(t, []string{"secret-target"}, func(w http.ResponseWriter, r *http.Request) {
+		t.Error("e2 was drained: it must get no request")
+	})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: e1.URL, Models: []string{"secret-target"}}, fleet.EngineConfig{Name: "e2", URL: e2.URL, Models: []string{"secret-target"}})
+	cfg.Models.Aliases = map[string]string{"public": "secret-target"}
+	h = newHarnessWith(t, cfg, nil, withPolicy(routing.NewRoundRobin()))
+	st, _, b := h.do(http.MethodPost, "/v1/chat/completions", `{"model":"public","messages":[{"role":"user","content":"hi"}]}`)
+	if st != 503 || !strings.Contains(string(b), "public") || strings.Contains(string(b), "secret-target") {
+		t.Errorf("%d %s, want 503 naming public, never secret-target", st, b)
 	}
 }

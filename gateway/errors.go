@@ -152,6 +152,13 @@ func apiErrorFor(err error) *APIError {
 	if errors.As(err, &ae) {
 		return ae
 	}
+	switch {
+	case errors.Is(err, fleet.ErrModelNotFound):
+		// A caller that did not name the model (lookupError does).
+		return &APIError{Status: http.StatusNotFound, Type: TypeInvalidRequest, Param: "model", Code: "model_not_found", Message: "the model does not exist or is not served by any engine", Err: err}
+	case errors.Is(err, fleet.ErrDrained):
+		return errDrained("every engine serving the model is drained: it finishes its requests in flight and takes no new ones")
+	}
 	if errors.Is(err, routing.ErrNoEndpoint) || errors.Is(err, fleet.ErrModelPending) {
 		return &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "no_healthy_engine", Message: "no healthy engine is available for this model", Err: err}
 	}
@@ -201,7 +208,7 @@ func writeError(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	b := ae.body(env)
 	h.Set("Content-Length", strconv.Itoa(len(b)))
-	if st != nil && st.errType == "" {
+	if st != nil && st.errType == "" && !st.legAnswer {
 		st.errType = cmp.Or(ae.Code, ae.Type)
 	}
 	writeHeader(w, r, ae.Status)

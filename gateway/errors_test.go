@@ -328,3 +328,17 @@ func TestEngineJSONErrorShapes(t *testing.T) {
 	}
 	h.waitIdle()
 }
+
+// TestBrokenJSONParameterAccepted: a JSON content type whose parameter is
+// malformed (`application/json; charset`) is still JSON, as before the
+// media-type check.
+func TestBrokenJSONParameterAccepted(t *testing.T) {
+	_, srv := sim(t, enginesim.Config{Models: []string{"m"}})
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}}))
+	for _, ct := range []string{"application/json; charset", "application/json;;"} {
+		st, _, b := h.do(http.MethodPost, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, "Content-Type", ct)
+		if st != 200 {
+			t.Errorf("Content-Type %q: %d %s, want 200", ct, st, b)
+		}
+	}
+}

@@ -278,6 +278,9 @@ func checkEncoding(h http.Header, kind bodyKind) error {
 		return nil
 	}
 	mt, _, err := mime.ParseMediaType(ct)
+	if errors.Is(err, mime.ErrInvalidMediaParameter) {
+		err = nil // a JSON type with a broken parameter (`; charset`) is still JSON
+	}
 	if err == nil && (mt == "application/json" || strings.HasSuffix(mt, "+json")) {
 		return nil
 	}

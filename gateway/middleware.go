@@ -46,9 +46,13 @@ type reqState struct {
 	tried    [maxLoggedEngines]string // engines tried, in order
 	attempts int                      // attempts made (may exceed len(tried))
 	errType  string                   // error.type of the last attempt, or of the gateway's answer
-	ttft     time.Duration            // of the attempt that produced content; 0 = none
-	inTok    int64                    // usage of the last attempt; -1 = unknown
-	outTok   int64
+	// legAnswer: the error answered is the last leg's own result, whose
+	// error.type (possibly none: a sticky route's 404) its attempt
+	// recorded; writeError leaves it as it is.
+	legAnswer bool
+	ttft      time.Duration // of the attempt that produced content; 0 = none
+	inTok     int64         // usage of the last attempt; -1 = unknown
+	outTok    int64
 
 	// For the key's token limit (limits.go): the request's prompt
 	// estimate, and the tokens its attempts used (countUsage).
@@ -212,7 +216,9 @@ func (s *Server) admit(next http.Handler) http.Handler {
 			if st := stateFrom(r.Context()); st != nil {
 				st.errType = ErrTypeOverloaded
 			}
-			closeAfterUnreadBody(w, http.NewResponseController(w))
+			// No lingering drain: the gateway is shedding load, and a
+			// connection held 2 s per refusal would add to it.
+			closeStalled(w, http.NewResponseController(w))
 			return errOverloaded("the gateway is at its limit of concurrent requests")
 		} else if max <= 0 {
 			s.inflight.Add(1)
@@ -246,8 +252,10 @@ func newRequestID() string {
 // closeAfterUnreadBody closes the connection once the response is written,
 // for a request whose body was not read to its end, with a lingering close
 // as nginx's lingering_close: after the handler net/http reads and drops
-// up to 256 KiB of the unread body (whatever Connection: close says), and
-// the read deadline bounds that drain at lingerTimeout. A client still
+// the unread body (whatever Connection: close says) when at most 256 KiB
+// of it remains, and the read deadline bounds that drain at lingerTimeout.
+// A larger declared remainder is not drained (net/http gives up at once),
+// so a client sending it may still see a reset. A client still
 // sending its body can then finish and read the answer, where closing
 // with its bytes unread would send it a TCP reset that destroys the
 // answer it has not read yet ("write: broken pipe" instead of the 413).
@@ -257,9 +265,11 @@ func closeAfterUnreadBody(w http.ResponseWriter, rc *http.ResponseController) {
 	_ = rc.SetReadDeadline(time.Now().Add(lingerTimeout))
 }
 
-// closeStalled closes the connection of a client whose body did not arrive
-// within Config.BodyReadTimeout: no drain at all, since the client has
-// shown it does not send (http.Server.ReadTimeout behaves the same).
+// closeStalled closes the connection at once after the response, without
+// the drain: for a client whose body did not arrive within
+// Config.BodyReadTimeout (it has shown it does not send;
+// http.Server.ReadTimeout behaves the same), and for a request refused
+// while the gateway sheds load.
 func closeStalled(w http.ResponseWriter, rc *http.ResponseController) {
 	w.Header().Set("Connection", "close")
 	_ = rc.SetReadDeadline(time.Now())

@@ -145,6 +145,9 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 			s.metrics.RecordRetry(ctx, leg.reason.String())
 		}
 		if leg, err = s.exchange(ctx, w, r, op, &in, &out, eng, &p); leg.kind == legNone {
+			if err != nil && st != nil {
+				st.legAnswer = true
+			}
 			return err
 		}
 		// The leg has ended: its context is cancelled and its body
@@ -201,7 +204,7 @@ func (s *Server) currentRoute(in *inbound) (*fleet.Route, error) {
 		return allRoute(snap)
 	}
 	rt, err := s.fleet.Lookup(in.target)
-	return rt, lookupError(in.target, err)
+	return rt, lookupError(in.model, err) // never name an alias's target
 }
 
 // pendingFor returns the counter of model's generative attempts that have

@@ -462,8 +462,9 @@ func getHead(r chi.Router, pattern string, h http.HandlerFunc) {
 }
 
 func (s *Server) models(w http.ResponseWriter, r *http.Request) error {
-	body := s.fleet.Snapshot().ModelsBody()
-	if body == nil && s.fleet.Snapshot().AllDrained() {
+	snap := s.fleet.Snapshot() // once: one view for the whole answer
+	body := snap.ModelsBody()
+	if body == nil && snap.AllDrained() {
 		return errDrained("every engine is drained: each finishes its requests in flight and takes no new ones")
 	}
 	if body == nil {
@@ -471,7 +472,7 @@ func (s *Server) models(w http.ResponseWriter, r *http.Request) error {
 			Message: "no routable engine (healthy and awake) has reported its models"}
 	}
 	if key := keyOf(r); key != nil {
-		body = modelsFor(key, s.fleet.Snapshot().Cards())
+		body = modelsFor(key, snap.Cards())
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Content-Length", strconv.Itoa(len(body)))
@@ -507,20 +508,20 @@ func (s *Server) model(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (s *Server) ready(w http.ResponseWriter, r *http.Request) error {
-	held := s.heldReady()
-	switch {
-	case s.draining.Load():
+	if s.draining.Load() {
 		return &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "draining", Message: "the gateway is shutting down"}
-	case held != "":
-		return &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "starting", Message: "waiting for " + held}
-	case !s.fleet.Ready() && s.set.Load().cfg.ReadyRequiresEngine && s.fleet.Snapshot().AllDrained():
-		return errDrained("every engine is drained: each finishes its requests in flight and takes no new ones")
-	case !s.fleet.Ready() && s.set.Load().cfg.ReadyRequiresEngine:
-		return &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "no_ready_engine", Message: "no healthy engine has reported its models yet"}
-	default:
-		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-		_, _ = w.Write([]byte("ready\n"))
 	}
+	if held := s.heldReady(); held != "" {
+		return &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "starting", Message: "waiting for " + held}
+	}
+	if snap := s.fleet.Snapshot(); s.set.Load().cfg.ReadyRequiresEngine && snap.ModelsBody() == nil { // fleet.Ready, on one view
+		if snap.AllDrained() {
+			return errDrained("every engine is drained: each finishes its requests in flight and takes no new ones")
+		}
+		return &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "no_ready_engine", Message: "no healthy engine has reported its models yet"}
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = w.Write([]byte("ready\n"))
 	return nil
 }
 

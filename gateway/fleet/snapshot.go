@@ -64,8 +64,9 @@ type Snapshot struct {
 	known   map[string]bool   // every model of every engine with known models
 	pending bool              // some engine has not reported its models yet
 	// drained are the known models whose every engine is draining (the
-	// admin API's drain, a discovery source's not-ready endpoint, a
-	// removed engine finishing its requests); allDrained says it of the
+	// admin API's drain, a discovery source's not-ready endpoint; a
+	// removed incarnation finishing its requests is no longer in the
+	// fleet's engines and does not count); allDrained says it of the
 	// whole fleet (at least one engine, every one draining).
 	drained    map[string]bool
 	allDrained bool
