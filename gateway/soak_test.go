@@ -377,7 +377,7 @@ type soakWorker struct {
 	url     string
 	buf     bytes.Buffer
 	br      *bufio.Reader
-	relayed *[600]atomic.Int64 // error answers that relay an engine's status, by status
+	relayed *[600]atomic.Int64 // error answers that relay an engine's status, by status; nil = not counted
 }
 
 // engineAnswer reports whether an error answer relays an engine's status
@@ -425,7 +425,7 @@ func (w *soakWorker) do(k *soakKind, body []byte) soakOutcome {
 	if resp.StatusCode != http.StatusOK {
 		w.buf.Reset()
 		_, _ = w.buf.ReadFrom(resp.Body)
-		if resp.StatusCode < len(w.relayed) && engineAnswer(w.buf.Bytes(), resp.StatusCode) {
+		if w.relayed != nil && resp.StatusCode < len(w.relayed) && engineAnswer(w.buf.Bytes(), resp.StatusCode) {
 			w.relayed[resp.StatusCode].Add(1)
 		}
 		return statusOutcome(resp.StatusCode)
