@@ -28,9 +28,9 @@ var (
 
 // classify maps an engine round-trip or body-read error to its error.type
 // and the APIError the client gets. The client leaving wins over every
-// other cause; then the gateway's own timeouts; a failed dial is a
-// connect_error (the only retryable class); anything else means the engine
-// dropped the connection.
+// other cause; then the gateway's own timeouts, when err is the timeout's
+// doing (endedBy); a failed dial is a connect_error (the only retryable
+// class); anything else means the engine dropped the connection.
 func (s *Server) classify(r *http.Request, actx context.Context, err error) (string, *APIError) {
 	if r.Context().Err() != nil {
 		if context.Cause(r.Context()) == errServerShutdown {
@@ -38,7 +38,13 @@ func (s *Server) classify(r *http.Request, actx context.Context, err error) (str
 		}
 		return ErrTypeClientCancelled, &APIError{Status: StatusClientClosedRequest, Type: TypeInvalidRequest, Message: "client closed request", Err: context.Canceled}
 	}
-	switch context.Cause(actx) {
+	cause := context.Cause(actx)
+	if !endedBy(actx, err) {
+		// A timer that fired after the engine's own failure (a close
+		// before headers, a cut body) does not rename it.
+		cause = nil
+	}
+	switch cause {
 	case errFirstTokenTimeout:
 		return ErrTypeFirstToken, &APIError{Status: http.StatusGatewayTimeout, Type: TypeTimeout, Code: ErrTypeFirstToken, Message: "the engine produced no first token in time", Err: err}
 	case errAttemptTimeout:
@@ -62,6 +68,17 @@ func (s *Server) classify(r *http.Request, actx context.Context, err error) (str
 		return ErrTypeRequestTimeout, &APIError{Status: http.StatusGatewayTimeout, Type: TypeTimeout, Code: "engine_timeout", Message: "the engine did not answer in time", Err: err}
 	}
 	return ErrTypeEngineDisconnect, &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: ErrTypeEngineDisconnect, Message: "the engine closed the connection before completing the response", Err: err}
+}
+
+// endedBy reports whether err is ctx's own ending rather than a transport
+// error that happened on its own: ctx is done and err is its cause or a
+// context error. net/http returns the cause when a cancellation ends a
+// round trip (or a body read) it was waiting in, and HTTP/2 returns
+// ctx.Err(); an io.EOF, a reset or a closed connection is what the engine
+// did, even when a gateway timer fired before the error was classified.
+func endedBy(ctx context.Context, err error) bool {
+	cause := context.Cause(ctx)
+	return cause != nil && (errors.Is(err, cause) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded))
 }
 
 // maxErrorBody caps how much of an engine's error body is read.
