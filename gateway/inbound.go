@@ -274,8 +274,8 @@ func checkEncoding(h http.Header, kind bodyKind) error {
 		return nil
 	}
 	ct := h.Get("Content-Type")
-	if ct == "" {
-		return nil
+	if ct == "" || isJSON(ct) && (len(ct) == 16 || ct[16] == ';' || ct[16] == ' ') {
+		return nil // the common case, without ParseMediaType's allocations
 	}
 	mt, _, err := mime.ParseMediaType(ct)
 	if errors.Is(err, mime.ErrInvalidMediaParameter) {
