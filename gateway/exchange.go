@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"strconv"
@@ -90,6 +91,28 @@ type call struct {
 	timer     *time.Timer // a non-streaming answer's attempt timeout
 }
 
+// maxReplays caps how often net/http sends one leg's request again
+// (replayOnStaleConn).
+const maxReplays = 1
+
+// errReplayed ends a leg whose request was already sent again once on
+// another connection and failed there too: the engine read it twice and
+// answered neither (classified engine_disconnect).
+var errReplayed = errors.New("the engine closed the connection before answering, twice")
+
+// rewind is the engine request's GetBody: net/http calls it for each
+// re-send of the request on another connection (replayOnStaleConn). The
+// first re-send gets the body again; a second gets errReplayed, which ends
+// the round trip, so one failing request is not sent through every idle
+// connection of the pool.
+func (b *outBody) rewind() (io.ReadCloser, error) {
+	b.replays++
+	if b.replays > maxReplays {
+		return nil, errReplayed
+	}
+	return io.NopCloser(b.reader()), nil
+}
+
 // stop stops the attempt timeout.
 func (c *call) stop() {
 	if c.timer != nil {
@@ -121,17 +144,18 @@ func (s *Server) send(c *call, r *http.Request, body *outBody) outcome {
 	copyRequestHeaders(ureq.Header, r.Header, s.skipReq)
 	s.trusted.setForwarded(ureq.Header, r)
 	replayOnStaleConn(ureq.Header)
+	body.replays = 0 // this leg's re-sends (rewind)
 	switch op.body {
 	case bodyJSON:
 		ureq.ContentLength = body.n
-		ureq.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(body.reader()), nil }
+		ureq.GetBody = body.rewind
 		ureq.Header["Content-Type"] = jsonContentType // shared: no one mutates it
 	case bodyForm:
 		// The client's multipart Content-Type (its boundary), the one
 		// value that was parsed.
 		ureq.Header["Content-Type"] = r.Header["Content-Type"][:1]
 		ureq.ContentLength = body.n
-		ureq.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(body.reader()), nil }
+		ureq.GetBody = body.rewind
 	case bodyNone:
 		delete(ureq.Header, "Content-Type")
 	}
@@ -209,6 +233,13 @@ func (s *Server) send(c *call, r *http.Request, body *outBody) outcome {
 // span, one slot); a new connection that fails again is the engine's
 // failure, classified as before. A client's own Idempotency-Key (or
 // X-Idempotency-Key) is forwarded untouched and has the same effect.
+//
+// net/http sends the request again on the next connection of its pool,
+// which may be stale too, and again until one fails that was new: a
+// request that an engine reads and then drops (a close before headers,
+// an engine that dies on it) would be sent through every idle connection
+// to it. rewind caps that at one re-send per leg (maxReplays); a body-less
+// request is never re-read, so net/http re-sends it without asking.
 func replayOnStaleConn(h http.Header) {
 	if _, ok := h["Idempotency-Key"]; ok {
 		return

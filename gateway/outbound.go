@@ -14,6 +14,9 @@ type outBody struct {
 	// injected is set when the usage option was added for a client that
 	// did not ask for usage: the usage chunk is then kept from it.
 	injected bool
+	// replays counts net/http's re-sends of the current leg's request
+	// (rewind); send resets it for each leg.
+	replays int
 }
 
 // reader returns a reader over the whole body.

@@ -7,11 +7,15 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/switchboard-gw/switchboard/gateway/fleet"
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
 
@@ -26,6 +30,11 @@ type closingEngine struct {
 	ln          net.Listener
 	closeFirst  bool
 	closeSecond bool
+	// closeAll, once set, closes every request's connection unanswered,
+	// after reading it; hold, while open, keeps answers waiting (so
+	// concurrent requests open connections of their own).
+	closeAll atomic.Bool
+	hold     chan struct{}
 
 	mu    sync.Mutex
 	reqs  []string // each request as it came off the wire
@@ -77,8 +86,11 @@ func (e *closingEngine) serve(c net.Conn, n int) {
 		e.reqs = append(e.reqs, string(raw))
 		e.conns = append(e.conns, n)
 		e.mu.Unlock()
-		if (i == 1 && e.closeFirst) || (i == 2 && e.closeSecond) {
+		if (i == 1 && e.closeFirst) || (i == 2 && e.closeSecond) || e.closeAll.Load() {
 			return
+		}
+		if e.hold != nil {
+			<-e.hold
 		}
 		body := `{"object":"list","data":[{"object":"embedding","index":0,"embedding":[0.5]}],"model":"m","usage":{"prompt_tokens":1,"total_tokens":1}}`
 		fmt.Fprintf(c, "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
@@ -175,5 +187,51 @@ func TestClientIdempotencyKeyForwarded(t *testing.T) {
 				t.Fatalf("status %d; the engine read %q; want one request with %s: key-abc", resp.StatusCode, reqs, k)
 			}
 		})
+	}
+}
+
+// TestReplayCappedAtOne: an engine that reads a request and closes the
+// connection unanswered (a close before headers, an engine that dies on
+// that request) gets it at most twice per attempt (the request and one
+// re-send on another connection), however many idle connections to it the
+// pool holds: net/http alone would send it through every one of them.
+func TestReplayCappedAtOne(t *testing.T) {
+	const idle = 6
+	e := newClosingEngine(t, false, false)
+	e.hold = make(chan struct{})
+	h := staleConnHarness(t, e)
+	// idle concurrent requests, held by the engine until all arrived, so
+	// each has a connection of its own; answered, they stay in the pool.
+	var wg sync.WaitGroup
+	for range idle {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			resp := h.post("/v1/embeddings", embedBody)
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}()
+	}
+	testutil.Eventually(t, 5*time.Second, func() bool { reqs, _ := e.seen(); return len(reqs) == idle }, "the warm-up requests to arrive")
+	close(e.hold)
+	wg.Wait()
+	_, conns := e.seen()
+	if n := len(slices.Compact(slices.Sorted(slices.Values(conns)))); n != idle {
+		t.Fatalf("warm-up used %d connections, want %d", n, idle)
+	}
+	e.closeAll.Store(true)
+	resp := h.post("/v1/embeddings", embedBody)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadGateway {
+		t.Errorf("status %d, want 502", resp.StatusCode)
+	}
+	reqs, _ := e.seen()
+	if got := len(reqs) - idle; got != 1+maxReplays {
+		t.Errorf("the engine read the failing request %d times, want %d (once, and one re-send)", got, 1+maxReplays)
+	}
+	h.waitIdle()
+	if et := h.errorTypes(); et[ErrTypeEngineDisconnect] != 1 {
+		t.Errorf("error types %v, want one engine_disconnect", et)
 	}
 }
