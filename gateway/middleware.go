@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/switchboard-gw/switchboard/telemetry"
 )
 
 // RequestIDHeader carries the request id: taken from the client when
@@ -180,7 +181,7 @@ func (s *Server) logRequest(r *http.Request) {
 		attrs = append(attrs, slog.String("engines", strings.Join(st.tried[:n], ",")), slog.Int("attempts", st.attempts))
 	}
 	if st.errType != "" {
-		attrs = append(attrs, slog.String("error.type", st.errType))
+		attrs = append(attrs, slog.String(string(telemetry.AttrErrorType), st.errType))
 	}
 	if st.ttft > 0 {
 		attrs = append(attrs, slog.Duration("ttft", st.ttft))
