@@ -66,9 +66,6 @@ type KeyLimits struct {
 // MaxKeyNameLen caps a key's name, in bytes.
 const MaxKeyNameLen = 64
 
-// enabled reports whether auth is on: at least one key is configured.
-func (c AuthConfig) enabled() bool { return len(c.Keys) > 0 }
-
 // Validate reports every bad key: a name empty, longer than
 // MaxKeyNameLen, with a control character or used twice; a sha256 not 64
 // hex digits or the same as another key's; no model glob, or one
