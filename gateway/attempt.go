@@ -59,6 +59,11 @@ type attempt struct {
 	// (Config.MaxPendingPerModel) while this attempt is counted in it; it
 	// is given back at the first token or at the end, once.
 	pending *atomic.Int64
+	// seam is the request's continuation state on a continuation leg
+	// (nil on other legs): its first token is the end of the seam, not
+	// the client's first token, and its usage is part of the whole
+	// answer's.
+	seam *carry
 }
 
 // startAttempt starts the engine span and, unless the route is light,
@@ -124,7 +129,14 @@ func (a *attempt) onContent(now time.Time) {
 		a.first, a.last = now, now
 		a.unpend()
 		if a.slot.Promote() {
-			a.s.metrics.RecordFirstToken(a.ctx, a.attrs, now.Sub(a.start).Seconds())
+			switch {
+			case a.seam == nil:
+				a.s.metrics.RecordFirstToken(a.ctx, a.attrs, now.Sub(a.start).Seconds())
+			case a.seam.cut != nil && !a.seam.cut.last.IsZero():
+				// The client's TTFT was recorded by the first leg; this
+				// is the second wait it saw.
+				a.s.metrics.RecordMigrationGap(a.ctx, a.attrs, now.Sub(a.seam.cut.last).Seconds())
+			}
 			if a.span.IsRecording() {
 				a.span.AddEvent(telemetry.EventFirstToken)
 			}
@@ -222,7 +234,12 @@ func (a *attempt) end() {
 		a.countUsage(st)
 		st.errType = a.errType
 		st.inTok, st.outTok = o.InputTokens, o.OutputTokens
-		if !a.first.IsZero() {
+		switch {
+		case a.seam != nil:
+			// The whole answer: the prompt once, every leg's output.
+			st.inTok, st.outTok = int64(len(a.seam.prompt)), int64(a.seam.legGen)+max(o.OutputTokens, a.contentEvents)
+			st.continued, st.continuedOn = a.seam.continued, a.seam.engines
+		case !a.first.IsZero():
 			st.ttft = a.first.Sub(a.start)
 		}
 	}

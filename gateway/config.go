@@ -67,6 +67,10 @@ type Config struct {
 	// Retry says which failures before the first byte reaches the client
 	// go to another engine, within which budgets (RetryConfig).
 	Retry RetryConfig `koanf:"retry"`
+	// Migration is the top-level `migration` section (the loader fills
+	// it in): the continuation of generations broken after their first
+	// tokens reached the client (MigrationConfig).
+	Migration MigrationConfig `koanf:"-"`
 	// MaxPendingPerModel caps, per model, the generative requests (chat,
 	// completions, Responses, Messages, ...) in flight with no first token
 	// yet: queued or prefilling in an engine. A non-streaming request shows
@@ -195,6 +199,7 @@ func DefaultConfig() Config {
 		MaxResponseBufferBytes: 4 << 20,
 		MaxAttempts:            2,
 		Retry:                  DefaultRetryConfig(),
+		Migration:              DefaultMigrationConfig(),
 		Limits:                 DefaultLimitsConfig(),
 		EngineHeader:           true,
 		InjectUsage:            true,
@@ -291,6 +296,7 @@ func (c Config) ValidateSettings() error {
 	}
 	errs = append(errs, c.Auth.Validate(), c.Limits.Validate())
 	errs = append(errs, c.Retry.validate()...)
+	errs = append(errs, c.Migration.validate()...)
 	errs = append(errs, c.retryTimingErrors()...)
 	if c.MaxPendingPerModel < 0 {
 		bad("server.max_pending_per_model must be >= 0, got %d", c.MaxPendingPerModel)

@@ -31,7 +31,7 @@ func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	c := call{set: in.set, op: op, stream: in.stream, observe: in.observe, out: out, a: a, eng: eng, actx: actx, cancel: cancel}
+	c := call{set: in.set, op: op, stream: in.stream, observe: in.observe, out: out, a: a, eng: eng, actx: actx, cancel: cancel, cr: p.cr}
 	defer c.stop()
 	o := s.send(&c, r, out)
 	if o.resp != nil {
@@ -56,7 +56,19 @@ func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Re
 	// timed out before content gets a real 504, not a 200 with an error
 	// event.
 	c.holdFirst = in.stream && !p.sticky && in.set.retryOn.has(retryFirstToken)
-	ae := s.relay(w, r, &c, o.resp)
+	ae, k := s.relay(w, r, &c, o.resp)
+	if k != nil {
+		// The stream broke after bytes reached the client: continued on
+		// another engine, or ended here.
+		if p.cr != nil {
+			p.cr.link, p.cr.cut = a.span.SpanContext(), k
+		}
+		if next := p.next(&outcome{stage: stageCut, cut: k, errType: a.errType}); next.kind != legNone {
+			return next, nil
+		}
+		endCut(w, k, op.framing)
+		return nextLeg{}, nil
+	}
 	if ae == nil {
 		return nextLeg{}, nil
 	}
@@ -89,6 +101,13 @@ type call struct {
 	// sends nothing before its first content event.
 	holdFirst bool
 	timer     *time.Timer // a non-streaming answer's attempt timeout
+	// cr is the request's continuation state on a continuable route
+	// (nil otherwise); resumed is set on a continuation leg, whose
+	// request goes to path (not the client's) and whose stream is
+	// appended to a response that has started.
+	cr      *carry
+	path    string
+	resumed bool
 }
 
 // maxReplays caps how often net/http sends one leg's request again
@@ -125,12 +144,18 @@ func (c *call) stop() {
 func (s *Server) send(c *call, r *http.Request, body *outBody) outcome {
 	a, eng, op := c.a, c.eng, c.op
 	t0 := time.Now()
-	url, ok := eng.PathURL(r.URL.Path)
-	if !ok || r.URL.RawPath != "" {
-		url = eng.Base() + r.URL.EscapedPath()
-	}
-	if r.URL.RawQuery != "" {
-		url += "?" + r.URL.RawQuery
+	var url string
+	if c.path != "" {
+		url = eng.Base() + c.path
+	} else {
+		var ok bool
+		url, ok = eng.PathURL(r.URL.Path)
+		if !ok || r.URL.RawPath != "" {
+			url = eng.Base() + r.URL.EscapedPath()
+		}
+		if r.URL.RawQuery != "" {
+			url += "?" + r.URL.RawQuery
+		}
 	}
 	var rd io.Reader
 	if op.body != bodyNone {
@@ -255,14 +280,14 @@ func replayOnStaleConn(h http.Header) {
 // the error the client is to get when the relay failed before anything
 // reached it, nil otherwise (a relay cut after its first byte ends the
 // response itself: an error event, or an aborted body).
-func (s *Server) relay(w http.ResponseWriter, r *http.Request, c *call, resp *http.Response) *APIError {
+func (s *Server) relay(w http.ResponseWriter, r *http.Request, c *call, resp *http.Response) (*APIError, *cut) {
 	if c.op.remember {
 		defer func() { s.remember(c) }()
 	}
 	ct := resp.Header.Get("Content-Type")
 	switch {
 	case c.observe && isEventStream(ct):
-		return s.reassembleStream(w, r, resp, c)
+		return s.reassembleStream(w, r, resp, c), nil
 	case isEventStream(ct):
 		if !c.stream {
 			// An event stream the client did not flag as one (speech,
@@ -279,9 +304,9 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, c *call, resp *ht
 		// Another streamed framing (NDJSON, chunked JSON of unknown
 		// length): passed through byte for byte, flushed per write, ended
 		// by the body's end.
-		return s.copyBody(w, r, resp, c, copyStream)
+		return s.copyBody(w, r, resp, c, copyStream), nil
 	default:
-		return s.copyBody(w, r, resp, c, copyWhole)
+		return s.copyBody(w, r, resp, c, copyWhole), nil
 	}
 }
 

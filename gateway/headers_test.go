@@ -287,7 +287,9 @@ func TestUsageInjection(t *testing.T) {
 			}
 		}
 	})
-	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: proxy.URL}))
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: proxy.URL})
+	cfg.Migration.Limit = 0 // the body as sent, without return_token_ids (TestTokenIDsAsked)
+	h := newHarness(t, cfg)
 	const usage = `"include_usage":true`
 	cases := []struct {
 		name, opts string
@@ -398,7 +400,9 @@ func TestUsageChunkDropOnlyUsageOnly(t *testing.T) {
 			http.NewResponseController(w).Flush()
 		}
 	})
-	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL}))
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: eng.URL})
+	cfg.Migration.Limit = 0 // the body as sent, without return_token_ids (TestTokenIDsAsked)
+	h := newHarness(t, cfg)
 	resp := h.post("/v1/chat/completions", `{"model":"m","stream":true,"messages":[{"role":"user","content":"a b"}]}`)
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()

@@ -473,7 +473,7 @@ func TestUsageInjectionNoCopy(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			out := gw.outgoing(opNamed(t, "chat"), &inbound{set: gw.set.Load(), body: body, req: req})
+			out := gw.outgoing(opNamed(t, "chat"), &inbound{set: gw.set.Load(), body: body, req: req}, false)
 			if out.injected != tc.injected {
 				t.Errorf("injected = %v, want %v", out.injected, tc.injected)
 			}

@@ -270,6 +270,10 @@ func (l *limiter) release(ctx context.Context, rel quota.Release) {
 func (a *attempt) countUsage(st *reqState) {
 	switch {
 	case a.class == classLight:
+	case a.seam != nil:
+		// A continuation: its prompt is the request's prompt and what
+		// was generated, already counted; its output is the answer's.
+		st.usedOut += max(a.usage.CompletionTokens, a.contentEvents)
 	case a.hasUsage:
 		st.usedIn += max(a.usage.PromptTokens, 0)
 		if a.class == classGenerative {

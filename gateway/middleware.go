@@ -54,6 +54,10 @@ type reqState struct {
 	ttft      time.Duration // of the attempt that produced content; 0 = none
 	inTok     int64         // usage of the last attempt; -1 = unknown
 	outTok    int64
+	// continued is the number of continuation legs (migration.go),
+	// continuedOn their engines.
+	continued   int
+	continuedOn []string
 
 	// For the key's token limit (limits.go): the request's prompt
 	// estimate, and the tokens its attempts used (countUsage).
@@ -154,7 +158,7 @@ func (s *Server) logRequest(r *http.Request) {
 	if status == 0 {
 		status = http.StatusOK
 	}
-	attrs := make([]slog.Attr, 0, 15)
+	attrs := make([]slog.Attr, 0, 17)
 	attrs = append(attrs,
 		slog.String("request_id", st.id),
 		slog.String("method", r.Method),
@@ -179,6 +183,10 @@ func (s *Server) logRequest(r *http.Request) {
 	if st.attempts > 0 {
 		n := min(st.attempts, maxLoggedEngines)
 		attrs = append(attrs, slog.String("engines", strings.Join(st.tried[:n], ",")), slog.Int("attempts", st.attempts))
+	}
+	if st.continued > 0 {
+		// The generation broke and was continued on these engines.
+		attrs = append(attrs, slog.Int("continued", st.continued), slog.String("continued_on", strings.Join(st.continuedOn, ",")))
 	}
 	if st.errType != "" {
 		attrs = append(attrs, slog.String(string(telemetry.AttrErrorType), st.errType))

@@ -123,6 +123,9 @@ type operation struct {
 	// sent to the engine as a stream and its chunks reassembled into the
 	// body (oai.Reassembler): OpenAI chat and completions only.
 	observe bool
+	// migrate: a generation broken after its first tokens reached the
+	// client may be continued on another engine (migration.go).
+	migrate migrateKind
 }
 
 // idParam is the path parameter naming a stored response on the sticky
@@ -136,9 +139,9 @@ const idParam = "id"
 var operations = []*operation{
 	// Generation.
 	{name: "chat", genai: "chat", method: http.MethodPost, paths: []string{"/v1/chat/completions"},
-		schema: oai.SchemaChat, framing: frameOpenAI, injectUsage: true, observe: true},
+		schema: oai.SchemaChat, framing: frameOpenAI, injectUsage: true, observe: true, migrate: migrateChat},
 	{name: "completions", genai: "text_completion", method: http.MethodPost, paths: []string{"/v1/completions"},
-		schema: oai.SchemaCompletion, framing: frameOpenAI, injectUsage: true, observe: true},
+		schema: oai.SchemaCompletion, framing: frameOpenAI, injectUsage: true, observe: true, migrate: migrateCompletion},
 	{name: "responses", genai: "chat", method: http.MethodPost, paths: []string{"/v1/responses"},
 		schema: oai.SchemaResponses, framing: frameResponses, remember: true},
 	{name: "responses.retrieve", genai: "responses.retrieve", method: http.MethodGet, paths: []string{"/v1/responses/{id}"},

@@ -112,7 +112,24 @@ var (
 	jsonTrue          = []byte(`true`)
 	usageMember       = []byte(`,"include_usage":true`) // added last in a non-empty stream_options
 	usageMemberAlone  = []byte(`"include_usage":true`)  // into an empty one
+	// tokenIDsOption asks vLLM for the prompt and generated token ids
+	// (return_token_ids), replacing the body's closing brace.
+	tokenIDsOption     = []byte(`,"return_token_ids":true}`)
+	tokenIDsWithUsage  = []byte(`,"return_token_ids":true,"stream_options":{"include_usage":true}}`)
+	tokenIDsWithStream = []byte(`,"return_token_ids":true,"stream":true,"stream_options":{"include_usage":true}}`)
 )
+
+// tokenIDsOptionWith returns the closing edit ins with return_token_ids
+// added (ins is one of the closing options).
+func tokenIDsOptionWith(ins []byte) []byte {
+	switch {
+	case bytes.Equal(ins, usageOption):
+		return tokenIDsWithUsage
+	case bytes.Equal(ins, streamUsageOption):
+		return tokenIDsWithStream
+	}
+	return tokenIDsOption
+}
 
 // outgoing returns the engine body of a request: the client's bytes, with
 // the model replaced when the client named an alias, and, with
@@ -123,7 +140,10 @@ var (
 // engines use, so a false include_usage before it is overridden and other
 // options such as continuous_usage_stats stay), or as a new stream_options
 // in place of the body's closing brace when it has none (or null).
-func (s *Server) outgoing(op *operation, in *inbound) outBody {
+//
+// With tokenIDs set (a generation that may be continued, migration.go),
+// vLLM's return_token_ids is asked for too, as the body's last member.
+func (s *Server) outgoing(op *operation, in *inbound, tokenIDs bool) outBody {
 	body := in.body
 	var edits [3]edit
 	n := 0
@@ -179,6 +199,17 @@ func (s *Server) outgoing(op *operation, in *inbound) outBody {
 			edits[n] = closing(usageOption)
 		}
 		n++
+	}
+	if tokenIDs {
+		// At the closing brace: after any return_token_ids of the
+		// client's (the last duplicate key wins), and with the usage
+		// option when that is added there too.
+		if n > 0 && edits[n-1].end == len(body) {
+			edits[n-1].ins = tokenIDsOptionWith(edits[n-1].ins)
+		} else {
+			edits[n] = closing(tokenIDsOption)
+			n++
+		}
 	}
 	// In body order (insertion sort of at most three).
 	for i := 1; i < n; i++ {

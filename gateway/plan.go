@@ -35,6 +35,10 @@ const (
 	// leg having reached the client: on another engine, or on the same
 	// one after a wait (nextLeg.same).
 	legRetry
+	// legContinue continues a generation broken after its first tokens
+	// reached the client, on another engine, from its prompt and
+	// generated token ids (migration.go).
+	legContinue
 )
 
 // stage is where in a leg its outcome was taken.
@@ -48,6 +52,10 @@ const (
 	// anything reached the client (a stream held until its first token
 	// that timed out, an engine that failed before its first byte).
 	stageRelay
+	// stageCut: the relay broke after bytes reached the client (a cut);
+	// the client's response has started and cannot become an error
+	// status.
+	stageCut
 )
 
 // outcome is how a leg ended, as the planner reads it. Nothing of the leg
@@ -69,6 +77,9 @@ type outcome struct {
 	// may be retried on a first-token timeout, call.holdFirst), so the
 	// request can still go elsewhere.
 	held bool
+	// cut is the broken stream at stageCut, and at any stage of a
+	// continuation leg (whose client response has started).
+	cut *cut
 }
 
 // reason classifies an outcome as a retry condition, or retryNone.
@@ -131,12 +142,18 @@ type plan struct {
 	// lastErr is the error of the last leg retried that got no response:
 	// the answer when no engine is left to try.
 	lastErr *APIError
+	// cr is the request's continuation state, nil when its generation is
+	// never continued (newCarry).
+	cr *carry
 }
 
 // next decides what follows a leg that ended with o, nothing of which
 // reached the client: another leg (where, after what wait and why), or
 // legNone, and the leg's result is committed as it is.
 func (p *plan) next(o *outcome) nextLeg {
+	if o.cut != nil {
+		return p.resume(o.cut)
+	}
 	if p.legs >= p.max || p.ctx.Err() != nil {
 		return nextLeg{}
 	}
@@ -192,6 +209,33 @@ func (p *plan) next(o *outcome) nextLeg {
 	}
 	p.lastErr = o.err
 	return nextLeg{kind: legRetry, reason: reason, same: same, wait: wait}
+}
+
+// resume decides whether a stream broken after bytes reached the client
+// (k) is continued on another engine: its failure kind is one
+// MigrationConfig.On lists, the request can be continued (no exclusion,
+// token ids seen), migration.limit is not reached, and another engine
+// serves the model. A decision not to continue is counted (the exclusion,
+// or the continuation outcome limit or no_engine); the caller then ends
+// the stream.
+func (p *plan) resume(k *cut) nextLeg {
+	cr := p.cr
+	if cr == nil || p.ctx.Err() != nil || !cr.cfg.on(k.reason) {
+		return nextLeg{}
+	}
+	if why := cr.ready(); why != "" {
+		p.metrics.RecordMigrationExclusion(context.Background(), why)
+		return nextLeg{}
+	}
+	switch {
+	case cr.continued >= cr.cfg.Limit:
+		p.metrics.RecordMigration(context.Background(), k.reason, migrationLimit)
+		return nextLeg{}
+	case !p.others:
+		p.metrics.RecordMigration(context.Background(), k.reason, migrationNoEngine)
+		return nextLeg{}
+	}
+	return nextLeg{kind: legContinue}
 }
 
 // done gives back the request's share of the retry budget, if it took one.

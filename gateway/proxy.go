@@ -87,7 +87,8 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 		ctx, cancel = context.WithTimeoutCause(ctx, d, errRequestTimeout)
 		defer cancel()
 	}
-	out := s.outgoing(op, &in)
+	cr := newCarry(op, &in)
+	out := s.outgoing(op, &in, cr.continuable() && !cr.clientIDs)
 	rreq := routing.Request{Model: in.target, Stream: in.stream, SessionKey: in.req.User, PromptBytes: in.req.PromptBytes, PrefixHashes: in.req.PrefixHashes}
 	if set.sessionHeader != "" {
 		if v := r.Header[set.sessionHeader]; len(v) > 0 && v[0] != "" {
@@ -108,7 +109,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 	if op.sticky {
 		candidates = s.stickyOrder(in.id, rt)
 	}
-	p := plan{set: set, ctx: r.Context(), sticky: op.sticky, max: set.cfg.MaxAttempts, budget: &s.retries, metrics: s.metrics, now: time.Now}
+	p := plan{set: set, ctx: r.Context(), sticky: op.sticky, max: set.cfg.MaxAttempts, budget: &s.retries, metrics: s.metrics, now: time.Now, cr: cr}
 	if op.sticky {
 		p.max = len(candidates) // a stored response is looked for on every engine
 	}
@@ -125,6 +126,9 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 		} else {
 			candidates = admissible(rt, candidates)
 			if len(candidates) == 0 {
+				if leg.kind == legContinue {
+					return s.unresumed(w, op, &p)
+				}
 				// Every engine of the model is at its max_in_flight.
 				return errOverloaded("every engine serving model " + strconv.Quote(in.model) + " is at its limit of requests in flight")
 			}
@@ -132,6 +136,9 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 			ep, err = set.policy.Pick(ctx, &rreq, candidates)
 			s.metrics.RecordStep(ctx, telemetry.StepPick, time.Since(t0).Seconds())
 			if err != nil {
+				if leg.kind == legContinue {
+					return s.unresumed(w, op, &p)
+				}
 				return err
 			}
 		}
@@ -144,7 +151,11 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 		if leg.reason != retryNone { // counted when the retry happens; not a sticky route's lookup of the next engine
 			s.metrics.RecordRetry(ctx, leg.reason.String())
 		}
-		if leg, err = s.exchange(ctx, w, r, op, &in, &out, eng, &p); leg.kind == legNone {
+		if leg.kind == legContinue {
+			if leg = s.continuation(ctx, w, r, op, &in, eng, &p); leg.kind == legNone {
+				return nil // the client's response has started: it was ended there
+			}
+		} else if leg, err = s.exchange(ctx, w, r, op, &in, &out, eng, &p); leg.kind == legNone {
 			if err != nil && st != nil {
 				st.legAnswer = true
 			}
@@ -153,7 +164,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 		// The leg has ended: its context is cancelled and its body
 		// closed, so the engine has stopped working on it.
 		tried = append(tried, ep)
-		if f, ok := set.policy.(routing.Forgetter); ok && !op.sticky {
+		if f, ok := set.policy.(routing.Forgetter); ok && !op.sticky && leg.kind == legRetry {
 			// Nothing reached the client and a retry follows: a policy
 			// that learned from sending the prompt there unlearns it,
 			// so the prompt's next turn goes to the engine that serves
@@ -179,11 +190,17 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 		// current one, without the engines already tried, or the same
 		// engine when it is the only one left.
 		if rt, err = s.currentRoute(&in); err != nil {
+			if leg.kind == legContinue {
+				return s.unresumed(w, op, &p)
+			}
 			return err
 		}
 		candidates = excluding(rt.Endpoints(), tried)
 		if len(candidates) == 0 && leg.same && slices.Contains(rt.Endpoints(), ep) {
 			candidates = []*routing.Endpoint{ep}
+		}
+		if len(candidates) == 0 && leg.kind == legContinue {
+			return s.unresumed(w, op, &p)
 		}
 		if len(candidates) == 0 {
 			// Nowhere left to go: the last leg's own error (a refused
@@ -194,6 +211,18 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 			return routing.ErrNoEndpoint
 		}
 	}
+}
+
+// unresumed ends a broken stream whose continuation found no engine to go
+// to (every other engine gone, full or refused by the policy since the
+// planner decided): counted as no_engine, and ended as without
+// continuation. The client's response has started, so there is no error
+// to return.
+func (s *Server) unresumed(w http.ResponseWriter, op *operation, p *plan) error {
+	k := p.cr.cut
+	s.metrics.RecordMigration(p.ctx, k.reason, migrationNoEngine)
+	endCut(w, k, op.framing)
+	return nil
 }
 
 // currentRoute returns the route of in's model in the current routing

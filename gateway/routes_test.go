@@ -200,7 +200,9 @@ func TestEveryRoute(t *testing.T) {
 	}
 
 	_, rec, srv := recordedSim(t, enginesim.Config{Models: []string{"m"}, OutputTokens: 4})
-	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL}))
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL})
+	cfg.Migration.Limit = 0 // the body as sent, without return_token_ids (TestTokenIDsAsked)
+	h := newHarness(t, cfg)
 
 	var relMu sync.Mutex
 	var released []routing.Phase

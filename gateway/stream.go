@@ -28,6 +28,103 @@ type streamState struct {
 	// dropFrom and dropTo bound an event in the current Push output
 	// that must not be forwarded; dropTo is 0 when there is none.
 	dropFrom, dropTo int
+
+	// On a continuable route (cr set): every event is rewritten into out
+	// (token id fields cut, or a continuation's chunks reshaped), and an
+	// engine's own end that a continuation may replace (its error event,
+	// an abort) is held in tail, with what follows it.
+	cr      *carry
+	reshape bool // a continuation leg: the engine's chunks are completions chunks
+	out     []byte
+	scratch []byte
+	tail    []byte
+	reason  string // the failure kind when tail is held
+	// last is when the last content event was read.
+	last time.Time
+}
+
+// dataPrefix and eventEnd frame a rewritten event.
+var (
+	dataPrefix = []byte("data: ")
+	eventEnd   = []byte("\n\n")
+)
+
+// onRewrite reads one event of a continuable route's stream (OpenAI
+// framing) and appends what the client is to get to st.out: the event
+// with the token id fields the client did not ask for cut (take), or, on
+// a continuation leg, the engine's completions chunk reshaped into the
+// client's framing (reshape). An error event or an abort that a
+// continuation may replace is held in st.tail with everything after it.
+func (st *streamState) onRewrite(ev sse.Event) {
+	if st.tail != nil {
+		st.tail = append(st.tail, ev.Raw...)
+		if ev.Data != nil && sse.IsDone(ev.Data) {
+			st.done = true
+		}
+		return
+	}
+	if ev.Comment || ev.Data == nil {
+		st.out = append(st.out, ev.Raw...)
+		return
+	}
+	if sse.IsDone(ev.Data) {
+		st.done = true
+		st.out = append(st.out, ev.Raw...)
+		return
+	}
+	a, cr := st.a, st.cr
+	ch, err := oai.InspectChunk(ev.Data)
+	if err != nil {
+		a.s.metrics.RecordParseError(a.ctx, a.attrs)
+		st.out = append(st.out, ev.Raw...)
+		return
+	}
+	switch {
+	case ch.Error:
+		st.errEvent = true
+		if cr.mayResume(migrateStreamErr) {
+			st.tail, st.reason = append([]byte{}, ev.Raw...), migrateStreamErr
+			return
+		}
+		st.out = append(st.out, ev.Raw...)
+		return
+	case string(ch.FinishReason) == "abort" && cr.mayResume(migrateAbort):
+		st.tail, st.reason = append([]byte{}, ev.Raw...), migrateAbort
+		return
+	}
+	if a.respID == "" && len(ch.ID) > 0 && !st.reshape {
+		a.respID = string(ch.ID)
+	}
+	if !a.modelSeen {
+		a.answered(ch.Model)
+	}
+	if ch.FinishReason != nil {
+		a.finished(ch.FinishReason)
+	}
+	if ch.HasUsage {
+		a.usage, a.hasUsage = ch.Usage, true
+	}
+	if ch.Content {
+		a.onContent(st.now)
+		st.last = st.now
+	}
+	if st.reshape {
+		var drop bool
+		if st.scratch, drop = cr.reshape(st.scratch[:0], ev.Data); drop {
+			return
+		}
+		st.out = append(append(append(st.out, dataPrefix...), st.scratch...), eventEnd...)
+		return
+	}
+	if st.injected && ch.HasUsage && ch.Choices == 0 {
+		return // the usage chunk the client did not ask for
+	}
+	data := cr.take(ev.Data, ch.Content)
+	if len(data) == len(ev.Data) {
+		st.out = append(st.out, ev.Raw...)
+		return
+	}
+	st.out = append(append(append(st.out, dataPrefix...), data...), eventEnd...)
 }
 
 func (st *streamState) onEvent(ev sse.Event) {
@@ -132,12 +229,13 @@ func (st *streamState) onTypedEvent(ev sse.Event) {
 // official clients take a bare EOF for success. Until the first content event the engine may send nothing
 // but the role chunk and comments until firstBy; after it, Timeouts.Idle
 // bounds the gap between reads.
-func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call) *APIError {
+func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call) (*APIError, *cut) {
 	a, actx := c.a, c.actx
 	// A stream the client did not ask for (speech, images answered as
 	// events) has no first-token wait: the idle timeout bounds it from
 	// the start.
 	rl := s.newRelay(w, r, resp, c, true, c.stream, c.firstBy)
+	rl.started = c.resumed // a continuation appends to a response that has started
 	defer rl.close()
 	sc := scannerPool.Get().(*sse.Scanner)
 	sc.Reset()
@@ -146,6 +244,10 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 	st := streamState{a: a, framing: c.op.framing, injected: c.out.injected}
 	endsAtEOF := c.op.framing == frameAny
 	onEvent := st.onEvent
+	if c.cr != nil && c.op.framing == frameOpenAI {
+		st.cr, st.reshape = c.cr, c.resumed
+		onEvent = st.onRewrite
+	}
 	// With a first-token retry possible (c.holdFirst), nothing is sent
 	// before the first content event: the role chunk and anything else
 	// before it are held (up to maxHeldBeforeFirst; more is sent and the
@@ -177,7 +279,11 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 		if len(p) > 0 {
 			st.now = now
 			st.dropTo = 0
+			st.out = st.out[:0]
 			out := sc.Push(p, onEvent)
+			if st.cr != nil {
+				out = st.out
+			}
 			if !a.first.IsZero() || a.class != classGenerative || !c.stream {
 				// After the first content any bytes are progress (an event
 				// trickled across reads, a keep-alive); before it only
@@ -192,7 +298,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 				if st.dropFrom > 0 {
 					if err := emit(out[:st.dropFrom], len(rest) == 0); err != nil {
 						a.fail(clientWriteErrType(err))
-						return nil
+						return nil, nil
 					}
 				}
 				out = rest
@@ -200,7 +306,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 			if len(out) > 0 {
 				if err := emit(out, true); err != nil {
 					a.fail(clientWriteErrType(err))
-					return nil
+					return nil, nil
 				}
 			}
 		}
@@ -211,6 +317,20 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 		}
 		if rerr == nil {
 			continue
+		}
+		if st.tail != nil {
+			// The engine ended the stream itself (an error event, an
+			// abort) and a continuation may replace that end.
+			a.fail(st.reason)
+			if !rl.started {
+				// Nothing reached the client: its end is the answer.
+				if err := rl.write(append(held, st.tail...), true); err != nil {
+					a.fail(clientWriteErrType(err))
+				}
+				return nil, nil
+			}
+			return nil, &cut{reason: st.reason, tail: st.tail, last: st.last,
+				err: &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: st.reason, Message: "the engine ended the stream with an error"}}
 		}
 		// An engine that sent its own error event and closed has ended
 		// the stream: the client has the error, and a second one made
@@ -225,7 +345,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 				}
 			}
 			rl.start()
-			return nil
+			return nil, nil
 		}
 		var et string
 		var ae *APIError
@@ -239,12 +359,16 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 			// Nothing was sent (the stream may have been held before its
 			// first content): the planner decides between another leg
 			// and this error, a real status.
-			return ae
+			return ae, nil
+		}
+		if st.cr != nil && et != ErrTypeClientCancelled && et != ErrTypeClientStalled {
+			// The caller decides: a continuation, or this error event.
+			return nil, &cut{reason: et, err: ae, last: st.last}
 		}
 		if et != ErrTypeClientCancelled {
 			writeStreamError(w, rl.rc, ae, c.op.framing)
 		}
-		return nil
+		return nil, nil
 	}
 }
 

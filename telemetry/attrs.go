@@ -128,11 +128,20 @@ const (
 	AttrReleasedPhase = attribute.Key("switchboard.released_phase")
 )
 
+// AttrContinuedTokens is the number of generated tokens a continuation
+// leg was given (EventContinuation).
+const AttrContinuedTokens = attribute.Key("switchboard.continued_tokens")
+
 // Span event names.
 const (
 	// EventFirstToken, on the engine span, marks the attempt's first
 	// generated token.
 	EventFirstToken = "first_token"
+	// EventContinuation, on a continuation leg's engine span (linked to
+	// the span of the leg that broke), names why the generation was
+	// continued (AttrMigrationReason) and from how many generated tokens
+	// (AttrContinuedTokens).
+	EventContinuation = "continuation"
 	// EventClientGone, on the server span, marks a request whose client
 	// went away (cancelled, or stalled reading) while it was served.
 	EventClientGone = "client went away"

@@ -31,12 +31,19 @@
 //	switchboard.engine.accounting_drift       Gauge         {request}  engine
 //	switchboard.request.retries               Counter       {retry}    reason
 //	switchboard.request.retry_budget_exhausted Counter      {retry}
+//	switchboard.request.migrations            Counter       {continuation} reason, outcome
+//	switchboard.request.migration_exclusions  Counter       {request}  exclusion
+//	switchboard.request.migration_gap         Histogram     s          engine, model, operation
 //
 // switchboard.request.retries counts the attempts a request was tried
 // again before anything reached its client, by reason ([AttrRetryReason]:
 // connect_failure, reset, header_timeout, first_token_timeout or the
 // engine's 429, 500, 502, 503, 504); retry_budget_exhausted the retries
 // refused because too many requests were already retrying.
+//
+// The migration instruments follow generations broken after their first
+// tokens reached the client and continued on another engine
+// ([MigrationsName], [MigrationExclusionsName], [MigrationGapName]).
 //
 // operation is the gateway route's row of its operation table ("chat",
 // "responses", "messages", "rerank", ...). switchboard.engine.state is 1

@@ -33,18 +33,19 @@ const envPrefix = "SWITCHBOARD_"
 // every key. Precedence: defaults < YAML file (--config) < SWITCHBOARD_*
 // environment < flags.
 type Config struct {
-	Server    ServerConfig         `koanf:"server"`
-	Admin     AdminConfig          `koanf:"admin"`
-	Engines   []fleet.EngineConfig `koanf:"engines"`
-	Models    gateway.ModelsConfig `koanf:"models"`
-	Auth      AuthConfig           `koanf:"auth"`
-	Limits    gateway.LimitsConfig `koanf:"limits"`
-	Routing   routing.Config       `koanf:"routing"`
-	Telemetry telemetry.Config     `koanf:"telemetry"`
-	Log       LogConfig            `koanf:"log"`
-	Simulate  SimulateConfig       `koanf:"simulate"`
-	Reload    ReloadConfig         `koanf:"reload"`
-	Discovery DiscoveryConfig      `koanf:"discovery"`
+	Server    ServerConfig            `koanf:"server"`
+	Admin     AdminConfig             `koanf:"admin"`
+	Engines   []fleet.EngineConfig    `koanf:"engines"`
+	Models    gateway.ModelsConfig    `koanf:"models"`
+	Auth      AuthConfig              `koanf:"auth"`
+	Limits    gateway.LimitsConfig    `koanf:"limits"`
+	Migration gateway.MigrationConfig `koanf:"migration"`
+	Routing   routing.Config          `koanf:"routing"`
+	Telemetry telemetry.Config        `koanf:"telemetry"`
+	Log       LogConfig               `koanf:"log"`
+	Simulate  SimulateConfig          `koanf:"simulate"`
+	Reload    ReloadConfig            `koanf:"reload"`
+	Discovery DiscoveryConfig         `koanf:"discovery"`
 }
 
 // DiscoveryConfig holds the engine discovery sources besides the static
@@ -112,6 +113,7 @@ func defaults() Config {
 		Admin:     AdminConfig{Listen: "127.0.0.1:9464"},
 		Models:    gateway.ModelsConfig{Aliases: map[string]string{}},
 		Limits:    gateway.DefaultLimitsConfig(),
+		Migration: gateway.DefaultMigrationConfig(),
 		Routing:   routing.DefaultConfig(),
 		Telemetry: telemetry.DefaultConfig(),
 		Log:       LogConfig{Level: "info", Format: "text", Access: true},

@@ -54,6 +54,7 @@ func gatewayConfig(cfg Config, extra []fleet.EngineConfig) gateway.Config {
 	g.Models = cfg.Models
 	g.Auth = cfg.Auth.AuthConfig
 	g.Limits = cfg.Limits
+	g.Migration = cfg.Migration
 	g.AccessLog = cfg.Log.Access
 	return g
 }

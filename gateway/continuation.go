@@ -1,0 +1,162 @@
+package gateway
+
+import (
+	"context"
+	"net/http"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
+	"github.com/switchboard-gw/switchboard/telemetry"
+)
+
+// Outcomes of telemetry.MigrationsName.
+const (
+	migrationRescued   = "rescued"   // the continuation finished the answer
+	migrationFailed    = "failed"    // the continuation broke too, or failed before its first byte
+	migrationCancelled = "cancelled" // the client left during the continuation
+	migrationLimit     = "limit"     // not continued: migration.limit reached
+	migrationNoEngine  = "no_engine" // not continued: no other engine serves the model
+)
+
+// cut is a stream of a continuable route broken after bytes reached the
+// client, not yet ended: the planner decides whether it is continued, and
+// if it is not, endCut ends it.
+type cut struct {
+	// reason is the failure kind (MigrationConfig.On).
+	reason string
+	// err is the error event the gateway ends the stream with.
+	err *APIError
+	// tail is the engine's own end of the stream, held back when a
+	// continuation was possible (its error event, or its abort chunk, and
+	// what followed): forwarded instead of err when not continued.
+	tail []byte
+	// last is when the client got the leg's last content (zero when
+	// none): the start of the seam.
+	last time.Time
+}
+
+// endCut ends a broken stream that is not continued: with the engine's own
+// end when it sent one (tail), else with the gateway's error event in the
+// route's framing. Bounded by a write deadline, as writeStreamError is.
+func endCut(w http.ResponseWriter, k *cut, f framing) {
+	rc := http.NewResponseController(w)
+	if len(k.tail) > 0 {
+		_ = rc.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		if _, err := w.Write(k.tail); err == nil {
+			_ = rc.Flush()
+		}
+	} else {
+		writeStreamError(w, rc, k.err, f)
+	}
+	_ = rc.SetWriteDeadline(time.Time{})
+}
+
+// continueURL is the engine path a continuation is sent to: vLLM's
+// /v1/completions takes a token-id prompt.
+const continueURL = "/v1/completions"
+
+// continuation runs one continuation leg on eng (legContinue): the carry's
+// prompt and generated ids as a token prompt to eng's /v1/completions,
+// its chunks reshaped into the client's framing and appended to the
+// client's response, which has started. Like exchange, it returns the next
+// leg (another continuation) or legNone, and ends the client's stream
+// itself when it breaks too and is not continued again: the client's
+// response having started, it never returns an error to write.
+func (s *Server) continuation(ctx context.Context, w http.ResponseWriter, r *http.Request, op *operation, in *inbound, eng *fleet.Engine, p *plan) nextLeg {
+	cr := p.cr
+	prev := cr.cut
+	cr.legGen = len(cr.gen)
+	body, done := cr.request(in.target, in.req.MaxTokens)
+	if done {
+		// The break came after the last token: only the end is missing.
+		s.finishAnswer(w, cr)
+		s.metrics.RecordMigration(ctx, prev.reason, migrationRescued)
+		return nextLeg{}
+	}
+	cr.continued++
+	if len(cr.engines) < maxLoggedEngines {
+		cr.engines = append(cr.engines, eng.Name())
+	}
+	ctx, a := s.startAttempt(ctx, eng, op, in)
+	defer a.finish()
+	a.seam = cr
+	if a.span.IsRecording() {
+		if cr.link.IsValid() {
+			a.span.AddLink(trace.Link{SpanContext: cr.link})
+		}
+		a.span.AddEvent(telemetry.EventContinuation, trace.WithAttributes(
+			telemetry.AttrMigrationReason.String(prev.reason),
+			telemetry.AttrContinuedTokens.Int(len(cr.gen))))
+	}
+	actx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	ob := outBody{n: int64(len(body))}
+	ob.parts[0] = body
+	c := call{set: in.set, op: op, stream: true, out: &ob, a: a, eng: eng, actx: actx, cancel: cancel, cr: cr, path: continueURL, resumed: true}
+	defer c.stop()
+	o := s.send(&c, r, &ob)
+	if o.resp != nil {
+		defer o.resp.Body.Close()
+	}
+	var k *cut
+	switch {
+	case o.err != nil:
+		k = &cut{reason: ErrTypeEngineDisconnect, err: o.err}
+		if a.errType != "" && cr.cfg.on(a.errType) {
+			k.reason = a.errType
+		}
+	case o.resp.StatusCode < 200 || o.resp.StatusCode > 299 || !isEventStream(o.resp.Header.Get("Content-Type")):
+		a.fail(ErrTypeStreamError)
+		k = &cut{reason: ErrTypeStreamError, err: &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: ErrTypeStreamError,
+			Message: "the engine refused the continuation of the broken generation"}}
+	default:
+		_, k = s.stream(w, r, o.resp, &c)
+	}
+	if k == nil {
+		outcome := migrationRescued
+		switch a.errType {
+		case "":
+		case ErrTypeClientCancelled, ErrTypeClientStalled:
+			outcome = migrationCancelled
+		default:
+			outcome = migrationFailed
+		}
+		s.metrics.RecordMigration(ctx, prev.reason, outcome)
+		return nextLeg{}
+	}
+	s.metrics.RecordMigration(ctx, prev.reason, migrationFailed)
+	if k.last.IsZero() {
+		k.last = prev.last // nothing reached the client in this leg
+	}
+	cr.link = a.span.SpanContext()
+	cr.cut = k
+	if next := p.next(&outcome{stage: stageCut, cut: k, errType: a.errType}); next.kind != legNone {
+		return next
+	}
+	endCut(w, k, op.framing)
+	return nextLeg{}
+}
+
+// finishAnswer ends a stream broken after its last token and before its
+// end: the finish chunk (finish_reason "length": max_tokens was reached),
+// the usage chunk when the client asked for it, and [DONE].
+func (s *Server) finishAnswer(w http.ResponseWriter, cr *carry) {
+	var b []byte
+	b = append(b, "data: "...)
+	b, _ = cr.reshape(b, []byte(`{"choices":[{"text":"","finish_reason":"length","stop_reason":null}]}`))
+	b = append(b, "\n\n"...)
+	if cr.usage {
+		b = append(b, "data: "...)
+		b, _ = cr.reshape(b, []byte(`{"choices":[],"usage":{"completion_tokens":0}}`))
+		b = append(b, "\n\n"...)
+	}
+	b = append(b, "data: [DONE]\n\n"...)
+	rc := http.NewResponseController(w)
+	_ = rc.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	if _, err := w.Write(b); err == nil {
+		_ = rc.Flush()
+	}
+	_ = rc.SetWriteDeadline(time.Time{})
+}

@@ -1,0 +1,659 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Continuation of a broken generation (migration).
+//
+// When an engine fails after a generation's first tokens reached the
+// client (a reset or EOF before the end, silence past Timeouts.Idle, an
+// in-band error event, a finish_reason "abort" from an engine shutting
+// down), the gateway continues the generation on another engine that
+// serves the model: it has asked every engine for token ids (vLLM's
+// return_token_ids), kept the prompt ids and the ids generated so far,
+// and re-issues them as a token prompt on /v1/completions with the same
+// sampling parameters and max_tokens reduced by what was generated (the
+// mechanism of NVIDIA Dynamo's request migration). The continuation's
+// chunks are reshaped into the client's framing: the same id, created and
+// model, no second role chunk, no token repeated or missing, the whole
+// answer's finish_reason and usage. It is the same model and sampling
+// continuing from the same tokens, not a bit-identical replay: a seeded
+// sampler starts again from its seed at the seam.
+//
+// Requests whose continuation could not reproduce what the client asked
+// for are excluded (migrationExclusion); their break ends as without
+// continuation, with the explicit error event.
+
+// MigrationConfig configures the continuation of broken generations
+// (docs/resilience.md, "Continuation").
+type MigrationConfig struct {
+	// Limit is how many continuations one request may have. 0 turns
+	// continuation off (no return_token_ids is asked of the engines).
+	// Default 1: each continuation re-prefills the prompt and everything
+	// generated so far on another engine, which is the cost of the whole
+	// context again; one covers the failure that matters (an engine
+	// dying, drained or stalled under a request), while a request whose
+	// continuation breaks too is more likely hitting a fleet-wide or
+	// request-borne fault, which further continuations would multiply.
+	// (Dynamo's --migration-limit defaults to 0 and its docs suggest 3.)
+	Limit int `koanf:"limit"`
+	// On lists the failures a generation is continued after:
+	// engine_disconnect (the engine closed or reset the stream before
+	// its end), idle_timeout (silent past Timeouts.Idle), stream_error
+	// (the engine's in-band error event), engine_abort (finish_reason
+	// "abort": the engine aborted the request, as vLLM does when it shuts
+	// down) and first_token_timeout (a stream that started but produced
+	// no content in Timeouts.FirstToken). Default: all but
+	// first_token_timeout.
+	On []string `koanf:"on"`
+	// MaxTokens bounds the token ids held for one request, prompt and
+	// generated (4 bytes each): a request whose prompt and answer pass it
+	// stops being tracked and is not continued (exclusion max_tokens), as
+	// Dynamo's --migration-max-seq-len. Default 32768.
+	MaxTokens int `koanf:"max_tokens"`
+}
+
+// The failure kinds of MigrationConfig.On.
+const (
+	migrateDisconnect = ErrTypeEngineDisconnect
+	migrateIdle       = ErrTypeIdleTimeout
+	migrateStreamErr  = ErrTypeStreamError
+	migrateAbort      = "engine_abort"
+	migrateFirstToken = ErrTypeFirstToken
+)
+
+// migrationKinds are the values MigrationConfig.On accepts.
+var migrationKinds = []string{migrateDisconnect, migrateIdle, migrateStreamErr, migrateAbort, migrateFirstToken}
+
+// DefaultMigrationConfig returns the defaults documented on
+// MigrationConfig.
+func DefaultMigrationConfig() MigrationConfig {
+	return MigrationConfig{Limit: 1, On: []string{migrateDisconnect, migrateIdle, migrateStreamErr, migrateAbort}, MaxTokens: 32768}
+}
+
+// validate reports each bad setting, wrapping ErrInvalidConfig.
+func (c MigrationConfig) validate() []error {
+	var errs []error
+	if c.Limit < 0 {
+		errs = append(errs, fmt.Errorf("%w: migration.limit must be >= 0, got %d", ErrInvalidConfig, c.Limit))
+	}
+	if c.MaxTokens < 1 {
+		errs = append(errs, fmt.Errorf("%w: migration.max_tokens must be >= 1, got %d", ErrInvalidConfig, c.MaxTokens))
+	}
+	for _, k := range c.On {
+		if !slices.Contains(migrationKinds, k) {
+			errs = append(errs, fmt.Errorf("%w: migration.on: unknown failure kind %q (want one of %v)", ErrInvalidConfig, k, migrationKinds))
+		}
+	}
+	return errs
+}
+
+// on reports whether failure kind k is continued.
+func (c *MigrationConfig) on(k string) bool { return slices.Contains(c.On, k) }
+
+// migrateKind is how an operation-table row's generations are continued.
+type migrateKind uint8
+
+const (
+	migrateNone       migrateKind = iota // not continued
+	migrateChat                          // chat completions: chunks reshaped from completions
+	migrateCompletion                    // completions: the same framing
+)
+
+// Exclusions: why a broken generation is not continued
+// (telemetry.AttrMigrationExclusion).
+const (
+	exclStructured = "structured_output" // response_format with a schema, guided_*, structured_outputs: the grammar would restart at its root
+	exclTools      = "tools"             // tools offered, or tool calls streamed: the server's tool parser keeps per-stream state
+	exclReasoning  = "reasoning"         // reasoning streamed: the server's reasoning parser keeps per-stream state
+	exclN          = "n"                 // n or best_of > 1, or several prompts: several sequences in one stream
+	exclLogprobs   = "logprobs"          // logprobs or top_logprobs: the continuation's are of another prompt
+	exclEcho       = "echo"              // echo: the prompt would be echoed again
+	exclMultimodal = "multimodal"        // images, audio, video or embeddings in the prompt: token ids alone lose them
+	exclMaxTokens  = "max_tokens"        // prompt and answer passed MigrationConfig.MaxTokens
+	exclNoTokenIDs = "no_token_ids"      // the engine sent no token ids (a vLLM before return_token_ids)
+)
+
+// excludeKeys are the body members whose presence needs a closer look
+// (excludedBy); a body with none of them is continuable as it is. They are
+// looked for as bytes first, so most bodies are never decoded.
+var excludeKeys = [][]byte{
+	[]byte(`"n"`), []byte(`"best_of"`), []byte(`"logprobs"`), []byte(`"top_logprobs"`), []byte(`"echo"`),
+	[]byte(`"response_format"`), []byte(`"guided_`), []byte(`"structured_outputs"`), []byte(`"tools"`),
+	[]byte(`"functions"`), []byte(`"prompt_embeds"`), []byte(`"multi_modal_data"`), []byte(`"image_url"`),
+	[]byte(`"input_audio"`), []byte(`"audio_url"`), []byte(`"video_url"`), []byte(`"image_embeds"`),
+	[]byte(`"file"`), []byte(`"prompt"`),
+}
+
+// excludedBy returns why a request body cannot be continued, "" when it
+// can. A body without any of excludeKeys is not decoded.
+func excludedBy(k migrateKind, body []byte) string {
+	found := false
+	for _, key := range excludeKeys {
+		if bytes.Contains(body, key) {
+			found = true
+			break
+		}
+	}
+	if !found {
+		return ""
+	}
+	var b struct {
+		N              json.RawMessage        `json:"n"`
+		BestOf         json.RawMessage        `json:"best_of"`
+		Logprobs       json.RawMessage        `json:"logprobs"`
+		TopLogprobs    json.RawMessage        `json:"top_logprobs"`
+		Echo           json.RawMessage        `json:"echo"`
+		ResponseFormat *struct{ Type string } `json:"response_format"`
+		Structured     json.RawMessage        `json:"structured_outputs"`
+		Tools          json.RawMessage        `json:"tools"`
+		Functions      json.RawMessage        `json:"functions"`
+		ToolChoice     json.RawMessage        `json:"tool_choice"`
+		PromptEmbeds   json.RawMessage        `json:"prompt_embeds"`
+		MultiModal     json.RawMessage        `json:"multi_modal_data"`
+		Prompt         json.RawMessage        `json:"prompt"`
+		Messages       []struct {
+			Content json.RawMessage `json:"content"`
+		} `json:"messages"`
+		Guided map[string]json.RawMessage `json:"-"`
+	}
+	if err := json.Unmarshal(body, &b); err != nil {
+		return exclStructured // unreadable here: not continued (the engine judges the body)
+	}
+	set := func(v json.RawMessage) bool { return len(v) > 0 && string(v) != "null" && string(v) != "false" }
+	more := func(v json.RawMessage) bool {
+		n, err := strconv.Atoi(string(v))
+		return set(v) && (err != nil || n > 1)
+	}
+	switch {
+	case more(b.N) || more(b.BestOf):
+		return exclN
+	case set(b.Logprobs) || set(b.TopLogprobs):
+		return exclLogprobs
+	case set(b.Echo):
+		return exclEcho
+	case b.ResponseFormat != nil && b.ResponseFormat.Type != "" && b.ResponseFormat.Type != "text", set(b.Structured), hasGuided(body):
+		return exclStructured
+	case (set(b.Tools) || set(b.Functions)) && string(b.ToolChoice) != `"none"`:
+		return exclTools
+	case set(b.PromptEmbeds) || set(b.MultiModal):
+		return exclMultimodal
+	}
+	for _, m := range b.Messages {
+		if len(m.Content) > 0 && m.Content[0] == '[' && hasMedia(m.Content) {
+			return exclMultimodal
+		}
+	}
+	if k == migrateCompletion && len(b.Prompt) > 0 && b.Prompt[0] == '[' {
+		// A list of prompts (strings, or lists of ids) is several
+		// sequences; one list of ids is one prompt.
+		var many []json.RawMessage
+		if json.Unmarshal(b.Prompt, &many) == nil && len(many) > 0 {
+			if c := many[0][0]; c == '"' || c == '[' {
+				if len(many) > 1 {
+					return exclN
+				}
+			}
+		}
+	}
+	return ""
+}
+
+// hasGuided reports whether a body has a top-level guided_* member set
+// (vLLM's guided decoding parameters).
+func hasGuided(body []byte) bool {
+	if !bytes.Contains(body, []byte(`"guided_`)) {
+		return false
+	}
+	var m map[string]json.RawMessage
+	if json.Unmarshal(body, &m) != nil {
+		return true
+	}
+	for k, v := range m {
+		if len(k) > 7 && k[:7] == "guided_" && string(v) != "null" {
+			return true
+		}
+	}
+	return false
+}
+
+// hasMedia reports whether a message's content parts include anything but
+// text.
+func hasMedia(content json.RawMessage) bool {
+	var parts []struct {
+		Type string `json:"type"`
+	}
+	if json.Unmarshal(content, &parts) != nil {
+		return true
+	}
+	for _, p := range parts {
+		if p.Type != "text" && p.Type != "input_text" {
+			return true
+		}
+	}
+	return false
+}
+
+// carry is what a continuable request keeps across its legs: the token
+// ids, what the client has been sent, and the framing its continuation's
+// chunks are reshaped into. It lives on the request's stack (proxy).
+type carry struct {
+	kind migrateKind
+	cfg  *MigrationConfig
+	// body is the client's request body (the sampling parameters are
+	// read from it when a continuation is built).
+	body []byte
+	// clientIDs: the client asked for return_token_ids itself, so the
+	// token id fields are forwarded; otherwise they are cut.
+	clientIDs bool
+	// usage: the client asked for the usage chunk (not the gateway).
+	usage bool
+	// excluded is why the request cannot be continued ("" while it can);
+	// set at arrival from the body, or mid-stream (tool calls or
+	// reasoning streamed, too many tokens).
+	excluded string
+
+	prompt, gen []int32 // token ids: the prompt's, and those generated so far
+	sawPrompt   bool
+	// id, created and model are the client's answer's, from the first
+	// leg's first chunk (raw JSON values).
+	id, created, model []byte
+	// roleSent: the role chunk has reached the client.
+	roleSent bool
+	// continued counts the continuation legs started; engines names
+	// their engines, for the access log.
+	continued int
+	engines   []string
+	// lastContent is when the client got its last content (the seam's
+	// start); reason what broke the leg being continued.
+	lastContent time.Time
+	reason      string
+	// link is the span of the leg that broke, linked from the next; cut
+	// how it broke.
+	link trace.SpanContext
+	cut  *cut
+	// legPrompt is the prompt tokens of the leg being relayed (for a
+	// continuation, the original prompt plus what it was given).
+	legGen int
+}
+
+// newCarry returns the carry of a request, or nil when its route is not
+// continued or continuation is off.
+func newCarry(op *operation, in *inbound) *carry {
+	cfg := &in.set.cfg.Migration
+	if op.migrate == migrateNone || cfg.Limit == 0 || !in.stream {
+		return nil
+	}
+	c := &carry{kind: op.migrate, cfg: cfg, body: in.body, clientIDs: bytes.Contains(in.body, []byte(`"return_token_ids"`)) && returnTokenIDs(in.body),
+		usage: in.req.IncludeUsage}
+	c.excluded = excludedBy(op.migrate, in.body)
+	return c
+}
+
+// returnTokenIDs reports whether the body sets return_token_ids true.
+func returnTokenIDs(body []byte) bool {
+	var b struct {
+		R bool `json:"return_token_ids"`
+	}
+	return json.Unmarshal(body, &b) == nil && b.R
+}
+
+// held is the number of token ids held.
+func (c *carry) held() int { return len(c.prompt) + len(c.gen) }
+
+// appendIDs parses a JSON array of token ids (raw) onto ids. ok is false
+// when raw is not an array of non-negative integers.
+func appendIDs(ids []int32, raw []byte) ([]int32, bool) {
+	i := 0
+	skip := func() {
+		for i < len(raw) && (raw[i] == ' ' || raw[i] == '\n' || raw[i] == '\t' || raw[i] == '\r') {
+			i++
+		}
+	}
+	skip()
+	if bytes.Equal(raw[i:], []byte("null")) {
+		return ids, true
+	}
+	if i >= len(raw) || raw[i] != '[' {
+		return ids, false
+	}
+	i++
+	skip()
+	if i < len(raw) && raw[i] == ']' {
+		return ids, true
+	}
+	for {
+		skip()
+		start := i
+		var n int64
+		for i < len(raw) && raw[i] >= '0' && raw[i] <= '9' {
+			n = n*10 + int64(raw[i]-'0')
+			if n > 1<<31-1 {
+				return ids, false
+			}
+			i++
+		}
+		if i == start {
+			return ids, false
+		}
+		ids = append(ids, int32(n))
+		skip()
+		if i >= len(raw) {
+			return ids, false
+		}
+		switch raw[i] {
+		case ',':
+			i++
+		case ']':
+			return ids, true
+		default:
+			return ids, false
+		}
+	}
+}
+
+// member finds the member "key": <value> in the JSON object text data (a
+// byte search: a key's quotes cannot occur unescaped inside a string):
+// data[from:to] is the member with its separating comma, data[v:end] its
+// value. ok is false when the key is absent or its value is neither an
+// array of numbers nor null.
+func member(data []byte, key string) (from, to, v, end int, ok bool) {
+	var buf [24]byte
+	pat := append(append(append(buf[:0], '"'), key...), '"', ':')
+	at := bytes.Index(data, pat)
+	if at < 0 || (at > 0 && data[at-1] != ',' && data[at-1] != '{' && data[at-1] != ' ') {
+		return 0, 0, 0, 0, false
+	}
+	v = at + len(pat)
+	for v < len(data) && data[v] == ' ' {
+		v++
+	}
+	switch {
+	case v < len(data) && data[v] == '[':
+		e := bytes.IndexByte(data[v:], ']')
+		if e < 0 {
+			return 0, 0, 0, 0, false
+		}
+		end = v + e + 1
+	case bytes.HasPrefix(data[v:], []byte("null")):
+		end = v + 4
+	default:
+		return 0, 0, 0, 0, false
+	}
+	from, to = at, end
+	switch {
+	case from > 0 && data[from-1] == ',':
+		from--
+	case to < len(data) && data[to] == ',':
+		to++
+	}
+	return from, to, v, end, true
+}
+
+// cutRange removes data[from:to] in place.
+func cutRange(data []byte, from, to int) []byte {
+	n := copy(data[from:], data[to:])
+	return data[:from+n]
+}
+
+// Markers of the parsers' per-stream state in a chunk (exclusions
+// exclTools and exclReasoning): tool calls or reasoning streamed.
+var (
+	markToolCalls  = []byte(`"tool_calls":[{`)
+	markReasoning1 = []byte(`"reasoning_content":"`)
+	markReasoning2 = []byte(`"reasoning":"`)
+)
+
+// continuable reports whether the request can still be continued.
+func (c *carry) continuable() bool { return c != nil && c.excluded == "" }
+
+// exclude marks the request as not continuable for why (the first reason
+// stays) and lets go of its token ids.
+func (c *carry) exclude(why string) {
+	if c.excluded == "" {
+		c.excluded = why
+	}
+	c.prompt, c.gen = nil, nil
+}
+
+// take reads one chunk of the first leg (data, as ch inspected it): it
+// keeps the answer's id, created and model, the prompt and generated token
+// ids, watches for what excludes a continuation, and returns the data to
+// forward: without the token id fields the client did not ask for, cut
+// from data in place (data itself when nothing was cut).
+func (c *carry) take(data []byte, content bool) []byte {
+	if c.id == nil {
+		var h struct {
+			ID      json.RawMessage `json:"id"`
+			Created json.RawMessage `json:"created"`
+			Model   json.RawMessage `json:"model"`
+		}
+		if json.Unmarshal(data, &h) == nil && len(h.ID) > 0 {
+			c.id, c.created, c.model = bytes.Clone(h.ID), bytes.Clone(h.Created), bytes.Clone(h.Model)
+		}
+	}
+	if content && c.excluded == "" {
+		switch {
+		case bytes.Contains(data, markToolCalls):
+			c.exclude(exclTools)
+		case bytes.Contains(data, markReasoning1) || bytes.Contains(data, markReasoning2):
+			c.exclude(exclReasoning)
+		}
+	}
+	out := data
+	if from, to, v, end, ok := member(out, "prompt_token_ids"); ok {
+		if c.excluded == "" && !c.sawPrompt {
+			var good bool
+			c.prompt, good = appendIDs(c.prompt[:0], out[v:end])
+			c.sawPrompt = good
+		}
+		if !c.clientIDs {
+			out = cutRange(out, from, to)
+		}
+	}
+	if from, to, v, end, ok := member(out, "token_ids"); ok {
+		if c.excluded == "" {
+			n := len(c.gen)
+			var good bool
+			if c.gen, good = appendIDs(c.gen, out[v:end]); !good || (content && len(c.gen) == n) {
+				c.exclude(exclNoTokenIDs)
+			}
+		}
+		if !c.clientIDs {
+			out = cutRange(out, from, to)
+		}
+	} else if content && c.excluded == "" {
+		// Content without its ids: the generated ids are incomplete.
+		c.exclude(exclNoTokenIDs)
+	}
+	if c.excluded == "" && c.held() > c.cfg.MaxTokens {
+		c.exclude(exclMaxTokens)
+	}
+	return out
+}
+
+// mayResume reports whether a stream broken by failure kind k could be
+// continued, as far as the request itself says (the planner also needs
+// another engine): the relay then holds back the engine's own end.
+func (c *carry) mayResume(k string) bool {
+	return c != nil && c.ready() == "" && c.cfg.on(k) && c.continued < c.cfg.Limit
+}
+
+// ready reports why the request cannot be continued now ("" when it can):
+// its exclusion, or no prompt ids seen.
+func (c *carry) ready() string {
+	switch {
+	case c.excluded != "":
+		return c.excluded
+	case !c.sawPrompt || c.id == nil:
+		return exclNoTokenIDs
+	}
+	return ""
+}
+
+// contChunk is the part of an engine's /v1/completions chunk a
+// continuation reads.
+type contChunk struct {
+	Choices []struct {
+		Text         json.RawMessage `json:"text"`
+		FinishReason json.RawMessage `json:"finish_reason"`
+		StopReason   json.RawMessage `json:"stop_reason"`
+		TokenIDs     json.RawMessage `json:"token_ids"`
+	} `json:"choices"`
+	Usage *struct {
+		CompletionTokens int64 `json:"completion_tokens"`
+	} `json:"usage"`
+}
+
+// reshape turns one chunk of a continuation leg (an engine's
+// /v1/completions chunk) into the client's framing: the first leg's id,
+// created and model; a chat chunk's delta (never a role) or a completion
+// chunk's text; the finish and stop reasons as the engine sent them; the
+// token ids only for a client that asked for them; and, for the usage
+// chunk, the whole answer's usage (the prompt once, every leg's
+// completion tokens), or nothing when the client did not ask for usage.
+// It keeps the generated ids for a further continuation. A chunk it cannot
+// read is dropped (drop true).
+func (c *carry) reshape(b []byte, data []byte) (out []byte, drop bool) {
+	var cc contChunk
+	if err := json.Unmarshal(data, &cc); err != nil {
+		return b, true
+	}
+	if cc.Usage != nil && len(cc.Choices) == 0 {
+		if !c.usage {
+			return b, true
+		}
+		p, gen := int64(len(c.prompt)), int64(c.legGen)+cc.Usage.CompletionTokens
+		b = c.head(b)
+		b = append(b, `"choices":[],"usage":{"prompt_tokens":`...)
+		b = strconv.AppendInt(b, p, 10)
+		b = append(b, `,"total_tokens":`...)
+		b = strconv.AppendInt(b, p+gen, 10)
+		b = append(b, `,"completion_tokens":`...)
+		b = strconv.AppendInt(b, gen, 10)
+		return append(b, "}}"...), false
+	}
+	if len(cc.Choices) != 1 {
+		return b, true
+	}
+	ch := cc.Choices[0]
+	if c.excluded == "" && len(ch.TokenIDs) > 0 {
+		var good bool
+		if c.gen, good = appendIDs(c.gen, ch.TokenIDs); !good {
+			c.exclude(exclNoTokenIDs)
+		} else if c.held() > c.cfg.MaxTokens {
+			c.exclude(exclMaxTokens)
+		}
+	}
+	b = c.head(b)
+	text := ch.Text
+	if len(text) == 0 || string(text) == "null" {
+		text = []byte(`""`)
+	}
+	if c.kind == migrateChat {
+		b = append(b, `"choices":[{"index":0,"delta":`...)
+		if string(text) == `""` {
+			b = append(b, "{}"...)
+		} else {
+			b = append(append(append(b, `{"content":`...), text...), '}')
+		}
+		b = append(b, `,"logprobs":null,"finish_reason":`...)
+	} else {
+		b = append(append(append(b, `"choices":[{"index":0,"text":`...), text...), `,"logprobs":null,"finish_reason":`...)
+	}
+	b = appendRaw(b, ch.FinishReason)
+	if len(ch.StopReason) > 0 && (c.kind == migrateCompletion || string(ch.FinishReason) != "null" && len(ch.FinishReason) > 0) {
+		b = appendRaw(append(b, `,"stop_reason":`...), ch.StopReason)
+	}
+	if c.clientIDs && len(ch.TokenIDs) > 0 {
+		b = append(append(b, `,"token_ids":`...), ch.TokenIDs...)
+	}
+	return append(b, "}]}"...), false
+}
+
+// appendRaw appends a raw JSON value, null when it is absent.
+func appendRaw(b, v []byte) []byte {
+	if len(v) == 0 {
+		return append(b, "null"...)
+	}
+	return append(b, v...)
+}
+
+// head appends the start of a reshaped chunk: `{"id":..,"object":..,
+// "created":..,"model":..,`.
+func (c *carry) head(b []byte) []byte {
+	b = append(append(b, `{"id":`...), c.id...)
+	if c.kind == migrateChat {
+		b = append(b, `,"object":"chat.completion.chunk","created":`...)
+	} else {
+		b = append(b, `,"object":"text_completion","created":`...)
+	}
+	b = appendRaw(b, c.created)
+	b = appendRaw(append(b, `,"model":`...), c.model)
+	return append(b, ',')
+}
+
+// continuedParams are the request members a continuation carries over to
+// its /v1/completions request: the sampling parameters vLLM's
+// CompletionRequest shares with ChatCompletionRequest
+// (vllm/entrypoints/openai/protocol.py). max_tokens and min_tokens are
+// reduced by what was generated; everything else (the messages, tools,
+// response format, chat template options) is already in the prompt ids or
+// excluded.
+var continuedParams = []string{
+	"temperature", "top_p", "top_k", "min_p", "seed", "stop", "stop_token_ids",
+	"frequency_penalty", "presence_penalty", "repetition_penalty", "length_penalty",
+	"ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
+	"include_stop_str_in_output", "bad_words", "logit_bias", "allowed_token_ids",
+	"priority", "user", "vllm_xargs", "cache_salt",
+}
+
+// request builds the body of a continuation leg for model (the served
+// model's name): the prompt and generated ids as one token prompt, a
+// stream with usage and token ids, max_tokens (and min_tokens) reduced by
+// what was generated, and the client's sampling parameters. done is true
+// when the answer needs no more tokens (max_tokens already reached).
+func (c *carry) request(model string, maxTokens int64) (body []byte, done bool) {
+	k := int64(len(c.gen))
+	var orig map[string]json.RawMessage
+	_ = json.Unmarshal(c.body, &orig) // the parser checked it is an object
+	b := make([]byte, 0, 256+8*c.held())
+	mq, _ := json.Marshal(model)
+	b = append(append(append(b, `{"model":`...), mq...), `,"prompt":[`...)
+	n := 0
+	for _, ids := range [][]int32{c.prompt, c.gen} {
+		for _, id := range ids {
+			if n > 0 {
+				b = append(b, ',')
+			}
+			b = strconv.AppendInt(b, int64(id), 10)
+			n++
+		}
+	}
+	b = append(b, `],"stream":true,"stream_options":{"include_usage":true},"return_token_ids":true`...)
+	if maxTokens > 0 {
+		if maxTokens-k <= 0 {
+			return nil, true
+		}
+		b = strconv.AppendInt(append(b, `,"max_tokens":`...), maxTokens-k, 10)
+	}
+	if v, ok := orig["min_tokens"]; ok {
+		if m, err := strconv.ParseInt(string(v), 10, 64); err == nil && m-k > 0 {
+			b = strconv.AppendInt(append(b, `,"min_tokens":`...), m-k, 10)
+		}
+	}
+	for _, p := range continuedParams {
+		if v, ok := orig[p]; ok {
+			b = append(append(append(append(b, `,"`...), p...), `":`...), v...)
+		}
+	}
+	return append(b, '}'), false
+}
