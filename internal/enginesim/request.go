@@ -34,6 +34,9 @@ type genRequest struct {
 	// RequestID is vLLM's request_id extension field: the response id's base when the
 	// request has no X-Request-Id header.
 	RequestID string `json:"request_id"`
+	// ReturnTokenIDs is vLLM's return_token_ids extension field: return the prompt's and
+	// the generated tokens' ids.
+	ReturnTokenIDs bool `json:"return_token_ids"`
 }
 
 // maxLogprobs is vLLM's default --max-logprobs: the most top logprobs a request may ask for.
@@ -220,16 +223,19 @@ func promptTokens(words []string) int {
 	return max(1, len(words))
 }
 
-// outputTokens returns the number of tokens to generate and the finish reason for req.
-// max_completion_tokens wins over max_tokens, as in vLLM.
-func (e *Engine) outputTokens(req *genRequest) (int, string, error) {
+// outputTokens returns the number of tokens to generate and the finish reason for req, whose
+// generation starts at content token start (a continuation; 0 otherwise).
+// max_completion_tokens wins over max_tokens, as in vLLM. Without either the generation
+// ends at content token Config.OutputTokens (capped by Config.MaxOutputTokens) whatever
+// start is, so that a continuation stops where the uncut generation stops.
+func (e *Engine) outputTokens(req *genRequest, start int) (int, string, error) {
 	limit := req.MaxCompletionTokens
 	name := "max_completion_tokens"
 	if limit == nil {
 		limit, name = req.MaxTokens, "max_tokens"
 	}
 	if limit == nil {
-		return min(e.cfg.OutputTokens, e.cfg.MaxOutputTokens), finishStop, nil
+		return max(0, min(e.cfg.OutputTokens, e.cfg.MaxOutputTokens)-start), finishStop, nil
 	}
 	if *limit < 1 {
 		return 0, "", badRequestf("%s must be at least 1, got %d", name, *limit)
