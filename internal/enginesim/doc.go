@@ -135,6 +135,22 @@
 // _base_request_id), so a stream and a non-stream request sent with the same X-Request-Id
 // get the same id.
 //
+// Context length: every model has Config.MaxModelLen tokens of context (default 8192,
+// reported by /v1/models and /tokenize). Chat, completions and the Messages API refuse a
+// request as vLLM's OpenAIServing._validate_input does (serving_engine.py, 0.10.x): with a
+// limit L (chat: max_completion_tokens, else max_tokens; completions: max_tokens, else
+// vLLM's default 16; messages: max_tokens) and a prompt of P tokens with P+L over the
+// context, 400 "This model's maximum context length is C tokens. However, you requested
+// P+L tokens (P in the messages, L in the completion). Please reduce the length of the
+// messages or completion."; without a limit (chat) and P >= C, 400 "This model's maximum
+// context length is C tokens. However, you requested P tokens in the messages, Please
+// reduce the length of the messages." (vLLM's text, comma included). Type BadRequestError;
+// the Messages API answers in Anthropic's envelope (invalid_request_error). Without a limit
+// the generation also stops when the context is full (finish_reason "length"). The
+// Responses API refuses P >= C with vLLM's invalid_request_error "The engine prompt length
+// P exceeds the max_model_len C. Please reduce prompt." and clips max_output_tokens to the
+// room left, as vLLM's ResponsesRequest.to_sampling_params does.
+//
 // The Responses API and the Messages API do not follow chat's max_tokens rule: their natural
 // length is Config.OutputTokens, and max_output_tokens / max_tokens only cut it when smaller
 // (status "incomplete" with incomplete_details {"reason":"max_output_tokens"}; stop_reason

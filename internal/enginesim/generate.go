@@ -68,8 +68,12 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, k kind) {
 		return
 	}
 	promptIDs := promptTokenIDs(words)
+	if err := e.checkContextLength(len(promptIDs), req.contextMaxTokens(k)); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
 	start := resumeIndex(promptIDs)
-	n, finish, err := e.outputTokens(&req, start)
+	n, finish, err := e.outputTokens(&req, start, len(promptIDs))
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return

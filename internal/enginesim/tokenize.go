@@ -162,7 +162,7 @@ func (e *Engine) serveTokenize(w http.ResponseWriter, r *http.Request) {
 			MaxModelLen int       `json:"max_model_len"`
 			Tokens      []int     `json:"tokens"`
 			TokenStrs   *[]string `json:"token_strs"`
-		}{len(tokens), MaxModelLen, tokens, nil})
+		}{len(tokens), e.cfg.MaxModelLen, tokens, nil})
 	})
 }
 
