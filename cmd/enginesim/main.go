@@ -78,6 +78,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.DurationVar(&o.cfg.ITLPerRunning, "itl-per-running", 0, "inter-token latency added per other running sequence, at each token (0: off)")
 	fs.IntVar(&o.cfg.OutputTokens, "output-tokens", enginesim.DefaultOutputTokens, "tokens generated when a request sets no max_tokens")
 	fs.IntVar(&o.cfg.MaxOutputTokens, "max-output-tokens", enginesim.DefaultMaxOutputTokens, "cap on a request's max_tokens")
+	fs.IntVar(&o.cfg.MaxModelLen, "max-model-len", enginesim.DefaultMaxModelLen, "context length: a prompt plus max_tokens over it gets vLLM's 400")
 	fs.IntVar(&o.cfg.MaxNumSeqs, "max-num-seqs", enginesim.DefaultMaxNumSeqs, "maximum running sequences; more requests wait in a FIFO queue")
 	fs.IntVar(&o.cfg.KVCacheBlocks, "kv-cache-blocks", enginesim.DefaultKVCacheBlocks, "simulated KV cache capacity, in blocks")
 	fs.IntVar(&o.cfg.BlockSize, "block-size", enginesim.DefaultBlockSize, "tokens per KV cache block")

@@ -36,7 +36,7 @@ func TestParseFlags(t *testing.T) {
 			listen: "127.0.0.1:8001",
 			cfg: enginesim.Config{
 				Name: "enginesim", Models: []string{"sim-model"}, TTFT: 20 * time.Millisecond, ITL: 10 * time.Millisecond,
-				OutputTokens: 16, MaxOutputTokens: 4096, MaxNumSeqs: 256, KVCacheBlocks: 1024, BlockSize: 16, EmbeddingDim: 16,
+				OutputTokens: 16, MaxOutputTokens: 4096, MaxModelLen: 8192, MaxNumSeqs: 256, KVCacheBlocks: 1024, BlockSize: 16, EmbeddingDim: 16,
 			},
 		},
 		{
@@ -44,14 +44,14 @@ func TestParseFlags(t *testing.T) {
 			args: []string{
 				"--listen", ":9000", "--name", "e1", "--model", "a,b", "--model", "c", "--ttft", "1s",
 				"--ttft-per-token", "2ms", "--itl=30ms", "--output-tokens", "5", "--max-output-tokens", "50",
-				"--max-num-seqs", "2", "--kv-cache-blocks", "64", "--block-size", "8", "--embedding-dim", "4",
+				"--max-num-seqs", "2", "--max-model-len", "100", "--kv-cache-blocks", "64", "--block-size", "8", "--embedding-dim", "4",
 				"--fault", "status=503", "--ttft-per-running", "5ms", "--itl-per-running", "1ms",
 				"--lora", "sql=/loras/sql", "--lora", "chat=/loras/chat=v2",
 			},
 			listen: ":9000",
 			cfg: enginesim.Config{
 				Name: "e1", Models: []string{"a", "b", "c"}, TTFT: time.Second, TTFTPerPromptToken: 2 * time.Millisecond,
-				ITL: 30 * time.Millisecond, OutputTokens: 5, MaxOutputTokens: 50, MaxNumSeqs: 2, KVCacheBlocks: 64,
+				ITL: 30 * time.Millisecond, OutputTokens: 5, MaxOutputTokens: 50, MaxModelLen: 100, MaxNumSeqs: 2, KVCacheBlocks: 64,
 				BlockSize: 8, EmbeddingDim: 4, Fault: "status=503",
 				TTFTPerRunning: 5 * time.Millisecond, ITLPerRunning: time.Millisecond,
 				LoRAs: []enginesim.LoRA{{Name: "sql", Path: "/loras/sql"}, {Name: "chat", Path: "/loras/chat=v2"}},

@@ -140,7 +140,7 @@ func TestUnary(t *testing.T) {
 		{
 			name: "chat capped by MaxOutputTokens",
 			path: "/v1/chat/completions",
-			body: `{"model":"m2","messages":[{"role":"user","content":"x"}],"max_tokens":100000,"stream":false}`,
+			body: `{"model":"m2","messages":[{"role":"user","content":"x"}],"max_tokens":8000,"stream":false}`,
 			want: `{"id":"ID","object":"chat.completion","created":CREATED,"model":"m2","choices":[{"index":0,"message":{"role":"assistant","content":"tok0 tok1 tok2 tok3 tok4 ",` + nullMessage + `},"logprobs":null,"finish_reason":"length","stop_reason":null}],` +
 				`"service_tier":null,"system_fingerprint":null,"usage":{"prompt_tokens":1,"total_tokens":6,"completion_tokens":5,"prompt_tokens_details":null},"prompt_logprobs":null,"kv_transfer_params":null}`,
 		},

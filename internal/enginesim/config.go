@@ -31,9 +31,8 @@ const (
 	DefaultBlockSize = 16
 	// DefaultEmbeddingDim is the length of embedding vectors, in float elements.
 	DefaultEmbeddingDim = 16
-	// MaxModelLen is the max_model_len reported by /v1/models, in tokens. It is informational:
-	// the simulator does not reject longer prompts.
-	MaxModelLen = 8192
+	// DefaultMaxModelLen is the default context length (vLLM's max_model_len), in tokens.
+	DefaultMaxModelLen = 8192
 )
 
 // Config configures one simulated engine. Zero values get the documented defaults; negative
@@ -67,6 +66,11 @@ type Config struct {
 	// MaxOutputTokens caps a request's max_tokens / max_completion_tokens, in tokens. Default
 	// [DefaultMaxOutputTokens].
 	MaxOutputTokens int
+	// MaxModelLen is every served model's context length (vLLM's --max-model-len), in
+	// tokens: /v1/models and /tokenize report it, and a request whose prompt plus
+	// max_tokens exceeds it is rejected with vLLM's 400 (see the package documentation).
+	// Default [DefaultMaxModelLen].
+	MaxModelLen int
 	// MaxNumSeqs is the maximum number of sequences running at once (vLLM max_num_seqs); further
 	// requests wait in a FIFO queue. Default [DefaultMaxNumSeqs].
 	MaxNumSeqs int
@@ -145,6 +149,7 @@ func (c Config) Validate() error {
 	}{
 		{"output tokens", c.OutputTokens},
 		{"max output tokens", c.MaxOutputTokens},
+		{"max model len", c.MaxModelLen},
 		{"max num seqs", c.MaxNumSeqs},
 		{"kv cache blocks", c.KVCacheBlocks},
 		{"block size", c.BlockSize},
@@ -215,6 +220,7 @@ func (c Config) withDefaults() Config {
 	c.ITL = cmp.Or(c.ITL, DefaultITL)
 	c.OutputTokens = cmp.Or(c.OutputTokens, DefaultOutputTokens)
 	c.MaxOutputTokens = cmp.Or(c.MaxOutputTokens, DefaultMaxOutputTokens)
+	c.MaxModelLen = cmp.Or(c.MaxModelLen, DefaultMaxModelLen)
 	c.MaxNumSeqs = cmp.Or(c.MaxNumSeqs, DefaultMaxNumSeqs)
 	c.KVCacheBlocks = cmp.Or(c.KVCacheBlocks, DefaultKVCacheBlocks)
 	c.BlockSize = cmp.Or(c.BlockSize, DefaultBlockSize)

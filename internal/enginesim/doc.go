@@ -49,6 +49,34 @@
 // Config.OutputTokens (finish_reason "stop"). The n field is ignored: there is always one
 // choice.
 //
+// Token ids: a prompt word's id is the word itself when it is a decimal number (so a
+// completions token-id prompt keeps its ids), else a hash below 32000; an empty prompt is
+// the one token 0. Generated tokens have ids that name their index: content token i
+// ("tok<i>") has id 32000+i, reasoning token i ("think<i>") 2^30+i, and the words "tok<i>"
+// and "think<i>" in a prompt have those ids too (/tokenize and /detokenize agree).
+//
+// return_token_ids (chat and completions, vLLM's extension field) returns the ids, in vLLM's
+// places (vllm/entrypoints/openai/protocol.py, serving_chat.py, serving_completion.py):
+// chat: the non-stream body gets "prompt_token_ids" (after prompt_logprobs) and its choice
+// "token_ids" (after stop_reason); a stream's role chunk gets "prompt_token_ids" at its end
+// (on the chunk, not the choice), and every later chunk's choice "token_ids" (its token's
+// id, [] on chunks without a token: the tool-call delta, the finish chunk). Completions: the
+// non-stream choice gets "token_ids" after stop_reason and "prompt_token_ids" after
+// prompt_logprobs; a stream chunk's choice gets "prompt_token_ids" (the prompt's ids on the
+// first chunk, null after) and "token_ids" after stop_reason. len(prompt_token_ids) is
+// usage.prompt_tokens. Without the flag these fields are left out (vLLM after 0.10.1 writes
+// some of them as null).
+//
+// Continuations: when a prompt's ids (a token-id prompt, or text whose words end so) end
+// with the ids of content tokens 0..k-1 in order, generation resumes at content token k, as
+// a gateway that migrates a cut stream to another engine expects: the text generated before
+// the cut plus the continuation's text is the uncut text. Without max_tokens the
+// continuation ends where the uncut generation ends (content token Config.OutputTokens,
+// "stop": it generates OutputTokens-k tokens, none when k >= OutputTokens); with max_tokens
+// M-k it ends at token M ("length"). usage.prompt_tokens counts the whole prompt, as vLLM
+// does. A continuation has no reasoning tokens (the reasoning fault is ignored) and its
+// logprobs are those of the uncut generation's positions.
+//
 // A stream sends, in order: the headers; for chat, a role-only chunk
 // (delta {"role":"assistant","content":""}) at once, before the sequence is even scheduled;
 // after the time to first token, one chunk per token spaced by the inter-token latency
@@ -106,6 +134,22 @@
 // header, else its request_id field, else 32 random hex digits (vLLM's
 // _base_request_id), so a stream and a non-stream request sent with the same X-Request-Id
 // get the same id.
+//
+// Context length: every model has Config.MaxModelLen tokens of context (default 8192,
+// reported by /v1/models and /tokenize). Chat, completions and the Messages API refuse a
+// request as vLLM's OpenAIServing._validate_input does (serving_engine.py, 0.10.x): with a
+// limit L (chat: max_completion_tokens, else max_tokens; completions: max_tokens, else
+// vLLM's default 16; messages: max_tokens) and a prompt of P tokens with P+L over the
+// context, 400 "This model's maximum context length is C tokens. However, you requested
+// P+L tokens (P in the messages, L in the completion). Please reduce the length of the
+// messages or completion."; without a limit (chat) and P >= C, 400 "This model's maximum
+// context length is C tokens. However, you requested P tokens in the messages, Please
+// reduce the length of the messages." (vLLM's text, comma included). Type BadRequestError;
+// the Messages API answers in Anthropic's envelope (invalid_request_error). Without a limit
+// the generation also stops when the context is full (finish_reason "length"). The
+// Responses API refuses P >= C with vLLM's invalid_request_error "The engine prompt length
+// P exceeds the max_model_len C. Please reduce prompt." and clips max_output_tokens to the
+// room left, as vLLM's ResponsesRequest.to_sampling_params does.
 //
 // The Responses API and the Messages API do not follow chat's max_tokens rule: their natural
 // length is Config.OutputTokens, and max_output_tokens / max_tokens only cut it when smaller
@@ -215,8 +259,9 @@
 // # Tokenizer, adapters and sleep mode
 //
 // POST /tokenize (prompt or messages) answers {count, max_model_len, tokens, token_strs null}
-// with one id per word: a decimal word is its own id, another a hash below 32000; POST
-// /detokenize (tokens) answers {prompt}, the ids' decimal forms joined by spaces.
+// with one id per word (see Tokens); POST /detokenize (tokens) answers {prompt}, the ids'
+// words joined by spaces: "tok<i>" or "think<i>" for a generated token's id, else the
+// decimal form.
 //
 // GET /v1/models lists vLLM's ModelCards: id, object "model", created (the engine's start),
 // owned_by "vllm", root (the model's name), parent null, max_model_len, permission (one

@@ -259,7 +259,7 @@ func (e *Engine) serveModels(w http.ResponseWriter, _ *http.Request) {
 // baseCard returns the /v1/models card of served model name: vLLM's ModelCard with the name
 // as its root, no parent, the max_model_len and one default permission.
 func (e *Engine) baseCard(name string) modelCard {
-	maxLen := MaxModelLen
+	maxLen := e.cfg.MaxModelLen
 	return modelCard{
 		ID: name, Object: "model", Created: e.created, OwnedBy: "vllm", Root: name, MaxModelLen: &maxLen,
 		Permission: []modelPermission{newPermission(e.created)},

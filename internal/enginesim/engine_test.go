@@ -27,9 +27,9 @@ func TestConfigValidate(t *testing.T) {
 		{"negative ttft", Config{TTFT: -1}, []string{"ttft must not be negative"}},
 		{"all negatives", Config{
 			TTFTPerPromptToken: -1, ITL: -1, OutputTokens: -1, MaxOutputTokens: -1, MaxNumSeqs: -1,
-			KVCacheBlocks: -1, BlockSize: -1, EmbeddingDim: -1,
+			KVCacheBlocks: -1, BlockSize: -1, EmbeddingDim: -1, MaxModelLen: -1,
 		}, []string{
-			"ttft per prompt token", "itl", "output tokens", "max output tokens", "max num seqs",
+			"ttft per prompt token", "itl", "output tokens", "max output tokens", "max model len", "max num seqs",
 			"kv cache blocks", "block size", "embedding dim",
 		}},
 		{"bad models", Config{Models: []string{"a", "", "a"}}, []string{"model 1 has an empty name", `model "a" listed twice`}},
@@ -66,7 +66,8 @@ func TestNewDefaults(t *testing.T) {
 	}
 	want := Config{
 		Name: "enginesim", Models: []string{"sim-model"}, TTFT: 20 * time.Millisecond, ITL: 10 * time.Millisecond,
-		OutputTokens: 16, MaxOutputTokens: 4096, MaxNumSeqs: 256, KVCacheBlocks: 1024, BlockSize: 16, EmbeddingDim: 16,
+		OutputTokens: 16, MaxOutputTokens: 4096, MaxModelLen: 8192, MaxNumSeqs: 256, KVCacheBlocks: 1024, BlockSize: 16,
+		EmbeddingDim: 16,
 	}
 	if fmt.Sprintf("%+v", e.cfg) != fmt.Sprintf("%+v", want) {
 		t.Errorf("defaults = %+v\nwant %+v", e.cfg, want)

@@ -31,6 +31,14 @@ type generation struct {
 	topLogprobs  int    // chat's top_logprobs, completions' logprobs
 	lpSeed       uint64 // the logprobs' hash seed, from the model name
 	textOffset   int    // completions stream: characters of text sent so far
+	// start is the index of the first content token generated: k when the prompt ends with
+	// the ids of content tokens 0..k-1 (a continuation), else 0.
+	start int
+	// returnTokenIDs is the request's return_token_ids: the prompt's and the generated
+	// tokens' ids are returned, in vLLM's places.
+	returnTokenIDs bool
+	promptIDs      []int // the prompt's token ids, one per prompt token
+	promptIDsSent  bool  // completions stream: a chunk carried prompt_token_ids
 }
 
 var _ streamer = (*generation)(nil)
@@ -59,7 +67,13 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, k kind) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
-	n, finish, err := e.outputTokens(&req)
+	promptIDs := promptTokenIDs(words)
+	if err := e.checkContextLength(len(promptIDs), req.contextMaxTokens(k)); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	start := resumeIndex(promptIDs)
+	n, finish, err := e.outputTokens(&req, start, len(promptIDs))
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
@@ -81,6 +95,10 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, k kind) {
 		includeUsage: req.StreamOptions != nil && req.StreamOptions.IncludeUsage,
 		logprobs:     lp,
 		topLogprobs:  top,
+		start:        start,
+		promptIDs:    promptIDs,
+
+		returnTokenIDs: req.ReturnTokenIDs,
 	}
 	g.lpSeed = logprobSeed(g.call.model)
 	if f.noContent {
@@ -89,7 +107,9 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, k kind) {
 	base := baseRequestID(r, req.RequestID)
 	if k == kindChat {
 		g.id = "chatcmpl-" + base
-		g.reasoning = min(f.reasoning, g.n)
+		if start == 0 { // a continuation resumes the content; its reasoning is done
+			g.reasoning = min(f.reasoning, g.n)
+		}
 		g.toolCall = f.toolCall
 	} else {
 		g.id = "cmpl-" + base
@@ -130,7 +150,14 @@ func (g *generation) open() error {
 		return nil
 	}
 	empty := ""
-	return g.event(g.chatChunk(chatDelta{Role: "assistant", Content: &empty}, nil, nil))
+	c := g.chatChunk(chatDelta{Role: "assistant", Content: &empty}, nil, nil)
+	// vLLM's serving_chat.py returns prompt_token_ids "at the first chunk ever", the role
+	// chunk, on the chunk itself (ChatCompletionStreamResponse), and sets no token_ids on
+	// its choice.
+	if g.returnTokenIDs {
+		c.PromptTokenIDs = g.promptIDs
+	}
+	return g.event(c)
 }
 
 // lead implements streamer: the tool-call delta of the tool-call fault (id, type and name;
@@ -140,7 +167,9 @@ func (g *generation) lead() (bool, error) {
 		return false, nil
 	}
 	tc := deltaToolCall{ID: simToolCallID, Type: "function", Function: deltaFunction{Name: simToolCallName}}
-	return true, g.event(g.chatChunk(chatDelta{ToolCalls: []deltaToolCall{tc}}, g.noChatLogprobs(), nil))
+	c := g.chatChunk(chatDelta{ToolCalls: []deltaToolCall{tc}}, g.noChatLogprobs(), nil)
+	c.Choices[0].TokenIDs = g.tokenIDs(0, 0)
+	return true, g.event(c)
 }
 
 // token implements streamer.
@@ -186,19 +215,54 @@ func (g *generation) chatChunk(d chatDelta, lp *chatLogprobs, finish *string) ch
 	}
 }
 
-func (g *generation) completionChunk(text string, lp *completionLogprobs, finish *string) completionChunk {
+// completionChunk is a completions chunk carrying generated tokens from..to-1. Under
+// return_token_ids its choice carries their ids, and the prompt's ids on the first chunk
+// (null on the others), as vLLM's serving_completion.py sends prompt_token_ids once per
+// choice, on its first chunk.
+func (g *generation) completionChunk(text string, lp *completionLogprobs, finish *string, from, to int) completionChunk {
+	c := completionChunkChoice{Text: text, Logprobs: lp, FinishReason: finish}
+	if g.returnTokenIDs {
+		c.TokenIDs = g.tokenIDs(from, to)
+		c.PromptTokenIDs = jsonNull
+		if !g.promptIDsSent {
+			g.promptIDsSent = true
+			c.PromptTokenIDs, _ = json.Marshal(g.promptIDs)
+		}
+	}
 	return completionChunk{
 		ID: g.id, Object: "text_completion", Created: g.created, Model: g.call.model,
-		Choices: []completionChunkChoice{{Text: text, Logprobs: lp, FinishReason: finish}},
+		Choices: []completionChunkChoice{c},
 	}
 }
 
-// tokenText returns the text of generated token i: a reasoning token or a content token.
+// tokenText returns the text of generated token i: a reasoning token or a content token
+// (numbered from g.start in a continuation).
 func (g *generation) tokenText(i int) string {
 	if i < g.reasoning {
 		return ReasoningToken(i)
 	}
-	return ContentToken(i - g.reasoning)
+	return ContentToken(g.start + i - g.reasoning)
+}
+
+// tokenIDOf returns the token id of generated token i (see [contentTokenID]).
+func (g *generation) tokenIDOf(i int) int {
+	if i < g.reasoning {
+		return reasoningTokenID(i)
+	}
+	return contentTokenID(g.start + i - g.reasoning)
+}
+
+// tokenIDs returns the ids of generated tokens from..to-1 (a non-nil empty list when there
+// are none) under return_token_ids, else nil (the field is left out).
+func (g *generation) tokenIDs(from, to int) *[]int {
+	if !g.returnTokenIDs {
+		return nil
+	}
+	ids := make([]int, 0, to-from)
+	for i := from; i < to; i++ {
+		ids = append(ids, g.tokenIDOf(i))
+	}
+	return &ids
 }
 
 // tokenChunk is the stream event for generated token i.
@@ -210,16 +274,20 @@ func (g *generation) tokenChunk(i int) any {
 			lp = g.completionLogprobs(i, i+1, g.textOffset)
 		}
 		g.textOffset += utf8.RuneCountInString(text)
-		return g.completionChunk(text, lp, nil)
+		return g.completionChunk(text, lp, nil, i, i+1)
 	}
 	var lp *chatLogprobs
 	if g.logprobs {
 		lp = g.chatLogprobs(i, i+1)
 	}
+	var c chatChunk
 	if i < g.reasoning {
-		return g.chatChunk(chatDelta{ReasoningContent: text}, lp, nil)
+		c = g.chatChunk(chatDelta{ReasoningContent: text}, lp, nil)
+	} else {
+		c = g.chatChunk(chatDelta{Content: &text}, lp, nil)
 	}
-	return g.chatChunk(chatDelta{Content: &text}, lp, nil)
+	c.Choices[0].TokenIDs = g.tokenIDs(i, i+1)
+	return c
 }
 
 // finishChunk ends the choice: no token (an empty delta or text, empty logprobs), the
@@ -233,13 +301,15 @@ func (g *generation) finishChunk() any {
 		if g.logprobs {
 			lp = g.completionLogprobs(0, 0, 0)
 		}
-		return g.completionChunk("", lp, &reason)
+		return g.completionChunk("", lp, &reason, 0, 0)
 	}
 	var d chatDelta
 	if g.toolCall {
 		d.ToolCalls = []deltaToolCall{{Function: deltaFunction{Arguments: simToolCallArgs}}}
 	}
-	return g.chatChunk(d, g.noChatLogprobs(), &reason)
+	c := g.chatChunk(d, g.noChatLogprobs(), &reason)
+	c.Choices[0].TokenIDs = g.tokenIDs(0, 0)
+	return c
 }
 
 // noChatLogprobs is the logprobs of a chat chunk that carries no token: null, or
@@ -271,10 +341,14 @@ func (g *generation) unaryBody() any {
 	var reasoning, content strings.Builder
 	for i := range g.n {
 		if i < g.reasoning {
-			reasoning.WriteString(ReasoningToken(i))
+			reasoning.WriteString(g.tokenText(i))
 		} else {
-			content.WriteString(ContentToken(i - g.reasoning))
+			content.WriteString(g.tokenText(i))
 		}
+	}
+	var promptIDs *[]int
+	if g.returnTokenIDs {
+		promptIDs = &g.promptIDs
 	}
 	if g.kind == kindCompletion {
 		var lp *completionLogprobs
@@ -283,8 +357,11 @@ func (g *generation) unaryBody() any {
 		}
 		return completion{
 			ID: g.id, Object: "text_completion", Created: g.created, Model: g.call.model,
-			Choices: []completionChoice{{Text: content.String(), Logprobs: lp, FinishReason: g.finish}},
-			Usage:   g.usageInfo(),
+			Choices: []completionChoice{{
+				Text: content.String(), Logprobs: lp, FinishReason: g.finish,
+				TokenIDs: g.tokenIDs(0, g.n), PromptTokenIDs: promptIDs,
+			}},
+			Usage: g.usageInfo(),
 		}
 	}
 	msg := chatMessageOut{Role: "assistant", ToolCalls: []toolCall{}}
@@ -308,8 +385,9 @@ func (g *generation) unaryBody() any {
 	}
 	return chatCompletion{
 		ID: g.id, Object: "chat.completion", Created: g.created, Model: g.call.model,
-		Choices: []chatChoice{{Message: msg, Logprobs: lp, FinishReason: g.finish}},
-		Usage:   g.usageInfo(),
+		Choices:        []chatChoice{{Message: msg, Logprobs: lp, FinishReason: g.finish, TokenIDs: g.tokenIDs(0, g.n)}},
+		Usage:          g.usageInfo(),
+		PromptTokenIDs: promptIDs,
 	}
 }
 
@@ -332,7 +410,7 @@ func (g *generation) rankedLogprobs(pos, n int) []pyFloat {
 	out := make([]pyFloat, n)
 	units := 0
 	for r := range n {
-		h := mix64(g.lpSeed + uint64(pos)*0x9e3779b97f4a7c15 + uint64(r)*0xd1b54a32d192ed03)
+		h := mix64(g.lpSeed + uint64(g.start+pos)*0x9e3779b97f4a7c15 + uint64(r)*0xd1b54a32d192ed03)
 		if r == 0 {
 			units = 1 + int(h%4999)
 		} else {

@@ -181,6 +181,12 @@ func (e *Engine) serveMessages(w http.ResponseWriter, r *http.Request) {
 		apiAnthropic.writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	// vLLM's Messages API serves the request as a chat completion with its max_tokens, so
+	// chat's context length check applies (in Anthropic's envelope).
+	if err := e.checkContextLength(promptTokens(words), req.MaxTokens); err != nil {
+		apiAnthropic.writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
 	n, finish, err := e.naturalLength(req.MaxTokens, "max_tokens")
 	if err != nil {
 		apiAnthropic.writeError(w, http.StatusBadRequest, err.Error())

@@ -34,6 +34,9 @@ type genRequest struct {
 	// RequestID is vLLM's request_id extension field: the response id's base when the
 	// request has no X-Request-Id header.
 	RequestID string `json:"request_id"`
+	// ReturnTokenIDs is vLLM's return_token_ids extension field: return the prompt's and
+	// the generated tokens' ids.
+	ReturnTokenIDs bool `json:"return_token_ids"`
 }
 
 // maxLogprobs is vLLM's default --max-logprobs: the most top logprobs a request may ask for.
@@ -220,16 +223,70 @@ func promptTokens(words []string) int {
 	return max(1, len(words))
 }
 
-// outputTokens returns the number of tokens to generate and the finish reason for req.
-// max_completion_tokens wins over max_tokens, as in vLLM.
-func (e *Engine) outputTokens(req *genRequest) (int, string, error) {
+// vllmCompletionMaxTokens is vLLM's default max_tokens of a completions request
+// (CompletionRequest.max_tokens = 16 in vllm/entrypoints/openai/protocol.py), which its
+// context length check uses when the request sets none.
+const vllmCompletionMaxTokens = 16
+
+// contextMaxTokens returns the max_tokens that vLLM checks against max_model_len for a chat
+// or completions request: chat's "max_completion_tokens or max_tokens" (a Python or, so 0
+// falls through), completions' max_tokens or its default of 16; nil when chat sets neither.
+func (req *genRequest) contextMaxTokens(k kind) *int {
+	if k == kindCompletion {
+		if req.MaxTokens == nil {
+			d := vllmCompletionMaxTokens
+			return &d
+		}
+		return req.MaxTokens
+	}
+	if req.MaxCompletionTokens != nil && *req.MaxCompletionTokens != 0 {
+		return req.MaxCompletionTokens
+	}
+	return req.MaxTokens
+}
+
+// checkContextLength is vLLM's context length check of a generation request
+// (OpenAIServing._validate_input in vllm/entrypoints/openai/serving_engine.py, 0.10.x): with
+// no max_tokens, a prompt of max_model_len tokens or more is refused; with max_tokens, a
+// prompt plus max_tokens over max_model_len is. The messages are vLLM's, word for word (the
+// first one's comma included); the caller answers them with 400.
+func (e *Engine) checkContextLength(promptTokens int, maxTokens *int) error {
+	maxLen := e.cfg.MaxModelLen
+	if maxTokens == nil {
+		if promptTokens >= maxLen {
+			return badRequestf("This model's maximum context length is %d tokens. However, you requested "+
+				"%d tokens in the messages, Please reduce the length of the messages.", maxLen, promptTokens)
+		}
+		return nil
+	}
+	if promptTokens+*maxTokens > maxLen {
+		return badRequestf("This model's maximum context length is %d tokens. However, you requested "+
+			"%d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+			maxLen, *maxTokens+promptTokens, promptTokens, *maxTokens)
+	}
+	return nil
+}
+
+// outputTokens returns the number of tokens to generate and the finish reason for req, whose
+// generation starts at content token start (a continuation; 0 otherwise).
+// max_completion_tokens wins over max_tokens, as in vLLM. Without either the generation
+// ends at content token Config.OutputTokens (capped by Config.MaxOutputTokens) whatever
+// start is, so that a continuation stops where the uncut generation stops.
+//
+// Without a limit the generation also stops at max_model_len (vLLM's default max_tokens is
+// max_model_len minus the prompt), given the prompt's promptTokens.
+func (e *Engine) outputTokens(req *genRequest, start, promptTokens int) (int, string, error) {
 	limit := req.MaxCompletionTokens
 	name := "max_completion_tokens"
 	if limit == nil {
 		limit, name = req.MaxTokens, "max_tokens"
 	}
 	if limit == nil {
-		return min(e.cfg.OutputTokens, e.cfg.MaxOutputTokens), finishStop, nil
+		n := max(0, min(e.cfg.OutputTokens, e.cfg.MaxOutputTokens)-start)
+		if room := e.cfg.MaxModelLen - promptTokens; n > room {
+			return room, finishLength, nil // vLLM's default max_tokens: the room left
+		}
+		return n, finishStop, nil
 	}
 	if *limit < 1 {
 		return 0, "", badRequestf("%s must be at least 1, got %d", name, *limit)

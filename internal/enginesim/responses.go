@@ -14,6 +14,19 @@ import (
 // chat chunk is model_dump_json(exclude_unset=True), so a field appears only where vLLM sets
 // it; a completions chunk is model_dump_json(exclude_unset=False), every field present; the
 // usage chunk of either drops its null fields (exclude_none=True).
+//
+// The token id fields of vLLM's return_token_ids (added after 0.10.1) are written only when
+// the request sets it, in vLLM's places (vllm/entrypoints/openai/protocol.py,
+// serving_chat.py and serving_completion.py): chat's prompt_token_ids on the response
+// (ChatCompletionResponse, after prompt_logprobs) and on the stream's role chunk
+// (ChatCompletionStreamResponse, after usage), its token_ids on each choice
+// (ChatCompletionResponseChoice and ChatCompletionResponseStreamChoice, after
+// stop_reason); completions' prompt_token_ids and token_ids on each choice
+// (CompletionResponseChoice: token_ids after stop_reason, prompt_token_ids after
+// prompt_logprobs; CompletionResponseStreamChoice: prompt_token_ids then token_ids after
+// stop_reason, prompt_token_ids null but on the choice's first chunk). Without the flag
+// vLLM writes them as null where its dump keeps unset fields; the simulator leaves them out,
+// so that its bodies stay 0.10.1's.
 
 // usage is vLLM's UsageInfo as the usage chunk of a stream writes it (no null fields).
 type usage struct {
@@ -39,6 +52,8 @@ type chatChunk struct {
 	Model   string            `json:"model"`
 	Choices []chatChunkChoice `json:"choices"`
 	Usage   *usage            `json:"usage,omitempty"`
+	// PromptTokenIDs is set on the role chunk under return_token_ids.
+	PromptTokenIDs []int `json:"prompt_token_ids,omitempty"`
 }
 
 // chatChunkChoice is vLLM's ChatCompletionResponseStreamChoice. logprobs is null unless the
@@ -50,6 +65,9 @@ type chatChunkChoice struct {
 	Logprobs     *chatLogprobs   `json:"logprobs"`
 	FinishReason *string         `json:"finish_reason"`
 	StopReason   json.RawMessage `json:"stop_reason,omitempty"`
+	// TokenIDs is the chunk's generated token ids under return_token_ids ([] on a chunk
+	// without a token), omitted otherwise.
+	TokenIDs *[]int `json:"token_ids,omitempty"`
 }
 
 // chatDelta is vLLM's DeltaMessage with only the fields vLLM sets.
@@ -98,6 +116,7 @@ type chatCompletion struct {
 	SystemFingerprint *string      `json:"system_fingerprint"`
 	Usage             usageInfo    `json:"usage"`
 	PromptLogprobs    *struct{}    `json:"prompt_logprobs"`
+	PromptTokenIDs    *[]int       `json:"prompt_token_ids,omitempty"` // return_token_ids only
 	KVTransferParams  *struct{}    `json:"kv_transfer_params"`
 }
 
@@ -108,6 +127,7 @@ type chatChoice struct {
 	Logprobs     *chatLogprobs  `json:"logprobs"`
 	FinishReason string         `json:"finish_reason"`
 	StopReason   *string        `json:"stop_reason"`
+	TokenIDs     *[]int         `json:"token_ids,omitempty"` // return_token_ids only
 }
 
 // chatMessageOut is vLLM's ChatMessage: tool_calls is [] when there are none; content is null
@@ -164,6 +184,10 @@ type completionChunkChoice struct {
 	Logprobs     *completionLogprobs `json:"logprobs"`
 	FinishReason *string             `json:"finish_reason"`
 	StopReason   *string             `json:"stop_reason"`
+	// PromptTokenIDs and TokenIDs are set under return_token_ids only: the prompt's ids on
+	// the choice's first chunk (JSON null on the others), the chunk's generated ids.
+	PromptTokenIDs json.RawMessage `json:"prompt_token_ids,omitempty"`
+	TokenIDs       *[]int          `json:"token_ids,omitempty"`
 }
 
 // completion is vLLM's CompletionResponse.
@@ -186,7 +210,9 @@ type completionChoice struct {
 	Logprobs       *completionLogprobs `json:"logprobs"`
 	FinishReason   string              `json:"finish_reason"`
 	StopReason     *string             `json:"stop_reason"`
+	TokenIDs       *[]int              `json:"token_ids,omitempty"` // return_token_ids only
 	PromptLogprobs *struct{}           `json:"prompt_logprobs"`
+	PromptTokenIDs *[]int              `json:"prompt_token_ids,omitempty"` // return_token_ids only
 }
 
 // completionLogprobs is vLLM's CompletionLogProbs: per token its character offset in the

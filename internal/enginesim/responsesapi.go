@@ -376,10 +376,21 @@ func (e *Engine) serveResponses(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	// vLLM's Responses API refuses a prompt that fills the context
+	// (OpenAIServingResponses._validate_generator_input in serving_responses.py) and clips
+	// max_output_tokens to what is left (ResponsesRequest.to_sampling_params takes
+	// min(max_output_tokens, max_model_len - prompt)), where chat would refuse it.
+	if p := promptTokens(words); p >= e.cfg.MaxModelLen {
+		invalid(fmt.Sprintf("The engine prompt length %d exceeds the max_model_len %d. Please reduce prompt.", p, e.cfg.MaxModelLen))
+		return
+	}
 	n, finish, err := e.naturalLength(req.MaxOutputTokens, "max_output_tokens")
 	if err != nil {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
+	}
+	if room := e.cfg.MaxModelLen - promptTokens(words); n > room {
+		n, finish = room, finishLength
 	}
 	if f.noContent {
 		n, finish = 0, finishStop
