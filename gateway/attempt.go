@@ -129,13 +129,12 @@ func (a *attempt) onContent(now time.Time) {
 		a.first, a.last = now, now
 		a.unpend()
 		if a.slot.Promote() {
-			switch {
-			case a.seam == nil:
-				a.s.metrics.RecordFirstToken(a.ctx, a.attrs, now.Sub(a.start).Seconds())
-			case a.seam.cut != nil && !a.seam.cut.last.IsZero():
-				// The client's TTFT was recorded by the first leg; this
-				// is the second wait it saw.
+			if a.seam != nil && !a.seam.cut.last.IsZero() {
+				// The client's TTFT was recorded by the leg that broke;
+				// this is the second wait it saw.
 				a.s.metrics.RecordMigrationGap(a.ctx, a.attrs, now.Sub(a.seam.cut.last).Seconds())
+			} else {
+				a.s.metrics.RecordFirstToken(a.ctx, a.attrs, now.Sub(a.start).Seconds())
 			}
 			if a.span.IsRecording() {
 				a.span.AddEvent(telemetry.EventFirstToken)

@@ -81,7 +81,7 @@ func TestCarryTakeCutsTokenIDs(t *testing.T) {
 func TestCarryExcludedMidStream(t *testing.T) {
 	for _, tc := range []struct {
 		name, chunk, want string
-		max              int
+		max               int
 	}{
 		{"no ids", `{"id":"x","choices":[{"delta":{"content":"a"}}]}`, exclNoTokenIDs, 100},
 		{"null ids", `{"id":"x","choices":[{"delta":{"content":"a"},"token_ids":null}]}`, exclNoTokenIDs, 100},
