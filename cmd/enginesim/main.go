@@ -85,7 +85,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.IntVar(&o.cfg.EmbeddingDim, "embedding-dim", enginesim.DefaultEmbeddingDim, "length of embedding vectors")
 	fs.StringVar(&o.cfg.Fault, "fault", "", "default fault spec for requests without an X-Enginesim-Fault header: comma-separated keys, e.g. status=503,retry-after=2 or close-after=3.\n"+
 		"Keys: status=CODE, error-body=json|html|text|empty, retry-after=SECONDS, close-before-headers, close-after-headers, close-after=N,\n"+
-		"stall-before-headers[=DUR], stall-after=N, slow-headers=DUR, trickle[=DUR], keepalive, malformed, truncate, no-content, reasoning, tool-call, powered-by\n"+
+		"reset-after=N, error-after=N, drain-after=N, stall-before-headers[=DUR], stall-after=N, slow-headers=DUR, trickle[=DUR], keepalive, malformed, truncate, no-content, reasoning, tool-call, powered-by\n"+
 		"(go doc ./internal/enginesim says what each does)")
 	fs.StringVar(&o.tracesEndpoint, "otlp-traces-endpoint", "", "OTLP endpoint to send vLLM's llm_request spans to, as vLLM's flag (gRPC; OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf for OTLP/HTTP)")
 	loras := fs.StringArray("lora", nil, "LoRA adapter loaded at start on the first model, as name=path (repeatable)")

@@ -313,6 +313,9 @@ func (t *transcriber) terminator() ([]byte, error) { return []byte(doneEvent), n
 // malformed implements streamer.
 func (t *transcriber) malformed() string { return malformedEvent }
 
+// midError implements streamer: vLLM's streaming error event, then [DONE].
+func (t *transcriber) midError() ([]byte, error) { return openAIStreamError() }
+
 // sttSegment is vLLM's TranscriptionSegment.
 type sttSegment struct {
 	ID               int     `json:"id"`

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"strconv"
 	"time"
@@ -333,6 +334,49 @@ func (c *call) abortConn() {
 	panic(http.ErrAbortHandler)
 }
 
+// resetConn resets the connection mid-response (reset-after): it flushes what was written,
+// hijacks the connection and closes it with SO_LINGER 0, so the kernel sends a TCP RST
+// and the client's next read fails with "connection reset by peer". Where the connection
+// cannot be hijacked (HTTP/2) the handler aborts, which resets the stream.
+func (c *call) resetConn() {
+	_ = c.flush()
+	c.settle(outcomeFaulted, "")
+	conn, _, err := c.rc.Hijack()
+	if err == nil {
+		nc := conn
+		if tc, ok := nc.(interface{ NetConn() net.Conn }); ok { // TLS
+			nc = tc.NetConn()
+		}
+		if tc, ok := nc.(*net.TCPConn); ok {
+			_ = tc.SetLinger(0)
+		}
+		_ = conn.Close()
+	}
+	panic(http.ErrAbortHandler) // unwind the handler; net/http ignores a hijacked connection
+}
+
+// Mid-stream errors (error-after): vLLM's GenerationError, raised when the engine finishes
+// a request with finish_reason "error" (OpenAIServing._raise_if_error in
+// vllm/entrypoints/openai/serving_engine.py), is answered with status 500, type
+// InternalServerError and message "Internal server error"; in a stream as the data event
+// {"error": {...}} followed by "data: [DONE]" (serving_chat.py and serving_completion.py
+// catch it in the stream generator, yield create_streaming_error_response and then
+// [DONE]).
+const (
+	midErrorMessage = "Internal server error"
+	midErrorStatus  = http.StatusInternalServerError
+)
+
+// openAIStreamError is the error-after event of the OpenAI-style streams: vLLM's streaming
+// error response, then [DONE].
+func openAIStreamError() ([]byte, error) {
+	b, err := eventBytes("", errorBody{Error: errorInfo{Message: midErrorMessage, Type: errorType(midErrorStatus), Code: midErrorStatus}})
+	if err != nil {
+		return nil, err
+	}
+	return append(b, doneEvent...), nil
+}
+
 // writeBody writes a non-stream JSON response body with writeBodyAs.
 func (c *call) writeBody(b []byte, reason string) error {
 	return c.writeBodyAs(b, "application/json", reason)
@@ -353,22 +397,39 @@ func (c *call) closeAfterHeaders(ct string) {
 
 // writeBodyAs writes a non-stream 200 response body of Content-Type ct ("" for none: an
 // empty body), applying the body faults: malformed (the invalid JSON body instead, whatever
-// ct, Faulted), close-after (half the body, then abort), stall-after (half the body, then
-// block until the client leaves), truncate (the full body's Content-Length, half the body,
-// then abort) and trickle (no Content-Length, one byte at a time). Otherwise the request is
-// settled as completed with reason just before the write.
+// ct, Faulted), close-after (half the body, then abort), reset-after (half the body, then a
+// TCP reset), stall-after (half the body, then block until the client leaves), truncate
+// (the full body's Content-Length, half the body, then abort), error-after (vLLM's 500
+// error instead of the body), drain-after (the engine drains; a body whose reason is not
+// "abort" is cut like close-after, one whose reason is "abort" is sent, Faulted) and trickle
+// (no Content-Length, one byte at a time). Otherwise the request is settled as completed
+// with reason just before the write.
 func (c *call) writeBodyAs(b []byte, ct, reason string) error {
+	if c.f.errorAfter >= 0 {
+		// vLLM answers a non-stream request whose generation failed with the 500 error.
+		c.settle(outcomeFaulted, "")
+		c.api.writeError(c.w, midErrorStatus, midErrorMessage)
+		return nil
+	}
+	if c.f.drainAfter >= 0 {
+		c.e.SetDraining(true)
+	}
 	h := c.w.Header()
 	if ct != "" {
 		h.Set("Content-Type", ct)
 	}
-	if c.f.closeAfter >= 0 || c.f.stallAfter >= 0 {
+	// drain-after cuts the routes that have no abort finish_reason like close-after.
+	cutByDrain := c.f.drainAfter >= 0 && reason != finishAbort
+	if c.f.closeAfter >= 0 || c.f.stallAfter >= 0 || c.f.resetAfter >= 0 || cutByDrain {
 		c.w.WriteHeader(http.StatusOK)
 		if err := c.write(b[:len(b)/2]); err != nil {
 			return err
 		}
-		if c.f.closeAfter >= 0 {
+		if c.f.closeAfter >= 0 || cutByDrain {
 			c.abortConn()
+		}
+		if c.f.resetAfter >= 0 {
+			c.resetConn()
 		}
 		return c.sleep(-1)
 	}
@@ -384,7 +445,7 @@ func (c *call) writeBodyAs(b []byte, ct, reason string) error {
 		}
 		c.abortConn()
 	}
-	if c.f.malformed {
+	if c.f.malformed || reason == finishAbort {
 		c.settle(outcomeFaulted, "")
 	} else {
 		c.settle(outcomeCompleted, reason)

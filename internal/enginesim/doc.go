@@ -24,7 +24,7 @@
 // Light (answered at once, no slot, not counted in Stats): POST /tokenize, POST /detokenize,
 // GET /v1/models, POST /v1/load_lora_adapter, POST /v1/unload_lora_adapter, POST /sleep,
 // POST /wake_up, GET /is_sleeping, POST /reset_prefix_cache, GET /health (503 after
-// SetHealthy(false)) and GET /metrics.
+// SetHealthy(false) and while draining) and GET /metrics.
 //
 // Errors are vLLM's {"error":{"message":"...","type":"...","param":null,"code":<status>}}:
 // 400 for invalid JSON or fields, 404 for an unknown model or path, 405 for a wrong method,
@@ -391,6 +391,35 @@
 //     the headers, and then nothing at all however long it waits (under keepalive, only the
 //     keep-alives of the queue and first-token waits, which come before the stall), while
 //     the engine holds a running slot (Stats.Running) until the client leaves.
+//   - reset-after=N: like close-after=N (stream: the role chunk and N token events;
+//     non-stream and embeddings: half the body), but the connection is then reset: the
+//     engine hijacks it and closes it with SO_LINGER 0, so the kernel sends a TCP RST and
+//     the client's read fails with "connection reset by peer" (ECONNRESET) instead of an
+//     EOF. On HTTP/2 the stream is reset. Faulted.
+//   - error-after=N: a generation error after N token events, as vLLM reports one (its
+//     GenerationError: status 500, type InternalServerError, message "Internal server
+//     error"; serving_engine.py _raise_if_error). Chat, completions and transcription
+//     streams: the in-band event data: {"error":{"message":"Internal server
+//     error","type":"InternalServerError","param":null,"code":500}} then "data: [DONE]",
+//     as vLLM's stream generators send after catching it, and a clean end of the
+//     response; no finish chunk or usage chunk. The Responses stream: the event "error"
+//     {"type":"error","code":"InternalServerError","message":"Internal server
+//     error","param":null,"sequence_number":N}, nothing after it. The Messages stream:
+//     Anthropic's "event: error" {"type":"error","error":{"type":"api_error","message":
+//     "Internal server error"}}. Non-stream and embeddings: after min(N, n) tokens,
+//     the 500 error body in the route's envelope instead of the answer. N larger than the
+//     number of tokens errs after the last token. Faulted.
+//   - drain-after=N: after N token events the engine starts draining, as vLLM does when it
+//     shuts down ([Engine.SetDraining]): GET /health answers 503 and new generation and
+//     pooling requests get 503 (ServiceUnavailableError, "The engine is draining (shutting
+//     down) and accepts no new requests."; the light routes keep working) until
+//     SetDraining(false). The request itself is aborted the way vLLM's engine aborts a
+//     request in flight (its output ends with finish_reason "abort", FinishReason.ABORT):
+//     chat and completions streams send a finish chunk with finish_reason "abort" (empty
+//     delta), the usage chunk if asked (completion_tokens N) and [DONE]; their non-stream
+//     bodies carry the N tokens with finish_reason "abort". Routes without that finish
+//     reason (Responses, Messages, audio, images, pooling, light routes) are cut as by
+//     close-after (the stream after N token events, the body after half). Faulted.
 //   - truncate: non-stream and embeddings: after generating, send 200 with the
 //     Content-Length of the full JSON body (even under trickle), write its first half
 //     (len/2 bytes), flush and abort the connection: the client sees an unexpected EOF short
@@ -399,7 +428,8 @@
 //     if asked) except the final "data: [DONE]", then end the response cleanly (the chunked
 //     terminator on HTTP/1.1), like an engine that ends a stream without its terminator.
 //     Faulted in both cases; a stream is counted after its last event is written and before
-//     the response ends. close-after and stall-after act first. The terminator of the
+//     the response ends. close-after, reset-after, error-after, drain-after and stall-after
+//     act first (in that order when several are at the same token). The terminator of the
 //     Responses stream is response.completed, of the Messages stream message_stop.
 //   - slow-headers=DUR: sleep DUR before anything else, then proceed normally. Not a fault.
 //     Combined with status or close-before-headers it delays them.

@@ -31,6 +31,7 @@ type Engine struct {
 
 	fault     atomic.Pointer[faults]
 	unhealthy atomic.Bool
+	draining  atomic.Bool  // the drain-after fault (or SetDraining) started a drain
 	kvBlocks  atomic.Int64 // KV blocks held by running sequences
 
 	received, completed, aborted, faulted atomic.Int64
@@ -73,8 +74,8 @@ type Stats struct {
 	// Aborted counts requests whose client disconnected or cancelled before the response
 	// finished (vLLM's "Aborted request"), including those ended by a stall fault.
 	Aborted int64
-	// Faulted counts requests ended by an injected fault (status, close-*, truncate,
-	// non-stream malformed).
+	// Faulted counts requests ended by an injected fault (status, close-*, reset-after,
+	// error-after, drain-after, truncate, non-stream malformed).
 	Faulted int64
 	// PrefixCacheQueries counts prompt tokens looked up in the prefix cache, in tokens.
 	PrefixCacheQueries int64
@@ -225,6 +226,15 @@ func (e *Engine) SetFault(spec string) error {
 // It does not affect the other endpoints.
 func (e *Engine) SetHealthy(ok bool) { e.unhealthy.Store(!ok) }
 
+// SetDraining sets whether the engine drains, as vLLM does when it shuts down: while it
+// drains GET /health answers 503 and new generation and pooling requests are refused with
+// 503; requests already running go on (or are aborted by the drain-after fault that started
+// the drain). The drain-after fault sets it; tests undrain with SetDraining(false).
+func (e *Engine) SetDraining(on bool) { e.draining.Store(on) }
+
+// Draining reports whether the engine drains (see [Engine.SetDraining]).
+func (e *Engine) Draining() bool { return e.draining.Load() }
+
 // faultsFor returns the faults for r: its X-Enginesim-Fault header if present, else the
 // engine default.
 func (e *Engine) faultsFor(r *http.Request) (*faults, error) {
@@ -239,7 +249,7 @@ func (e *Engine) faultsFor(r *http.Request) (*faults, error) {
 }
 
 func (e *Engine) serveHealth(w http.ResponseWriter, _ *http.Request) {
-	if e.unhealthy.Load() {
+	if e.unhealthy.Load() || e.draining.Load() {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		return
 	}

@@ -30,6 +30,9 @@ type faults struct {
 	stallBeforeHeaders bool          // stall-before-headers[=DUR]
 	stallBeforeFor     time.Duration // DUR of stall-before-headers; 0 = until the client leaves
 	stallAfter         int           // stall-after=N; -1 = none
+	resetAfter         int           // reset-after=N; -1 = none
+	errorAfter         int           // error-after=N; -1 = none
+	drainAfter         int           // drain-after=N; -1 = none
 	slowHeaders        time.Duration // slow-headers=DUR
 	malformed          bool          // malformed
 	trickle            time.Duration // trickle[=DUR]; -1 = off
@@ -53,7 +56,7 @@ const (
 )
 
 // noFaults is the parsed empty spec.
-var noFaults = &faults{closeAfter: -1, stallAfter: -1, trickle: -1, retryAfter: -1}
+var noFaults = &faults{closeAfter: -1, stallAfter: -1, resetAfter: -1, errorAfter: -1, drainAfter: -1, trickle: -1, retryAfter: -1}
 
 // parseFaults parses a comma-separated fault spec such as "close-after=3,trickle=2ms".
 // Whitespace around items is ignored; unknown keys, missing or extra values and out-of-range
@@ -132,6 +135,18 @@ func (f *faults) set(key, val string, hasVal bool) error {
 	case "stall-after":
 		if err = needVal(); err == nil {
 			f.stallAfter, err = parseCount(val)
+		}
+	case "reset-after":
+		if err = needVal(); err == nil {
+			f.resetAfter, err = parseCount(val)
+		}
+	case "error-after":
+		if err = needVal(); err == nil {
+			f.errorAfter, err = parseCount(val)
+		}
+	case "drain-after":
+		if err = needVal(); err == nil {
+			f.drainAfter, err = parseCount(val)
 		}
 	case "slow-headers":
 		if err = needVal(); err == nil {

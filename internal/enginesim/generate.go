@@ -88,7 +88,7 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, k kind) {
 		seq: &seq{
 			call:  e.newCall(w, r, f, apiOpenAI, t, req.Stream),
 			words: words, promptTokens: promptTokens(words), cacheable: true,
-			n: n, finish: finish,
+			n: n, finish: finish, abortable: true,
 		},
 		kind:         k,
 		created:      time.Now().Unix(),
@@ -191,6 +191,9 @@ func (g *generation) terminator() ([]byte, error) { return []byte(doneEvent), ni
 
 // malformed implements streamer.
 func (g *generation) malformed() string { return malformedEvent }
+
+// midError implements streamer: vLLM's streaming error event, then [DONE].
+func (g *generation) midError() ([]byte, error) { return openAIStreamError() }
 
 // doneEvent ends the OpenAI-style streams.
 const doneEvent = "data: [DONE]\n\n"

@@ -352,6 +352,14 @@ func (ms *messenger) terminator() ([]byte, error) {
 // malformed implements streamer.
 func (ms *messenger) malformed() string { return "event: content_block_delta\n" + malformedEvent }
 
+// midError implements streamer: Anthropic's mid-stream error event, "event: error" with
+// the error envelope (api_error for vLLM's 500), which ends the stream.
+func (ms *messenger) midError() ([]byte, error) {
+	return eventBytes("error", anthropicError{Type: "error", Error: anthropicErrorInfo{
+		Type: anthropicErrorType(midErrorStatus), Message: midErrorMessage,
+	}})
+}
+
 // serveCountTokens serves POST /v1/messages/count_tokens: {"input_tokens": N}, the prompt
 // tokens /v1/messages would count, at once (no running slot; served while asleep).
 func (e *Engine) serveCountTokens(w http.ResponseWriter, r *http.Request) {

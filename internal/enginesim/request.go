@@ -337,8 +337,15 @@ func (e *Engine) awake(a api, w http.ResponseWriter) bool {
 		a.writeError(w, http.StatusServiceUnavailable, errSleeping)
 		return false
 	}
+	if e.draining.Load() {
+		a.writeError(w, http.StatusServiceUnavailable, errDraining)
+		return false
+	}
 	return true
 }
+
+// errDraining is the message of the 503 answered while the engine drains.
+const errDraining = "The engine is draining (shutting down) and accepts no new requests."
 
 // errSleeping is the message of the 503 answered while the engine sleeps.
 const errSleeping = "The engine is sleeping; POST /wake_up to serve requests again."

@@ -486,6 +486,8 @@ func (rs *responder) eventBytes(typ string, v any) ([]byte, error) {
 	n := rs.seqNo
 	rs.seqNo++
 	switch ev := v.(type) {
+	case *responsesErrorEvent:
+		ev.SequenceNumber, ev.Type = n, typ
 	case *lifecycleEvent:
 		ev.SequenceNumber, ev.Type = n, typ
 	case *outputItemEvent:
@@ -615,6 +617,22 @@ func (rs *responder) finished() {
 // terminator implements streamer: response.completed, with the whole response.
 func (rs *responder) terminator() ([]byte, error) {
 	return rs.eventBytes("response.completed", &lifecycleEvent{Response: rs.sr.final()})
+}
+
+// responsesErrorEvent is the Responses API's stream error event (OpenAI's
+// ResponseErrorEvent): {type "error", code, message, param, sequence_number}.
+type responsesErrorEvent struct {
+	Type           string  `json:"type"`
+	Code           string  `json:"code"`
+	Message        string  `json:"message"`
+	Param          *string `json:"param"`
+	SequenceNumber int     `json:"sequence_number"`
+}
+
+// midError implements streamer: the error event, numbered in the stream, with vLLM's 500
+// error type as its code; nothing follows it.
+func (rs *responder) midError() ([]byte, error) {
+	return rs.eventBytes("error", &responsesErrorEvent{Code: errorType(midErrorStatus), Message: midErrorMessage})
 }
 
 // malformed implements streamer.

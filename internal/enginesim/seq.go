@@ -17,6 +17,9 @@ type seq struct {
 	n            int    // tokens to generate
 	finish       string // finishStop or finishLength
 	cached       int    // prompt tokens found in the prefix cache, known after prefill
+	// abortable: the route renders a finish_reason "abort" (chat and completions), so the
+	// drain-after fault ends the request with one; other routes are cut instead.
+	abortable bool
 }
 
 // streamer renders one route's SSE stream around the tokens [seq.serveStream] generates. Its
@@ -40,6 +43,9 @@ type streamer interface {
 	terminator() ([]byte, error)
 	// malformed returns the invalid event of the malformed fault, sent right after open.
 	malformed() string
+	// midError returns the in-band error event of the error-after fault, with whatever the
+	// route's server sends after it (chat's "data: [DONE]").
+	midError() ([]byte, error)
 }
 
 // prefill admits the sequence and waits for its time to first token: TTFT, plus
@@ -102,6 +108,21 @@ func (s *seq) serveStream(st streamer) error {
 		if s.f.closeAfter >= 0 && i == min(s.f.closeAfter, s.n) {
 			s.abortConn()
 		}
+		if s.f.resetAfter >= 0 && i == min(s.f.resetAfter, s.n) {
+			s.resetConn()
+		}
+		if s.f.errorAfter >= 0 && i == min(s.f.errorAfter, s.n) {
+			b, err := st.midError()
+			if err != nil {
+				return err
+			}
+			s.settle(outcomeFaulted, "")
+			_ = s.write(b)
+			return nil
+		}
+		if s.f.drainAfter >= 0 && i == min(s.f.drainAfter, s.n) {
+			return s.drainStream(st, i)
+		}
 		if s.f.stallAfter >= 0 && i == min(s.f.stallAfter, s.n) {
 			return s.sleep(-1)
 		}
@@ -137,6 +158,29 @@ func (s *seq) serveStream(st streamer) error {
 	return nil
 }
 
+// drainStream applies the drain-after fault to a stream after its first generated tokens:
+// the engine starts draining ([Engine.SetDraining]) and aborts the request. Chat and
+// completions end it as vLLM ends a request its engine aborts: a finish chunk with
+// finish_reason "abort", the usage chunk if asked (counting the generated tokens) and
+// [DONE]; the other routes are cut like close-after. Faulted.
+func (s *seq) drainStream(st streamer, generated int) error {
+	s.e.SetDraining(true)
+	if !s.abortable {
+		s.abortConn()
+	}
+	s.n, s.finish = generated, finishAbort
+	if err := st.close(); err != nil {
+		return err
+	}
+	term, err := st.terminator()
+	if err != nil {
+		return err
+	}
+	s.settle(outcomeFaulted, "")
+	_ = s.write(term)
+	return nil
+}
+
 // serveUnary runs the sequence as a non-stream request: the faults before the headers, the whole
 // generation (the prefill, then n-1 inter-token latencies), and the body that body builds
 // afterwards, of Content-Type ct, written with the body faults.
@@ -147,6 +191,13 @@ func (s *seq) serveUnary(ct string, body func() ([]byte, error)) error {
 	s.closeAfterHeaders(ct)
 	if err := s.prefill(); err != nil {
 		return err
+	}
+	// error-after and drain-after end the generation after their first tokens.
+	if s.f.errorAfter >= 0 {
+		s.n = min(s.n, s.f.errorAfter)
+	}
+	if s.f.drainAfter >= 0 && s.abortable {
+		s.n, s.finish = min(s.n, s.f.drainAfter), finishAbort
 	}
 	for i := range s.n {
 		if i > 0 {

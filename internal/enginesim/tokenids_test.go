@@ -276,3 +276,63 @@ func TestContinuationTextPrompt(t *testing.T) {
 		t.Errorf("chat continuation: %q", data)
 	}
 }
+
+// TestMigrationAfterCutStream does what a gateway migrating a broken generation does: a chat
+// stream with return_token_ids is cut after k tokens (close-after=k); the prompt ids of its
+// role chunk plus the token ids it received become a /v1/completions token prompt with
+// max_tokens reduced by k; the streamed text of both reassembles to the uncut answer.
+func TestMigrationAfterCutStream(t *testing.T) {
+	const n = 5
+	_, srv := startEngine(t, fastConfig())
+	chat := fmt.Sprintf(`{"model":"m1","messages":[{"role":"user","content":"say it"}],"max_tokens":%d,"stream":true,"return_token_ids":true}`, n)
+	type chunk struct {
+		PromptTokenIDs []int `json:"prompt_token_ids"`
+		Choices        []struct {
+			Text  string `json:"text"`
+			Delta struct {
+				Content string `json:"content"`
+			} `json:"delta"`
+			FinishReason *string `json:"finish_reason"`
+			TokenIDs     []int   `json:"token_ids"`
+		} `json:"choices"`
+	}
+	stream := func(path, body, spec string) (prompt, ids []int, text, finish string) {
+		t.Helper()
+		hdr := map[string]string{}
+		if spec != "" {
+			hdr = fault(spec)
+		}
+		evs, _ := readEvents(mustSend(t, srv, "POST", path, body, hdr).Body) // a cut stream ends in an error
+		for _, d := range dataEvents(evs) {
+			if d == "[DONE]" {
+				continue
+			}
+			c := decode[chunk](t, []byte(d))
+			prompt = append(prompt, c.PromptTokenIDs...)
+			for _, ch := range c.Choices {
+				ids = append(ids, ch.TokenIDs...)
+				text += ch.Text + ch.Delta.Content
+				if ch.FinishReason != nil {
+					finish = *ch.FinishReason
+				}
+			}
+		}
+		return prompt, ids, text, finish
+	}
+	_, canonIDs, canon, canonFinish := stream("/v1/chat/completions", chat, "")
+	if canon != "tok0 tok1 tok2 tok3 tok4 " || canonFinish != "length" || !slices.Equal(canonIDs, contentIDs(0, n)) {
+		t.Fatalf("canonical %q %q %v", canon, canonFinish, canonIDs)
+	}
+	for k := 1; k < n; k++ {
+		prompt, ids, text, finish := stream("/v1/chat/completions", chat, fmt.Sprintf("close-after=%d", k))
+		if finish != "" || len(ids) != k || !slices.Equal(prompt, wordIDs("say it")) {
+			t.Fatalf("k=%d: cut stream prompt %v ids %v finish %q", k, prompt, ids, finish)
+		}
+		cont := fmt.Sprintf(`{"model":"m1","prompt":%s,"max_tokens":%d,"stream":true,"return_token_ids":true}`,
+			idList(append(prompt, ids...)...), n-k)
+		_, ids2, text2, finish2 := stream("/v1/completions", cont, "")
+		if text+text2 != canon || finish2 != canonFinish || !slices.Equal(append(ids, ids2...), canonIDs) {
+			t.Errorf("k=%d: reassembled %q (%s), ids %v, want %q (%s) %v", k, text+text2, finish2, append(ids, ids2...), canon, canonFinish, canonIDs)
+		}
+	}
+}
