@@ -168,6 +168,9 @@ func TestContinuationCompletesAnswer(t *testing.T) {
 		{"eof", "close-after=3", "engine_disconnect", nil},
 		{"idle timeout", "stall-after=3", "idle_timeout", func(c *Config) { c.Timeouts.Idle = 100 * time.Millisecond }},
 		{"eof before the first token", "close-after=0", "engine_disconnect", func(c *Config) { c.Retry.On = nil }},
+		{"reset", "reset-after=3", "engine_disconnect", nil},
+		{"error event", "error-after=3", "stream_error", nil},
+		{"engine drained", "drain-after=3", "engine_abort", nil},
 	} {
 		routes := []string{"chat", "completions"}
 		if tc.fault == "close-after=0" {

@@ -36,7 +36,7 @@ func (l smallBufListener) Accept() (net.Conn, error) {
 // slot is released and the engine request is cancelled. The idle timeout is
 // off: the write deadline does not depend on it.
 func TestClientStopsReading(t *testing.T) {
-	eng, simSrv := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: time.Millisecond, ITL: time.Nanosecond, MaxOutputTokens: 100000})
+	eng, simSrv := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: time.Millisecond, ITL: time.Nanosecond, MaxOutputTokens: 100000, MaxModelLen: 200000})
 	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
 	cfg.Timeouts.ClientWrite = 300 * time.Millisecond
 	cfg.Timeouts.Idle = 0
