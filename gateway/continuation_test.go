@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"net/http"
 	"strconv"
@@ -12,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
@@ -228,5 +230,126 @@ func TestContinuationCompletesAnswer(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// contBody is a streaming chat request of n tokens with usage.
+func contBody(n int, extra string) string {
+	return `{"model":"m","messages":[{"role":"user","content":"a b c d"}],"max_tokens":` + strconv.Itoa(n) + `,"stream":true,"stream_options":{"include_usage":true}` + extra + `}`
+}
+
+// TestContinuationFailsToo: a continuation that breaks too, with
+// migration.limit reached, ends the stream as without continuation: the
+// tokens both legs sent, then the explicit error event; counted once as
+// failed and once as limit.
+func TestContinuationFailsToo(t *testing.T) {
+	rh := newRetryHarness(t, "close-after=3", "close-after=2", nil)
+	resp := rh.post("/v1/chat/completions", contBody(8, ""))
+	cs := readClientStream(t, resp)
+	if cs.text != canonical(5) {
+		t.Errorf("answer %q, want the 3 + 2 tokens %q", cs.text, canonical(5))
+	}
+	if len(cs.errors) != 1 || cs.done || len(cs.finishes) != 0 || cs.usage != nil {
+		t.Errorf("errors %v, done %v, finishes %v, usage %+v: want one error event and nothing else", cs.errors, cs.done, cs.finishes, cs.usage)
+	}
+	rh.waitIdle()
+	if rel := rh.releases(); len(rel["e1"]) != 1 || len(rel["e2"]) != 1 {
+		t.Errorf("releases %v, want one per engine", rel)
+	}
+	if got := rh.migrations(); got["engine_disconnect/failed"] != 1 || got["engine_disconnect/limit"] != 1 || len(got) != 2 {
+		t.Errorf("migrations %v, want engine_disconnect/failed 1 and engine_disconnect/limit 1", got)
+	}
+}
+
+// firstPolicy picks the first candidate, so a test knows where each leg
+// goes.
+type firstPolicy struct{}
+
+func (firstPolicy) Name() string { return "first" }
+func (firstPolicy) Pick(_ context.Context, _ *routing.Request, c []*routing.Endpoint) (*routing.Endpoint, error) {
+	return c[0], nil
+}
+
+// TestContinuationSecondLimit: with migration.limit 2, a continuation that
+// breaks too is continued again, on the third engine, and the client gets
+// the whole answer.
+func TestContinuationSecondLimit(t *testing.T) {
+	var ecs []fleet.EngineConfig
+	for i, f := range []string{"close-after=3", "close-after=2", ""} {
+		_, srv := sim(t, enginesim.Config{Models: []string{"m"}, Fault: f})
+		ecs = append(ecs, fleet.EngineConfig{Name: "e" + strconv.Itoa(i+1), URL: srv.URL, Models: []string{"m"}})
+	}
+	cfg := testConfig(ecs...)
+	cfg.Migration.Limit = 2
+	h := newHarness(t, cfg, withPolicy(firstPolicy{}))
+	cs := readClientStream(t, h.post("/v1/chat/completions", contBody(8, "")))
+	if cs.text != canonical(8) || len(cs.errors) != 0 || !cs.done || cs.usage == nil || cs.usage.Completion != 8 || len(cs.ids) != 1 {
+		t.Errorf("answer %q errors %v done %v usage %+v ids %v", cs.text, cs.errors, cs.done, cs.usage, cs.ids)
+	}
+	h.waitIdle()
+	if got := h.migrations(); got["engine_disconnect/failed"] != 1 || got["engine_disconnect/rescued"] != 1 || len(got) != 2 {
+		t.Errorf("migrations %v, want one failed and one rescued", got)
+	}
+}
+
+// TestContinuationClientCancels: a client that leaves during a
+// continuation cancels it: the continuation's engine aborts the request,
+// every slot is released, and the continuation counts as cancelled.
+func TestContinuationClientCancels(t *testing.T) {
+	rh := newRetryHarness(t, "close-after=3", "stall-after=1", nil)
+	resp := rh.post("/v1/chat/completions", contBody(8, ""))
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if strings.Contains(sc.Text(), `"tok3 "`) {
+			break // the continuation's first token: now leave
+		}
+	}
+	resp.Body.Close()
+	waitAborted(t, rh.e2, 1)
+	rh.waitIdle()
+	if rel := rh.releases(); len(rel["e1"]) != 1 || len(rel["e2"]) != 1 || rel["e2"][0] != routing.PhaseDecode {
+		t.Errorf("releases %v, want one per engine, e2 from decode", rel)
+	}
+	if got := rh.migrations(); got["engine_disconnect/cancelled"] != 1 || len(got) != 1 {
+		t.Errorf("migrations %v, want engine_disconnect/cancelled 1", got)
+	}
+}
+
+// TestContinuationExclusions: a request a continuation cannot reproduce
+// is not continued: its break ends with the explicit error event after
+// what the client got, the exclusion is counted, and no other engine is
+// asked.
+func TestContinuationExclusions(t *testing.T) {
+	for _, tc := range []struct {
+		name, extra, fault, want string
+		tune                     func(*Config)
+	}{
+		{"structured output", `,"response_format":{"type":"json_schema","json_schema":{"name":"x","schema":{}}}`, "", exclStructured, nil},
+		{"guided decoding", `,"guided_regex":"tok.*"`, "", exclStructured, nil},
+		{"tools", `,"tools":[{"type":"function","function":{"name":"f"}}]`, "", exclTools, nil},
+		{"reasoning streamed", ``, "reasoning=2,", exclReasoning, nil},
+		{"n", `,"n":2`, "", exclN, nil},
+		{"logprobs", `,"logprobs":true`, "", exclLogprobs, nil},
+		{"multimodal", `,"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:,"}}]}]`, "", exclMultimodal, nil},
+		{"too many tokens", ``, "", exclMaxTokens, func(c *Config) { c.Migration.MaxTokens = 5 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rh := newRetryHarness(t, tc.fault+"close-after=3", "", tc.tune)
+			resp := rh.post("/v1/chat/completions", contBody(8, tc.extra))
+			cs := readClientStream(t, resp)
+			if len(cs.errors) != 1 || cs.done {
+				t.Errorf("errors %v, done %v: want the explicit error event", cs.errors, cs.done)
+			}
+			rh.waitIdle()
+			if got := rh.exclusions(); got[tc.want] != 1 || len(got) != 1 {
+				t.Errorf("exclusions %v, want %s 1", got, tc.want)
+			}
+			if got := rh.migrations(); len(got) != 0 {
+				t.Errorf("migrations %v, want none", got)
+			}
+			if n := rh.e2.Stats().Received; n != 0 {
+				t.Errorf("e2 got %d requests", n)
+			}
+		})
 	}
 }
