@@ -164,6 +164,12 @@ func configDiff(a, b Config) []string {
 	if !maps.Equal(a.Models.Aliases, b.Models.Aliases) {
 		keys = append(keys, "models.aliases")
 	}
+	if !reflect.DeepEqual(a.Models.Fallbacks, b.Models.Fallbacks) && len(a.Models.Fallbacks)+len(b.Models.Fallbacks) > 0 {
+		keys = append(keys, "models.fallbacks")
+	}
+	if !reflect.DeepEqual(a.Models.ContextFallbacks, b.Models.ContextFallbacks) && len(a.Models.ContextFallbacks)+len(b.Models.ContextFallbacks) > 0 {
+		keys = append(keys, "models.context_fallbacks")
+	}
 	if !reflect.DeepEqual(a.Auth.Keys, b.Auth.Keys) && len(a.Auth.Keys)+len(b.Auth.Keys) > 0 {
 		keys = append(keys, "auth.keys")
 	}

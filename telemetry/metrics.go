@@ -145,6 +145,7 @@ type Metrics struct {
 	duration       metric.Float64Histogram
 	parseErrors    metric.Int64Counter
 	retry          retryInstruments
+	fallback       fallbackInstruments
 	keys           keyInstruments
 	ttfb           metric.Float64Histogram
 	maxGap         metric.Float64Histogram
@@ -254,6 +255,7 @@ func NewMetrics(mp metric.MeterProvider, opts ...MetricsOption) (*Metrics, error
 		m.tokenUsage, _ = noop.NewMeterProvider().Meter("").Int64Histogram(GenAIClientTokenUsageName)
 	}
 	errs = append(errs, m.retry.init(m.meter)...)
+	errs = append(errs, m.fallback.init(m.meter)...)
 	errs = append(errs, m.keys.init(m.meter)...)
 	if m.parseErrors, err = m.meter.Int64Counter(ParseErrorsName, metric.WithUnit("{event}"),
 		metric.WithDescription("Stream events from an engine whose JSON could not be parsed (still forwarded).")); err != nil {
