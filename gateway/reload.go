@@ -99,6 +99,11 @@ func (s *Server) Reload(cfg Config, policy routing.Policy) (ReloadReport, error)
 		return ReloadReport{}, err
 	}
 	rep.Changes = changes
+	if un := unservedFallbacks(eff.Models, s.fleet.Snapshot()); len(un) > 0 {
+		// Allowed (engines come and go), but worth knowing: a request
+		// falling back finds none of these until an engine serves them.
+		s.log.Warn("fallback models no engine serves now", "models", un)
+	}
 	if !reflect.DeepEqual(cur.cfg.Outlier, eff.Outlier) {
 		// New thresholds from the next outcome, new ejection times from
 		// the next ejection; turned off, every ejected engine returns.
