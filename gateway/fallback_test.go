@@ -1,8 +1,10 @@
 package gateway
 
 import (
+	"bufio"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -454,4 +456,35 @@ func TestContextFallback(t *testing.T) {
 		t.Errorf("a-long down: status %d, body %s; want vLLM's 400 unchanged", code, body)
 	}
 	h.waitIdle()
+}
+
+// TestAccessLogFallback: the access-log line of a request answered by a
+// fallback names it (fallback=b) beside the model the client asked for.
+func TestAccessLogFallback(t *testing.T) {
+	a := newCtxEngine(t, "a", 0, nil)
+	b := newCtxEngine(t, "b", 0, nil)
+	var buf testutil.LockedBuffer
+	cfg := testConfig(fleet.EngineConfig{Name: "a1", URL: a.srv.URL}, fleet.EngineConfig{Name: "b1", URL: b.srv.URL})
+	cfg.Models.Fallbacks = map[string][]string{"a": {"b"}}
+	h := newHarnessWith(t, cfg, []Option{WithLogger(slog.New(slog.NewJSONHandler(&buf, nil)))})
+	a.down.Store(true)
+	h.gw.fleet.ProbeNow(t.Context())
+	if code, _, _ := h.do(http.MethodPost, "/v1/chat/completions", chatFor("a", 0), "X-Request-Id", "r-fb"); code != http.StatusOK {
+		t.Fatalf("status %d, want 200", code)
+	}
+	h.waitIdle()
+	var line map[string]any
+	testutil.Poll(2*time.Second, func() bool {
+		sc := bufio.NewScanner(strings.NewReader(buf.String()))
+		for sc.Scan() {
+			var m map[string]any
+			if json.Unmarshal(sc.Bytes(), &m) == nil && m["msg"] == "request" && m["request_id"] == "r-fb" {
+				line = m
+			}
+		}
+		return line != nil
+	})
+	if line == nil || line["model"] != "a" || line["fallback"] != "b" || line["engines"] != "b1" {
+		t.Errorf("access-log line %v, want model a, fallback b, engines b1", line)
+	}
 }
