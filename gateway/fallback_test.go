@@ -3,6 +3,7 @@ package gateway
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -486,5 +487,30 @@ func TestAccessLogFallback(t *testing.T) {
 	})
 	if line == nil || line["model"] != "a" || line["fallback"] != "b" || line["engines"] != "b1" {
 		t.Errorf("access-log line %v, want model a, fallback b, engines b1", line)
+	}
+}
+
+// TestFallbacksConfigValidate: each problem of a fallback list is refused
+// by name; cycles between lists are allowed (only the requested model's
+// list is followed), and so is a model no engine serves.
+func TestFallbacksConfigValidate(t *testing.T) {
+	ok := ModelsConfig{Fallbacks: map[string][]string{"a": {"b"}, "b": {"a"}}, ContextFallbacks: map[string][]string{"a": {"nowhere"}}}
+	if err := ok.Validate(); err != nil {
+		t.Errorf("a cycle and an unserved model: %v, want nil", err)
+	}
+	for _, tc := range []struct {
+		m    ModelsConfig
+		want string
+	}{
+		{ModelsConfig{Fallbacks: map[string][]string{"a": {"a"}}}, `models.fallbacks: "a" lists itself`},
+		{ModelsConfig{Fallbacks: map[string][]string{"a": {}}}, `models.fallbacks: "a": the list is empty`},
+		{ModelsConfig{ContextFallbacks: map[string][]string{"a": {"b", "b"}}}, `models.context_fallbacks: "a" lists "b" twice`},
+		{ModelsConfig{ContextFallbacks: map[string][]string{"a": {""}}}, `models.context_fallbacks: "a"[0]: "" is empty or has a control character`},
+		{ModelsConfig{Fallbacks: map[string][]string{"a\n": {"b"}}}, `models.fallbacks: model "a\n": empty or has a control character`},
+	} {
+		err := tc.m.Validate()
+		if err == nil || !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: %v, want %s", tc.m, err, tc.want)
+		}
 	}
 }
