@@ -3,6 +3,8 @@ package gateway
 import (
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"time"
 
 	"golang.org/x/net/http/httpguts"
@@ -153,6 +155,85 @@ type ModelsConfig struct {
 	// an engine model of the same name; an alias may not point at another
 	// alias.
 	Aliases map[string]string `koanf:"aliases"`
+	// Fallbacks map a model to the models that answer for it, in order,
+	// when it cannot (`models.fallbacks: {model: [other, ...]}`, LiteLLM's
+	// fallbacks): every engine serving it failed before anything reached
+	// the client (the failures server.retry retries: refused connection,
+	// reset, timeouts before the first token, 429, 500, 502, 503, 504),
+	// or none is available (down, ejected, drained, every one at its
+	// max_in_flight, or none serves it any more). The request then goes
+	// to the first of them with an engine that can take it, with the
+	// body's model rewritten to it and the X-Switchboard-Fallback response
+	// header naming it; each gets its own attempts. Keys and entries are
+	// model names as clients name them (an alias works on either side).
+	// Only the requested model's list is followed: a fallback's own
+	// fallbacks are not, so no chain can loop. Neither side need be
+	// served when the configuration is loaded (engines come and go); a
+	// reload logs the fallbacks no engine serves at that moment. A
+	// sticky route (a stored response) never falls back.
+	Fallbacks map[string][]string `koanf:"fallbacks"`
+	// ContextFallbacks map a model to longer-context models, in order
+	// (`models.context_fallbacks: {model: [longer-model, ...]}`), for a
+	// request too long for it: its max_tokens alone over the model's
+	// max_model_len (checked before any engine is asked), or an engine's
+	// context-length 400 ("maximum context length", vLLM's message). The
+	// request goes to the first of them that is available and whose
+	// max_model_len (GET /v1/models) is unknown or larger, instead of
+	// failing; the same rules as Fallbacks otherwise.
+	ContextFallbacks map[string][]string `koanf:"context_fallbacks"`
+}
+
+// Validate reports every problem of the `models` section, each wrapping
+// [ErrInvalidConfig], joined with errors.Join: an alias that is empty,
+// has a control character, points at itself or at another alias; a
+// fallback list (Fallbacks, ContextFallbacks) that is empty, has an empty
+// or control-character name, lists its own model, or lists a model twice.
+func (m ModelsConfig) Validate() error {
+	var errs []error
+	bad := func(format string, a ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalidConfig}, a...)...))
+	}
+	for _, name := range slices.Sorted(maps.Keys(m.Aliases)) {
+		target := m.Aliases[name]
+		switch {
+		case name == "" || target == "":
+			bad("models.aliases: empty name or target (%q: %q)", name, target)
+		case hasControl(name) || hasControl(target):
+			bad("models.aliases: %q: %q has a control character", name, target)
+		case name == target:
+			bad("models.aliases: %q points at itself", name)
+		default:
+			if _, chained := m.Aliases[target]; chained {
+				bad("models.aliases: %q points at %q, which is an alias too", name, target)
+			}
+		}
+	}
+	for _, sec := range []struct {
+		key   string
+		lists map[string][]string
+	}{{"models.fallbacks", m.Fallbacks}, {"models.context_fallbacks", m.ContextFallbacks}} {
+		for _, model := range slices.Sorted(maps.Keys(sec.lists)) {
+			list := sec.lists[model]
+			switch {
+			case model == "" || hasControl(model):
+				bad("%s: model %q: empty or has a control character", sec.key, model)
+				continue
+			case len(list) == 0:
+				bad("%s: %q: the list is empty", sec.key, model)
+			}
+			for i, fb := range list {
+				switch {
+				case fb == "" || hasControl(fb):
+					bad("%s: %q[%d]: %q is empty or has a control character", sec.key, model, i, fb)
+				case fb == model:
+					bad("%s: %q lists itself", sec.key, model)
+				case slices.Contains(list[:i], fb):
+					bad("%s: %q lists %q twice", sec.key, model, fb)
+				}
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // Timeouts bound an engine attempt. Zero disables a timeout.
@@ -280,20 +361,7 @@ func (c Config) ValidateSettings() error {
 	if c.MaxBufferedBytes > 0 && c.MaxFormBytes > c.MaxBufferedBytes {
 		bad("server.max_buffered_bytes (%d) is smaller than server.max_form_bytes (%d): a form at the size limit could never be accepted", c.MaxBufferedBytes, c.MaxFormBytes)
 	}
-	for name, target := range c.Models.Aliases {
-		switch {
-		case name == "" || target == "":
-			bad("models.aliases: empty name or target (%q: %q)", name, target)
-		case hasControl(name) || hasControl(target):
-			bad("models.aliases: %q: %q has a control character", name, target)
-		case name == target:
-			bad("models.aliases: %q points at itself", name)
-		default:
-			if _, chained := c.Models.Aliases[target]; chained {
-				bad("models.aliases: %q points at %q, which is an alias too", name, target)
-			}
-		}
-	}
+	errs = append(errs, c.Models.Validate())
 	errs = append(errs, c.Auth.Validate(), c.Limits.Validate())
 	errs = append(errs, c.Retry.validate()...)
 	errs = append(errs, c.Migration.validate()...)

@@ -51,8 +51,15 @@
 // or none, when the leg's own result is the answer. The rules are
 // server.retry's (retry.go): the conditions retried, max_attempts, the
 // time budget and the retry budget. A new kind of leg (a continuation of
-// a broken stream, a prefill, a fallback model) is a new legKind and a
-// case in plan.next. Handlers return their error instead of writing it;
+// a broken stream, a prefill) is a new legKind and a case in plan.next,
+// as the fallback model is (legFallback, fallback.go): when a model's own
+// legs are over after a failure before content, or none of its engines
+// can take the request, it goes to the next model of its
+// Config.Models.Fallbacks (a request too long for the model: its
+// ContextFallbacks), named in the [FallbackHeader] response header. A
+// generative request whose max_tokens alone is over the model's
+// max_model_len (from GET /v1/models) gets 400 context_length_exceeded
+// before any engine slot is taken (context.go). Handlers return their error instead of writing it;
 // door (errors.go) writes it, in the route's envelope.
 //
 // # Memory

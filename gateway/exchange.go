@@ -23,6 +23,7 @@ import (
 // client and ended the response itself). A leg followed by another has
 // sent nothing to the client.
 func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Request, op *operation, in *inbound, out *outBody, eng *fleet.Engine, p *plan) (nextLeg, error) {
+	p.cr.restart() // a leg before it reached nothing of the client
 	ctx, a := s.startAttempt(ctx, eng, op, in)
 	defer a.finish()
 	if in.set.cfg.EngineHeader {

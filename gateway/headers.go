@@ -47,6 +47,7 @@ var hiddenResponseHeaders = map[string]bool{
 	"X-Request-Id": true, // the gateway's own is already set
 	// The gateway names the engine itself; an engine must not overwrite it.
 	"X-Switchboard-Engine": true,
+	FallbackHeader:         true, // nor claim a fallback
 }
 
 // notToEngine builds the set of request headers (canonical form) that are

@@ -47,6 +47,7 @@ type reqState struct {
 	tried    [maxLoggedEngines]string // engines tried, in order
 	attempts int                      // attempts made (may exceed len(tried))
 	errType  string                   // error.type of the last attempt, or of the gateway's answer
+	fallback string                   // the fallback model the request was last sent to; "" when none
 	// legAnswer: the error answered is the last leg's own result, whose
 	// error.type (possibly none: a sticky route's 404) its attempt
 	// recorded; writeError leaves it as it is.
@@ -158,7 +159,7 @@ func (s *Server) logRequest(r *http.Request) {
 	if status == 0 {
 		status = http.StatusOK
 	}
-	attrs := make([]slog.Attr, 0, 17)
+	attrs := make([]slog.Attr, 0, 18)
 	attrs = append(attrs,
 		slog.String("request_id", st.id),
 		slog.String("method", r.Method),
@@ -179,6 +180,9 @@ func (s *Server) logRequest(r *http.Request) {
 	}
 	if st.model != "" {
 		attrs = append(attrs, slog.String("model", st.model))
+	}
+	if st.fallback != "" {
+		attrs = append(attrs, slog.String("fallback", st.fallback))
 	}
 	if st.attempts > 0 {
 		n := min(st.attempts, maxLoggedEngines)

@@ -257,9 +257,9 @@ type carry struct {
 	// usage: the client asked for the usage chunk (not the gateway).
 	usage bool
 	// excluded is why the request cannot be continued ("" while it can);
-	// set at arrival from the body, or mid-stream (tool calls or
-	// reasoning streamed, too many tokens).
-	excluded string
+	// set at arrival from the body (arrival), or mid-stream (tool calls
+	// or reasoning streamed, too many tokens).
+	excluded, arrival string
 
 	prompt, gen []int32 // token ids: the prompt's, and those generated so far
 	sawPrompt   bool
@@ -295,7 +295,20 @@ func newCarry(op *operation, in *inbound) *carry {
 	c := &carry{kind: op.migrate, cfg: cfg, body: in.body, clientIDs: bytes.Contains(in.body, []byte(`"return_token_ids"`)) && returnTokenIDs(in.body),
 		usage: in.req.IncludeUsage}
 	c.excluded = excludedBy(op.migrate, in.body)
+	c.arrival = c.excluded
 	return c
+}
+
+// restart forgets what a leg that reached nothing of the client learned
+// (its answer's id, its token ids, a mid-stream exclusion): the next leg
+// (a retry, a fallback model) starts the answer afresh.
+func (c *carry) restart() {
+	if c == nil {
+		return
+	}
+	c.excluded = c.arrival
+	c.prompt, c.gen, c.sawPrompt = c.prompt[:0], c.gen[:0], false
+	c.id, c.created, c.model = nil, nil, nil
 }
 
 // returnTokenIDs reports whether the body sets return_token_ids true.

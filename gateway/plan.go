@@ -39,6 +39,11 @@ const (
 	// reached the client, on another engine, from its prompt and
 	// generated token ids (migration.go).
 	legContinue
+	// legFallback sends the request to another model (nextLeg.fallback:
+	// models.fallbacks or models.context_fallbacks), nothing having
+	// reached the client: the model it was on has nothing left to try,
+	// or cannot take it (fallback.go).
+	legFallback
 )
 
 // stage is where in a leg its outcome was taken.
@@ -119,6 +124,8 @@ type nextLeg struct {
 	reason retryReason   // why (legRetry)
 	same   bool          // on the same engine: no other candidate is left
 	wait   time.Duration // the pause before it
+	// fallback is where a legFallback goes (nil otherwise).
+	fallback *fallbackTo
 }
 
 // plan is one request's plan: what it may still do and what its legs
@@ -145,15 +152,40 @@ type plan struct {
 	// cr is the request's continuation state, nil when its generation is
 	// never continued (newCarry).
 	cr *carry
+	// fb is what the request may still fall back to (fallback.go); its
+	// zero value falls back to nothing.
+	fb fallbacks
 }
 
 // next decides what follows a leg that ended with o, nothing of which
 // reached the client: another leg (where, after what wait and why), or
-// legNone, and the leg's result is committed as it is.
+// legNone, and the leg's result is committed as it is. When the model's
+// own legs are over (retry's legNone) and the outcome is a failure of
+// the model's engines (a retry condition) or a context-length 400,
+// another model may follow (fallback).
 func (p *plan) next(o *outcome) nextLeg {
 	if o.cut != nil {
 		return p.resume(o.cut)
 	}
+	n := p.retry(o)
+	if n.kind != legNone || !p.fb.any() || p.sticky || p.ctx.Err() != nil {
+		return n
+	}
+	if o.stage == stageRelay && !o.held {
+		return n // the engine had started answering: as for a retry
+	}
+	switch {
+	case o.reason() != retryNone:
+		return p.fallback(fallbackFailed)
+	case len(p.fb.context) > 0 && o.resp != nil && isContextLengthError(o.resp):
+		return p.fallback(fallbackContext)
+	}
+	return n
+}
+
+// retry decides whether the model's engines get another leg (legRetry)
+// after o, under server.retry's rules.
+func (p *plan) retry(o *outcome) nextLeg {
 	if p.legs >= p.max || p.ctx.Err() != nil {
 		return nextLeg{}
 	}

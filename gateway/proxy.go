@@ -76,10 +76,28 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 		return err
 	}
 	rt, err := s.candidates(op, &in)
-	if err != nil {
-		return err
-	}
 	set := in.set
+	p := plan{set: set, ctx: r.Context(), sticky: op.sticky, max: set.cfg.MaxAttempts, budget: &s.retries, metrics: s.metrics, now: time.Now,
+		fb: s.fallbacksFor(op, &in)}
+	if d := set.cfg.Retry.Within; d > 0 {
+		p.deadline = arrived.Add(d)
+	}
+	defer p.done()
+	var first nextLeg // a fallback before any leg: the model cannot take the request
+	switch {
+	case err != nil:
+		// No engine of the model is routable (or none serves it now).
+		if first = p.fallback(fallbackUnavailable); first.kind == legNone {
+			return err
+		}
+	case op.class == classGenerative:
+		p.fb.maxLen = rt.MaxModelLen()
+		if ae := overContext(in.req.MaxTokensParam, in.req.MaxTokens, p.fb.maxLen); ae != nil {
+			if first = p.fallback(fallbackContext); first.kind == legNone {
+				return ae
+			}
+		}
+	}
 	in.observe = set.cfg.ObserveNonStreaming && op.observe && !in.stream && in.req.Streamable && !in.req.HasStreamOptions
 	ctx := r.Context()
 	if d := set.cfg.Timeouts.Request; d > 0 {
@@ -87,13 +105,16 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 		ctx, cancel = context.WithTimeoutCause(ctx, d, errRequestTimeout)
 		defer cancel()
 	}
-	cr := newCarry(op, &in)
-	out := s.outgoing(op, &in, cr.continuable() && !cr.clientIDs)
+	p.cr = newCarry(op, &in)
+	out := s.outgoing(op, &in, p.cr.continuable() && !p.cr.clientIDs)
 	rreq := routing.Request{Model: in.target, Stream: in.stream, SessionKey: in.req.User, PromptBytes: in.req.PromptBytes, PrefixHashes: in.req.PrefixHashes}
 	if set.sessionHeader != "" {
 		if v := r.Header[set.sessionHeader]; len(v) > 0 && v[0] != "" {
 			rreq.SessionKey = v[0]
 		}
+	}
+	if first.kind == legFallback {
+		rt = s.fallTo(w, r, op, &in, &out, &rreq, &p, first.fallback)
 	}
 	if max := set.cfg.MaxPendingPerModel; max > 0 && in.target != "" && op.class == classGenerative && s.pendingFor(in.target).Load() >= int64(max) {
 		return errOverloaded("too many requests are waiting for model " + strconv.Quote(in.model))
@@ -108,15 +129,8 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 	candidates := rt.Endpoints()
 	if op.sticky {
 		candidates = s.stickyOrder(in.id, rt)
-	}
-	p := plan{set: set, ctx: r.Context(), sticky: op.sticky, max: set.cfg.MaxAttempts, budget: &s.retries, metrics: s.metrics, now: time.Now, cr: cr}
-	if op.sticky {
 		p.max = len(candidates) // a stored response is looked for on every engine
 	}
-	if d := set.cfg.Retry.Within; d > 0 {
-		p.deadline = arrived.Add(d)
-	}
-	defer p.done()
 	var tried []*routing.Endpoint
 	leg := nextLeg{kind: legAttempt}
 	for {
@@ -125,11 +139,17 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 			ep = candidates[0]
 		} else {
 			candidates = admissible(rt, candidates)
+			if len(candidates) == 0 && leg.kind == legContinue {
+				return s.unresumed(w, op, &p)
+			}
 			if len(candidates) == 0 {
-				if leg.kind == legContinue {
-					return s.unresumed(w, op, &p)
-				}
 				// Every engine of the model is at its max_in_flight.
+				if next := p.fallback(fallbackUnavailable); next.kind == legFallback {
+					rt = s.fallTo(w, r, op, &in, &out, &rreq, &p, next.fallback)
+					candidates, tried = rt.Endpoints(), tried[:0]
+					leg = nextLeg{}
+					continue
+				}
 				return errOverloaded("every engine serving model " + strconv.Quote(in.model) + " is at its limit of requests in flight")
 			}
 			t0 := time.Now()
@@ -163,6 +183,13 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 		}
 		// The leg has ended: its context is cancelled and its body
 		// closed, so the engine has stopped working on it.
+		if leg.kind == legFallback {
+			// Another model: its own engines, its own attempts.
+			rt = s.fallTo(w, r, op, &in, &out, &rreq, &p, leg.fallback)
+			candidates, tried = rt.Endpoints(), tried[:0]
+			leg = nextLeg{}
+			continue
+		}
 		tried = append(tried, ep)
 		if f, ok := set.policy.(routing.Forgetter); ok && !op.sticky && leg.kind == legRetry {
 			// Nothing reached the client and a retry follows: a policy
@@ -189,23 +216,33 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 		// ejected, drained, removed or back): the next leg picks from the
 		// current one, without the engines already tried, or the same
 		// engine when it is the only one left.
-		if rt, err = s.currentRoute(&in); err != nil {
-			if leg.kind == legContinue {
-				return s.unresumed(w, op, &p)
+		cur, err := s.currentRoute(&in)
+		if err == nil {
+			rt = cur
+			candidates = excluding(rt.Endpoints(), tried)
+			if len(candidates) == 0 && leg.same && slices.Contains(rt.Endpoints(), ep) {
+				candidates = []*routing.Endpoint{ep}
 			}
-			return err
 		}
-		candidates = excluding(rt.Endpoints(), tried)
-		if len(candidates) == 0 && leg.same && slices.Contains(rt.Endpoints(), ep) {
-			candidates = []*routing.Endpoint{ep}
-		}
-		if len(candidates) == 0 && leg.kind == legContinue {
+		if leg.kind == legContinue && (len(candidates) == 0 || err != nil) {
+			// A continuation stays on the model: another model's
+			// tokenizer need not read its token ids.
 			return s.unresumed(w, op, &p)
 		}
-		if len(candidates) == 0 {
-			// Nowhere left to go: the last leg's own error (a refused
-			// connection stays a 502) when it was the gateway's.
-			if p.lastErr != nil {
+		if len(candidates) == 0 || err != nil {
+			// Nowhere left to go on this model: another one, or the last
+			// leg's own error (a refused connection stays a 502) when it
+			// was the gateway's.
+			if next := p.fallback(fallbackFailed); next.kind == legFallback {
+				rt = s.fallTo(w, r, op, &in, &out, &rreq, &p, next.fallback)
+				candidates, tried = rt.Endpoints(), tried[:0]
+				leg = nextLeg{}
+				continue
+			}
+			switch {
+			case err != nil:
+				return err
+			case p.lastErr != nil:
 				return p.lastErr
 			}
 			return routing.ErrNoEndpoint

@@ -99,6 +99,11 @@ func (s *Server) Reload(cfg Config, policy routing.Policy) (ReloadReport, error)
 		return ReloadReport{}, err
 	}
 	rep.Changes = changes
+	if un := unservedFallbacks(eff.Models, s.fleet.Snapshot()); len(un) > 0 {
+		// Allowed (engines come and go), but worth knowing: a request
+		// falling back finds none of these until an engine serves them.
+		s.log.Warn("fallback models no engine serves now", "models", un)
+	}
 	if !reflect.DeepEqual(cur.cfg.Outlier, eff.Outlier) {
 		// New thresholds from the next outcome, new ejection times from
 		// the next ejection; turned off, every ejected engine returns.
@@ -163,6 +168,12 @@ func configDiff(a, b Config) []string {
 	}
 	if !maps.Equal(a.Models.Aliases, b.Models.Aliases) {
 		keys = append(keys, "models.aliases")
+	}
+	if !reflect.DeepEqual(a.Models.Fallbacks, b.Models.Fallbacks) && len(a.Models.Fallbacks)+len(b.Models.Fallbacks) > 0 {
+		keys = append(keys, "models.fallbacks")
+	}
+	if !reflect.DeepEqual(a.Models.ContextFallbacks, b.Models.ContextFallbacks) && len(a.Models.ContextFallbacks)+len(b.Models.ContextFallbacks) > 0 {
+		keys = append(keys, "models.context_fallbacks")
 	}
 	if !reflect.DeepEqual(a.Auth.Keys, b.Auth.Keys) && len(a.Auth.Keys)+len(b.Auth.Keys) > 0 {
 		keys = append(keys, "auth.keys")

@@ -34,12 +34,17 @@
 //	switchboard.request.migrations            Counter       {continuation} reason, outcome
 //	switchboard.request.migration_exclusions  Counter       {request}  exclusion
 //	switchboard.request.migration_gap         Histogram     s          engine, model, operation
+//	switchboard.request.fallbacks             Counter       {request}  model, fallback, reason
 //
 // switchboard.request.retries counts the attempts a request was tried
 // again before anything reached its client, by reason ([AttrRetryReason]:
 // connect_failure, reset, header_timeout, first_token_timeout or the
 // engine's 429, 500, 502, 503, 504); retry_budget_exhausted the retries
 // refused because too many requests were already retrying.
+// switchboard.request.fallbacks counts the requests sent to a fallback
+// model (gateway models.fallbacks and models.context_fallbacks), by the
+// model asked for, the fallback and the reason ([AttrFallbackReason]:
+// failed, unavailable, context); the model names are configured ones.
 //
 // The migration instruments follow generations broken after their first
 // tokens reached the client and continued on another engine

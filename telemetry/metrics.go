@@ -146,6 +146,7 @@ type Metrics struct {
 	parseErrors    metric.Int64Counter
 	retry          retryInstruments
 	migration      migrationInstruments
+	fallback       fallbackInstruments
 	keys           keyInstruments
 	ttfb           metric.Float64Histogram
 	maxGap         metric.Float64Histogram
@@ -256,6 +257,7 @@ func NewMetrics(mp metric.MeterProvider, opts ...MetricsOption) (*Metrics, error
 	}
 	errs = append(errs, m.retry.init(m.meter)...)
 	errs = append(errs, m.migration.init(m.meter)...)
+	errs = append(errs, m.fallback.init(m.meter)...)
 	errs = append(errs, m.keys.init(m.meter)...)
 	if m.parseErrors, err = m.meter.Int64Counter(ParseErrorsName, metric.WithUnit("{event}"),
 		metric.WithDescription("Stream events from an engine whose JSON could not be parsed (still forwarded).")); err != nil {

@@ -111,7 +111,7 @@ func defaults() Config {
 			Config:            gateway.DefaultConfig(),
 		},
 		Admin:     AdminConfig{Listen: "127.0.0.1:9464"},
-		Models:    gateway.ModelsConfig{Aliases: map[string]string{}},
+		Models:    gateway.ModelsConfig{Aliases: map[string]string{}, Fallbacks: map[string][]string{}, ContextFallbacks: map[string][]string{}},
 		Limits:    gateway.DefaultLimitsConfig(),
 		Migration: gateway.DefaultMigrationConfig(),
 		Routing:   routing.DefaultConfig(),
@@ -161,7 +161,7 @@ func (c Config) Validate() error {
 	// The gateway's own settings and the configured engines are checked now,
 	// before simulated engines start, so every problem is reported at once;
 	// gateway.New checks the whole again with the simulated engines added.
-	errs = append(errs, c.Routing.Validate(), c.Telemetry.Validate(), c.Server.Config.ValidateSettings(), c.Auth.Validate(), c.Limits.Validate())
+	errs = append(errs, c.Routing.Validate(), c.Telemetry.Validate(), c.Server.Config.ValidateSettings(), c.Models.Validate(), c.Auth.Validate(), c.Limits.Validate())
 	for i, e := range c.Engines {
 		if err := e.Validate(); err != nil {
 			errs = append(errs, fmt.Errorf("engines[%d]: %w", i, err))

@@ -935,3 +935,25 @@ func TestLoadConfigNamedValueErrors(t *testing.T) {
 		t.Errorf("not an ErrInvalidConfig: %v", err)
 	}
 }
+
+// TestLoadFallbacks: models.fallbacks and models.context_fallbacks load
+// from the file into the gateway's ModelsConfig, and a model listed as its
+// own fallback is refused by name.
+func TestLoadFallbacks(t *testing.T) {
+	path := writeConfig(t, "engines:\n  - {name: e1, url: \"http://127.0.0.1:1\", models: [a]}\n"+
+		"models:\n  fallbacks: {a: [b, c]}\n  context_fallbacks: {a: [a-long]}\n")
+	cfg, err := loadConfig([]string{"--config", path}, environ())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := cfg.Models.Fallbacks, map[string][]string{"a": {"b", "c"}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("fallbacks = %v, want %v", got, want)
+	}
+	if got, want := cfg.Models.ContextFallbacks, map[string][]string{"a": {"a-long"}}; !reflect.DeepEqual(got, want) {
+		t.Errorf("context_fallbacks = %v, want %v", got, want)
+	}
+	path = writeConfig(t, "engines:\n  - {name: e1, url: \"http://127.0.0.1:1\", models: [a]}\nmodels:\n  context_fallbacks: {a: [a]}\n")
+	if _, err := loadConfig([]string{"--config", path}, environ()); err == nil || !strings.Contains(err.Error(), `models.context_fallbacks: "a" lists itself`) {
+		t.Errorf("self-reference: %v, want models.context_fallbacks: \"a\" lists itself", err)
+	}
+}

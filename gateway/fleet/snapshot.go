@@ -31,6 +31,9 @@ type Route struct {
 	// limited: some engine of the route has a circuit breaker
 	// (EngineConfig.MaxInFlight), so candidates are checked against it.
 	limited bool
+	// maxLen is the smallest max_model_len the route's engines report for
+	// its model in GET /v1/models, in tokens; 0 when none reports one.
+	maxLen int64
 }
 
 // Endpoints returns the route's routable endpoints, in fleet order. The
@@ -44,6 +47,13 @@ func (rt *Route) Engines() []*Engine { return rt.engs }
 // Limited reports whether some engine of the route has a circuit breaker
 // (EngineConfig.MaxInFlight), so candidates must be checked against it.
 func (rt *Route) Limited() bool { return rt.limited }
+
+// MaxModelLen returns the model's context length in tokens (prompt and
+// completion together), as its engines report it in GET /v1/models
+// (vLLM's max_model_len): the smallest among the route's engines when
+// they differ, engines that report none left out; 0 when none reports it
+// (a static engine serving another server, say), meaning unknown.
+func (rt *Route) MaxModelLen() int64 { return rt.maxLen }
 
 // Engine returns the engine of ep, one of the route's endpoints, or nil
 // when ep is not one of them.
@@ -223,6 +233,9 @@ func (f *Fleet) rebuildLocked() {
 			rt.eps = append(rt.eps, e.ep)
 			rt.engs = append(rt.engs, e)
 			rt.limited = rt.limited || e.maxInFlight.Load() > 0
+			if c, found := ec[m]; found && c.MaxModelLen != nil && *c.MaxModelLen > 0 && (rt.maxLen == 0 || *c.MaxModelLen < rt.maxLen) {
+				rt.maxLen = *c.MaxModelLen
+			}
 		}
 	}
 	for m := range s.routes {

@@ -253,11 +253,11 @@ func refParseRequest(s *Schema, body []byte) (Request, error) {
 		}
 		switch mt, mct, mot := limits[0], limits[1], limits[2]; {
 		case mct != 0:
-			r.MaxTokens = mct
+			r.MaxTokens, r.MaxTokensParam = mct, "max_completion_tokens"
 		case mt != 0:
-			r.MaxTokens = mt
-		default:
-			r.MaxTokens = mot
+			r.MaxTokens, r.MaxTokensParam = mt, "max_tokens"
+		case mot != 0:
+			r.MaxTokens, r.MaxTokensParam = mot, "max_output_tokens"
 		}
 	}
 	if r.User, err = stringField("user", m["user"], false); err != nil {

@@ -61,6 +61,11 @@ type Request struct {
 	// vLLM applies), otherwise the Responses API's max_output_tokens; 0 if
 	// none is set or the Schema is not Generative.
 	MaxTokens int64
+	// MaxTokensParam names the field MaxTokens was read from
+	// ("max_completion_tokens", "max_tokens" or "max_output_tokens"; a
+	// constant, so parsing does not allocate for it), for an error about
+	// it; "" when MaxTokens is 0.
+	MaxTokensParam string
 	// PromptBytes is the total bytes of prompt text (messages[].content
 	// strings and text parts, or prompt, or input strings, plus the
 	// Schema's Preamble when it is a string or an array of text parts) for
@@ -387,7 +392,7 @@ func (p Parser) Parse(s *Schema, body []byte) (Request, error) {
 			r.StreamOptionsEnd = streamOptsAt + len(streamOpts) - 1
 			r.StreamOptionsEmpty = isEmptyObject(streamOpts)
 		}
-		if r.MaxTokens, err = maxTokensField(maxTokens, maxCompletion, maxOutput); err != nil {
+		if r.MaxTokens, r.MaxTokensParam, err = maxTokensField(maxTokens, maxCompletion, maxOutput); err != nil {
 			return Request{}, err
 		}
 	}
@@ -432,26 +437,28 @@ func checkPrompt(s *Schema, raw []byte) error {
 // max_output_tokens, in that order, from their raw values, and returns the
 // first non-zero of max_completion_tokens, max_tokens and
 // max_output_tokens.
-func maxTokensField(maxTokens, maxCompletion, maxOutput []byte) (int64, error) {
+func maxTokensField(maxTokens, maxCompletion, maxOutput []byte) (n int64, param string, err error) {
 	mt, err := intField("max_tokens", maxTokens)
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	mct, err := intField("max_completion_tokens", maxCompletion)
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	mot, err := intField("max_output_tokens", maxOutput)
 	if err != nil {
-		return 0, err
+		return 0, "", err
 	}
 	switch {
 	case mct != 0:
-		return mct, nil
+		return mct, "max_completion_tokens", nil
 	case mt != 0:
-		return mt, nil
+		return mt, "max_tokens", nil
+	case mot != 0:
+		return mot, "max_output_tokens", nil
 	}
-	return mot, nil
+	return 0, "", nil
 }
 
 // metadataUserID returns the raw value of metadata.user_id (nil when

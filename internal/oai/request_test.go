@@ -153,8 +153,9 @@ func TestParseRequest(t *testing.T) {
 			// The stream value's span: checked against the reference
 			// below and by TestStreamSpanAndStreamable.
 			tt.want.StreamStart, tt.want.StreamEnd = got.StreamStart, got.StreamEnd
-			tt.want.Streamable = tt.s.Generative // none of these set prompt_logprobs or kv_transfer_params
-			tt.want.Sampling = got.Sampling      // checked against the reference below
+			tt.want.Streamable = tt.s.Generative        // none of these set prompt_logprobs or kv_transfer_params
+			tt.want.Sampling = got.Sampling             // checked against the reference below
+			tt.want.MaxTokensParam = got.MaxTokensParam // checked against the reference below and by TestMaxTokens
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("ParseRequest() = %+v\nwant %+v", got, tt.want)
 			}
@@ -281,8 +282,9 @@ func TestParseRequestSchemas(t *testing.T) {
 			// The stream value's span: checked against the reference
 			// below and by TestStreamSpanAndStreamable.
 			tt.want.StreamStart, tt.want.StreamEnd = got.StreamStart, got.StreamEnd
-			tt.want.Streamable = tt.s.Generative // none of these set prompt_logprobs or kv_transfer_params
-			tt.want.Sampling = got.Sampling      // checked against the reference below
+			tt.want.Streamable = tt.s.Generative        // none of these set prompt_logprobs or kv_transfer_params
+			tt.want.Sampling = got.Sampling             // checked against the reference below
+			tt.want.MaxTokensParam = got.MaxTokensParam // checked against the reference below and by TestMaxTokens
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("ParseRequest() = %+v\nwant %+v", got, tt.want)
 			}
@@ -436,20 +438,21 @@ func TestMaxTokens(t *testing.T) {
 	for _, tc := range []struct {
 		extra string
 		want  int64
+		param string
 	}{
-		{``, 0},
-		{`,"max_output_tokens":7`, 7},
-		{`,"max_tokens":5,"max_output_tokens":7`, 5},
-		{`,"max_tokens":0,"max_output_tokens":7`, 7},
-		{`,"max_completion_tokens":3,"max_tokens":5,"max_output_tokens":7`, 3},
-		{`,"max_completion_tokens":0,"max_tokens":0,"max_output_tokens":0`, 0},
-		{`,"max_output_tokens":1e3`, 1000},
+		{``, 0, ""},
+		{`,"max_output_tokens":7`, 7, "max_output_tokens"},
+		{`,"max_tokens":5,"max_output_tokens":7`, 5, "max_tokens"},
+		{`,"max_tokens":0,"max_output_tokens":7`, 7, "max_output_tokens"},
+		{`,"max_completion_tokens":3,"max_tokens":5,"max_output_tokens":7`, 3, "max_completion_tokens"},
+		{`,"max_completion_tokens":0,"max_tokens":0,"max_output_tokens":0`, 0, ""},
+		{`,"max_output_tokens":1e3`, 1000, "max_output_tokens"},
 	} {
 		body := `{"model":"m","messages":[{"role":"user","content":"hi"}]` + tc.extra + `}`
 		for _, s := range []*Schema{SchemaChat, SchemaMessages, SchemaResponses} {
 			r, err := ParseRequest(s, []byte(body))
-			if err != nil || r.MaxTokens != tc.want {
-				t.Errorf("%s: max tokens %d, %v; want %d", body, r.MaxTokens, err, tc.want)
+			if err != nil || r.MaxTokens != tc.want || r.MaxTokensParam != tc.param {
+				t.Errorf("%s: max tokens %d (%q), %v; want %d (%q)", body, r.MaxTokens, r.MaxTokensParam, err, tc.want, tc.param)
 			}
 		}
 		if r, err := ParseRequest(SchemaCountTokens, []byte(body)); err != nil || r.MaxTokens != 0 {
