@@ -2,7 +2,9 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"net/http"
+	"strconv"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -60,20 +62,22 @@ const continueURL = "/v1/completions"
 // continuation runs one continuation leg on eng (legContinue): the carry's
 // prompt and generated ids as a token prompt to eng's /v1/completions,
 // its chunks reshaped into the client's framing and appended to the
-// client's response, which has started. Like exchange, it returns the next
+// client's response, which has started (or, for a non-streaming client,
+// into the answer being reassembled). Like exchange, it returns the next
 // leg (another continuation) or legNone, and ends the client's stream
-// itself when it breaks too and is not continued again: the client's
-// response having started, it never returns an error to write.
-func (s *Server) continuation(ctx context.Context, w http.ResponseWriter, r *http.Request, op *operation, in *inbound, eng *fleet.Engine, p *plan) nextLeg {
+// itself when it breaks too and is not continued again; only a
+// non-streaming client, whose response has not started, gets an error
+// returned to write.
+func (s *Server) continuation(ctx context.Context, w http.ResponseWriter, r *http.Request, op *operation, in *inbound, eng *fleet.Engine, p *plan) (nextLeg, error) {
 	cr := p.cr
 	prev := cr.cut
 	cr.legGen = len(cr.gen)
 	body, done := cr.request(in.target, in.req.MaxTokens)
 	if done {
 		// The break came after the last token: only the end is missing.
-		s.finishAnswer(w, cr)
+		err := s.finishAnswer(w, r, cr, in.observe)
 		s.metrics.RecordMigration(ctx, prev.reason, migrationRescued)
-		return nextLeg{}
+		return nextLeg{}, err
 	}
 	cr.continued++
 	if len(cr.engines) < maxLoggedEngines {
@@ -94,7 +98,7 @@ func (s *Server) continuation(ctx context.Context, w http.ResponseWriter, r *htt
 	defer cancel(nil)
 	ob := outBody{n: int64(len(body))}
 	ob.parts[0] = body
-	c := call{set: in.set, op: op, stream: true, out: &ob, a: a, eng: eng, actx: actx, cancel: cancel, cr: cr, path: continueURL, resumed: true}
+	c := call{set: in.set, op: op, stream: in.stream, observe: in.observe, out: &ob, a: a, eng: eng, actx: actx, cancel: cancel, cr: cr, path: continueURL, resumed: true}
 	defer c.stop()
 	o := s.send(&c, r, &ob)
 	if o.resp != nil {
@@ -111,6 +115,13 @@ func (s *Server) continuation(ctx context.Context, w http.ResponseWriter, r *htt
 		a.fail(ErrTypeStreamError)
 		k = &cut{reason: ErrTypeStreamError, err: &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: ErrTypeStreamError,
 			Message: "the engine refused the continuation of the broken generation"}}
+	case in.observe:
+		var ae *APIError
+		if ae, k = s.reassembleStream(w, r, o.resp, &c); ae != nil {
+			// Nothing of the answer can be given: a reassembly failure.
+			s.metrics.RecordMigration(ctx, prev.reason, migrationFailed)
+			return nextLeg{}, ae
+		}
 	default:
 		_, k = s.stream(w, r, o.resp, &c)
 	}
@@ -124,7 +135,7 @@ func (s *Server) continuation(ctx context.Context, w http.ResponseWriter, r *htt
 			outcome = migrationFailed
 		}
 		s.metrics.RecordMigration(ctx, prev.reason, outcome)
-		return nextLeg{}
+		return nextLeg{}, nil
 	}
 	s.metrics.RecordMigration(ctx, prev.reason, migrationFailed)
 	if k.last.IsZero() {
@@ -133,30 +144,53 @@ func (s *Server) continuation(ctx context.Context, w http.ResponseWriter, r *htt
 	cr.link = a.span.SpanContext()
 	cr.cut = k
 	if next := p.next(&outcome{stage: stageCut, cut: k, errType: a.errType}); next.kind != legNone {
-		return next
+		return next, nil
+	}
+	if in.observe {
+		return nextLeg{}, k.err
 	}
 	endCut(w, k, op.framing)
-	return nextLeg{}
+	return nextLeg{}, nil
 }
 
-// finishAnswer ends a stream broken after its last token and before its
+// finishAnswer ends an answer broken after its last token and before its
 // end: the finish chunk (finish_reason "length": max_tokens was reached),
-// the usage chunk when the client asked for it, and [DONE].
-func (s *Server) finishAnswer(w http.ResponseWriter, cr *carry) {
+// the usage chunk when the client asked for it (always, for a whole
+// answer), and [DONE]; for a non-streaming client (whole), the reassembled
+// body. Errors: a whole answer that cannot be reassembled (502).
+func (s *Server) finishAnswer(w http.ResponseWriter, r *http.Request, cr *carry, whole bool) error {
+	finish := []byte(`{"choices":[{"text":"","finish_reason":"length","stop_reason":null}]}`)
+	usage := []byte(`{"choices":[],"usage":{"completion_tokens":0}}`)
+	rc := http.NewResponseController(w)
+	_ = rc.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	defer func() { _ = rc.SetWriteDeadline(time.Time{}) }()
+	if whole {
+		for _, ev := range [][]byte{finish, usage} {
+			b, _ := cr.reshape(nil, ev)
+			if err := cr.ra.Add(b); err != nil {
+				return &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: ErrTypeStreamError, Message: fmt.Sprintf("the engine's stream could not be reassembled into a response: %v", err)}
+			}
+		}
+		body := cr.ra.Body()
+		h := w.Header()
+		h["Content-Type"] = jsonContentType // shared: no one mutates it
+		h.Set("Content-Length", strconv.Itoa(len(body)))
+		writeHeader(w, r, http.StatusOK)
+		_, _ = w.Write(body)
+		return nil
+	}
 	var b []byte
 	b = append(b, "data: "...)
-	b, _ = cr.reshape(b, []byte(`{"choices":[{"text":"","finish_reason":"length","stop_reason":null}]}`))
+	b, _ = cr.reshape(b, finish)
 	b = append(b, "\n\n"...)
 	if cr.usage {
 		b = append(b, "data: "...)
-		b, _ = cr.reshape(b, []byte(`{"choices":[],"usage":{"completion_tokens":0}}`))
+		b, _ = cr.reshape(b, usage)
 		b = append(b, "\n\n"...)
 	}
 	b = append(b, "data: [DONE]\n\n"...)
-	rc := http.NewResponseController(w)
-	_ = rc.SetWriteDeadline(time.Now().Add(5 * time.Second))
 	if _, err := w.Write(b); err == nil {
 		_ = rc.Flush()
 	}
-	_ = rc.SetWriteDeadline(time.Time{})
+	return nil
 }

@@ -353,3 +353,73 @@ func TestContinuationExclusions(t *testing.T) {
 		})
 	}
 }
+
+// TestContinuationWholeAnswer: a non-streaming client (its request
+// observed as a stream, server.observe_non_streaming) whose engine fails
+// mid-generation gets one complete body: the canonical answer, the whole
+// answer's usage and finish_reason, no token ids.
+func TestContinuationWholeAnswer(t *testing.T) {
+	const n = 8
+	for _, fault := range []string{"close-after=3", "reset-after=3", "error-after=3", "drain-after=3", "stall-after=3"} {
+		for _, route := range []string{"chat", "completions"} {
+			t.Run(fault+"/"+route, func(t *testing.T) {
+				rh := newRetryHarness(t, fault, "", func(c *Config) {
+					c.ObserveNonStreaming = true
+					c.Timeouts.Idle = 100 * time.Millisecond
+				})
+				path, body := "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"a b c d"}],"max_tokens":8}`
+				if route == "completions" {
+					path, body = "/v1/completions", `{"model":"m","prompt":"a b c d","max_tokens":8}`
+				}
+				status, _, raw := rh.do(http.MethodPost, path, body)
+				if status != http.StatusOK {
+					t.Fatalf("status %d: %s", status, raw)
+				}
+				var got struct {
+					ID      string `json:"id"`
+					Model   string `json:"model"`
+					Choices []struct {
+						Text    *string `json:"text"`
+						Message *struct {
+							Content string `json:"content"`
+						} `json:"message"`
+						FinishReason string `json:"finish_reason"`
+					} `json:"choices"`
+					Usage struct {
+						Prompt     int64 `json:"prompt_tokens"`
+						Completion int64 `json:"completion_tokens"`
+						Total      int64 `json:"total_tokens"`
+					} `json:"usage"`
+				}
+				if err := json.Unmarshal(raw, &got); err != nil {
+					t.Fatalf("%v: %s", err, raw)
+				}
+				if len(got.Choices) != 1 {
+					t.Fatalf("choices: %s", raw)
+				}
+				text := ""
+				if c := got.Choices[0]; c.Text != nil {
+					text = *c.Text
+				} else if c.Message != nil {
+					text = c.Message.Content
+				}
+				if text != canonical(n) || got.Choices[0].FinishReason != "length" || got.Model != "m" || got.ID == "" {
+					t.Errorf("answer %q finish %q model %q id %q", text, got.Choices[0].FinishReason, got.Model, got.ID)
+				}
+				if got.Usage.Prompt != 4 || got.Usage.Completion != n || got.Usage.Total != 4+n {
+					t.Errorf("usage %+v", got.Usage)
+				}
+				if strings.Contains(string(raw), "token_ids") {
+					t.Errorf("token ids the client did not ask for: %s", raw)
+				}
+				rh.waitIdle()
+				if got := rh.migrations(); len(got) != 1 {
+					t.Errorf("migrations %v, want one rescued", got)
+				}
+				if rel := rh.releases(); len(rel["e1"]) != 1 || len(rel["e2"]) != 1 {
+					t.Errorf("releases %v", rel)
+				}
+			})
+		}
+	}
+}

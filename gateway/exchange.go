@@ -67,6 +67,9 @@ func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Re
 		if next := p.next(&outcome{stage: stageCut, cut: k, errType: a.errType}); next.kind != legNone {
 			return next, nil
 		}
+		if in.observe {
+			return nextLeg{}, k.err // a whole answer: nothing was sent yet
+		}
 		endCut(w, k, op.framing)
 		return nextLeg{}, nil
 	}
@@ -288,7 +291,7 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, c *call, resp *ht
 	ct := resp.Header.Get("Content-Type")
 	switch {
 	case c.observe && isEventStream(ct):
-		return s.reassembleStream(w, r, resp, c), nil
+		return s.reassembleStream(w, r, resp, c)
 	case isEventStream(ct):
 		if !c.stream {
 			// An event stream the client did not flag as one (speech,

@@ -28,8 +28,11 @@ func TestGaugesReturnToZeroAfterMixedBatch(t *testing.T) {
 		t.Run(sc.name, func(t *testing.T) {
 			_, s1 := sim(t, enginesim.Config{Models: []string{"m"}})
 			_, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
-			h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: s1.URL}, fleet.EngineConfig{Name: "e2", URL: s2.URL}),
-				withSampler(sc.sampler), withPolicy(routing.NewLeastLoaded(2)))
+			cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: s1.URL}, fleet.EngineConfig{Name: "e2", URL: s2.URL})
+			// One leg per request: the continuation's accounting across
+			// legs is TestContinuation*'s.
+			cfg.Migration.Limit = 0
+			h := newHarness(t, cfg, withSampler(sc.sampler), withPolicy(routing.NewLeastLoaded(2)))
 			type req struct {
 				body, fault string
 				engine      bool // reaches an engine

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/switchboard-gw/switchboard/internal/oai"
 )
 
 // Continuation of a broken generation (migration).
@@ -280,20 +282,28 @@ type carry struct {
 	// how it broke.
 	link trace.SpanContext
 	cut  *cut
-	// legPrompt is the prompt tokens of the leg being relayed (for a
-	// continuation, the original prompt plus what it was given).
+	// legGen is the number of tokens generated before the leg being
+	// relayed (a continuation's usage adds its own).
 	legGen int
+	// ra reassembles a non-streaming client's answer across its legs
+	// (Config.ObserveNonStreaming); answer is the event bytes it holds,
+	// buffered the bytes of the buffered-bytes budget the request's legs
+	// took, given back when the request ends.
+	ra               *oai.Reassembler
+	answer, buffered int64
 }
 
 // newCarry returns the carry of a request, or nil when its route is not
 // continued or continuation is off.
 func newCarry(op *operation, in *inbound) *carry {
 	cfg := &in.set.cfg.Migration
-	if op.migrate == migrateNone || cfg.Limit == 0 || !in.stream {
+	if op.migrate == migrateNone || cfg.Limit == 0 || !in.stream && !in.observe {
 		return nil
 	}
+	// A whole answer (observed as a stream) always gets its usage: the
+	// reassembled body has it.
 	c := &carry{kind: op.migrate, cfg: cfg, body: in.body, clientIDs: bytes.Contains(in.body, []byte(`"return_token_ids"`)) && returnTokenIDs(in.body),
-		usage: in.req.IncludeUsage}
+		usage: in.req.IncludeUsage || in.observe}
 	c.excluded = excludedBy(op.migrate, in.body)
 	c.arrival = c.excluded
 	return c
@@ -309,6 +319,7 @@ func (c *carry) restart() {
 	c.excluded = c.arrival
 	c.prompt, c.gen, c.sawPrompt = c.prompt[:0], c.gen[:0], false
 	c.id, c.created, c.model = nil, nil, nil
+	c.ra, c.answer = nil, 0
 }
 
 // returnTokenIDs reports whether the body sets return_token_ids true.

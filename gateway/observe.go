@@ -46,8 +46,8 @@ var (
 //
 // The event data held is reserved in the gateway-wide buffered-bytes
 // budget until the answer is written.
-func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call) *APIError {
-	a := c.a
+func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *http.Response, c *call) (*APIError, *cut) {
+	a, cr := c.a, c.cr
 	var firstBy time.Time
 	if d := c.set.cfg.Timeouts.FirstToken; d > 0 {
 		firstBy = a.start.Add(d)
@@ -63,18 +63,66 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 	sc.Reset()
 	defer scannerPool.Put(sc)
 
-	ra := oai.NewReassembler(c.op.schema == oai.SchemaCompletion)
+	// A continuable request's answer is reassembled across its legs: the
+	// continuation's chunks, reshaped, go into the same reassembler.
+	var ra *oai.Reassembler
+	if cr != nil {
+		if cr.ra == nil {
+			cr.ra = oai.NewReassembler(c.op.schema == oai.SchemaCompletion)
+		}
+		ra = cr.ra
+	} else {
+		ra = oai.NewReassembler(c.op.schema == oai.SchemaCompletion)
+	}
 	st := streamState{a: a, framing: frameOpenAI, injected: true}
 	var failed error // the first reassembly failure; the answer is given at once
 	var held int64   // event bytes reserved in the budget
-	defer func() { s.buffered.give(held) }()
+	defer func() {
+		if cr != nil {
+			cr.answer += held
+			cr.buffered += held // given back when the request ends
+		} else {
+			s.buffered.give(held)
+		}
+	}()
 	limit := c.set.cfg.MaxResponseBufferBytes // > 0: Validate requires it with ObserveNonStreaming
+	if cr != nil {
+		limit -= cr.answer // what earlier legs of the answer hold counts
+	}
+	var scratch []byte
 	onEvent := func(ev sse.Event) {
+		if st.tail != nil {
+			// After an end a continuation may replace: nothing counts.
+			if ev.Data != nil && sse.IsDone(ev.Data) {
+				st.done = true
+			}
+			return
+		}
+		st.ch = oai.Chunk{}
 		st.onEvent(ev)
 		if failed != nil || ev.Comment || ev.Data == nil || sse.IsDone(ev.Data) {
 			return
 		}
-		n := int64(len(ev.Data))
+		data := ev.Data
+		if cr != nil {
+			switch {
+			case st.ch.Error && cr.mayResume(migrateStreamErr):
+				st.tail, st.reason, st.errEvent = []byte{}, migrateStreamErr, false
+				return
+			case string(st.ch.FinishReason) == "abort" && cr.mayResume(migrateAbort):
+				st.tail, st.reason = []byte{}, migrateAbort
+				return
+			case c.resumed:
+				var drop bool
+				if scratch, drop = cr.reshape(scratch[:0], data); drop {
+					return
+				}
+				data = scratch
+			default:
+				data = cr.take(data, st.ch.Content)
+			}
+		}
+		n := int64(len(data))
 		switch {
 		case held+n > limit:
 			failed = errReassembleTooLarge
@@ -82,7 +130,7 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 			failed = errReassembleBudget
 		default:
 			held += n
-			failed = ra.Add(ev.Data)
+			failed = ra.Add(data)
 		}
 	}
 	for {
@@ -105,6 +153,13 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 		if rerr == nil && failed == nil {
 			continue
 		}
+		if st.tail != nil {
+			// The engine ended the answer itself (an error event, an
+			// abort) and a continuation may go on from it.
+			a.fail(st.reason)
+			return nil, &cut{reason: st.reason, last: st.last,
+				err: &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: ErrTypeStreamError, Message: "the engine ended the stream with an error"}}
+		}
 		var body []byte
 		if failed == nil && rerr == io.EOF && st.done && ra.Finished() {
 			if body = ra.Body(); int64(len(body)) > limit {
@@ -122,13 +177,13 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 			if ae.Message == "" {
 				ae.Message = "the engine reported an error in its stream"
 			}
-			return ae
+			return ae, nil
 		case failed == errReassembleBudget:
 			a.fail(ErrTypeOverloaded)
-			return &APIError{Status: http.StatusServiceUnavailable, Type: TypeServer, Code: ErrTypeOverloaded, Message: "the gateway has no buffer left for this response; retry", Err: failed}
+			return &APIError{Status: http.StatusServiceUnavailable, Type: TypeServer, Code: ErrTypeOverloaded, Message: "the gateway has no buffer left for this response; retry", Err: failed}, nil
 		case failed != nil:
 			a.fail(ErrTypeStreamError)
-			return &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: ErrTypeStreamError, Message: fmt.Sprintf("the engine's stream could not be reassembled into a response: %v", failed), Err: failed}
+			return &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: ErrTypeStreamError, Message: fmt.Sprintf("the engine's stream could not be reassembled into a response: %v", failed), Err: failed}, nil
 		case body != nil:
 			h := w.Header()
 			copyResponseHeaders(h, resp.Header, true)
@@ -143,12 +198,19 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 			}
 		case rerr == io.EOF:
 			a.fail(ErrTypeEngineDisconnect)
-			return &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: ErrTypeEngineDisconnect, Message: "the engine closed the stream before it was complete"}
+			ae := &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: ErrTypeEngineDisconnect, Message: "the engine closed the stream before it was complete"}
+			if cr != nil && !a.first.IsZero() {
+				return nil, &cut{reason: ErrTypeEngineDisconnect, err: ae, last: st.last}
+			}
+			return ae, nil
 		default:
 			et, ae := s.classify(r, c.actx, rerr)
 			a.fail(et)
-			return ae
+			if cr != nil && !a.first.IsZero() && et != ErrTypeClientCancelled && et != ErrTypeClientStalled {
+				return nil, &cut{reason: et, err: ae, last: st.last}
+			}
+			return ae, nil
 		}
-		return nil
+		return nil, nil
 	}
 }

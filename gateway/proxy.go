@@ -105,7 +105,9 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 		ctx, cancel = context.WithTimeoutCause(ctx, d, errRequestTimeout)
 		defer cancel()
 	}
-	p.cr = newCarry(op, &in)
+	if p.cr = newCarry(op, &in); p.cr != nil {
+		defer func() { s.buffered.give(p.cr.buffered) }()
+	}
 	out := s.outgoing(op, &in, p.cr.continuable() && !p.cr.clientIDs)
 	rreq := routing.Request{Model: in.target, Stream: in.stream, SessionKey: in.req.User, PromptBytes: in.req.PromptBytes, PrefixHashes: in.req.PrefixHashes}
 	if set.sessionHeader != "" {
@@ -172,8 +174,8 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 			s.metrics.RecordRetry(ctx, leg.reason.String())
 		}
 		if leg.kind == legContinue {
-			if leg = s.continuation(ctx, w, r, op, &in, eng, &p); leg.kind == legNone {
-				return nil // the client's response has started: it was ended there
+			if leg, err = s.continuation(ctx, w, r, op, &in, eng, &p); leg.kind == legNone {
+				return err // nil once the client's response has started: it was ended there
 			}
 		} else if leg, err = s.exchange(ctx, w, r, op, &in, &out, eng, &p); leg.kind == legNone {
 			if err != nil && st != nil {
@@ -253,11 +255,14 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 // unresumed ends a broken stream whose continuation found no engine to go
 // to (every other engine gone, full or refused by the policy since the
 // planner decided): counted as no_engine, and ended as without
-// continuation. The client's response has started, so there is no error
-// to return.
+// continuation. A streaming client's response has started, so there is no
+// error to return; a non-streaming client's error is returned.
 func (s *Server) unresumed(w http.ResponseWriter, op *operation, p *plan) error {
 	k := p.cr.cut
 	s.metrics.RecordMigration(p.ctx, k.reason, migrationNoEngine)
+	if p.cr.ra != nil {
+		return k.err // a whole answer: nothing was sent yet
+	}
 	endCut(w, k, op.framing)
 	return nil
 }

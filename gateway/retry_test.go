@@ -220,6 +220,7 @@ func TestNoRetryAfterContent(t *testing.T) {
 		c.MaxAttempts = 3
 		c.Retry.On = []string{"connect-failure", "reset", "header-timeout", "429", "500", "502", "503", "504"}
 		c.Timeouts.ResponseHeader = time.Second
+		c.Migration.Limit = 0 // a retry, not a continuation (TestContinuationCompletesAnswer)
 	})
 	resp := rh.post("/v1/chat/completions", fmt.Sprintf(retryChat, true))
 	body := readBodyT(t, resp)

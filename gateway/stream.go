@@ -41,6 +41,8 @@ type streamState struct {
 	reason  string // the failure kind when tail is held
 	// last is when the last content event was read.
 	last time.Time
+	// ch is the last chunk onChunk inspected (for reassembleStream).
+	ch oai.Chunk
 }
 
 // dataPrefix and eventEnd frame a rewritten event.
@@ -150,6 +152,7 @@ func (st *streamState) onChunk(ev sse.Event) {
 	}
 	a := st.a
 	ch, err := oai.InspectChunk(ev.Data)
+	st.ch = ch
 	if err != nil {
 		// Forwarded anyway; an unparsable event never becomes a 5xx
 		// mid-stream (docs/cases.md L07).
@@ -176,6 +179,7 @@ func (st *streamState) onChunk(ev sse.Event) {
 	}
 	if ch.Content {
 		a.onContent(st.now)
+		st.last = st.now
 	}
 }
 
