@@ -50,9 +50,14 @@
 // on another engine, on the same one after its Retry-After or a back-off,
 // or none, when the leg's own result is the answer. The rules are
 // server.retry's (retry.go): the conditions retried, max_attempts, the
-// time budget and the retry budget. A new kind of leg (a continuation of
-// a broken stream, a prefill) is a new legKind and a case in plan.next,
-// as the fallback model is (legFallback, fallback.go): when a model's own
+// time budget and the retry budget. A stream broken after bytes reached
+// the client is a cut (stageCut): plan.next decides a continuation
+// (legContinue, continuation.go), which re-issues the prompt and generated
+// token ids to another engine of the model and reshapes its chunks into
+// the client's stream (migration.go, [MigrationConfig]), or none, and the
+// exchange ends the stream with the error event. A new kind of leg (a
+// prefill) is a new legKind and a case in plan.next, as the continuation
+// and the fallback model are (legFallback, fallback.go): when a model's own
 // legs are over after a failure before content, or none of its engines
 // can take the request, it goes to the next model of its
 // Config.Models.Fallbacks (a request too long for the model: its
