@@ -282,6 +282,8 @@ type carry struct {
 	// how it broke.
 	link trace.SpanContext
 	cut  *cut
+	// genCap is the first capacity of gen: max_tokens, within bounds.
+	genCap int
 	// legGen is the number of tokens generated before the leg being
 	// relayed (a continuation's usage adds its own).
 	legGen int
@@ -306,6 +308,10 @@ func newCarry(op *operation, in *inbound) *carry {
 		usage: in.req.IncludeUsage || in.observe}
 	c.excluded = excludedBy(op.migrate, in.body)
 	c.arrival = c.excluded
+	c.genCap = 256
+	if m := in.req.MaxTokens; m > 0 && m < 4096 {
+		c.genCap = int(m)
+	}
 	return c
 }
 
@@ -453,16 +459,10 @@ func (c *carry) exclude(why string) {
 // ids, watches for what excludes a continuation, and returns the data to
 // forward: without the token id fields the client did not ask for, cut
 // from data in place (data itself when nothing was cut).
-func (c *carry) take(data []byte, content bool) []byte {
-	if c.id == nil {
-		var h struct {
-			ID      json.RawMessage `json:"id"`
-			Created json.RawMessage `json:"created"`
-			Model   json.RawMessage `json:"model"`
-		}
-		if json.Unmarshal(data, &h) == nil && len(h.ID) > 0 {
-			c.id, c.created, c.model = bytes.Clone(h.ID), bytes.Clone(h.Created), bytes.Clone(h.Model)
-		}
+func (c *carry) take(data []byte, ch *oai.Chunk) []byte {
+	content := ch.Content
+	if c.id == nil && ch.ID != nil {
+		c.head(data, ch)
 	}
 	if content && c.excluded == "" {
 		switch {
@@ -475,6 +475,9 @@ func (c *carry) take(data []byte, content bool) []byte {
 	out := data
 	if from, to, v, end, ok := member(out, "prompt_token_ids"); ok {
 		if c.excluded == "" && !c.sawPrompt {
+			if n := bytes.Count(out[v:end], []byte{','}) + 1; cap(c.prompt) < n {
+				c.prompt = make([]int32, 0, n)
+			}
 			var good bool
 			c.prompt, good = appendIDs(c.prompt[:0], out[v:end])
 			c.sawPrompt = good
@@ -485,6 +488,9 @@ func (c *carry) take(data []byte, content bool) []byte {
 	}
 	if from, to, v, end, ok := member(out, "token_ids"); ok {
 		if c.excluded == "" {
+			if c.gen == nil {
+				c.gen = make([]int32, 0, c.genCap)
+			}
 			n := len(c.gen)
 			var good bool
 			if c.gen, good = appendIDs(c.gen, out[v:end]); !good || (content && len(c.gen) == n) {
@@ -509,6 +515,32 @@ func (c *carry) take(data []byte, content bool) []byte {
 // another engine): the relay then holds back the engine's own end.
 func (c *carry) mayResume(k string) bool {
 	return c != nil && c.ready() == "" && c.cfg.on(k) && c.continued < c.cfg.Limit
+}
+
+// head keeps the first chunk's id, created and model (ch is data's
+// inspection), as raw JSON values in one allocation.
+func (c *carry) head(data []byte, ch *oai.Chunk) {
+	created := []byte("null")
+	if at := bytes.Index(data, []byte(`"created":`)); at >= 0 {
+		v := at + len(`"created":`)
+		end := v
+		for end < len(data) && (data[end] >= '0' && data[end] <= '9' || data[end] == ' ') {
+			end++
+		}
+		if end > v {
+			created = bytes.TrimSpace(data[v:end])
+		}
+	}
+	buf := make([]byte, 0, len(ch.ID)+len(ch.Model)+len(created)+4)
+	buf = append(append(append(buf, '"'), ch.ID...), '"')
+	c.id = buf[:len(buf):len(buf)]
+	buf = append(buf, created...)
+	c.created = buf[len(c.id):len(buf):len(buf)]
+	if ch.Model != nil {
+		at := len(buf)
+		buf = append(append(append(buf, '"'), ch.Model...), '"')
+		c.model = buf[at:]
+	}
 }
 
 // ready reports why the request cannot be continued now ("" when it can):
@@ -556,7 +588,7 @@ func (c *carry) reshape(b []byte, data []byte) (out []byte, drop bool) {
 			return b, true
 		}
 		p, gen := int64(len(c.prompt)), int64(c.legGen)+cc.Usage.CompletionTokens
-		b = c.head(b)
+		b = c.chunkHead(b)
 		b = append(b, `"choices":[],"usage":{"prompt_tokens":`...)
 		b = strconv.AppendInt(b, p, 10)
 		b = append(b, `,"total_tokens":`...)
@@ -577,7 +609,7 @@ func (c *carry) reshape(b []byte, data []byte) (out []byte, drop bool) {
 			c.exclude(exclMaxTokens)
 		}
 	}
-	b = c.head(b)
+	b = c.chunkHead(b)
 	text := ch.Text
 	if len(text) == 0 || string(text) == "null" {
 		text = []byte(`""`)
@@ -611,9 +643,9 @@ func appendRaw(b, v []byte) []byte {
 	return append(b, v...)
 }
 
-// head appends the start of a reshaped chunk: `{"id":..,"object":..,
+// chunkHead appends the start of a reshaped chunk: `{"id":..,"object":..,
 // "created":..,"model":..,`.
-func (c *carry) head(b []byte) []byte {
+func (c *carry) chunkHead(b []byte) []byte {
 	b = append(append(b, `{"id":`...), c.id...)
 	if c.kind == migrateChat {
 		b = append(b, `,"object":"chat.completion.chunk","created":`...)

@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/switchboard-gw/switchboard/internal/oai"
 )
 
 func TestAppendIDs(t *testing.T) {
@@ -33,6 +35,16 @@ func TestAppendIDs(t *testing.T) {
 	}
 }
 
+// take inspects a chunk and gives it to c.take, as the relay does.
+func take(t *testing.T, c *carry, chunk string) []byte {
+	t.Helper()
+	ch, err := oai.InspectChunk([]byte(chunk))
+	if err != nil {
+		t.Fatalf("%s: %v", chunk, err)
+	}
+	return c.take([]byte(chunk), &ch)
+}
+
 func testCarry(kind migrateKind, body string) *carry {
 	cfg := DefaultMigrationConfig()
 	return &carry{kind: kind, cfg: &cfg, body: []byte(body)}
@@ -46,15 +58,15 @@ func TestCarryTakeCutsTokenIDs(t *testing.T) {
 	tok := `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{"content":"tok0 "},"logprobs":null,"finish_reason":null,"token_ids":[32000]}]}`
 	tok2 := `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"token_ids":[32001,32002],"delta":{"content":"tok1 tok2 "},"logprobs":null,"finish_reason":null}]}`
 	c := testCarry(migrateChat, `{}`)
-	got := string(c.take([]byte(role), false))
+	got := string(take(t, c, role))
 	if want := `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`; got != want {
 		t.Errorf("role chunk:\n got %s\nwant %s", got, want)
 	}
-	got = string(c.take([]byte(tok), true))
+	got = string(take(t, c, tok))
 	if want := `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{"content":"tok0 "},"logprobs":null,"finish_reason":null}]}`; got != want {
 		t.Errorf("token chunk:\n got %s\nwant %s", got, want)
 	}
-	got = string(c.take([]byte(tok2), true))
+	got = string(take(t, c, tok2))
 	if want := `{"id":"chatcmpl-1","object":"chat.completion.chunk","created":7,"model":"m","choices":[{"index":0,"delta":{"content":"tok1 tok2 "},"logprobs":null,"finish_reason":null}]}`; got != want {
 		t.Errorf("token chunk, ids first:\n got %s\nwant %s", got, want)
 	}
@@ -67,7 +79,7 @@ func TestCarryTakeCutsTokenIDs(t *testing.T) {
 
 	c = testCarry(migrateChat, `{}`)
 	c.clientIDs = true
-	if got := string(c.take([]byte(tok), true)); got != tok {
+	if got := string(take(t, c, tok)); got != tok {
 		t.Errorf("a client that asked for token ids lost them: %s", got)
 	}
 	if !reflect.DeepEqual(c.gen, []int32{32000}) {
@@ -93,7 +105,7 @@ func TestCarryExcludedMidStream(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			c := testCarry(migrateChat, `{}`)
 			c.cfg.MaxTokens = tc.max
-			c.take([]byte(tc.chunk), true)
+			take(t, c, tc.chunk)
 			if c.ready() != tc.want || c.gen != nil || c.prompt != nil {
 				t.Errorf("ready %q (want %q), ids %v %v", c.ready(), tc.want, c.prompt, c.gen)
 			}

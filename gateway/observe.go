@@ -119,7 +119,7 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 				}
 				data = scratch
 			default:
-				data = cr.take(data, st.ch.Content)
+				data = cr.take(data, &st.ch)
 			}
 		}
 		n := int64(len(data))

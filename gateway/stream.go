@@ -121,7 +121,7 @@ func (st *streamState) onRewrite(ev sse.Event) {
 	if st.injected && ch.HasUsage && ch.Choices == 0 {
 		return // the usage chunk the client did not ask for
 	}
-	data := cr.take(ev.Data, ch.Content)
+	data := cr.take(ev.Data, &ch)
 	if len(data) == len(ev.Data) {
 		st.out = append(st.out, ev.Raw...)
 		return
@@ -251,6 +251,11 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 	if c.cr != nil && c.op.framing == frameOpenAI {
 		st.cr, st.reshape = c.cr, c.resumed
 		onEvent = st.onRewrite
+		// The rewritten events of one read: a pooled buffer.
+		outp := eventBufPool.Get().(*[]byte)
+		st.out = (*outp)[:0]
+		defer eventBufPool.Put(outp) // its array, whatever st.out grew into
+
 	}
 	// With a first-token retry possible (c.holdFirst), nothing is sent
 	// before the first content event: the role chunk and anything else
