@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/openai/openai-go/v3"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
@@ -421,5 +422,39 @@ func TestContinuationWholeAnswer(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// TestOpenAIClientContinuation: openai-go reads a continued stream as one
+// unbroken answer: its accumulator takes every chunk, stream.Err is nil,
+// and the content, finish reason and usage are the whole answer's.
+func TestOpenAIClientContinuation(t *testing.T) {
+	rh := newRetryHarness(t, "close-after=2", "", nil)
+	client := openAIClient(rh.harness)
+	stream := client.Chat.Completions.NewStreaming(clientCtx(t), openai.ChatCompletionNewParams{
+		Model:               "m",
+		Messages:            []openai.ChatCompletionMessageParamUnion{openai.UserMessage("a b c d")},
+		MaxCompletionTokens: openai.Int(6),
+		StreamOptions:       openai.ChatCompletionStreamOptionsParam{IncludeUsage: openai.Bool(true)},
+	})
+	defer stream.Close()
+	var acc openai.ChatCompletionAccumulator
+	for stream.Next() {
+		if chunk := stream.Current(); !acc.AddChunk(chunk) {
+			t.Fatalf("the accumulator refused chunk %s", chunk.RawJSON())
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatalf("stream error: %v", err)
+	}
+	if len(acc.Choices) != 1 || acc.Choices[0].Message.Content != canonical(6) || acc.Choices[0].FinishReason != "length" {
+		t.Errorf("accumulated %+v, want %q finish length", acc.Choices, canonical(6))
+	}
+	if u := acc.Usage; u.PromptTokens != 4 || u.CompletionTokens != 6 || u.TotalTokens != 10 {
+		t.Errorf("usage %+v, want 4 prompt and 6 completion tokens", u)
+	}
+	rh.waitIdle()
+	if got := rh.migrations(); got["engine_disconnect/rescued"] != 1 {
+		t.Errorf("migrations %v", got)
 	}
 }
