@@ -1,0 +1,231 @@
+#!/usr/bin/env bash
+# Broken streams rescued: CONCURRENCY streaming chat clients (default 48)
+# through one gateway in front of ENGINES simulated engines (default 4),
+# while every INTERVAL (default 2s) the next engine, in turn, is either
+# killed (SIGKILL, restarted on the same port after KILL_PAUSE) or stalled
+# (SIGSTOP for STALL, then SIGCONT): kills and stalls alternate. The same
+# load and fault schedule runs twice, with migration.limit 0 (continuation
+# off: the baseline) and with migration.limit 1. loadgen checks every
+# answer is the simulator's canonical "tok0 ... tok<n-1> " with a
+# finish_reason and [DONE] (--expect-canonical). Prints a markdown table:
+# requests, streams broken after their first bytes (eligible, from the
+# gateway's switchboard.request.migrations), rescued, broken answers by
+# class, the seam gap p50/p99 (switchboard.request.migration_gap) against
+# the engines' ITL p50/p99 (switchboard.engine.inter_token_latency), both
+# interpolated in the gateway's histogram buckets. A measurement, not a
+# test: it exits 0 whatever it finds, but says LOUDLY when an answer ended
+# cleanly yet was not the canonical one.
+#
+#   bench/failover/run.sh
+#   DURATION=20s CONCURRENCY=32 bench/failover/run.sh
+#   bench/failover/run.sh --help
+#
+# Needs go, jq and curl. Every process is stopped by its PID on exit.
+set -euo pipefail
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+while IFS='=' read -r name _; do
+	case "$name" in SWITCHBOARD_* | OTEL_*) unset "$name" ;; esac
+done < <(env)
+
+params=(
+	"ENGINES=4"
+	"CONCURRENCY=48"
+	"MAX_TOKENS=64"
+	"PROMPT_WORDS=32"
+	"TTFT=20ms"
+	"ITL=15ms"
+	"DURATION=40s"
+	"INTERVAL=2s"
+	"KILL_PAUSE=1s"
+	"STALL=3s"
+	"IDLE=500ms"
+	"FIRST_TOKEN=2s"
+	"RESULTS="
+)
+usage() {
+	sed -n '2,23s/^# \{0,1\}//p' "$0"
+	echo
+	echo "Parameters (environment variables; defaults shown):"
+	for p in "${params[@]}"; do echo "  $p"; done
+}
+case "${1:-}" in -h | --help) usage; exit 0 ;; esac
+# shellcheck source=../lib.sh
+. "$root/bench/lib.sh"
+read_params
+RESULTS="${RESULTS:-$root/bench/failover/results/$(date -u +%Y%m%dT%H%M%SZ)}"
+mkdir -p "$RESULTS"
+secs() { echo "${1%s}"; } # "2s" -> 2, "1.5s" -> 1.5 (sleep takes both)
+
+bin="$root/.tools/bench-failover"
+mkdir -p "$bin"
+(cd "$root" && go build -o "$bin/gateway" ./cmd/gateway && go build -o "$bin/enginesim" ./cmd/enginesim && go build -o "$bin/loadgen" ./cmd/loadgen)
+
+pids=()    # gateway, loadgen, chaos loop
+run_dir="" # the phase's directory: engine PID files live there
+stop_engines() {
+	[[ -n "$run_dir" ]] || return 0
+	local f p
+	for f in "$run_dir"/engine*.pid; do
+		[[ -e "$f" ]] || continue
+		p="$(cat "$f")"
+		kill -CONT "$p" 2>/dev/null || true
+		kill "$p" 2>/dev/null || true
+	done
+	for f in "$run_dir"/engine*.pid; do
+		[[ -e "$f" ]] || continue
+		p="$(cat "$f")"
+		for _ in $(seq 100); do kill -0 "$p" 2>/dev/null || break; sleep 0.05; done
+		kill -9 "$p" 2>/dev/null || true
+		rm -f "$f"
+	done
+}
+stop_pids() {
+	local p
+	for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+	for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+	pids=()
+}
+cleanup() { stop_pids; stop_engines; }
+trap cleanup EXIT
+
+# start_engine I: engine I on its port, its PID in engineI.pid (appending
+# to its log across restarts).
+start_engine() {
+	"$bin/enginesim" --listen "127.0.0.1:${ports[$1]}" --name "e$1" --model bench --ttft "$TTFT" --itl "$ITL" \
+		--max-num-seqs 256 --max-output-tokens "$MAX_TOKENS" >>"$run_dir/engine$1.log" 2>&1 &
+	echo $! >"$run_dir/engine$1.pid"
+	disown $! # no "Killed" job notice when the chaos loop kills it
+}
+
+# chaos: every INTERVAL the next engine is killed (even turns) or stalled
+# (odd turns), round robin, until killed itself. Logs each action.
+chaos() {
+	local turn=0 i p
+	trap 'exit 0' TERM
+	while :; do
+		sleep "$(secs "$INTERVAL")"
+		i=$((turn % ENGINES))
+		p="$(cat "$run_dir/engine$i.pid")"
+		if ((turn % 2 == 0)); then
+			echo "$(date +%T.%N | cut -c1-12) kill e$i" >>"$run_dir/chaos.log"
+			kill -9 "$p" 2>/dev/null || true
+			sleep "$(secs "$KILL_PAUSE")"
+			start_engine "$i"
+		else
+			echo "$(date +%T.%N | cut -c1-12) stall e$i" >>"$run_dir/chaos.log"
+			kill -STOP "$p" 2>/dev/null || true
+			sleep "$(secs "$STALL")"
+			kill -CONT "$p" 2>/dev/null || true
+		fi
+		turn=$((turn + 1))
+	done
+}
+
+# hq METRICS NAME Q: the Q quantile of histogram NAME (every series summed),
+# interpolated linearly in its buckets as Prometheus' histogram_quantile;
+# "-" without samples.
+hq() {
+	awk -v name="${2}_bucket" 'index($0, name "{") == 1 {
+		match($0, /le="[^"]*"/); le = substr($0, RSTART + 4, RLENGTH - 5)
+		n[le == "+Inf" ? "inf" : le] += $NF
+	} END { for (le in n) print le, n[le] }' "$1" | sort -g | awk -v q="$3" '
+		{ les[NR] = $1; c[NR] = $2 }
+		END {
+			total = c[NR]
+			if (NR == 0 || total == 0) { print "-"; exit }
+			rank = q * total; prev = 0; pc = 0
+			for (j = 1; j < NR; j++) {
+				if (c[j] >= rank) { printf "%.1f\n", 1000 * (prev + (les[j] - prev) * (c[j] > pc ? (rank - pc) / (c[j] - pc) : 1)); exit }
+				prev = les[j]; pc = c[j]
+			}
+			printf ">%.0f\n", 1000 * prev
+		}'
+}
+# counter METRICS NAME FILTER: the sum of NAME's series whose labels match
+# the regexp FILTER.
+counter() { awk -v name="$2" -v f="$3" 'index($0, name) == 1 && $0 ~ f { s += $NF } END { print s + 0 }' "$1"; }
+
+# phase NAME LIMIT: one measured run with migration.limit LIMIT.
+phase() {
+	local name="$1" limit="$2" gw adm i
+	run_dir="$RESULTS/$name"
+	mkdir -p "$run_dir"
+	ports=()
+	for ((i = 0; i < ENGINES; i++)); do
+		ports[i]="$(free_port)"
+		start_engine "$i"
+	done
+	gw="$(free_port)"
+	adm="$(free_port)"
+	{
+		cat <<YAML
+server:
+  listen: "127.0.0.1:$gw"
+  max_attempts: 3
+  retry: {on: [connect-failure, reset, header-timeout, "503", "429"], within: 10s, budget_ratio: 1}
+  timeouts: {connect: 1s, response_header: 1s, first_token: $FIRST_TOKEN, idle: $IDLE}
+  health: {interval: 500ms, timeout: 250ms, unhealthy_after: 2}
+  outlier: {base_ejection_time: 2s}
+admin: {listen: "127.0.0.1:$adm"}
+log: {access: false}
+migration: {limit: $limit, on: [engine_disconnect, idle_timeout, stream_error, engine_abort, first_token_timeout]}
+engines:
+YAML
+		for ((i = 0; i < ENGINES; i++)); do echo "  - {name: e$i, url: \"http://127.0.0.1:${ports[i]}\", models: [bench]}"; done
+	} >"$run_dir/gateway.yaml"
+	for ((i = 0; i < ENGINES; i++)); do wait_http "http://127.0.0.1:${ports[i]}/health"; done
+	"$bin/gateway" --config "$run_dir/gateway.yaml" >"$run_dir/gateway.log" 2>&1 &
+	pids+=($!)
+	wait_http "http://127.0.0.1:$gw/ready"
+	chaos &
+	pids+=($!)
+	"$bin/loadgen" --url "http://127.0.0.1:$gw" --model bench --stream --expect-canonical --max-error-rate 1 \
+		--max-tokens "$MAX_TOKENS" --prompt-words "$PROMPT_WORDS" --concurrency "$CONCURRENCY" --duration "$DURATION" \
+		--timeout 30s --json "$run_dir/loadgen.json" >"$run_dir/loadgen.txt" 2>"$run_dir/loadgen.err" || true
+	curl -fsS "http://127.0.0.1:$adm/metrics" >"$run_dir/metrics.txt"
+	stop_pids
+	stop_engines
+}
+
+phase baseline 0
+phase continuation 1
+
+# row NAME: the table row of one phase.
+row() {
+	local d="$RESULTS/$1" m="$RESULTS/$1/metrics.txt" j="$RESULTS/$1/loadgen.json"
+	local mig=switchboard_request_migrations
+	local rescued cancelled limit noeng excl eligible broken wrong reqs
+	rescued="$(counter "$m" $mig 'outcome="rescued"')"
+	cancelled="$(counter "$m" $mig 'outcome="cancelled"')"
+	limit="$(counter "$m" $mig 'outcome="limit"')"
+	noeng="$(counter "$m" $mig 'outcome="no_engine"')"
+	excl="$(counter "$m" switchboard_request_migration_exclusions '')"
+	# Every first break ends as one of these; a failed leg's next break
+	# is counted again (limit, no_engine, another leg), not a new stream.
+	eligible=$((rescued + cancelled + limit + noeng + excl))
+	reqs="$(jq .requests "$j")"
+	broken="$(jq '[.errors | to_entries[] | select(.key | IN("stream_error_event", "stream_no_done", "wrong_answer", "timeout")) | .value] | add // 0' "$j")"
+	wrong="$(jq '.errors.wrong_answer // 0' "$j")"
+	local errs
+	errs="$(jq -r '[.errors | to_entries[] | "\(.key) \(.value)"] | join(", ") | if . == "" then "none" else . end' "$j")"
+	local rate="-"
+	if ((eligible > 0)); then rate="$(echo "scale=1; 100 * ($eligible - $broken) / $eligible" | bc)%"; fi
+	if [[ "$1" == baseline ]]; then eligible="(untracked)"; rate="0% (${broken} lost)"; fi
+	printf '| %s | %s | %s | %s | %s | %s | %s | %s / %s | %s / %s |\n' "$1 (limit $2)" "$reqs" "$eligible" "$rescued" "$rate" "$broken" "$errs" \
+		"$(hq "$m" switchboard_request_migration_gap_seconds 0.5)" "$(hq "$m" switchboard_request_migration_gap_seconds 0.99)" \
+		"$(hq "$m" switchboard_engine_inter_token_latency_seconds 0.5)" "$(hq "$m" switchboard_engine_inter_token_latency_seconds 0.99)"
+	if ((wrong > 0)); then
+		echo "BUG: $wrong answers of $1 ended cleanly ([DONE]) but were not the canonical answer: $(jq -r '.error_samples.wrong_answer' "$j")" >&2
+	fi
+}
+cmd="${overrides[*]:+${overrides[*]} }bench/failover/run.sh"
+{
+	echo "| run | requests | broken mid-stream (eligible) | rescued (gateway) | rescue rate (client-checked) | broken answers | failed requests by class | seam gap p50 / p99 ms | engine ITL p50 / p99 ms |"
+	echo "|---|---|---|---|---|---|---|---|---|"
+	row baseline 0
+	row continuation 1
+	echo
+	echo "client ITL (continuation run, exact): p50 $(jq .itl.p50_ms "$RESULTS/continuation/loadgen.json") ms, p99 $(jq .itl.p99_ms "$RESULTS/continuation/loadgen.json") ms, largest gap $(jq .itl.max_ms "$RESULTS/continuation/loadgen.json") ms"
+	echo "faults per run: $(grep -c kill "$RESULTS/continuation/chaos.log") kills, $(grep -c stall "$RESULTS/continuation/chaos.log") stalls; breaks by reason: $(grep '^switchboard_request_migrations' "$RESULTS/continuation/metrics.txt" | sed -n 's/.*outcome="\([a-z_]*\)".*reason="\([a-z_]*\)".*} \([0-9]*\)/\2 \1 \3/p; s/.*reason="\([a-z_]*\)".*outcome="\([a-z_]*\)".*} \([0-9]*\)/\1 \2 \3/p' | sort | paste -sd, -)"
+	echo "command: $cmd (commit $(git -C "$root" rev-parse --short HEAD))"
+} | tee "$RESULTS/table.md"
