@@ -8,13 +8,17 @@
 # off: the baseline) and with migration.limit 1. loadgen checks every
 # answer is the simulator's canonical "tok0 ... tok<n-1> " with a
 # finish_reason and [DONE] (--expect-canonical). Prints a markdown table:
-# requests, streams broken after their first bytes (eligible, from the
-# gateway's switchboard.request.migrations), rescued, broken answers by
-# class, the seam gap p50/p99 (switchboard.request.migration_gap) against
-# the engines' ITL p50/p99 (switchboard.engine.inter_token_latency), both
-# interpolated in the gateway's histogram buckets. A measurement, not a
-# test: it exits 0 whatever it finds, but says LOUDLY when an answer ended
-# cleanly yet was not the canonical one.
+# requests, streams broken after their first bytes (from the gateway's
+# switchboard.request.migrations; with limit 0, the client's lost
+# answers), rescued, the rescue rate checked by the client, failed requests
+# by class, and the seam gap p50/p99 after kills and after stalls
+# (switchboard.request.migration_gap, split by the chaos loop's scrapes)
+# against the engines' ITL p50/p99 (switchboard.engine.inter_token_latency),
+# each given as the gateway histogram's bucket that holds it. A
+# measurement, not a test: it exits 0 whatever it finds, but says LOUDLY
+# (BUG: on stderr) when an answer ended cleanly yet was not the canonical
+# one, and NOT RESCUED: when a continued run lost answers. README.md beside
+# this script explains the setup and every parameter.
 #
 #   bench/failover/run.sh
 #   DURATION=20s CONCURRENCY=32 bench/failover/run.sh
@@ -43,7 +47,7 @@ params=(
 	"RESULTS="
 )
 usage() {
-	sed -n '2,23s/^# \{0,1\}//p' "$0"
+	sed -n '2,27s/^# \{0,1\}//p' "$0"
 	echo
 	echo "Parameters (environment variables; defaults shown):"
 	for p in "${params[@]}"; do echo "  $p"; done
@@ -106,6 +110,9 @@ chaos() {
 		sleep "$(secs "$INTERVAL")"
 		i=$((turn % ENGINES))
 		p="$(cat "$run_dir/engine$i.pid")"
+		# The seams an action causes are the histogram's growth up to the
+		# next action's scrape (the last one's: to metrics.txt).
+		curl -fsS -o "$run_dir/scrape-$turn.txt" "$metrics_url" || true
 		if ((turn % 2 == 0)); then
 			echo "$(date +%T.%N | cut -c1-12) kill e$i" >>"$run_dir/chaos.log"
 			kill -9 "$p" 2>/dev/null || true
@@ -121,26 +128,47 @@ chaos() {
 	done
 }
 
-# hq METRICS NAME Q: the Q quantile of histogram NAME (every series summed),
-# interpolated linearly in its buckets as Prometheus' histogram_quantile;
-# "-" without samples.
-hq() {
+# buckets METRICS NAME: histogram NAME's cumulative buckets, every series
+# summed, as "le count" lines in le order (+Inf as inf, last).
+buckets() {
 	awk -v name="${2}_bucket" 'index($0, name "{") == 1 {
 		match($0, /le="[^"]*"/); le = substr($0, RSTART + 4, RLENGTH - 5)
 		n[le == "+Inf" ? "inf" : le] += $NF
-	} END { for (le in n) print le, n[le] }' "$1" | sort -g | awk -v q="$3" '
-		{ les[NR] = $1; c[NR] = $2 }
+	} END { for (le in n) print le, n[le] }' "$1" | sort -g
+}
+# quantile Q: the bucket of the "le count" lines on stdin that holds the
+# Q quantile, as "LO-HI" in ms (the histogram says no more); "-" without
+# samples, ">LO" past the last finite bucket.
+quantile() {
+	awk -v q="$1" '
+		NF { les[++n] = $1; c[n] = $2 }
 		END {
-			total = c[NR]
-			if (NR == 0 || total == 0) { print "-"; exit }
-			rank = q * total; prev = 0; pc = 0
-			for (j = 1; j < NR; j++) {
-				if (c[j] >= rank) { printf "%.1f\n", 1000 * (prev + (les[j] - prev) * (c[j] > pc ? (rank - pc) / (c[j] - pc) : 1)); exit }
-				prev = les[j]; pc = c[j]
+			total = c[n]
+			if (n == 0 || total == 0) { print "-"; exit }
+			rank = q * total; prev = 0
+			for (j = 1; j < n; j++) {
+				if (c[j] >= rank) { printf "%g-%g\n", 1000 * prev, 1000 * les[j]; exit }
+				prev = les[j]
 			}
-			printf ">%.0f\n", 1000 * prev
+			printf ">%g\n", 1000 * prev
 		}'
 }
+
+# seam_buckets DIR KIND: the seam gap histogram's growth over the chaos
+# turns of KIND (kill: even turns, stall: odd), as "le count" lines.
+seam_buckets() {
+	local t next from=0
+	[[ "$2" == stall ]] && from=1
+	for ((t = from; ; t += 2)); do
+		[[ -e "$1/scrape-$t.txt" ]] || break
+		next="$1/scrape-$((t + 1)).txt"
+		[[ -e "$next" ]] || next="$1/metrics.txt"
+		awk 'FILENAME == ARGV[1] { a[$1] = $2; next } { print $1, $2 - a[$1] }' <(buckets "$1/scrape-$t.txt" "$gap") <(buckets "$next" "$gap")
+	done | awk '{ n[$1] += $2 } END { for (le in n) print le, n[le] }' | sort -g
+}
+gap=switchboard_request_migration_gap_seconds
+itl=switchboard_engine_inter_token_latency_seconds
+
 # counter METRICS NAME FILTER: the sum of NAME's series whose labels match
 # the regexp FILTER.
 counter() { awk -v name="$2" -v f="$3" 'index($0, name) == 1 && $0 ~ f { s += $NF } END { print s + 0 }' "$1"; }
@@ -177,6 +205,7 @@ YAML
 	"$bin/gateway" --config "$run_dir/gateway.yaml" >"$run_dir/gateway.log" 2>&1 &
 	pids+=($!)
 	wait_http "http://127.0.0.1:$gw/ready"
+	metrics_url="http://127.0.0.1:$adm/metrics"
 	chaos &
 	pids+=($!)
 	"$bin/loadgen" --url "http://127.0.0.1:$gw" --model bench --stream --expect-canonical --max-error-rate 1 \
@@ -190,11 +219,14 @@ YAML
 phase baseline 0
 phase continuation 1
 
-# row NAME: the table row of one phase.
+# pq "LE COUNT lines": "p50 / p99" in ms.
+pq() { echo "$(quantile 0.5 <<<"$1") / $(quantile 0.99 <<<"$1")"; }
+
+# row NAME LIMIT: the table row of one phase.
 row() {
-	local d="$RESULTS/$1" m="$RESULTS/$1/metrics.txt" j="$RESULTS/$1/loadgen.json"
-	local mig=switchboard_request_migrations
-	local rescued cancelled limit noeng excl eligible broken wrong reqs
+	local d="$RESULTS/$1"
+	local m="$d/metrics.txt" j="$d/loadgen.json" mig=switchboard_request_migrations
+	local rescued cancelled limit noeng excl eligible broken wrong reqs errs rate
 	rescued="$(counter "$m" $mig 'outcome="rescued"')"
 	cancelled="$(counter "$m" $mig 'outcome="cancelled"')"
 	limit="$(counter "$m" $mig 'outcome="limit"')"
@@ -204,28 +236,39 @@ row() {
 	# is counted again (limit, no_engine, another leg), not a new stream.
 	eligible=$((rescued + cancelled + limit + noeng + excl))
 	reqs="$(jq .requests "$j")"
+	# An answer lost mid-stream: an error event, no [DONE], a timeout, or
+	# a clean end with the wrong text (wrong_answer).
 	broken="$(jq '[.errors | to_entries[] | select(.key | IN("stream_error_event", "stream_no_done", "wrong_answer", "timeout")) | .value] | add // 0' "$j")"
 	wrong="$(jq '.errors.wrong_answer // 0' "$j")"
-	local errs
 	errs="$(jq -r '[.errors | to_entries[] | "\(.key) \(.value)"] | join(", ") | if . == "" then "none" else . end' "$j")"
-	local rate="-"
-	if ((eligible > 0)); then rate="$(echo "scale=1; 100 * ($eligible - $broken) / $eligible" | bc)%"; fi
-	if [[ "$1" == baseline ]]; then eligible="(untracked)"; rate="0% (${broken} lost)"; fi
-	printf '| %s | %s | %s | %s | %s | %s | %s | %s / %s | %s / %s |\n' "$1 (limit $2)" "$reqs" "$eligible" "$rescued" "$rate" "$broken" "$errs" \
-		"$(hq "$m" switchboard_request_migration_gap_seconds 0.5)" "$(hq "$m" switchboard_request_migration_gap_seconds 0.99)" \
-		"$(hq "$m" switchboard_engine_inter_token_latency_seconds 0.5)" "$(hq "$m" switchboard_engine_inter_token_latency_seconds 0.99)"
+	if ((limit + noeng + excl + rescued + cancelled == 0)) && [[ "$2" == 0 ]]; then
+		# limit 0 tracks nothing: every break is a lost answer.
+		eligible="$broken (client)"
+		rate="0%"
+	elif ((eligible > 0)); then
+		rate="$(echo "scale=1; 100 * ($eligible - $broken) / $eligible" | bc)%"
+	else
+		rate="-"
+	fi
+	printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "migration.limit $2" "$reqs" "$eligible" "$rescued" "$rate" "$errs" \
+		"$(pq "$(seam_buckets "$d" kill)")" "$(pq "$(seam_buckets "$d" stall)")" "$(pq "$(buckets "$m" $itl)")"
 	if ((wrong > 0)); then
-		echo "BUG: $wrong answers of $1 ended cleanly ([DONE]) but were not the canonical answer: $(jq -r '.error_samples.wrong_answer' "$j")" >&2
+		echo "BUG: $wrong answers with migration.limit $2 ended cleanly ([DONE]) but were not the canonical answer: $(jq -r '.error_samples.wrong_answer' "$j")" >&2
+	fi
+	if [[ "$2" != 0 ]] && ((broken > 0)); then
+		echo "NOT RESCUED: $broken of $eligible broken streams with migration.limit $2 lost their answer" >&2
 	fi
 }
 cmd="${overrides[*]:+${overrides[*]} }bench/failover/run.sh"
 {
-	echo "| run | requests | broken mid-stream (eligible) | rescued (gateway) | rescue rate (client-checked) | broken answers | failed requests by class | seam gap p50 / p99 ms | engine ITL p50 / p99 ms |"
+	echo "| run | requests | broken mid-stream | rescued (gateway) | rescue rate (client-checked) | failed requests by class | seam gap p50 / p99 ms, kills | seam gap p50 / p99 ms, stalls | engine ITL p50 / p99 ms |"
 	echo "|---|---|---|---|---|---|---|---|---|"
 	row baseline 0
 	row continuation 1
 	echo
-	echo "client ITL (continuation run, exact): p50 $(jq .itl.p50_ms "$RESULTS/continuation/loadgen.json") ms, p99 $(jq .itl.p99_ms "$RESULTS/continuation/loadgen.json") ms, largest gap $(jq .itl.max_ms "$RESULTS/continuation/loadgen.json") ms"
-	echo "faults per run: $(grep -c kill "$RESULTS/continuation/chaos.log") kills, $(grep -c stall "$RESULTS/continuation/chaos.log") stalls; breaks by reason: $(grep '^switchboard_request_migrations' "$RESULTS/continuation/metrics.txt" | sed -n 's/.*outcome="\([a-z_]*\)".*reason="\([a-z_]*\)".*} \([0-9]*\)/\2 \1 \3/p; s/.*reason="\([a-z_]*\)".*outcome="\([a-z_]*\)".*} \([0-9]*\)/\1 \2 \3/p' | sort | paste -sd, -)"
+	for ph in baseline continuation; do
+		echo "$ph: $(grep -c kill "$RESULTS/$ph/chaos.log") kills, $(grep -c stall "$RESULTS/$ph/chaos.log") stalls; client ITL p50 $(jq .itl.p50_ms "$RESULTS/$ph/loadgen.json") ms, p99 $(jq .itl.p99_ms "$RESULTS/$ph/loadgen.json") ms, largest gap $(jq .itl.max_ms "$RESULTS/$ph/loadgen.json") ms (exact)"
+	done
+	echo "continuations by reason and outcome: $(awk -F'[{}]' '/^switchboard_request_migrations/ { r = $2; sub(/.*reason="/, "", r); sub(/".*/, "", r); o = $2; sub(/.*outcome="/, "", o); sub(/".*/, "", o); n[r " " o] += $3 } END { for (k in n) printf "%s%s %d", (i++ ? ", " : ""), k, n[k] }' "$RESULTS/continuation/metrics.txt")"
 	echo "command: $cmd (commit $(git -C "$root" rev-parse --short HEAD))"
 } | tee "$RESULTS/table.md"
