@@ -1,24 +1,26 @@
 #!/usr/bin/env bash
 # Broken streams rescued: CONCURRENCY streaming chat clients (default 48)
 # through one gateway in front of ENGINES simulated engines (default 4),
-# while every INTERVAL (default 2s) the next engine, in turn, is either
-# killed (SIGKILL, restarted on the same port after KILL_PAUSE) or stalled
-# (SIGSTOP for STALL, then SIGCONT): kills and stalls alternate. The same
-# load and fault schedule runs twice, with migration.limit 0 (continuation
-# off: the baseline) and with migration.limit 1. loadgen checks every
-# answer is the simulator's canonical "tok0 ... tok<n-1> " with a
-# finish_reason and [DONE] (--expect-canonical). Prints a markdown table:
-# requests, streams broken after their first bytes (from the gateway's
-# switchboard.request.migrations; with limit 0, the client's lost
-# answers), rescued, the rescue rate checked by the client, failed requests
-# by class, and the seam gap p50/p99 after kills and after stalls
-# (switchboard.request.migration_gap, split by the chaos loop's scrapes)
-# against the engines' ITL p50/p99 (switchboard.engine.inter_token_latency),
-# each given as the gateway histogram's bucket that holds it. A
-# measurement, not a test: it exits 0 whatever it finds, but says LOUDLY
-# (BUG: on stderr) when an answer ended cleanly yet was not the canonical
-# one, and NOT RESCUED: when a continued run lost answers. README.md beside
-# this script explains the setup and every parameter.
+# while every INTERVAL (default 2s) the next engine, in turn, is killed
+# (SIGKILL, restarted on the same port), stalled (SIGSTOP, SIGCONT), made
+# to send vLLM's in-band error event, or drained (finish_reason "abort",
+# then SIGTERM and a restart): the four in turn, the last two through the
+# simulator's POST /admin/fault. The same load and fault schedule runs
+# twice, with migration.limit 0 (continuation off: the baseline) and 1.
+# loadgen --expect-canonical checks every answer is the simulator's
+# canonical "tok0 ... tok<n-1> " with a finish_reason and [DONE]. Prints
+# two markdown tables: per run, requests, streams broken after their
+# first bytes (from switchboard.request.migrations; with limit 0, the
+# client's lost answers), rescued, the rescue rate as the client checked
+# it, failed requests by class, the seam gap p50/p99
+# (switchboard.request.migration_gap) and the engines' ITL p50/p99
+# (switchboard.engine.inter_token_latency); per fault kind, the
+# continuations' outcomes and seam gaps (split by the chaos loop's scrapes
+# of /metrics). Histogram quantiles are given as the bucket that holds
+# them. A measurement, not a test: it exits 0 whatever it finds, but says
+# LOUDLY on stderr when an answer ended cleanly yet was not the canonical
+# one (BUG:) and when a continued run lost answers (NOT RESCUED:).
+# README.md beside this script explains the setup and every parameter.
 #
 #   bench/failover/run.sh
 #   DURATION=20s CONCURRENCY=32 bench/failover/run.sh
@@ -42,12 +44,14 @@ params=(
 	"INTERVAL=2s"
 	"KILL_PAUSE=1s"
 	"STALL=3s"
+	"FAULT_WINDOW=500ms"
+	"BREAK_AT=16"
 	"IDLE=500ms"
 	"FIRST_TOKEN=2s"
 	"RESULTS="
 )
 usage() {
-	sed -n '2,27s/^# \{0,1\}//p' "$0"
+	sed -n '2,29s/^# \{0,1\}//p' "$0"
 	echo
 	echo "Parameters (environment variables; defaults shown):"
 	for p in "${params[@]}"; do echo "  $p"; done
@@ -58,7 +62,16 @@ case "${1:-}" in -h | --help) usage; exit 0 ;; esac
 read_params
 RESULTS="${RESULTS:-$root/bench/failover/results/$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$RESULTS"
-secs() { echo "${1%s}"; } # "2s" -> 2, "1.5s" -> 1.5 (sleep takes both)
+# secs DUR: a duration as Go writes it (2s, 1.5s, 500ms, 250us) in seconds,
+# for sleep.
+secs() {
+	case "$1" in
+	*ms) echo "scale=3; ${1%ms} / 1000" | bc ;;
+	*us) echo "scale=6; ${1%us} / 1000000" | bc ;;
+	*s) echo "${1%s}" ;;
+	*) echo "secs: want a duration such as 2s or 500ms, got $1" >&2; exit 1 ;;
+	esac
+}
 
 bin="$root/.tools/bench-failover"
 mkdir -p "$bin"
@@ -91,6 +104,7 @@ stop_pids() {
 }
 cleanup() { stop_pids; stop_engines; }
 trap cleanup EXIT
+trap 'exit 130' INT TERM
 
 # start_engine I: engine I on its port, its PID in engineI.pid (appending
 # to its log across restarts).
@@ -101,29 +115,69 @@ start_engine() {
 	disown $! # no "Killed" job notice when the chaos loop kills it
 }
 
-# chaos: every INTERVAL the next engine is killed (even turns) or stalled
-# (odd turns), round robin, until killed itself. Logs each action.
+# The chaos loop's actions, in turn (turn % 4).
+kinds=(kill stall error drain)
+
+# admin_fault I SPEC: engine I's default fault becomes SPEC (POST
+# /admin/fault; "" clears it).
+admin_fault() { curl -fsS -o /dev/null --data-binary "$2" "http://127.0.0.1:${ports[$1]}/admin/fault" || true; }
+
+# stop_engine I SIGNAL: send SIGNAL to engine I and wait (up to 6 s, then
+# SIGKILL) until it is gone.
+stop_engine() {
+	local p
+	p="$(cat "$run_dir/engine$1.pid")"
+	kill "-$2" "$p" 2>/dev/null || true
+	for _ in $(seq 120); do kill -0 "$p" 2>/dev/null || return 0; sleep 0.05; done
+	kill -9 "$p" 2>/dev/null || true
+}
+
+# chaos: every INTERVAL the next engine, round robin, gets the next action
+# of kinds, until the loop is killed itself; each action is logged.
+#   kill:  SIGKILL; restarted on the same port after KILL_PAUSE.
+#   stall: SIGSTOP for STALL, then SIGCONT (the engine says nothing at all).
+#   error: its requests starting within FAULT_WINDOW get error-after=BREAK_AT
+#          (vLLM's in-band error event after BREAK_AT tokens).
+#   drain: its requests starting within FAULT_WINDOW get drain-after=BREAK_AT
+#          (the engine drains at the first one's BREAK_AT-th token: those
+#          end with finish_reason "abort", new requests get 503); then it is
+#          stopped with SIGTERM (in-flight streams finish) and restarted,
+#          as a drained vLLM is.
 chaos() {
-	local turn=0 i p
-	trap 'exit 0' TERM
+	local turn=0 i kind sp=""
+	# A pause is a background sleep waited for, so TERM ends the loop at once.
+	pause() { sleep "$(secs "$1")" & sp=$!; wait "$sp"; }
+	trap '[[ -z "$sp" ]] || kill "$sp" 2>/dev/null; exit 0' TERM
 	while :; do
-		sleep "$(secs "$INTERVAL")"
+		pause "$INTERVAL"
 		i=$((turn % ENGINES))
-		p="$(cat "$run_dir/engine$i.pid")"
+		kind="${kinds[turn % 4]}"
 		# The seams an action causes are the histogram's growth up to the
 		# next action's scrape (the last one's: to metrics.txt).
 		curl -fsS -o "$run_dir/scrape-$turn.txt" "$metrics_url" || true
-		if ((turn % 2 == 0)); then
-			echo "$(date +%T.%N | cut -c1-12) kill e$i" >>"$run_dir/chaos.log"
-			kill -9 "$p" 2>/dev/null || true
-			sleep "$(secs "$KILL_PAUSE")"
+		echo "$(date +%T.%N | cut -c1-12) $kind e$i" >>"$run_dir/chaos.log"
+		case "$kind" in
+		kill)
+			stop_engine "$i" 9
+			pause "$KILL_PAUSE"
 			start_engine "$i"
-		else
-			echo "$(date +%T.%N | cut -c1-12) stall e$i" >>"$run_dir/chaos.log"
-			kill -STOP "$p" 2>/dev/null || true
-			sleep "$(secs "$STALL")"
-			kill -CONT "$p" 2>/dev/null || true
-		fi
+			;;
+		stall)
+			kill -STOP "$(cat "$run_dir/engine$i.pid")" 2>/dev/null || true
+			pause "$STALL"
+			kill -CONT "$(cat "$run_dir/engine$i.pid")" 2>/dev/null || true
+			;;
+		error | drain)
+			admin_fault "$i" "$kind-after=$BREAK_AT"
+			pause "$FAULT_WINDOW"
+			admin_fault "$i" ""
+			if [[ "$kind" == drain ]]; then
+				pause "$KILL_PAUSE"
+				stop_engine "$i" TERM
+				start_engine "$i"
+			fi
+			;;
+		esac
 		turn=$((turn + 1))
 	done
 }
@@ -154,17 +208,26 @@ quantile() {
 		}'
 }
 
-# seam_buckets DIR KIND: the seam gap histogram's growth over the chaos
-# turns of KIND (kill: even turns, stall: odd), as "le count" lines.
+# next_scrape DIR T: the scrape that ends chaos turn T's window.
+next_scrape() { if [[ -e "$1/scrape-$(($2 + 1)).txt" ]]; then echo "$1/scrape-$(($2 + 1)).txt"; else echo "$1/metrics.txt"; fi; }
+# seam_buckets DIR FROM: the seam gap histogram's growth over the chaos
+# turns FROM, FROM+4, ... (one kind of action), as "le count" lines.
 seam_buckets() {
-	local t next from=0
-	[[ "$2" == stall ]] && from=1
-	for ((t = from; ; t += 2)); do
+	local t
+	for ((t = $2; ; t += 4)); do
 		[[ -e "$1/scrape-$t.txt" ]] || break
-		next="$1/scrape-$((t + 1)).txt"
-		[[ -e "$next" ]] || next="$1/metrics.txt"
-		awk 'FILENAME == ARGV[1] { a[$1] = $2; next } { print $1, $2 - a[$1] }' <(buckets "$1/scrape-$t.txt" "$gap") <(buckets "$next" "$gap")
+		awk 'FILENAME == ARGV[1] { a[$1] = $2; next } { print $1, $2 - a[$1] }' <(buckets "$1/scrape-$t.txt" "$gap") <(buckets "$(next_scrape "$1" $t)" "$gap")
 	done | awk '{ n[$1] += $2 } END { for (le in n) print le, n[le] }' | sort -g
+}
+# window_count DIR FROM NAME FILTER: the growth of counter NAME (series
+# matching FILTER) over the chaos turns FROM, FROM+4, ...
+window_count() {
+	local t n=0
+	for ((t = $2; ; t += 4)); do
+		[[ -e "$1/scrape-$t.txt" ]] || break
+		n=$((n + $(counter "$(next_scrape "$1" $t)" "$3" "$4") - $(counter "$1/scrape-$t.txt" "$3" "$4")))
+	done
+	echo "$n"
 }
 gap=switchboard_request_migration_gap_seconds
 itl=switchboard_engine_inter_token_latency_seconds
@@ -250,8 +313,8 @@ row() {
 	else
 		rate="-"
 	fi
-	printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "migration.limit $2" "$reqs" "$eligible" "$rescued" "$rate" "$errs" \
-		"$(pq "$(seam_buckets "$d" kill)")" "$(pq "$(seam_buckets "$d" stall)")" "$(pq "$(buckets "$m" $itl)")"
+	printf '| %s | %s | %s | %s | %s | %s | %s | %s |\n' "migration.limit $2" "$reqs" "$eligible" "$rescued" "$rate" "$errs" \
+		"$(pq "$(buckets "$m" $gap)")" "$(pq "$(buckets "$m" $itl)")"
 	if ((wrong > 0)); then
 		echo "BUG: $wrong answers with migration.limit $2 ended cleanly ([DONE]) but were not the canonical answer: $(jq -r '.error_samples.wrong_answer' "$j")" >&2
 	fi
@@ -259,16 +322,30 @@ row() {
 		echo "NOT RESCUED: $broken of $eligible broken streams with migration.limit $2 lost their answer" >&2
 	fi
 }
+# kind_row K: the continuation run's row for action kind K (turns K, K+4, ...).
+kind_row() {
+	local d="$RESULTS/continuation" mig=switchboard_request_migrations o out=()
+	for o in rescued failed cancelled limit no_engine; do
+		out+=("$(window_count "$d" "$1" $mig "outcome=\"$o\"")")
+	done
+	printf '| %s | %s | %s | %s | %s |\n' "${kinds[$1]}" "$(grep -c " ${kinds[$1]} " "$d/chaos.log")" "${out[0]}" \
+		"${out[1]} / ${out[2]} / ${out[3]} / ${out[4]}" "$(pq "$(seam_buckets "$d" "$1")")"
+}
 cmd="${overrides[*]:+${overrides[*]} }bench/failover/run.sh"
 {
-	echo "| run | requests | broken mid-stream | rescued (gateway) | rescue rate (client-checked) | failed requests by class | seam gap p50 / p99 ms, kills | seam gap p50 / p99 ms, stalls | engine ITL p50 / p99 ms |"
-	echo "|---|---|---|---|---|---|---|---|---|"
+	echo "| run | requests | broken mid-stream | rescued (gateway) | rescue rate (client-checked) | failed requests by class | seam gap p50 / p99 ms | engine ITL p50 / p99 ms |"
+	echo "|---|---|---|---|---|---|---|---|"
 	row baseline 0
 	row continuation 1
 	echo
+	echo "| fault (migration.limit 1) | times | rescued | failed / cancelled / limit / no_engine | seam gap p50 / p99 ms |"
+	echo "|---|---|---|---|---|"
+	for k in 0 1 2 3; do kind_row $k; done
+	echo
 	for ph in baseline continuation; do
-		echo "$ph: $(grep -c kill "$RESULTS/$ph/chaos.log") kills, $(grep -c stall "$RESULTS/$ph/chaos.log") stalls; client ITL p50 $(jq .itl.p50_ms "$RESULTS/$ph/loadgen.json") ms, p99 $(jq .itl.p99_ms "$RESULTS/$ph/loadgen.json") ms, largest gap $(jq .itl.max_ms "$RESULTS/$ph/loadgen.json") ms (exact)"
+		echo "$ph: client ITL p50 $(jq .itl.p50_ms "$RESULTS/$ph/loadgen.json") ms, p99 $(jq .itl.p99_ms "$RESULTS/$ph/loadgen.json") ms, largest gap $(jq .itl.max_ms "$RESULTS/$ph/loadgen.json") ms (exact)"
 	done
 	echo "continuations by reason and outcome: $(awk -F'[{}]' '/^switchboard_request_migrations/ { r = $2; sub(/.*reason="/, "", r); sub(/".*/, "", r); o = $2; sub(/.*outcome="/, "", o); sub(/".*/, "", o); n[r " " o] += $3 } END { for (k in n) printf "%s%s %d", (i++ ? ", " : ""), k, n[k] }' "$RESULTS/continuation/metrics.txt")"
+	echo "seam gaps and ITL are the gateway histogram's bucket holding the quantile; the client's figures are exact"
 	echo "command: $cmd (commit $(git -C "$root" rev-parse --short HEAD))"
 } | tee "$RESULTS/table.md"
