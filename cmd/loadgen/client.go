@@ -169,7 +169,7 @@ func checkCanonical(res *Result, n int) {
 			i++
 		}
 		res.Class = ClassWrongAnswer
-		res.Err = fmt.Errorf("not the canonical answer of %d tokens: %d of %d bytes, first difference at byte %d: %q", n, len(got), len(w), i, truncate([]byte(got[i:]), 40))
+		res.Err = fmt.Errorf("not the canonical answer of %d tokens: %d of %d bytes, first difference at byte %d: %q, finish_reason %q", n, len(got), len(w), i, truncate([]byte(got[i:]), 40), res.finish)
 	case res.finish == "":
 		res.Class, res.Err = ClassWrongAnswer, errors.New("the answer has no finish_reason")
 	}
