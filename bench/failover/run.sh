@@ -270,10 +270,17 @@ YAML
 	wait_http "http://127.0.0.1:$gw/ready"
 	metrics_url="http://127.0.0.1:$adm/metrics"
 	chaos &
-	pids+=($!)
+	local chaos_pid=$! lg
+	pids+=("$chaos_pid")
 	"$bin/loadgen" --url "http://127.0.0.1:$gw" --model bench --stream --expect-canonical --max-error-rate 1 \
 		--max-tokens "$MAX_TOKENS" --prompt-words "$PROMPT_WORDS" --concurrency "$CONCURRENCY" --duration "$DURATION" \
-		--timeout 30s --json "$run_dir/loadgen.json" >"$run_dir/loadgen.txt" 2>"$run_dir/loadgen.err" || true
+		--timeout 30s --json "$run_dir/loadgen.json" >"$run_dir/loadgen.txt" 2>"$run_dir/loadgen.err" &
+	lg=$!
+	pids+=("$lg")
+	wait "$lg" || true # in the background, so a TERM to this script is handled at once
+	# The chaos loop ends first: no fault or scrape after the last one below.
+	kill "$chaos_pid" 2>/dev/null || true
+	wait "$chaos_pid" 2>/dev/null || true
 	curl -fsS "http://127.0.0.1:$adm/metrics" >"$run_dir/metrics.txt"
 	stop_pids
 	stop_engines
