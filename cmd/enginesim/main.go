@@ -16,6 +16,12 @@
 //
 //	enginesim --model llama-8b --otlp-traces-endpoint http://127.0.0.1:4317
 //
+// --fault SPEC sets the default fault of requests without an X-Enginesim-Fault header;
+// POST /admin/fault with a spec as its body replaces it while the engine runs (an empty
+// body removes it), so a benchmark can break a running engine from outside:
+//
+//	curl -d error-after=8 http://127.0.0.1:8001/admin/fault
+//
 // It stops on SIGINT or SIGTERM, draining in-flight requests for up to 5 s, then flushes the
 // spans still buffered (for up to 5 s more).
 package main

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/internal/sse"
 )
 
@@ -23,6 +24,7 @@ const (
 	ClassTimeout          = "timeout"
 	ClassStreamErrorEvent = "stream_error_event"
 	ClassStreamNoDone     = "stream_no_done"
+	ClassWrongAnswer      = "wrong_answer"
 	ClassOther            = "other"
 )
 
@@ -62,7 +64,8 @@ type Result struct {
 	// results are not reported.
 	Canceled bool
 
-	text string // assistant content, for conversations
+	text   string // assistant content, for conversations and --expect-canonical
+	finish string // the last finish_reason seen ("" if none)
 }
 
 // OK reports whether the request succeeded.
@@ -143,7 +146,33 @@ func (c *Client) Do(ctx context.Context, req *Request) *Result {
 	} else {
 		readBody(resp.Body, res)
 	}
+	if c.cfg.ExpectCanonical && res.Class == "" {
+		checkCanonical(res, c.cfg.MaxTokens)
+	}
 	return res
+}
+
+// checkCanonical fails a successful res whose answer is not the
+// simulator's canonical answer of n tokens (enginesim.ContentToken 0 to
+// n-1) with a finish_reason: a stream that ended with [DONE] but lost or
+// repeated tokens is a wrong answer, not a success.
+func checkCanonical(res *Result, n int) {
+	var want strings.Builder
+	for i := range n {
+		want.WriteString(enginesim.ContentToken(i))
+	}
+	switch {
+	case res.text != want.String():
+		got, w := res.text, want.String()
+		i := 0
+		for i < len(got) && i < len(w) && got[i] == w[i] {
+			i++
+		}
+		res.Class = ClassWrongAnswer
+		res.Err = fmt.Errorf("not the canonical answer of %d tokens: %d of %d bytes, first difference at byte %d: %q, finish_reason %q", n, len(got), len(w), i, truncate([]byte(got[i:]), 40), res.finish)
+	case res.finish == "":
+		res.Class, res.Err = ClassWrongAnswer, errors.New("the answer has no finish_reason")
+	}
 }
 
 // classifyCtx refines the class of a failed request from the contexts: a
@@ -185,7 +214,8 @@ type chunk struct {
 			Reasoning        string          `json:"reasoning"`
 			ToolCalls        json.RawMessage `json:"tool_calls"`
 		} `json:"delta"`
-		Text string `json:"text"`
+		Text         string `json:"text"`
+		FinishReason string `json:"finish_reason"`
 	} `json:"choices"`
 	Usage *struct {
 		CompletionTokens int `json:"completion_tokens"`
@@ -237,6 +267,9 @@ func readStream(body io.Reader, res *Result) {
 			}
 			text.WriteString(c.Delta.Content)
 			text.WriteString(c.Text)
+			if c.FinishReason != "" {
+				res.finish = c.FinishReason
+			}
 		}
 		if !content {
 			return
@@ -288,7 +321,8 @@ type completion struct {
 		Message struct {
 			Content string `json:"content"`
 		} `json:"message"`
-		Text string `json:"text"`
+		Text         string `json:"text"`
+		FinishReason string `json:"finish_reason"`
 	} `json:"choices"`
 	Usage *struct {
 		CompletionTokens int `json:"completion_tokens"`
@@ -316,6 +350,9 @@ func readBody(body io.Reader, res *Result) {
 	for _, ch := range c.Choices {
 		text.WriteString(ch.Message.Content)
 		text.WriteString(ch.Text)
+		if ch.FinishReason != "" {
+			res.finish = ch.FinishReason
+		}
 	}
 	res.text = text.String()
 	if c.Usage != nil {

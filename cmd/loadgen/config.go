@@ -75,6 +75,10 @@ type Config struct {
 	JSON string
 	// Fault is sent as the X-Enginesim-Fault header (simulator only).
 	Fault string
+	// ExpectCanonical fails a request whose answer is not the simulator's
+	// canonical answer of MaxTokens tokens with a finish_reason (class
+	// wrong_answer; simulator only).
+	ExpectCanonical bool
 	// EngineMetrics lists the engines' Prometheus /metrics URLs, scraped
 	// before and after the measured requests for the prefix cache hit rate.
 	EngineMetrics []string
@@ -183,6 +187,7 @@ func parseFlags(args []string, stderr io.Writer) (*Config, error) {
 	fs.Uint64Var(&c.Seed, "seed", 1, "seed of the arrival process and generated texts")
 	fs.StringVar(&c.JSON, "json", "", "also write the report as JSON to FILE (- for stdout)")
 	fs.StringVar(&c.Fault, "fault", "", "simulator only: X-Enginesim-Fault header sent with every request")
+	fs.BoolVar(&c.ExpectCanonical, "expect-canonical", false, "simulator only: fail (class wrong_answer) every answer that is not the canonical \"tok0 ... tok<n-1> \" of --max-tokens n tokens with a finish_reason (the engine's --max-output-tokens must allow n)")
 	fs.StringSliceVar(&c.EngineMetrics, "engine-metrics", nil, "engines' /metrics URLs (comma-separated or repeated): report their prefix cache hit rate over the measured requests")
 	fs.Float64Var(&c.MaxErrorRate, "max-error-rate", 0, "exit with status 1 when more than this fraction (0 to 1) of the measured requests failed; 0: any failed request, 1: never")
 	if err := fs.Parse(args); err != nil {

@@ -75,6 +75,11 @@
 //   - timeout: --timeout expired, before or during the body;
 //   - stream_error_event: the stream carried an event data: {"error":...};
 //   - stream_no_done: the stream ended, cleanly or not, without data: [DONE];
+//   - wrong_answer: with --expect-canonical, a response that otherwise
+//     succeeded but whose content is not the simulator's canonical answer
+//     of --max-tokens tokens, "tok0 tok1 ... tok<n-1> ", or that carried
+//     no finish_reason: an answer cut short, or with tokens lost or
+//     repeated, behind a clean end;
 //   - other: anything else, such as a connection closed before the
 //     response or a non-stream body that is cut short or not JSON.
 //
@@ -116,5 +121,8 @@
 //
 // --fault SPEC is for the simulator only (internal/enginesim): it sends SPEC
 // in the X-Enginesim-Fault header of every request, for example
-// --fault status=500 or --fault close-after=2.
+// --fault status=500 or --fault close-after=2. --expect-canonical, also for
+// the simulator only, checks every answer's text (see wrong_answer above):
+// a benchmark that breaks engines under a gateway then counts the answers
+// it lost even when their streams ended cleanly.
 package main

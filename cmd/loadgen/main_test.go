@@ -404,3 +404,37 @@ func TestErrorClasses(t *testing.T) {
 		})
 	}
 }
+
+// TestExpectCanonical: with --expect-canonical the simulator's whole answer
+// succeeds, streamed or not, and an answer that ends cleanly but is short,
+// has a token wrong or no finish_reason is a wrong_answer.
+func TestExpectCanonical(t *testing.T) {
+	sim := serve(t, newSim(t))
+	chunk := func(delta, finish string) string {
+		return fmt.Sprintf("data: {\"choices\":[{\"delta\":%s,\"finish_reason\":%s}]}\n\n", delta, finish)
+	}
+	role := chunk(`{"role":"assistant","content":""}`, "null")
+	tok := func(s string) string { return chunk(fmt.Sprintf("{\"content\":%q}", s), "null") }
+	for _, tc := range []struct {
+		name  string
+		url   string
+		args  []string
+		class string
+	}{
+		{"simulator stream", sim.URL, []string{"--stream"}, ""},
+		{"simulator body", sim.URL, nil, ""},
+		{"aborted after 2 tokens", serve(t, scripted(role+tok("tok0 ")+tok("tok1 ")+chunk("{}", `"abort"`)+"data: [DONE]\n\n")).URL, []string{"--stream"}, ClassWrongAnswer},
+		{"a token lost", serve(t, scripted(role+tok("tok0 ")+tok("tok2 ")+tok("tok3 ")+chunk("{}", `"length"`)+"data: [DONE]\n\n")).URL, []string{"--stream"}, ClassWrongAnswer},
+		{"no finish_reason", serve(t, scripted(role+tok("tok0 ")+tok("tok1 ")+tok("tok2 ")+"data: [DONE]\n\n")).URL, []string{"--stream"}, ClassWrongAnswer},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := append([]string{"--requests", "2", "--max-tokens", "3", "--expect-canonical", "--max-error-rate", "1"}, tc.args...)
+			results, _ := load(t, context.Background(), tc.url, args...)
+			for _, res := range results {
+				if res.Class != tc.class {
+					t.Errorf("class %q (%v), want %q", res.Class, res.Err, tc.class)
+				}
+			}
+		})
+	}
+}

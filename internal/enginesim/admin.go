@@ -3,7 +3,9 @@ package enginesim
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"strings"
 )
 
 // sleepState is the engine's sleep mode (vLLM's --enable-sleep-mode): which parts are
@@ -131,4 +133,30 @@ func (e *Engine) serveResetPrefixCache(w http.ResponseWriter, r *http.Request) {
 		e.cache.reset()
 		return nil, nil
 	})
+}
+
+// maxFaultSpec bounds the body of POST /admin/fault.
+const maxFaultSpec = 4 << 10
+
+// serveAdminFault serves POST /admin/fault, the simulator's own route (not vLLM's): the
+// body, a fault spec as in the X-Enginesim-Fault header, becomes the engine's default
+// fault ([Engine.SetFault]), so a benchmark can break a running engine process from
+// outside; an empty body removes it. Requests already running keep their faults. 400 with
+// the parse error for an invalid spec (the default is then unchanged), 200 with an empty
+// body otherwise. Faults never act on this route.
+func (e *Engine) serveAdminFault(w http.ResponseWriter, r *http.Request) {
+	spec, err := io.ReadAll(io.LimitReader(r.Body, maxFaultSpec+1))
+	switch {
+	case err != nil:
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("reading the fault spec: %v", err))
+		return
+	case len(spec) > maxFaultSpec:
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("fault spec over %d bytes", maxFaultSpec))
+		return
+	}
+	if err := e.SetFault(strings.TrimSpace(string(spec))); err != nil {
+		writeError(w, http.StatusBadRequest, err.Error())
+		return
+	}
+	w.WriteHeader(http.StatusOK)
 }

@@ -348,3 +348,49 @@ func TestLoRAConfig(t *testing.T) {
 		t.Errorf("a LoRA without Base runs on the first model: %+v %v %+v", tg, ok, e.cfg.LoRAs)
 	}
 }
+
+// TestAdminFault: POST /admin/fault sets the default fault of the requests that follow
+// (not of one with its own header), an empty body removes it, a bad spec is a 400 that
+// leaves the default alone, and the route itself ignores faults.
+func TestAdminFault(t *testing.T) {
+	_, srv := startEngine(t, fastConfig())
+	admin := func(t *testing.T, spec string, want int) {
+		t.Helper()
+		resp := mustSend(t, srv, "POST", "/admin/fault", spec, map[string]string{FaultHeader: "status=500"})
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != want {
+			t.Fatalf("POST /admin/fault %q: %d %s, want %d", spec, resp.StatusCode, b, want)
+		}
+		if want == 400 && !strings.Contains(string(b), "invalid fault spec") {
+			t.Errorf("POST /admin/fault %q: body %s, want the parse error", spec, b)
+		}
+	}
+	status := func(t *testing.T, hdr map[string]string) int {
+		t.Helper()
+		resp := mustSend(t, srv, "POST", "/v1/completions", `{"model":"m1","prompt":"hi","max_tokens":2}`, hdr)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode
+	}
+	if got := status(t, nil); got != 200 {
+		t.Fatalf("before: %d, want 200", got)
+	}
+	admin(t, "status=503\n", 200)
+	if got := status(t, nil); got != 503 {
+		t.Errorf("with status=503 set: %d, want 503", got)
+	}
+	if got := status(t, map[string]string{FaultHeader: ""}); got != 200 {
+		t.Errorf("with status=503 set and an empty header: %d, want 200", got)
+	}
+	admin(t, "bogus=1", 400)
+	if got := status(t, nil); got != 503 {
+		t.Errorf("after a bad spec: %d, want the default unchanged (503)", got)
+	}
+	admin(t, "", 200)
+	if got := status(t, nil); got != 200 {
+		t.Errorf("after clearing: %d, want 200", got)
+	}
+	resp := mustSend(t, srv, "GET", "/admin/fault", "", nil)
+	if resp.StatusCode != http.StatusMethodNotAllowed {
+		t.Errorf("GET /admin/fault: %d, want 405", resp.StatusCode)
+	}
+}

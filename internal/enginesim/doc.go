@@ -24,7 +24,10 @@
 // Light (answered at once, no slot, not counted in Stats): POST /tokenize, POST /detokenize,
 // GET /v1/models, POST /v1/load_lora_adapter, POST /v1/unload_lora_adapter, POST /sleep,
 // POST /wake_up, GET /is_sleeping, POST /reset_prefix_cache, GET /health (503 after
-// SetHealthy(false) and while draining) and GET /metrics.
+// SetHealthy(false) and while draining) and GET /metrics; and the simulator's own POST
+// /admin/fault, whose body (a fault spec, "" for none) replaces the default fault as
+// [Engine.SetFault] does (400 for an invalid spec), so a running engine process can be
+// broken from outside.
 //
 // Errors are vLLM's {"error":{"message":"...","type":"...","param":null,"code":<status>}}:
 // 400 for invalid JSON or fields, 404 for an unknown model or path, 405 for a wrong method,
@@ -339,14 +342,14 @@
 // # Faults
 //
 // A request's faults come from its X-Enginesim-Fault header ([FaultHeader]) or, when the
-// header is absent, from Config.Fault (changeable at run time with [Engine.SetFault]). An
-// empty header means no fault, overriding the default. The spec is a comma-separated list of
-// key or key=value items, for example "close-after=3" or "slow-headers=200ms,trickle".
-// Unknown keys and bad values are answered with 400, so typos are loud. Durations use Go
-// syntax (250ms, 2s). Faults act after the request is validated, on every route except GET
-// /v1/models, /health and /metrics, with the same meaning everywhere; what is said below of
-// chat streams holds for every stream (Responses, Messages, transcriptions), of non-stream
-// bodies for every JSON, text or binary body, and a status fault's json body is in the
+// header is absent, from Config.Fault (changeable at run time with [Engine.SetFault] or
+// POST /admin/fault). An empty header means no fault, overriding the default. The spec is a
+// comma-separated list of key or key=value items, for example "close-after=3" or
+// "slow-headers=200ms,trickle". Unknown keys and bad values are answered with 400, so typos
+// are loud. Durations use Go syntax (250ms, 2s). Faults act after the request is validated,
+// on every route except GET /v1/models, /health, /metrics and POST /admin/fault, with the
+// same meaning everywhere; what is said below of chat streams holds for every stream
+// (Responses, Messages, transcriptions), of non-stream bodies for every JSON, text or binary body, and a status fault's json body is in the
 // route's envelope. On the light routes a fault ends nothing in Stats, and their action
 // (sleeping, loading an adapter, cancelling a response, resetting the cache) is taken only
 // once the faults before the headers and close-after-headers have passed: under status,

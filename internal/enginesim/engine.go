@@ -153,6 +153,7 @@ func (e *Engine) routes() *http.ServeMux {
 	get("/is_sleeping", e.serveIsSleeping)
 	post("/reset_prefix_cache", e.serveResetPrefixCache)
 	get("/health", e.serveHealth)
+	post("/admin/fault", e.serveAdminFault)
 	metrics := promhttp.HandlerFor(e.reg, promhttp.HandlerOpts{})
 	get("/metrics", func(w http.ResponseWriter, r *http.Request) {
 		e.sweepResponses() // background responses due by now are counted before the scrape
