@@ -104,6 +104,16 @@ type soakKind struct {
 	// condition is in retry.on makes Config.MaxAttempts attempts, unless
 	// the retry budget refuses its first retry (then one).
 	retry retryReason
+	// cont is the failure kind (MigrationConfig.On) of a break after the
+	// first tokens reached the client, which the gateway continues on
+	// another engine ("" for none): one continuation leg, one more
+	// attempt, which carries the client's headers and so the same fault.
+	// rescued: the leg finishes the answer (switchboard.request.migrations
+	// {cont, rescued}; the leg's attempt succeeds); else it breaks the
+	// same way, with errType, and migration.limit (1) ends the stream with
+	// the error event (migrations {cont, failed} and {cont, limit}).
+	cont    string
+	rescued bool
 }
 
 const noAttempt = "-"
@@ -129,7 +139,7 @@ var soakKinds = []soakKind{
 	{name: "close-before-headers non-stream", weight: 15, fault: "close-before-headers", want: out502, errType: ErrTypeEngineDisconnect, retry: retryReset},
 	{name: "close-after-headers stream", weight: 15, stream: true, fault: "close-after-headers", want: out502, errType: ErrTypeEngineDisconnect},
 	{name: "close-after-headers non-stream", weight: 15, fault: "close-after-headers", want: out502, errType: ErrTypeEngineDisconnect},
-	{name: "close-after=2 stream", weight: 20, stream: true, fault: "close-after=2", want: outErrEvent, errType: ErrTypeEngineDisconnect},
+	{name: "close-after=2 stream", weight: 20, stream: true, fault: "close-after=2", want: outErrEvent, errType: ErrTypeEngineDisconnect, cont: migrateDisconnect},
 	{name: "close-after=2 non-stream", weight: 15, fault: "close-after=2", want: out502, errType: ErrTypeEngineDisconnect},
 	{name: "truncate stream", weight: 10, stream: true, fault: "truncate", want: outErrEvent, errType: ErrTypeEngineDisconnect},
 	{name: "truncate non-stream", weight: 10, fault: "truncate", want: out502, errType: ErrTypeEngineDisconnect},
@@ -146,7 +156,7 @@ var soakKinds = []soakKind{
 	{name: "unknown model", weight: 20, body: `{"model":"no-such-model","messages":[{"role":"user","content":"hi"}]}`, want: out404, errType: noAttempt},
 	{name: "stall-before-headers stream", weight: 3, stream: true, fault: "stall-before-headers", want: out504, errType: ErrTypeHeaderTimeout, retry: retryHeaderTimeout},
 	{name: "stall-before-headers non-stream", weight: 1, fault: "stall-before-headers", want: out504, errType: ErrTypeRequestTimeout},
-	{name: "stall-after=2 stream", weight: 3, stream: true, fault: "stall-after=2", want: outErrEvent, errType: ErrTypeIdleTimeout},
+	{name: "stall-after=2 stream", weight: 3, stream: true, fault: "stall-after=2", want: outErrEvent, errType: ErrTypeIdleTimeout, cont: migrateIdle},
 	{name: "stall-after=2 non-stream", weight: 2, fault: "stall-after=2", want: out504, errType: ErrTypeIdleTimeout},
 	{name: "stall-after=0 stream (no first token)", weight: 2, stream: true, fault: "stall-after=0", want: outErrEvent, errType: ErrTypeFirstToken, retry: retryFirstToken},
 }
@@ -484,9 +494,16 @@ func lastEvent(b []byte) []byte {
 // the accounting below cannot go red unseen; the heap check needs the 1M
 // checkpoint.
 //
+// It runs with the gateway's defaults but for timeouts and probes:
+// continuation is on (migration.limit 1), so a stream broken after its
+// first tokens gets a continuation leg, an attempt of its own on another
+// engine, which carries the client's X-Enginesim-Fault like every other
+// header: the kinds say which (soakKind.cont) and how it ends.
+//
 // It fails unless, at every checkpoint and at the end, every
 // active_requests gauge reads 0 (and was never seen below 0), no attempt is
-// live, every attempt is accounted for (soakAccount), and the heap in use
+// live, every attempt, continuation legs included, is accounted for
+// (soakAccount), and the heap in use
 // after GC at 1M is within 10% of its value at 100k. BENCHMARKS.md records
 // the figures.
 func BenchmarkSoak(b *testing.B) {
@@ -717,6 +734,7 @@ func BenchmarkSoak(b *testing.B) {
 		sc.arrivals[f] = c.Load()
 	}
 	sc.other, sc.badTrace, sc.replayAttempts = tap.other.Load(), tap.badTrace, tap.attempts
+	sc.migrations, sc.exclusions = h.migrations(), h.exclusions()
 	problems := soakAccount(cfg, &sc, &tbl)
 	parseErrs := counterTotal(rm, telemetry.ParseErrorsName)
 	fmt.Fprintf(&tbl, "\nengines: %s\nparse errors %d (expected %d); lowest gauge seen %d\n",
@@ -810,7 +828,15 @@ type soakCounts struct {
 	// replayAttempts is the number of distinct attempts among the
 	// replayFault arrivals.
 	replayAttempts int64
+	// migrations is switchboard.request.migrations by "reason/outcome";
+	// exclusions switchboard.request.migration_exclusions by exclusion.
+	migrations map[string]int64
+	exclusions map[string]int64
 }
+
+// migrationLegs are the outcomes of switchboard.request.migrations counted
+// when a continuation leg ends (limit and no_engine start none).
+var migrationLegs = []string{migrationRescued, migrationFailed, migrationCancelled}
 
 // soakAccount checks that every attempt adds up, writes the accounting to
 // tbl and returns what does not add up (nothing when all is well).
@@ -822,13 +848,21 @@ type soakCounts struct {
 // are as many engines as attempts so each retry goes to an engine not yet
 // tried, and enginesim sends no Retry-After), unless the retry budget
 // refuses its first retry: then one, and the refusal is counted in
-// switchboard.request.retry_budget_exhausted. Any other kind makes one.
-// How many retries the budget refuses depends on how many requests are
-// being retried at once, so the refusals are read from that counter, and
-// these hold exactly:
+// switchboard.request.retry_budget_exhausted. Any other kind makes one,
+// plus its continuation leg when the gateway continues its broken stream
+// (soakKind.cont: continuation is on, as by default, with
+// migration.limit 1; the leg carries the client's headers, so the same
+// fault, and the leg is an attempt of its own). How many retries the
+// budget refuses depends on how many requests are being retried at once,
+// so the refusals are read from that counter, and these hold exactly:
 //
 //   - attempts recorded (request.duration) = requests that reach an engine
-//     plus retries (switchboard.request.retries, every reason);
+//     plus retries (switchboard.request.retries, every reason) plus
+//     continuation legs (switchboard.request.migrations with outcome
+//     rescued, failed or cancelled);
+//   - migrations by reason and outcome = the kinds' (cont, rescued):
+//     {cont, rescued} per rescued request, {cont, failed} and {cont,
+//     limit} per request whose leg breaks too; no exclusion;
 //   - the requests the engines received = attempts recorded + the sends
 //     net/http repeated inside an attempt (replayFault: see soakTap), and
 //     the tap in front of the engines saw as many;
@@ -836,11 +870,19 @@ type soakCounts struct {
 //     error.type s = answers relaying s to a client + retries for reason
 //     s: each such attempt was either retried or relayed;
 //   - per fault, the attempts the engines saw = the kinds' requests x
-//     their attempts, minus (MaxAttempts-1) per refused retry;
+//     their attempts (continuation legs included), minus (MaxAttempts-1)
+//     per refused retry;
 //   - retries = (MaxAttempts-1) x (requests of retryable kinds - refused),
 //     all for reasons of retryable kinds.
 //
-// The first and the third hold whatever the timing. The others assume
+// The first and the fourth hold whatever the timing, but for one thing: a
+// healthy stream that the idle timeout found silent on a starved
+// goroutine is continued, and rescued (its client got the whole answer,
+// so no outcome shows it): such timed legs (idle_timeout/rescued beyond
+// the kinds') are reported and allowed as extra engine attempts of their
+// fault, and a timed break after the answer's last token is finished
+// without a leg (rescued, no attempt), so the first identity may fall
+// short by at most the timed legs. The others assume
 // the engines met every attempt, and every retryable request its fault on
 // its first attempt. A gateway timeout firing on a starved goroutine (an
 // unexpected outcome, which the soak bounds separately) can end an attempt
@@ -864,6 +906,8 @@ func soakAccount(cfg Config, c *soakCounts, tbl *strings.Builder) []string {
 	modelType := map[string]int64{}
 	retryType := map[string]bool{}
 	reasons := map[string]bool{}
+	modelMig := map[string]int64{}
+	var legsWant int64
 	for i := range soakKinds {
 		k := &soakKinds[i]
 		n := c.kinds[i]
@@ -878,6 +922,19 @@ func soakAccount(cfg Config, c *soakCounts, tbl *strings.Builder) []string {
 		reach += n
 		modelFault[k.fault] += n * a
 		modelType[k.errType] += n * a
+		if k.cont != "" {
+			// One continuation leg per request, with the same fault.
+			legsWant += n
+			modelFault[k.fault] += n
+			if k.rescued {
+				modelType[""] += n
+				modelMig[k.cont+"/"+migrationRescued] += n
+			} else {
+				modelType[k.errType] += n
+				modelMig[k.cont+"/"+migrationFailed] += n
+				modelMig[k.cont+"/"+migrationLimit] += n
+			}
+		}
 		if a > 1 {
 			retryable += n
 			turned += c.turned[i]
@@ -900,14 +957,56 @@ func soakAccount(cfg Config, c *soakCounts, tbl *strings.Builder) []string {
 	replays := c.arrivals[replayFault] - c.replayAttempts
 	refusedAttempts := (maxA - 1) * c.exhausted
 
+	// Continuation legs: every migration counted with a leg outcome ran
+	// one, save a break after the answer's last token, which is finished
+	// (rescued) without a leg. Beyond the model, a healthy stream that a
+	// gateway timer found idle on a starved goroutine (idle_timeout) may
+	// be continued and rescued, its client none the wiser: those are
+	// timed, not checked against the kinds, and bound the legs that may
+	// have been finished without an attempt. Any other difference needs
+	// a request with an unexpected outcome.
+	var legs, timedLegs int64
+	migKeys := map[string]bool{}
+	for k := range c.migrations {
+		migKeys[k] = true
+	}
+	for k := range modelMig {
+		migKeys[k] = true
+	}
+	for _, key := range slices.Sorted(maps.Keys(migKeys)) {
+		got, want := c.migrations[key], modelMig[key]
+		reason, outcome, _ := strings.Cut(key, "/")
+		leg := slices.Contains(migrationLegs, outcome)
+		if leg {
+			legs += got
+		}
+		switch {
+		case got == want:
+		case got > want && reason == migrateIdle && outcome == migrationRescued:
+			timedLegs += got - want
+		case unexpected > 0:
+			if leg && got > want {
+				timedLegs += got - want
+			}
+		default:
+			fail("migrations %s: %d, want %d", key, got, want)
+		}
+	}
+
 	fmt.Fprintf(tbl, "\nretry rules: retry.on %v, max_attempts %d, budget %g of the requests in flight (at least %d): %d requests of retryable kinds, %d retries refused by the budget; retries by reason %v\n",
 		cfg.Retry.On, maxA, cfg.Retry.BudgetRatio, cfg.Retry.BudgetMin, retryable, c.exhausted, c.retries)
-	fmt.Fprintf(tbl, "attempts recorded %d; requests that reach an engine %d + retries %d = %d\n", recorded, reach, retries, reach+retries)
+	fmt.Fprintf(tbl, "attempts recorded %d; requests that reach an engine %d + retries %d + continuation legs %d (%d by the kinds, %d timed) = %d\n",
+		recorded, reach, retries, legs, legsWant, timedLegs, reach+retries+legs)
+	fmt.Fprintf(tbl, "migrations (reason/outcome) %v, by the kinds %v; exclusions %v\n", c.migrations, modelMig, c.exclusions)
 	fmt.Fprintf(tbl, "engines received %d (tap %d) = attempts %d + %d sends repeated by net/http inside %d %s attempts; %d requests had an unexpected outcome\n",
 		c.received, arrivals, c.received-replays, replays, c.replayAttempts, replayFault, unexpected)
 
-	if recorded != reach+retries {
-		fail("attempts recorded %d, want requests that reach an engine %d + retries %d = %d", recorded, reach, retries, reach+retries)
+	if short := reach + retries + legs - recorded; short != 0 && (short < 0 || short > timedLegs) {
+		fail("attempts recorded %d, want requests that reach an engine %d + retries %d + continuation legs %d = %d (less at most %d timed legs finished without an attempt)",
+			recorded, reach, retries, legs, reach+retries+legs, timedLegs)
+	}
+	if len(c.exclusions) > 0 && unexpected == 0 && timedLegs == 0 {
+		fail("migration exclusions %v: no kind of the mix breaks a request that cannot be continued", c.exclusions)
 	}
 	if arrivals != c.received || c.other != 0 || c.badTrace != 0 {
 		fail("the tap saw %d engine requests (%d with an unknown fault, %d %s without a traceparent), the engines counted %d", arrivals, c.other, c.badTrace, replayFault, c.received)
@@ -944,8 +1043,8 @@ func soakAccount(cfg Config, c *soakCounts, tbl *strings.Builder) []string {
 			retryWant += modelFault[f]
 			continue
 		}
-		if got != modelFault[f] && (unexpected == 0 || got > modelFault[f]) {
-			fail("fault %q: the engines saw %d attempts, want %d (one per request)", f, got, modelFault[f])
+		if d := got - modelFault[f]; d != 0 && (d > timedLegs || d < 0 && unexpected == 0) {
+			fail("fault %q: the engines saw %d attempts, want %d (one per request, and its continuation legs; %d timed legs)", f, got, modelFault[f], timedLegs)
 		}
 	}
 	retryWant -= refusedAttempts
@@ -1050,7 +1149,8 @@ func TestSoakAccount(t *testing.T) {
 	cfg := testConfig()
 	consistent := func() *soakCounts {
 		c := &soakCounts{kinds: make([]int64, len(soakKinds)), turned: make([]int64, len(soakKinds)),
-			relayed: map[int]int64{}, gotTypes: map[string]uint64{}, retries: map[string]int64{}, arrivals: map[string]int64{}}
+			relayed: map[int]int64{}, gotTypes: map[string]uint64{}, retries: map[string]int64{}, arrivals: map[string]int64{},
+			migrations: map[string]int64{}}
 		const refused = 3
 		c.exhausted = refused
 		for i, k := range soakKinds {
@@ -1067,6 +1167,17 @@ func TestSoakAccount(t *testing.T) {
 			c.arrivals[k.fault] += attempts
 			if s, err := strconv.Atoi(k.errType); err == nil {
 				c.relayed[s] += n
+			}
+			if k.cont != "" { // one continuation leg each
+				c.arrivals[k.fault] += n
+				if k.rescued {
+					c.gotTypes[""] += uint64(n)
+					c.migrations[k.cont+"/rescued"] += n
+				} else {
+					c.gotTypes[k.errType] += uint64(n)
+					c.migrations[k.cont+"/failed"] += n
+					c.migrations[k.cont+"/limit"] += n
+				}
 			}
 		}
 		n429 := c.arrivals["status=429"] / 2
@@ -1096,6 +1207,25 @@ func TestSoakAccount(t *testing.T) {
 	if bad := soakAccount(cfg, timed, &tbl); len(bad) != 0 {
 		t.Errorf("an attempt a timeout ended before the engine: %q", bad)
 	}
+	// A healthy stream found idle on a starved goroutine, continued and
+	// rescued (its client got the whole answer): a timed leg, with its
+	// own attempt; or finished without a leg, the break having come
+	// after its last token.
+	idle := consistent()
+	idle.migrations["idle_timeout/rescued"]++
+	idle.gotTypes[""]--
+	idle.gotTypes[ErrTypeIdleTimeout]++
+	leg := *idle
+	leg.gotTypes = maps.Clone(idle.gotTypes)
+	leg.arrivals = maps.Clone(idle.arrivals)
+	leg.gotTypes[""]++
+	leg.arrivals[""]++
+	leg.received++
+	for name, c := range map[string]*soakCounts{"without a leg": idle, "with a leg": &leg} {
+		if bad := soakAccount(cfg, c, &tbl); len(bad) != 0 {
+			t.Errorf("a timed continuation %s: %q", name, bad)
+		}
+	}
 	for _, tc := range []struct {
 		name   string
 		change func(c *soakCounts)
@@ -1108,6 +1238,23 @@ func TestSoakAccount(t *testing.T) {
 			c.retries["connect_failure"]++
 			c.gotTypes[ErrTypeConnect]++
 		}, `retries for reason "connect_failure"`},
+		{"a continuation leg not counted as a migration", func(c *soakCounts) {
+			c.migrations["engine_disconnect/failed"]--
+		}, "attempts recorded"},
+		{"a continuation leg counted, no attempt recorded", func(c *soakCounts) {
+			c.gotTypes[ErrTypeEngineDisconnect]--
+			c.received--
+			c.arrivals["close-after=2"]--
+		}, "attempts recorded"},
+		{"a continuation the kinds do not make", func(c *soakCounts) {
+			c.migrations["engine_disconnect/rescued"]++
+			c.gotTypes[""]++
+			c.received++
+			c.arrivals[""]++
+		}, "migrations engine_disconnect/rescued"},
+		{"a break not continued", func(c *soakCounts) {
+			c.migrations["idle_timeout/limit"]--
+		}, "migrations idle_timeout/limit"},
 	} {
 		c := consistent()
 		tc.change(c)
