@@ -44,6 +44,7 @@ const (
 	outDone      soakOutcome = iota // 200 stream ending in data: [DONE]
 	outErrEvent                     // 200 stream ending in a data: {"error":...} event
 	outStreamCut                    // 200 stream ending otherwise (read error, bare EOF)
+	outNotWhole                     // 200 stream ending in data: [DONE] without the whole answer (soakKind.answer)
 	outOK                           // 200 non-stream, whole body
 	outCut                          // 200 non-stream, body cut (read error)
 	outCancelled                    // the client cancelled after the first content event
@@ -60,7 +61,7 @@ const (
 )
 
 var outcomeNames = [numOutcomes]string{
-	outDone: "200 [DONE]", outErrEvent: "200 error event", outStreamCut: "200 stream cut",
+	outDone: "200 [DONE]", outErrEvent: "200 error event", outStreamCut: "200 stream cut", outNotWhole: "200 [DONE], answer not whole",
 	outOK: "200 body", outCut: "200 body cut", outCancelled: "client cancelled",
 	out400: "400", out404: "404", out429: "429", out500: "500", out502: "502", out503: "503",
 	out504: "504", outOtherStatus: "other status", outTransportErr: "transport error",
@@ -114,6 +115,11 @@ type soakKind struct {
 	// the error event (migrations {cont, failed} and {cont, limit}).
 	cont    string
 	rescued bool
+	// answer, when set, is the number of content tokens of the whole
+	// answer a stream ending in [DONE] must carry: tok0 .. tok<answer-1>
+	// each once and in order, one finish_reason, the usage of that many
+	// completion tokens (wholeAnswer); else it is outNotWhole.
+	answer int
 }
 
 const noAttempt = "-"
@@ -123,11 +129,18 @@ const noAttempt = "-"
 // timeout paths are soaked without dominating the wall time. Every engine
 // fault of the fault matrix that enginesim can inject per request is here;
 // connection refused, connect timeout and the transport panic need a
-// different engine setup and are covered by TestFaultMatrix.
+// different engine setup and are covered by TestFaultMatrix. Continuation
+// (on by default) is soaked both ways: a stream broken mid-answer by an
+// -after fault (close-after, stall-after) is continued, and its leg,
+// which carries the same fault, breaks again (failed, then limit: the
+// error event); one broken by an -at fault (cut-at, reset-at, stall-at:
+// at the answer's content token N, which a continuation resuming at N
+// passes) is continued and rescued: the client gets the whole answer,
+// which the soak checks (answer).
 var soakKinds = []soakKind{
-	{name: "chat stream ok", weight: 300, stream: true, want: outDone},
+	{name: "chat stream ok", weight: 300, stream: true, want: outDone, answer: 4},
 	{name: "chat non-stream ok", weight: 200, want: outOK},
-	{name: "completions stream ok", weight: 40, path: "/v1/completions", stream: true, want: outDone},
+	{name: "completions stream ok", weight: 40, path: "/v1/completions", stream: true, want: outDone, answer: 4},
 	{name: "completions non-stream ok", weight: 30, path: "/v1/completions", want: outOK},
 	{name: "embeddings ok", weight: 20, path: "/v1/embeddings", want: outOK},
 	{name: "chat stream reasoning+tool-call", weight: 20, stream: true, fault: "reasoning=2,tool-call", want: outDone},
@@ -141,15 +154,22 @@ var soakKinds = []soakKind{
 	{name: "close-after-headers non-stream", weight: 15, fault: "close-after-headers", want: out502, errType: ErrTypeEngineDisconnect},
 	{name: "close-after=2 stream", weight: 20, stream: true, fault: "close-after=2", want: outErrEvent, errType: ErrTypeEngineDisconnect, cont: migrateDisconnect},
 	{name: "close-after=2 non-stream", weight: 15, fault: "close-after=2", want: out502, errType: ErrTypeEngineDisconnect},
+	// The first leg breaks at content token 3 (2 for reset-at), the
+	// continuation resumes there and passes: the client gets the whole
+	// answer, rescued.
+	{name: "cut-at=3 stream rescued", weight: 20, stream: true, fault: "cut-at=3", want: outDone, answer: 4, errType: ErrTypeEngineDisconnect, cont: migrateDisconnect, rescued: true},
+	{name: "reset-at=2 completions stream rescued", weight: 10, path: "/v1/completions", stream: true, fault: "reset-at=2", want: outDone, answer: 4, errType: ErrTypeEngineDisconnect, cont: migrateDisconnect, rescued: true},
+	// The engine closes after the finish chunk, before [DONE]: the answer
+	// is whole, not continued.
 	{name: "truncate stream", weight: 10, stream: true, fault: "truncate", want: outErrEvent, errType: ErrTypeEngineDisconnect},
 	{name: "truncate non-stream", weight: 10, fault: "truncate", want: out502, errType: ErrTypeEngineDisconnect},
 	{name: "status=502 html non-stream", weight: 10, fault: "status=502,error-body=html", want: out502, errType: "502", retry: retry502},
 	{name: "malformed stream", weight: 20, stream: true, fault: "malformed", want: outDone, parseErr: true},
 	{name: "malformed non-stream", weight: 10, fault: "malformed", want: outOK},
-	{name: "keepalive stream", weight: 25, stream: true, fault: "keepalive", want: outDone},
+	{name: "keepalive stream", weight: 25, stream: true, fault: "keepalive", want: outDone, answer: 4},
 	{name: "no-content stream", weight: 15, stream: true, fault: "no-content", want: outDone},
 	{name: "no-content non-stream", weight: 10, fault: "no-content", want: outOK},
-	{name: "trickle stream", weight: 10, stream: true, fault: "trickle=0s", want: outDone},
+	{name: "trickle stream", weight: 10, stream: true, fault: "trickle=0s", want: outDone, answer: 4},
 	{name: "slow-headers=1ms non-stream", weight: 10, fault: "slow-headers=1ms", want: outOK},
 	{name: "client cancel after first token", weight: 10, stream: true, fault: "stall-after=1", cancel: true, want: outCancelled, errType: ErrTypeClientCancelled},
 	{name: "bad JSON", weight: 20, body: `{"model":"m","messages":[`, want: out400, errType: noAttempt},
@@ -157,6 +177,7 @@ var soakKinds = []soakKind{
 	{name: "stall-before-headers stream", weight: 3, stream: true, fault: "stall-before-headers", want: out504, errType: ErrTypeHeaderTimeout, retry: retryHeaderTimeout},
 	{name: "stall-before-headers non-stream", weight: 1, fault: "stall-before-headers", want: out504, errType: ErrTypeRequestTimeout},
 	{name: "stall-after=2 stream", weight: 3, stream: true, fault: "stall-after=2", want: outErrEvent, errType: ErrTypeIdleTimeout, cont: migrateIdle},
+	{name: "stall-at=3 stream rescued", weight: 3, stream: true, fault: "stall-at=3", want: outDone, answer: 4, errType: ErrTypeIdleTimeout, cont: migrateIdle, rescued: true},
 	{name: "stall-after=2 non-stream", weight: 2, fault: "stall-after=2", want: out504, errType: ErrTypeIdleTimeout},
 	{name: "stall-after=0 stream (no first token)", weight: 2, stream: true, fault: "stall-after=0", want: outErrEvent, errType: ErrTypeFirstToken, retry: retryFirstToken},
 }
@@ -466,11 +487,40 @@ func (w *soakWorker) do(k *soakKind, body []byte) soakOutcome {
 	case !k.stream:
 		return outOK
 	case err == nil && bytes.HasSuffix(got, []byte("data: [DONE]\n\n")):
+		if k.answer > 0 && !wholeAnswer(got, k.answer) {
+			return outNotWhole
+		}
 		return outDone
 	case bytes.HasSuffix(got, []byte("}}\n\n")) && bytes.HasPrefix(lastEvent(got), []byte(`data: {"error":`)):
 		return outErrEvent
 	}
 	return outStreamCut
+}
+
+// tokenPats are the soak answers' content tokens as they appear in a
+// chunk's content or text: "tok0 " and so on, quoted.
+var tokenPats = func() (p [8][]byte) {
+	for i := range p {
+		p[i] = []byte(strconv.Quote(enginesim.ContentToken(i)))
+	}
+	return p
+}()
+
+// wholeAnswer reports whether a stream body carries the whole answer of
+// n (at most 8) content tokens: each once and in order, one
+// finish_reason, the usage of n completion tokens, no error.
+func wholeAnswer(b []byte, n int) bool {
+	at := 0
+	for _, pat := range tokenPats[:n] {
+		j := bytes.Index(b[at:], pat)
+		if j < 0 || bytes.Contains(b[at+j+len(pat):], pat) {
+			return false
+		}
+		at += j + len(pat)
+	}
+	var q [32]byte
+	usage := strconv.AppendInt(append(q[:0], `"completion_tokens":`...), int64(n), 10)
+	return bytes.Count(b, []byte(`"finish_reason":"`)) == 1 && bytes.Count(b, usage) == 1 && !bytes.Contains(b, []byte(`{"error":`))
 }
 
 // lastEvent returns the last SSE event of a stream body.
@@ -876,11 +926,12 @@ var migrationLegs = []string{migrationRescued, migrationFailed, migrationCancell
 //     all for reasons of retryable kinds.
 //
 // The first and the fourth hold whatever the timing, but for one thing: a
-// healthy stream that the idle timeout found silent on a starved
-// goroutine is continued, and rescued (its client got the whole answer,
-// so no outcome shows it): such timed legs (idle_timeout/rescued beyond
-// the kinds') are reported and allowed as extra engine attempts of their
-// fault, and a timed break after the answer's last token is finished
+// stream that the idle timeout found silent on a starved goroutine is
+// continued, and no outcome shows it (a healthy stream's client gets the
+// whole answer; a cancelling client slower than the timeout leaves during
+// the leg): such timed legs (idle_timeout migrations beyond the kinds')
+// are reported and allowed as extra engine attempts of their fault, and
+// a timed break after the answer's last token is finished
 // without a leg (rescued, no attempt), so the first identity may fall
 // short by at most the timed legs. The others assume
 // the engines met every attempt, and every retryable request its fault on
@@ -959,13 +1010,29 @@ func soakAccount(cfg Config, c *soakCounts, tbl *strings.Builder) []string {
 
 	// Continuation legs: every migration counted with a leg outcome ran
 	// one, save a break after the answer's last token, which is finished
-	// (rescued) without a leg. Beyond the model, a healthy stream that a
-	// gateway timer found idle on a starved goroutine (idle_timeout) may
-	// be continued and rescued, its client none the wiser: those are
-	// timed, not checked against the kinds, and bound the legs that may
-	// have been finished without an attempt. Any other difference needs
+	// (rescued) without a leg. Beyond the model, a stream that a gateway
+	// timer found idle on a starved goroutine (idle_timeout) may be
+	// continued, its client none the wiser: a healthy one rescued, or the
+	// client-cancel kind's (its client, slower than the idle timeout,
+	// leaves during the leg, which breaks: failed, and no limit counted
+	// for a client gone). Those are timed, not checked against the kinds,
+	// and bound the legs that may have been finished without an attempt
+	// and the extra engine attempts per fault. Any other difference needs
 	// a request with an unexpected outcome.
 	var legs, timedLegs int64
+	// Every whole answer of a rescued kind was a rescue, whatever the
+	// timing.
+	whole := map[string]int64{}
+	for i, k := range soakKinds {
+		if k.rescued {
+			whole[k.cont] += c.kinds[i] - c.turned[i]
+		}
+	}
+	for _, r := range slices.Sorted(maps.Keys(whole)) {
+		if got := c.migrations[r+"/"+migrationRescued]; got < whole[r] {
+			fail("migrations %s/%s: %d, fewer than the %d whole answers of kinds rescued after %s", r, migrationRescued, got, whole[r], r)
+		}
+	}
 	migKeys := map[string]bool{}
 	for k := range c.migrations {
 		migKeys[k] = true
@@ -982,8 +1049,10 @@ func soakAccount(cfg Config, c *soakCounts, tbl *strings.Builder) []string {
 		}
 		switch {
 		case got == want:
-		case got > want && reason == migrateIdle && outcome == migrationRescued:
-			timedLegs += got - want
+		case got > want && reason == migrateIdle:
+			if leg {
+				timedLegs += got - want
+			}
 		case unexpected > 0:
 			if leg && got > want {
 				timedLegs += got - want
@@ -1221,7 +1290,15 @@ func TestSoakAccount(t *testing.T) {
 	leg.gotTypes[""]++
 	leg.arrivals[""]++
 	leg.received++
-	for name, c := range map[string]*soakCounts{"without a leg": idle, "with a leg": &leg} {
+	// The client-cancel kind's stream found idle before its client left:
+	// continued, and the client leaves during the leg, which breaks.
+	cancelled := consistent()
+	cancelled.migrations["idle_timeout/failed"]++
+	cancelled.gotTypes[ErrTypeClientCancelled]--
+	cancelled.gotTypes[ErrTypeIdleTimeout] += 2
+	cancelled.arrivals["stall-after=1"]++
+	cancelled.received++
+	for name, c := range map[string]*soakCounts{"without a leg": idle, "with a leg": &leg, "its client leaving during the leg": cancelled} {
 		if bad := soakAccount(cfg, c, &tbl); len(bad) != 0 {
 			t.Errorf("a timed continuation %s: %q", name, bad)
 		}
@@ -1255,12 +1332,49 @@ func TestSoakAccount(t *testing.T) {
 		{"a break not continued", func(c *soakCounts) {
 			c.migrations["idle_timeout/limit"]--
 		}, "migrations idle_timeout/limit"},
+		{"a continuation after a disconnect the kinds do not make", func(c *soakCounts) {
+			c.migrations["engine_disconnect/failed"]++
+			c.gotTypes[ErrTypeEngineDisconnect]++
+			c.received++
+			c.arrivals["stall-after=1"]++
+		}, "migrations engine_disconnect/failed"},
+		{"a whole answer of a rescued kind not counted as rescued", func(c *soakCounts) {
+			c.migrations["engine_disconnect/rescued"]--
+			c.migrations["engine_disconnect/failed"]++
+		}, "fewer than the"},
 	} {
 		c := consistent()
 		tc.change(c)
 		bad := soakAccount(cfg, c, &tbl)
 		if !strings.Contains(strings.Join(bad, "\n"), tc.want) {
 			t.Errorf("%s: problems %q, want one containing %q", tc.name, bad, tc.want)
+		}
+	}
+}
+
+// TestWholeAnswer holds the soak's body check to what a client must get:
+// each token once and in order, one finish, the usage, no error event.
+func TestWholeAnswer(t *testing.T) {
+	chunk := func(tok string) string {
+		return `data: {"id":"c","choices":[{"index":0,"delta":{"content":"` + tok + `"},"finish_reason":null}]}` + "\n\n"
+	}
+	finish := `data: {"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"length"}]}` + "\n\n"
+	usage := `data: {"id":"c","choices":[],"usage":{"prompt_tokens":6,"total_tokens":10,"completion_tokens":4}}` + "\n\n"
+	done := "data: [DONE]\n\n"
+	whole := chunk("tok0 ") + chunk("tok1 ") + chunk("tok2 ") + chunk("tok3 ") + finish + usage + done
+	if !wholeAnswer([]byte(whole), 4) {
+		t.Fatalf("the whole answer was not taken for whole: %s", whole)
+	}
+	for name, b := range map[string]string{
+		"a token missing":    chunk("tok0 ") + chunk("tok1 ") + chunk("tok3 ") + finish + usage + done,
+		"a token repeated":   chunk("tok0 ") + chunk("tok1 ") + chunk("tok2 ") + chunk("tok2 ") + chunk("tok3 ") + finish + usage + done,
+		"out of order":       chunk("tok0 ") + chunk("tok2 ") + chunk("tok1 ") + chunk("tok3 ") + finish + usage + done,
+		"two finish chunks":  chunk("tok0 ") + chunk("tok1 ") + chunk("tok2 ") + chunk("tok3 ") + finish + finish + usage + done,
+		"two usage chunks":   chunk("tok0 ") + chunk("tok1 ") + chunk("tok2 ") + chunk("tok3 ") + finish + usage + usage + done,
+		"an error event too": chunk("tok0 ") + chunk("tok1 ") + chunk("tok2 ") + chunk("tok3 ") + `data: {"error":{"message":"x"}}` + "\n\n" + finish + usage + done,
+	} {
+		if wholeAnswer([]byte(b), 4) {
+			t.Errorf("%s: taken for the whole answer", name)
 		}
 	}
 }
