@@ -234,6 +234,38 @@ func TestContinuationCompletesAnswer(t *testing.T) {
 	}
 }
 
+// TestContinuationNotAfterFinish: a stream whose engine closes after its
+// finish chunk (and usage), before [DONE], has its whole answer: it is not
+// continued (a continuation would send a second finish chunk and usage),
+// and ends as without continuation, with the explicit error event after
+// the one finish; no migration is counted and the other engine is never
+// asked.
+func TestContinuationNotAfterFinish(t *testing.T) {
+	for _, route := range []string{"chat", "completions"} {
+		t.Run(route, func(t *testing.T) {
+			rh := newRetryHarness(t, "truncate", "", nil)
+			path, body := "/v1/chat/completions", contBody(4, "")
+			if route == "completions" {
+				path, body = "/v1/completions", `{"model":"m","prompt":"a b c d","max_tokens":4,"stream":true,"stream_options":{"include_usage":true}}`
+			}
+			cs := readClientStream(t, rh.post(path, body))
+			if cs.text != canonical(4) || len(cs.finishes) != 1 || cs.usage == nil || cs.usage.Completion != 4 {
+				t.Errorf("answer %q, finishes %v, usage %+v: want the whole answer with one finish and its usage", cs.text, cs.finishes, cs.usage)
+			}
+			if cs.done || len(cs.errors) != 1 {
+				t.Errorf("done %v, errors %v: want the error event and no [DONE]", cs.done, cs.errors)
+			}
+			rh.waitIdle()
+			if got := rh.migrations(); len(got) != 0 {
+				t.Errorf("migrations %v, want none", got)
+			}
+			if got := rh.releases(); len(got["e1"]) != 1 || len(got["e2"]) != 0 {
+				t.Errorf("releases %v, want one on e1 and none on e2", got)
+			}
+		})
+	}
+}
+
 // contBody is a streaming chat request of n tokens with usage.
 func contBody(n int, extra string) string {
 	return `{"model":"m","messages":[{"role":"user","content":"a b c d"}],"max_tokens":` + strconv.Itoa(n) + `,"stream":true,"stream_options":{"include_usage":true}` + extra + `}`

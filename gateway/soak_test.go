@@ -44,6 +44,7 @@ const (
 	outDone      soakOutcome = iota // 200 stream ending in data: [DONE]
 	outErrEvent                     // 200 stream ending in a data: {"error":...} event
 	outStreamCut                    // 200 stream ending otherwise (read error, bare EOF)
+	outNotWhole                     // 200 stream ending in data: [DONE] without the whole answer (soakKind.answer)
 	outOK                           // 200 non-stream, whole body
 	outCut                          // 200 non-stream, body cut (read error)
 	outCancelled                    // the client cancelled after the first content event
@@ -60,7 +61,7 @@ const (
 )
 
 var outcomeNames = [numOutcomes]string{
-	outDone: "200 [DONE]", outErrEvent: "200 error event", outStreamCut: "200 stream cut",
+	outDone: "200 [DONE]", outErrEvent: "200 error event", outStreamCut: "200 stream cut", outNotWhole: "200 [DONE], answer not whole",
 	outOK: "200 body", outCut: "200 body cut", outCancelled: "client cancelled",
 	out400: "400", out404: "404", out429: "429", out500: "500", out502: "502", out503: "503",
 	out504: "504", outOtherStatus: "other status", outTransportErr: "transport error",
@@ -104,6 +105,21 @@ type soakKind struct {
 	// condition is in retry.on makes Config.MaxAttempts attempts, unless
 	// the retry budget refuses its first retry (then one).
 	retry retryReason
+	// cont is the failure kind (MigrationConfig.On) of a break after the
+	// first tokens reached the client, which the gateway continues on
+	// another engine ("" for none): one continuation leg, one more
+	// attempt, which carries the client's headers and so the same fault.
+	// rescued: the leg finishes the answer (switchboard.request.migrations
+	// {cont, rescued}; the leg's attempt succeeds); else it breaks the
+	// same way, with errType, and migration.limit (1) ends the stream with
+	// the error event (migrations {cont, failed} and {cont, limit}).
+	cont    string
+	rescued bool
+	// answer, when set, is the number of content tokens of the whole
+	// answer a stream ending in [DONE] must carry: tok0 .. tok<answer-1>
+	// each once and in order, one finish_reason, the usage of that many
+	// completion tokens (wholeAnswer); else it is outNotWhole.
+	answer int
 }
 
 const noAttempt = "-"
@@ -113,11 +129,18 @@ const noAttempt = "-"
 // timeout paths are soaked without dominating the wall time. Every engine
 // fault of the fault matrix that enginesim can inject per request is here;
 // connection refused, connect timeout and the transport panic need a
-// different engine setup and are covered by TestFaultMatrix.
+// different engine setup and are covered by TestFaultMatrix. Continuation
+// (on by default) is soaked both ways: a stream broken mid-answer by an
+// -after fault (close-after, stall-after) is continued, and its leg,
+// which carries the same fault, breaks again (failed, then limit: the
+// error event); one broken by an -at fault (cut-at, reset-at, stall-at:
+// at the answer's content token N, which a continuation resuming at N
+// passes) is continued and rescued: the client gets the whole answer,
+// which the soak checks (answer).
 var soakKinds = []soakKind{
-	{name: "chat stream ok", weight: 300, stream: true, want: outDone},
+	{name: "chat stream ok", weight: 300, stream: true, want: outDone, answer: 4},
 	{name: "chat non-stream ok", weight: 200, want: outOK},
-	{name: "completions stream ok", weight: 40, path: "/v1/completions", stream: true, want: outDone},
+	{name: "completions stream ok", weight: 40, path: "/v1/completions", stream: true, want: outDone, answer: 4},
 	{name: "completions non-stream ok", weight: 30, path: "/v1/completions", want: outOK},
 	{name: "embeddings ok", weight: 20, path: "/v1/embeddings", want: outOK},
 	{name: "chat stream reasoning+tool-call", weight: 20, stream: true, fault: "reasoning=2,tool-call", want: outDone},
@@ -129,24 +152,32 @@ var soakKinds = []soakKind{
 	{name: "close-before-headers non-stream", weight: 15, fault: "close-before-headers", want: out502, errType: ErrTypeEngineDisconnect, retry: retryReset},
 	{name: "close-after-headers stream", weight: 15, stream: true, fault: "close-after-headers", want: out502, errType: ErrTypeEngineDisconnect},
 	{name: "close-after-headers non-stream", weight: 15, fault: "close-after-headers", want: out502, errType: ErrTypeEngineDisconnect},
-	{name: "close-after=2 stream", weight: 20, stream: true, fault: "close-after=2", want: outErrEvent, errType: ErrTypeEngineDisconnect},
+	{name: "close-after=2 stream", weight: 20, stream: true, fault: "close-after=2", want: outErrEvent, errType: ErrTypeEngineDisconnect, cont: migrateDisconnect},
 	{name: "close-after=2 non-stream", weight: 15, fault: "close-after=2", want: out502, errType: ErrTypeEngineDisconnect},
+	// The first leg breaks at content token 3 (2 for reset-at), the
+	// continuation resumes there and passes: the client gets the whole
+	// answer, rescued.
+	{name: "cut-at=3 stream rescued", weight: 20, stream: true, fault: "cut-at=3", want: outDone, answer: 4, errType: ErrTypeEngineDisconnect, cont: migrateDisconnect, rescued: true},
+	{name: "reset-at=2 completions stream rescued", weight: 10, path: "/v1/completions", stream: true, fault: "reset-at=2", want: outDone, answer: 4, errType: ErrTypeEngineDisconnect, cont: migrateDisconnect, rescued: true},
+	// The engine closes after the finish chunk, before [DONE]: the answer
+	// is whole, not continued.
 	{name: "truncate stream", weight: 10, stream: true, fault: "truncate", want: outErrEvent, errType: ErrTypeEngineDisconnect},
 	{name: "truncate non-stream", weight: 10, fault: "truncate", want: out502, errType: ErrTypeEngineDisconnect},
 	{name: "status=502 html non-stream", weight: 10, fault: "status=502,error-body=html", want: out502, errType: "502", retry: retry502},
 	{name: "malformed stream", weight: 20, stream: true, fault: "malformed", want: outDone, parseErr: true},
 	{name: "malformed non-stream", weight: 10, fault: "malformed", want: outOK},
-	{name: "keepalive stream", weight: 25, stream: true, fault: "keepalive", want: outDone},
+	{name: "keepalive stream", weight: 25, stream: true, fault: "keepalive", want: outDone, answer: 4},
 	{name: "no-content stream", weight: 15, stream: true, fault: "no-content", want: outDone},
 	{name: "no-content non-stream", weight: 10, fault: "no-content", want: outOK},
-	{name: "trickle stream", weight: 10, stream: true, fault: "trickle=0s", want: outDone},
+	{name: "trickle stream", weight: 10, stream: true, fault: "trickle=0s", want: outDone, answer: 4},
 	{name: "slow-headers=1ms non-stream", weight: 10, fault: "slow-headers=1ms", want: outOK},
 	{name: "client cancel after first token", weight: 10, stream: true, fault: "stall-after=1", cancel: true, want: outCancelled, errType: ErrTypeClientCancelled},
 	{name: "bad JSON", weight: 20, body: `{"model":"m","messages":[`, want: out400, errType: noAttempt},
 	{name: "unknown model", weight: 20, body: `{"model":"no-such-model","messages":[{"role":"user","content":"hi"}]}`, want: out404, errType: noAttempt},
 	{name: "stall-before-headers stream", weight: 3, stream: true, fault: "stall-before-headers", want: out504, errType: ErrTypeHeaderTimeout, retry: retryHeaderTimeout},
 	{name: "stall-before-headers non-stream", weight: 1, fault: "stall-before-headers", want: out504, errType: ErrTypeRequestTimeout},
-	{name: "stall-after=2 stream", weight: 3, stream: true, fault: "stall-after=2", want: outErrEvent, errType: ErrTypeIdleTimeout},
+	{name: "stall-after=2 stream", weight: 3, stream: true, fault: "stall-after=2", want: outErrEvent, errType: ErrTypeIdleTimeout, cont: migrateIdle},
+	{name: "stall-at=3 stream rescued", weight: 3, stream: true, fault: "stall-at=3", want: outDone, answer: 4, errType: ErrTypeIdleTimeout, cont: migrateIdle, rescued: true},
 	{name: "stall-after=2 non-stream", weight: 2, fault: "stall-after=2", want: out504, errType: ErrTypeIdleTimeout},
 	{name: "stall-after=0 stream (no first token)", weight: 2, stream: true, fault: "stall-after=0", want: outErrEvent, errType: ErrTypeFirstToken, retry: retryFirstToken},
 }
@@ -456,11 +487,40 @@ func (w *soakWorker) do(k *soakKind, body []byte) soakOutcome {
 	case !k.stream:
 		return outOK
 	case err == nil && bytes.HasSuffix(got, []byte("data: [DONE]\n\n")):
+		if k.answer > 0 && !wholeAnswer(got, k.answer) {
+			return outNotWhole
+		}
 		return outDone
 	case bytes.HasSuffix(got, []byte("}}\n\n")) && bytes.HasPrefix(lastEvent(got), []byte(`data: {"error":`)):
 		return outErrEvent
 	}
 	return outStreamCut
+}
+
+// tokenPats are the soak answers' content tokens as they appear in a
+// chunk's content or text: "tok0 " and so on, quoted.
+var tokenPats = func() (p [8][]byte) {
+	for i := range p {
+		p[i] = []byte(strconv.Quote(enginesim.ContentToken(i)))
+	}
+	return p
+}()
+
+// wholeAnswer reports whether a stream body carries the whole answer of
+// n (at most 8) content tokens: each once and in order, one
+// finish_reason, the usage of n completion tokens, no error.
+func wholeAnswer(b []byte, n int) bool {
+	at := 0
+	for _, pat := range tokenPats[:n] {
+		j := bytes.Index(b[at:], pat)
+		if j < 0 || bytes.Contains(b[at+j+len(pat):], pat) {
+			return false
+		}
+		at += j + len(pat)
+	}
+	var q [32]byte
+	usage := strconv.AppendInt(append(q[:0], `"completion_tokens":`...), int64(n), 10)
+	return bytes.Count(b, []byte(`"finish_reason":"`)) == 1 && bytes.Count(b, usage) == 1 && !bytes.Contains(b, []byte(`{"error":`))
 }
 
 // lastEvent returns the last SSE event of a stream body.
@@ -484,9 +544,16 @@ func lastEvent(b []byte) []byte {
 // the accounting below cannot go red unseen; the heap check needs the 1M
 // checkpoint.
 //
+// It runs with the gateway's defaults but for timeouts and probes:
+// continuation is on (migration.limit 1), so a stream broken after its
+// first tokens gets a continuation leg, an attempt of its own on another
+// engine, which carries the client's X-Enginesim-Fault like every other
+// header: the kinds say which (soakKind.cont) and how it ends.
+//
 // It fails unless, at every checkpoint and at the end, every
 // active_requests gauge reads 0 (and was never seen below 0), no attempt is
-// live, every attempt is accounted for (soakAccount), and the heap in use
+// live, every attempt, continuation legs included, is accounted for
+// (soakAccount), and the heap in use
 // after GC at 1M is within 10% of its value at 100k. BENCHMARKS.md records
 // the figures.
 func BenchmarkSoak(b *testing.B) {
@@ -717,6 +784,7 @@ func BenchmarkSoak(b *testing.B) {
 		sc.arrivals[f] = c.Load()
 	}
 	sc.other, sc.badTrace, sc.replayAttempts = tap.other.Load(), tap.badTrace, tap.attempts
+	sc.migrations, sc.exclusions = h.migrations(), h.exclusions()
 	problems := soakAccount(cfg, &sc, &tbl)
 	parseErrs := counterTotal(rm, telemetry.ParseErrorsName)
 	fmt.Fprintf(&tbl, "\nengines: %s\nparse errors %d (expected %d); lowest gauge seen %d\n",
@@ -810,7 +878,15 @@ type soakCounts struct {
 	// replayAttempts is the number of distinct attempts among the
 	// replayFault arrivals.
 	replayAttempts int64
+	// migrations is switchboard.request.migrations by "reason/outcome";
+	// exclusions switchboard.request.migration_exclusions by exclusion.
+	migrations map[string]int64
+	exclusions map[string]int64
 }
+
+// migrationLegs are the outcomes of switchboard.request.migrations counted
+// when a continuation leg ends (limit and no_engine start none).
+var migrationLegs = []string{migrationRescued, migrationFailed, migrationCancelled}
 
 // soakAccount checks that every attempt adds up, writes the accounting to
 // tbl and returns what does not add up (nothing when all is well).
@@ -822,13 +898,21 @@ type soakCounts struct {
 // are as many engines as attempts so each retry goes to an engine not yet
 // tried, and enginesim sends no Retry-After), unless the retry budget
 // refuses its first retry: then one, and the refusal is counted in
-// switchboard.request.retry_budget_exhausted. Any other kind makes one.
-// How many retries the budget refuses depends on how many requests are
-// being retried at once, so the refusals are read from that counter, and
-// these hold exactly:
+// switchboard.request.retry_budget_exhausted. Any other kind makes one,
+// plus its continuation leg when the gateway continues its broken stream
+// (soakKind.cont: continuation is on, as by default, with
+// migration.limit 1; the leg carries the client's headers, so the same
+// fault, and the leg is an attempt of its own). How many retries the
+// budget refuses depends on how many requests are being retried at once,
+// so the refusals are read from that counter, and these hold exactly:
 //
 //   - attempts recorded (request.duration) = requests that reach an engine
-//     plus retries (switchboard.request.retries, every reason);
+//     plus retries (switchboard.request.retries, every reason) plus
+//     continuation legs (switchboard.request.migrations with outcome
+//     rescued, failed or cancelled);
+//   - migrations by reason and outcome = the kinds' (cont, rescued):
+//     {cont, rescued} per rescued request, {cont, failed} and {cont,
+//     limit} per request whose leg breaks too; no exclusion;
 //   - the requests the engines received = attempts recorded + the sends
 //     net/http repeated inside an attempt (replayFault: see soakTap), and
 //     the tap in front of the engines saw as many;
@@ -836,11 +920,20 @@ type soakCounts struct {
 //     error.type s = answers relaying s to a client + retries for reason
 //     s: each such attempt was either retried or relayed;
 //   - per fault, the attempts the engines saw = the kinds' requests x
-//     their attempts, minus (MaxAttempts-1) per refused retry;
+//     their attempts (continuation legs included), minus (MaxAttempts-1)
+//     per refused retry;
 //   - retries = (MaxAttempts-1) x (requests of retryable kinds - refused),
 //     all for reasons of retryable kinds.
 //
-// The first and the third hold whatever the timing. The others assume
+// The first and the fourth hold whatever the timing, but for one thing: a
+// stream that the idle timeout found silent on a starved goroutine is
+// continued, and no outcome shows it (a healthy stream's client gets the
+// whole answer; a cancelling client slower than the timeout leaves during
+// the leg): such timed legs (idle_timeout migrations beyond the kinds')
+// are reported and allowed as extra engine attempts of their fault, and
+// a timed break after the answer's last token is finished
+// without a leg (rescued, no attempt), so the first identity may fall
+// short by at most the timed legs. The others assume
 // the engines met every attempt, and every retryable request its fault on
 // its first attempt. A gateway timeout firing on a starved goroutine (an
 // unexpected outcome, which the soak bounds separately) can end an attempt
@@ -864,6 +957,8 @@ func soakAccount(cfg Config, c *soakCounts, tbl *strings.Builder) []string {
 	modelType := map[string]int64{}
 	retryType := map[string]bool{}
 	reasons := map[string]bool{}
+	modelMig := map[string]int64{}
+	var legsWant int64
 	for i := range soakKinds {
 		k := &soakKinds[i]
 		n := c.kinds[i]
@@ -878,6 +973,19 @@ func soakAccount(cfg Config, c *soakCounts, tbl *strings.Builder) []string {
 		reach += n
 		modelFault[k.fault] += n * a
 		modelType[k.errType] += n * a
+		if k.cont != "" {
+			// One continuation leg per request, with the same fault.
+			legsWant += n
+			modelFault[k.fault] += n
+			if k.rescued {
+				modelType[""] += n
+				modelMig[k.cont+"/"+migrationRescued] += n
+			} else {
+				modelType[k.errType] += n
+				modelMig[k.cont+"/"+migrationFailed] += n
+				modelMig[k.cont+"/"+migrationLimit] += n
+			}
+		}
 		if a > 1 {
 			retryable += n
 			turned += c.turned[i]
@@ -900,14 +1008,74 @@ func soakAccount(cfg Config, c *soakCounts, tbl *strings.Builder) []string {
 	replays := c.arrivals[replayFault] - c.replayAttempts
 	refusedAttempts := (maxA - 1) * c.exhausted
 
+	// Continuation legs: every migration counted with a leg outcome ran
+	// one, save a break after the answer's last token, which is finished
+	// (rescued) without a leg. Beyond the model, a stream that a gateway
+	// timer found idle on a starved goroutine (idle_timeout) may be
+	// continued, its client none the wiser: a healthy one rescued, or the
+	// client-cancel kind's (its client, slower than the idle timeout,
+	// leaves during the leg, which breaks: failed, and no limit counted
+	// for a client gone). Those are timed, not checked against the kinds,
+	// and bound the legs that may have been finished without an attempt
+	// and the extra engine attempts per fault. Any other difference needs
+	// a request with an unexpected outcome.
+	var legs, timedLegs int64
+	// Every whole answer of a rescued kind was a rescue, whatever the
+	// timing.
+	whole := map[string]int64{}
+	for i, k := range soakKinds {
+		if k.rescued {
+			whole[k.cont] += c.kinds[i] - c.turned[i]
+		}
+	}
+	for _, r := range slices.Sorted(maps.Keys(whole)) {
+		if got := c.migrations[r+"/"+migrationRescued]; got < whole[r] {
+			fail("migrations %s/%s: %d, fewer than the %d whole answers of kinds rescued after %s", r, migrationRescued, got, whole[r], r)
+		}
+	}
+	migKeys := map[string]bool{}
+	for k := range c.migrations {
+		migKeys[k] = true
+	}
+	for k := range modelMig {
+		migKeys[k] = true
+	}
+	for _, key := range slices.Sorted(maps.Keys(migKeys)) {
+		got, want := c.migrations[key], modelMig[key]
+		reason, outcome, _ := strings.Cut(key, "/")
+		leg := slices.Contains(migrationLegs, outcome)
+		if leg {
+			legs += got
+		}
+		switch {
+		case got == want:
+		case got > want && reason == migrateIdle:
+			if leg {
+				timedLegs += got - want
+			}
+		case unexpected > 0:
+			if leg && got > want {
+				timedLegs += got - want
+			}
+		default:
+			fail("migrations %s: %d, want %d", key, got, want)
+		}
+	}
+
 	fmt.Fprintf(tbl, "\nretry rules: retry.on %v, max_attempts %d, budget %g of the requests in flight (at least %d): %d requests of retryable kinds, %d retries refused by the budget; retries by reason %v\n",
 		cfg.Retry.On, maxA, cfg.Retry.BudgetRatio, cfg.Retry.BudgetMin, retryable, c.exhausted, c.retries)
-	fmt.Fprintf(tbl, "attempts recorded %d; requests that reach an engine %d + retries %d = %d\n", recorded, reach, retries, reach+retries)
+	fmt.Fprintf(tbl, "attempts recorded %d; requests that reach an engine %d + retries %d + continuation legs %d (%d by the kinds, %d timed) = %d\n",
+		recorded, reach, retries, legs, legsWant, timedLegs, reach+retries+legs)
+	fmt.Fprintf(tbl, "migrations (reason/outcome) %v, by the kinds %v; exclusions %v\n", c.migrations, modelMig, c.exclusions)
 	fmt.Fprintf(tbl, "engines received %d (tap %d) = attempts %d + %d sends repeated by net/http inside %d %s attempts; %d requests had an unexpected outcome\n",
 		c.received, arrivals, c.received-replays, replays, c.replayAttempts, replayFault, unexpected)
 
-	if recorded != reach+retries {
-		fail("attempts recorded %d, want requests that reach an engine %d + retries %d = %d", recorded, reach, retries, reach+retries)
+	if short := reach + retries + legs - recorded; short != 0 && (short < 0 || short > timedLegs) {
+		fail("attempts recorded %d, want requests that reach an engine %d + retries %d + continuation legs %d = %d (less at most %d timed legs finished without an attempt)",
+			recorded, reach, retries, legs, reach+retries+legs, timedLegs)
+	}
+	if len(c.exclusions) > 0 && unexpected == 0 && timedLegs == 0 {
+		fail("migration exclusions %v: no kind of the mix breaks a request that cannot be continued", c.exclusions)
 	}
 	if arrivals != c.received || c.other != 0 || c.badTrace != 0 {
 		fail("the tap saw %d engine requests (%d with an unknown fault, %d %s without a traceparent), the engines counted %d", arrivals, c.other, c.badTrace, replayFault, c.received)
@@ -944,8 +1112,8 @@ func soakAccount(cfg Config, c *soakCounts, tbl *strings.Builder) []string {
 			retryWant += modelFault[f]
 			continue
 		}
-		if got != modelFault[f] && (unexpected == 0 || got > modelFault[f]) {
-			fail("fault %q: the engines saw %d attempts, want %d (one per request)", f, got, modelFault[f])
+		if d := got - modelFault[f]; d != 0 && (d > timedLegs || d < 0 && unexpected == 0) {
+			fail("fault %q: the engines saw %d attempts, want %d (one per request, and its continuation legs; %d timed legs)", f, got, modelFault[f], timedLegs)
 		}
 	}
 	retryWant -= refusedAttempts
@@ -1050,7 +1218,8 @@ func TestSoakAccount(t *testing.T) {
 	cfg := testConfig()
 	consistent := func() *soakCounts {
 		c := &soakCounts{kinds: make([]int64, len(soakKinds)), turned: make([]int64, len(soakKinds)),
-			relayed: map[int]int64{}, gotTypes: map[string]uint64{}, retries: map[string]int64{}, arrivals: map[string]int64{}}
+			relayed: map[int]int64{}, gotTypes: map[string]uint64{}, retries: map[string]int64{}, arrivals: map[string]int64{},
+			migrations: map[string]int64{}}
 		const refused = 3
 		c.exhausted = refused
 		for i, k := range soakKinds {
@@ -1067,6 +1236,17 @@ func TestSoakAccount(t *testing.T) {
 			c.arrivals[k.fault] += attempts
 			if s, err := strconv.Atoi(k.errType); err == nil {
 				c.relayed[s] += n
+			}
+			if k.cont != "" { // one continuation leg each
+				c.arrivals[k.fault] += n
+				if k.rescued {
+					c.gotTypes[""] += uint64(n)
+					c.migrations[k.cont+"/rescued"] += n
+				} else {
+					c.gotTypes[k.errType] += uint64(n)
+					c.migrations[k.cont+"/failed"] += n
+					c.migrations[k.cont+"/limit"] += n
+				}
 			}
 		}
 		n429 := c.arrivals["status=429"] / 2
@@ -1096,6 +1276,33 @@ func TestSoakAccount(t *testing.T) {
 	if bad := soakAccount(cfg, timed, &tbl); len(bad) != 0 {
 		t.Errorf("an attempt a timeout ended before the engine: %q", bad)
 	}
+	// A healthy stream found idle on a starved goroutine, continued and
+	// rescued (its client got the whole answer): a timed leg, with its
+	// own attempt; or finished without a leg, the break having come
+	// after its last token.
+	idle := consistent()
+	idle.migrations["idle_timeout/rescued"]++
+	idle.gotTypes[""]--
+	idle.gotTypes[ErrTypeIdleTimeout]++
+	leg := *idle
+	leg.gotTypes = maps.Clone(idle.gotTypes)
+	leg.arrivals = maps.Clone(idle.arrivals)
+	leg.gotTypes[""]++
+	leg.arrivals[""]++
+	leg.received++
+	// The client-cancel kind's stream found idle before its client left:
+	// continued, and the client leaves during the leg, which breaks.
+	cancelled := consistent()
+	cancelled.migrations["idle_timeout/failed"]++
+	cancelled.gotTypes[ErrTypeClientCancelled]--
+	cancelled.gotTypes[ErrTypeIdleTimeout] += 2
+	cancelled.arrivals["stall-after=1"]++
+	cancelled.received++
+	for name, c := range map[string]*soakCounts{"without a leg": idle, "with a leg": &leg, "its client leaving during the leg": cancelled} {
+		if bad := soakAccount(cfg, c, &tbl); len(bad) != 0 {
+			t.Errorf("a timed continuation %s: %q", name, bad)
+		}
+	}
 	for _, tc := range []struct {
 		name   string
 		change func(c *soakCounts)
@@ -1108,12 +1315,66 @@ func TestSoakAccount(t *testing.T) {
 			c.retries["connect_failure"]++
 			c.gotTypes[ErrTypeConnect]++
 		}, `retries for reason "connect_failure"`},
+		{"a continuation leg not counted as a migration", func(c *soakCounts) {
+			c.migrations["engine_disconnect/failed"]--
+		}, "attempts recorded"},
+		{"a continuation leg counted, no attempt recorded", func(c *soakCounts) {
+			c.gotTypes[ErrTypeEngineDisconnect]--
+			c.received--
+			c.arrivals["close-after=2"]--
+		}, "attempts recorded"},
+		{"a continuation the kinds do not make", func(c *soakCounts) {
+			c.migrations["engine_disconnect/rescued"]++
+			c.gotTypes[""]++
+			c.received++
+			c.arrivals[""]++
+		}, "migrations engine_disconnect/rescued"},
+		{"a break not continued", func(c *soakCounts) {
+			c.migrations["idle_timeout/limit"]--
+		}, "migrations idle_timeout/limit"},
+		{"a continuation after a disconnect the kinds do not make", func(c *soakCounts) {
+			c.migrations["engine_disconnect/failed"]++
+			c.gotTypes[ErrTypeEngineDisconnect]++
+			c.received++
+			c.arrivals["stall-after=1"]++
+		}, "migrations engine_disconnect/failed"},
+		{"a whole answer of a rescued kind not counted as rescued", func(c *soakCounts) {
+			c.migrations["engine_disconnect/rescued"]--
+			c.migrations["engine_disconnect/failed"]++
+		}, "fewer than the"},
 	} {
 		c := consistent()
 		tc.change(c)
 		bad := soakAccount(cfg, c, &tbl)
 		if !strings.Contains(strings.Join(bad, "\n"), tc.want) {
 			t.Errorf("%s: problems %q, want one containing %q", tc.name, bad, tc.want)
+		}
+	}
+}
+
+// TestWholeAnswer holds the soak's body check to what a client must get:
+// each token once and in order, one finish, the usage, no error event.
+func TestWholeAnswer(t *testing.T) {
+	chunk := func(tok string) string {
+		return `data: {"id":"c","choices":[{"index":0,"delta":{"content":"` + tok + `"},"finish_reason":null}]}` + "\n\n"
+	}
+	finish := `data: {"id":"c","choices":[{"index":0,"delta":{},"finish_reason":"length"}]}` + "\n\n"
+	usage := `data: {"id":"c","choices":[],"usage":{"prompt_tokens":6,"total_tokens":10,"completion_tokens":4}}` + "\n\n"
+	done := "data: [DONE]\n\n"
+	whole := chunk("tok0 ") + chunk("tok1 ") + chunk("tok2 ") + chunk("tok3 ") + finish + usage + done
+	if !wholeAnswer([]byte(whole), 4) {
+		t.Fatalf("the whole answer was not taken for whole: %s", whole)
+	}
+	for name, b := range map[string]string{
+		"a token missing":    chunk("tok0 ") + chunk("tok1 ") + chunk("tok3 ") + finish + usage + done,
+		"a token repeated":   chunk("tok0 ") + chunk("tok1 ") + chunk("tok2 ") + chunk("tok2 ") + chunk("tok3 ") + finish + usage + done,
+		"out of order":       chunk("tok0 ") + chunk("tok2 ") + chunk("tok1 ") + chunk("tok3 ") + finish + usage + done,
+		"two finish chunks":  chunk("tok0 ") + chunk("tok1 ") + chunk("tok2 ") + chunk("tok3 ") + finish + finish + usage + done,
+		"two usage chunks":   chunk("tok0 ") + chunk("tok1 ") + chunk("tok2 ") + chunk("tok3 ") + finish + usage + usage + done,
+		"an error event too": chunk("tok0 ") + chunk("tok1 ") + chunk("tok2 ") + chunk("tok3 ") + `data: {"error":{"message":"x"}}` + "\n\n" + finish + usage + done,
+	} {
+		if wholeAnswer([]byte(b), 4) {
+			t.Errorf("%s: taken for the whole answer", name)
 		}
 	}
 }

@@ -41,6 +41,11 @@ type streamState struct {
 	reason  string // the failure kind when tail is held
 	// last is when the last content event was read.
 	last time.Time
+	// finished: the leg forwarded a finish_reason, so its generation is
+	// complete and a break after it (the engine closing before [DONE])
+	// is not continued: a continuation would add a second finish (or
+	// tokens after the end).
+	finished bool
 	// ch is the last chunk onChunk inspected (for reassembleStream).
 	ch oai.Chunk
 }
@@ -102,6 +107,7 @@ func (st *streamState) onRewrite(ev sse.Event) {
 	}
 	if ch.FinishReason != nil {
 		a.finished(ch.FinishReason)
+		st.finished = true
 	}
 	if ch.HasUsage {
 		a.usage, a.hasUsage = ch.Usage, true
@@ -370,8 +376,10 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 			// and this error, a real status.
 			return ae, nil
 		}
-		if st.cr != nil && et != ErrTypeClientCancelled && et != ErrTypeClientStalled {
+		if st.cr != nil && !st.finished && et != ErrTypeClientCancelled && et != ErrTypeClientStalled {
 			// The caller decides: a continuation, or this error event.
+			// (A break after the finish chunk is not continued: the
+			// answer is whole, only its end is missing.)
 			return nil, &cut{reason: et, err: ae, last: st.last}
 		}
 		if et != ErrTypeClientCancelled {

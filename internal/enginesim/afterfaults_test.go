@@ -1,12 +1,16 @@
 package enginesim
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 func TestParseAfterFaults(t *testing.T) {
@@ -219,4 +223,102 @@ func TestFaultDrainAfterUnaryAndTyped(t *testing.T) {
 	if !e.Draining() {
 		t.Error("messages: not draining")
 	}
+}
+
+func TestParseAtFaults(t *testing.T) {
+	f, err := parseFaults("cut-at=3, reset-at=2,stall-at=5")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f.cutAt != 3 || f.resetAt != 2 || f.stallAt != 5 || f.closeAfter != -1 || f.resetAfter != -1 || f.stallAfter != -1 {
+		t.Errorf("parsed %+v", f)
+	}
+	if noFaults.cutAt != -1 || noFaults.resetAt != -1 || noFaults.stallAt != -1 {
+		t.Errorf("noFaults %+v", noFaults)
+	}
+	for _, bad := range []string{"cut-at", "cut-at=0", "reset-at=-1", "stall-at=x"} {
+		if _, err := parseFaults(bad); !errors.Is(err, ErrBadFault) {
+			t.Errorf("%q: err = %v, want ErrBadFault", bad, err)
+		}
+	}
+	// Resolved: relative to where the generation starts, the earlier of
+	// an after-fault and an at-fault, nothing from N on; f is unchanged.
+	g := f.resolveAt(1, 0)
+	if g.closeAfter != 2 || g.resetAfter != 1 || g.stallAfter != 4 || g.cutAt != -1 || f.cutAt != 3 {
+		t.Errorf("resolveAt(1, 0) = %+v (f %+v)", g, f)
+	}
+	if g := f.resolveAt(3, 0); g.closeAfter != -1 || g.resetAfter != -1 || g.stallAfter != 2 {
+		t.Errorf("resolveAt(3, 0) = %+v", g)
+	}
+	if g := f.resolveAt(0, 2); g.closeAfter != 5 {
+		t.Errorf("resolveAt(0, 2): close-after %d, want 5 (2 reasoning tokens lead)", g.closeAfter)
+	}
+	both, _ := parseFaults("close-after=1,cut-at=3")
+	if g := both.resolveAt(0, 0); g.closeAfter != 1 {
+		t.Errorf("close-after=1,cut-at=3: close-after %d, want the earlier 1", g.closeAfter)
+	}
+}
+
+// TestFaultCutAt: cut-at=N cuts a generation that starts before content
+// token N when it reaches N, and lets a continuation that resumes at N
+// (or later) through whole; reset-at resets, stall-at stalls, the same
+// way.
+func TestFaultCutAt(t *testing.T) {
+	const n = 5
+	_, srv := startEngine(t, fastConfig())
+	contBody := func(k int) string {
+		return fmt.Sprintf(`{"model":"m1","prompt":%s,"max_tokens":%d,"stream":true}`, idList(append(wordIDs("a b c"), contentIDs(0, k)...)...), n-k)
+	}
+	chat := fmt.Sprintf(`{"model":"m1","messages":[{"role":"user","content":"a b c"}],"max_tokens":%d,"stream":true}`, n)
+	for _, tc := range []struct {
+		name, path, body, spec string
+		want                   []string // content tokens, in order
+		cut                    error    // nil: the whole stream and [DONE]
+	}{
+		{"first leg cut at 3", "/v1/chat/completions", chat, "cut-at=3", []string{"tok0 ", "tok1 ", "tok2 "}, io.ErrUnexpectedEOF},
+		{"reasoning first", "/v1/chat/completions", chat, "cut-at=1,reasoning=2", []string{"tok0 "}, io.ErrUnexpectedEOF},
+		{"continuation from 1 cut at 3", "/v1/completions", contBody(1), "cut-at=3", []string{"tok1 ", "tok2 "}, io.ErrUnexpectedEOF},
+		{"continuation from 3 passes", "/v1/completions", contBody(3), "cut-at=3", []string{"tok3 ", "tok4 "}, nil},
+		{"continuation from 4 passes", "/v1/completions", contBody(4), "cut-at=3", []string{"tok4 "}, nil},
+		{"reset at 2", "/v1/chat/completions", chat, "reset-at=2", []string{"tok0 ", "tok1 "}, syscall.ECONNRESET},
+		{"reset: continuation from 2 passes", "/v1/completions", contBody(2), "reset-at=2", []string{"tok2 ", "tok3 ", "tok4 "}, nil},
+		{"stall: continuation from 2 passes", "/v1/completions", contBody(2), "stall-at=2", []string{"tok2 ", "tok3 ", "tok4 "}, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			resp := mustSend(t, srv, "POST", tc.path, tc.body, fault(tc.spec))
+			evs, err := readEvents(resp.Body)
+			if tc.cut == nil && err != nil || tc.cut != nil && !errors.Is(err, tc.cut) {
+				t.Errorf("read error = %v, want %v", err, tc.cut)
+			}
+			data := dataEvents(evs)
+			var got []string
+			for _, d := range data {
+				for _, tok := range []string{"tok0 ", "tok1 ", "tok2 ", "tok3 ", "tok4 "} {
+					if strings.Contains(d, `"content":"`+tok+`"`) || strings.Contains(d, `"text":"`+tok+`"`) {
+						got = append(got, tok)
+					}
+				}
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("content %q, want %q (events %q)", got, tc.want, data)
+			}
+			if done := len(data) > 0 && data[len(data)-1] == "[DONE]"; done != (tc.cut == nil) {
+				t.Errorf("[DONE] %v, want %v", done, tc.cut == nil)
+			}
+		})
+	}
+	// A stalled first leg holds its slot until the client leaves.
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", srv.URL+"/v1/chat/completions", strings.NewReader(chat))
+	req.Header.Set(FaultHeader, "stall-at=2")
+	resp, err := srv.Client().Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	evs, err := readEvents(resp.Body)
+	if !errors.Is(err, context.DeadlineExceeded) || len(dataEvents(evs)) != 3 {
+		t.Errorf("stall-at=2: read error %v after %q, want the role chunk and 2 tokens, then the client's deadline", err, dataEvents(evs))
+	}
+	resp.Body.Close()
 }

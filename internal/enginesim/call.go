@@ -75,7 +75,7 @@ func (e *Engine) newLightCall(w http.ResponseWriter, r *http.Request, f *faults,
 	if f.poweredBy {
 		w.Header().Set("X-Powered-By", poweredBy)
 	}
-	return &call{e: e, api: a, f: f, w: w, rc: http.NewResponseController(w), ctx: r.Context(), start: time.Now()}
+	return &call{e: e, api: a, f: f.resolveAt(0, 0), w: w, rc: http.NewResponseController(w), ctx: r.Context(), start: time.Now()}
 }
 
 // end releases the sequence and accounts the outcome, unless settle already did; err is

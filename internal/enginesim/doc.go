@@ -423,6 +423,17 @@
 //     bodies carry the N tokens with finish_reason "abort". Routes without that finish
 //     reason (Responses, Messages, audio, images, pooling, light routes) are cut as by
 //     close-after (the stream after N token events, the body after half). Faulted.
+//   - cut-at=N, reset-at=N, stall-at=N (N >= 1): close-after, reset-after and stall-after
+//     at an absolute place in the answer: when the generation reaches content token N (the
+//     answer's tokN), counted from the answer's start, so that a continuation gets through.
+//     A generation that starts at content token k (a continuation: the prompt ends with the
+//     ids of tok0..tok(k-1), see Continuations) is cut, reset or stalled after N-k token events
+//     when k < N (plus the reasoning tokens streamed first, under reasoning), and not at all
+//     when k >= N: the continuation a gateway sends from the break at N with the same
+//     header passes. On the routes that do not resume (Responses, Messages, audio, images,
+//     pooling, light routes) k is 0 and N counts token events as close-after's N does.
+//     Non-stream bodies: as close-after (half the body) when k < N. With the matching
+//     after-fault too, the earlier of the two acts. Faulted (stall-at: Aborted).
 //   - truncate: non-stream and embeddings: after generating, send 200 with the
 //     Content-Length of the full JSON body (even under trickle), write its first half
 //     (len/2 bytes), flush and abort the connection: the client sees an unexpected EOF short

@@ -33,6 +33,9 @@ type faults struct {
 	resetAfter         int           // reset-after=N; -1 = none
 	errorAfter         int           // error-after=N; -1 = none
 	drainAfter         int           // drain-after=N; -1 = none
+	cutAt              int           // cut-at=N; -1 = none (see resolveAt)
+	resetAt            int           // reset-at=N; -1 = none
+	stallAt            int           // stall-at=N; -1 = none
 	slowHeaders        time.Duration // slow-headers=DUR
 	malformed          bool          // malformed
 	trickle            time.Duration // trickle[=DUR]; -1 = off
@@ -56,7 +59,7 @@ const (
 )
 
 // noFaults is the parsed empty spec.
-var noFaults = &faults{closeAfter: -1, stallAfter: -1, resetAfter: -1, errorAfter: -1, drainAfter: -1, trickle: -1, retryAfter: -1}
+var noFaults = &faults{closeAfter: -1, stallAfter: -1, resetAfter: -1, errorAfter: -1, drainAfter: -1, cutAt: -1, resetAt: -1, stallAt: -1, trickle: -1, retryAfter: -1}
 
 // parseFaults parses a comma-separated fault spec such as "close-after=3,trickle=2ms".
 // Whitespace around items is ignored; unknown keys, missing or extra values and out-of-range
@@ -148,6 +151,21 @@ func (f *faults) set(key, val string, hasVal bool) error {
 		if err = needVal(); err == nil {
 			f.drainAfter, err = parseCount(val)
 		}
+	case "cut-at", "reset-at", "stall-at":
+		var n int
+		if err = needVal(); err == nil {
+			if n, err = parseCount(val); err == nil && n == 0 {
+				err = errors.New("must be at least 1")
+			}
+		}
+		switch key {
+		case "cut-at":
+			f.cutAt = n
+		case "reset-at":
+			f.resetAt = n
+		default:
+			f.stallAt = n
+		}
 	case "slow-headers":
 		if err = needVal(); err == nil {
 			f.slowHeaders, err = parseDur(val)
@@ -199,6 +217,34 @@ func (f *faults) set(key, val string, hasVal bool) error {
 		err = errors.New("unknown fault")
 	}
 	return err
+}
+
+// resolveAt returns f with its absolute-index faults (cut-at, reset-at, stall-at) turned
+// into the per-request ones (close-after, reset-after, stall-after) for a generation whose
+// first content token is the answer's content token start (a continuation's resume index,
+// else 0), streamed after lead leading token events (reasoning): N becomes N-start+lead
+// when start < N, and nothing when the generation starts at N or later, so a continuation
+// that resumes at N passes. An after-fault also set keeps the earlier of the two. f itself
+// is never changed (it may be shared); f is returned as is when it has no such fault.
+func (f *faults) resolveAt(start, lead int) *faults {
+	if f.cutAt < 0 && f.resetAt < 0 && f.stallAt < 0 {
+		return f
+	}
+	g := *f
+	g.cutAt, g.resetAt, g.stallAt = -1, -1, -1
+	at := func(after, n int) int {
+		if n < 0 || start >= n {
+			return after
+		}
+		if rel := n - start + lead; after < 0 || rel < after {
+			return rel
+		}
+		return after
+	}
+	g.closeAfter = at(f.closeAfter, f.cutAt)
+	g.resetAfter = at(f.resetAfter, f.resetAt)
+	g.stallAfter = at(f.stallAfter, f.stallAt)
+	return &g
 }
 
 func parseCount(s string) (int, error) {

@@ -114,6 +114,9 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, k kind) {
 	} else {
 		g.id = "cmpl-" + base
 	}
+	// The absolute-index faults count from the answer's first content token: a
+	// continuation resumes at start, after no reasoning.
+	g.call.f = f.resolveAt(start, g.reasoning)
 	defer g.end(&err)
 	if g.stream {
 		err = g.serveStream(g)
