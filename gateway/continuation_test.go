@@ -264,6 +264,22 @@ func TestContinuationNotAfterFinish(t *testing.T) {
 			}
 		})
 	}
+	t.Run("whole answer", func(t *testing.T) {
+		// A non-streaming client's answer broken after its finish: the
+		// 502 it got before continuation existed, nothing continued.
+		rh := newRetryHarness(t, "truncate", "", func(c *Config) { c.ObserveNonStreaming = true })
+		status, _, raw := rh.do(http.MethodPost, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"a b c d"}],"max_tokens":4}`)
+		if status != http.StatusBadGateway {
+			t.Errorf("status %d, want 502: %s", status, raw)
+		}
+		rh.waitIdle()
+		if got := rh.migrations(); len(got) != 0 {
+			t.Errorf("migrations %v, want none", got)
+		}
+		if got := rh.releases(); len(got["e1"]) != 1 || len(got["e2"]) != 0 {
+			t.Errorf("releases %v, want one on e1 and none on e2", got)
+		}
+	})
 }
 
 // contBody is a streaming chat request of n tokens with usage.

@@ -104,6 +104,9 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 			return
 		}
 		data := ev.Data
+		if st.ch.FinishReason != nil && !(cr != nil && string(st.ch.FinishReason) == "abort" && cr.mayResume(migrateAbort)) {
+			st.finished = true // a break after it is not continued
+		}
 		if cr != nil {
 			switch {
 			case st.ch.Error && cr.mayResume(migrateStreamErr):
@@ -199,14 +202,14 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 		case rerr == io.EOF:
 			a.fail(ErrTypeEngineDisconnect)
 			ae := &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: ErrTypeEngineDisconnect, Message: "the engine closed the stream before it was complete"}
-			if cr != nil && !a.first.IsZero() {
+			if cr != nil && !a.first.IsZero() && !st.finished {
 				return nil, &cut{reason: ErrTypeEngineDisconnect, err: ae, last: st.last}
 			}
 			return ae, nil
 		default:
 			et, ae := s.classify(r, c.actx, rerr)
 			a.fail(et)
-			if cr != nil && !a.first.IsZero() && et != ErrTypeClientCancelled && et != ErrTypeClientStalled {
+			if cr != nil && !a.first.IsZero() && !st.finished && et != ErrTypeClientCancelled && et != ErrTypeClientStalled {
 				return nil, &cut{reason: et, err: ae, last: st.last}
 			}
 			return ae, nil
