@@ -236,7 +236,7 @@ func (a *attempt) end() {
 		switch {
 		case a.seam != nil:
 			// The whole answer: the prompt once, every leg's output.
-			st.inTok, st.outTok = int64(len(a.seam.prompt)), int64(a.seam.legGen)+max(o.OutputTokens, a.contentEvents)
+			st.inTok, st.outTok = int64(a.seam.promptLen), int64(a.seam.legGen)+max(o.OutputTokens, a.contentEvents)
 			st.continued, st.continuedOn = a.seam.continued, a.seam.engines
 		case !a.first.IsZero():
 			st.ttft = a.first.Sub(a.start)

@@ -77,9 +77,13 @@ func (s *Server) continuation(ctx context.Context, w http.ResponseWriter, r *htt
 		// The break came after the last token: only the end is missing.
 		err := s.finishAnswer(w, r, cr, in.observe)
 		s.metrics.RecordMigration(ctx, prev.reason, migrationRescued)
+		if st := stateFrom(ctx); st != nil && err == nil {
+			st.errType = "" // the answer is whole
+		}
 		return nextLeg{}, err
 	}
 	cr.continued++
+	cr.aborted = false
 	if len(cr.engines) < maxLoggedEngines {
 		cr.engines = append(cr.engines, eng.Name())
 	}
@@ -105,39 +109,45 @@ func (s *Server) continuation(ctx context.Context, w http.ResponseWriter, r *htt
 		defer o.resp.Body.Close()
 	}
 	var k *cut
+	unsent := false // the leg failed before anything of it reached the client
 	switch {
 	case o.err != nil:
-		k = &cut{reason: ErrTypeEngineDisconnect, err: o.err}
+		k, unsent = &cut{reason: ErrTypeEngineDisconnect, err: o.err}, true
 		if a.errType != "" && cr.cfg.on(a.errType) {
 			k.reason = a.errType
 		}
 	case o.resp.StatusCode < 200 || o.resp.StatusCode > 299 || !isEventStream(o.resp.Header.Get("Content-Type")):
 		a.fail(ErrTypeStreamError)
-		k = &cut{reason: ErrTypeStreamError, err: &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: ErrTypeStreamError,
-			Message: "the engine refused the continuation of the broken generation"}}
+		k, unsent = &cut{reason: ErrTypeStreamError, err: &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: ErrTypeStreamError,
+			Message: "the engine refused the continuation of the broken generation"}}, true
 	case in.observe:
 		var ae *APIError
 		if ae, k = s.reassembleStream(w, r, o.resp, &c); ae != nil {
-			// Nothing of the answer can be given: a reassembly failure.
-			s.metrics.RecordMigration(ctx, prev.reason, migrationFailed)
+			// Nothing of the answer can be given: a reassembly failure,
+			// or the client gone.
+			s.metrics.RecordMigration(ctx, prev.reason, legOutcome(a.errType, false))
 			return nextLeg{}, ae
 		}
 	default:
 		_, k = s.stream(w, r, o.resp, &c)
 	}
+	switch a.errType {
+	case ErrTypeClientCancelled, ErrTypeClientStalled:
+		// The client left: nothing follows, and nothing is written.
+		s.metrics.RecordMigration(ctx, prev.reason, migrationCancelled)
+		return nextLeg{}, nil
+	}
 	if k == nil {
-		outcome := migrationRescued
-		switch a.errType {
-		case "":
-		case ErrTypeClientCancelled, ErrTypeClientStalled:
-			outcome = migrationCancelled
-		default:
-			outcome = migrationFailed
-		}
-		s.metrics.RecordMigration(ctx, prev.reason, outcome)
+		s.metrics.RecordMigration(ctx, prev.reason, legOutcome(a.errType, cr.aborted))
 		return nextLeg{}, nil
 	}
 	s.metrics.RecordMigration(ctx, prev.reason, migrationFailed)
+	if unsent {
+		// Refused before its first byte: this engine had nothing of the
+		// answer, so the attempt does not use up migration.limit and the
+		// planner may send the continuation to another engine.
+		cr.continued--
+	}
 	if k.last.IsZero() {
 		k.last = prev.last // nothing reached the client in this leg
 	}
@@ -151,6 +161,19 @@ func (s *Server) continuation(ctx context.Context, w http.ResponseWriter, r *htt
 	}
 	endCut(w, k, op.framing)
 	return nextLeg{}, nil
+}
+
+// legOutcome is the migrations outcome of a continuation leg that ended
+// with error type errType (aborted: it ended with finish_reason "abort",
+// passed to the client).
+func legOutcome(errType string, aborted bool) string {
+	switch {
+	case errType == ErrTypeClientCancelled || errType == ErrTypeClientStalled:
+		return migrationCancelled
+	case errType != "" || aborted:
+		return migrationFailed
+	}
+	return migrationRescued
 }
 
 // finishAnswer ends an answer broken after its last token and before its

@@ -506,3 +506,86 @@ func TestOpenAIClientContinuation(t *testing.T) {
 		t.Errorf("migrations %v", got)
 	}
 }
+
+// TestContinuationEngineEndKept: an engine's own end (an abort, an error
+// event) that no continuation replaces reaches the client as the engine
+// sent it, in the client's framing: no token ids, no usage chunk it did
+// not ask for, and, on a continuation leg, the first leg's id and chunk
+// object with the whole answer's usage. Counted as not continued.
+func TestContinuationEngineEndKept(t *testing.T) {
+	t.Run("one engine", func(t *testing.T) {
+		_, srv := sim(t, enginesim.Config{Models: []string{"m"}, Fault: "drain-after=3"})
+		h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}}))
+		cs := readClientStream(t, h.post("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"a b c d"}],"max_tokens":8,"stream":true}`))
+		if cs.text != canonical(3) || len(cs.finishes) != 1 || cs.finishes[0] != "abort" || !cs.done {
+			t.Errorf("answer %q finishes %v done %v: want the engine's abort end", cs.text, cs.finishes, cs.done)
+		}
+		if cs.tokenIDs != 0 || cs.usage != nil {
+			t.Errorf("%d chunks with token ids, usage %+v: the client asked for neither", cs.tokenIDs, cs.usage)
+		}
+		h.waitIdle()
+		if got := h.migrations(); got["engine_abort/no_engine"] != 1 || len(got) != 1 {
+			t.Errorf("migrations %v, want engine_abort/no_engine 1", got)
+		}
+	})
+	t.Run("on a continuation leg", func(t *testing.T) {
+		var ecs []fleet.EngineConfig
+		for i, f := range []string{"close-after=3", "drain-after=2"} {
+			_, srv := sim(t, enginesim.Config{Models: []string{"m"}, Fault: f})
+			ecs = append(ecs, fleet.EngineConfig{Name: "e" + strconv.Itoa(i+1), URL: srv.URL, Models: []string{"m"}})
+		}
+		cfg := testConfig(ecs...)
+		cfg.Migration.Limit = 2
+		h := newHarness(t, cfg, withPolicy(firstPolicy{}))
+		cs := readClientStream(t, h.post("/v1/chat/completions", contBody(8, "")))
+		if cs.text != canonical(5) || len(cs.ids) != 1 || len(cs.finishes) != 1 || cs.finishes[0] != "abort" || cs.tokenIDs != 0 {
+			t.Errorf("answer %q ids %v finishes %v token ids %d", cs.text, cs.ids, cs.finishes, cs.tokenIDs)
+		}
+		if cs.usage == nil || cs.usage.Prompt != 4 || cs.usage.Completion != 5 || cs.usage.Total != 9 {
+			t.Errorf("usage %+v, want the whole answer's 4 + 5", cs.usage)
+		}
+		h.waitIdle()
+		if got := h.migrations(); got["engine_disconnect/failed"] != 1 || got["engine_abort/no_engine"] != 1 || len(got) != 2 {
+			t.Errorf("migrations %v, want engine_disconnect/failed 1 and engine_abort/no_engine 1", got)
+		}
+	})
+	t.Run("aborted continuation at the limit", func(t *testing.T) {
+		rh := newRetryHarness(t, "close-after=3", "drain-after=2", nil)
+		cs := readClientStream(t, rh.post("/v1/chat/completions", contBody(8, "")))
+		if len(cs.finishes) != 1 || cs.finishes[0] != "abort" {
+			t.Errorf("finishes %v, want the engine's abort", cs.finishes)
+		}
+		rh.waitIdle()
+		if got := rh.migrations(); got["engine_disconnect/failed"] != 1 || got["engine_abort/limit"] != 1 || len(got) != 2 {
+			t.Errorf("migrations %v, want engine_disconnect/failed 1 (not rescued) and engine_abort/limit 1", got)
+		}
+	})
+	for _, tc := range []struct {
+		fault  string
+		status int
+	}{{"drain-after=3", http.StatusOK}, {"error-after=3", http.StatusInternalServerError}} {
+		t.Run("whole answer, one engine, "+tc.fault, func(t *testing.T) {
+			// What a non-streaming client got before continuation
+			// existed: the abort's partial body, the engine's error.
+			_, srv := sim(t, enginesim.Config{Models: []string{"m"}, Fault: tc.fault})
+			cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+			cfg.ObserveNonStreaming = true
+			h := newHarness(t, cfg)
+			status, _, raw := h.do(http.MethodPost, "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"a b c d"}],"max_tokens":8}`)
+			if status != tc.status || (status == http.StatusOK && !strings.Contains(string(raw), `"finish_reason":"abort"`)) {
+				t.Errorf("status %d: %s", status, raw)
+			}
+		})
+	}
+}
+
+// TestContinuationUsageAfterExclusion: a continuation that passes
+// migration.max_tokens lets go of the ids, not of the prompt's count: the
+// whole answer's usage still counts the prompt.
+func TestContinuationUsageAfterExclusion(t *testing.T) {
+	rh := newRetryHarness(t, "close-after=3", "", func(c *Config) { c.Migration.MaxTokens = 9 })
+	cs := readClientStream(t, rh.post("/v1/chat/completions", contBody(8, "")))
+	if cs.text != canonical(8) || cs.usage == nil || cs.usage.Prompt != 4 || cs.usage.Completion != 8 || cs.usage.Total != 12 {
+		t.Errorf("answer %q usage %+v: want prompt 4 completion 8 total 12", cs.text, cs.usage)
+	}
+}

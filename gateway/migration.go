@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"time"
 
 	"go.opentelemetry.io/otel/trace"
 
@@ -170,9 +169,15 @@ func excludedBy(k migrateKind, body []byte) string {
 	if err := json.Unmarshal(body, &b); err != nil {
 		return exclStructured // unreadable here: not continued (the engine judges the body)
 	}
-	set := func(v json.RawMessage) bool { return len(v) > 0 && string(v) != "null" && string(v) != "false" }
+	set := func(v json.RawMessage) bool {
+		switch string(v) {
+		case "", "null", "false", "0", "[]", `""`:
+			return false
+		}
+		return true
+	}
 	more := func(v json.RawMessage) bool {
-		n, err := strconv.Atoi(string(v))
+		n, err := strconv.ParseFloat(string(v), 64)
 		return set(v) && (err != nil || n > 1)
 	}
 	switch {
@@ -265,19 +270,23 @@ type carry struct {
 
 	prompt, gen []int32 // token ids: the prompt's, and those generated so far
 	sawPrompt   bool
+	// promptLen is len(prompt) once seen, kept when an exclusion lets go
+	// of the ids: the whole answer's usage counts it.
+	promptLen int
 	// id, created and model are the client's answer's, from the first
 	// leg's first chunk (raw JSON values).
 	id, created, model []byte
-	// roleSent: the role chunk has reached the client.
-	roleSent bool
 	// continued counts the continuation legs started; engines names
 	// their engines, for the access log.
 	continued int
 	engines   []string
-	// lastContent is when the client got its last content (the seam's
-	// start); reason what broke the leg being continued.
-	lastContent time.Time
-	reason      string
+	// others: another engine of the model could take a continuation (the
+	// plan says so before each leg), so an end the engine sends itself
+	// (an error event, an abort) is worth holding back.
+	others bool
+	// aborted: the leg being relayed ended with finish_reason "abort"
+	// that was not held back (a continuation leg at the limit).
+	aborted bool
 	// link is the span of the leg that broke, linked from the next; cut
 	// how it broke.
 	link trace.SpanContext
@@ -323,7 +332,7 @@ func (c *carry) restart() {
 		return
 	}
 	c.excluded = c.arrival
-	c.prompt, c.gen, c.sawPrompt = c.prompt[:0], c.gen[:0], false
+	c.prompt, c.gen, c.sawPrompt, c.promptLen = c.prompt[:0], c.gen[:0], false, 0
 	c.id, c.created, c.model = nil, nil, nil
 	c.ra, c.answer = nil, 0
 }
@@ -399,11 +408,20 @@ func member(data []byte, key string) (from, to, v, end int, ok bool) {
 	var buf [24]byte
 	pat := append(append(append(buf[:0], '"'), key...), '"', ':')
 	at := bytes.Index(data, pat)
-	if at < 0 || (at > 0 && data[at-1] != ',' && data[at-1] != '{' && data[at-1] != ' ') {
+	if at < 0 {
+		return 0, 0, 0, 0, false
+	}
+	// What precedes the key, past any whitespace: the object's '{' or
+	// the comma after the member before it.
+	before := at - 1
+	for before >= 0 && isJSONSpace(data[before]) {
+		before--
+	}
+	if before < 0 || data[before] != ',' && data[before] != '{' {
 		return 0, 0, 0, 0, false
 	}
 	v = at + len(pat)
-	for v < len(data) && data[v] == ' ' {
+	for v < len(data) && isJSONSpace(data[v]) {
 		v++
 	}
 	switch {
@@ -419,14 +437,26 @@ func member(data []byte, key string) (from, to, v, end int, ok bool) {
 		return 0, 0, 0, 0, false
 	}
 	from, to = at, end
-	switch {
-	case from > 0 && data[from-1] == ',':
-		from--
-	case to < len(data) && data[to] == ',':
-		to++
+	if data[before] == ',' {
+		from = before // the comma before, and the space after it
+	} else {
+		// The first member: the comma after it goes, with the space
+		// that follows.
+		for to < len(data) && isJSONSpace(data[to]) {
+			to++
+		}
+		if to < len(data) && data[to] == ',' {
+			to++
+			for to < len(data) && isJSONSpace(data[to]) {
+				to++
+			}
+		}
 	}
 	return from, to, v, end, true
 }
+
+// isJSONSpace reports whether c is JSON whitespace.
+func isJSONSpace(c byte) bool { return c == ' ' || c == '\n' || c == '\r' || c == '\t' }
 
 // cutRange removes data[from:to] in place.
 func cutRange(data []byte, from, to int) []byte {
@@ -480,7 +510,7 @@ func (c *carry) take(data []byte, ch *oai.Chunk) []byte {
 			}
 			var good bool
 			c.prompt, good = appendIDs(c.prompt[:0], out[v:end])
-			c.sawPrompt = good
+			c.sawPrompt, c.promptLen = good, len(c.prompt)
 		}
 		if !c.clientIDs {
 			out = cutRange(out, from, to)
@@ -514,7 +544,7 @@ func (c *carry) take(data []byte, ch *oai.Chunk) []byte {
 // continued, as far as the request itself says (the planner also needs
 // another engine): the relay then holds back the engine's own end.
 func (c *carry) mayResume(k string) bool {
-	return c != nil && c.ready() == "" && c.cfg.on(k) && c.continued < c.cfg.Limit
+	return c != nil && c.others && c.ready() == "" && c.cfg.on(k) && c.continued < c.cfg.Limit
 }
 
 // head keeps the first chunk's id, created and model (ch is data's
@@ -587,7 +617,7 @@ func (c *carry) reshape(b []byte, data []byte) (out []byte, drop bool) {
 		if !c.usage {
 			return b, true
 		}
-		p, gen := int64(len(c.prompt)), int64(c.legGen)+cc.Usage.CompletionTokens
+		p, gen := int64(c.promptLen), int64(c.legGen)+cc.Usage.CompletionTokens
 		b = c.chunkHead(b)
 		b = append(b, `"choices":[],"usage":{"prompt_tokens":`...)
 		b = strconv.AppendInt(b, p, 10)
@@ -657,6 +687,11 @@ func (c *carry) chunkHead(b []byte) []byte {
 	return append(b, ',')
 }
 
+// vllmCompletionMaxTokens is the max_tokens of a vLLM /v1/completions
+// request that sets none (CompletionRequest.max_tokens = 16,
+// vllm/entrypoints/openai/protocol.py).
+const vllmCompletionMaxTokens = 16
+
 // continuedParams are the request members a continuation carries over to
 // its /v1/completions request: the sampling parameters vLLM's
 // CompletionRequest shares with ChatCompletionRequest
@@ -695,11 +730,19 @@ func (c *carry) request(model string, maxTokens int64) (body []byte, done bool) 
 		}
 	}
 	b = append(b, `],"stream":true,"stream_options":{"include_usage":true},"return_token_ids":true`...)
-	if maxTokens > 0 {
-		if maxTokens-k <= 0 {
-			return nil, true
-		}
+	if maxTokens == 0 && c.kind == migrateCompletion {
+		// vLLM's CompletionRequest.max_tokens default.
+		maxTokens = vllmCompletionMaxTokens
+	}
+	switch {
+	case maxTokens > 0 && maxTokens-k <= 0:
+		return nil, true
+	case maxTokens > 0:
 		b = strconv.AppendInt(append(b, `,"max_tokens":`...), maxTokens-k, 10)
+	default:
+		// A chat answer without a limit runs to the context's end: on
+		// /v1/completions that is max_tokens null (its default is 16).
+		b = append(b, `,"max_tokens":null`...)
 	}
 	if v, ok := orig["min_tokens"]; ok {
 		if m, err := strconv.ParseInt(string(v), 10, 64); err == nil && m-k > 0 {

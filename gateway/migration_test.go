@@ -77,6 +77,19 @@ func TestCarryTakeCutsTokenIDs(t *testing.T) {
 		t.Errorf("head %s %s %s ready %q", c.id, c.created, c.model, c.ready())
 	}
 
+	// An engine that writes ", " between members: the cut keeps the
+	// JSON valid.
+	c = testCarry(migrateChat, `{}`)
+	take(t, c, `{"id": "x", "created": 1, "model": "m", "choices": [{"index": 0, "delta": {"role": "assistant"}}], "prompt_token_ids": [1, 2]}`)
+	spaced := take(t, c, `{"id": "x", "choices": [{"token_ids": [32000],
+	"delta": {"content": "a"}, "finish_reason": null}]}`)
+	if want := `{"id": "x", "choices": [{"delta": {"content": "a"}, "finish_reason": null}]}`; string(spaced) != want {
+		t.Errorf("spaced JSON:\n got %s\nwant %s", spaced, want)
+	}
+	if !reflect.DeepEqual(c.prompt, []int32{1, 2}) || !reflect.DeepEqual(c.gen, []int32{32000}) {
+		t.Errorf("spaced JSON ids: prompt %v gen %v", c.prompt, c.gen)
+	}
+
 	c = testCarry(migrateChat, `{}`)
 	c.clientIDs = true
 	if got := string(take(t, c, tok)); got != tok {
@@ -142,6 +155,10 @@ func TestExcludedBy(t *testing.T) {
 		{migrateCompletion, `{"model":"m","prompt":[[1,2],[3]]}`, exclN},
 		{migrateCompletion, `{"model":"m","prompt":[1,2,3]}`, ""},
 		{migrateCompletion, `{"model":"m","prompt":["a"]}`, ""},
+		{migrateChat, `{"model":"m","messages":[],"top_logprobs":0}`, ""},
+		{migrateChat, `{"model":"m","messages":[],"tools":[]}`, ""},
+		{migrateChat, `{"model":"m","messages":[],"n":1.0}`, ""},
+		{migrateChat, `{"model":"m","messages":[],"n":2.0}`, exclN},
 	} {
 		if got := excludedBy(tc.kind, []byte(tc.body)); got != tc.want {
 			t.Errorf("excludedBy(%s) = %q, want %q", tc.body, got, tc.want)
@@ -155,7 +172,7 @@ func TestExcludedBy(t *testing.T) {
 func TestCarryReshape(t *testing.T) {
 	c := testCarry(migrateChat, `{}`)
 	c.id, c.created, c.model = []byte(`"chatcmpl-1"`), []byte(`7`), []byte(`"m"`)
-	c.prompt, c.gen, c.legGen = []int32{1, 2, 3}, []int32{32000, 32001}, 2
+	c.prompt, c.gen, c.legGen, c.promptLen = []int32{1, 2, 3}, []int32{32000, 32001}, 2, 3
 	c.usage = true
 	for _, tc := range []struct{ in, want string }{
 		{`{"id":"cmpl-9","object":"text_completion","created":9,"model":"m","choices":[{"index":0,"text":"tok2 ","logprobs":null,"finish_reason":null,"stop_reason":null,"token_ids":[32002]}]}`,
@@ -207,8 +224,16 @@ func TestCarryRequest(t *testing.T) {
 	if _, done := c.request("served", 3); !done {
 		t.Error("a budget already spent still asks for tokens")
 	}
+	// No max_tokens: a chat answer runs to the context's end (null on
+	// /v1/completions, whose default is 16); a completions answer has
+	// vLLM's 16.
 	body, _ = c.request("served", 0)
-	if strings.Contains(string(body), "max_tokens") {
-		t.Errorf("no max_tokens asked, one sent: %s", body)
+	if !strings.Contains(string(body), `"max_tokens":null`) {
+		t.Errorf("chat without max_tokens: %s", body)
+	}
+	c.kind = migrateCompletion
+	body, _ = c.request("served", 0)
+	if !strings.Contains(string(body), `"max_tokens":13`) {
+		t.Errorf("completions without max_tokens, 3 generated: %s", body)
 	}
 }

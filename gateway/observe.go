@@ -74,7 +74,7 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 	} else {
 		ra = oai.NewReassembler(c.op.schema == oai.SchemaCompletion)
 	}
-	st := streamState{a: a, framing: frameOpenAI, injected: true}
+	st := streamState{a: a, framing: frameOpenAI, injected: true, cr: cr}
 	var failed error // the first reassembly failure; the answer is given at once
 	var held int64   // event bytes reserved in the budget
 	defer func() {
@@ -115,14 +115,24 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 			case string(st.ch.FinishReason) == "abort" && cr.mayResume(migrateAbort):
 				st.tail, st.reason = []byte{}, migrateAbort
 				return
-			case c.resumed:
+			case st.ch.Error:
+				// The engine's error, as the answer: the reassembler
+				// turns it into the client's error.
+				st.unresumable(migrateStreamErr)
+			default:
+				if string(st.ch.FinishReason) == "abort" {
+					st.unresumable(migrateAbort)
+					cr.aborted = true
+				}
+				if !c.resumed {
+					data = cr.take(data, &st.ch)
+					break
+				}
 				var drop bool
 				if scratch, drop = cr.reshape(scratch[:0], data); drop {
 					return
 				}
 				data = scratch
-			default:
-				data = cr.take(data, &st.ch)
 			}
 		}
 		n := int64(len(data))

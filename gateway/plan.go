@@ -256,15 +256,15 @@ func (p *plan) resume(k *cut) nextLeg {
 		return nextLeg{}
 	}
 	if why := cr.ready(); why != "" {
-		p.metrics.RecordMigrationExclusion(context.Background(), why)
+		p.metrics.RecordMigrationExclusion(p.ctx, why)
 		return nextLeg{}
 	}
 	switch {
 	case cr.continued >= cr.cfg.Limit:
-		p.metrics.RecordMigration(context.Background(), k.reason, migrationLimit)
+		p.metrics.RecordMigration(p.ctx, k.reason, migrationLimit)
 		return nextLeg{}
 	case !p.others:
-		p.metrics.RecordMigration(context.Background(), k.reason, migrationNoEngine)
+		p.metrics.RecordMigration(p.ctx, k.reason, migrationNoEngine)
 		return nextLeg{}
 	}
 	return nextLeg{kind: legContinue}

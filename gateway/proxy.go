@@ -170,6 +170,9 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 		}
 		p.legs++
 		p.others = len(candidates) > 1
+		if p.cr != nil {
+			p.cr.others = p.others // worth holding an engine's own end back
+		}
 		if leg.reason != retryNone { // counted when the retry happens; not a sticky route's lookup of the next engine
 			s.metrics.RecordRetry(ctx, leg.reason.String())
 		}

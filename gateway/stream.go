@@ -60,44 +60,55 @@ var (
 // framing) and appends what the client is to get to st.out: the event
 // with the token id fields the client did not ask for cut (take), or, on
 // a continuation leg, the engine's completions chunk reshaped into the
-// client's framing (reshape). An error event or an abort that a
-// continuation may replace is held in st.tail with everything after it.
+// client's framing (reshape). An end the engine sends itself that a
+// continuation may replace (its error event, an abort) goes to st.tail
+// instead, with everything after it, rewritten the same way: the client
+// gets it if no continuation follows.
 func (st *streamState) onRewrite(ev sse.Event) {
-	if st.tail != nil {
-		st.tail = append(st.tail, ev.Raw...)
-		if ev.Data != nil && sse.IsDone(ev.Data) {
-			st.done = true
-		}
+	if len(st.tail) > maxHeldTail {
+		st.done = true // an engine that goes on after its end: enough
 		return
 	}
+	dst := &st.out
+	if st.tail != nil {
+		dst = &st.tail
+	}
 	if ev.Comment || ev.Data == nil {
-		st.out = append(st.out, ev.Raw...)
+		*dst = append(*dst, ev.Raw...)
 		return
 	}
 	if sse.IsDone(ev.Data) {
 		st.done = true
-		st.out = append(st.out, ev.Raw...)
+		*dst = append(*dst, ev.Raw...)
 		return
 	}
 	a, cr := st.a, st.cr
 	ch, err := oai.InspectChunk(ev.Data)
 	if err != nil {
 		a.s.metrics.RecordParseError(a.ctx, a.attrs)
-		st.out = append(st.out, ev.Raw...)
+		*dst = append(*dst, ev.Raw...)
 		return
 	}
 	switch {
 	case ch.Error:
 		st.errEvent = true
-		if cr.mayResume(migrateStreamErr) {
+		if st.tail == nil && cr.mayResume(migrateStreamErr) {
 			st.tail, st.reason = append([]byte{}, ev.Raw...), migrateStreamErr
 			return
 		}
-		st.out = append(st.out, ev.Raw...)
+		if st.tail == nil {
+			st.unresumable(migrateStreamErr)
+		}
+		*dst = append(*dst, ev.Raw...)
 		return
-	case string(ch.FinishReason) == "abort" && cr.mayResume(migrateAbort):
-		st.tail, st.reason = append([]byte{}, ev.Raw...), migrateAbort
-		return
+	case st.tail == nil && string(ch.FinishReason) == "abort":
+		if cr.mayResume(migrateAbort) {
+			st.tail, st.reason = []byte{}, migrateAbort
+			dst = &st.tail
+		} else {
+			st.unresumable(migrateAbort)
+			cr.aborted = true
+		}
 	}
 	if a.respID == "" && len(ch.ID) > 0 && !st.reshape {
 		a.respID = string(ch.ID)
@@ -118,21 +129,59 @@ func (st *streamState) onRewrite(ev sse.Event) {
 	}
 	if st.reshape {
 		var drop bool
-		if st.scratch, drop = cr.reshape(st.scratch[:0], ev.Data); drop {
-			return
+		if st.scratch, drop = cr.reshape(st.scratch[:0], ev.Data); !drop {
+			*dst = appendEvent(*dst, st.scratch)
 		}
-		st.out = append(append(append(st.out, dataPrefix...), st.scratch...), eventEnd...)
 		return
 	}
 	if st.injected && ch.HasUsage && ch.Choices == 0 {
 		return // the usage chunk the client did not ask for
 	}
+	// take cuts in place: ev.Data is the scanner's copy of the engine's
+	// bytes, done with once the event is dispatched, and the bytes Push
+	// returns are not forwarded on this path (st.out is).
 	data := cr.take(ev.Data, &ch)
 	if len(data) == len(ev.Data) {
-		st.out = append(st.out, ev.Raw...)
+		*dst = append(*dst, ev.Raw...)
 		return
 	}
-	st.out = append(append(append(st.out, dataPrefix...), data...), eventEnd...)
+	*dst = appendEvent(*dst, data)
+}
+
+// maxHeldTail caps what is held after an end the engine sent itself (an
+// error event or an abort chunk, then its usage and [DONE]).
+const maxHeldTail = 16 << 10
+
+// appendEvent appends data as one SSE event: a data line per line of it.
+func appendEvent(b, data []byte) []byte {
+	for {
+		line, rest, more := bytes.Cut(data, eventEnd[:1])
+		b = append(append(append(b, dataPrefix...), line...), '\n')
+		if !more {
+			return append(b, '\n')
+		}
+		data = rest
+	}
+}
+
+// unresumable counts an end the engine sent itself (kind: an error event
+// or an abort) that is not held back for a continuation, when kind is one
+// migration.on continues: the request's exclusion, or the continuation
+// outcome limit or no_engine, as plan.resume counts a break.
+func (st *streamState) unresumable(kind string) {
+	cr := st.cr
+	if !cr.cfg.on(kind) {
+		return
+	}
+	m, ctx := st.a.s.metrics, st.a.ctx
+	switch why := cr.ready(); {
+	case why != "":
+		m.RecordMigrationExclusion(ctx, why)
+	case cr.continued >= cr.cfg.Limit:
+		m.RecordMigration(ctx, kind, migrationLimit)
+	case !cr.others:
+		m.RecordMigration(ctx, kind, migrationNoEngine)
+	}
 }
 
 func (st *streamState) onEvent(ev sse.Event) {
@@ -261,7 +310,6 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 		outp := eventBufPool.Get().(*[]byte)
 		st.out = (*outp)[:0]
 		defer eventBufPool.Put(outp) // its array, whatever st.out grew into
-
 	}
 	// With a first-token retry possible (c.holdFirst), nothing is sent
 	// before the first content event: the role chunk and anything else

@@ -38,15 +38,16 @@ const (
 const (
 	// AttrMigrationReason is what broke the generation: engine_disconnect
 	// (EOF or reset before the end), idle_timeout, stream_error (the
-	// engine's in-band error event) or engine_abort (finish_reason
-	// "abort": the engine aborted it, as vLLM does at shutdown).
+	// engine's in-band error event), engine_abort (finish_reason "abort":
+	// the engine aborted it, as vLLM does at shutdown) or
+	// first_token_timeout.
 	AttrMigrationReason = attribute.Key("reason")
 	// AttrMigrationOutcome is rescued, failed, cancelled, limit or
 	// no_engine (MigrationsName).
 	AttrMigrationOutcome = attribute.Key("outcome")
 	// AttrMigrationExclusion is why a broken generation could not be
 	// continued: structured_output, tools, reasoning, n, logprobs, echo,
-	// multimodal, max_tokens, no_token_ids or route.
+	// multimodal, max_tokens or no_token_ids.
 	AttrMigrationExclusion = attribute.Key("exclusion")
 )
 
