@@ -26,6 +26,10 @@ import (
 // loopback hop. allocs/op counts the whole process (client, gateway and
 // engine), so the gateway's own share is the difference between the rows.
 // The sampler is off, as for most production traffic; metrics are recorded.
+// gateway-no-migration is the gateway with continuation off
+// (migration.limit 0): the engine is not asked for token ids, so the
+// difference to gateway is what continuation costs a stream (the
+// engine's larger chunks included).
 //
 //	go test -run='^$' -bench=GatewayOverhead -benchmem -count=5 ./gateway/
 func BenchmarkGatewayOverhead(b *testing.B) {
@@ -41,6 +45,9 @@ func BenchmarkGatewayOverhead(b *testing.B) {
 		cfg.AccessLog = false
 		quiet := newHarness(b, cfg, withSampler(sdktrace.NeverSample()))
 		cfg.AccessLog = true
+		cfg.Migration.Limit = 0
+		noMigration := newHarness(b, cfg, withSampler(sdktrace.NeverSample()))
+		cfg.Migration.Limit = DefaultMigrationConfig().Limit
 		cfg.ObserveNonStreaming = true
 		observing := newHarness(b, cfg, withSampler(sdktrace.NeverSample()))
 		tr := &http.Transport{MaxIdleConnsPerHost: 16}
@@ -55,6 +62,8 @@ func BenchmarkGatewayOverhead(b *testing.B) {
 		b.Run(tc.name+"/direct", func(b *testing.B) { run(b, simSrv.URL) })
 		b.Run(tc.name+"/gateway", func(b *testing.B) { run(b, h.srv.URL) })
 		b.Run(tc.name+"/gateway-no-access-log", func(b *testing.B) { run(b, quiet.srv.URL) })
+		// migration.limit 0: no token ids asked of the engine, none cut.
+		b.Run(tc.name+"/gateway-no-migration", func(b *testing.B) { run(b, noMigration.srv.URL) })
 		if !strings.Contains(tc.body, `"stream":true`) {
 			// server.observe_non_streaming: streamed from the engine and
 			// reassembled.
