@@ -379,6 +379,7 @@ func TestContinuationExclusions(t *testing.T) {
 		{"reasoning streamed", ``, "reasoning=2,", exclReasoning, nil},
 		{"n", `,"n":2`, "", exclN, nil},
 		{"logprobs", `,"logprobs":true`, "", exclLogprobs, nil},
+		{"stop strings", `,"stop":["zzz"]`, "", exclStop, nil},
 		{"multimodal", `,"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"data:,"}}]}]`, "", exclMultimodal, nil},
 		{"too many tokens", ``, "", exclMaxTokens, func(c *Config) { c.Migration.MaxTokens = 5 }},
 	} {

@@ -118,6 +118,7 @@ const (
 	exclN          = "n"                 // n or best_of > 1, or several prompts: several sequences in one stream
 	exclLogprobs   = "logprobs"          // logprobs or top_logprobs: the continuation's are of another prompt
 	exclEcho       = "echo"              // echo: the prompt would be echoed again
+	exclStop       = "stop"              // stop strings: vLLM holds back text that may start one while it sends the token ids, so the ids can be ahead of what the client has
 	exclMultimodal = "multimodal"        // images, audio, video or embeddings in the prompt: token ids alone lose them
 	exclMaxTokens  = "max_tokens"        // prompt and answer passed MigrationConfig.MaxTokens
 	exclNoTokenIDs = "no_token_ids"      // the engine sent no token ids (a vLLM before return_token_ids)
@@ -131,7 +132,7 @@ var excludeKeys = [][]byte{
 	[]byte(`"response_format"`), []byte(`"guided_`), []byte(`"structured_outputs"`), []byte(`"tools"`),
 	[]byte(`"functions"`), []byte(`"prompt_embeds"`), []byte(`"multi_modal_data"`), []byte(`"image_url"`),
 	[]byte(`"input_audio"`), []byte(`"audio_url"`), []byte(`"video_url"`), []byte(`"image_embeds"`),
-	[]byte(`"file"`), []byte(`"prompt"`),
+	[]byte(`"file"`), []byte(`"prompt"`), []byte(`"stop"`),
 }
 
 // excludedBy returns why a request body cannot be continued, "" when it
@@ -153,6 +154,7 @@ func excludedBy(k migrateKind, body []byte) string {
 		Logprobs       json.RawMessage        `json:"logprobs"`
 		TopLogprobs    json.RawMessage        `json:"top_logprobs"`
 		Echo           json.RawMessage        `json:"echo"`
+		Stop           json.RawMessage        `json:"stop"`
 		ResponseFormat *struct{ Type string } `json:"response_format"`
 		Structured     json.RawMessage        `json:"structured_outputs"`
 		Tools          json.RawMessage        `json:"tools"`
@@ -187,6 +189,8 @@ func excludedBy(k migrateKind, body []byte) string {
 		return exclLogprobs
 	case set(b.Echo):
 		return exclEcho
+	case set(b.Stop):
+		return exclStop
 	case b.ResponseFormat != nil && b.ResponseFormat.Type != "" && b.ResponseFormat.Type != "text", set(b.Structured), hasGuided(body):
 		return exclStructured
 	case (set(b.Tools) || set(b.Functions)) && string(b.ToolChoice) != `"none"`:

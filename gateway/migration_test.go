@@ -159,6 +159,10 @@ func TestExcludedBy(t *testing.T) {
 		{migrateChat, `{"model":"m","messages":[],"tools":[]}`, ""},
 		{migrateChat, `{"model":"m","messages":[],"n":1.0}`, ""},
 		{migrateChat, `{"model":"m","messages":[],"n":2.0}`, exclN},
+		{migrateChat, `{"model":"m","messages":[],"stop":["\n\n"]}`, exclStop},
+		{migrateCompletion, `{"model":"m","prompt":"a","stop":"x"}`, exclStop},
+		{migrateChat, `{"model":"m","messages":[],"stop":[]}`, ""},
+		{migrateChat, `{"model":"m","messages":[],"stop":null,"stop_token_ids":[2]}`, ""},
 	} {
 		if got := excludedBy(tc.kind, []byte(tc.body)); got != tc.want {
 			t.Errorf("excludedBy(%s) = %q, want %q", tc.body, got, tc.want)
@@ -205,7 +209,7 @@ func TestCarryReshape(t *testing.T) {
 // TestCarryRequest: the continuation's body: one token prompt, the
 // remaining budget, the sampling parameters and nothing of the chat.
 func TestCarryRequest(t *testing.T) {
-	c := testCarry(migrateChat, `{"model":"alias","messages":[{"role":"user","content":"hi"}],"temperature":0.5,"seed":7,"stop":["x"],"min_tokens":5,"max_tokens":10,"tools":null,"stream":true}`)
+	c := testCarry(migrateChat, `{"model":"alias","messages":[{"role":"user","content":"hi"}],"temperature":0.5,"seed":7,"stop_token_ids":[2],"min_tokens":5,"max_tokens":10,"tools":null,"stream":true}`)
 	c.prompt, c.gen = []int32{1, 2}, []int32{32000, 32001, 32002}
 	body, done := c.request("served", 10)
 	if done {
@@ -217,7 +221,7 @@ func TestCarryRequest(t *testing.T) {
 	}
 	want := map[string]any{"model": "served", "prompt": []any{1.0, 2.0, 32000.0, 32001.0, 32002.0}, "stream": true,
 		"stream_options": map[string]any{"include_usage": true}, "return_token_ids": true, "max_tokens": 7.0, "min_tokens": 2.0,
-		"temperature": 0.5, "seed": 7.0, "stop": []any{"x"}}
+		"temperature": 0.5, "seed": 7.0, "stop_token_ids": []any{2.0}}
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("body %s", body)
 	}

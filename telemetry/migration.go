@@ -47,7 +47,7 @@ const (
 	AttrMigrationOutcome = attribute.Key("outcome")
 	// AttrMigrationExclusion is why a broken generation could not be
 	// continued: structured_output, tools, reasoning, n, logprobs, echo,
-	// multimodal, max_tokens or no_token_ids.
+	// stop, multimodal, max_tokens or no_token_ids.
 	AttrMigrationExclusion = attribute.Key("exclusion")
 )
 
