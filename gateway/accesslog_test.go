@@ -3,6 +3,7 @@ package gateway
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -33,17 +34,7 @@ func TestAccessLogAbortedRequest(t *testing.T) {
 		t.Fatalf("status %d, read error %v: want a 200 whose body is cut", resp.StatusCode, err)
 	}
 	h.waitIdle()
-	var line map[string]any
-	testutil.Poll(2*time.Second, func() bool {
-		sc := bufio.NewScanner(strings.NewReader(buf.String()))
-		for sc.Scan() {
-			var m map[string]any
-			if json.Unmarshal(sc.Bytes(), &m) == nil && m["msg"] == "request" && m["request_id"] == "r-cut" {
-				line = m
-			}
-		}
-		return line != nil
-	})
+	line := accessLine(&buf, "r-cut")
 	if line == nil || line["error.type"] != ErrTypeEngineDisconnect || line["status"] != 200.0 {
 		t.Errorf("access-log line %v, want one with status 200 and error.type %s\n%s", line, ErrTypeEngineDisconnect, buf.String())
 	}
@@ -179,4 +170,21 @@ func TestAccessLogStickyMissNoErrorType(t *testing.T) {
 		}
 	}
 	t.Fatalf("no access-log line for the lookup:\n%s", buf.String())
+}
+
+// accessLine waits up to 2 s for the JSON access-log line of the request
+// with id in buf, and returns it (nil when none came).
+func accessLine(buf fmt.Stringer, id string) map[string]any {
+	var line map[string]any
+	testutil.Poll(2*time.Second, func() bool {
+		sc := bufio.NewScanner(strings.NewReader(buf.String()))
+		for sc.Scan() {
+			var m map[string]any
+			if json.Unmarshal(sc.Bytes(), &m) == nil && m["msg"] == "request" && m["request_id"] == id {
+				line = m
+			}
+		}
+		return line != nil
+	})
+	return line
 }

@@ -125,35 +125,33 @@ func canonical(n int) string {
 	return b.String()
 }
 
-// migrations returns switchboard.request.migrations by "reason/outcome".
-func (h *harness) migrations() map[string]int64 {
+// counterBy returns a counter's sums by the values of keys, joined by "/".
+func (h *harness) counterBy(name string, keys ...attribute.Key) map[string]int64 {
 	h.t.Helper()
 	out := map[string]int64{}
-	m, ok := findMetric(h.collect(), telemetry.MigrationsName)
+	m, ok := findMetric(h.collect(), name)
 	if !ok {
 		return out
 	}
 	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-		r, _ := dp.Attributes.Value(telemetry.AttrMigrationReason)
-		o, _ := dp.Attributes.Value(telemetry.AttrMigrationOutcome)
-		out[r.AsString()+"/"+o.AsString()] += dp.Value
+		vals := make([]string, len(keys))
+		for i, k := range keys {
+			v, _ := dp.Attributes.Value(k)
+			vals[i] = v.AsString()
+		}
+		out[strings.Join(vals, "/")] += dp.Value
 	}
 	return out
 }
 
+// migrations returns switchboard.request.migrations by "reason/outcome".
+func (h *harness) migrations() map[string]int64 {
+	return h.counterBy(telemetry.MigrationsName, telemetry.AttrMigrationReason, telemetry.AttrMigrationOutcome)
+}
+
 // exclusions returns switchboard.request.migration_exclusions by exclusion.
 func (h *harness) exclusions() map[string]int64 {
-	h.t.Helper()
-	out := map[string]int64{}
-	m, ok := findMetric(h.collect(), telemetry.MigrationExclusionsName)
-	if !ok {
-		return out
-	}
-	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-		v, _ := dp.Attributes.Value(telemetry.AttrMigrationExclusion)
-		out[v.AsString()] += dp.Value
-	}
-	return out
+	return h.counterBy(telemetry.MigrationExclusionsName, telemetry.AttrMigrationExclusion)
 }
 
 // TestContinuationCompletesAnswer: a stream whose engine fails after its

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bufio"
 	"encoding/json"
 	"errors"
 	"io"
@@ -474,17 +473,7 @@ func TestAccessLogFallback(t *testing.T) {
 		t.Fatalf("status %d, want 200", code)
 	}
 	h.waitIdle()
-	var line map[string]any
-	testutil.Poll(2*time.Second, func() bool {
-		sc := bufio.NewScanner(strings.NewReader(buf.String()))
-		for sc.Scan() {
-			var m map[string]any
-			if json.Unmarshal(sc.Bytes(), &m) == nil && m["msg"] == "request" && m["request_id"] == "r-fb" {
-				line = m
-			}
-		}
-		return line != nil
-	})
+	line := accessLine(&buf, "r-fb")
 	if line == nil || line["model"] != "a" || line["fallback"] != "b" || line["engines"] != "b1" {
 		t.Errorf("access-log line %v, want model a, fallback b, engines b1", line)
 	}
