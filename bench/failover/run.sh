@@ -26,7 +26,7 @@
 #   DURATION=20s CONCURRENCY=32 bench/failover/run.sh
 #   bench/failover/run.sh --help
 #
-# Needs go, jq and curl. Every process is stopped by its PID on exit.
+# Needs go, jq, curl and bc. Every process is stopped by its PID on exit.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 while IFS='=' read -r name _; do
