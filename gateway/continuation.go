@@ -71,6 +71,19 @@ const continueURL = "/v1/completions"
 func (s *Server) continuation(ctx context.Context, w http.ResponseWriter, r *http.Request, op *operation, in *inbound, eng *fleet.Engine, p *plan) (nextLeg, error) {
 	cr := p.cr
 	prev := cr.cut
+	if cr.kind == migrateMessages {
+		// No token ids from the engine: the prompt and the text so far
+		// are tokenized by the engine that continues.
+		if err := s.tokenizeMessages(ctx, eng, in.target, cr); err != nil {
+			s.log.Warn("continuation: tokenize failed", "engine", eng.Name(), "err", err)
+			s.metrics.RecordMigration(ctx, prev.reason, migrationFailed)
+			if next := p.next(&outcome{stage: stageCut, cut: prev}); next.kind != legNone {
+				return next, nil
+			}
+			endCut(w, prev, op.framing)
+			return nextLeg{}, nil
+		}
+	}
 	cr.legGen = len(cr.gen)
 	body, done := cr.request(in.target, in.req.MaxTokens)
 	if done {
@@ -187,6 +200,16 @@ func (s *Server) finishAnswer(w http.ResponseWriter, r *http.Request, cr *carry,
 	rc := http.NewResponseController(w)
 	_ = rc.SetWriteDeadline(time.Now().Add(5 * time.Second))
 	defer func() { _ = rc.SetWriteDeadline(time.Time{}) }()
+	if cr.kind == migrateMessages {
+		cr.finish = "length"
+		b, _ := cr.reshapeMessages(nil, &contChunk{Usage: &struct {
+			CompletionTokens int64 `json:"completion_tokens"`
+		}{}})
+		if _, err := w.Write(b); err == nil {
+			_ = rc.Flush()
+		}
+		return nil
+	}
 	if whole {
 		for _, ev := range [][]byte{finish, usage} {
 			b, _ := cr.reshape(nil, ev)

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/anthropics/anthropic-sdk-go/v2"
 	"github.com/openai/openai-go/v3"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -586,5 +587,153 @@ func TestContinuationUsageAfterExclusion(t *testing.T) {
 	cs := readClientStream(t, rh.post("/v1/chat/completions", contBody(8, "")))
 	if cs.text != canonical(8) || cs.usage == nil || cs.usage.Prompt != 4 || cs.usage.Completion != 8 || cs.usage.Total != 12 {
 		t.Errorf("answer %q usage %+v: want prompt 4 completion 8 total 12", cs.text, cs.usage)
+	}
+}
+
+// anthropicStream is what an Anthropic streaming client got.
+type anthropicStream struct {
+	events   map[string]int // by type
+	text     string
+	stop     []string // message_delta stop reasons
+	input    int64    // message_start's input tokens
+	output   int64    // the last message_delta's output tokens
+	errors   int
+	lastType string
+}
+
+// readAnthropicStream reads a Messages stream to its end.
+func readAnthropicStream(t *testing.T, resp *http.Response) anthropicStream {
+	t.Helper()
+	defer resp.Body.Close()
+	as := anthropicStream{events: map[string]int{}}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		data, ok := strings.CutPrefix(sc.Text(), "data: ")
+		if !ok {
+			continue
+		}
+		var ev struct {
+			Type    string `json:"type"`
+			Message *struct {
+				Usage struct {
+					InputTokens int64 `json:"input_tokens"`
+				} `json:"usage"`
+			} `json:"message"`
+			Delta *struct {
+				Type       string `json:"type"`
+				Text       string `json:"text"`
+				StopReason string `json:"stop_reason"`
+			} `json:"delta"`
+			Usage *struct {
+				OutputTokens int64 `json:"output_tokens"`
+			} `json:"usage"`
+		}
+		if err := json.Unmarshal([]byte(data), &ev); err != nil {
+			t.Fatalf("unreadable event %q: %v", data, err)
+		}
+		as.events[ev.Type]++
+		as.lastType = ev.Type
+		switch ev.Type {
+		case "message_start":
+			as.input = ev.Message.Usage.InputTokens
+		case "content_block_delta":
+			as.text += ev.Delta.Text
+		case "message_delta":
+			as.stop = append(as.stop, ev.Delta.StopReason)
+			as.output = ev.Usage.OutputTokens
+		case "error":
+			as.errors++
+		}
+	}
+	return as
+}
+
+// TestContinuationAnthropicStream: an Anthropic Messages stream broken by
+// its engine is continued from the text the client got (tokenized by the
+// new engine): the client gets one message with the whole canonical text,
+// one message_start, one message_delta with the whole output, message_stop
+// last.
+func TestContinuationAnthropicStream(t *testing.T) {
+	for _, fault := range []string{"close-after=3", "reset-after=2", "stall-after=4"} {
+		t.Run(fault, func(t *testing.T) {
+			rh := newRetryHarness(t, fault, "", func(c *Config) { c.Timeouts.Idle = 100 * time.Millisecond })
+			resp := rh.post("/v1/messages", `{"model":"m","max_tokens":8,"stream":true,"system":"be brief","messages":[{"role":"user","content":"a b c d"}]}`)
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("status %d", resp.StatusCode)
+			}
+			as := readAnthropicStream(t, resp)
+			if as.text != canonical(8) || as.errors != 0 {
+				t.Errorf("text %q errors %d, want %q", as.text, as.errors, canonical(8))
+			}
+			if as.events["message_start"] != 1 || as.events["message_stop"] != 1 || as.events["content_block_stop"] != 1 || as.lastType != "message_stop" {
+				t.Errorf("events %v, last %q", as.events, as.lastType)
+			}
+			if len(as.stop) != 1 || as.stop[0] != "max_tokens" || as.output != 8 || as.input != 6 {
+				t.Errorf("stop %v output %d input %d, want [max_tokens], 8, 6", as.stop, as.output, as.input)
+			}
+			rh.waitIdle()
+			if got := rh.migrations(); len(got) != 1 {
+				t.Errorf("migrations %v, want one rescued", got)
+			}
+			if rel := rh.releases(); len(rel["e1"]) != 1 || len(rel["e2"]) != 1 || rel["e2"][0] != routing.PhaseDecode {
+				t.Errorf("releases %v", rel)
+			}
+		})
+	}
+}
+
+// TestAnthropicClientContinuation: anthropic-sdk-go accumulates a
+// continued Messages stream into one message: the whole text, max_tokens,
+// and the whole usage.
+func TestAnthropicClientContinuation(t *testing.T) {
+	rh := newRetryHarness(t, "close-after=3", "", nil)
+	client := anthropicClient(rh.harness)
+	stream := client.Messages.NewStreaming(clientCtx(t), messageParams("m", 8))
+	defer stream.Close()
+	var acc anthropic.Message
+	for stream.Next() {
+		if err := acc.Accumulate(stream.Current()); err != nil {
+			t.Fatalf("accumulate %s: %v", stream.Current().RawJSON(), err)
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatalf("stream error: %v", err)
+	}
+	if got := messageText(&acc); got != canonical(8) || acc.StopReason != "max_tokens" {
+		t.Errorf("text %q stop %q, want %q max_tokens", got, acc.StopReason, canonical(8))
+	}
+	if acc.Usage.InputTokens != 3 || acc.Usage.OutputTokens != 8 {
+		t.Errorf("usage %d in / %d out, want 3 / 8", acc.Usage.InputTokens, acc.Usage.OutputTokens)
+	}
+	rh.waitIdle()
+	if got := rh.migrations(); got["engine_disconnect/rescued"] != 1 {
+		t.Errorf("migrations %v", got)
+	}
+}
+
+// TestContinuationAnthropicExclusions: Messages requests a continuation
+// cannot reproduce end, at a break, with the error event, counted.
+func TestContinuationAnthropicExclusions(t *testing.T) {
+	for _, tc := range []struct{ name, body, fault, want string }{
+		{"tools", `"tools":[{"name":"f","input_schema":{"type":"object"}}],"messages":[{"role":"user","content":"a"}]`, "", exclTools},
+		{"stop sequences", `"stop_sequences":["zzz"],"messages":[{"role":"user","content":"a"}]`, "", exclStop},
+		{"thinking", `"thinking":{"type":"enabled","budget_tokens":10},"messages":[{"role":"user","content":"a"}]`, "", exclReasoning},
+		{"image", `"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AA=="}}]}]`, "", exclMultimodal},
+		{"thinking streamed", `"messages":[{"role":"user","content":"a"}]`, "reasoning=2,", exclReasoning},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rh := newRetryHarness(t, tc.fault+"close-after=3", "", nil)
+			as := readAnthropicStream(t, rh.post("/v1/messages", `{"model":"m","max_tokens":8,"stream":true,`+tc.body+`}`))
+			if as.errors != 1 || as.events["message_stop"] != 0 {
+				t.Errorf("events %v: want the error event and no message_stop", as.events)
+			}
+			rh.waitIdle()
+			if got := rh.exclusions(); got[tc.want] != 1 || len(got) != 1 {
+				t.Errorf("exclusions %v, want %s 1", got, tc.want)
+			}
+			if n := rh.e2.Stats().Received; n != 0 {
+				t.Errorf("e2 got %d requests", n)
+			}
+		})
 	}
 }

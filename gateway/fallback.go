@@ -166,7 +166,7 @@ func (s *Server) fallTo(w http.ResponseWriter, r *http.Request, op *operation, i
 	} else {
 		in.rename, _ = json.Marshal(to.target)
 	}
-	*out = s.outgoing(op, in, p.cr.continuable() && !p.cr.clientIDs)
+	*out = s.outgoing(op, in, p.cr.asksIDs())
 	rreq.Model = to.target
 	p.fb.tried = append(p.fb.tried, to.target)
 	p.fb.maxLen = to.route.MaxModelLen()

@@ -107,6 +107,11 @@ const (
 	migrateNone       migrateKind = iota // not continued
 	migrateChat                          // chat completions: chunks reshaped from completions
 	migrateCompletion                    // completions: the same framing
+	// migrateMessages: Anthropic Messages streams; vLLM returns no token
+	// ids there, so the continuation tokenizes the prompt and the text so
+	// far through the engine's /tokenize, and its chunks become
+	// content_block_delta events.
+	migrateMessages
 )
 
 // Exclusions: why a broken generation is not continued
@@ -133,6 +138,7 @@ var excludeKeys = [][]byte{
 	[]byte(`"functions"`), []byte(`"prompt_embeds"`), []byte(`"multi_modal_data"`), []byte(`"image_url"`),
 	[]byte(`"input_audio"`), []byte(`"audio_url"`), []byte(`"video_url"`), []byte(`"image_embeds"`),
 	[]byte(`"file"`), []byte(`"prompt"`), []byte(`"stop"`),
+	[]byte(`"thinking"`), []byte(`"stop_sequences"`), []byte(`"output_config"`), []byte(`"system"`),
 }
 
 // excludedBy returns why a request body cannot be continued, "" when it
@@ -145,7 +151,7 @@ func excludedBy(k migrateKind, body []byte) string {
 			break
 		}
 	}
-	if !found {
+	if !found && k != migrateMessages { // Anthropic content blocks are always looked at
 		return ""
 	}
 	var b struct {
@@ -155,6 +161,12 @@ func excludedBy(k migrateKind, body []byte) string {
 		TopLogprobs    json.RawMessage        `json:"top_logprobs"`
 		Echo           json.RawMessage        `json:"echo"`
 		Stop           json.RawMessage        `json:"stop"`
+		StopSequences  json.RawMessage        `json:"stop_sequences"`
+		Thinking       *struct{ Type string } `json:"thinking"`
+		OutputConfig   *struct {
+			Format json.RawMessage `json:"format"`
+		} `json:"output_config"`
+		System json.RawMessage `json:"system"`
 		ResponseFormat *struct{ Type string } `json:"response_format"`
 		Structured     json.RawMessage        `json:"structured_outputs"`
 		Tools          json.RawMessage        `json:"tools"`
@@ -189,13 +201,20 @@ func excludedBy(k migrateKind, body []byte) string {
 		return exclLogprobs
 	case set(b.Echo):
 		return exclEcho
-	case set(b.Stop):
+	case set(b.Stop) || set(b.StopSequences):
 		return exclStop
+	case b.Thinking != nil && b.Thinking.Type != "" && b.Thinking.Type != "disabled":
+		return exclReasoning
+	case b.OutputConfig != nil && set(b.OutputConfig.Format):
+		return exclStructured
 	case b.ResponseFormat != nil && b.ResponseFormat.Type != "" && b.ResponseFormat.Type != "text", set(b.Structured), hasGuided(body):
 		return exclStructured
 	case (set(b.Tools) || set(b.Functions)) && string(b.ToolChoice) != `"none"`:
 		return exclTools
 	case set(b.PromptEmbeds) || set(b.MultiModal):
+		return exclMultimodal
+	}
+	if len(b.System) > 0 && b.System[0] == '[' && hasMedia(b.System) {
 		return exclMultimodal
 	}
 	for _, m := range b.Messages {
@@ -291,6 +310,10 @@ type carry struct {
 	// aborted: the leg being relayed ended with finish_reason "abort"
 	// that was not held back (a continuation leg at the limit).
 	aborted bool
+	// text is a Messages stream's text so far (migrateMessages), and
+	// finish its continuation's finish reason until the usage chunk.
+	text   []byte
+	finish string
 	// link is the span of the leg that broke, linked from the next; cut
 	// how it broke.
 	link trace.SpanContext
@@ -339,7 +362,19 @@ func (c *carry) restart() {
 	c.prompt, c.gen, c.sawPrompt, c.promptLen = c.prompt[:0], c.gen[:0], false, 0
 	c.id, c.created, c.model = nil, nil, nil
 	c.ra, c.answer = nil, 0
+	c.text, c.finish = c.text[:0], ""
 }
+
+// asksIDs reports whether the engine is asked for token ids
+// (return_token_ids): a continuable chat or completions request whose
+// client did not ask itself.
+func (c *carry) asksIDs() bool {
+	return c.continuable() && !c.clientIDs && c.kind != migrateMessages
+}
+
+// framed reports whether reshape returns whole events (Anthropic's, with
+// their event lines) rather than the data of one.
+func (c *carry) framed() bool { return c.kind == migrateMessages }
 
 // returnTokenIDs reports whether the body sets return_token_ids true.
 func returnTokenIDs(body []byte) bool {
@@ -583,6 +618,8 @@ func (c *carry) ready() string {
 	switch {
 	case c.excluded != "":
 		return c.excluded
+	case c.kind == migrateMessages && c.id != nil:
+		return "" // the ids come from /tokenize at the continuation
 	case !c.sawPrompt || c.id == nil:
 		return exclNoTokenIDs
 	}
@@ -616,6 +653,15 @@ func (c *carry) reshape(b []byte, data []byte) (out []byte, drop bool) {
 	var cc contChunk
 	if err := json.Unmarshal(data, &cc); err != nil {
 		return b, true
+	}
+	if c.kind == migrateMessages {
+		if len(cc.Choices) == 1 {
+			var t string
+			if json.Unmarshal(cc.Choices[0].Text, &t) == nil {
+				c.text = append(c.text, t...) // for a further continuation
+			}
+		}
+		return c.reshapeMessages(b, &cc)
 	}
 	if cc.Usage != nil && len(cc.Choices) == 0 {
 		if !c.usage {

@@ -149,7 +149,7 @@ var operations = []*operation{
 	{name: "responses.cancel", genai: "responses.cancel", method: http.MethodPost, paths: []string{"/v1/responses/{id}/cancel"},
 		body: bodyNone, model: modelNone, class: classLight, framing: frameResponses, sticky: true},
 	{name: "messages", genai: "chat", method: http.MethodPost, paths: []string{"/v1/messages"},
-		schema: oai.SchemaMessages, framing: frameAnthropic, env: envAnthropic},
+		schema: oai.SchemaMessages, framing: frameAnthropic, env: envAnthropic, migrate: migrateMessages},
 	{name: "messages.count_tokens", genai: "count_tokens", method: http.MethodPost, paths: []string{"/v1/messages/count_tokens"},
 		schema: oai.SchemaCountTokens, class: classLight, env: envAnthropic},
 	{name: "audio.transcriptions", genai: "transcription", method: http.MethodPost, paths: []string{"/v1/audio/transcriptions"},

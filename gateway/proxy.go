@@ -108,7 +108,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 	if p.cr = newCarry(op, &in); p.cr != nil {
 		defer func() { s.buffered.give(p.cr.buffered) }()
 	}
-	out := s.outgoing(op, &in, p.cr.continuable() && !p.cr.clientIDs)
+	out := s.outgoing(op, &in, p.cr.asksIDs())
 	rreq := routing.Request{Model: in.target, Stream: in.stream, SessionKey: in.req.User, PromptBytes: in.req.PromptBytes, PrefixHashes: in.req.PrefixHashes}
 	if set.sessionHeader != "" {
 		if v := r.Header[set.sessionHeader]; len(v) > 0 && v[0] != "" {

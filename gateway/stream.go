@@ -77,16 +77,27 @@ func (st *streamState) onRewrite(ev sse.Event) {
 		*dst = append(*dst, ev.Raw...)
 		return
 	}
+	a, cr := st.a, st.cr
 	if sse.IsDone(ev.Data) {
 		st.done = true
-		*dst = append(*dst, ev.Raw...)
+		if !(st.reshape && cr.framed()) { // an Anthropic stream ends at message_stop
+			*dst = append(*dst, ev.Raw...)
+		}
 		return
 	}
-	a, cr := st.a, st.cr
 	ch, err := oai.InspectChunk(ev.Data)
 	if err != nil {
 		a.s.metrics.RecordParseError(a.ctx, a.attrs)
 		*dst = append(*dst, ev.Raw...)
+		return
+	}
+	if st.tail == nil && st.reshape && cr.framed() && (ch.Error || string(ch.FinishReason) == "abort") {
+		// The engine's own end is in the wrong framing for this client:
+		// it ends with the gateway's error event, unless continued.
+		st.tail, st.reason = []byte{}, migrateStreamErr
+		if !ch.Error {
+			st.reason = migrateAbort
+		}
 		return
 	}
 	switch {
@@ -129,7 +140,11 @@ func (st *streamState) onRewrite(ev sse.Event) {
 	}
 	if st.reshape {
 		var drop bool
-		if st.scratch, drop = cr.reshape(st.scratch[:0], ev.Data); !drop {
+		switch st.scratch, drop = cr.reshape(st.scratch[:0], ev.Data); {
+		case drop:
+		case cr.framed():
+			*dst = append(*dst, st.scratch...)
+		default:
 			*dst = appendEvent(*dst, st.scratch)
 		}
 		return
@@ -266,6 +281,10 @@ func (st *streamState) onTypedEvent(ev sse.Event) {
 	}
 	if e.FinishReason != nil {
 		a.finished(e.FinishReason)
+		st.finished = true // a break after it is not continued
+	}
+	if st.cr != nil && st.framing == frameAnthropic {
+		st.cr.takeAnthropic(ev.Data, &e)
 	}
 	if e.InputTokens >= 0 {
 		a.usage.PromptTokens, a.hasUsage = e.InputTokens, true
@@ -303,8 +322,12 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 	st := streamState{a: a, framing: c.op.framing, injected: c.out.injected}
 	endsAtEOF := c.op.framing == frameAny
 	onEvent := st.onEvent
-	if c.cr != nil && c.op.framing == frameOpenAI {
-		st.cr, st.reshape = c.cr, c.resumed
+	if c.cr != nil {
+		st.cr = c.cr // an Anthropic stream's first leg is read as it is (onTypedEvent)
+	}
+	rewrite := c.cr != nil && (c.op.framing == frameOpenAI || c.resumed)
+	if rewrite {
+		st.reshape = c.resumed
 		onEvent = st.onRewrite
 		// The rewritten events of one read: a pooled buffer.
 		outp := eventBufPool.Get().(*[]byte)
@@ -344,7 +367,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 			st.dropTo = 0
 			st.out = st.out[:0]
 			out := sc.Push(p, onEvent)
-			if st.cr != nil {
+			if rewrite {
 				out = st.out
 			}
 			if !a.first.IsZero() || a.class != classGenerative || !c.stream {

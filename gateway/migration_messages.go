@@ -1,0 +1,224 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
+	"github.com/switchboard-gw/switchboard/internal/oai"
+)
+
+// Continuation of Anthropic Messages streams.
+//
+// vLLM's /v1/messages takes no return_token_ids and its events carry no
+// token ids (vllm/entrypoints/anthropic/protocol.py), so a Messages
+// stream keeps the text the client got instead. At a break the
+// continuation asks the new engine's /tokenize for the prompt's ids (the
+// system prompt and the messages as chat messages, with the generation
+// prompt: vLLM serves /v1/messages through its chat template) and for the
+// text's ids, and goes on from there as for chat. The text is tokenized
+// again, so the continuation starts from the same text, not necessarily
+// from the same token ids.
+
+// takeAnthropic reads one event of a Messages stream's first leg (e, as
+// inspected from data): the prompt's input tokens from message_start, the
+// text of the text block's deltas (bounded by migration.max_tokens x 16
+// bytes), and what excludes a continuation (a block other than text:
+// thinking or a tool call).
+func (c *carry) takeAnthropic(data []byte, e *oai.Event) {
+	if c.excluded != "" {
+		return
+	}
+	switch string(e.Type) {
+	case "message_start":
+		c.id = []byte{} // the answer has started
+		if e.InputTokens >= 0 {
+			c.promptLen = int(e.InputTokens)
+		}
+	case "content_block_start":
+		var ev struct {
+			Index int `json:"index"`
+			Block struct {
+				Type string `json:"type"`
+			} `json:"content_block"`
+		}
+		switch {
+		case json.Unmarshal(data, &ev) != nil:
+			c.exclude(exclNoTokenIDs)
+		case ev.Block.Type == "thinking" || ev.Block.Type == "redacted_thinking":
+			c.exclude(exclReasoning)
+		case ev.Block.Type != "text" || ev.Index != 0:
+			c.exclude(exclTools)
+		}
+	case "content_block_delta":
+		var ev struct {
+			Delta struct {
+				Type string `json:"type"`
+				Text string `json:"text"`
+			} `json:"delta"`
+		}
+		switch {
+		case json.Unmarshal(data, &ev) != nil:
+			c.exclude(exclNoTokenIDs)
+		case ev.Delta.Type == "thinking_delta" || ev.Delta.Type == "signature_delta":
+			c.exclude(exclReasoning)
+		case ev.Delta.Type != "text_delta":
+			c.exclude(exclTools)
+		case len(c.text)+len(ev.Delta.Text) > 16*c.cfg.MaxTokens:
+			c.exclude(exclMaxTokens)
+		default:
+			c.text = append(c.text, ev.Delta.Text...)
+		}
+	}
+}
+
+// errTokenize is a continuation whose /tokenize calls failed: counted
+// and ended as a continuation that failed before its first byte.
+var errTokenize = errors.New("the engine could not tokenize the continuation")
+
+// tokenizeMessages fills the carry's prompt and generated ids for a
+// Messages continuation on eng: POST /tokenize with the request's system
+// prompt and messages as chat messages (add_generation_prompt), and with
+// the text the client got (add_special_tokens false). Errors wrap
+// errTokenize.
+func (s *Server) tokenizeMessages(ctx context.Context, eng *fleet.Engine, model string, c *carry) error {
+	var req struct {
+		System   json.RawMessage `json:"system"`
+		Messages []struct {
+			Role    string          `json:"role"`
+			Content json.RawMessage `json:"content"`
+		} `json:"messages"`
+	}
+	if err := json.Unmarshal(c.body, &req); err != nil {
+		return fmt.Errorf("%w: %v", errTokenize, err)
+	}
+	type message struct {
+		Role    string `json:"role"`
+		Content string `json:"content"`
+	}
+	var msgs []message
+	if sys := anthropicText(req.System); sys != "" {
+		msgs = append(msgs, message{"system", sys})
+	}
+	for _, m := range req.Messages {
+		msgs = append(msgs, message{m.Role, anthropicText(m.Content)})
+	}
+	prompt, err := s.tokenize(ctx, eng, map[string]any{"model": model, "messages": msgs, "add_generation_prompt": true})
+	if err != nil {
+		return err
+	}
+	gen, err := s.tokenize(ctx, eng, map[string]any{"model": model, "prompt": string(c.text), "add_special_tokens": false})
+	if err != nil {
+		return err
+	}
+	c.prompt, c.gen, c.sawPrompt = prompt, gen, true
+	if c.promptLen == 0 {
+		c.promptLen = len(prompt)
+	}
+	return nil
+}
+
+// anthropicText returns the text of an Anthropic content value: a string,
+// or its text blocks joined (excludedBy has refused any other block).
+func anthropicText(raw json.RawMessage) string {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	var blocks []struct {
+		Type, Text string
+	}
+	_ = json.Unmarshal(raw, &blocks)
+	var b bytes.Buffer
+	for _, bl := range blocks {
+		if bl.Type == "text" {
+			b.WriteString(bl.Text)
+		}
+	}
+	return b.String()
+}
+
+// maxTokenizeBody caps an engine's /tokenize answer (its ids as JSON).
+const maxTokenizeBody = 4 << 20
+
+// tokenize posts body to eng's /tokenize and returns the ids of its
+// answer (vLLM's {"count", "max_model_len", "tokens": [...]}). Errors wrap
+// errTokenize.
+func (s *Server) tokenize(ctx context.Context, eng *fleet.Engine, body any) ([]int32, error) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errTokenize, err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, eng.Base()+"/tokenize", bytes.NewReader(b))
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errTokenize, err)
+	}
+	req.Header["Content-Type"] = jsonContentType
+	if auth := eng.Auth(); auth != nil {
+		req.Header["Authorization"] = auth
+	}
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", errTokenize, err)
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, maxTokenizeBody))
+	if err != nil || resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("%w: status %d", errTokenize, resp.StatusCode)
+	}
+	var out struct {
+		Tokens json.RawMessage `json:"tokens"`
+	}
+	if err := json.Unmarshal(raw, &out); err != nil {
+		return nil, fmt.Errorf("%w: %v", errTokenize, err)
+	}
+	ids, ok := appendIDs(nil, out.Tokens)
+	if !ok {
+		return nil, fmt.Errorf("%w: tokens are not ids", errTokenize)
+	}
+	return ids, nil
+}
+
+// reshapeMessages turns one chunk of a Messages continuation (an engine's
+// /v1/completions chunk) into the client's events: a content_block_delta
+// per text; at the finish, content_block_stop and message_delta with the
+// stop reason (stop: end_turn, length: max_tokens, as vLLM maps them) and
+// the whole answer's usage once the usage chunk has come, then
+// message_stop. drop is set when nothing is to be sent.
+func (c *carry) reshapeMessages(b []byte, cc *contChunk) (out []byte, drop bool) {
+	if cc.Usage != nil && len(cc.Choices) == 0 {
+		gen := int64(c.legGen) + cc.Usage.CompletionTokens
+		reason := "end_turn"
+		if c.finish == "length" {
+			reason = "max_tokens"
+		}
+		b = append(b, "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n"...)
+		b = append(b, "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\""...)
+		b = append(b, reason...)
+		b = append(b, `","stop_sequence":null},"usage":{"input_tokens":`...)
+		b = strconv.AppendInt(b, int64(c.promptLen), 10)
+		b = append(b, `,"output_tokens":`...)
+		b = strconv.AppendInt(b, gen, 10)
+		b = append(b, "}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"...)
+		return b, false
+	}
+	if len(cc.Choices) != 1 {
+		return b, true
+	}
+	ch := cc.Choices[0]
+	if fr := ch.FinishReason; len(fr) > 2 && fr[0] == '"' {
+		c.finish = string(fr[1 : len(fr)-1])
+	}
+	if len(ch.Text) == 0 || string(ch.Text) == `""` || string(ch.Text) == "null" {
+		return b, true
+	}
+	b = append(b, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":"...)
+	b = append(b, ch.Text...)
+	return append(b, "}}\n\n"...), false
+}
