@@ -155,18 +155,18 @@ func excludedBy(k migrateKind, body []byte) string {
 		return ""
 	}
 	var b struct {
-		N              json.RawMessage        `json:"n"`
-		BestOf         json.RawMessage        `json:"best_of"`
-		Logprobs       json.RawMessage        `json:"logprobs"`
-		TopLogprobs    json.RawMessage        `json:"top_logprobs"`
-		Echo           json.RawMessage        `json:"echo"`
-		Stop           json.RawMessage        `json:"stop"`
-		StopSequences  json.RawMessage        `json:"stop_sequences"`
-		Thinking       *struct{ Type string } `json:"thinking"`
-		OutputConfig   *struct {
+		N             json.RawMessage        `json:"n"`
+		BestOf        json.RawMessage        `json:"best_of"`
+		Logprobs      json.RawMessage        `json:"logprobs"`
+		TopLogprobs   json.RawMessage        `json:"top_logprobs"`
+		Echo          json.RawMessage        `json:"echo"`
+		Stop          json.RawMessage        `json:"stop"`
+		StopSequences json.RawMessage        `json:"stop_sequences"`
+		Thinking      *struct{ Type string } `json:"thinking"`
+		OutputConfig  *struct {
 			Format json.RawMessage `json:"format"`
 		} `json:"output_config"`
-		System json.RawMessage `json:"system"`
+		System         json.RawMessage        `json:"system"`
 		ResponseFormat *struct{ Type string } `json:"response_format"`
 		Structured     json.RawMessage        `json:"structured_outputs"`
 		Tools          json.RawMessage        `json:"tools"`
