@@ -4,7 +4,11 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strconv"
 	"strings"
 	"testing"
@@ -736,4 +740,43 @@ func TestContinuationAnthropicExclusions(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestContinuationAnthropicEndWithoutUsage: a continuation engine that
+// ends with [DONE] and no usage chunk still gives the Messages client its
+// content_block_stop, message_delta and message_stop, once.
+func TestContinuationAnthropicEndWithoutUsage(t *testing.T) {
+	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}, Fault: "close-after=2"})
+	e2 := fakeEngine(t, []string{"m"}, func(w http.ResponseWriter, r *http.Request) {
+		sw := newSSE(w)
+		sw.data(`{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"tok2 ","logprobs":null,"finish_reason":null,"stop_reason":null}]}`)
+		sw.data(`{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"","logprobs":null,"finish_reason":"length","stop_reason":null}]}`)
+		sw.data(`[DONE]`)
+	})
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /tokenize", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, `{"count":2,"max_model_len":8192,"tokens":[1,2],"token_strs":null}`)
+	})
+	mux.Handle("/", httputil.NewSingleHostReverseProxy(mustURL(t, e2.URL)))
+	front := httptest.NewServer(mux)
+	t.Cleanup(front.Close)
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}, fleet.EngineConfig{Name: "e2", URL: front.URL, Models: []string{"m"}})
+	h := newHarness(t, cfg, withPolicy(firstPolicy{}))
+	as := readAnthropicStream(t, h.post("/v1/messages", `{"model":"m","max_tokens":3,"stream":true,"messages":[{"role":"user","content":"a b"}]}`))
+	if as.text != canonical(3) || as.events["content_block_stop"] != 1 || as.events["message_delta"] != 1 || as.events["message_stop"] != 1 || as.lastType != "message_stop" {
+		t.Errorf("text %q events %v last %q", as.text, as.events, as.lastType)
+	}
+	if len(as.stop) != 1 || as.stop[0] != "max_tokens" || as.output != 3 {
+		t.Errorf("stop %v output %d, want [max_tokens] 3", as.stop, as.output)
+	}
+	h.waitIdle()
+}
+
+func mustURL(t *testing.T, s string) *url.URL {
+	t.Helper()
+	u, err := url.Parse(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
 }

@@ -314,6 +314,8 @@ type carry struct {
 	// finish its continuation's finish reason until the usage chunk.
 	text   []byte
 	finish string
+	// ended: a Messages continuation has sent its end events.
+	ended bool
 	// link is the span of the leg that broke, linked from the next; cut
 	// how it broke.
 	link trace.SpanContext
@@ -362,7 +364,7 @@ func (c *carry) restart() {
 	c.prompt, c.gen, c.sawPrompt, c.promptLen = c.prompt[:0], c.gen[:0], false, 0
 	c.id, c.created, c.model = nil, nil, nil
 	c.ra, c.answer = nil, 0
-	c.text, c.finish = c.text[:0], ""
+	c.text, c.finish, c.ended = c.text[:0], "", false
 }
 
 // asksIDs reports whether the engine is asked for token ids

@@ -109,6 +109,12 @@ func (s *Server) tokenizeMessages(ctx context.Context, eng *fleet.Engine, model 
 	for _, m := range req.Messages {
 		msgs = append(msgs, message{m.Role, anthropicText(m.Content)})
 	}
+	if d := s.set.Load().cfg.Timeouts.ResponseHeader; d > 0 {
+		// Two short answers: bounded as an engine's headers are.
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, d)
+		defer cancel()
+	}
 	prompt, err := s.tokenize(ctx, eng, map[string]any{"model": model, "messages": msgs, "add_generation_prompt": true})
 	if err != nil {
 		return err
@@ -142,6 +148,19 @@ func anthropicText(raw json.RawMessage) string {
 		}
 	}
 	return b.String()
+}
+
+// endMessages appends the end of a Messages continuation whose engine sent
+// no usage chunk before [DONE] (out is its output tokens as counted from
+// its chunks); nothing when the end was sent.
+func (c *carry) endMessages(b []byte, out int64) []byte {
+	if c.ended {
+		return b
+	}
+	b, _ = c.reshapeMessages(b, &contChunk{Usage: &struct {
+		CompletionTokens int64 `json:"completion_tokens"`
+	}{out}})
+	return b
 }
 
 // maxTokenizeBody caps an engine's /tokenize answer (its ids as JSON).
@@ -193,6 +212,10 @@ func (s *Server) tokenize(ctx context.Context, eng *fleet.Engine, body any) ([]i
 // message_stop. drop is set when nothing is to be sent.
 func (c *carry) reshapeMessages(b []byte, cc *contChunk) (out []byte, drop bool) {
 	if cc.Usage != nil && len(cc.Choices) == 0 {
+		if c.ended {
+			return b, true
+		}
+		c.ended = true
 		gen := int64(c.legGen) + cc.Usage.CompletionTokens
 		reason := "end_turn"
 		if c.finish == "length" {

@@ -80,9 +80,13 @@ func (st *streamState) onRewrite(ev sse.Event) {
 	a, cr := st.a, st.cr
 	if sse.IsDone(ev.Data) {
 		st.done = true
-		if !(st.reshape && cr.framed()) { // an Anthropic stream ends at message_stop
-			*dst = append(*dst, ev.Raw...)
+		if st.reshape && cr.framed() {
+			// An Anthropic stream ends at message_stop, which the usage
+			// chunk brought, or which is sent now.
+			*dst = cr.endMessages(*dst, a.contentEvents)
+			return
 		}
+		*dst = append(*dst, ev.Raw...)
 		return
 	}
 	ch, err := oai.InspectChunk(ev.Data)
