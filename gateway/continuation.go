@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -74,7 +75,11 @@ func (s *Server) continuation(ctx context.Context, w http.ResponseWriter, r *htt
 	if cr.kind == migrateMessages {
 		// No token ids from the engine: the prompt and the text so far
 		// are tokenized by the engine that continues.
-		if err := s.tokenizeMessages(ctx, eng, in.target, cr); err != nil {
+		if err := s.tokenizeMessages(ctx, eng, in.target, cr); errors.Is(err, errTooLong) {
+			s.metrics.RecordMigrationExclusion(ctx, exclMaxTokens)
+			endCut(w, prev, op.framing)
+			return nextLeg{}, nil
+		} else if err != nil {
 			s.log.Warn("continuation: tokenize failed", "engine", eng.Name(), "err", err)
 			s.metrics.RecordMigration(ctx, prev.reason, migrationFailed)
 			if next := p.next(&outcome{stage: stageCut, cut: prev}); next.kind != legNone {
@@ -85,6 +90,7 @@ func (s *Server) continuation(ctx context.Context, w http.ResponseWriter, r *htt
 		}
 	}
 	cr.legGen = len(cr.gen)
+	cr.ended, cr.finish = false, ""
 	body, done := cr.request(in.target, in.req.MaxTokens)
 	if done {
 		// The break came after the last token: only the end is missing.

@@ -138,7 +138,6 @@ var excludeKeys = [][]byte{
 	[]byte(`"functions"`), []byte(`"prompt_embeds"`), []byte(`"multi_modal_data"`), []byte(`"image_url"`),
 	[]byte(`"input_audio"`), []byte(`"audio_url"`), []byte(`"video_url"`), []byte(`"image_embeds"`),
 	[]byte(`"file"`), []byte(`"prompt"`), []byte(`"stop"`),
-	[]byte(`"thinking"`), []byte(`"stop_sequences"`), []byte(`"output_config"`), []byte(`"system"`),
 }
 
 // excludedBy returns why a request body cannot be continued, "" when it
@@ -314,8 +313,9 @@ type carry struct {
 	// finish its continuation's finish reason until the usage chunk.
 	text   []byte
 	finish string
-	// ended: a Messages continuation has sent its end events.
-	ended bool
+	// ended: a Messages continuation has sent its end events;
+	// blockStarted: the client has the text block's content_block_start.
+	ended, blockStarted bool
 	// link is the span of the leg that broke, linked from the next; cut
 	// how it broke.
 	link trace.SpanContext
@@ -364,7 +364,7 @@ func (c *carry) restart() {
 	c.prompt, c.gen, c.sawPrompt, c.promptLen = c.prompt[:0], c.gen[:0], false, 0
 	c.id, c.created, c.model = nil, nil, nil
 	c.ra, c.answer = nil, 0
-	c.text, c.finish, c.ended = c.text[:0], "", false
+	c.text, c.finish, c.ended, c.blockStarted = c.text[:0], "", false, false
 }
 
 // asksIDs reports whether the engine is asked for token ids
@@ -759,6 +759,11 @@ var continuedParams = []string{
 	"priority", "user", "vllm_xargs", "cache_salt",
 }
 
+// messagesParams are the Messages request members vLLM's /v1/messages
+// passes on to sampling (vllm/entrypoints/anthropic/protocol.py): a
+// continuation carries these only.
+var messagesParams = []string{"temperature", "top_p", "top_k"}
+
 // request builds the body of a continuation leg for model (the served
 // model's name): the prompt and generated ids as one token prompt, a
 // stream with usage and token ids, max_tokens (and min_tokens) reduced by
@@ -801,7 +806,11 @@ func (c *carry) request(model string, maxTokens int64) (body []byte, done bool) 
 			b = strconv.AppendInt(append(b, `,"min_tokens":`...), m-k, 10)
 		}
 	}
-	for _, p := range continuedParams {
+	params := continuedParams
+	if c.kind == migrateMessages {
+		params = messagesParams
+	}
+	for _, p := range params {
 		if v, ok := orig[p]; ok {
 			b = append(append(append(append(b, `,"`...), p...), `":`...), v...)
 		}

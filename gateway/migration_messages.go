@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/oai"
@@ -41,6 +42,9 @@ func (c *carry) takeAnthropic(data []byte, e *oai.Event) {
 		if e.InputTokens >= 0 {
 			c.promptLen = int(e.InputTokens)
 		}
+		if c.promptLen > c.cfg.MaxTokens {
+			c.exclude(exclMaxTokens)
+		}
 	case "content_block_start":
 		var ev struct {
 			Index int `json:"index"`
@@ -55,6 +59,8 @@ func (c *carry) takeAnthropic(data []byte, e *oai.Event) {
 			c.exclude(exclReasoning)
 		case ev.Block.Type != "text" || ev.Index != 0:
 			c.exclude(exclTools)
+		default:
+			c.blockStarted = true
 		}
 	case "content_block_delta":
 		var ev struct {
@@ -100,14 +106,25 @@ func (s *Server) tokenizeMessages(ctx context.Context, eng *fleet.Engine, model 
 	}
 	type message struct {
 		Role    string `json:"role"`
-		Content string `json:"content"`
+		Content any    `json:"content"`
 	}
 	var msgs []message
-	if sys := anthropicText(req.System); sys != "" {
+	if sys := strings.Join(anthropicTexts(req.System), ""); sys != "" {
 		msgs = append(msgs, message{"system", sys})
 	}
 	for _, m := range req.Messages {
-		msgs = append(msgs, message{m.Role, anthropicText(m.Content)})
+		// As vLLM converts them: one text block is the content, several
+		// are text parts (its chat preprocessing joins them with "\n").
+		texts := anthropicTexts(m.Content)
+		var content any = strings.Join(texts, "")
+		if len(texts) > 1 {
+			parts := make([]map[string]string, len(texts))
+			for i, t := range texts {
+				parts[i] = map[string]string{"type": "text", "text": t}
+			}
+			content = parts
+		}
+		msgs = append(msgs, message{m.Role, content})
 	}
 	if d := s.set.Load().cfg.Timeouts.ResponseHeader; d > 0 {
 		// Two short answers: bounded as an engine's headers are.
@@ -127,27 +144,36 @@ func (s *Server) tokenizeMessages(ctx context.Context, eng *fleet.Engine, model 
 	if c.promptLen == 0 {
 		c.promptLen = len(prompt)
 	}
+	if c.held() > c.cfg.MaxTokens {
+		c.exclude(exclMaxTokens)
+		return fmt.Errorf("%w: over migration.max_tokens", errTooLong)
+	}
 	return nil
 }
 
-// anthropicText returns the text of an Anthropic content value: a string,
-// or its text blocks joined (excludedBy has refused any other block).
-func anthropicText(raw json.RawMessage) string {
+// errTooLong is a Messages continuation whose prompt and text passed
+// migration.max_tokens once tokenized: not continued.
+var errTooLong = errors.New("the prompt and answer are too long to continue")
+
+// anthropicTexts returns the texts of an Anthropic content value: the
+// string, or its non-empty text blocks (excludedBy has refused any other
+// block).
+func anthropicTexts(raw json.RawMessage) []string {
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
-		return s
+		return []string{s}
 	}
 	var blocks []struct {
 		Type, Text string
 	}
 	_ = json.Unmarshal(raw, &blocks)
-	var b bytes.Buffer
+	var out []string
 	for _, bl := range blocks {
-		if bl.Type == "text" {
-			b.WriteString(bl.Text)
+		if bl.Type == "text" && bl.Text != "" {
+			out = append(out, bl.Text)
 		}
 	}
-	return b.String()
+	return out
 }
 
 // endMessages appends the end of a Messages continuation whose engine sent
@@ -221,13 +247,15 @@ func (c *carry) reshapeMessages(b []byte, cc *contChunk) (out []byte, drop bool)
 		if c.finish == "length" {
 			reason = "max_tokens"
 		}
-		b = append(b, "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n"...)
+		if c.blockStarted {
+			b = append(b, "event: content_block_stop\ndata: {\"type\":\"content_block_stop\",\"index\":0}\n\n"...)
+		}
 		b = append(b, "event: message_delta\ndata: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\""...)
 		b = append(b, reason...)
 		b = append(b, `","stop_sequence":null},"usage":{"input_tokens":`...)
 		b = strconv.AppendInt(b, int64(c.promptLen), 10)
 		b = append(b, `,"output_tokens":`...)
-		b = strconv.AppendInt(b, gen, 10)
+		b = strconv.AppendInt(b, max(gen, 0), 10)
 		b = append(b, "}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"...)
 		return b, false
 	}
@@ -238,8 +266,13 @@ func (c *carry) reshapeMessages(b []byte, cc *contChunk) (out []byte, drop bool)
 	if fr := ch.FinishReason; len(fr) > 2 && fr[0] == '"' {
 		c.finish = string(fr[1 : len(fr)-1])
 	}
-	if len(ch.Text) == 0 || string(ch.Text) == `""` || string(ch.Text) == "null" {
-		return b, true
+	if len(ch.Text) < 3 || ch.Text[0] != '"' {
+		return b, true // no text, or not a string
+	}
+	if !c.blockStarted {
+		// The break came before the text block opened.
+		c.blockStarted = true
+		b = append(b, "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n"...)
 	}
 	b = append(b, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":"...)
 	b = append(b, ch.Text...)

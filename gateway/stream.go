@@ -65,6 +65,14 @@ var (
 // instead, with everything after it, rewritten the same way: the client
 // gets it if no continuation follows.
 func (st *streamState) onRewrite(ev sse.Event) {
+	if st.tail != nil && st.reshape && st.cr.framed() {
+		// A Messages continuation that failed: its end is the gateway's
+		// error event, whatever the engine sends after.
+		if ev.Data != nil && sse.IsDone(ev.Data) {
+			st.done = true
+		}
+		return
+	}
 	if len(st.tail) > maxHeldTail {
 		st.done = true // an engine that goes on after its end: enough
 		return
@@ -298,6 +306,10 @@ func (st *streamState) onTypedEvent(ev sse.Event) {
 	}
 	if e.Content {
 		a.onContent(st.now)
+		st.last = st.now
+	}
+	if st.framing == frameAnthropic && string(e.Type) == "content_block_stop" && st.cr != nil && st.cr.blockStarted && st.cr.excluded == "" {
+		st.finished = true // the text is whole; a break after it is not continued
 	}
 }
 
