@@ -5,7 +5,7 @@ package gateway
 // bounds and the seam.
 
 import (
-	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -42,7 +42,12 @@ func msgEngine(t *testing.T, tok func(w http.ResponseWriter, r *http.Request), h
 	return srv
 }
 
+// msgChunk is a /v1/completions chunk of text %s and finish_reason %s
+// (raw JSON values): msgChunkOf.
 const msgChunk = `{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":%s,"logprobs":null,"finish_reason":%s,"stop_reason":null}]}`
+
+// msgChunkOf is msgChunk with text and finish (raw JSON values).
+func msgChunkOf(text, finish string) string { return fmt.Sprintf(msgChunk, text, finish) }
 
 func msgHarness(t *testing.T, tune func(*Config), urls ...string) *harness {
 	var ecs []fleet.EngineConfig
@@ -58,52 +63,46 @@ func msgHarness(t *testing.T, tune func(*Config), urls ...string) *harness {
 
 const msgBody = `{"model":"m","max_tokens":6,"stream":true,"messages":[{"role":"user","content":"a b"}]}`
 
-// 1. The continuation engine's own error event (then [DONE], as vLLM
-// sends it) must end with an error event, not a clean message_stop.
-func TestContinuationMessagesEngineErrorEndsWithError(t *testing.T) {
-	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}, Fault: "close-after=2"})
-	e2 := msgEngine(t, nil, func(w http.ResponseWriter, r *http.Request) {
-		sw := newSSE(w)
-		sw.data(strings.Replace(strings.Replace(msgChunk, "%s", `"tok2 "`, 1), "%s", "null", 1))
-		sw.data(`{"error":{"object":"error","message":"boom","type":"InternalServerError","code":500}}`)
-		sw.data(`[DONE]`)
-	})
-	h := msgHarness(t, nil, s1.URL, e2.URL)
-	as := readAnthropicStream(t, h.post("/v1/messages", msgBody))
-	t.Logf("events %v stop %v text %q", as.events, as.stop, as.text)
-	if as.errors != 1 || as.events["message_stop"] != 0 {
-		t.Errorf("engine error on the continuation leg: want an error event and no message_stop; got %v stop %v", as.events, as.stop)
+// The continuation engine's own end (an error event then [DONE], as vLLM
+// sends it; or finish_reason "abort", usage, [DONE]) must end the
+// message with an error event, not a clean message_stop.
+func TestContinuationMessagesEngineEndIsError(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		end  []string
+	}{
+		{"error event", []string{`{"error":{"object":"error","message":"boom","type":"InternalServerError","code":500}}`}},
+		{"abort", []string{msgChunkOf(`""`, `"abort"`),
+			`{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":4,"completion_tokens":1,"total_tokens":5}}`}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, s1 := sim(t, enginesim.Config{Models: []string{"m"}, Fault: "close-after=2"})
+			e2 := msgEngine(t, nil, func(w http.ResponseWriter, r *http.Request) {
+				sw := newSSE(w)
+				sw.data(msgChunkOf(`"tok2 "`, "null"))
+				for _, ev := range tc.end {
+					sw.data(ev)
+				}
+				sw.data(`[DONE]`)
+			})
+			h := msgHarness(t, nil, s1.URL, e2.URL)
+			as := readAnthropicStream(t, h.post("/v1/messages", msgBody))
+			if as.errors != 1 || as.events["message_stop"] != 0 {
+				t.Errorf("want an error event and no message_stop; got %v stop %v", as.events, as.stop)
+			}
+			h.waitIdle()
+		})
 	}
-	h.waitIdle()
 }
 
-// 2. Same for an abort (finish_reason "abort", then usage, then [DONE]).
-func TestContinuationMessagesAbortEndsWithError(t *testing.T) {
-	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}, Fault: "close-after=2"})
-	e2 := msgEngine(t, nil, func(w http.ResponseWriter, r *http.Request) {
-		sw := newSSE(w)
-		sw.data(strings.Replace(strings.Replace(msgChunk, "%s", `"tok2 "`, 1), "%s", "null", 1))
-		sw.data(strings.Replace(strings.Replace(msgChunk, "%s", `""`, 1), "%s", `"abort"`, 1))
-		sw.data(`{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":4,"completion_tokens":1,"total_tokens":5}}`)
-		sw.data(`[DONE]`)
-	})
-	h := msgHarness(t, nil, s1.URL, e2.URL)
-	as := readAnthropicStream(t, h.post("/v1/messages", msgBody))
-	t.Logf("events %v stop %v text %q", as.events, as.stop, as.text)
-	if as.errors != 1 || as.events["message_stop"] != 0 {
-		t.Errorf("abort on the continuation leg: want an error event and no message_stop; got %v stop %v", as.events, as.stop)
-	}
-	h.waitIdle()
-}
-
-// 3. limit 2: leg 2 aborts ([DONE] only) and is continued on e3: the
+// limit 2: leg 2 aborts ([DONE] only) and is continued on e3: the
 // client must still get the end of the message.
 func TestContinuationMessagesSecondContinuationEnds(t *testing.T) {
 	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}, Fault: "close-after=2"})
 	e2 := msgEngine(t, nil, func(w http.ResponseWriter, r *http.Request) {
 		sw := newSSE(w)
-		sw.data(strings.Replace(strings.Replace(msgChunk, "%s", `"tok2 "`, 1), "%s", "null", 1))
-		sw.data(strings.Replace(strings.Replace(msgChunk, "%s", `""`, 1), "%s", `"abort"`, 1))
+		sw.data(msgChunkOf(`"tok2 "`, "null"))
+		sw.data(msgChunkOf(`""`, `"abort"`))
 		sw.data(`[DONE]`)
 	})
 	_, s3 := sim(t, enginesim.Config{Models: []string{"m"}})
@@ -136,7 +135,7 @@ const (
 	evBlockStop  = `{"type":"content_block_stop","index":0}`
 )
 
-// 4. A break after message_start and before content_block_start (vLLM
+// A break after message_start and before content_block_start (vLLM
 // sends message_start on its role chunk, before prefill ends): the
 // continuation's deltas come without a content_block_start.
 func TestContinuationMessagesBreakBeforeBlockStart(t *testing.T) {
@@ -162,7 +161,7 @@ func TestContinuationMessagesBreakBeforeBlockStart(t *testing.T) {
 	h.waitIdle()
 }
 
-// 5. A break after content_block_stop (vLLM writes it, then message_delta):
+// A break after content_block_stop (vLLM writes it, then message_delta):
 // a delta after the block's stop and a second content_block_stop.
 func TestContinuationMessagesBreakAfterBlockStop(t *testing.T) {
 	e1 := anthropicFirst(t, evStart, evBlockStart, evDelta, evBlockStop)
@@ -176,7 +175,7 @@ func TestContinuationMessagesBreakAfterBlockStop(t *testing.T) {
 	h.waitIdle()
 }
 
-// 6. Text blocks of one message are joined with "" for /tokenize; vLLM's
+// Text blocks of one message are joined with "" for /tokenize; vLLM's
 // /v1/messages passes them as content parts, which its chat template
 // preprocessing joins with "\n" (string content format).
 func TestContinuationMessagesTokenizeAsVLLM(t *testing.T) {
@@ -191,7 +190,7 @@ func TestContinuationMessagesTokenizeAsVLLM(t *testing.T) {
 		_, _ = io.WriteString(w, `{"count":2,"max_model_len":8192,"tokens":[1,2]}`)
 	}, func(w http.ResponseWriter, r *http.Request) {
 		sw := newSSE(w)
-		sw.data(strings.Replace(strings.Replace(msgChunk, "%s", `"tok1 "`, 1), "%s", `"length"`, 1))
+		sw.data(msgChunkOf(`"tok1 "`, `"length"`))
 		sw.data(`{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":4,"completion_tokens":1,"total_tokens":5}}`)
 		sw.data(`[DONE]`)
 	})
@@ -206,13 +205,13 @@ func TestContinuationMessagesTokenizeAsVLLM(t *testing.T) {
 	}
 }
 
-// 7. A hostile continuation engine's non-string text goes out raw as the
+// A hostile continuation engine's non-string text goes out raw as the
 // delta's text.
 func TestContinuationMessagesNonStringText(t *testing.T) {
 	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}, Fault: "close-after=2"})
 	e2 := msgEngine(t, nil, func(w http.ResponseWriter, r *http.Request) {
 		sw := newSSE(w)
-		sw.data(strings.Replace(strings.Replace(msgChunk, "%s", `{"x":1}`, 1), "%s", "null", 1))
+		sw.data(msgChunkOf(`{"x":1}`, "null"))
 		sw.data(`{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":4,"completion_tokens":1,"total_tokens":5}}`)
 		sw.data(`[DONE]`)
 	})
@@ -229,28 +228,45 @@ func TestContinuationMessagesNonStringText(t *testing.T) {
 	if err := stream.Err(); err != nil {
 		t.Errorf("stream err: %v", err)
 	}
-	t.Logf("text %q", messageText(&acc))
+	if got := messageText(&acc); got != canonical(2) {
+		t.Errorf("text %q, want the first leg's %q and nothing of the non-string text", got, canonical(2))
+	}
 	h.waitIdle()
 }
 
-// 8. A hung /tokenize: how long does the client wait in silence?
+// A hung /tokenize is bounded by timeouts.response_header: the gateway
+// gives up on it (the engine sees its request cancelled), counts the
+// continuation failed and ends the message with the error event, long
+// before the request timeout.
 func TestContinuationMessagesTokenizeHang(t *testing.T) {
 	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}, Fault: "close-after=2"})
+	cancelled, release := make(chan struct{}, 2), make(chan struct{})
 	e2 := msgEngine(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.ReadAll(r.Body) // read, as an engine does: net/http then sees the client leave
 		select {
 		case <-r.Context().Done():
-		case <-time.After(5 * time.Second):
+			cancelled <- struct{}{}
+		case <-release:
 		}
 	}, func(w http.ResponseWriter, r *http.Request) {})
-	h := msgHarness(t, func(c *Config) { c.Timeouts.ResponseHeader = 0; c.Timeouts.Request = 3 * time.Second }, s1.URL, e2.URL)
-	t0 := time.Now()
+	t.Cleanup(func() { close(release) }) // before the engine closes (cleanups run last first)
+	h := msgHarness(t, func(c *Config) { c.Timeouts.ResponseHeader = 200 * time.Millisecond; c.Timeouts.Request = time.Minute }, s1.URL, e2.URL)
 	as := readAnthropicStream(t, h.post("/v1/messages", msgBody))
-	t.Logf("after %v: events %v", time.Since(t0), as.events)
+	if as.errors != 1 || as.events["message_stop"] != 0 {
+		t.Errorf("events %v: want the error event and no message_stop", as.events)
+	}
+	select {
+	case <-cancelled:
+	case <-time.After(10 * time.Second): // a deadline, not a wait: it comes at once
+		t.Error("the hung /tokenize was not cancelled")
+	}
 	h.waitIdle()
-	_ = context.Background
+	if got := h.migrations(); got["engine_disconnect/failed"] != 1 {
+		t.Errorf("migrations %v, want engine_disconnect/failed 1", got)
+	}
 }
 
-// 9. The seam of a Messages continuation is recorded as a second TTFT,
+// The seam of a Messages continuation is recorded as a second TTFT,
 // not as migration_gap (the first leg's cut.last is never set).
 func TestContinuationMessagesSeamNotTTFT(t *testing.T) {
 	rh := newRetryHarness(t, "close-after=3", "", nil)
@@ -264,7 +280,7 @@ func TestContinuationMessagesSeamNotTTFT(t *testing.T) {
 	}
 }
 
-// 10. migration.max_tokens bounds "the token ids held for one request,
+// migration.max_tokens bounds "the token ids held for one request,
 // prompt and generated"; a Messages continuation never checks it.
 func TestContinuationMessagesPromptBounded(t *testing.T) {
 	rh := newRetryHarness(t, "close-after=3", "", func(c *Config) { c.Migration.MaxTokens = 10 })
