@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"slices"
@@ -10,6 +11,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/switchboard-gw/switchboard/internal/oai"
+	"github.com/switchboard-gw/switchboard/telemetry"
 )
 
 // Continuation of a broken generation (migration).
@@ -585,7 +587,38 @@ func (c *carry) take(data []byte, ch *oai.Chunk) []byte {
 // continued, as far as the request itself says (the planner also needs
 // another engine): the relay then holds back the engine's own end.
 func (c *carry) mayResume(k string) bool {
-	return c != nil && c.others && c.ready() == "" && c.cfg.on(k) && c.continued < c.cfg.Limit
+	if c == nil || !c.cfg.on(k) {
+		return false
+	}
+	exclusion, outcome := c.verdict()
+	return exclusion == "" && outcome == ""
+}
+
+// verdict is why a break cannot be continued now: the request's exclusion,
+// or, when it has none, the continuation outcome migrationLimit or
+// migrationNoEngine (others: another engine serves the model); both ""
+// when it can be. plan.resume and the relay (an end the engine sends
+// itself) decide and count with it.
+func (c *carry) verdict() (exclusion, outcome string) {
+	switch why := c.ready(); {
+	case why != "":
+		return why, ""
+	case c.continued >= c.cfg.Limit:
+		return "", migrationLimit
+	case !c.others:
+		return "", migrationNoEngine
+	}
+	return "", ""
+}
+
+// count records a break of kind that verdict says cannot be continued.
+func (c *carry) count(ctx context.Context, m *telemetry.Metrics, kind, exclusion, outcome string) {
+	switch {
+	case exclusion != "":
+		m.RecordMigrationExclusion(ctx, exclusion)
+	case outcome != "":
+		m.RecordMigration(ctx, kind, outcome)
+	}
 }
 
 // head keeps the first chunk's id, created and model (ch is data's

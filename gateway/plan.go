@@ -255,16 +255,9 @@ func (p *plan) resume(k *cut) nextLeg {
 	if cr == nil || p.ctx.Err() != nil || !cr.cfg.on(k.reason) {
 		return nextLeg{}
 	}
-	if why := cr.ready(); why != "" {
-		p.metrics.RecordMigrationExclusion(p.ctx, why)
-		return nextLeg{}
-	}
-	switch {
-	case cr.continued >= cr.cfg.Limit:
-		p.metrics.RecordMigration(p.ctx, k.reason, migrationLimit)
-		return nextLeg{}
-	case !p.others:
-		p.metrics.RecordMigration(p.ctx, k.reason, migrationNoEngine)
+	cr.others = p.others
+	if exclusion, outcome := cr.verdict(); exclusion != "" || outcome != "" {
+		cr.count(p.ctx, p.metrics, k.reason, exclusion, outcome)
 		return nextLeg{}
 	}
 	return nextLeg{kind: legContinue}

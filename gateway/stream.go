@@ -200,15 +200,8 @@ func (st *streamState) unresumable(kind string) {
 	if !cr.cfg.on(kind) {
 		return
 	}
-	m, ctx := st.a.s.metrics, st.a.ctx
-	switch why := cr.ready(); {
-	case why != "":
-		m.RecordMigrationExclusion(ctx, why)
-	case cr.continued >= cr.cfg.Limit:
-		m.RecordMigration(ctx, kind, migrationLimit)
-	case !cr.others:
-		m.RecordMigration(ctx, kind, migrationNoEngine)
-	}
+	exclusion, outcome := cr.verdict()
+	cr.count(st.a.ctx, st.a.s.metrics, kind, exclusion, outcome)
 }
 
 func (st *streamState) onEvent(ev sse.Event) {
