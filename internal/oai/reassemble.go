@@ -805,17 +805,24 @@ func (t *textAcc) merge(raw []byte) {
 	t.set = true
 }
 
-func (t *textAcc) appendString(b []byte) []byte {
-	b = append(b, '"')
-	b = append(b, t.b...)
-	return append(b, '"')
+func (t *textAcc) appendString(b []byte) []byte { return wrapped(b, '"', t.b, '"') }
+
+func (t *textAcc) appendStringOrNull(b []byte) []byte { return orNull(b, t.set, '"', t.b, '"') }
+
+// wrapped appends body between open and close (a JSON string's escaped
+// contents, or an array's elements).
+func wrapped(b []byte, open byte, body []byte, close byte) []byte {
+	b = append(b, open)
+	b = append(b, body...)
+	return append(b, close)
 }
 
-func (t *textAcc) appendStringOrNull(b []byte) []byte {
-	if !t.set {
+// orNull appends wrapped(open, body, close) when set, null otherwise.
+func orNull(b []byte, set bool, open byte, body []byte, close byte) []byte {
+	if !set {
 		return append(b, "null"...)
 	}
-	return t.appendString(b)
+	return wrapped(b, open, body, close)
 }
 
 // merge adds an array (raw JSON, nil when absent): its elements, if it is
@@ -839,18 +846,9 @@ func (a *arrayAcc) merge(raw []byte) {
 	a.b = append(a.b, elems...)
 }
 
-func (a *arrayAcc) appendArray(b []byte) []byte {
-	b = append(b, '[')
-	b = append(b, a.b...)
-	return append(b, ']')
-}
+func (a *arrayAcc) appendArray(b []byte) []byte { return wrapped(b, '[', a.b, ']') }
 
-func (a *arrayAcc) appendArrayOrNull(b []byte) []byte {
-	if !a.set {
-		return append(b, "null"...)
-	}
-	return a.appendArray(b)
-}
+func (a *arrayAcc) appendArrayOrNull(b []byte) []byte { return orNull(b, a.set, '[', a.b, ']') }
 
 // merge records a present key (raw JSON): seen, and its first non-null
 // value.
