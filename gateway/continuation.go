@@ -72,10 +72,10 @@ const continueURL = "/v1/completions"
 func (s *Server) continuation(ctx context.Context, w http.ResponseWriter, r *http.Request, op *operation, in *inbound, eng *fleet.Engine, p *plan) (nextLeg, error) {
 	cr := p.cr
 	prev := cr.cut
-	if cr.kind == migrateMessages {
+	if cr.framed() {
 		// No token ids from the engine: the prompt and the text so far
 		// are tokenized by the engine that continues.
-		if err := s.tokenizeMessages(ctx, eng, in.target, cr); errors.Is(err, errTooLong) {
+		if err := s.tokenizeContinuation(ctx, eng, in.target, cr); errors.Is(err, errTooLong) {
 			s.metrics.RecordMigrationExclusion(ctx, exclMaxTokens)
 			endCut(w, prev, op.framing)
 			return nextLeg{}, nil
@@ -206,9 +206,9 @@ func (s *Server) finishAnswer(w http.ResponseWriter, r *http.Request, cr *carry,
 	rc := http.NewResponseController(w)
 	_ = rc.SetWriteDeadline(time.Now().Add(5 * time.Second))
 	defer func() { _ = rc.SetWriteDeadline(time.Time{}) }()
-	if cr.kind == migrateMessages {
+	if cr.framed() {
 		cr.finish = "length"
-		b, _ := cr.reshapeMessages(nil, &contChunk{Usage: &struct {
+		b, _ := cr.reshapeFramed(nil, &contChunk{Usage: &struct {
 			CompletionTokens int64 `json:"completion_tokens"`
 		}{}})
 		if _, err := w.Write(b); err == nil {

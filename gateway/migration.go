@@ -114,6 +114,10 @@ const (
 	// far through the engine's /tokenize, and its chunks become
 	// content_block_delta events.
 	migrateMessages
+	// migrateResponses: Responses API streams, as Messages ones (no token
+	// ids from vLLM): its chunks become response.output_text.delta events
+	// and the gateway sends the end (migration_responses.go).
+	migrateResponses
 )
 
 // Exclusions: why a broken generation is not continued
@@ -152,7 +156,12 @@ func excludedBy(k migrateKind, body []byte) string {
 			break
 		}
 	}
-	if !found && k != migrateMessages { // Anthropic content blocks are always looked at
+	if k == migrateResponses {
+		if why := excludedResponses(body); why != "" {
+			return why
+		}
+	}
+	if !found && k != migrateMessages && k != migrateResponses { // Anthropic content blocks and Responses input are always looked at
 		return ""
 	}
 	var b struct {
@@ -311,13 +320,20 @@ type carry struct {
 	// aborted: the leg being relayed ended with finish_reason "abort"
 	// that was not held back (a continuation leg at the limit).
 	aborted bool
-	// text is a Messages stream's text so far (migrateMessages), and
+	// text is a Messages or Responses stream's text so far (framed), and
 	// finish its continuation's finish reason until the usage chunk.
 	text   []byte
 	finish string
-	// ended: a Messages continuation has sent its end events;
-	// blockStarted: the client has the text block's content_block_start.
+	// ended: a Messages or Responses continuation has sent its end
+	// events; blockStarted: the client has the text block's
+	// content_block_start (Messages) or the output_text part's
+	// content_part.added (Responses).
 	ended, blockStarted bool
+	// A Responses stream's: resp is response.created's response object
+	// (the one response.completed completes), itemID its message item's
+	// id (a JSON string), seq the next event's sequence_number.
+	resp, itemID []byte
+	seq          int64
 	// link is the span of the leg that broke, linked from the next; cut
 	// how it broke.
 	link trace.SpanContext
@@ -367,18 +383,21 @@ func (c *carry) restart() {
 	c.id, c.created, c.model = nil, nil, nil
 	c.ra, c.answer = nil, 0
 	c.text, c.finish, c.ended, c.blockStarted = c.text[:0], "", false, false
+	c.resp, c.itemID, c.seq = c.resp[:0], nil, 0
 }
 
 // asksIDs reports whether the engine is asked for token ids
 // (return_token_ids): a continuable chat or completions request whose
 // client did not ask itself.
 func (c *carry) asksIDs() bool {
-	return c.continuable() && !c.clientIDs && c.kind != migrateMessages
+	return c.continuable() && !c.clientIDs && !c.framed()
 }
 
-// framed reports whether reshape returns whole events (Anthropic's, with
-// their event lines) rather than the data of one.
-func (c *carry) framed() bool { return c.kind == migrateMessages }
+// framed reports whether reshape returns whole events (Anthropic's or the
+// Responses API's, with their event lines) rather than the data of one;
+// these routes' engines send no token ids, so the continuation tokenizes
+// the text the client got (tokenizeContinuation).
+func (c *carry) framed() bool { return c.kind == migrateMessages || c.kind == migrateResponses }
 
 // returnTokenIDs reports whether the body sets return_token_ids true.
 func returnTokenIDs(body []byte) bool {
@@ -653,7 +672,7 @@ func (c *carry) ready() string {
 	switch {
 	case c.excluded != "":
 		return c.excluded
-	case c.kind == migrateMessages && c.id != nil:
+	case c.kind == migrateMessages && c.id != nil, c.kind == migrateResponses && c.id != nil && c.itemID != nil:
 		return "" // the ids come from /tokenize at the continuation
 	case !c.sawPrompt || c.id == nil:
 		return exclNoTokenIDs
@@ -689,14 +708,14 @@ func (c *carry) reshape(b []byte, data []byte) (out []byte, drop bool) {
 	if err := json.Unmarshal(data, &cc); err != nil {
 		return b, true
 	}
-	if c.kind == migrateMessages {
+	if c.framed() {
 		if len(cc.Choices) == 1 {
 			var t string
 			if json.Unmarshal(cc.Choices[0].Text, &t) == nil {
-				c.text = append(c.text, t...) // for a further continuation
+				c.text = append(c.text, t...) // for a further continuation, and Responses' done events
 			}
 		}
-		return c.reshapeMessages(b, &cc)
+		return c.reshapeFramed(b, &cc)
 	}
 	if cc.Usage != nil && len(cc.Choices) == 0 {
 		if !c.usage {
@@ -840,8 +859,11 @@ func (c *carry) request(model string, maxTokens int64) (body []byte, done bool) 
 		}
 	}
 	params := continuedParams
-	if c.kind == migrateMessages {
+	switch c.kind {
+	case migrateMessages:
 		params = messagesParams
+	case migrateResponses:
+		params = responsesParams
 	}
 	for _, p := range params {
 		if v, ok := orig[p]; ok {

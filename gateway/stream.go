@@ -91,7 +91,7 @@ func (st *streamState) onRewrite(ev sse.Event) {
 		if st.reshape && cr.framed() {
 			// An Anthropic stream ends at message_stop, which the usage
 			// chunk brought, or which is sent now.
-			*dst = cr.endMessages(*dst, a.contentEvents)
+			*dst = cr.endFramed(*dst, a.contentEvents)
 			return
 		}
 		*dst = append(*dst, ev.Raw...)
@@ -288,8 +288,12 @@ func (st *streamState) onTypedEvent(ev sse.Event) {
 		a.finished(e.FinishReason)
 		st.finished = true // a break after it is not continued
 	}
-	if st.cr != nil && st.framing == frameAnthropic {
-		st.cr.takeAnthropic(ev.Data, &e)
+	if st.cr != nil {
+		if st.framing == frameAnthropic {
+			st.cr.takeAnthropic(ev.Data, &e)
+		} else {
+			st.cr.takeResponses(ev.Data, &e)
+		}
 	}
 	if e.InputTokens >= 0 {
 		a.usage.PromptTokens, a.hasUsage = e.InputTokens, true
@@ -301,8 +305,11 @@ func (st *streamState) onTypedEvent(ev sse.Event) {
 		a.onContent(st.now)
 		st.last = st.now
 	}
-	if st.framing == frameAnthropic && string(e.Type) == "content_block_stop" && st.cr != nil && st.cr.blockStarted && st.cr.excluded == "" {
-		st.finished = true // the text is whole; a break after it is not continued
+	if st.cr != nil && st.cr.blockStarted && st.cr.excluded == "" {
+		switch string(e.Type) {
+		case "content_block_stop", "response.output_text.done":
+			st.finished = true // the text is whole; a break after it is not continued
+		}
 	}
 }
 
