@@ -95,7 +95,7 @@ func TestContinuationResponsesStream(t *testing.T) {
 	if want.text != canonical(8) || want.final == nil {
 		t.Fatalf("the unbroken stream: text %q, final %v", want.text, want.final)
 	}
-	for _, fault := range []string{"close-after=3", "reset-after=2", "stall-after=4", "close-after=7"} {
+	for _, fault := range []string{"close-after=3", "reset-after=2", "stall-after=4", "close-after=7", "error-after=3"} {
 		t.Run(fault, func(t *testing.T) {
 			rh := newRetryHarness(t, fault, "", func(c *Config) { c.Timeouts.Idle = 100 * time.Millisecond })
 			resp := rh.post("/v1/responses", responsesBody)
@@ -195,6 +195,7 @@ func TestContinuationResponsesExclusions(t *testing.T) {
 		{"image", `"store":false,"input":[{"role":"user","content":[{"type":"input_image","image_url":"data:image/png;base64,AA=="}]}]`, "", exclMultimodal},
 		{"logprobs", `"store":false,"include":["message.output_text.logprobs"],"input":"a"`, "", exclLogprobs},
 		{"reasoning streamed", `"store":false,"input":"a"`, "reasoning=2,", exclReasoning},
+		{"the engine's error event", `"store":true,"input":"a"`, "error-after=2,", exclStored},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rh := newRetryHarness(t, tc.fault+"close-after=3", "", nil)

@@ -28,6 +28,12 @@ type streamState struct {
 	// dropFrom and dropTo bound an event in the current Push output
 	// that must not be forwarded; dropTo is 0 when there is none.
 	dropFrom, dropTo int
+	// heldAt, when held, is where in the current Push output the error
+	// event of a Messages or Responses stream's first leg starts, held
+	// back in tail (with what follows it) because a continuation may
+	// replace it.
+	heldAt int
+	held   bool
 
 	// On a continuable route (cr set): every event is rewritten into out
 	// (token id fields cut, or a continuation's chunks reshaped), and an
@@ -272,6 +278,17 @@ func (st *streamState) onTypedEvent(ev sse.Event) {
 		a.s.metrics.RecordParseError(a.ctx, a.attrs)
 		return
 	}
+	if e.Error && st.cr != nil && st.tail == nil {
+		if st.cr.mayResume(migrateStreamErr) {
+			// The engine's error ends the stream; a continuation may
+			// replace it, so it is held back (tail) until the planner
+			// decides.
+			st.tail, st.reason, st.heldAt, st.held = append([]byte{}, ev.Raw...), migrateStreamErr, ev.Offset, true
+			st.done = true
+			return
+		}
+		st.unresumable(migrateStreamErr)
+	}
 	if e.Error {
 		st.errEvent = true
 	}
@@ -385,6 +402,14 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 			out := sc.Push(p, onEvent)
 			if rewrite {
 				out = st.out
+			}
+			if st.held {
+				// An error event held back (onTypedEvent): it is in tail;
+				// what follows it in this read is not sent either.
+				if rest := out[min(st.heldAt+len(st.tail), len(out)):]; len(st.tail)+len(rest) <= maxHeldTail {
+					st.tail = append(st.tail, rest...)
+				}
+				out, st.held = out[:st.heldAt], false
 			}
 			if !a.first.IsZero() || a.class != classGenerative || !c.stream {
 				// After the first content any bytes are progress (an event
