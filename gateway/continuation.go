@@ -72,22 +72,29 @@ const continueURL = "/v1/completions"
 func (s *Server) continuation(ctx context.Context, w http.ResponseWriter, r *http.Request, op *operation, in *inbound, eng *fleet.Engine, p *plan) (nextLeg, error) {
 	cr := p.cr
 	prev := cr.cut
-	if cr.framed() {
-		// No token ids from the engine: the prompt and the text so far
-		// are tokenized by the engine that continues.
-		if err := s.tokenizeContinuation(ctx, eng, in.target, cr); errors.Is(err, errTooLong) {
-			s.metrics.RecordMigrationExclusion(ctx, exclMaxTokens)
+	if cr.framed() || cr.crossing {
+		// No token ids from the engine, or ids of another model: the
+		// prompt and the text so far are tokenized by the engine that
+		// continues.
+		end := func() (nextLeg, error) {
+			if in.observe {
+				return nextLeg{}, prev.err // a whole answer: nothing was sent yet
+			}
 			endCut(w, prev, op.framing)
 			return nextLeg{}, nil
+		}
+		if err := s.tokenizeContinuation(ctx, eng, in.target, cr); errors.Is(err, errTooLong) {
+			s.metrics.RecordMigrationExclusion(ctx, exclMaxTokens)
+			return end()
 		} else if err != nil {
 			s.log.Warn("continuation: tokenize failed", "engine", eng.Name(), "err", err)
 			s.metrics.RecordMigration(ctx, prev.reason, migrationFailed)
 			if next := p.next(&outcome{stage: stageCut, cut: prev}); next.kind != legNone {
 				return next, nil
 			}
-			endCut(w, prev, op.framing)
-			return nextLeg{}, nil
+			return end()
 		}
+		cr.crossing = false
 	}
 	cr.legGen = len(cr.gen)
 	cr.ended, cr.finish = false, ""

@@ -334,6 +334,13 @@ type carry struct {
 	// id (a JSON string), seq the next event's sequence_number.
 	resp, itemID []byte
 	seq          int64
+	// keepText: the text the client got is kept in text (always for
+	// Responses; for chat and completions when the model has
+	// models.fallbacks), so a continuation can cross to a fallback model,
+	// whose tokenizer need not read this one's ids; crossing: the next
+	// continuation leg is on a fallback model and tokenizes the prompt
+	// and text there first (cross).
+	keepText, crossing bool
 	// link is the span of the leg that broke, linked from the next; cut
 	// how it broke.
 	link trace.SpanContext
@@ -364,6 +371,7 @@ func newCarry(op *operation, in *inbound) *carry {
 		usage: in.req.IncludeUsage || in.observe}
 	c.excluded = excludedBy(op.migrate, in.body)
 	c.arrival = c.excluded
+	c.keepText = op.migrate == migrateResponses
 	c.genCap = 256
 	if m := in.req.MaxTokens; m > 0 && m < 4096 {
 		c.genCap = int(m)
@@ -534,6 +542,65 @@ var (
 	markReasoning2 = []byte(`"reasoning":"`)
 )
 
+// keepChunkText appends the text of a chat or completions chunk to c.text,
+// bounded by migration.max_tokens x 16 bytes (past it, the text is let go
+// of and no crossing to a fallback model is possible).
+func (c *carry) keepChunkText(data []byte) {
+	var v struct {
+		Choices []struct {
+			Text  *string `json:"text"`
+			Delta struct {
+				Content *string `json:"content"`
+			} `json:"delta"`
+		} `json:"choices"`
+	}
+	if json.Unmarshal(data, &v) != nil || len(v.Choices) != 1 {
+		c.keepText, c.text = false, nil
+		return
+	}
+	t := v.Choices[0].Text
+	if t == nil {
+		t = v.Choices[0].Delta.Content
+	}
+	switch {
+	case t == nil:
+	case len(c.text)+len(*t) > 16*c.cfg.MaxTokens:
+		c.keepText, c.text = false, nil
+	default:
+		c.text = append(c.text, *t...)
+	}
+}
+
+// crossable reports whether a break could be continued on another model
+// (from the text the client got): chat, completions and Responses, not
+// Messages, whose stream names its model only in message_start, which
+// the client has, so nothing after the seam could say that another model
+// finished the answer.
+func (c *carry) crossable() bool {
+	return c != nil && c.keepText && c.kind != migrateMessages && c.excluded == ""
+}
+
+// cross switches the carry to continue on the fallback model named model
+// (its configured name): the next continuation leg tokenizes the prompt
+// and the text on it, and the chunks (the Responses object) after the
+// seam name it.
+func (c *carry) cross(model string) {
+	c.crossing = true
+	c.model, _ = json.Marshal(model)
+	if c.ra != nil {
+		c.ra.SetModel(c.model) // a whole answer names the model that finished it
+	}
+}
+
+// textPrompt reports whether a completions body's prompt is one string
+// (the text a fallback model's tokenizer can read), not token ids.
+func textPrompt(body []byte) bool {
+	var b struct {
+		Prompt json.RawMessage `json:"prompt"`
+	}
+	return json.Unmarshal(body, &b) == nil && len(b.Prompt) > 0 && b.Prompt[0] == '"'
+}
+
 // continuable reports whether the request can still be continued.
 func (c *carry) continuable() bool { return c != nil && c.excluded == "" }
 
@@ -555,6 +622,9 @@ func (c *carry) take(data []byte, ch *oai.Chunk) []byte {
 	content := ch.Content
 	if c.id == nil && ch.ID != nil {
 		c.head(data, ch)
+	}
+	if content && c.keepText && c.excluded == "" {
+		c.keepChunkText(data)
 	}
 	if content && c.excluded == "" {
 		switch {
@@ -735,6 +805,12 @@ func (c *carry) reshape(b []byte, data []byte) (out []byte, drop bool) {
 		return b, true
 	}
 	ch := cc.Choices[0]
+	if c.keepText {
+		var t string
+		if json.Unmarshal(ch.Text, &t) == nil && len(c.text)+len(t) <= 16*c.cfg.MaxTokens {
+			c.text = append(c.text, t...) // for a continuation on a fallback model
+		}
+	}
 	if c.excluded == "" && len(ch.TokenIDs) > 0 {
 		var good bool
 		if c.gen, good = appendIDs(c.gen, ch.TokenIDs); !good {

@@ -128,13 +128,38 @@ func anthropicMessages(body []byte) []chatMessage {
 
 // tokenizeContinuation fills the carry's prompt and generated ids for a
 // continuation on eng of a route whose engine sends no token ids (Messages,
-// Responses): POST /tokenize with the request's prompt as chat messages
+// Responses), or of a chat or completions answer crossing to a fallback
+// model (carry.cross), whose tokenizer need not read the ids kept: POST
+// /tokenize with the request's prompt as chat messages
 // (with the generation prompt, or continuing a final assistant message),
 // and with the text the client got (add_special_tokens false). Errors
 // wrap errTokenize, or are errTooLong.
 func (s *Server) tokenizeContinuation(ctx context.Context, eng *fleet.Engine, model string, c *carry) error {
 	req := map[string]any{"model": model, "add_generation_prompt": true}
-	if c.kind == migrateResponses {
+	switch c.kind {
+	case migrateChat, migrateCompletion:
+		// A crossing to a fallback model: the client's prompt as it
+		// came, with the chat template options it set.
+		var orig map[string]json.RawMessage
+		if err := json.Unmarshal(c.body, &orig); err != nil {
+			return fmt.Errorf("%w: %v", errTokenize, err)
+		}
+		if c.kind == migrateCompletion {
+			p := orig["prompt"]
+			if len(p) == 0 || p[0] != '"' {
+				return fmt.Errorf("%w: the prompt is not text", errTokenize)
+			}
+			delete(req, "add_generation_prompt")
+			req["prompt"] = p
+			break
+		}
+		req["messages"] = orig["messages"]
+		for _, k := range []string{"add_generation_prompt", "continue_final_message", "chat_template", "chat_template_kwargs", "documents"} {
+			if v, ok := orig[k]; ok {
+				req[k] = v
+			}
+		}
+	case migrateResponses:
 		msgs, continueFinal, kwargs := responsesMessages(c.body)
 		req["messages"] = msgs
 		if continueFinal {
@@ -143,7 +168,7 @@ func (s *Server) tokenizeContinuation(ctx context.Context, eng *fleet.Engine, mo
 		if len(kwargs) > 0 && kwargs[0] == '{' {
 			req["chat_template_kwargs"] = kwargs
 		}
-	} else {
+	default:
 		req["messages"] = anthropicMessages(c.body)
 	}
 	if d := s.set.Load().cfg.Timeouts.ResponseHeader; d > 0 {

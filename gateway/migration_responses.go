@@ -343,6 +343,9 @@ func (c *carry) endResponse(b []byte, gen int64) []byte {
 		resp["incomplete_details"] = json.RawMessage(`{"reason":"max_output_tokens"}`)
 	}
 	resp["status"], _ = json.Marshal(status)
+	if c.model != nil {
+		resp["model"] = c.model // a fallback model finished the answer (cross)
+	}
 	resp["output"] = append(append([]byte{'['}, item...), ']')
 	gen = max(gen, 0)
 	in := int64(c.promptLen)
