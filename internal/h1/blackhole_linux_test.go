@@ -45,4 +45,3 @@ func blackhole(t *testing.T) string {
 	}
 	return addr
 }
-

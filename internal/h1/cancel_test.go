@@ -351,3 +351,38 @@ func TestCloseDuringRead(t *testing.T) {
 		t.Errorf("counts %+v, want none", c)
 	}
 }
+
+// TestClientTimeout: http.Client's Timeout (which sets Request.Cancel for
+// a RoundTripper it does not know, and a context deadline) is handled
+// here, not by the fallback: an answer in time passes, a late one ends the
+// round trip and the engine sees the connection close.
+func TestClientTimeout(t *testing.T) {
+	closed := make(chan error, 1)
+	srv := newRawServer(t, func(_ int, c net.Conn, br *bufio.Reader) {
+		for {
+			req, _, err := readRequest(br)
+			if err != nil {
+				return
+			}
+			if req.URL.Path == "/slow" {
+				closed <- seesEOF(c, br)
+				return
+			}
+			io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+		}
+	})
+	tr := newTransport(t) // no fallback: a request sent to it would fail
+	client := &http.Client{Transport: tr, Timeout: 200 * time.Millisecond}
+	resp, err := client.Get(srv.url() + "/fast")
+	if err != nil {
+		t.Fatal(err)
+	}
+	readAll(t, resp)
+	_, err = client.Get(srv.url() + "/slow")
+	if err == nil || !strings.Contains(err.Error(), "Client.Timeout exceeded") {
+		t.Errorf("err %v, want the client's timeout", err)
+	}
+	if err := <-closed; err != nil {
+		t.Errorf("the server did not see the connection close: %v", err)
+	}
+}

@@ -18,7 +18,9 @@
 // engines and hosted providers), CONNECT, Upgrade, Expect: 100-continue,
 // request trailers, a Transfer-Encoding other than chunked, non-ASCII
 // hosts, a body of unknown length on GET-like methods (net/http probes it),
-// Request.Cancel. httptrace hooks are not called, and responses are never
+// Request.Cancel without a context deadline (http.Client's Timeout sets
+// Cancel and a deadline no later: the deadline is what is watched here).
+// httptrace hooks are not called, and responses are never
 // decompressed (the gateway turns compression off; no Accept-Encoding is
 // added).
 //
@@ -40,15 +42,16 @@
 // write, a larger in-memory body (one with WriteTo, which io.NopCloser
 // keeps) in one writev with it, any other in buffer-sized writes. A chunked
 // body is sent one chunk per Read, each written at once. The request body
-// is always closed. A body with more bytes than its ContentLength is cut at
-// it (net/http reads on to report the mismatch); a shorter one fails the
-// request.
+// is always closed. A body longer or shorter than its ContentLength fails the
+// request, with net/http's messages; only the announced bytes are sent.
 //
 // The whole request is written before the response is read. net/http
-// writes concurrently with reading, so an engine that answers before
-// reading a large body and then stops reading gets its answer through;
-// here the write blocks until the engine reads or the context ends.
-// vLLM reads every request body before answering.
+// writes in a goroutine of its own while it reads, so an engine that
+// answers early (a 413) and stops reading still gets its answer through;
+// here the write blocks until the engine reads on or the context ends, and
+// an engine that closes the connection instead makes the round trip fail
+// with the write's error. vLLM reads every request body before answering,
+// and nginx drains a body it refused (lingering close).
 //
 // # Responses
 //
@@ -134,11 +137,13 @@
 // connection counts as such a failure too (net/http replays it only when
 // nothing was written). Unlike net/http, which tries the next idle
 // connection, the replay always dials: the failed one was the newest idle
-// connection, so the others are at least as likely to be stale. Bytes an
-// engine sends on an idle connection (a 408 before closing it) are not seen
-// until the next request reads them as its response; then, being extra
-// bytes, they are rejected at the end of that response or read as its head.
-// Engines close idle connections silently.
+// connection, so the others are at least as likely to be stale.
+//
+// Bytes an engine sends on an idle connection (a 408 before it closes it)
+// are not seen until the connection is used again, and are then read as the
+// next response; engines close idle connections silently. Bytes that follow
+// a response and are already buffered keep its connection from being
+// reused.
 //
 // # Errors
 //

@@ -205,12 +205,16 @@ func (c *conn) writeBody(buf []byte, p *plan, body io.ReadCloser) ([]byte, error
 		return c.writeChunked(buf, body)
 	}
 	n := p.bodyLen
-	if int64(cap(buf)-len(buf)) >= n {
-		// Head and body in one write.
+	if int64(cap(buf)-len(buf)) > n {
+		// Head and body in one write (with a byte to spare for
+		// tooLong).
 		l := len(buf)
 		buf = buf[:l+int(n)]
 		if m, err := io.ReadFull(body, buf[l:]); err != nil {
 			return buf, bodyErr(err, n, int64(m))
+		}
+		if tooLong(body, buf) {
+			return buf, requestError{fmt.Errorf("http: ContentLength=%d with Body length > %d", n, n)}
 		}
 		return buf, c.write(buf)
 	}
@@ -250,7 +254,30 @@ func (c *conn) writeBody(buf []byte, p *plan, body io.ReadCloser) ([]byte, error
 			return buf, bodyErr(err, n, n-left)
 		}
 	}
+	if len(buf) == cap(buf) {
+		if err := c.write(buf); err != nil {
+			return buf, err
+		}
+		buf = buf[:0]
+	}
+	if tooLong(body, buf) {
+		// What was announced is written; the request fails after it,
+		// as net/http's does.
+		if err := c.write(buf); err != nil {
+			return buf, err
+		}
+		return buf, requestError{fmt.Errorf("http: ContentLength=%d with Body length > %d", n, n)}
+	}
 	return buf, c.write(buf)
+}
+
+// tooLong reports whether body has a byte beyond what was read of it,
+// reading it into buf's spare capacity (which must have a byte). Like
+// net/http (transferWriter.writeBody reads on to EOF), it reads body once
+// more after its announced length.
+func tooLong(body io.Reader, buf []byte) bool {
+	m, _ := body.Read(buf[len(buf) : len(buf)+1])
+	return m > 0
 }
 
 // bodyErr is the requestError for a body that ended (or failed) after got

@@ -56,7 +56,9 @@ type Transport struct {
 // 100-continue, request trailers or a Transfer-Encoding other than
 // chunked, a non-ASCII host, a body of unknown length on a method that
 // usually has none (GET, HEAD, DELETE, OPTIONS, PROPFIND, SEARCH: net/http
-// probes those), or the deprecated Request.Cancel. Give it an
+// probes those), or the deprecated Request.Cancel on a context without a
+// deadline (http.Client's Timeout sets Cancel and a context deadline that
+// covers it: those are handled here, the channel not watched). Give it an
 // *http.Transport; a nil fallback makes those requests fail with an error
 // wrapping ErrNoFallback.
 func New(fallback http.RoundTripper, opts ...Option) *Transport {
@@ -207,8 +209,18 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // fallback.
 func handles(req *http.Request) bool {
 	u := req.URL
-	if u.Scheme != "http" || req.Method == http.MethodConnect || req.Cancel != nil || len(req.Trailer) > 0 {
+	if u.Scheme != "http" || req.Method == http.MethodConnect || len(req.Trailer) > 0 {
 		return false
+	}
+	if req.Cancel != nil {
+		// http.Client's Timeout sets the deprecated Cancel channel for
+		// a RoundTripper it does not know, and puts its deadline (or an
+		// earlier one) on the context, which is watched: the channel
+		// closes no sooner. A Cancel without a deadline is someone
+		// else's: net/http watches it.
+		if _, ok := req.Context().Deadline(); !ok {
+			return false
+		}
 	}
 	if te := req.TransferEncoding; len(te) > 0 && (len(te) != 1 || te[0] != "chunked") {
 		return false

@@ -331,6 +331,7 @@ func TestRequestErrors(t *testing.T) {
 		{"length without body", "with nil Body", func(r *http.Request) { r.Body, r.ContentLength = nil, 5 }},
 		{"short body", "ContentLength=10 with Body length 2", func(r *http.Request) { r.ContentLength = 10 }},
 		{"short large body", "ContentLength=100000 with Body length 2", func(r *http.Request) { r.ContentLength = 100000 }},
+		{"long body", "ContentLength=1 with Body length > 1", func(r *http.Request) { r.ContentLength = 1 }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -354,6 +355,26 @@ func TestRequestErrors(t *testing.T) {
 	}
 	if c := counts(tr, srv); c.Active != 0 {
 		t.Errorf("counts %+v: a connection is still active", c)
+	}
+}
+
+// TestLongBodyFails: a large body with more bytes than its ContentLength
+// fails the request after the announced bytes, which is all the engine
+// gets, for an in-memory body and a plain reader.
+func TestLongBodyFails(t *testing.T) {
+	srv, reqs := capture(t)
+	tr := newTransport(t)
+	big := strings.Repeat("x", 100_000)
+	for _, body := range []io.Reader{strings.NewReader(big), onlyReader{strings.NewReader(big)}} {
+		req, _ := http.NewRequest("POST", srv.url(), body)
+		req.ContentLength = 50_000
+		_, err := tr.RoundTrip(req)
+		if err == nil || !strings.Contains(err.Error(), "ContentLength=50000 with Body length > 50000") {
+			t.Errorf("%T: err %v", body, err)
+		}
+		if b := decodeBody(t, <-reqs); len(b) != 50_000 {
+			t.Errorf("%T: the engine read %d body bytes, want 50000", body, len(b))
+		}
 	}
 }
 
@@ -522,6 +543,7 @@ func TestFallback(t *testing.T) {
 		func(r *http.Request) { r.Body, r.ContentLength = io.NopCloser(strings.NewReader("x")), 0 },
 		func(r *http.Request) { r.URL.Scheme = "unix" },
 		func(r *http.Request) { r.Host = "ünicode.example" },
+		func(r *http.Request) { r.Cancel = make(chan struct{}) },
 	}
 	for i, mod := range mods {
 		req, _ := http.NewRequest("GET", "http://127.0.0.1:1/x", nil)
