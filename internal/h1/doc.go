@@ -120,14 +120,21 @@
 //
 // # Stale connections
 //
-// An idle connection the engine closed (uvicorn closes idle keep-alive
-// connections after 5 s) is not detected at checkout: net/http notices it
-// in its read loop, and a non-blocking peek is not portable. Instead the
-// request is replayed: when a connection that served a response before
-// fails before any byte of the response arrived, and not because of the
-// context or the request body, the request is sent again on a new
-// connection, once more at most per failure (a new connection that fails is
-// the engine's failure), when net/http would replay it
+// An engine closes idle keep-alive connections (uvicorn, vLLM's server,
+// after 5 s idle; all of them when it stops). net/http notices the close in
+// its read loop; here, at checkout, a connection idle for a second or more
+// is checked with a non-blocking one-byte MSG_PEEK (on Linux, the BSDs and
+// macOS; a syscall a busy pool, reusing connections sooner, does not pay):
+// one the engine closed, reset or wrote to unasked (a 408 before closing)
+// is dropped and the next one tried.
+//
+// What that cannot catch (a close crossing the request on the wire, a
+// connection idle less than a second, other systems) is the keep-alive
+// race, handled as net/http handles it: when a connection that served a
+// response before fails before any byte of the response arrived, and not
+// because of the context or the request body, the request is sent again on
+// a new connection, once more at most per failure (a new connection that
+// fails is the engine's failure), when net/http would replay it
 // (persistConn.shouldRetryRequest, Request.isReplayable): nothing of it was
 // written and it has no body or a GetBody; or it is a GET, HEAD, OPTIONS or
 // TRACE, or has an Idempotency-Key or X-Idempotency-Key header (even with no
@@ -139,11 +146,10 @@
 // connection, the replay always dials: the failed one was the newest idle
 // connection, so the others are at least as likely to be stale.
 //
-// Bytes an engine sends on an idle connection (a 408 before it closes it)
-// are not seen until the connection is used again, and are then read as the
-// next response; engines close idle connections silently. Bytes that follow
-// a response and are already buffered keep its connection from being
-// reused.
+// Bytes that follow a response and are already buffered keep its
+// connection from being reused; bytes an engine sends to an idle
+// connection reused within a second of its last response (or where it
+// cannot be checked) are read as the next response.
 //
 // # Errors
 //

@@ -32,6 +32,10 @@ const (
 	// tcpKeepAlive is the TCP keep-alive period of the default dialer
 	// (gateway.NewTransport's).
 	tcpKeepAlive = 30 * time.Second
+	// defaultProbeIdle: a connection idle for this long is checked at
+	// checkout for a close by the engine (peerGone); one reused sooner is
+	// not, a syscall saved on a busy pool.
+	defaultProbeIdle = time.Second
 )
 
 // config is a Transport's configuration, set by Options.
@@ -44,6 +48,7 @@ type config struct {
 	maxHeaderBytes int64
 	readBufSize    int
 	writeBufSize   int
+	probeIdle      time.Duration
 }
 
 // Option configures a Transport; see New.
@@ -163,6 +168,7 @@ func newConfig(opts []Option) config {
 		maxHeaderBytes: DefaultMaxResponseHeaderBytes,
 		readBufSize:    DefaultReadBufferSize,
 		writeBufSize:   DefaultWriteBufferSize,
+		probeIdle:      defaultProbeIdle,
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -173,4 +179,10 @@ func newConfig(opts []Option) config {
 		c.dial = (&net.Dialer{Timeout: c.connectTimeout, KeepAlive: tcpKeepAlive}).DialContext
 	}
 	return c
+}
+
+// withProbeIdle sets how long a connection must have been idle to be
+// checked at checkout (tests).
+func withProbeIdle(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.probeIdle = d })
 }

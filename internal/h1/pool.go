@@ -52,20 +52,33 @@ func (h *host) get(ctx context.Context, fresh bool) (*conn, error) {
 		return nil, errHostGone
 	}
 	var expired []*conn
-	if !fresh && len(h.idle) > 0 {
+	for !fresh && len(h.idle) > 0 {
 		n := len(h.idle) - 1
 		c := h.idle[n]
 		h.idle[n] = nil
 		h.idle = h.idle[:n]
-		if time.Since(c.idleAt) < t.cfg.idleTimeout {
-			h.mu.Unlock()
+		idle := time.Since(c.idleAt)
+		if idle >= t.cfg.idleTimeout {
+			// c timed out, and every older one too (the idle timer
+			// has not run yet).
+			expired = append(h.idle[:n:n], c)
+			h.idle = nil
+			h.open -= len(expired)
+			break
+		}
+		h.mu.Unlock()
+		if idle < t.cfg.probeIdle || !peerGone(c.nc) {
 			return c, nil
 		}
-		// c timed out, and every older one too (the idle timer has
-		// not run yet).
-		expired = append(h.idle[:n:n], c)
-		h.idle = nil
-		h.open -= len(expired)
+		// The engine closed it while it was idle (or sent what was
+		// not asked for): drop it, try the next.
+		_ = c.nc.Close()
+		h.mu.Lock()
+		h.dropLocked()
+		if h.gone {
+			h.mu.Unlock()
+			return nil, errHostGone
+		}
 	}
 	max := t.cfg.maxConns
 	if max <= 0 || h.open < max {
@@ -142,15 +155,20 @@ func (h *host) dial(ctx context.Context) (*conn, error) {
 // opened): to the first waiter, or back.
 func (h *host) releaseSlot() {
 	h.mu.Lock()
+	h.dropLocked()
+	h.mu.Unlock()
+}
+
+// dropLocked is releaseSlot with h.mu held (the waiter's channel has room:
+// the send does not block).
+func (h *host) dropLocked() {
 	if len(h.waiters) > 0 {
 		w := h.waiters[0]
 		h.waiters = slices.Delete(h.waiters, 0, 1)
-		h.mu.Unlock()
 		w.ch <- nil
 		return
 	}
 	h.open--
-	h.mu.Unlock()
 }
 
 // put returns a connection that finished a response cleanly: to the first

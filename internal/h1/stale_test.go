@@ -336,3 +336,64 @@ func TestReplayRules(t *testing.T) {
 		}
 	}
 }
+
+// TestIdleCloseDetected: a connection the engine closed while it was idle
+// (or wrote to unasked, like a 408 before closing) is found at checkout and
+// dropped: the request goes to a new connection without a replay.
+func TestIdleCloseDetected(t *testing.T) {
+	for _, parting := range []string{"", "HTTP/1.1 408 Request Timeout\r\nConnection: close\r\n\r\n"} {
+		part, idleClosed := make(chan struct{}), make(chan struct{})
+		srv := newRawServer(t, func(n int, c net.Conn, br *bufio.Reader) {
+			for {
+				if _, _, err := readRequest(br); err != nil {
+					return
+				}
+				io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+				if n == 1 {
+					<-part // the connection is idle in the pool
+					io.WriteString(c, parting)
+					c.Close()
+					close(idleClosed)
+					return
+				}
+			}
+		})
+		var once sync.Once
+		release := func() { once.Do(func() { close(part) }) }
+		t.Cleanup(release) // before the server's cleanup waits for it
+		tr := newTransport(t, withProbeIdle(0))
+		for i := range 2 {
+			req, calls := post(t, srv.url(), true)
+			resp, err := tr.RoundTrip(req)
+			if err != nil {
+				t.Fatalf("request %d: %v", i+1, err)
+			}
+			if got := readAll(t, resp); got != "ok" || resp.StatusCode != 200 {
+				t.Fatalf("request %d: %d %q", i+1, resp.StatusCode, got)
+			}
+			if calls.Load() != 0 {
+				t.Errorf("request %d: GetBody called %d times: replayed, not detected", i+1, calls.Load())
+			}
+			if i == 0 {
+				if c := counts(tr, srv); c != (ConnCount{Idle: 1}) {
+					t.Fatalf("counts %+v, want one idle", c)
+				}
+				release()
+				<-idleClosed
+				// The close (and the bytes) reach the idle socket
+				// at once on loopback; make sure before checkout.
+				h := tr.hosts[srv.ln.Addr().String()]
+				h.mu.Lock()
+				nc := h.idle[0].nc
+				h.mu.Unlock()
+				eventually(t, "the close to arrive", func() bool { return peerGone(nc) })
+			}
+		}
+		if n := srv.accepted.Load(); n != 2 {
+			t.Errorf("%d connections, want 2", n)
+		}
+		if c := counts(tr, srv); c != (ConnCount{Idle: 1}) {
+			t.Errorf("counts %+v, want one idle", c)
+		}
+	}
+}
