@@ -30,7 +30,8 @@ type conn struct {
 	nwritten int64     // bytes written to nc
 	hp       headParser
 	bw       bodyWriter
-	bufs     [2][]byte // writev backing for bw
+	bufs     [2][]byte   // writev backing for bw
+	nb       net.Buffers // over bufs, here so that WriteTo allocates nothing
 }
 
 func newConn(h *host, nc net.Conn) *conn {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"strconv"
@@ -356,11 +355,11 @@ func (w *bodyWriter) Write(p []byte) (int, error) {
 	var err error
 	if w.head != nil {
 		c.bufs[0], c.bufs[1] = w.head, p
-		nb := net.Buffers(c.bufs[:])
+		c.nb = c.bufs[:]
 		var m int64
-		m, err = nb.WriteTo(c.nc)
+		m, err = c.nb.WriteTo(c.nc) // writev; consumes c.nb
 		c.nwritten += m
-		c.bufs[0], c.bufs[1] = nil, nil
+		c.bufs[0], c.bufs[1], c.nb = nil, nil, nil
 		w.head = nil
 	} else if len(p) > 0 {
 		err = c.write(p)
