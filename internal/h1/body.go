@@ -220,6 +220,15 @@ func (b *body) readChunked(p []byte) (int, error) {
 // outweighs its data fails (net/http's excess accounting).
 func (b *body) readChunkSize(br *bufio.Reader) (int64, error) {
 	line, err := br.ReadSlice('\n')
+	if err == bufio.ErrBufferFull {
+		// Longer than the read buffer (a small one, or extensions).
+		long := append(b.c.hp.long[:0], line...)
+		for err == bufio.ErrBufferFull && len(long) < maxChunkLine {
+			line, err = br.ReadSlice('\n')
+			long = append(long, line...)
+		}
+		b.c.hp.long, line = long, long
+	}
 	if err != nil {
 		switch err {
 		case io.EOF:

@@ -138,8 +138,9 @@ func WithMaxResponseHeaderBytes(n int64) Option {
 
 // WithReadBufferSize sets the size of each connection's read buffer, in
 // bytes. It trades memory per connection against read syscalls: header
-// lines longer than the buffer are still read (up to the header bound), and
-// body reads larger than it go straight into the caller's slice. Default:
+// and chunk-size lines longer than the buffer are still read (up to their
+// bounds), and body reads larger than it go straight into the caller's
+// slice. Default:
 // DefaultReadBufferSize. n < 16 is ignored.
 func WithReadBufferSize(n int) Option {
 	return optionFunc(func(c *config) {

@@ -77,6 +77,8 @@ var responseCases = []struct {
 	{"content-length", "GET", "HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 11\r\nX-Request-Id: abc\r\n\r\n{\"ok\":true}"},
 	{"chunked", "GET", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Type: text/event-stream\r\n\r\n" +
 		"7\r\ndata: a\r\n3;ext=1\r\n\n\nx\r\n0\r\n\r\n"},
+	{"chunked with long extensions", "GET", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" +
+		"5;" + strings.Repeat("e", 3000) + "\r\nhello\r\n0\r\n\r\n"},
 	{"chunked with trailer", "GET", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nTrailer: X-Usage\r\n\r\n" +
 		"5\r\nhello\r\n0\r\nX-Usage: 42\r\n\r\n"},
 	{"chunked and content-length", "GET", "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 99\r\n\r\n2\r\nhi\r\n0\r\n\r\n"},
@@ -117,7 +119,7 @@ func TestResponsesLikeNetHTTP(t *testing.T) {
 			})
 			std := &http.Transport{DisableCompression: true}
 			defer std.CloseIdleConnections()
-			mine := newTransport(t)
+			mine := newTransport(t, WithReadBufferSize(1024))
 			do := func(rt http.RoundTripper) (*http.Response, string) {
 				var body io.Reader
 				if tc.method == "POST" {
