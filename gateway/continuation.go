@@ -198,31 +198,42 @@ func legOutcome(errType string, aborted bool) string {
 // finishAnswer ends an answer broken after its last token and before its
 // end: the finish chunk (finish_reason "length": max_tokens was reached),
 // the usage chunk when the client asked for it (always, for a whole
-// answer), and [DONE]; for a non-streaming client (whole), the reassembled
-// body. Errors: a whole answer that cannot be reassembled (502).
+// answer), and [DONE] (Messages: content_block_stop, message_delta with
+// stop_reason max_tokens and the whole usage, message_stop); for a
+// non-streaming client (whole), the reassembled body. Errors: a whole
+// answer that cannot be reassembled (502).
 func (s *Server) finishAnswer(w http.ResponseWriter, r *http.Request, cr *carry, whole bool) error {
 	finish := []byte(`{"choices":[{"text":"","finish_reason":"length","stop_reason":null}]}`)
 	usage := []byte(`{"choices":[],"usage":{"completion_tokens":0}}`)
 	rc := http.NewResponseController(w)
 	_ = rc.SetWriteDeadline(time.Now().Add(5 * time.Second))
 	defer func() { _ = rc.SetWriteDeadline(time.Time{}) }()
+	unmerged := func(err error) error {
+		return &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: ErrTypeStreamError, Message: fmt.Sprintf("the engine's stream could not be reassembled into a response: %v", err)}
+	}
 	if cr.kind == migrateMessages {
 		cr.finish = "length"
 		b, _ := cr.reshapeMessages(nil, &contChunk{Usage: &struct {
 			CompletionTokens int64 `json:"completion_tokens"`
 		}{}})
-		if _, err := w.Write(b); err == nil {
-			_ = rc.Flush()
+		if !whole {
+			if _, err := w.Write(b); err == nil {
+				_ = rc.Flush()
+			}
+			return nil
 		}
-		return nil
-	}
-	if whole {
+		if err := addFramed(cr.ra, b); err != nil {
+			return unmerged(err)
+		}
+	} else if whole {
 		for _, ev := range [][]byte{finish, usage} {
 			b, _ := cr.reshape(nil, ev)
 			if err := cr.ra.Add(b); err != nil {
-				return &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: ErrTypeStreamError, Message: fmt.Sprintf("the engine's stream could not be reassembled into a response: %v", err)}
+				return unmerged(err)
 			}
 		}
+	}
+	if whole {
 		body := cr.ra.Body()
 		h := w.Header()
 		h["Content-Type"] = jsonContentType // shared: no one mutates it

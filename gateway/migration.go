@@ -328,10 +328,10 @@ type carry struct {
 	// relayed (a continuation's usage adds its own).
 	legGen int
 	// ra reassembles a non-streaming client's answer across its legs
-	// (Config.ObserveNonStreaming); answer is the event bytes it holds,
-	// buffered the bytes of the buffered-bytes budget the request's legs
-	// took, given back when the request ends.
-	ra               *oai.Reassembler
+	// (observes); answer is the event bytes it holds, buffered the bytes
+	// of the buffered-bytes budget the request's legs took, given back
+	// when the request ends.
+	ra               answerer
 	answer, buffered int64
 }
 
@@ -346,7 +346,7 @@ func newCarry(op *operation, in *inbound) *carry {
 	// reassembled body has it.
 	c := &carry{kind: op.migrate, cfg: cfg, body: in.body, clientIDs: bytes.Contains(in.body, []byte(`"return_token_ids"`)) && returnTokenIDs(in.body),
 		usage: in.req.IncludeUsage || in.observe}
-	c.excluded = excludedBy(op.migrate, in.body)
+	c.excluded = in.exclusion(op.migrate)
 	c.arrival = c.excluded
 	c.genCap = 256
 	if m := in.req.MaxTokens; m > 0 && m < 4096 {
