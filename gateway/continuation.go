@@ -77,16 +77,14 @@ func (s *Server) continuation(ctx context.Context, w http.ResponseWriter, r *htt
 		// are tokenized by the engine that continues.
 		if err := s.tokenizeMessages(ctx, eng, in.target, cr); errors.Is(err, errTooLong) {
 			s.metrics.RecordMigrationExclusion(ctx, exclMaxTokens)
-			endCut(w, prev, op.framing)
-			return nextLeg{}, nil
+			return endBroken(w, prev, op, in.observe)
 		} else if err != nil {
 			s.log.Warn("continuation: tokenize failed", "engine", eng.Name(), "err", err)
 			s.metrics.RecordMigration(ctx, prev.reason, migrationFailed)
 			if next := p.next(&outcome{stage: stageCut, cut: prev}); next.kind != legNone {
 				return next, nil
 			}
-			endCut(w, prev, op.framing)
-			return nextLeg{}, nil
+			return endBroken(w, prev, op, in.observe)
 		}
 	}
 	cr.legGen = len(cr.gen)
@@ -175,7 +173,15 @@ func (s *Server) continuation(ctx context.Context, w http.ResponseWriter, r *htt
 	if next := p.next(&outcome{stage: stageCut, cut: k, errType: a.errType}); next.kind != legNone {
 		return next, nil
 	}
-	if in.observe {
+	return endBroken(w, k, op, in.observe)
+}
+
+// endBroken ends an answer broken as k that is not continued: a
+// non-streaming client's (whole: observed), whose response has not
+// started, gets k's error returned, to be written in the route's envelope;
+// a stream is ended here (endCut).
+func endBroken(w http.ResponseWriter, k *cut, op *operation, whole bool) (nextLeg, error) {
+	if whole {
 		return nextLeg{}, k.err
 	}
 	endCut(w, k, op.framing)
