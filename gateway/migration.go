@@ -39,7 +39,13 @@ import (
 // (docs/resilience.md, "Continuation").
 type MigrationConfig struct {
 	// Limit is how many continuations one request may have. 0 turns
-	// continuation off (no return_token_ids is asked of the engines).
+	// continuation off (no return_token_ids is asked of the engines, and
+	// a non-streaming request is not observed for it). Above 0, a
+	// continuable non-streaming chat, completions or Messages request is
+	// sent to its engine as a stream and reassembled
+	// (Config.ObserveNonStreaming says how), so that it can be continued
+	// and its client gets one whole body; Config.MaxResponseBufferBytes 0
+	// turns that off.
 	// Default 1: each continuation re-prefills the prompt and everything
 	// generated so far on another engine, which is the cost of the whole
 	// context again; one covers the failure that matters (an engine
