@@ -386,3 +386,25 @@ func FuzzMessagesReassembler(f *testing.F) {
 		_ = r.Finished()
 	})
 }
+
+// TestMessagesReassembleAllocs: a delta into an open block allocates only to grow the block's
+// text (amortized: less than one allocation per event), and message_stop, ping and a
+// usage-only message_delta none.
+func TestMessagesReassembleAllocs(t *testing.T) {
+	var r MessagesReassembler
+	for _, ev := range vllmMessagesStream[:7] { // up to the text block's start
+		if err := r.Add([]byte(ev)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	delta := []byte(`{"type":"content_block_delta","delta":{"type":"text_delta","text":"tok "},"index":1}`)
+	if a := testing.AllocsPerRun(200, func() { _ = r.Add(delta) }); a >= 1 {
+		t.Errorf("a text delta: %v allocations", a)
+	}
+	for _, s := range []string{`{"type":"ping"}`, `{"type":"message_delta","delta":{},"usage":{"output_tokens":12}}`, `{"type":"message_stop"}`} {
+		ev := []byte(s)
+		if a := testing.AllocsPerRun(50, func() { _ = r.Add(ev) }); a != 0 {
+			t.Errorf("%s: %v allocations", ev, a)
+		}
+	}
+}
