@@ -40,7 +40,8 @@ const maxMessagesBlocks = 128
 //
 // Where the values come from:
 //
-//   - id and model: message_start's message (the first non-null);
+//   - id and model: message_start's message (the first non-null; the
+//     model SetModel names instead, when it is called);
 //   - content: each content_block_start opens a block at its index with
 //     its type (and, for tool_use, id, name and input); the
 //     content_block_delta events of that index add to it: text_delta's
@@ -104,6 +105,11 @@ type messagesBlock struct {
 	// once the block stopped, its partial_json joined and compacted.
 	input []byte
 }
+
+// SetModel makes the body name raw (a JSON string) as its "model", whatever
+// message_start said: the model that finished the answer, when another one
+// began it (a gateway's continuation on a fallback model).
+func (r *MessagesReassembler) SetModel(raw []byte) { r.model = append(r.model[:0], raw...) }
 
 // Reset empties r for a new stream and clears the error Add keeps; it keeps
 // the capacity of the blocks' slice, not what they held.
@@ -246,7 +252,7 @@ func (r *MessagesReassembler) addMessage(v []byte) error {
 		r.id = clone(f.id)
 	}
 	if r.model == nil && !isNull(f.model) {
-		r.model = clone(f.model)
+		r.model = clone(f.model) // unless SetModel named one
 	}
 	r.setStop(f.stop, f.seq)
 	return r.addUsage(f.usage)

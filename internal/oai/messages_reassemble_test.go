@@ -284,6 +284,28 @@ func TestMessagesReassembleErrors(t *testing.T) {
 	}
 }
 
+// TestMessagesReassembleSetModel: the body names the model SetModel gives, before or after
+// message_start.
+func TestMessagesReassembleSetModel(t *testing.T) {
+	for _, early := range []bool{true, false} {
+		var r MessagesReassembler
+		if early {
+			r.SetModel([]byte(`"fallback"`))
+		}
+		for _, ev := range vllmMessagesStream {
+			if err := r.Add([]byte(ev)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if !early {
+			r.SetModel([]byte(`"fallback"`))
+		}
+		if want := strings.Replace(vllmMessagesBody, `"model":"m"`, `"model":"fallback"`, 1); string(r.Body()) != want {
+			t.Errorf("early %v: body %s", early, r.Body())
+		}
+	}
+}
+
 // TestMessagesReassembleLimits: at most 128 blocks are opened; the 129th is an error.
 func TestMessagesReassembleLimits(t *testing.T) {
 	var r MessagesReassembler
