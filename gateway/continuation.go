@@ -72,10 +72,11 @@ const continueURL = "/v1/completions"
 func (s *Server) continuation(ctx context.Context, w http.ResponseWriter, r *http.Request, op *operation, in *inbound, eng *fleet.Engine, p *plan) (nextLeg, error) {
 	cr := p.cr
 	prev := cr.cut
-	if cr.kind == migrateMessages {
-		// No token ids from the engine: the prompt and the text so far
-		// are tokenized by the engine that continues.
-		if err := s.tokenizeMessages(ctx, eng, in.target, cr); errors.Is(err, errTooLong) {
+	if cr.framed() || cr.crossing {
+		// No token ids from the engine, or ids of another model: the
+		// prompt and the text so far are tokenized by the engine that
+		// continues.
+		if err := s.tokenizeContinuation(ctx, eng, in.target, cr); errors.Is(err, errTooLong) {
 			s.metrics.RecordMigrationExclusion(ctx, exclMaxTokens)
 			return endBroken(w, prev, op, in.observe)
 		} else if err != nil {
@@ -86,6 +87,7 @@ func (s *Server) continuation(ctx context.Context, w http.ResponseWriter, r *htt
 			}
 			return endBroken(w, prev, op, in.observe)
 		}
+		cr.crossing = false
 	}
 	cr.legGen = len(cr.gen)
 	cr.ended, cr.finish = false, ""
@@ -217,9 +219,9 @@ func (s *Server) finishAnswer(w http.ResponseWriter, r *http.Request, cr *carry,
 	unmerged := func(err error) error {
 		return &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: ErrTypeStreamError, Message: fmt.Sprintf("the engine's stream could not be reassembled into a response: %v", err)}
 	}
-	if cr.kind == migrateMessages {
+	if cr.framed() {
 		cr.finish = "length"
-		b, _ := cr.reshapeMessages(nil, &contChunk{Usage: &struct {
+		b, _ := cr.reshapeFramed(nil, &contChunk{Usage: &struct {
 			CompletionTokens int64 `json:"completion_tokens"`
 		}{}})
 		if !whole {

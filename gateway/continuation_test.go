@@ -784,7 +784,7 @@ func readAnthropicStream(t *testing.T, resp *http.Response) anthropicStream {
 // one message_start, one message_delta with the whole output, message_stop
 // last.
 func TestContinuationAnthropicStream(t *testing.T) {
-	for _, fault := range []string{"close-after=3", "reset-after=2", "stall-after=4"} {
+	for _, fault := range []string{"close-after=3", "reset-after=2", "stall-after=4", "error-after=3"} {
 		t.Run(fault, func(t *testing.T) {
 			rh := newRetryHarness(t, fault, "", func(c *Config) { c.Timeouts.Idle = 100 * time.Millisecond })
 			resp := rh.post("/v1/messages", `{"model":"m","max_tokens":8,"stream":true,"system":"be brief","messages":[{"role":"user","content":"a b c d"}]}`)
@@ -850,6 +850,7 @@ func TestContinuationAnthropicExclusions(t *testing.T) {
 		{"thinking", `"thinking":{"type":"enabled","budget_tokens":10},"messages":[{"role":"user","content":"a"}]`, "", exclReasoning},
 		{"image", `"messages":[{"role":"user","content":[{"type":"image","source":{"type":"base64","media_type":"image/png","data":"AA=="}}]}]`, "", exclMultimodal},
 		{"thinking streamed", `"messages":[{"role":"user","content":"a"}]`, "reasoning=2,", exclReasoning},
+		{"the engine's error event", `"stop_sequences":["zzz"],"messages":[{"role":"user","content":"a"}]`, "error-after=2,", exclStop},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rh := newRetryHarness(t, tc.fault+"close-after=3", "", nil)

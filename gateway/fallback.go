@@ -39,6 +39,10 @@ const (
 	// fallbackContext: the request is too long for the model: its
 	// max_tokens over max_model_len, or an engine's context-length 400.
 	fallbackContext
+	// fallbackContinuation: a generation broken after its first tokens
+	// reached the client, with no engine of its model left to continue
+	// it, is continued on the fallback from its text (carry.cross).
+	fallbackContinuation
 )
 
 // String returns the reason's attribute value.
@@ -50,6 +54,8 @@ func (r fallbackReason) String() string {
 		return "failed"
 	case fallbackContext:
 		return "context"
+	case fallbackContinuation:
+		return "continuation"
 	}
 	return "none"
 }
@@ -84,6 +90,34 @@ type fallbacks struct {
 
 // any reports whether the request has a fallback list at all.
 func (f *fallbacks) any() bool { return len(f.general)+len(f.context) > 0 }
+
+// crossable reports whether a broken generation of the plan could be
+// continued on a fallback model (models.fallbacks) once no engine of its
+// model is left: the carry keeps the text the client got, and the list
+// has a model not yet looked at.
+func (p *plan) crossable() bool {
+	return p.cr.crossable() && p.fb.pos[0] < len(p.fb.general) && !p.sticky
+}
+
+// cross moves a continuation to a fallback model when no engine of the
+// request's model is left for it: the next model of models.fallbacks that
+// has a routable engine (fallTo: the metric with reason continuation, the
+// span event, the access log; the response header too when the client's
+// response has not started, as for a non-streaming client), and the carry
+// switched to tokenize the prompt and text on that model (carry.cross).
+// nil when no fallback model can take it.
+func (s *Server) cross(w http.ResponseWriter, r *http.Request, op *operation, in *inbound, out *outBody, rreq *routing.Request, p *plan) *fleet.Route {
+	if !p.crossable() {
+		return nil
+	}
+	next := p.fallback(fallbackContinuation)
+	if next.kind != legFallback {
+		return nil
+	}
+	rt := s.fallTo(w, r, op, in, out, rreq, p, next.fallback)
+	p.cr.cross(next.fallback.model)
+	return rt
+}
 
 // fallbacksFor returns the fallback lists of the request in's model: none
 // on a sticky route, for a model not named in the body, or when neither

@@ -120,6 +120,10 @@ const (
 	// far through the engine's /tokenize, and its chunks become
 	// content_block_delta events.
 	migrateMessages
+	// migrateResponses: Responses API streams, as Messages ones (no token
+	// ids from vLLM): its chunks become response.output_text.delta events
+	// and the gateway sends the end (migration_responses.go).
+	migrateResponses
 )
 
 // Exclusions: why a broken generation is not continued
@@ -158,7 +162,12 @@ func excludedBy(k migrateKind, body []byte) string {
 			break
 		}
 	}
-	if !found && k != migrateMessages { // Anthropic content blocks are always looked at
+	if k == migrateResponses {
+		if why := excludedResponses(body); why != "" {
+			return why
+		}
+	}
+	if !found && k != migrateMessages && k != migrateResponses { // Anthropic content blocks and Responses input are always looked at
 		return ""
 	}
 	var b struct {
@@ -317,13 +326,27 @@ type carry struct {
 	// aborted: the leg being relayed ended with finish_reason "abort"
 	// that was not held back (a continuation leg at the limit).
 	aborted bool
-	// text is a Messages stream's text so far (migrateMessages), and
+	// text is a Messages or Responses stream's text so far (framed), and
 	// finish its continuation's finish reason until the usage chunk.
 	text   []byte
 	finish string
-	// ended: a Messages continuation has sent its end events;
-	// blockStarted: the client has the text block's content_block_start.
+	// ended: a Messages or Responses continuation has sent its end
+	// events; blockStarted: the client has the text block's
+	// content_block_start (Messages) or the output_text part's
+	// content_part.added (Responses).
 	ended, blockStarted bool
+	// A Responses stream's: resp is response.created's response object
+	// (the one response.completed completes), itemID its message item's
+	// id (a JSON string), seq the next event's sequence_number.
+	resp, itemID []byte
+	seq          int64
+	// keepText: the text the client got is kept in text (always for
+	// Responses; for chat and completions when the model has
+	// models.fallbacks), so a continuation can cross to a fallback model,
+	// whose tokenizer need not read this one's ids; crossing: the next
+	// continuation leg is on a fallback model and tokenizes the prompt
+	// and text there first (cross).
+	keepText, crossing bool
 	// link is the span of the leg that broke, linked from the next; cut
 	// how it broke.
 	link trace.SpanContext
@@ -354,6 +377,7 @@ func newCarry(op *operation, in *inbound) *carry {
 		usage: in.req.IncludeUsage || in.observe}
 	c.excluded = in.exclusion(op.migrate)
 	c.arrival = c.excluded
+	c.keepText = op.migrate == migrateResponses
 	c.genCap = 256
 	if m := in.req.MaxTokens; m > 0 && m < 4096 {
 		c.genCap = int(m)
@@ -373,18 +397,21 @@ func (c *carry) restart() {
 	c.id, c.created, c.model = nil, nil, nil
 	c.ra, c.answer = nil, 0
 	c.text, c.finish, c.ended, c.blockStarted = c.text[:0], "", false, false
+	c.resp, c.itemID, c.seq = c.resp[:0], nil, 0
 }
 
 // asksIDs reports whether the engine is asked for token ids
 // (return_token_ids): a continuable chat or completions request whose
 // client did not ask itself.
 func (c *carry) asksIDs() bool {
-	return c.continuable() && !c.clientIDs && c.kind != migrateMessages
+	return c.continuable() && !c.clientIDs && !c.framed()
 }
 
-// framed reports whether reshape returns whole events (Anthropic's, with
-// their event lines) rather than the data of one.
-func (c *carry) framed() bool { return c.kind == migrateMessages }
+// framed reports whether reshape returns whole events (Anthropic's or the
+// Responses API's, with their event lines) rather than the data of one;
+// these routes' engines send no token ids, so the continuation tokenizes
+// the text the client got (tokenizeContinuation).
+func (c *carry) framed() bool { return c.kind == migrateMessages || c.kind == migrateResponses }
 
 // returnTokenIDs reports whether the body sets return_token_ids true.
 func returnTokenIDs(body []byte) bool {
@@ -521,6 +548,65 @@ var (
 	markReasoning2 = []byte(`"reasoning":"`)
 )
 
+// keepChunkText appends the text of a chat or completions chunk to c.text,
+// bounded by migration.max_tokens x 16 bytes (past it, the text is let go
+// of and no crossing to a fallback model is possible).
+func (c *carry) keepChunkText(data []byte) {
+	var v struct {
+		Choices []struct {
+			Text  *string `json:"text"`
+			Delta struct {
+				Content *string `json:"content"`
+			} `json:"delta"`
+		} `json:"choices"`
+	}
+	if json.Unmarshal(data, &v) != nil || len(v.Choices) != 1 {
+		c.keepText, c.text = false, nil
+		return
+	}
+	t := v.Choices[0].Text
+	if t == nil {
+		t = v.Choices[0].Delta.Content
+	}
+	switch {
+	case t == nil:
+	case len(c.text)+len(*t) > 16*c.cfg.MaxTokens:
+		c.keepText, c.text = false, nil
+	default:
+		c.text = append(c.text, *t...)
+	}
+}
+
+// crossable reports whether a break could be continued on another model
+// (from the text the client got): chat, completions and Responses, not
+// Messages, whose stream names its model only in message_start, which
+// the client has, so nothing after the seam could say that another model
+// finished the answer.
+func (c *carry) crossable() bool {
+	return c != nil && c.keepText && c.kind != migrateMessages && c.excluded == ""
+}
+
+// cross switches the carry to continue on the fallback model named model
+// (its configured name): the next continuation leg tokenizes the prompt
+// and the text on it, and the chunks (the Responses object) after the
+// seam name it.
+func (c *carry) cross(model string) {
+	c.crossing = true
+	c.model, _ = json.Marshal(model)
+	if c.ra != nil {
+		c.ra.SetModel(c.model) // a whole answer names the model that finished it
+	}
+}
+
+// textPrompt reports whether a completions body's prompt is one string
+// (the text a fallback model's tokenizer can read), not token ids.
+func textPrompt(body []byte) bool {
+	var b struct {
+		Prompt json.RawMessage `json:"prompt"`
+	}
+	return json.Unmarshal(body, &b) == nil && len(b.Prompt) > 0 && b.Prompt[0] == '"'
+}
+
 // continuable reports whether the request can still be continued.
 func (c *carry) continuable() bool { return c != nil && c.excluded == "" }
 
@@ -542,6 +628,9 @@ func (c *carry) take(data []byte, ch *oai.Chunk) []byte {
 	content := ch.Content
 	if c.id == nil && ch.ID != nil {
 		c.head(data, ch)
+	}
+	if content && c.keepText && c.excluded == "" {
+		c.keepChunkText(data)
 	}
 	if content && c.excluded == "" {
 		switch {
@@ -659,7 +748,7 @@ func (c *carry) ready() string {
 	switch {
 	case c.excluded != "":
 		return c.excluded
-	case c.kind == migrateMessages && c.id != nil:
+	case c.kind == migrateMessages && c.id != nil, c.kind == migrateResponses && c.id != nil && c.itemID != nil:
 		return "" // the ids come from /tokenize at the continuation
 	case !c.sawPrompt || c.id == nil:
 		return exclNoTokenIDs
@@ -695,14 +784,14 @@ func (c *carry) reshape(b []byte, data []byte) (out []byte, drop bool) {
 	if err := json.Unmarshal(data, &cc); err != nil {
 		return b, true
 	}
-	if c.kind == migrateMessages {
+	if c.framed() {
 		if len(cc.Choices) == 1 {
 			var t string
 			if json.Unmarshal(cc.Choices[0].Text, &t) == nil {
-				c.text = append(c.text, t...) // for a further continuation
+				c.text = append(c.text, t...) // for a further continuation, and Responses' done events
 			}
 		}
-		return c.reshapeMessages(b, &cc)
+		return c.reshapeFramed(b, &cc)
 	}
 	if cc.Usage != nil && len(cc.Choices) == 0 {
 		if !c.usage {
@@ -722,6 +811,12 @@ func (c *carry) reshape(b []byte, data []byte) (out []byte, drop bool) {
 		return b, true
 	}
 	ch := cc.Choices[0]
+	if c.keepText {
+		var t string
+		if json.Unmarshal(ch.Text, &t) == nil && len(c.text)+len(t) <= 16*c.cfg.MaxTokens {
+			c.text = append(c.text, t...) // for a continuation on a fallback model
+		}
+	}
 	if c.excluded == "" && len(ch.TokenIDs) > 0 {
 		var good bool
 		if c.gen, good = appendIDs(c.gen, ch.TokenIDs); !good {
@@ -846,8 +941,11 @@ func (c *carry) request(model string, maxTokens int64) (body []byte, done bool) 
 		}
 	}
 	params := continuedParams
-	if c.kind == migrateMessages {
+	switch c.kind {
+	case migrateMessages:
 		params = messagesParams
+	case migrateResponses:
+		params = responsesParams
 	}
 	for _, p := range params {
 		if v, ok := orig[p]; ok {

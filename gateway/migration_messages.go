@@ -88,12 +88,17 @@ func (c *carry) takeAnthropic(data []byte, e *oai.Event) {
 // and ended as a continuation that failed before its first byte.
 var errTokenize = errors.New("the engine could not tokenize the continuation")
 
-// tokenizeMessages fills the carry's prompt and generated ids for a
-// Messages continuation on eng: POST /tokenize with the request's system
-// prompt and messages as chat messages (add_generation_prompt), and with
-// the text the client got (add_special_tokens false). Errors wrap
-// errTokenize.
-func (s *Server) tokenizeMessages(ctx context.Context, eng *fleet.Engine, model string, c *carry) error {
+// chatMessage is one message of a /tokenize chat request.
+type chatMessage struct {
+	Role    string `json:"role"`
+	Content any    `json:"content"`
+}
+
+// anthropicMessages returns the chat messages vLLM renders a Messages
+// request's prompt from: the system prompt, then the messages, each
+// content as vLLM converts it (one text block is the content, several are
+// text parts, which its chat preprocessing joins with "\n").
+func anthropicMessages(body []byte) []chatMessage {
 	var req struct {
 		System   json.RawMessage `json:"system"`
 		Messages []struct {
@@ -101,20 +106,12 @@ func (s *Server) tokenizeMessages(ctx context.Context, eng *fleet.Engine, model 
 			Content json.RawMessage `json:"content"`
 		} `json:"messages"`
 	}
-	if err := json.Unmarshal(c.body, &req); err != nil {
-		return fmt.Errorf("%w: %v", errTokenize, err)
-	}
-	type message struct {
-		Role    string `json:"role"`
-		Content any    `json:"content"`
-	}
-	var msgs []message
+	_ = json.Unmarshal(body, &req) // the parser and excludedBy read it
+	var msgs []chatMessage
 	if sys := strings.Join(anthropicTexts(req.System), ""); sys != "" {
-		msgs = append(msgs, message{"system", sys})
+		msgs = append(msgs, chatMessage{"system", sys})
 	}
 	for _, m := range req.Messages {
-		// As vLLM converts them: one text block is the content, several
-		// are text parts (its chat preprocessing joins them with "\n").
 		texts := anthropicTexts(m.Content)
 		var content any = strings.Join(texts, "")
 		if len(texts) > 1 {
@@ -124,7 +121,55 @@ func (s *Server) tokenizeMessages(ctx context.Context, eng *fleet.Engine, model 
 			}
 			content = parts
 		}
-		msgs = append(msgs, message{m.Role, content})
+		msgs = append(msgs, chatMessage{m.Role, content})
+	}
+	return msgs
+}
+
+// tokenizeContinuation fills the carry's prompt and generated ids for a
+// continuation on eng of a route whose engine sends no token ids (Messages,
+// Responses), or of a chat or completions answer crossing to a fallback
+// model (carry.cross), whose tokenizer need not read the ids kept: POST
+// /tokenize with the request's prompt as chat messages
+// (with the generation prompt, or continuing a final assistant message),
+// and with the text the client got (add_special_tokens false). Errors
+// wrap errTokenize, or are errTooLong.
+func (s *Server) tokenizeContinuation(ctx context.Context, eng *fleet.Engine, model string, c *carry) error {
+	req := map[string]any{"model": model, "add_generation_prompt": true}
+	switch c.kind {
+	case migrateChat, migrateCompletion:
+		// A crossing to a fallback model: the client's prompt as it
+		// came, with the chat template options it set.
+		var orig map[string]json.RawMessage
+		if err := json.Unmarshal(c.body, &orig); err != nil {
+			return fmt.Errorf("%w: %v", errTokenize, err)
+		}
+		if c.kind == migrateCompletion {
+			p := orig["prompt"]
+			if len(p) == 0 || p[0] != '"' {
+				return fmt.Errorf("%w: the prompt is not text", errTokenize)
+			}
+			delete(req, "add_generation_prompt")
+			req["prompt"] = p
+			break
+		}
+		req["messages"] = orig["messages"]
+		for _, k := range []string{"add_generation_prompt", "continue_final_message", "chat_template", "chat_template_kwargs", "documents"} {
+			if v, ok := orig[k]; ok {
+				req[k] = v
+			}
+		}
+	case migrateResponses:
+		msgs, continueFinal, kwargs := responsesMessages(c.body)
+		req["messages"] = msgs
+		if continueFinal {
+			req["add_generation_prompt"], req["continue_final_message"] = false, true
+		}
+		if len(kwargs) > 0 && kwargs[0] == '{' {
+			req["chat_template_kwargs"] = kwargs
+		}
+	default:
+		req["messages"] = anthropicMessages(c.body)
 	}
 	if d := s.set.Load().cfg.Timeouts.ResponseHeader; d > 0 {
 		// Two short answers: bounded as an engine's headers are.
@@ -132,7 +177,7 @@ func (s *Server) tokenizeMessages(ctx context.Context, eng *fleet.Engine, model 
 		ctx, cancel = context.WithTimeout(ctx, d)
 		defer cancel()
 	}
-	prompt, err := s.tokenize(ctx, eng, map[string]any{"model": model, "messages": msgs, "add_generation_prompt": true})
+	prompt, err := s.tokenize(ctx, eng, req)
 	if err != nil {
 		return err
 	}
@@ -151,7 +196,7 @@ func (s *Server) tokenizeMessages(ctx context.Context, eng *fleet.Engine, model 
 	return nil
 }
 
-// errTooLong is a Messages continuation whose prompt and text passed
+// errTooLong is a continuation (Messages, Responses) whose prompt and text passed
 // migration.max_tokens once tokenized: not continued.
 var errTooLong = errors.New("the prompt and answer are too long to continue")
 
@@ -176,17 +221,26 @@ func anthropicTexts(raw json.RawMessage) []string {
 	return out
 }
 
-// endMessages appends the end of a Messages continuation whose engine sent
-// no usage chunk before [DONE] (out is its output tokens as counted from
-// its chunks); nothing when the end was sent.
-func (c *carry) endMessages(b []byte, out int64) []byte {
+// endFramed appends the end of a Messages or Responses continuation whose
+// engine sent no usage chunk before [DONE] (out is its output tokens as
+// counted from its chunks); nothing when the end was sent.
+func (c *carry) endFramed(b []byte, out int64) []byte {
 	if c.ended {
 		return b
 	}
-	b, _ = c.reshapeMessages(b, &contChunk{Usage: &struct {
+	b, _ = c.reshapeFramed(b, &contChunk{Usage: &struct {
 		CompletionTokens int64 `json:"completion_tokens"`
 	}{out}})
 	return b
+}
+
+// reshapeFramed turns one chunk of a Messages or Responses continuation
+// into the client's events (reshapeMessages, reshapeResponses).
+func (c *carry) reshapeFramed(b []byte, cc *contChunk) ([]byte, bool) {
+	if c.kind == migrateResponses {
+		return c.reshapeResponses(b, cc)
+	}
+	return c.reshapeMessages(b, cc)
 }
 
 // maxTokenizeBody caps an engine's /tokenize answer (its ids as JSON).

@@ -73,6 +73,9 @@ type answerer interface {
 	Finished() bool
 	// Body returns the body the engine would have answered.
 	Body() []byte
+	// SetModel names the model that finished the answer (raw JSON
+	// string), when the continuation crossed to a fallback model.
+	SetModel(raw []byte)
 }
 
 // newAnswerer returns the reassembler of op's answers.
@@ -204,7 +207,6 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 			return
 		}
 		st.ch = oai.Chunk{}
-		errBefore := st.errEvent
 		st.onEvent(ev)
 		if failed != nil || ev.Comment || ev.Data == nil {
 			return
@@ -213,7 +215,7 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 			if framed {
 				// A Messages answer ends at message_stop, which the usage
 				// chunk brought, or which comes now.
-				if scratch = cr.endMessages(scratch[:0], a.contentEvents); len(scratch) > 0 {
+				if scratch = cr.endFramed(scratch[:0], a.contentEvents); len(scratch) > 0 {
 					add(scratch)
 				}
 			}
@@ -222,13 +224,11 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 		data := ev.Data
 		switch {
 		case f == frameAnthropic:
-			// onTypedEvent has read it (takeAnthropic keeps the text).
-			if st.errEvent && !errBefore && cr != nil {
-				if cr.mayResume(migrateStreamErr) {
-					st.tail, st.reason = []byte{}, migrateStreamErr
-					return
-				}
-				st.unresumable(migrateStreamErr)
+			// onTypedEvent has read it (takeAnthropic keeps the text),
+			// and held the engine's error event back (tail) while a
+			// continuation may replace it, or counted why not.
+			if st.tail != nil {
+				return
 			}
 		case cr != nil:
 			abort := string(st.ch.FinishReason) == "abort"

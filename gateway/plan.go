@@ -255,7 +255,7 @@ func (p *plan) resume(k *cut) nextLeg {
 	if cr == nil || p.ctx.Err() != nil || !cr.cfg.on(k.reason) {
 		return nextLeg{}
 	}
-	cr.others = p.others
+	cr.others = p.others || p.crossable()
 	if exclusion, outcome := cr.verdict(); exclusion != "" || outcome != "" {
 		cr.count(p.ctx, p.metrics, k.reason, exclusion, outcome)
 		return nextLeg{}

@@ -107,6 +107,11 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 	}
 	if p.cr = newCarry(op, &in); p.cr != nil {
 		defer func() { s.buffered.give(p.cr.buffered) }()
+		if len(p.fb.general) > 0 && !p.sticky && (op.migrate != migrateCompletion || textPrompt(in.body)) {
+			// A break with no engine of the model left may cross to a
+			// fallback model, from the text the client got.
+			p.cr.keepText = true
+		}
 	}
 	out := s.outgoing(op, &in, p.cr.asksIDs())
 	rreq := routing.Request{Model: in.target, Stream: in.stream, SessionKey: in.req.User, PromptBytes: in.req.PromptBytes, PrefixHashes: in.req.PrefixHashes}
@@ -142,6 +147,10 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 		} else {
 			candidates = admissible(rt, candidates)
 			if len(candidates) == 0 && leg.kind == legContinue {
+				if nrt := s.cross(w, r, op, &in, &out, &rreq, &p); nrt != nil {
+					rt, candidates, tried = nrt, nrt.Endpoints(), tried[:0]
+					continue
+				}
 				return s.unresumed(w, op, &p)
 			}
 			if len(candidates) == 0 {
@@ -159,6 +168,10 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 			s.metrics.RecordStep(ctx, telemetry.StepPick, time.Since(t0).Seconds())
 			if err != nil {
 				if leg.kind == legContinue {
+					if nrt := s.cross(w, r, op, &in, &out, &rreq, &p); nrt != nil {
+						rt, candidates, tried = nrt, nrt.Endpoints(), tried[:0]
+						continue
+					}
 					return s.unresumed(w, op, &p)
 				}
 				return err
@@ -171,7 +184,9 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 		p.legs++
 		p.others = len(candidates) > 1
 		if p.cr != nil {
-			p.cr.others = p.others // worth holding an engine's own end back
+			// Worth holding an engine's own end back: another engine of
+			// the model, or a fallback model, could continue.
+			p.cr.others = p.others || p.crossable()
 		}
 		if leg.reason != retryNone { // counted when the retry happens; not a sticky route's lookup of the next engine
 			s.metrics.RecordRetry(ctx, leg.reason.String())
@@ -230,8 +245,13 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 			}
 		}
 		if leg.kind == legContinue && (len(candidates) == 0 || err != nil) {
-			// A continuation stays on the model: another model's
-			// tokenizer need not read its token ids.
+			// No engine of the model is left: a fallback model may
+			// continue from the text (its tokenizer need not read the
+			// ids), or the stream ends.
+			if nrt := s.cross(w, r, op, &in, &out, &rreq, &p); nrt != nil {
+				rt, candidates, tried = nrt, nrt.Endpoints(), tried[:0]
+				continue
+			}
 			return s.unresumed(w, op, &p)
 		}
 		if len(candidates) == 0 || err != nil {

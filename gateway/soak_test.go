@@ -853,16 +853,35 @@ func BenchmarkSoak(b *testing.B) {
 			b.ReportMetric(qratio(inuse), "heap-quiet-1M/100k")
 			b.Logf("at %d / at 100k: heap in use x%.3f, heap alloc x%.3f; with connections closed: heap in use x%.3f, heap alloc x%.3f",
 				s.requests, ratio(inuse), ratio(alloc), qratio(inuse), qratio(alloc))
-			if r := qratio(inuse); r > 1.10 {
-				b.Fatalf("heap in use after GC (connections closed) grew from %s at 100k to %s at %d (x%.3f, limit 1.10)",
-					mib(base.quiet.heapInuse), mib(s.quiet.heapInuse), s.requests, r)
+			if r := qratio(inuse); heapGrew(base.quiet.heapInuse, s.quiet.heapInuse) {
+				b.Fatalf("heap in use after GC (connections closed) grew from %s at 100k to %s at %d (x%.3f; limit x%.2f and %s)",
+					mib(base.quiet.heapInuse), mib(s.quiet.heapInuse), s.requests, r, soakHeapRatio, mib(soakHeapFloor))
 			}
-			if r := ratio(inuse); r > 1.10 {
-				b.Fatalf("heap in use after GC grew from %s at 100k to %s at %d (x%.3f, limit 1.10)",
-					mib(base.warm.heapInuse), mib(s.warm.heapInuse), s.requests, r)
+			if r := ratio(inuse); heapGrew(base.warm.heapInuse, s.warm.heapInuse) {
+				b.Fatalf("heap in use after GC grew from %s at 100k to %s at %d (x%.3f; limit x%.2f and %s)",
+					mib(base.warm.heapInuse), mib(s.warm.heapInuse), s.requests, r, soakHeapRatio, mib(soakHeapFloor))
 			}
 		}
 	}
+}
+
+// The soak's heap-growth gate: the heap in use after a forced GC at 1M
+// requests may exceed the one at 100k by at most soakHeapRatio, or by at
+// most soakHeapFloor bytes, whichever is more. The floor keeps the gate
+// from failing on the heap's run-to-run noise: a 5-8 MiB heap in use,
+// whose idle connections, pools and span fragmentation move by about
+// 1 MiB between runs (two 1M runs at one commit measured x1.158 and
+// x1.006). A leak of 5 bytes per request grows the heap by 4.3 MiB over
+// the 900k requests between the samples, so the floor still catches any
+// per-request leak of a pointer or more.
+const (
+	soakHeapRatio = 1.10
+	soakHeapFloor = 4 << 20
+)
+
+// heapGrew reports whether the heap grew from base to now past the gate.
+func heapGrew(base, now uint64) bool {
+	return float64(now) > float64(base)*soakHeapRatio && now > base+soakHeapFloor
 }
 
 // soakCounts is what a soak observed, for soakAccount.

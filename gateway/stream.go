@@ -28,6 +28,12 @@ type streamState struct {
 	// dropFrom and dropTo bound an event in the current Push output
 	// that must not be forwarded; dropTo is 0 when there is none.
 	dropFrom, dropTo int
+	// heldAt, when held, is where in the current Push output the error
+	// event of a Messages or Responses stream's first leg starts, held
+	// back in tail (with what follows it) because a continuation may
+	// replace it.
+	heldAt int
+	held   bool
 
 	// On a continuable route (cr set): every event is rewritten into out
 	// (token id fields cut, or a continuation's chunks reshaped), and an
@@ -91,7 +97,7 @@ func (st *streamState) onRewrite(ev sse.Event) {
 		if st.reshape && cr.framed() {
 			// An Anthropic stream ends at message_stop, which the usage
 			// chunk brought, or which is sent now.
-			*dst = cr.endMessages(*dst, a.contentEvents)
+			*dst = cr.endFramed(*dst, a.contentEvents)
 			return
 		}
 		*dst = append(*dst, ev.Raw...)
@@ -272,6 +278,17 @@ func (st *streamState) onTypedEvent(ev sse.Event) {
 		a.s.metrics.RecordParseError(a.ctx, a.attrs)
 		return
 	}
+	if e.Error && st.cr != nil && st.tail == nil {
+		if st.cr.mayResume(migrateStreamErr) {
+			// The engine's error ends the stream; a continuation may
+			// replace it, so it is held back (tail) until the planner
+			// decides.
+			st.tail, st.reason, st.heldAt, st.held = append([]byte{}, ev.Raw...), migrateStreamErr, ev.Offset, true
+			st.done = true
+			return
+		}
+		st.unresumable(migrateStreamErr)
+	}
 	if e.Error {
 		st.errEvent = true
 	}
@@ -288,8 +305,12 @@ func (st *streamState) onTypedEvent(ev sse.Event) {
 		a.finished(e.FinishReason)
 		st.finished = true // a break after it is not continued
 	}
-	if st.cr != nil && st.framing == frameAnthropic {
-		st.cr.takeAnthropic(ev.Data, &e)
+	if st.cr != nil {
+		if st.framing == frameAnthropic {
+			st.cr.takeAnthropic(ev.Data, &e)
+		} else {
+			st.cr.takeResponses(ev.Data, &e)
+		}
 	}
 	if e.InputTokens >= 0 {
 		a.usage.PromptTokens, a.hasUsage = e.InputTokens, true
@@ -301,8 +322,11 @@ func (st *streamState) onTypedEvent(ev sse.Event) {
 		a.onContent(st.now)
 		st.last = st.now
 	}
-	if st.framing == frameAnthropic && string(e.Type) == "content_block_stop" && st.cr != nil && st.cr.blockStarted && st.cr.excluded == "" {
-		st.finished = true // the text is whole; a break after it is not continued
+	if st.cr != nil && st.cr.blockStarted && st.cr.excluded == "" {
+		switch string(e.Type) {
+		case "content_block_stop", "response.output_text.done":
+			st.finished = true // the text is whole; a break after it is not continued
+		}
 	}
 }
 
@@ -378,6 +402,14 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 			out := sc.Push(p, onEvent)
 			if rewrite {
 				out = st.out
+			}
+			if st.held {
+				// An error event held back (onTypedEvent): it is in tail;
+				// what follows it in this read is not sent either.
+				if rest := out[min(st.heldAt+len(st.tail), len(out)):]; len(st.tail)+len(rest) <= maxHeldTail {
+					st.tail = append(st.tail, rest...)
+				}
+				out, st.held = out[:st.heldAt], false
 			}
 			if !a.first.IsZero() || a.class != classGenerative || !c.stream {
 				// After the first content any bytes are progress (an event

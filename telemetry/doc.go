@@ -44,7 +44,8 @@
 // switchboard.request.fallbacks counts the requests sent to a fallback
 // model (gateway models.fallbacks and models.context_fallbacks), by the
 // model asked for, the fallback and the reason ([AttrFallbackReason]:
-// failed, unavailable, context); the model names are configured ones.
+// failed, unavailable, context, continuation); the model names are
+// configured ones.
 //
 // The migration instruments follow generations broken after their first
 // tokens reached the client and continued on another engine

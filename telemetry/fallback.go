@@ -22,8 +22,10 @@ const AttrFallback = attribute.Key("fallback")
 
 // AttrFallbackReason is why a request went to a fallback model:
 // "unavailable" (no engine of the model could take it), "failed" (every
-// engine tried failed before anything reached the client) or "context"
-// (too long for the model's max_model_len).
+// engine tried failed before anything reached the client), "context"
+// (too long for the model's max_model_len) or "continuation" (a
+// generation broken after its first tokens reached the client, with no
+// engine of its model left, continued on the fallback from its text).
 const AttrFallbackReason = attribute.Key("reason")
 
 // EventFallback, on the server span, marks a request sent to a fallback

@@ -162,6 +162,11 @@ type toolAcc struct {
 	name, args textAcc
 }
 
+// SetModel sets the "model" of the body (raw, a JSON string) whatever the
+// chunks say: the model that finished the answer, when another one began
+// it.
+func (r *Reassembler) SetModel(raw []byte) { r.model = clone(raw) }
+
 // NewReassembler returns a Reassembler for a chat stream, or a completions
 // stream when completions is true.
 func NewReassembler(completions bool) *Reassembler {
