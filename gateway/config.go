@@ -105,13 +105,15 @@ type Config struct {
 	// client.
 	InjectUsage bool `koanf:"inject_usage"`
 	// ObserveNonStreaming, when true, sends every non-streaming chat,
-	// completions or Anthropic Messages request to the engine as a stream
-	// (with usage; Messages with "stream": true only, vLLM adds its usage)
+	// completions, Anthropic Messages or Responses (not background)
+	// request to the engine as a stream (with usage; Messages and Responses
+	// with "stream": true only, their streams carry usage)
 	// and reassembles the events into the non-streaming body vLLM would
 	// have sent (chat and completions: content, tool calls, reasoning,
 	// logprobs, finish reason, usage, oai.Reassembler; Messages: text,
 	// thinking and tool_use blocks, stop reason, usage,
-	// oai.MessagesReassembler), so the first token, the prefill -> decode
+	// oai.MessagesReassembler; Responses: the response object of
+	// response.completed, oai.ResponsesReassembler), so the first token, the prefill -> decode
 	// move, TTFT and ITL are observed for these requests too, not only for
 	// streams. The client still gets one JSON body with Content-Length,
 	// and an error in the route's envelope with a real status. Requests

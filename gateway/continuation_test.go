@@ -431,10 +431,10 @@ func TestContinuationWholeAnswer(t *testing.T) {
 			{"error-after=3", map[string]string{"": migrateStreamErr}},
 			// The simulator cuts a Messages stream at drain-after as at
 			// close-after: that route has no finish reason "abort".
-			{"drain-after=3", map[string]string{"": migrateAbort, "messages": migrateDisconnect}},
+			{"drain-after=3", map[string]string{"": migrateAbort, "messages": migrateDisconnect, "responses": migrateDisconnect}},
 			{"stall-after=3", map[string]string{"": migrateIdle}},
 		} {
-			for _, route := range []string{"chat", "completions", "messages"} {
+			for _, route := range []string{"chat", "completions", "messages", "responses"} {
 				t.Run(fmt.Sprintf("observe_non_streaming=%t/%s/%s", observe, tc.fault, route), func(t *testing.T) {
 					rh := newRetryHarness(t, tc.fault, "", func(c *Config) {
 						c.ObserveNonStreaming = observe
@@ -446,12 +446,12 @@ func TestContinuationWholeAnswer(t *testing.T) {
 						t.Fatalf("status %d: %s", status, raw)
 					}
 					ans := readWholeAnswer(t, route, raw)
-					if ans.text != canonical(n) || ans.finish != map[bool]string{false: "length", true: "max_tokens"}[route == "messages"] ||
+					if ans.text != canonical(n) || ans.finish != map[string]string{"chat": "length", "completions": "length", "messages": "max_tokens", "responses": "incomplete"}[route] ||
 						ans.model != "m" || ans.id == "" || ans.blocks != 1 {
 						t.Errorf("answer %+v, want %q with one choice or block", ans, canonical(n))
 					}
 					prompt := int64(4)
-					if route == "messages" {
+					if route == "messages" || route == "responses" {
 						prompt = 6 // "be brief" and "a b c d"
 					}
 					if ans.prompt != prompt || ans.completion != n || (route != "messages" && ans.total != prompt+n) {
@@ -491,6 +491,8 @@ func wholeAnswerRequest(route string, n int) (path, body string) {
 		return "/v1/completions", `{"model":"m","prompt":"a b c d","max_tokens":` + strconv.Itoa(n) + `}`
 	case "messages":
 		return "/v1/messages", `{"model":"m","max_tokens":` + strconv.Itoa(n) + `,"system":"be brief","messages":[{"role":"user","content":"a b c d"}]}`
+	case "responses":
+		return "/v1/responses", `{"model":"m","instructions":"be brief","input":"a b c d","max_output_tokens":` + strconv.Itoa(n) + `,"store":false}`
 	}
 	return "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"a b c d"}],"max_tokens":` + strconv.Itoa(n) + `}`
 }
@@ -520,7 +522,11 @@ func readWholeAnswer(t *testing.T, route string, raw []byte) clientAnswer {
 			Type, Text string
 		} `json:"content"`
 		StopReason string `json:"stop_reason"`
-		Usage      struct {
+		Status     string `json:"status"`
+		Output     []struct {
+			Content []struct{ Type, Text string } `json:"content"`
+		} `json:"output"`
+		Usage struct {
 			Prompt     int64 `json:"prompt_tokens"`
 			Completion int64 `json:"completion_tokens"`
 			Total      int64 `json:"total_tokens"`
@@ -532,6 +538,16 @@ func readWholeAnswer(t *testing.T, route string, raw []byte) clientAnswer {
 		t.Fatalf("%v: %s", err, raw)
 	}
 	a := clientAnswer{id: b.ID, model: b.Model}
+	if route == "responses" {
+		// finish: the status ("incomplete" when the length ran out).
+		a.finish, a.prompt, a.completion, a.total, a.blocks = b.Status, b.Usage.Input, b.Usage.Output, b.Usage.Total, len(b.Output)
+		for _, o := range b.Output {
+			for _, c := range o.Content {
+				a.text += c.Text
+			}
+		}
+		return a
+	}
 	if route == "messages" {
 		a.finish, a.prompt, a.completion, a.blocks = b.StopReason, b.Usage.Input, b.Usage.Output, len(b.Content)
 		for _, c := range b.Content {
@@ -586,6 +602,14 @@ func diffAnswers(t *testing.T, got, want []byte) []string {
 	for _, m := range []map[string]any{g, w} {
 		delete(m, "id")
 		delete(m, "created")
+		delete(m, "created_at")
+		if out, ok := m["output"].([]any); ok { // a Responses body's items have ids of their own
+			for _, it := range out {
+				if item, ok := it.(map[string]any); ok {
+					delete(item, "id")
+				}
+			}
+		}
 		if v, ok := m["stop_sequence"]; ok && v == nil {
 			delete(m, "stop_sequence")
 		}

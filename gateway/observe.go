@@ -29,9 +29,10 @@ var (
 // observes decides whether a non-streaming request is sent to the engine
 // as a stream and its events reassembled into the one body the client gets
 // (inbound.observe), on a route whose row allows it (operation.observe:
-// chat, completions, Messages), for a body a stream can answer (no
-// prompt_logprobs or kv_transfer_params, no stream_options without stream)
-// and with Config.MaxResponseBufferBytes > 0 (the body is held up to it):
+// chat, completions, Messages, Responses), for a body a stream can answer
+// (no prompt_logprobs or kv_transfer_params, no stream_options without
+// stream, no Responses background request: it is answered at once and
+// generates on its own) and with Config.MaxResponseBufferBytes > 0 (the body is held up to it):
 //
 //   - always with Config.ObserveNonStreaming;
 //   - otherwise when its generation may be continued: continuation is on
@@ -44,6 +45,8 @@ func observes(op *operation, in *inbound) bool {
 	cfg := &in.set.cfg
 	switch {
 	case !op.observe || in.stream || !in.req.Streamable || in.req.HasStreamOptions || cfg.MaxResponseBufferBytes <= 0:
+		return false
+	case op.framing == frameResponses && background(in.body):
 		return false
 	case cfg.ObserveNonStreaming:
 		return true
@@ -80,8 +83,11 @@ type answerer interface {
 
 // newAnswerer returns the reassembler of op's answers.
 func newAnswerer(op *operation) answerer {
-	if op.framing == frameAnthropic {
+	switch op.framing {
+	case frameAnthropic:
 		return new(oai.MessagesReassembler)
+	case frameResponses:
+		return new(oai.ResponsesReassembler)
 	}
 	return oai.NewReassembler(op.schema == oai.SchemaCompletion)
 }
@@ -152,8 +158,8 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 	// chunks on a continuation leg; a Messages continuation's chunks are
 	// reshaped into whole Anthropic events (framed).
 	f := frameOpenAI
-	if c.op.framing == frameAnthropic && !c.resumed {
-		f = frameAnthropic
+	if !c.resumed {
+		f = c.op.framing
 	}
 	framed := cr != nil && c.resumed && cr.framed()
 	// A continuable request's answer is reassembled across its legs: the
@@ -223,10 +229,11 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 		}
 		data := ev.Data
 		switch {
-		case f == frameAnthropic:
-			// onTypedEvent has read it (takeAnthropic keeps the text),
-			// and held the engine's error event back (tail) while a
-			// continuation may replace it, or counted why not.
+		case f == frameAnthropic, f == frameResponses:
+			// onTypedEvent has read it (takeAnthropic and takeResponses
+			// keep the text), and held the engine's error event back
+			// (tail) while a continuation may replace it, or counted why
+			// not.
 			if st.tail != nil {
 				return
 			}

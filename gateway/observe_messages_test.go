@@ -122,6 +122,11 @@ func TestObserveNotExcluded(t *testing.T) {
 		{"messages, continuation off", "/v1/messages", messages + `}`, func(c *Config) { c.Migration.Limit = 0 }, false},
 		{"no response buffer", "/v1/chat/completions", chat + `}`, func(c *Config) { c.MaxResponseBufferBytes = 0 }, false},
 		{"stream_options without stream", "/v1/chat/completions", chat + `,"stream_options":{"include_usage":true}}`, nil, false},
+		{"responses continuable", "/v1/responses", `{"model":"m","input":"hi","max_output_tokens":3}`, nil, true},
+		{"responses store", "/v1/responses", `{"model":"m","input":"hi","max_output_tokens":3,"store":true}`, nil, false},
+		{"responses background", "/v1/responses", `{"model":"m","input":"hi","max_output_tokens":3,"background":true}`, nil, false},
+		{"responses background, observe_non_streaming", "/v1/responses", `{"model":"m","input":"hi","max_output_tokens":3,"background":true}`, func(c *Config) { c.ObserveNonStreaming = true }, false},
+		{"responses store, observe_non_streaming", "/v1/responses", `{"model":"m","input":"hi","max_output_tokens":3,"store":true}`, func(c *Config) { c.ObserveNonStreaming = true }, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})

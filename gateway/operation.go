@@ -144,7 +144,7 @@ var operations = []*operation{
 	{name: "completions", genai: "text_completion", method: http.MethodPost, paths: []string{"/v1/completions"},
 		schema: oai.SchemaCompletion, framing: frameOpenAI, injectUsage: true, observe: true, migrate: migrateCompletion},
 	{name: "responses", genai: "chat", method: http.MethodPost, paths: []string{"/v1/responses"},
-		schema: oai.SchemaResponses, framing: frameResponses, remember: true, migrate: migrateResponses},
+		schema: oai.SchemaResponses, framing: frameResponses, remember: true, observe: true, migrate: migrateResponses},
 	{name: "responses.retrieve", genai: "responses.retrieve", method: http.MethodGet, paths: []string{"/v1/responses/{id}"},
 		body: bodyNone, model: modelNone, class: classLight, framing: frameResponses, sticky: true},
 	{name: "responses.cancel", genai: "responses.cancel", method: http.MethodPost, paths: []string{"/v1/responses/{id}/cancel"},

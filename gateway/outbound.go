@@ -181,8 +181,9 @@ func (s *Server) outgoing(op *operation, in *inbound, tokenIDs bool) outBody {
 	// it: such a stream is left as the client sent it.
 	inject := in.set.cfg.InjectUsage && op.injectUsage && op.body == bodyJSON && req.Stream && !req.IncludeUsage && !req.ContinuousUsage
 	switch {
-	case in.observe && op.framing == frameAnthropic:
-		// A non-streaming Messages request asked for as a stream.
+	case in.observe && op.framing != frameOpenAI:
+		// A non-streaming Messages or Responses request asked for as a
+		// stream (their streams carry usage without asking).
 		if req.StreamEnd > 0 {
 			edits[n] = edit{req.StreamStart, req.StreamEnd, jsonTrue}
 		} else {
