@@ -808,7 +808,7 @@ func readAnthropicStream(t *testing.T, resp *http.Response) anthropicStream {
 // one message_start, one message_delta with the whole output, message_stop
 // last.
 func TestContinuationAnthropicStream(t *testing.T) {
-	for _, fault := range []string{"close-after=3", "reset-after=2", "stall-after=4", "error-after=3"} {
+	for _, fault := range []string{"close-after=3", "reset-after=2", "stall-after=4", "error-after=3", "drain-after=3"} {
 		t.Run(fault, func(t *testing.T) {
 			rh := newRetryHarness(t, fault, "", func(c *Config) { c.Timeouts.Idle = 100 * time.Millisecond })
 			resp := rh.post("/v1/messages", `{"model":"m","max_tokens":8,"stream":true,"system":"be brief","messages":[{"role":"user","content":"a b c d"}]}`)
