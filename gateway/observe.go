@@ -36,7 +36,7 @@ var (
 //
 //   - always with Config.ObserveNonStreaming;
 //   - otherwise when its generation may be continued: continuation is on
-//     (MigrationConfig.Limit > 0) and the body is continuable at arrival
+//     (MigrationConfig.Limit > 0, MigrationConfig.NonStreaming) and the body is continuable at arrival
 //     (excludedBy finds nothing). Without a stream there are no token ids
 //     (or, for Messages, no text) to continue from, so a non-streaming
 //     answer broken by its engine could only fail. An excluded request
@@ -51,7 +51,7 @@ func observes(op *operation, in *inbound) bool {
 	case cfg.ObserveNonStreaming:
 		return true
 	}
-	return op.migrate != migrateNone && cfg.Migration.Limit > 0 && in.exclusion(op.migrate) == ""
+	return op.migrate != migrateNone && cfg.Migration.Limit > 0 && cfg.Migration.NonStreaming && in.exclusion(op.migrate) == ""
 }
 
 // exclusion returns why the request's body cannot be continued on a route

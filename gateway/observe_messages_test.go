@@ -121,6 +121,7 @@ func TestObserveNotExcluded(t *testing.T) {
 		{"continuation off", "/v1/chat/completions", chat + `}`, func(c *Config) { c.Migration.Limit = 0 }, false},
 		{"messages, continuation off", "/v1/messages", messages + `}`, func(c *Config) { c.Migration.Limit = 0 }, false},
 		{"no response buffer", "/v1/chat/completions", chat + `}`, func(c *Config) { c.MaxResponseBufferBytes = 0 }, false},
+		{"migration.non_streaming false", "/v1/chat/completions", chat + `}`, func(c *Config) { c.Migration.NonStreaming = false }, false},
 		{"stream_options without stream", "/v1/chat/completions", chat + `,"stream_options":{"include_usage":true}}`, nil, false},
 		{"responses continuable", "/v1/responses", `{"model":"m","input":"hi","max_output_tokens":3}`, nil, true},
 		{"responses store", "/v1/responses", `{"model":"m","input":"hi","max_output_tokens":3,"store":true}`, nil, false},
