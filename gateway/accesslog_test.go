@@ -25,6 +25,7 @@ func TestAccessLogAbortedRequest(t *testing.T) {
 	var buf testutil.LockedBuffer
 	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}})
 	cfg.MaxResponseBufferBytes = 64 // relay every body, so a cut one aborts the client
+	cfg.Migration.Limit = 0         // and do not observe it (continuation would)
 	h := newHarnessWith(t, cfg, []Option{WithLogger(slog.New(slog.NewJSONHandler(&buf, nil)))})
 	resp := h.post("/v1/chat/completions", `{"model":"m","max_tokens":30,"messages":[{"role":"user","content":"hi"}]}`,
 		enginesim.FaultHeader, "close-after=3", "X-Request-Id", "r-cut")

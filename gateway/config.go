@@ -76,8 +76,9 @@ type Config struct {
 	// MaxPendingPerModel caps, per model, the generative requests (chat,
 	// completions, Responses, Messages, ...) in flight with no first token
 	// yet: queued or prefilling in an engine. A non-streaming request shows
-	// no first token, so it counts until it ends (with ObserveNonStreaming,
-	// until its first token like a stream); embeddings and the other
+	// no first token, so it counts until it ends (observed, with
+	// ObserveNonStreaming or because it may be continued, until its first
+	// token like a stream); embeddings and the other
 	// pooling and light routes are not counted. Over it a request for that
 	// model is answered 503 with Retry-After at once, without contacting
 	// an engine, rather than queued without bound. Requests admitted in
@@ -103,21 +104,34 @@ type Config struct {
 	// recorded for every stream; the extra chunk is not forwarded to that
 	// client.
 	InjectUsage bool `koanf:"inject_usage"`
-	// ObserveNonStreaming, when true, sends a non-streaming chat or
-	// completions request to the engine as a stream with usage and
-	// reassembles the chunks into the non-streaming body vLLM would have
-	// sent (content, tool calls, reasoning, logprobs, finish reason,
-	// usage), so the first token, the prefill -> decode move, TTFT and ITL
-	// are observed for these requests too, not only for streams. The
-	// client still gets one JSON body with Content-Length. Requests that
-	// set prompt_logprobs or kv_transfer_params (a stream cannot carry
-	// them), or stream_options without stream, are sent as they came. The
-	// engine's silence before the first token is bounded by
+	// ObserveNonStreaming, when true, sends every non-streaming chat,
+	// completions, Anthropic Messages or Responses (not background)
+	// request to the engine as a stream (with usage; Messages and Responses
+	// with "stream": true only, their streams carry usage)
+	// and reassembles the events into the non-streaming body vLLM would
+	// have sent (chat and completions: content, tool calls, reasoning,
+	// logprobs, finish reason, usage, oai.Reassembler; Messages: text,
+	// thinking and tool_use blocks, stop reason, usage,
+	// oai.MessagesReassembler; Responses: the response object of
+	// response.completed, oai.ResponsesReassembler), so the first token, the prefill -> decode
+	// move, TTFT and ITL are observed for these requests too, not only for
+	// streams. The client still gets one JSON body with Content-Length,
+	// and an error in the route's envelope with a real status. Requests
+	// that set prompt_logprobs or kv_transfer_params (a stream cannot
+	// carry them), or stream_options without stream, are sent as they
+	// came. The engine's silence before the first token is bounded by
 	// Timeouts.FirstToken, as for a stream, the whole by Timeouts.Attempt.
 	// The event data is held until the end, reserved in MaxBufferedBytes,
 	// up to MaxResponseBufferBytes (which must then be > 0) for the data
 	// and for the body rebuilt from it (over it: 502; the budget full:
 	// 503). Default false.
+	//
+	// Off, a non-streaming request is still observed the same way when
+	// its generation may be continued (MigrationConfig: Limit > 0, and
+	// the request continuable at arrival: none of the exclusions its body
+	// alone shows) and MaxResponseBufferBytes > 0: a continuation goes on
+	// from the token ids (Messages: the text) of the answer so far, which
+	// only a stream gives. An excluded request goes as it came.
 	ObserveNonStreaming bool `koanf:"observe_non_streaming"`
 	// ReadyRequiresEngine, when true (the default), makes /ready answer
 	// 503 no_ready_engine while no healthy engine has reported its

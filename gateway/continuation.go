@@ -76,23 +76,16 @@ func (s *Server) continuation(ctx context.Context, w http.ResponseWriter, r *htt
 		// No token ids from the engine, or ids of another model: the
 		// prompt and the text so far are tokenized by the engine that
 		// continues.
-		end := func() (nextLeg, error) {
-			if in.observe {
-				return nextLeg{}, prev.err // a whole answer: nothing was sent yet
-			}
-			endCut(w, prev, op.framing)
-			return nextLeg{}, nil
-		}
 		if err := s.tokenizeContinuation(ctx, eng, in.target, cr); errors.Is(err, errTooLong) {
 			s.metrics.RecordMigrationExclusion(ctx, exclMaxTokens)
-			return end()
+			return endBroken(w, prev, op, in.observe)
 		} else if err != nil {
 			s.log.Warn("continuation: tokenize failed", "engine", eng.Name(), "err", err)
 			s.metrics.RecordMigration(ctx, prev.reason, migrationFailed)
 			if next := p.next(&outcome{stage: stageCut, cut: prev}); next.kind != legNone {
 				return next, nil
 			}
-			return end()
+			return endBroken(w, prev, op, in.observe)
 		}
 		cr.crossing = false
 	}
@@ -182,7 +175,15 @@ func (s *Server) continuation(ctx context.Context, w http.ResponseWriter, r *htt
 	if next := p.next(&outcome{stage: stageCut, cut: k, errType: a.errType}); next.kind != legNone {
 		return next, nil
 	}
-	if in.observe {
+	return endBroken(w, k, op, in.observe)
+}
+
+// endBroken ends an answer broken as k that is not continued: a
+// non-streaming client's (whole: observed), whose response has not
+// started, gets k's error returned, to be written in the route's envelope;
+// a stream is ended here (endCut).
+func endBroken(w http.ResponseWriter, k *cut, op *operation, whole bool) (nextLeg, error) {
+	if whole {
 		return nextLeg{}, k.err
 	}
 	endCut(w, k, op.framing)
@@ -205,31 +206,42 @@ func legOutcome(errType string, aborted bool) string {
 // finishAnswer ends an answer broken after its last token and before its
 // end: the finish chunk (finish_reason "length": max_tokens was reached),
 // the usage chunk when the client asked for it (always, for a whole
-// answer), and [DONE]; for a non-streaming client (whole), the reassembled
-// body. Errors: a whole answer that cannot be reassembled (502).
+// answer), and [DONE] (Messages: content_block_stop, message_delta with
+// stop_reason max_tokens and the whole usage, message_stop); for a
+// non-streaming client (whole), the reassembled body. Errors: a whole
+// answer that cannot be reassembled (502).
 func (s *Server) finishAnswer(w http.ResponseWriter, r *http.Request, cr *carry, whole bool) error {
 	finish := []byte(`{"choices":[{"text":"","finish_reason":"length","stop_reason":null}]}`)
 	usage := []byte(`{"choices":[],"usage":{"completion_tokens":0}}`)
 	rc := http.NewResponseController(w)
 	_ = rc.SetWriteDeadline(time.Now().Add(5 * time.Second))
 	defer func() { _ = rc.SetWriteDeadline(time.Time{}) }()
+	unmerged := func(err error) error {
+		return &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: ErrTypeStreamError, Message: fmt.Sprintf("the engine's stream could not be reassembled into a response: %v", err)}
+	}
 	if cr.framed() {
 		cr.finish = "length"
 		b, _ := cr.reshapeFramed(nil, &contChunk{Usage: &struct {
 			CompletionTokens int64 `json:"completion_tokens"`
 		}{}})
-		if _, err := w.Write(b); err == nil {
-			_ = rc.Flush()
+		if !whole {
+			if _, err := w.Write(b); err == nil {
+				_ = rc.Flush()
+			}
+			return nil
 		}
-		return nil
-	}
-	if whole {
+		if err := addFramed(cr.ra, b); err != nil {
+			return unmerged(err)
+		}
+	} else if whole {
 		for _, ev := range [][]byte{finish, usage} {
 			b, _ := cr.reshape(nil, ev)
 			if err := cr.ra.Add(b); err != nil {
-				return &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: ErrTypeStreamError, Message: fmt.Sprintf("the engine's stream could not be reassembled into a response: %v", err)}
+				return unmerged(err)
 			}
 		}
+	}
+	if whole {
 		body := cr.ra.Body()
 		h := w.Header()
 		h["Content-Type"] = jsonContentType // shared: no one mutates it

@@ -95,7 +95,7 @@ func TestContinuationResponsesStream(t *testing.T) {
 	if want.text != canonical(8) || want.final == nil {
 		t.Fatalf("the unbroken stream: text %q, final %v", want.text, want.final)
 	}
-	for _, fault := range []string{"close-after=3", "reset-after=2", "stall-after=4", "close-after=7", "error-after=3"} {
+	for _, fault := range []string{"close-after=3", "reset-after=2", "stall-after=4", "close-after=7", "error-after=3", "drain-after=3"} {
 		t.Run(fault, func(t *testing.T) {
 			rh := newRetryHarness(t, fault, "", func(c *Config) { c.Timeouts.Idle = 100 * time.Millisecond })
 			resp := rh.post("/v1/responses", responsesBody)

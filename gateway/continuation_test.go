@@ -4,11 +4,13 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"reflect"
 	"strconv"
 	"strings"
 	"testing"
@@ -407,74 +409,222 @@ func TestContinuationExclusions(t *testing.T) {
 	}
 }
 
-// TestContinuationWholeAnswer: a non-streaming client (its request
-// observed as a stream, server.observe_non_streaming) whose engine fails
-// mid-generation gets one complete body: the canonical answer, the whole
-// answer's usage and finish_reason, no token ids.
+// TestContinuationWholeAnswer: a non-streaming client whose engine fails
+// mid-generation, under each mid-generation fault the simulator offers,
+// gets one complete body: the canonical answer (compared with the body an
+// engine answers for the same request without a fault), the whole answer's
+// usage (the prompt once, the completion tokens of both legs) and
+// finish or stop reason, no token ids; one continuation, rescued, with the
+// failure kind of the fault; each engine released its slot once, the
+// continuation's from decode. The request is observed (sent as a stream)
+// because it may be continued, whether or not
+// server.observe_non_streaming is on.
 func TestContinuationWholeAnswer(t *testing.T) {
 	const n = 8
-	for _, fault := range []string{"close-after=3", "reset-after=3", "error-after=3", "drain-after=3", "stall-after=3"} {
-		for _, route := range []string{"chat", "completions"} {
-			t.Run(fault+"/"+route, func(t *testing.T) {
-				rh := newRetryHarness(t, fault, "", func(c *Config) {
-					c.ObserveNonStreaming = true
-					c.Timeouts.Idle = 100 * time.Millisecond
+	for _, observe := range []bool{false, true} {
+		for _, tc := range []struct {
+			fault   string
+			reasons map[string]string // by route, "" for the rest
+		}{
+			{"close-after=3", map[string]string{"": migrateDisconnect}},
+			{"reset-after=3", map[string]string{"": migrateDisconnect}},
+			{"error-after=3", map[string]string{"": migrateStreamErr}},
+			// The simulator cuts a Messages stream at drain-after as at
+			// close-after: that route has no finish reason "abort".
+			{"drain-after=3", map[string]string{"": migrateAbort, "messages": migrateDisconnect, "responses": migrateDisconnect}},
+			{"stall-after=3", map[string]string{"": migrateIdle}},
+		} {
+			for _, route := range []string{"chat", "completions", "messages", "responses"} {
+				t.Run(fmt.Sprintf("observe_non_streaming=%t/%s/%s", observe, tc.fault, route), func(t *testing.T) {
+					rh := newRetryHarness(t, tc.fault, "", func(c *Config) {
+						c.ObserveNonStreaming = observe
+						c.Timeouts.Idle = 100 * time.Millisecond
+					})
+					path, body := wholeAnswerRequest(route, n)
+					status, _, raw := rh.do(http.MethodPost, path, body)
+					if status != http.StatusOK {
+						t.Fatalf("status %d: %s", status, raw)
+					}
+					ans := readWholeAnswer(t, route, raw)
+					if ans.text != canonical(n) || ans.finish != map[string]string{"chat": "length", "completions": "length", "messages": "max_tokens", "responses": "incomplete"}[route] ||
+						ans.model != "m" || ans.id == "" || ans.blocks != 1 {
+						t.Errorf("answer %+v, want %q with one choice or block", ans, canonical(n))
+					}
+					prompt := int64(4)
+					if route == "messages" || route == "responses" {
+						prompt = 6 // "be brief" and "a b c d"
+					}
+					if ans.prompt != prompt || ans.completion != n || (route != "messages" && ans.total != prompt+n) {
+						t.Errorf("usage %+v, want prompt %d and completion %d", ans, prompt, n)
+					}
+					if strings.Contains(string(raw), "token_ids") {
+						t.Errorf("token ids the client did not ask for: %s", raw)
+					}
+					if diffs := diffAnswers(t, raw, simAnswer(t, path, body)); len(diffs) > 0 {
+						t.Errorf("the body differs from an engine's answer without a fault: %v\n got %s", diffs, raw)
+					}
+					rh.waitIdle()
+					reason := tc.reasons[route]
+					if reason == "" {
+						reason = tc.reasons[""]
+					}
+					if got := rh.migrations(); got[reason+"/rescued"] != 1 || len(got) != 1 {
+						t.Errorf("migrations %v, want %s/rescued 1", got, reason)
+					}
+					if rel := rh.releases(); len(rel["e1"]) != 1 || len(rel["e2"]) != 1 || rel["e2"][0] != routing.PhaseDecode {
+						t.Errorf("releases %v, want one per engine, e2 from decode", rel)
+					}
+					if n := rh.e2.Stats().Received; n < 1 {
+						t.Errorf("e2 received %d requests", n)
+					}
 				})
-				path, body := "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"a b c d"}],"max_tokens":8}`
-				if route == "completions" {
-					path, body = "/v1/completions", `{"model":"m","prompt":"a b c d","max_tokens":8}`
-				}
-				status, _, raw := rh.do(http.MethodPost, path, body)
-				if status != http.StatusOK {
-					t.Fatalf("status %d: %s", status, raw)
-				}
-				var got struct {
-					ID      string `json:"id"`
-					Model   string `json:"model"`
-					Choices []struct {
-						Text    *string `json:"text"`
-						Message *struct {
-							Content string `json:"content"`
-						} `json:"message"`
-						FinishReason string `json:"finish_reason"`
-					} `json:"choices"`
-					Usage struct {
-						Prompt     int64 `json:"prompt_tokens"`
-						Completion int64 `json:"completion_tokens"`
-						Total      int64 `json:"total_tokens"`
-					} `json:"usage"`
-				}
-				if err := json.Unmarshal(raw, &got); err != nil {
-					t.Fatalf("%v: %s", err, raw)
-				}
-				if len(got.Choices) != 1 {
-					t.Fatalf("choices: %s", raw)
-				}
-				text := ""
-				if c := got.Choices[0]; c.Text != nil {
-					text = *c.Text
-				} else if c.Message != nil {
-					text = c.Message.Content
-				}
-				if text != canonical(n) || got.Choices[0].FinishReason != "length" || got.Model != "m" || got.ID == "" {
-					t.Errorf("answer %q finish %q model %q id %q", text, got.Choices[0].FinishReason, got.Model, got.ID)
-				}
-				if got.Usage.Prompt != 4 || got.Usage.Completion != n || got.Usage.Total != 4+n {
-					t.Errorf("usage %+v", got.Usage)
-				}
-				if strings.Contains(string(raw), "token_ids") {
-					t.Errorf("token ids the client did not ask for: %s", raw)
-				}
-				rh.waitIdle()
-				if got := rh.migrations(); len(got) != 1 {
-					t.Errorf("migrations %v, want one rescued", got)
-				}
-				if rel := rh.releases(); len(rel["e1"]) != 1 || len(rel["e2"]) != 1 {
-					t.Errorf("releases %v", rel)
-				}
-			})
+			}
 		}
 	}
+}
+
+// wholeAnswerRequest is a non-streaming request of n tokens on route
+// (chat, completions or messages).
+func wholeAnswerRequest(route string, n int) (path, body string) {
+	switch route {
+	case "completions":
+		return "/v1/completions", `{"model":"m","prompt":"a b c d","max_tokens":` + strconv.Itoa(n) + `}`
+	case "messages":
+		return "/v1/messages", `{"model":"m","max_tokens":` + strconv.Itoa(n) + `,"system":"be brief","messages":[{"role":"user","content":"a b c d"}]}`
+	case "responses":
+		return "/v1/responses", `{"model":"m","instructions":"be brief","input":"a b c d","max_output_tokens":` + strconv.Itoa(n) + `,"store":false}`
+	}
+	return "/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"a b c d"}],"max_tokens":` + strconv.Itoa(n) + `}`
+}
+
+// clientAnswer is what a non-streaming client read from a body: its text,
+// finish or stop reason, usage and how many choices or content blocks.
+type clientAnswer struct {
+	id, model, text, finish   string
+	prompt, completion, total int64
+	blocks                    int
+}
+
+// readWholeAnswer reads a chat, completions or Messages body.
+func readWholeAnswer(t *testing.T, route string, raw []byte) clientAnswer {
+	t.Helper()
+	var b struct {
+		ID      string `json:"id"`
+		Model   string `json:"model"`
+		Choices []struct {
+			Text    *string `json:"text"`
+			Message *struct {
+				Content string `json:"content"`
+			} `json:"message"`
+			FinishReason string `json:"finish_reason"`
+		} `json:"choices"`
+		Content []struct {
+			Type, Text string
+		} `json:"content"`
+		StopReason string `json:"stop_reason"`
+		Status     string `json:"status"`
+		Output     []struct {
+			Content []struct{ Type, Text string } `json:"content"`
+		} `json:"output"`
+		Usage struct {
+			Prompt     int64 `json:"prompt_tokens"`
+			Completion int64 `json:"completion_tokens"`
+			Total      int64 `json:"total_tokens"`
+			Input      int64 `json:"input_tokens"`
+			Output     int64 `json:"output_tokens"`
+		} `json:"usage"`
+	}
+	if err := json.Unmarshal(raw, &b); err != nil {
+		t.Fatalf("%v: %s", err, raw)
+	}
+	a := clientAnswer{id: b.ID, model: b.Model}
+	if route == "responses" {
+		// finish: the status ("incomplete" when the length ran out).
+		a.finish, a.prompt, a.completion, a.total, a.blocks = b.Status, b.Usage.Input, b.Usage.Output, b.Usage.Total, len(b.Output)
+		for _, o := range b.Output {
+			for _, c := range o.Content {
+				a.text += c.Text
+			}
+		}
+		return a
+	}
+	if route == "messages" {
+		a.finish, a.prompt, a.completion, a.blocks = b.StopReason, b.Usage.Input, b.Usage.Output, len(b.Content)
+		for _, c := range b.Content {
+			if c.Type == "text" {
+				a.text += c.Text
+			}
+		}
+		return a
+	}
+	a.prompt, a.completion, a.total, a.blocks = b.Usage.Prompt, b.Usage.Completion, b.Usage.Total, len(b.Choices)
+	for _, c := range b.Choices {
+		switch {
+		case c.Text != nil:
+			a.text += *c.Text
+		case c.Message != nil:
+			a.text += c.Message.Content
+		}
+		a.finish = c.FinishReason
+	}
+	return a
+}
+
+// simAnswer is the non-streaming body a simulated engine (the harness's
+// timings, no fault) answers for body on path.
+func simAnswer(t *testing.T, path, body string) []byte {
+	t.Helper()
+	e := newSim(t, enginesim.Config{Models: []string{"m"}})
+	req := httptest.NewRequest(http.MethodPost, path, strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	rec := httptest.NewRecorder()
+	e.Handler().ServeHTTP(rec, req)
+	if rec.Code != http.StatusOK {
+		t.Fatalf("engine: %d %s", rec.Code, rec.Body)
+	}
+	return rec.Body.Bytes()
+}
+
+// diffAnswers lists the top-level members where a gateway's body and an
+// engine's differ, leaving out what differs between two generations (id,
+// created) and the simulator's stop_sequence null, which vLLM's Messages
+// body leaves out.
+func diffAnswers(t *testing.T, got, want []byte) []string {
+	t.Helper()
+	var g, w map[string]any
+	if err := json.Unmarshal(got, &g); err != nil {
+		t.Fatalf("%v: %s", err, got)
+	}
+	if err := json.Unmarshal(want, &w); err != nil {
+		t.Fatalf("%v: %s", err, want)
+	}
+	var diffs []string
+	for _, m := range []map[string]any{g, w} {
+		delete(m, "id")
+		delete(m, "created")
+		delete(m, "created_at")
+		if out, ok := m["output"].([]any); ok { // a Responses body's items have ids of their own
+			for _, it := range out {
+				if item, ok := it.(map[string]any); ok {
+					delete(item, "id")
+				}
+			}
+		}
+		if v, ok := m["stop_sequence"]; ok && v == nil {
+			delete(m, "stop_sequence")
+		}
+	}
+	for k := range w {
+		if !reflect.DeepEqual(g[k], w[k]) {
+			diffs = append(diffs, fmt.Sprintf("%s: %v, want %v", k, g[k], w[k]))
+		}
+	}
+	for k := range g {
+		if _, ok := w[k]; !ok {
+			diffs = append(diffs, k+": not in the engine's body")
+		}
+	}
+	return diffs
 }
 
 // TestOpenAIClientContinuation: openai-go reads a continued stream as one
@@ -658,7 +808,7 @@ func readAnthropicStream(t *testing.T, resp *http.Response) anthropicStream {
 // one message_start, one message_delta with the whole output, message_stop
 // last.
 func TestContinuationAnthropicStream(t *testing.T) {
-	for _, fault := range []string{"close-after=3", "reset-after=2", "stall-after=4", "error-after=3"} {
+	for _, fault := range []string{"close-after=3", "reset-after=2", "stall-after=4", "error-after=3", "drain-after=3"} {
 		t.Run(fault, func(t *testing.T) {
 			rh := newRetryHarness(t, fault, "", func(c *Config) { c.Timeouts.Idle = 100 * time.Millisecond })
 			resp := rh.post("/v1/messages", `{"model":"m","max_tokens":8,"stream":true,"system":"be brief","messages":[{"role":"user","content":"a b c d"}]}`)

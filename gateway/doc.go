@@ -133,7 +133,11 @@
 // Config.MaxResponseBufferBytes and sent with its exact Content-Length, so
 // an engine failing before the end of its body gets the client a 502, never
 // a 200 with a cut body; a larger one is relayed as it arrives and a failure
-// then aborts the client connection.
+// then aborts the client connection. A non-streaming chat, completions or
+// Messages request that may be continued (or every one, with
+// Config.ObserveNonStreaming) is sent to the engine as a stream instead,
+// and its events reassembled into the body (observe.go): a break is then
+// a cut like a stream's, continued into the same body.
 //
 // # Cancellation and timeouts
 //

@@ -303,6 +303,11 @@ func (s *Server) relay(w http.ResponseWriter, r *http.Request, c *call, resp *ht
 	}
 	// Only an event stream is held back before its first token.
 	c.holdFirst = false
+	if c.observe {
+		// Asked for a stream, the engine answered one body: it is
+		// relayed, and accounted, as one.
+		c.a.stream = false
+	}
 	switch {
 	case c.stream && (!isJSON(ct) || resp.ContentLength < 0):
 		// Another streamed framing (NDJSON, chunked JSON of unknown

@@ -233,6 +233,50 @@ func TestFaultMatrix(t *testing.T) {
 			run(fr.name, fc, sdktrace.AlwaysSample(), fr)
 		}
 	}
+	// With continuation on (the default), a continuable non-streaming
+	// request is observed: sent as a stream and reassembled. The same
+	// faults on the routes that observe, with the observed expectations.
+	// (chatFraming's stream_options would keep a non-streaming chat
+	// request from being observed.)
+	chat := chatFraming
+	chat.body = `{"model":"m","stream":%t,"max_tokens":%d,"messages":[{"role":"user","content":"a b c"}]}`
+	for _, fr := range []faultFraming{chat, messagesFraming} {
+		for _, fc := range faultMatrix {
+			ofc, ok := observedCase(fc)
+			if !ok {
+				continue
+			}
+			base := goleak.IgnoreCurrent()
+			t.Run("observed/"+fr.name+"/"+fc.name, func(t *testing.T) {
+				runFaultCase(t, ofc, false, sdktrace.AlwaysSample(), fr, observed)
+			})
+			if err := goleak.Find(base); err != nil {
+				t.Errorf("observed/%s/%s: goroutines left behind: %v", fr.name, fc.name, err)
+			}
+		}
+	}
+}
+
+// observedCase returns a fault case's expectations for an observed
+// non-streaming request (the observed mode): the non-streaming status and
+// error type (a break is not continued, the case's one engine having no
+// other to go to: the client gets the break's error status), released from
+// decode when content came before the end, as for the stream. ok is false
+// for the cases without a non-streaming mode, with a body the case's own
+// (bad input: never observed), and for the client or the gateway leaving
+// "in prefill" of a generation that has content on its way (its phase at
+// that moment is a race with the first token).
+func observedCase(fc faultCase) (_ faultCase, ok bool) {
+	if !slices.Contains(fc.stream, false) || fc.body != "" || fc.setup == unhealthy {
+		return fc, false
+	}
+	if (fc.client == cancelInPrefill || fc.client == shutdownInPrefill) && fc.fault != "stall-before-headers" {
+		return fc, false
+	}
+	if slices.Contains(fc.stream, true) && fc.phase[1] == routing.PhaseDecode && fc.client.readsAll() {
+		fc.phase[0] = routing.PhaseDecode
+	}
+	return fc, true
 }
 
 // TestFaultMatrixWithRetries runs the chat fault matrix again with every
@@ -325,6 +369,11 @@ const (
 	// every limit (concurrency 1), so each exit path must give back its
 	// lease and settle its tokens.
 	keyed
+	// observed is noRetries with continuation on (the default): a
+	// non-streaming request is observed. In the other modes continuation
+	// is off for a non-streaming request, which goes as it came (the
+	// relay of the engine's body).
+	observed
 )
 
 // retriedAttempts is how many attempts a fault case makes with every retry
@@ -383,6 +432,9 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 	cfg.Timeouts.FirstToken = cmp.Or(fc.firstToken, time.Second)
 	cfg.Timeouts.Attempt = fc.attempt
 	cfg.MaxAttempts = 1
+	if !stream && rm != observed {
+		cfg.Migration.Limit = 0 // not observed: the engine's body is relayed
+	}
 	attempts := 1
 	if retries {
 		cfg.MaxAttempts = 3

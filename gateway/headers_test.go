@@ -78,8 +78,12 @@ func TestCaseL19HeaderHygiene(t *testing.T) {
 			if id := got.Header.Get("X-Request-Id"); id != "req-abc" {
 				t.Errorf("engine saw X-Request-Id %q, want req-abc", id)
 			}
-			if got.ContentLength != int64(len(body)) {
-				t.Errorf("engine saw Content-Length %d, want %d", got.ContentLength, len(body))
+			// (The request is observed: the engine gets it as a stream.)
+			rec.mu.Lock()
+			sent := rec.body[len(rec.body)-1]
+			rec.mu.Unlock()
+			if got.ContentLength != int64(len(sent)) || !strings.HasPrefix(sent, body[:len(body)-1]) {
+				t.Errorf("engine saw Content-Length %d for %d bytes %q, want the client's body edited", got.ContentLength, len(sent), sent)
 			}
 			if id := resp.Header.Get("X-Request-Id"); id != "req-abc" {
 				t.Errorf("client got X-Request-Id %q, want req-abc", id)

@@ -36,8 +36,13 @@ type inbound struct {
 	rename []byte
 	stream bool
 	// observe: a non-streaming request sent to the engine as a stream and
-	// reassembled (Config.ObserveNonStreaming).
+	// reassembled (observes: Config.ObserveNonStreaming, or a request
+	// whose generation may be continued).
 	observe bool
+	// excluded is why the body cannot be continued (excludedBy), once
+	// judged is set (inbound.exclusion).
+	excluded string
+	judged   bool
 	// id is the {id} path parameter of a sticky route.
 	id string
 }

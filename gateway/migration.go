@@ -39,7 +39,13 @@ import (
 // (docs/resilience.md, "Continuation").
 type MigrationConfig struct {
 	// Limit is how many continuations one request may have. 0 turns
-	// continuation off (no return_token_ids is asked of the engines).
+	// continuation off (no return_token_ids is asked of the engines, and
+	// a non-streaming request is not observed for it). Above 0, a
+	// continuable non-streaming chat, completions, Messages or Responses
+	// request is sent to its engine as a stream and reassembled
+	// (Config.ObserveNonStreaming says how), so that it can be continued
+	// and its client gets one whole body, unless NonStreaming is false or
+	// Config.MaxResponseBufferBytes is 0.
 	// Default 1: each continuation re-prefills the prompt and everything
 	// generated so far on another engine, which is the cost of the whole
 	// context again; one covers the failure that matters (an engine
@@ -62,6 +68,15 @@ type MigrationConfig struct {
 	// stops being tracked and is not continued (exclusion max_tokens), as
 	// Dynamo's --migration-max-seq-len. Default 32768.
 	MaxTokens int `koanf:"max_tokens"`
+	// NonStreaming, when true (the default), reads every continuable
+	// non-streaming request as a stream (see Limit) so that a generation
+	// its engine breaks can be continued; the gateway then pays for
+	// reassembling the answer (BENCHMARKS.md: the non-streaming row, read
+	// as a stream), and the request gets TTFT and ITL as a stream does.
+	// False sends non-streaming requests as they came (unless
+	// Config.ObserveNonStreaming): a break before the answer is lost, as
+	// without continuation (a 502, retried only under server.retry).
+	NonStreaming bool `koanf:"non_streaming"`
 }
 
 // The failure kinds of MigrationConfig.On.
@@ -79,7 +94,7 @@ var migrationKinds = []string{migrateDisconnect, migrateIdle, migrateStreamErr, 
 // DefaultMigrationConfig returns the defaults documented on
 // MigrationConfig.
 func DefaultMigrationConfig() MigrationConfig {
-	return MigrationConfig{Limit: 1, On: []string{migrateDisconnect, migrateIdle, migrateStreamErr, migrateAbort}, MaxTokens: 32768}
+	return MigrationConfig{Limit: 1, On: []string{migrateDisconnect, migrateIdle, migrateStreamErr, migrateAbort}, MaxTokens: 32768, NonStreaming: true}
 }
 
 // validate reports each bad setting, wrapping ErrInvalidConfig.
@@ -351,10 +366,10 @@ type carry struct {
 	// relayed (a continuation's usage adds its own).
 	legGen int
 	// ra reassembles a non-streaming client's answer across its legs
-	// (Config.ObserveNonStreaming); answer is the event bytes it holds,
-	// buffered the bytes of the buffered-bytes budget the request's legs
-	// took, given back when the request ends.
-	ra               *oai.Reassembler
+	// (observes); answer is the event bytes it holds, buffered the bytes
+	// of the buffered-bytes budget the request's legs took, given back
+	// when the request ends.
+	ra               answerer
 	answer, buffered int64
 }
 
@@ -369,7 +384,7 @@ func newCarry(op *operation, in *inbound) *carry {
 	// reassembled body has it.
 	c := &carry{kind: op.migrate, cfg: cfg, body: in.body, clientIDs: bytes.Contains(in.body, []byte(`"return_token_ids"`)) && returnTokenIDs(in.body),
 		usage: in.req.IncludeUsage || in.observe}
-	c.excluded = excludedBy(op.migrate, in.body)
+	c.excluded = in.exclusion(op.migrate)
 	c.arrival = c.excluded
 	c.keepText = op.migrate == migrateResponses
 	c.genCap = 256

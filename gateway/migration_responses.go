@@ -108,6 +108,18 @@ func excludedResponses(body []byte) string {
 	return ""
 }
 
+// background reports whether a Responses body asks for a background
+// response (background true).
+func background(body []byte) bool {
+	if !bytes.Contains(body, []byte(`"background"`)) {
+		return false
+	}
+	var b struct {
+		Background bool `json:"background"`
+	}
+	return json.Unmarshal(body, &b) == nil && b.Background
+}
+
 // responsesMessages returns the chat messages vLLM renders a Responses
 // request's prompt from (the instructions as the system message, then the
 // input: a string as one user message, or its message items with their

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -25,24 +26,114 @@ var (
 	errReassembleBudget = errors.New("the gateway's buffer budget is full")
 )
 
-// reassembleStream answers a non-streaming client from the engine's stream
-// (Config.ObserveNonStreaming): every event goes through the stream
-// accounting as a streamed request's would (the first content event moves
-// the slot to decode and records TTFT; later ones ITL; the usage chunk the
-// token usage), and into an oai.Reassembler; nothing reaches the client until
-// the stream has ended, so every failure still gets a real status:
+// observes decides whether a non-streaming request is sent to the engine
+// as a stream and its events reassembled into the one body the client gets
+// (inbound.observe), on a route whose row allows it (operation.observe:
+// chat, completions, Messages, Responses), for a body a stream can answer
+// (no prompt_logprobs or kv_transfer_params, no stream_options without
+// stream, no Responses background request: it is answered at once and
+// generates on its own) and with Config.MaxResponseBufferBytes > 0 (the body is held up to it):
 //
-//   - the whole stream ([DONE], every choice finished): 200 with the
-//     reassembled body, as vLLM's non-streaming answer, with
+//   - always with Config.ObserveNonStreaming;
+//   - otherwise when its generation may be continued: continuation is on
+//     (MigrationConfig.Limit > 0, MigrationConfig.NonStreaming) and the body is continuable at arrival
+//     (excludedBy finds nothing). Without a stream there are no token ids
+//     (or, for Messages, no text) to continue from, so a non-streaming
+//     answer broken by its engine could only fail. An excluded request
+//     goes as it came.
+func observes(op *operation, in *inbound) bool {
+	cfg := &in.set.cfg
+	switch {
+	case !op.observe || in.stream || !in.req.Streamable || in.req.HasStreamOptions || cfg.MaxResponseBufferBytes <= 0:
+		return false
+	case op.framing == frameResponses && background(in.body):
+		return false
+	case cfg.ObserveNonStreaming:
+		return true
+	}
+	return op.migrate != migrateNone && cfg.Migration.Limit > 0 && cfg.Migration.NonStreaming && in.exclusion(op.migrate) == ""
+}
+
+// exclusion returns why the request's body cannot be continued on a route
+// continued as k (excludedBy; "" when it can), judged once per request: the
+// body is read for it at most once, whether observes or newCarry asks
+// first.
+func (in *inbound) exclusion(k migrateKind) string {
+	if !in.judged {
+		in.excluded, in.judged = excludedBy(k, in.body), true
+	}
+	return in.excluded
+}
+
+// answerer reassembles the events of an observed answer (all its legs)
+// into the non-streaming body: *oai.Reassembler for chat and completions,
+// *oai.MessagesReassembler for Anthropic Messages.
+type answerer interface {
+	// Add merges one event's data; errors: *oai.StreamError for the
+	// engine's error event, others for data that cannot be merged.
+	Add(data []byte) error
+	// Finished reports whether the answer is whole.
+	Finished() bool
+	// Body returns the body the engine would have answered.
+	Body() []byte
+	// SetModel names the model that finished the answer (raw JSON
+	// string), when the continuation crossed to a fallback model.
+	SetModel(raw []byte)
+}
+
+// newAnswerer returns the reassembler of op's answers.
+func newAnswerer(op *operation) answerer {
+	switch op.framing {
+	case frameAnthropic:
+		return new(oai.MessagesReassembler)
+	case frameResponses:
+		return new(oai.ResponsesReassembler)
+	}
+	return oai.NewReassembler(op.schema == oai.SchemaCompletion)
+}
+
+// addFramed merges whole SSE events (an "event:" line and one "data:" line
+// each, as carry.reshapeMessages frames them; several may follow each
+// other) into ra: the data of each.
+func addFramed(ra answerer, b []byte) error {
+	for len(b) > 0 {
+		var line []byte
+		line, b, _ = bytes.Cut(b, eventEnd[:1])
+		if data, ok := bytes.CutPrefix(line, dataPrefix); ok {
+			if err := ra.Add(data); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// reassembleStream answers a non-streaming client from the engine's stream
+// (observes): every event goes through the stream accounting as a streamed
+// request's would (the first content event moves the slot to decode and
+// records TTFT; later ones ITL; the usage chunk, or Messages' usage, the
+// token usage), and into the answer's reassembler (answerer); nothing
+// reaches the client until the stream has ended, so every failure still
+// gets a real status, in the route's error envelope:
+//
+//   - the whole stream (chat and completions: [DONE], every choice
+//     finished; Messages: message_start, message_delta and message_stop):
+//     200 with the reassembled body, as vLLM's non-streaming answer, with
 //     Content-Length, written under the client write deadline;
-//   - the engine's own error event: an OpenAI error object with its
-//     message, and its code as the status when that is one (else 502);
+//   - the engine's own error event: an error with its message, and its
+//     status (an OpenAI error's code; an Anthropic error's type, see
+//     oai.MessagesReassembler.Add) when that is one (else 502);
 //   - a stream cut short, an event or a body too large, or one that
 //     cannot be reassembled: 502; the buffer budget full: 503;
 //   - timeouts as for a stream until the first token (Timeouts.FirstToken
 //     bounds the engine's silence in its queue and prefill), then
 //     Timeouts.Idle between reads; the attempt timeout bounds the whole,
 //     as for any non-streaming answer.
+//
+// A continuable request's break (a cut, or the engine's own error or
+// abort held back while a continuation may replace it) is returned as a
+// cut; a continuation leg's chunks, reshaped into the client's framing,
+// go into the same reassembler (carry.ra).
 //
 // The event data held is reserved in the gateway-wide buffered-bytes
 // budget until the answer is written.
@@ -63,18 +154,26 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 	sc.Reset()
 	defer scannerPool.Put(sc)
 
+	// The engine's framing: the route's on the first leg, /v1/completions
+	// chunks on a continuation leg; a Messages continuation's chunks are
+	// reshaped into whole Anthropic events (framed).
+	f := frameOpenAI
+	if !c.resumed {
+		f = c.op.framing
+	}
+	framed := cr != nil && c.resumed && cr.framed()
 	// A continuable request's answer is reassembled across its legs: the
 	// continuation's chunks, reshaped, go into the same reassembler.
-	var ra *oai.Reassembler
+	var ra answerer
 	if cr != nil {
 		if cr.ra == nil {
-			cr.ra = oai.NewReassembler(c.op.schema == oai.SchemaCompletion)
+			cr.ra = newAnswerer(c.op)
 		}
 		ra = cr.ra
 	} else {
-		ra = oai.NewReassembler(c.op.schema == oai.SchemaCompletion)
+		ra = newAnswerer(c.op)
 	}
-	st := streamState{a: a, framing: frameOpenAI, injected: true, cr: cr}
+	st := streamState{a: a, framing: f, injected: true, cr: cr}
 	var failed error // the first reassembly failure; the answer is given at once
 	var held int64   // event bytes reserved in the budget
 	defer func() {
@@ -85,9 +184,24 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 			s.buffered.give(held)
 		}
 	}()
-	limit := c.set.cfg.MaxResponseBufferBytes // > 0: Validate requires it with ObserveNonStreaming
+	limit := c.set.cfg.MaxResponseBufferBytes // > 0: observes requires it
 	if cr != nil {
 		limit -= cr.answer // what earlier legs of the answer hold counts
+	}
+	add := func(data []byte) {
+		n := int64(len(data))
+		switch {
+		case held+n > limit:
+			failed = errReassembleTooLarge
+		case !s.buffered.take(n):
+			failed = errReassembleBudget
+		case framed:
+			held += n
+			failed = addFramed(ra, data)
+		default:
+			held += n
+			failed = ra.Add(data)
+		}
 	}
 	var scratch []byte
 	onEvent := func(ev sse.Event) {
@@ -100,19 +214,48 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 		}
 		st.ch = oai.Chunk{}
 		st.onEvent(ev)
-		if failed != nil || ev.Comment || ev.Data == nil || sse.IsDone(ev.Data) {
+		if failed != nil || ev.Comment || ev.Data == nil {
+			return
+		}
+		if sse.IsDone(ev.Data) {
+			if framed {
+				// A Messages answer ends at message_stop, which the usage
+				// chunk brought, or which comes now.
+				if scratch = cr.endFramed(scratch[:0], a.contentEvents); len(scratch) > 0 {
+					add(scratch)
+				}
+			}
 			return
 		}
 		data := ev.Data
-		if st.ch.FinishReason != nil && !(cr != nil && string(st.ch.FinishReason) == "abort" && cr.mayResume(migrateAbort)) {
-			st.finished = true // a break after it is not continued
-		}
-		if cr != nil {
+		switch {
+		case f == frameAnthropic, f == frameResponses:
+			// onTypedEvent has read it (takeAnthropic and takeResponses
+			// keep the text), and held the engine's error event back
+			// (tail) while a continuation may replace it, or counted why
+			// not.
+			if st.tail != nil {
+				return
+			}
+		case cr != nil:
+			abort := string(st.ch.FinishReason) == "abort"
+			if st.ch.FinishReason != nil && !(abort && cr.mayResume(migrateAbort)) {
+				st.finished = true // a break after it is not continued
+			}
 			switch {
+			case framed && (st.ch.Error || abort):
+				// The engine's own end, in the wrong framing for this
+				// client: the answer ends with the gateway's error,
+				// unless continued.
+				st.tail, st.reason = []byte{}, migrateStreamErr
+				if !st.ch.Error {
+					st.reason = migrateAbort
+				}
+				return
 			case st.ch.Error && cr.mayResume(migrateStreamErr):
 				st.tail, st.reason, st.errEvent = []byte{}, migrateStreamErr, false
 				return
-			case string(st.ch.FinishReason) == "abort" && cr.mayResume(migrateAbort):
+			case abort && cr.mayResume(migrateAbort):
 				st.tail, st.reason = []byte{}, migrateAbort
 				return
 			case st.ch.Error:
@@ -120,7 +263,7 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 				// turns it into the client's error.
 				st.unresumable(migrateStreamErr)
 			default:
-				if string(st.ch.FinishReason) == "abort" {
+				if abort {
 					st.unresumable(migrateAbort)
 					cr.aborted = true
 				}
@@ -135,16 +278,7 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 				data = scratch
 			}
 		}
-		n := int64(len(data))
-		switch {
-		case held+n > limit:
-			failed = errReassembleTooLarge
-		case !s.buffered.take(n):
-			failed = errReassembleBudget
-		default:
-			held += n
-			failed = ra.Add(data)
-		}
+		add(data)
 	}
 	for {
 		p, now, rerr := rl.read()

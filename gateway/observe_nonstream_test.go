@@ -27,11 +27,13 @@ import (
 // X-Request-Id, the request id being the simulator's seed of ids; created
 // is a clock reading and is ignored), with Content-Length; every one of
 // them records a TTFT sample and releases its slot from decode; the
-// gateway without the option records none.
+// gateway without the option and without continuation (which observes
+// continuable requests itself) records none.
 func TestObserveNonStreamingBody(t *testing.T) {
 	_, srv := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: 5 * time.Millisecond, ITL: time.Millisecond, OutputTokens: 6})
 	plainCfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
 	obsCfg := plainCfg
+	plainCfg.Migration.Limit = 0
 	obsCfg.ObserveNonStreaming = true
 	plain, obs := newHarness(t, plainCfg), newHarness(t, obsCfg)
 

@@ -119,9 +119,10 @@ type operation struct {
 	// parameter and goes to the engine that created it (remembered), else
 	// to each routable engine in turn until one does not answer 404.
 	sticky bool
-	// observe: with Config.ObserveNonStreaming, a non-streaming request is
-	// sent to the engine as a stream and its chunks reassembled into the
-	// body (oai.Reassembler): OpenAI chat and completions only.
+	// observe: a non-streaming request may be sent to the engine as a
+	// stream and its events reassembled into the body (observes;
+	// oai.Reassembler, oai.MessagesReassembler): chat, completions and
+	// Anthropic Messages.
 	observe bool
 	// migrate: a generation broken after its first tokens reached the
 	// client may be continued on another engine (migration.go).
@@ -143,13 +144,13 @@ var operations = []*operation{
 	{name: "completions", genai: "text_completion", method: http.MethodPost, paths: []string{"/v1/completions"},
 		schema: oai.SchemaCompletion, framing: frameOpenAI, injectUsage: true, observe: true, migrate: migrateCompletion},
 	{name: "responses", genai: "chat", method: http.MethodPost, paths: []string{"/v1/responses"},
-		schema: oai.SchemaResponses, framing: frameResponses, remember: true, migrate: migrateResponses},
+		schema: oai.SchemaResponses, framing: frameResponses, remember: true, observe: true, migrate: migrateResponses},
 	{name: "responses.retrieve", genai: "responses.retrieve", method: http.MethodGet, paths: []string{"/v1/responses/{id}"},
 		body: bodyNone, model: modelNone, class: classLight, framing: frameResponses, sticky: true},
 	{name: "responses.cancel", genai: "responses.cancel", method: http.MethodPost, paths: []string{"/v1/responses/{id}/cancel"},
 		body: bodyNone, model: modelNone, class: classLight, framing: frameResponses, sticky: true},
 	{name: "messages", genai: "chat", method: http.MethodPost, paths: []string{"/v1/messages"},
-		schema: oai.SchemaMessages, framing: frameAnthropic, env: envAnthropic, migrate: migrateMessages},
+		schema: oai.SchemaMessages, framing: frameAnthropic, env: envAnthropic, observe: true, migrate: migrateMessages},
 	{name: "messages.count_tokens", genai: "count_tokens", method: http.MethodPost, paths: []string{"/v1/messages/count_tokens"},
 		schema: oai.SchemaCountTokens, class: classLight, env: envAnthropic},
 	{name: "audio.transcriptions", genai: "transcription", method: http.MethodPost, paths: []string{"/v1/audio/transcriptions"},

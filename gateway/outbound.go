@@ -117,6 +117,11 @@ var (
 	tokenIDsOption     = []byte(`,"return_token_ids":true}`)
 	tokenIDsWithUsage  = []byte(`,"return_token_ids":true,"stream_options":{"include_usage":true}}`)
 	tokenIDsWithStream = []byte(`,"return_token_ids":true,"stream":true,"stream_options":{"include_usage":true}}`)
+	// streamOption asks for a stream, replacing the body's closing brace:
+	// for vLLM's /v1/messages, which takes no stream_options and streams
+	// its usage anyway (vllm/entrypoints/anthropic/serving.py
+	// _handle_streaming_options).
+	streamOption = []byte(`,"stream":true}`)
 )
 
 // tokenIDsOptionWith returns the closing edit ins with return_token_ids
@@ -176,6 +181,15 @@ func (s *Server) outgoing(op *operation, in *inbound, tokenIDs bool) outBody {
 	// it: such a stream is left as the client sent it.
 	inject := in.set.cfg.InjectUsage && op.injectUsage && op.body == bodyJSON && req.Stream && !req.IncludeUsage && !req.ContinuousUsage
 	switch {
+	case in.observe && op.framing != frameOpenAI:
+		// A non-streaming Messages or Responses request asked for as a
+		// stream (their streams carry usage without asking).
+		if req.StreamEnd > 0 {
+			edits[n] = edit{req.StreamStart, req.StreamEnd, jsonTrue}
+		} else {
+			edits[n] = closing(streamOption)
+		}
+		n++
 	case in.observe:
 		// A non-streaming request asked for as a stream with usage; it
 		// has no stream_options (in.observe requires it).

@@ -98,7 +98,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 			}
 		}
 	}
-	in.observe = set.cfg.ObserveNonStreaming && op.observe && !in.stream && in.req.Streamable && !in.req.HasStreamOptions
+	in.observe = observes(op, &in)
 	ctx := r.Context()
 	if d := set.cfg.Timeouts.Request; d > 0 {
 		var cancel context.CancelFunc

@@ -29,7 +29,9 @@ import (
 
 // gatedEngine is a fake engine whose streams send one content event and
 // then wait until release is closed (or their request is cancelled), so a
-// test holds a request in flight for exactly as long as it needs.
+// test holds a request in flight for exactly as long as it needs. A stream
+// whose request sets max_tokens (servedBy's non-streaming requests, which
+// the gateway observes as streams) is not held.
 type gatedEngine struct {
 	srv     *httptest.Server
 	release chan struct{}
@@ -59,11 +61,13 @@ func newGated(t testing.TB) *gatedEngine {
 			_ = http.NewResponseController(w).Flush()
 		}
 		ev(`{"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":"hi"}}]}`)
-		g.started <- struct{}{}
-		select {
-		case <-g.release:
-		case <-r.Context().Done():
-			return
+		if !strings.Contains(string(body), `"max_tokens"`) {
+			g.started <- struct{}{}
+			select {
+			case <-g.release:
+			case <-r.Context().Done():
+				return
+			}
 		}
 		ev(`{"id":"c","object":"chat.completion.chunk","model":"m","choices":[{"index":0,"delta":{"content":" there"},"finish_reason":"stop"}]}`)
 		ev(`{"id":"c","object":"chat.completion.chunk","model":"m","choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}}`)

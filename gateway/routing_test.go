@@ -133,7 +133,9 @@ func TestModelAliases(t *testing.T) {
 	if st != 200 {
 		t.Fatalf("alias chat: %d %s", st, b)
 	}
-	if got := string(rec.last().body); got != `{"model":"org/base-8b","max_tokens":2,"messages":[{"role":"user","content":"hi"}]}` {
+	// The alias replaced in place, and the request observed (continuation
+	// is on): a stream with usage and token ids.
+	if got := string(rec.last().body); got != `{"model":"org/base-8b","max_tokens":2,"messages":[{"role":"user","content":"hi"}],"return_token_ids":true,"stream":true,"stream_options":{"include_usage":true}}` {
 		t.Errorf("engine body %s", got)
 	}
 	form, ct := audioForm(t, "public", false)

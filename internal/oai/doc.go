@@ -52,6 +52,13 @@
 // reader as the inspectors; values are copied as the engine wrote them,
 // never decoded and re-encoded.
 //
+// A [MessagesReassembler] does the same for an Anthropic Messages stream
+// (vLLM's /v1/messages): its content blocks (text, thinking with its
+// signature, tool_use with the input_json_delta fragments joined into its
+// input), stop reason and usage become vLLM's non-streaming Messages body;
+// an error event is a [StreamError] whose Code is the HTTP status of its
+// error type.
+//
 // # Parsing
 //
 // The JSON functions read the body in a single pass with a small
@@ -96,6 +103,6 @@
 // included (BenchmarkReassemble).
 //
 // All functions are safe for concurrent use and never panic. A
-// Reassembler never panics either, but serves one stream, used by one
-// goroutine at a time.
+// Reassembler or MessagesReassembler never panics either, but serves one
+// stream, used by one goroutine at a time.
 package oai
