@@ -25,6 +25,7 @@ import (
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/switchboard-gw/switchboard/gateway/fleet"
+	"github.com/switchboard-gw/switchboard/internal/h1"
 	"github.com/switchboard-gw/switchboard/internal/oai"
 	"github.com/switchboard-gw/switchboard/internal/version"
 	"github.com/switchboard-gw/switchboard/quota"
@@ -168,9 +169,16 @@ func WithPropagator(p propagation.TextMapPropagator) Option {
 	})
 }
 
+// The values of Config.EngineClient.
+const (
+	EngineClientLean    = "lean"
+	EngineClientNetHTTP = "net/http"
+)
+
 // WithTransport sets the round tripper used for engine requests and probes.
-// Default: a tuned *http.Transport honouring Config.Timeouts.Connect. A nil
-// argument is ignored.
+// Default: as Config.EngineClient says, internal/h1's client over
+// NewTransport (its fallback for https), or NewTransport alone, both
+// honouring Config.Timeouts.Connect. A nil argument is ignored.
 func WithTransport(rt http.RoundTripper) Option {
 	return optionFunc(func(c *config) {
 		if rt != nil {
@@ -230,6 +238,9 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 	}
 	if c.transport == nil {
 		c.transport = NewTransport(cfg.Timeouts.Connect)
+		if cfg.EngineClient != EngineClientNetHTTP {
+			c.transport = h1.New(c.transport, h1.WithConnectTimeout(cfg.Timeouts.Connect))
+		}
 	}
 	fcfg := fleet.Config{Engines: cfg.Engines, Health: cfg.Health, Stats: cfg.EngineStats, Outlier: cfg.Outlier, Aliases: cfg.Models.Aliases}
 	fopts := append([]fleet.Option{fleet.WithTransport(c.transport), fleet.WithLogger(c.log), fleet.WithClock(c.now),
