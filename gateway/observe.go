@@ -61,6 +61,10 @@ func observes(op *operation, in *inbound) bool {
 func (in *inbound) exclusion(k migrateKind) string {
 	if !in.judged {
 		in.excluded, in.judged = excludedBy(k, in.body), true
+		if in.excluded == "" && k == migrateResponses && in.set.cfg.Migration.ResponsesStore && !storeFalse(in.body) {
+			// The engines store a response unless told not to.
+			in.excluded = exclStored
+		}
 	}
 	return in.excluded
 }
