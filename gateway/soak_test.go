@@ -1306,6 +1306,9 @@ func TestSoakAccount(t *testing.T) {
 			}
 			if k.cont != "" { // one continuation leg each
 				c.arrivals[k.fault] += n
+				if k.path == "/v1/responses" || k.path == "/v1/messages" {
+					c.tokenize += 2 * n // its prompt and its text, tokenized first
+				}
 				if k.rescued {
 					c.gotTypes[""] += uint64(n)
 					c.migrations[k.cont+"/rescued"] += n
@@ -1405,6 +1408,7 @@ func TestSoakAccount(t *testing.T) {
 			c.received++
 			c.arrivals["stall-after=1"]++
 		}, "migrations engine_disconnect/failed"},
+		{"a /tokenize call no continuation made", func(c *soakCounts) { c.tokenize++ }, "/tokenize calls"},
 		{"a whole answer of a rescued kind not counted as rescued", func(c *soakCounts) {
 			c.migrations["engine_disconnect/rescued"]--
 			c.migrations["engine_disconnect/failed"]++
