@@ -121,9 +121,10 @@ type Config struct {
 	// carry them), or stream_options without stream, are sent as they
 	// came. The engine's silence before the first token is bounded by
 	// Timeouts.FirstToken, as for a stream, the whole by Timeouts.Attempt.
-	// The event data is held until the end, reserved in MaxBufferedBytes,
-	// up to MaxResponseBufferBytes (which must then be > 0) for the data
-	// and for the body rebuilt from it (over it: 502; the budget full:
+	// What the reassembler keeps of the events (about the body's size,
+	// not the events' framing) is held until the end, reserved in
+	// MaxBufferedBytes, up to MaxResponseBufferBytes (which must then be
+	// > 0), as is the body rebuilt from it (over it: 502; the budget full:
 	// 503). Default false.
 	//
 	// Off, a non-streaming request is still observed the same way when

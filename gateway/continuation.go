@@ -79,6 +79,10 @@ func (s *Server) continuation(ctx context.Context, w http.ResponseWriter, r *htt
 		if err := s.tokenizeContinuation(ctx, eng, in.target, cr); errors.Is(err, errTooLong) {
 			s.metrics.RecordMigrationExclusion(ctx, exclMaxTokens)
 			return endBroken(w, prev, op, in.observe)
+		} else if err != nil && r.Context().Err() != nil {
+			// The client left while the engine tokenized.
+			s.metrics.RecordMigration(ctx, prev.reason, migrationCancelled)
+			return nextLeg{}, nil
 		} else if err != nil {
 			s.log.Warn("continuation: tokenize failed", "engine", eng.Name(), "err", err)
 			s.metrics.RecordMigration(ctx, prev.reason, migrationFailed)

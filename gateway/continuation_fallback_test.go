@@ -3,7 +3,10 @@ package gateway
 import (
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/switchboard-gw/switchboard/gateway/fleet"
@@ -14,11 +17,24 @@ import (
 // newCrossHarness serves model a on engine a1 (with fault) and model b on
 // engine b1, models.fallbacks {a: [b]}: a continuation of a's answer has
 // no engine of a left and crosses to b.
+//
+// b1's POST /tokenize calls are counted in tokenized: a crossing must ask
+// b's tokenizer (the two simulators share one id space, so ids of a sent
+// to b would pass unnoticed otherwise).
 func newCrossHarness(t *testing.T, fault string, tune func(*Config)) (*retryHarness, *enginesim.Engine) {
 	t.Helper()
 	ea, sa := sim(t, enginesim.Config{Models: []string{"a"}, Fault: fault})
 	eb, sb := sim(t, enginesim.Config{Models: []string{"b"}})
-	cfg := testConfig(fleet.EngineConfig{Name: "a1", URL: sa.URL, Models: []string{"a"}}, fleet.EngineConfig{Name: "b1", URL: sb.URL, Models: []string{"b"}})
+	proxy := httputil.NewSingleHostReverseProxy(mustURL(t, sb.URL))
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/tokenize" {
+			tokenized.Add(1)
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	tokenized.Store(0)
+	cfg := testConfig(fleet.EngineConfig{Name: "a1", URL: sa.URL, Models: []string{"a"}}, fleet.EngineConfig{Name: "b1", URL: front.URL, Models: []string{"b"}})
 	cfg.Models.Fallbacks = map[string][]string{"a": {"b"}}
 	if tune != nil {
 		tune(&cfg)
@@ -32,12 +48,18 @@ func newCrossHarness(t *testing.T, fault string, tune func(*Config)) (*retryHarn
 	return rh, eb
 }
 
+// tokenized counts the POST /tokenize calls of the cross harness's b1.
+var tokenized atomic.Int64
+
 // checkCrossed checks the accounting of an answer begun on a1 and
 // finished on b1: one release each (b1's from decode), one rescued
 // continuation, one fallback a>b for continuation, gauges at 0.
 func checkCrossed(t *testing.T, rh *retryHarness) {
 	t.Helper()
 	rh.waitIdle()
+	if n := tokenized.Load(); n != 2 {
+		t.Errorf("b1's /tokenize was called %d times, want 2 (the prompt, the text)", n)
+	}
 	if rel := rh.releases(); len(rel["a1"]) != 1 || len(rel["b1"]) != 1 || rel["b1"][0] != routing.PhaseDecode {
 		t.Errorf("releases %v, want one on a1 and one from decode on b1", rel)
 	}
@@ -164,8 +186,8 @@ func TestContinuationNotCrossed(t *testing.T) {
 			if got := rh.fallbackCounts(); len(got) != 0 {
 				t.Errorf("fallbacks %v, want none", got)
 			}
-			if n := eb.Stats().Received; n != 0 {
-				t.Errorf("b1 got %d requests", n)
+			if n := eb.Stats().Received; n != 0 || tokenized.Load() != 0 {
+				t.Errorf("b1 got %d requests and %d /tokenize calls", n, tokenized.Load())
 			}
 		})
 	}

@@ -3,7 +3,10 @@ package gateway
 import (
 	"bufio"
 	"encoding/json"
+	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
 	"reflect"
 	"strings"
 	"testing"
@@ -11,6 +14,10 @@ import (
 
 	"github.com/openai/openai-go/v3"
 	"github.com/openai/openai-go/v3/responses"
+
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
+	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/telemetry"
 
 	"github.com/switchboard-gw/switchboard/routing"
 )
@@ -219,21 +226,111 @@ func TestContinuationResponsesExclusions(t *testing.T) {
 func TestExcludedResponses(t *testing.T) {
 	for body, want := range map[string]string{
 		`{"input":"a"}`: "",
-		`{"input":"a","store":false,"previous_response_id":null}`:                  "",
-		`{"input":[{"role":"user","content":[{"type":"input_text","text":"a"}]}]}`: "",
-		`{"input":[{"type":"message","role":"user","content":"a"}]}`:               "",
-		`{"input":"a","previous_response_id":"resp_1"}`:                            exclStored,
-		`{"input":"a","store":true}`:                                               exclStored,
-		`{"input":"a","background":true}`:                                          exclStored,
-		`{"input":"a","stop":["x"]}`:                                               exclStop,
-		`{"input":"a","top_logprobs":2}`:                                           exclLogprobs,
-		`{"input":"a","text":{"format":{"type":"json_object"}}}`:                   exclStructured,
-		`{"input":"a","text":{"format":{"type":"text"}}}`:                          "",
-		`{"input":"a","tools":[{"type":"function"}],"tool_choice":"none"}`:         "",
-		`{"input":[{"type":"reasoning","summary":[]}]}`:                            exclTools,
+		`{"input":"a","store":false,"previous_response_id":null}`:                                                      "",
+		`{"input":[{"role":"user","content":[{"type":"input_text","text":"a"}]}]}`:                                     "",
+		`{"input":[{"type":"message","role":"user","content":"a"}]}`:                                                   "",
+		`{"input":"a","previous_response_id":"resp_1"}`:                                                                exclStored,
+		`{"input":"a","store":true}`:                                                                                   exclStored,
+		`{"input":"a","background":true}`:                                                                              exclStored,
+		`{"input":"a","stop":["x"]}`:                                                                                   exclStop,
+		`{"input":"a","top_logprobs":2}`:                                                                               exclLogprobs,
+		`{"input":"a","text":{"format":{"type":"json_object"}}}`:                                                       exclStructured,
+		`{"input":"a","text":{"format":{"type":"text"}}}`:                                                              "",
+		`{"input":"a","tools":[{"type":"function"}],"tool_choice":"none"}`:                                             exclTools,
+		`{"input":[{"role":"assistant","content":[{"type":"output_text","text":"x"}]},{"role":"user","content":"a"}]}`: "",
+		`{"input":[{"type":"reasoning","summary":[]}]}`:                                                                exclTools,
 	} {
 		if got := excludedBy(migrateResponses, []byte(body)); got != want {
 			t.Errorf("%s: %q, want %q", body, got, want)
 		}
+	}
+}
+
+// TestContinuationResponsesAfterHeldError: an engine that sends, in one
+// write, its error event and then more output: nothing after the held
+// error counts (no text kept, no sequence number taken), so the client
+// gets the canonical answer once, with consecutive sequence numbers, from
+// the continuation.
+func TestContinuationResponsesAfterHeldError(t *testing.T) {
+	e1 := fakeEngine(t, []string{"m"}, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		sw := newSSE(w)
+		ev := func(typ, data string) string { return "event: " + typ + "\ndata: " + data + "\n\n" }
+		sw.raw(ev("response.created", `{"response":{"id":"resp_1","object":"response","created_at":1,"model":"m","status":"in_progress","output":[],"usage":null},"sequence_number":0,"type":"response.created"}`))
+		sw.raw(ev("response.output_item.added", `{"item":{"id":"msg_1","content":[],"role":"assistant","status":"in_progress","type":"message"},"output_index":0,"sequence_number":1,"type":"response.output_item.added"}`))
+		sw.raw(ev("response.content_part.added", `{"content_index":0,"item_id":"msg_1","output_index":0,"part":{"annotations":[],"text":"","type":"output_text","logprobs":[]},"sequence_number":2,"type":"response.content_part.added"}`))
+		sw.raw(ev("response.output_text.delta", `{"content_index":0,"delta":"tok0 ","item_id":"msg_1","logprobs":[],"output_index":0,"sequence_number":3,"type":"response.output_text.delta"}`))
+		sw.raw(ev("response.output_text.delta", `{"content_index":0,"delta":"tok1 ","item_id":"msg_1","logprobs":[],"output_index":0,"sequence_number":4,"type":"response.output_text.delta"}`))
+		sw.raw(ev("error", `{"type":"error","code":"InternalServerError","message":"Internal server error","param":null,"sequence_number":5}`) +
+			ev("response.output_text.delta", `{"content_index":0,"delta":"tok2 ","item_id":"msg_1","logprobs":[],"output_index":0,"sequence_number":6,"type":"response.output_text.delta"}`))
+	})
+	_, s2 := sim(t, enginesim.Config{Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: e1.URL, Models: []string{"m"}}, fleet.EngineConfig{Name: "e2", URL: s2.URL, Models: []string{"m"}})
+	h := newHarness(t, cfg, withPolicy(firstPolicy{}))
+	got := readResponsesStream(t, h.post("/v1/responses", strings.Replace(responsesBody, `"instructions":"be brief",`, "", 1)))
+	if got.text != canonical(8) || got.errors != 0 || got.final == nil {
+		t.Fatalf("text %q errors %d final %v", got.text, got.errors, got.final != nil)
+	}
+	for i, s := range got.seqs {
+		if s != int64(i) {
+			t.Fatalf("sequence numbers %v", got.seqs)
+		}
+	}
+	var out []struct {
+		Content []struct{ Text string }
+	}
+	if err := json.Unmarshal(got.final["output"], &out); err != nil || len(out) != 1 || out[0].Content[0].Text != canonical(8) {
+		t.Errorf("response.completed output %s", got.final["output"])
+	}
+	h.waitIdle()
+}
+
+// TestContinuationGarbageOnContinuationLeg: a continuation engine's
+// unreadable chunk is not in the client's framing and is dropped (counted
+// as a parse error): openai-go reads the continued Responses stream to
+// its end.
+func TestContinuationGarbageOnContinuationLeg(t *testing.T) {
+	_, s1 := sim(t, enginesim.Config{Models: []string{"m"}, Fault: "close-after=2"})
+	e2 := fakeEngine(t, []string{"m"}, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		sw := newSSE(w)
+		sw.data(`{"not json`)
+		sw.data(`{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"tok2 ","logprobs":null,"finish_reason":"length","stop_reason":null}]}`)
+		sw.data(`{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":4,"completion_tokens":1,"total_tokens":5}}`)
+		sw.data(`[DONE]`)
+	})
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /tokenize", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		_, _ = io.WriteString(w, `{"count":2,"max_model_len":8192,"tokens":[1,2],"token_strs":null}`)
+	})
+	mux.Handle("/", httputil.NewSingleHostReverseProxy(mustURL(t, e2.URL)))
+	front := httptest.NewServer(mux)
+	t.Cleanup(front.Close)
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: s1.URL, Models: []string{"m"}}, fleet.EngineConfig{Name: "e2", URL: front.URL, Models: []string{"m"}})
+	h := newHarness(t, cfg, withPolicy(firstPolicy{}))
+	client := openAIClient(h)
+	stream := client.Responses.NewStreaming(clientCtx(t), responses.ResponseNewParams{
+		Model:           "m",
+		Input:           responses.ResponseNewParamsInputUnion{OfString: openai.String("a b")},
+		MaxOutputTokens: openai.Int(3),
+		Store:           openai.Bool(false),
+	})
+	defer stream.Close()
+	var text string
+	for stream.Next() {
+		if ev := stream.Current(); ev.Type == "response.output_text.delta" {
+			text += ev.Delta
+		}
+	}
+	if err := stream.Err(); err != nil {
+		t.Fatalf("stream error: %v", err)
+	}
+	if text != canonical(3) {
+		t.Errorf("text %q, want %q", text, canonical(3))
+	}
+	h.waitIdle()
+	if n := h.counter(telemetry.ParseErrorsName); n != 1 {
+		t.Errorf("%d parse errors, want the garbage chunk", n)
 	}
 }

@@ -77,6 +77,15 @@ type MigrationConfig struct {
 	// Config.ObserveNonStreaming): a break before the answer is lost, as
 	// without continuation (a 502, retried only under server.retry).
 	NonStreaming bool `koanf:"non_streaming"`
+	// ResponsesStore says the engines store Responses API responses by
+	// default (vLLM started with VLLM_ENABLE_RESPONSES_API_STORE=1, where
+	// a request without "store" is stored): a Responses request that does
+	// not set store false is then not continued (exclusion stored_state),
+	// since the engine that finishes a continued answer stores nothing
+	// and the one that broke keeps a cut one under its id. Default false,
+	// as vLLM's default: without that variable it stores nothing, and a
+	// request that sets store true explicitly is not continued either way.
+	ResponsesStore bool `koanf:"responses_store"`
 }
 
 // The failure kinds of MigrationConfig.On.
@@ -290,7 +299,7 @@ func hasMedia(content json.RawMessage) bool {
 		return true
 	}
 	for _, p := range parts {
-		if p.Type != "text" && p.Type != "input_text" {
+		if p.Type != "text" && p.Type != "input_text" && p.Type != "output_text" {
 			return true
 		}
 	}
@@ -796,8 +805,23 @@ func (c *carry) reshape(b []byte, data []byte) (out []byte, drop bool) {
 	if c.framed() {
 		if len(cc.Choices) == 1 {
 			var t string
-			if json.Unmarshal(cc.Choices[0].Text, &t) == nil {
-				c.text = append(c.text, t...) // for a further continuation, and Responses' done events
+			switch {
+			case json.Unmarshal(cc.Choices[0].Text, &t) != nil:
+			case len(c.text)+len(t) > 16*c.cfg.MaxTokens && c.kind != migrateResponses:
+				// Past the bound: no further continuation, and the text
+				// is let go of.
+				c.exclude(exclMaxTokens)
+				c.text = nil
+			default:
+				// For a further continuation, and for the done events
+				// of a Responses answer, which repeat its whole text as
+				// vLLM's do (past the bound it is kept for those: it is
+				// the answer the client got, and the request is no
+				// longer continued).
+				c.text = append(c.text, t...)
+				if len(c.text) > 16*c.cfg.MaxTokens {
+					c.exclude(exclMaxTokens)
+				}
 			}
 		}
 		return c.reshapeFramed(b, &cc)

@@ -154,7 +154,7 @@ func (s *Server) tokenizeContinuation(ctx context.Context, eng *fleet.Engine, mo
 			break
 		}
 		req["messages"] = orig["messages"]
-		for _, k := range []string{"add_generation_prompt", "continue_final_message", "chat_template", "chat_template_kwargs", "documents"} {
+		for _, k := range []string{"add_generation_prompt", "continue_final_message", "chat_template", "chat_template_kwargs", "documents", "tools"} {
 			if v, ok := orig[k]; ok {
 				req[k] = v
 			}

@@ -27,9 +27,11 @@ import (
 // response object with its status, output and the whole answer's usage.
 //
 // A response stored on the engine that broke (previous_response_id,
-// store true, background) is not continued (exclusion stored_state): the
-// engine that finishes the answer does not store it, so a later
-// previous_response_id or GET would not find the whole answer.
+// store true, background; or, with migration.responses_store, any
+// request that does not set store false) is not continued (exclusion
+// stored_state): the engine that finishes the answer does not store it,
+// so a later previous_response_id or GET would not find the whole
+// answer.
 
 // exclStored: the request reads or writes a response stored on an engine
 // (previous_response_id, store true, background): a continuation's answer
@@ -63,6 +65,7 @@ func excludedResponses(body []byte) string {
 			Format *struct{ Type string } `json:"format"`
 		} `json:"text"`
 		Input json.RawMessage `json:"input"`
+		Tools json.RawMessage `json:"tools"`
 	}
 	if err := json.Unmarshal(body, &b); err != nil {
 		return exclStructured // unreadable here: not continued (the engine judges the body)
@@ -79,6 +82,11 @@ func excludedResponses(body []byte) string {
 		return exclStored
 	case set(b.Reasoning):
 		return exclReasoning
+	case set(b.Tools):
+		// Even with tool_choice "none": vLLM renders the tools into the
+		// prompt, which the continuation's /tokenize of chat messages
+		// would not.
+		return exclTools
 	case b.Text != nil && b.Text.Format != nil && b.Text.Format.Type != "" && b.Text.Format.Type != "text":
 		return exclStructured
 	}
@@ -106,6 +114,17 @@ func excludedResponses(body []byte) string {
 		}
 	}
 	return ""
+}
+
+// storeFalse reports whether a Responses body sets store false.
+func storeFalse(body []byte) bool {
+	if !bytes.Contains(body, []byte(`"store"`)) {
+		return false
+	}
+	var b struct {
+		Store *bool `json:"store"`
+	}
+	return json.Unmarshal(body, &b) == nil && b.Store != nil && !*b.Store
 }
 
 // background reports whether a Responses body asks for a background
@@ -338,6 +357,13 @@ func (c *carry) itemHead() []byte {
 // ran out; vLLM ends with response.completed either way), the output item with the whole text, and
 // the usage of the whole answer (gen output tokens).
 func (c *carry) endResponse(b []byte, gen int64) []byte {
+	if !c.blockStarted {
+		// The text part never opened (no text came): it is opened
+		// before it is done, as vLLM's stream does.
+		c.blockStarted = true
+		b = c.appendResponsesEvent(b, "response.content_part.added", c.itemHead(),
+			[]byte(`,"part":{"type":"output_text","text":"","annotations":[],"logprobs":[]}`))
+	}
 	text, _ := json.Marshal(string(c.text))
 	part := append(append([]byte(`{"type":"output_text","text":`), text...), `,"annotations":[],"logprobs":null}`...)
 	item := append(append(append(append([]byte(`{"id":`), c.itemID...), `,"type":"message","status":"completed","role":"assistant","content":[`...), part...), "]}"...)

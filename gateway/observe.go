@@ -61,6 +61,10 @@ func observes(op *operation, in *inbound) bool {
 func (in *inbound) exclusion(k migrateKind) string {
 	if !in.judged {
 		in.excluded, in.judged = excludedBy(k, in.body), true
+		if in.excluded == "" && k == migrateResponses && in.set.cfg.Migration.ResponsesStore && !storeFalse(in.body) {
+			// The engines store a response unless told not to.
+			in.excluded = exclStored
+		}
 	}
 	return in.excluded
 }
@@ -79,6 +83,9 @@ type answerer interface {
 	// SetModel names the model that finished the answer (raw JSON
 	// string), when the continuation crossed to a fallback model.
 	SetModel(raw []byte)
+	// Held is the bytes of event data kept so far (about the body's
+	// size): what is charged against the limits.
+	Held() int
 }
 
 // newAnswerer returns the reassembler of op's answers.
@@ -175,7 +182,7 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 	}
 	st := streamState{a: a, framing: f, injected: true, cr: cr}
 	var failed error // the first reassembly failure; the answer is given at once
-	var held int64   // event bytes reserved in the budget
+	var held int64   // bytes the reassembler keeps, reserved in the budget
 	defer func() {
 		if cr != nil {
 			cr.answer += held
@@ -188,19 +195,28 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 	if cr != nil {
 		limit -= cr.answer // what earlier legs of the answer hold counts
 	}
+	// What the reassembler keeps of each event is charged (about the
+	// body's size), not the event's bytes: a chat chunk's framing is ~50
+	// times its token, so charging it would refuse answers whose body
+	// fits well within the limit.
 	add := func(data []byte) {
-		n := int64(len(data))
-		switch {
-		case held+n > limit:
-			failed = errReassembleTooLarge
-		case !s.buffered.take(n):
-			failed = errReassembleBudget
-		case framed:
-			held += n
+		before := ra.Held()
+		if framed {
 			failed = addFramed(ra, data)
-		default:
-			held += n
+		} else {
 			failed = ra.Add(data)
+		}
+		grow := int64(ra.Held() - before)
+		if failed != nil || grow <= 0 {
+			return
+		}
+		switch {
+		case held+grow > limit:
+			failed = errReassembleTooLarge
+		case !s.buffered.take(grow):
+			failed = errReassembleBudget
+		default:
+			held += grow
 		}
 	}
 	var scratch []byte

@@ -258,13 +258,13 @@ func TestObserveNonStreamingFaults(t *testing.T) {
 // the client gets 503 gateway_overloaded, and what was reserved is given
 // back.
 func TestObserveNonStreamingBudget(t *testing.T) {
-	_, srv := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: time.Millisecond, ITL: time.Microsecond, OutputTokens: 200})
+	_, srv := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: time.Millisecond, ITL: time.Microsecond, OutputTokens: 1000})
 	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
 	cfg.ObserveNonStreaming = true
 	cfg.MaxBufferedBytes, cfg.MaxFormBytes, cfg.MaxBodyBytes, cfg.MaxResponseBufferBytes = 20<<10, 20<<10, 20<<10, 20<<10
 	h := newHarness(t, cfg)
-	// Other requests hold 16 KiB of the 20 KiB budget; the stream's 200
-	// events (about 40 KiB) need more than is left.
+	// Other requests hold 16 KiB of the 20 KiB budget; the answer's 1000
+	// tokens (about 6.9 KiB of text kept) need more than is left.
 	const others = 16 << 10
 	if !h.gw.buffered.take(others) {
 		t.Fatal("budget")
@@ -278,6 +278,28 @@ func TestObserveNonStreamingBudget(t *testing.T) {
 		t.Errorf("%d bytes still reserved in the budget", used)
 	}
 	h.assertIdle()
+}
+
+// TestObserveChargesWhatIsKept: an observed answer is charged what its
+// reassembler keeps (about its body), not its events' bytes: a 2000-token
+// answer, whose stream is ~400 KiB of chunks but whose body is ~15 KiB,
+// fits max_response_buffer_bytes 64 KiB, as it does when sent as it came.
+func TestObserveChargesWhatIsKept(t *testing.T) {
+	_, srv := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: time.Millisecond, ITL: time.Microsecond})
+	for _, observe := range []bool{false, true} {
+		cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+		cfg.ObserveNonStreaming = observe
+		cfg.MaxResponseBufferBytes = 64 << 10
+		h := newHarness(t, cfg)
+		status, _, body := h.do(http.MethodPost, "/v1/chat/completions", `{"model":"m","max_tokens":2000,"messages":[{"role":"user","content":"hi"}]}`)
+		if status != http.StatusOK || !strings.Contains(string(body), `"completion_tokens":2000`) {
+			t.Errorf("observe_non_streaming %v: status %d, body %.200s", observe, status, body)
+		}
+		h.waitIdle()
+		if used := h.gw.buffered.used.Load(); used != 0 {
+			t.Errorf("%d bytes still reserved in the budget", used)
+		}
+	}
 }
 
 // TestResponseBufferWithinBudget: a non-streaming response above the

@@ -161,6 +161,12 @@ var soakKinds = []soakKind{
 	// answer, rescued.
 	{name: "cut-at=3 stream rescued", weight: 20, stream: true, fault: "cut-at=3", want: outDone, answer: 4, errType: ErrTypeEngineDisconnect, cont: migrateDisconnect, rescued: true},
 	{name: "reset-at=2 completions stream rescued", weight: 10, path: "/v1/completions", stream: true, fault: "reset-at=2", want: outDone, answer: 4, errType: ErrTypeEngineDisconnect, cont: migrateDisconnect, rescued: true},
+	// Non-streaming answers (read as a stream, so that they can be
+	// continued) broken the same way: one whole body, on the routes whose
+	// continuation goes through the new engine's /tokenize too.
+	{name: "cut-at=3 non-stream rescued", weight: 10, fault: "cut-at=3", want: outOK, answer: 4, errType: ErrTypeEngineDisconnect, cont: migrateDisconnect, rescued: true},
+	{name: "cut-at=3 responses non-stream rescued", weight: 5, path: "/v1/responses", fault: "cut-at=3", want: outOK, answer: 4, errType: ErrTypeEngineDisconnect, cont: migrateDisconnect, rescued: true},
+	{name: "cut-at=3 messages non-stream rescued", weight: 5, path: "/v1/messages", fault: "cut-at=3", want: outOK, answer: 4, errType: ErrTypeEngineDisconnect, cont: migrateDisconnect, rescued: true},
 	// The engine closes after the finish chunk, before [DONE]: the answer
 	// is whole, not continued.
 	{name: "truncate stream", weight: 10, stream: true, fault: "truncate", want: outErrEvent, errType: ErrTypeEngineDisconnect},
@@ -196,6 +202,10 @@ func soakBody(k *soakKind) []byte {
 		return []byte(`{"model":"m","input":"the quick brown fox"}`)
 	case "/v1/completions":
 		return fmt.Appendf(nil, `{"model":"m","prompt":"a b c d","max_tokens":4,"stream":%t,"stream_options":{"include_usage":%t}}`, k.stream, k.stream)
+	case "/v1/responses":
+		return fmt.Appendf(nil, `{"model":"m","input":"a b c d","max_output_tokens":4,"store":false,"stream":%t}`, k.stream)
+	case "/v1/messages":
+		return fmt.Appendf(nil, `{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"a b c d"}],"stream":%t}`, k.stream)
 	}
 	so := ""
 	if k.stream {
@@ -215,6 +225,10 @@ func soakBody(k *soakKind) []byte {
 type soakTap struct {
 	arrivals map[string]*atomic.Int64 // by X-Enginesim-Fault; built before serving, then read-only
 	other    atomic.Int64             // a fault the table does not have
+	// tokenize counts the POST /tokenize calls: a Messages or Responses
+	// continuation's two (its prompt, the text the client got), which are
+	// not attempts and take no slot.
+	tokenize atomic.Int64
 
 	mu       sync.Mutex
 	seen     map[uint64]struct{} // close-before-headers attempts since the last settle, by span ID
@@ -240,7 +254,9 @@ func newSoakTap() *soakTap {
 // handles them.
 func (t *soakTap) wrap(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method == http.MethodPost {
+		if r.Method == http.MethodPost && r.URL.Path == "/tokenize" {
+			t.tokenize.Add(1)
+		} else if r.Method == http.MethodPost {
 			f := r.Header.Get(enginesim.FaultHeader)
 			if c := t.arrivals[f]; c != nil {
 				c.Add(1)
@@ -488,6 +504,8 @@ func (w *soakWorker) do(k *soakKind, body []byte) soakOutcome {
 	switch {
 	case !k.stream && err != nil:
 		return outCut
+	case !k.stream && k.answer > 0 && !tokensOnce(got, k.answer):
+		return outNotWhole
 	case !k.stream:
 		return outOK
 	case err == nil && bytes.HasSuffix(got, []byte("data: [DONE]\n\n")):
@@ -525,6 +543,22 @@ func wholeAnswer(b []byte, n int) bool {
 	var q [32]byte
 	usage := strconv.AppendInt(append(q[:0], `"completion_tokens":`...), int64(n), 10)
 	return bytes.Count(b, []byte(`"finish_reason":"`)) == 1 && bytes.Count(b, usage) == 1 && !bytes.Contains(b, []byte(`{"error":`))
+}
+
+// tokensOnce reports whether a non-streaming body carries the answer's n
+// (at most 8) content tokens, each once and in order (in its text, of
+// whatever route).
+func tokensOnce(b []byte, n int) bool {
+	at := 0
+	for i := range n {
+		pat := []byte(enginesim.ContentToken(i))
+		j := bytes.Index(b[at:], pat)
+		if j < 0 || bytes.Contains(b[at+j+len(pat):], pat) {
+			return false
+		}
+		at += j + len(pat)
+	}
+	return true
 }
 
 // lastEvent returns the last SSE event of a stream body.
@@ -787,7 +821,7 @@ func BenchmarkSoak(b *testing.B) {
 	for f, c := range tap.arrivals {
 		sc.arrivals[f] = c.Load()
 	}
-	sc.other, sc.badTrace, sc.replayAttempts = tap.other.Load(), tap.badTrace, tap.attempts
+	sc.other, sc.badTrace, sc.replayAttempts, sc.tokenize = tap.other.Load(), tap.badTrace, tap.attempts, tap.tokenize.Load()
 	sc.migrations, sc.exclusions = h.migrations(), h.exclusions()
 	problems := soakAccount(cfg, &sc, &tbl)
 	parseErrs := counterTotal(rm, telemetry.ParseErrorsName)
@@ -870,13 +904,13 @@ func BenchmarkSoak(b *testing.B) {
 // most soakHeapFloor bytes, whichever is more. The floor keeps the gate
 // from failing on the heap's run-to-run noise: a 5-8 MiB heap in use,
 // whose idle connections, pools and span fragmentation move by about
-// 1 MiB between runs (two 1M runs at one commit measured x1.158 and
-// x1.006). A leak of 5 bytes per request grows the heap by 4.3 MiB over
-// the 900k requests between the samples, so the floor still catches any
-// per-request leak of a pointer or more.
+// 1 MiB between runs (two 1M runs at one commit measured x1.158, +0.8
+// MiB, and x1.006). A leak of 4 bytes per request grows the heap by 3.4
+// MiB over the 900k requests between the samples, so the floor catches
+// any per-request leak of 4 bytes or more, a pointer (8) with room.
 const (
 	soakHeapRatio = 1.10
-	soakHeapFloor = 4 << 20
+	soakHeapFloor = 3 << 20
 )
 
 // heapGrew reports whether the heap grew from base to now past the gate.
@@ -905,6 +939,8 @@ type soakCounts struct {
 	// exclusions switchboard.request.migration_exclusions by exclusion.
 	migrations map[string]int64
 	exclusions map[string]int64
+	// tokenize is the /tokenize calls the engines got (soakTap).
+	tokenize int64
 }
 
 // migrationLegs are the outcomes of switchboard.request.migrations counted
@@ -981,7 +1017,7 @@ func soakAccount(cfg Config, c *soakCounts, tbl *strings.Builder) []string {
 	retryType := map[string]bool{}
 	reasons := map[string]bool{}
 	modelMig := map[string]int64{}
-	var legsWant int64
+	var legsWant, tokenizeWant int64
 	for i := range soakKinds {
 		k := &soakKinds[i]
 		n := c.kinds[i]
@@ -997,8 +1033,12 @@ func soakAccount(cfg Config, c *soakCounts, tbl *strings.Builder) []string {
 		modelFault[k.fault] += n * a
 		modelType[k.errType] += n * a
 		if k.cont != "" {
-			// One continuation leg per request, with the same fault.
+			// One continuation leg per request, with the same fault;
+			// on the routes without token ids, after two /tokenize calls.
 			legsWant += n
+			if k.path == "/v1/responses" || k.path == "/v1/messages" {
+				tokenizeWant += 2 * n
+			}
 			modelFault[k.fault] += n
 			if k.rescued {
 				modelType[""] += n
@@ -1099,6 +1139,10 @@ func soakAccount(cfg Config, c *soakCounts, tbl *strings.Builder) []string {
 	}
 	if len(c.exclusions) > 0 && unexpected == 0 && timedLegs == 0 {
 		fail("migration exclusions %v: no kind of the mix breaks a request that cannot be continued", c.exclusions)
+	}
+	fmt.Fprintf(tbl, "/tokenize calls %d (2 per Messages or Responses continuation: %d)\n", c.tokenize, tokenizeWant)
+	if c.tokenize != tokenizeWant && (unexpected == 0 && timedLegs == 0 || c.tokenize > tokenizeWant) {
+		fail("/tokenize calls %d, want %d (two per Messages or Responses continuation)", c.tokenize, tokenizeWant)
 	}
 	if arrivals != c.received || c.other != 0 || c.badTrace != 0 {
 		fail("the tap saw %d engine requests (%d with an unknown fault, %d %s without a traceparent), the engines counted %d", arrivals, c.other, c.badTrace, replayFault, c.received)
@@ -1262,6 +1306,9 @@ func TestSoakAccount(t *testing.T) {
 			}
 			if k.cont != "" { // one continuation leg each
 				c.arrivals[k.fault] += n
+				if k.path == "/v1/responses" || k.path == "/v1/messages" {
+					c.tokenize += 2 * n // its prompt and its text, tokenized first
+				}
 				if k.rescued {
 					c.gotTypes[""] += uint64(n)
 					c.migrations[k.cont+"/rescued"] += n
@@ -1361,6 +1408,7 @@ func TestSoakAccount(t *testing.T) {
 			c.received++
 			c.arrivals["stall-after=1"]++
 		}, "migrations engine_disconnect/failed"},
+		{"a /tokenize call no continuation made", func(c *soakCounts) { c.tokenize++ }, "/tokenize calls"},
 		{"a whole answer of a rescued kind not counted as rescued", func(c *soakCounts) {
 			c.migrations["engine_disconnect/rescued"]--
 			c.migrations["engine_disconnect/failed"]++

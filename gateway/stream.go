@@ -106,7 +106,18 @@ func (st *streamState) onRewrite(ev sse.Event) {
 	ch, err := oai.InspectChunk(ev.Data)
 	if err != nil {
 		a.s.metrics.RecordParseError(a.ctx, a.attrs)
-		*dst = append(*dst, ev.Raw...)
+		if !st.reshape {
+			// The client's own engine's framing: forwarded as it came
+			// (docs/cases.md L07). A continuation engine's unreadable
+			// chunk is not in the client's framing: dropped.
+			*dst = append(*dst, ev.Raw...)
+		}
+		return
+	}
+	if st.tail != nil && ch.Content {
+		// Content after an end the engine sent itself (its error, an
+		// abort) is not an answer to keep: the stream ends there.
+		st.done = true
 		return
 	}
 	if st.tail == nil && st.reshape && cr.framed() && (ch.Error || string(ch.FinishReason) == "abort") {
@@ -266,6 +277,12 @@ func (st *streamState) onChunk(ev sse.Event) {
 
 // onTypedEvent reads one Responses API or Anthropic Messages event.
 func (st *streamState) onTypedEvent(ev sse.Event) {
+	if st.tail != nil {
+		// After an error event held back for a continuation, nothing
+		// the engine sends counts (the stream loop keeps its bytes with
+		// the held event, for the client if no continuation follows).
+		return
+	}
 	a := st.a
 	var e oai.Event
 	var err error

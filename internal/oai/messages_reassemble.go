@@ -106,6 +106,18 @@ type messagesBlock struct {
 	input []byte
 }
 
+// Held returns the bytes of event data the MessagesReassembler keeps (the
+// blocks' texts and raw values, the message's members; not its
+// fixed-size bookkeeping): about what the body rebuilt from them takes.
+func (r *MessagesReassembler) Held() int {
+	n := len(r.id) + len(r.model) + len(r.stopReason) + len(r.stopSequence) + len(r.inTokens) + len(r.outTokens) + len(r.cacheCreation) + len(r.cacheRead)
+	for i := range r.blocks {
+		b := &r.blocks[i]
+		n += len(b.typ) + len(b.text.b) + len(b.thinking.b) + len(b.signature.b) + len(b.data.b) + len(b.partial.b) + len(b.id) + len(b.name) + len(b.input)
+	}
+	return n
+}
+
 // SetModel makes the body name raw (a JSON string) as its "model", whatever
 // message_start said: the model that finished the answer, when another one
 // began it (a gateway's continuation on a fallback model).

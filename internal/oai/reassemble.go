@@ -162,6 +162,25 @@ type toolAcc struct {
 	name, args textAcc
 }
 
+// Held returns the bytes of event data the Reassembler keeps (the merged
+// texts, arrays and raw values; not its fixed-size bookkeeping): about
+// what the body rebuilt from them will take, whatever the events' own
+// framing cost (a chat chunk carries ~200 bytes around each token's few).
+func (r *Reassembler) Held() int {
+	n := len(r.id) + len(r.created) + len(r.model) + len(r.fingerprint) + len(r.serviceTier) + len(r.usage) + len(r.promptTokenIDs.raw)
+	for i := range r.choices {
+		c := &r.choices[i]
+		n += len(c.role) + len(c.content.b) + len(c.reasoningContent.b) + len(c.reasoning.b) + len(c.ref.b) +
+			len(c.lpContent.b) + len(c.text.b) + len(c.lpOffset.b) + len(c.lpTokenLogprobs.b) + len(c.lpTokens.b) +
+			len(c.lpTopMap.b) + len(c.promptTokenIDs.raw) + len(c.finish) + len(c.stop) + len(c.tokenIDs.b)
+		for j := range c.tools {
+			t := &c.tools[j]
+			n += len(t.id) + len(t.typ) + len(t.name.b) + len(t.args.b)
+		}
+	}
+	return n
+}
+
 // SetModel sets the "model" of the body (raw, a JSON string) whatever the
 // chunks say: the model that finished the answer, when another one began
 // it.

@@ -117,6 +117,10 @@ func (r *ResponsesReassembler) fail(err error) error {
 	return err
 }
 
+// Held returns the bytes the ResponsesReassembler keeps: the terminal
+// event's response object (the other events are not kept).
+func (r *ResponsesReassembler) Held() int { return len(r.resp) }
+
 // Finished reports whether the terminal event with the whole response has
 // been added.
 func (r *ResponsesReassembler) Finished() bool { return r.finished }
