@@ -30,6 +30,10 @@ func newCrossHarness(t *testing.T, fault string, tune func(*Config)) (*retryHarn
 		if r.URL.Path == "/tokenize" {
 			tokenized.Add(1)
 		}
+		// Full duplex: else net/http closes the request body when the
+		// (fast) engine's answer starts, and the proxy's Transport may
+		// drop the engine connection mid-stream (golang/go#40747).
+		_ = http.NewResponseController(w).EnableFullDuplex()
 		proxy.ServeHTTP(w, r)
 	}))
 	t.Cleanup(front.Close)
