@@ -143,6 +143,13 @@ type Config struct {
 	// connections, and a rollout of the gateway does not stall. /ready
 	// still waits for discovery's first sync and fails while draining.
 	ReadyRequiresEngine bool `koanf:"ready_requires_engine"`
+	// EngineClient is the HTTP client the gateway talks to its engines
+	// with: EngineClientLean (the default), internal/h1's HTTP/1.1 client
+	// made for this one job (no goroutine or channel per connection,
+	// about 8 allocations per round trip; https engines and what it does
+	// not speak go through net/http), or EngineClientNetHTTP, net/http's
+	// http.Transport for everything. Needs a restart.
+	EngineClient string `koanf:"engine_client"`
 	// AccessLog, when true (the default), logs one line per request at
 	// info level (the `log.access` key; the loader fills it in).
 	AccessLog bool `koanf:"-"`
@@ -300,6 +307,7 @@ func DefaultConfig() Config {
 		EngineHeader:           true,
 		InjectUsage:            true,
 		ReadyRequiresEngine:    true,
+		EngineClient:           EngineClientLean,
 		AccessLog:              true,
 		Timeouts: Timeouts{
 			Connect:        5 * time.Second,
@@ -345,6 +353,9 @@ func (c Config) validate(dynamic bool) error {
 	}
 	if len(c.Engines) == 0 && !dynamic {
 		bad("no engines configured")
+	}
+	if c.EngineClient != EngineClientLean && c.EngineClient != EngineClientNetHTTP {
+		bad("server.engine_client must be %q or %q, got %q", EngineClientLean, EngineClientNetHTTP, c.EngineClient)
 	}
 	seen := map[string]bool{}
 	for i, e := range c.Engines {

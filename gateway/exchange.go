@@ -263,12 +263,14 @@ func (s *Server) send(c *call, r *http.Request, body *outBody) outcome {
 // failure, classified as before. A client's own Idempotency-Key (or
 // X-Idempotency-Key) is forwarded untouched and has the same effect.
 //
-// net/http sends the request again on the next connection of its pool,
-// which may be stale too, and again until one fails that was new: a
-// request that an engine reads and then drops (a close before headers,
-// an engine that dies on it) would be sent through every idle connection
-// to it. rewind caps that at one re-send per leg (maxReplays); a body-less
-// request is never re-read, so net/http re-sends it without asking.
+// The lean engine client (internal/h1, the default) follows the same rule
+// and re-sends once, on a new connection. net/http sends the request again
+// on the next connection of its pool, which may be stale too, and again
+// until one fails that was new: a request that an engine reads and then
+// drops (a close before headers, an engine that dies on it) would be sent
+// through every idle connection to it. rewind caps that at one re-send per
+// leg (maxReplays) with either client; a body-less request is never
+// re-read, so net/http re-sends it without asking.
 func replayOnStaleConn(h http.Header) {
 	if _, ok := h["Idempotency-Key"]; ok {
 		return

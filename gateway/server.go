@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"net/http/pprof"
 	"net/textproto"
 	"strconv"
@@ -25,6 +26,7 @@ import (
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/switchboard-gw/switchboard/gateway/fleet"
+	"github.com/switchboard-gw/switchboard/internal/h1"
 	"github.com/switchboard-gw/switchboard/internal/oai"
 	"github.com/switchboard-gw/switchboard/internal/version"
 	"github.com/switchboard-gw/switchboard/quota"
@@ -57,6 +59,9 @@ type Server struct {
 	// state gauge's.
 	statsReg metric.Registration
 	stateReg metric.Registration
+	// connReg is the engine connections gauge's callback (nil when the
+	// engine client keeps no counts).
+	connReg metric.Registration
 	// sticky remembers which engine created which stored response.
 	sticky *stickyIndex
 
@@ -168,9 +173,16 @@ func WithPropagator(p propagation.TextMapPropagator) Option {
 	})
 }
 
+// The values of Config.EngineClient.
+const (
+	EngineClientLean    = "lean"
+	EngineClientNetHTTP = "net/http"
+)
+
 // WithTransport sets the round tripper used for engine requests and probes.
-// Default: a tuned *http.Transport honouring Config.Timeouts.Connect. A nil
-// argument is ignored.
+// Default: as Config.EngineClient says, internal/h1's client over
+// NewTransport (its fallback for https), or NewTransport alone, both
+// honouring Config.Timeouts.Connect. A nil argument is ignored.
 func WithTransport(rt http.RoundTripper) Option {
 	return optionFunc(func(c *config) {
 		if rt != nil {
@@ -230,6 +242,9 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 	}
 	if c.transport == nil {
 		c.transport = NewTransport(cfg.Timeouts.Connect)
+		if cfg.EngineClient != EngineClientNetHTTP {
+			c.transport = h1.New(c.transport, h1.WithConnectTimeout(cfg.Timeouts.Connect))
+		}
 	}
 	fcfg := fleet.Config{Engines: cfg.Engines, Health: cfg.Health, Stats: cfg.EngineStats, Outlier: cfg.Outlier, Aliases: cfg.Models.Aliases}
 	fopts := append([]fleet.Option{fleet.WithTransport(c.transport), fleet.WithLogger(c.log), fleet.WithClock(c.now),
@@ -278,7 +293,44 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 		_ = s.statsReg.Unregister()
 		return nil, fmt.Errorf("register engine state gauge: %w", err)
 	}
+	if cc, ok := c.transport.(connCounter); ok {
+		s.connReg, err = m.ObserveConnections(func(report func(e *telemetry.Engine, active, idle, waiting int64)) {
+			counts := cc.ConnCounts()
+			fl.ObserveBases(func(e *telemetry.Engine, base string) {
+				n := counts[hostPort(base)]
+				report(e, int64(n.Active), int64(n.Idle), int64(n.Waiting))
+			})
+		})
+		if err != nil {
+			_ = s.reg.Unregister()
+			_ = s.statsReg.Unregister()
+			_ = s.stateReg.Unregister()
+			return nil, fmt.Errorf("register engine connections gauge: %w", err)
+		}
+	}
 	return s, nil
+}
+
+// connCounter is an engine client that counts its connections per
+// host:port (internal/h1.Transport).
+type connCounter interface {
+	ConnCounts() map[string]h1.ConnCount
+}
+
+// hostPort returns the host:port an engine client dials for the base URL
+// base: its host, with the scheme's default port when it names none.
+func hostPort(base string) string {
+	u, err := url.Parse(base)
+	if err != nil {
+		return ""
+	}
+	if u.Port() != "" {
+		return u.Host
+	}
+	if u.Scheme == "https" {
+		return net.JoinHostPort(u.Hostname(), "443")
+	}
+	return net.JoinHostPort(u.Hostname(), "80")
 }
 
 // Fleet returns the engine fleet (to add or remove engines at run time,
@@ -347,6 +399,9 @@ func (s *Server) Close() error {
 		}
 		if s.stateReg != nil {
 			err = errors.Join(err, s.stateReg.Unregister())
+		}
+		if s.connReg != nil {
+			err = errors.Join(err, s.connReg.Unregister())
 		}
 		s.client.CloseIdleConnections()
 		s.limits.wg.Wait() // the background releases, before the caller closes its store

@@ -22,6 +22,12 @@ const ScopeName = "github.com/switchboard-gw/switchboard/telemetry"
 // depend on them (docs/telemetry.md, "Instruments").
 const (
 	ActiveRequestsName    = "switchboard.engine.active_requests"
+	// ConnectionsName is the gateway's HTTP connections to each engine,
+	// unit {connection}, by engine and AttrConnState: active (carrying a
+	// request), idle (kept alive in the pool) and waiting (requests
+	// waiting for a connection under the per-engine bound). Reported when
+	// the engine client keeps the counts (server.engine_client: lean).
+	ConnectionsName = "switchboard.engine.connections"
 	TimeToFirstTokenName  = "switchboard.engine.time_to_first_token"
 	InterTokenLatencyName = "switchboard.engine.inter_token_latency"
 	RequestDurationName   = "switchboard.engine.request.duration"
@@ -140,6 +146,7 @@ type Metrics struct {
 	meter metric.Meter
 
 	activeRequests metric.Int64ObservableUpDownCounter
+	connections    metric.Int64ObservableUpDownCounter
 	ttft           metric.Float64Histogram
 	itl            metric.Float64Histogram
 	duration       metric.Float64Histogram
@@ -269,6 +276,11 @@ func NewMetrics(mp metric.MeterProvider, opts ...MetricsOption) (*Metrics, error
 		errs = append(errs, err)
 		m.activeRequests, _ = noop.NewMeterProvider().Meter("").Int64ObservableUpDownCounter(ActiveRequestsName)
 	}
+	if m.connections, err = m.meter.Int64ObservableUpDownCounter(ConnectionsName, metric.WithUnit("{connection}"),
+		metric.WithDescription("The gateway's HTTP connections to each engine, by state (active, idle), and requests waiting for one (waiting).")); err != nil {
+		errs = append(errs, err)
+		m.connections, _ = noop.NewMeterProvider().Meter("").Int64ObservableUpDownCounter(ConnectionsName)
+	}
 	ig := func(name, unit, desc string) metric.Int64ObservableGauge {
 		g, err := m.meter.Int64ObservableGauge(name, metric.WithUnit(unit), metric.WithDescription(desc))
 		if err != nil {
@@ -390,6 +402,30 @@ func (m *Metrics) ObserveInFlight(fn InFlightFunc) (metric.Registration, error) 
 		})
 		return nil
 	}, m.activeRequests)
+}
+
+// AttrConnState is the state attribute of switchboard.engine.connections:
+// "active", "idle" or "waiting".
+const AttrConnState = attribute.Key("state")
+
+// ConnectionsFunc reports every engine's connection counts (active, idle,
+// and requests waiting for a connection), by calling report once per
+// engine name. It is called on each metric collection.
+type ConnectionsFunc func(report func(e *Engine, active, idle, waiting int64))
+
+// ObserveConnections registers fn as the source of
+// switchboard.engine.connections. Unregister the returned registration on
+// shutdown.
+func (m *Metrics) ObserveConnections(fn ConnectionsFunc) (metric.Registration, error) {
+	return m.meter.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		fn(func(e *Engine, active, idle, waiting int64) {
+			eng := AttrEngine.String(e.name)
+			o.ObserveInt64(m.connections, active, metric.WithAttributes(eng, AttrConnState.String("active")))
+			o.ObserveInt64(m.connections, idle, metric.WithAttributes(eng, AttrConnState.String("idle")))
+			o.ObserveInt64(m.connections, waiting, metric.WithAttributes(eng, AttrConnState.String("waiting")))
+		})
+		return nil
+	}, m.connections)
 }
 
 // Engine holds the pre-built attribute sets of one engine. Create it with

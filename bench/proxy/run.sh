@@ -28,7 +28,7 @@ while IFS='=' read -r name _; do
 	case "$name" in SWITCHBOARD_* | OTEL_*) unset "$name" ;; esac
 done < <(env)
 
-all_targets="direct nginx go-proxy switchboard-default switchboard-metrics-otlp switchboard-tracing-10pct switchboard-no-access-log"
+all_targets="direct nginx go-proxy go-proxy-lean switchboard-default switchboard-net-http switchboard-bodies-as-sent switchboard-metrics-otlp switchboard-tracing-10pct switchboard-no-access-log"
 # name=default pairs; each can be overridden from the environment.
 params=(
 	"TARGETS=$all_targets"
@@ -418,8 +418,10 @@ start_target() {
 		done
 		echo "  nginx master $proxy_pid, workers ${nginx_workers[*]}" >&2
 		;;
-	go-proxy)
-		start "$dir/goproxy.log" "$bin/goproxy" --listen 127.0.0.1:0 --upstream "http://$engine_addr"
+	go-proxy | go-proxy-lean)
+		local client=net/http
+		[[ "$target" == go-proxy-lean ]] && client=lean
+		start "$dir/goproxy.log" "$bin/goproxy" --listen 127.0.0.1:0 --upstream "http://$engine_addr" --client "$client"
 		proxy_pid="$started"
 		addr="$(await_addr "$proxy_pid" "$dir/goproxy.log" "goproxy listening")" || {
 			cat "$dir/goproxy.log" >&2
@@ -431,6 +433,8 @@ start_target() {
 		local extra="" envs=()
 		case "$target" in
 		switchboard-default) ;;
+		switchboard-net-http) envs=(SWITCHBOARD_SERVER__ENGINE_CLIENT=net/http) ;;
+		switchboard-bodies-as-sent) envs=(SWITCHBOARD_MIGRATION__NON_STREAMING=false) ;;
 		switchboard-no-access-log) extra="log: {access: false}" ;;
 		switchboard-metrics-otlp | switchboard-tracing-10pct)
 			start_collector "$dir" || return 1

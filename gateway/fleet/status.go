@@ -151,6 +151,17 @@ func (f *Fleet) ObserveInFlight(report func(e *telemetry.Engine, prefill, decode
 	}
 }
 
+// ObserveBases reports every engine in the fleet with its base URL, each
+// engine name once, for gauges kept per destination (the gateway's
+// switchboard.engine.connections).
+func (f *Fleet) ObserveBases(report func(e *telemetry.Engine, base string)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, e := range f.engines {
+		report(e.tel, e.base)
+	}
+}
+
 // stateByIncarnation reports every engine's state: the engines in the
 // fleet, then retired ones still holding slots (draining) under a name no
 // engine in the fleet has.

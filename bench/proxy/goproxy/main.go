@@ -3,7 +3,12 @@
 // gateway's (no routing, no parsing, no telemetry, no logging). What it costs
 // per request, any Go proxy built on net/http pays as well.
 //
-//	goproxy --listen 127.0.0.1:0 --upstream http://127.0.0.1:8001
+//	goproxy --listen 127.0.0.1:0 --upstream http://127.0.0.1:8001 [--client lean]
+//
+// With --client lean the ReverseProxy's Transport is the gateway's own
+// engine client (internal/h1, over the same http.Transport for what it does
+// not speak): the floor of a net/http server with that client, which is
+// Switchboard's floor since it ships with it (server.engine_client: lean).
 //
 // FlushInterval is -1 (every write reaches the client at once, as the gateway
 // streams) and the Transport keeps up to 256 idle connections to the engine,
@@ -26,11 +31,14 @@ import (
 	"os/signal"
 	"syscall"
 	"time"
+
+	"github.com/switchboard-gw/switchboard/internal/h1"
 )
 
 func main() {
 	listen := flag.String("listen", "127.0.0.1:0", "address to listen on (host:port; port 0 picks a free one)")
 	upstream := flag.String("upstream", "http://127.0.0.1:8001", "engine base URL")
+	client := flag.String("client", "net/http", "engine client: net/http (http.Transport) or lean (internal/h1)")
 	flag.Parse()
 
 	target, err := url.Parse(*upstream)
@@ -41,10 +49,18 @@ func main() {
 	transport.MaxIdleConns = 1024
 	transport.MaxIdleConnsPerHost = 256
 	transport.ForceAttemptHTTP2 = false
+	var rt http.RoundTripper = transport
+	switch *client {
+	case "net/http":
+	case "lean":
+		rt = h1.New(transport)
+	default:
+		log.Fatalf("--client %q: want net/http or lean", *client)
+	}
 	proxy := &httputil.ReverseProxy{
 		Rewrite:       func(r *httputil.ProxyRequest) { r.SetURL(target) },
 		FlushInterval: -1,
-		Transport:     transport,
+		Transport:     rt,
 		ErrorLog:      log.New(os.Stderr, "", log.LstdFlags),
 	}
 
