@@ -234,6 +234,24 @@ func (c *carry) endFramed(b []byte, out int64) []byte {
 	return b
 }
 
+// choiceText reads the one choice of a framed continuation's chunk: it
+// keeps its finish reason (until the usage chunk ends the answer) and
+// returns its text, a JSON string; ok is false when there is no one
+// choice or no text to send.
+func (c *carry) choiceText(cc *contChunk) (text []byte, ok bool) {
+	if len(cc.Choices) != 1 {
+		return nil, false
+	}
+	ch := cc.Choices[0]
+	if fr := ch.FinishReason; len(fr) > 2 && fr[0] == '"' {
+		c.finish = string(fr[1 : len(fr)-1])
+	}
+	if len(ch.Text) < 3 || ch.Text[0] != '"' {
+		return nil, false // no text, or not a string
+	}
+	return ch.Text, true
+}
+
 // reshapeFramed turns one chunk of a Messages or Responses continuation
 // into the client's events (reshapeMessages, reshapeResponses).
 func (c *carry) reshapeFramed(b []byte, cc *contChunk) ([]byte, bool) {
@@ -313,15 +331,9 @@ func (c *carry) reshapeMessages(b []byte, cc *contChunk) (out []byte, drop bool)
 		b = append(b, "}}\n\nevent: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"...)
 		return b, false
 	}
-	if len(cc.Choices) != 1 {
+	text, ok := c.choiceText(cc)
+	if !ok {
 		return b, true
-	}
-	ch := cc.Choices[0]
-	if fr := ch.FinishReason; len(fr) > 2 && fr[0] == '"' {
-		c.finish = string(fr[1 : len(fr)-1])
-	}
-	if len(ch.Text) < 3 || ch.Text[0] != '"' {
-		return b, true // no text, or not a string
 	}
 	if !c.blockStarted {
 		// The break came before the text block opened.
@@ -329,6 +341,6 @@ func (c *carry) reshapeMessages(b []byte, cc *contChunk) (out []byte, drop bool)
 		b = append(b, "event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n"...)
 	}
 	b = append(b, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":"...)
-	b = append(b, ch.Text...)
+	b = append(b, text...)
 	return append(b, "}}\n\n"...), false
 }

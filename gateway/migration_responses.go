@@ -323,15 +323,9 @@ func (c *carry) reshapeResponses(b []byte, cc *contChunk) (out []byte, drop bool
 		c.ended = true
 		return c.endResponse(b, int64(c.legGen)+cc.Usage.CompletionTokens), false
 	}
-	if len(cc.Choices) != 1 {
+	text, ok := c.choiceText(cc)
+	if !ok {
 		return b, true
-	}
-	ch := cc.Choices[0]
-	if fr := ch.FinishReason; len(fr) > 2 && fr[0] == '"' {
-		c.finish = string(fr[1 : len(fr)-1])
-	}
-	if len(ch.Text) < 3 || ch.Text[0] != '"' {
-		return b, true // no text, or not a string
 	}
 	if !c.blockStarted {
 		// The break came before the text part opened.
@@ -339,7 +333,7 @@ func (c *carry) reshapeResponses(b []byte, cc *contChunk) (out []byte, drop bool
 		b = c.appendResponsesEvent(b, "response.content_part.added", c.itemHead(),
 			[]byte(`,"part":{"type":"output_text","text":"","annotations":[],"logprobs":[]}`))
 	}
-	return c.appendResponsesEvent(b, "response.output_text.delta", c.itemHead(), []byte(`,"delta":`), ch.Text, []byte(`,"logprobs":[]`)), false
+	return c.appendResponsesEvent(b, "response.output_text.delta", c.itemHead(), []byte(`,"delta":`), text, []byte(`,"logprobs":[]`)), false
 }
 
 // itemHead is the members naming the message item's text part:

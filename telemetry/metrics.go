@@ -21,13 +21,13 @@ const ScopeName = "github.com/switchboard-gw/switchboard/telemetry"
 // Instrument names. They are a public contract: dashboards and alerts
 // depend on them (docs/telemetry.md, "Instruments").
 const (
-	ActiveRequestsName    = "switchboard.engine.active_requests"
+	ActiveRequestsName = "switchboard.engine.active_requests"
 	// ConnectionsName is the gateway's HTTP connections to each engine,
 	// unit {connection}, by engine and AttrConnState: active (carrying a
 	// request), idle (kept alive in the pool) and waiting (requests
 	// waiting for a connection under the per-engine bound). Reported when
 	// the engine client keeps the counts (server.engine_client: lean).
-	ConnectionsName = "switchboard.engine.connections"
+	ConnectionsName       = "switchboard.engine.connections"
 	TimeToFirstTokenName  = "switchboard.engine.time_to_first_token"
 	InterTokenLatencyName = "switchboard.engine.inter_token_latency"
 	RequestDurationName   = "switchboard.engine.request.duration"

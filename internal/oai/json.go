@@ -27,6 +27,23 @@ type decoder struct {
 	bad   bool
 }
 
+// openObject starts decoding an event's data, which must be one JSON
+// object: the decoder past its '{', or the ErrMalformedChunk error of data
+// that is not valid JSON or not an object.
+func openObject(data []byte) (decoder, error) {
+	d := decoder{b: data}
+	if d.peek() != '{' {
+		d.skip()
+		d.end()
+		if d.bad {
+			return d, malformedf("not valid JSON")
+		}
+		return d, malformedf("not a JSON object")
+	}
+	d.open('{')
+	return d, nil
+}
+
 func (d *decoder) fail() {
 	d.bad = true
 	d.i = len(d.b) // every loop ends

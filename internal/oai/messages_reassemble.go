@@ -166,16 +166,10 @@ func (r *MessagesReassembler) Add(data []byte) error {
 		return nil
 	}
 	var f struct{ typ, message, index, block, delta, usage, errObj []byte }
-	d := decoder{b: data}
-	if d.peek() != '{' {
-		d.skip()
-		d.end()
-		if d.bad {
-			return malformedf("not valid JSON")
-		}
-		return malformedf("not a JSON object")
+	d, err := openObject(data)
+	if err != nil {
+		return err
 	}
-	d.open('{')
 	for n := 0; d.more('}', &n); {
 		switch string(d.key()) {
 		case "type":

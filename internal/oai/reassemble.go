@@ -232,16 +232,10 @@ func (r *Reassembler) Add(data []byte) error {
 	}
 	// One validating pass over the whole event before anything is merged,
 	// so these two errors leave r usable.
-	d := decoder{b: data}
-	if d.peek() != '{' {
-		d.skip()
-		d.end()
-		if d.bad {
-			return malformedf("not valid JSON")
-		}
-		return malformedf("not a JSON object")
+	d, err := openObject(data)
+	if err != nil {
+		return err
 	}
-	d.open('{')
 	for n := 0; d.more('}', &n); {
 		switch string(d.key()) {
 		case "id":
