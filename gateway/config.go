@@ -150,6 +150,14 @@ type Config struct {
 	// not speak go through net/http), or EngineClientNetHTTP, net/http's
 	// http.Transport for everything. Needs a restart.
 	EngineClient string `koanf:"engine_client"`
+	// MaxEngineConnections bounds the lean engine client's connections to
+	// one engine (host:port), in use and idle: a request that finds none
+	// free waits for one, until its deadline or its client goes
+	// (switchboard.engine.connections counts it as waiting). Default 1024,
+	// above any engine's concurrency (vLLM's max_num_seqs is 256 by
+	// default; each request in flight holds one connection). 0: no bound.
+	// Not applied with EngineClientNetHTTP. Needs a restart.
+	MaxEngineConnections int `koanf:"max_engine_connections"`
 	// AccessLog, when true (the default), logs one line per request at
 	// info level (the `log.access` key; the loader fills it in).
 	AccessLog bool `koanf:"-"`
@@ -308,6 +316,7 @@ func DefaultConfig() Config {
 		InjectUsage:            true,
 		ReadyRequiresEngine:    true,
 		EngineClient:           EngineClientLean,
+		MaxEngineConnections:   1024,
 		AccessLog:              true,
 		Timeouts: Timeouts{
 			Connect:        5 * time.Second,
@@ -353,6 +362,9 @@ func (c Config) validate(dynamic bool) error {
 	}
 	if len(c.Engines) == 0 && !dynamic {
 		bad("no engines configured")
+	}
+	if c.MaxEngineConnections < 0 {
+		bad("server.max_engine_connections must be >= 0, got %d", c.MaxEngineConnections)
 	}
 	if c.EngineClient != EngineClientLean && c.EngineClient != EngineClientNetHTTP {
 		bad("server.engine_client must be %q or %q, got %q", EngineClientLean, EngineClientNetHTTP, c.EngineClient)

@@ -243,7 +243,7 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 	if c.transport == nil {
 		c.transport = NewTransport(cfg.Timeouts.Connect)
 		if cfg.EngineClient != EngineClientNetHTTP {
-			c.transport = h1.New(c.transport, h1.WithConnectTimeout(cfg.Timeouts.Connect))
+			c.transport = h1.New(c.transport, h1.WithConnectTimeout(cfg.Timeouts.Connect), h1.WithMaxConnsPerHost(cfg.MaxEngineConnections))
 		}
 	}
 	fcfg := fleet.Config{Engines: cfg.Engines, Health: cfg.Health, Stats: cfg.EngineStats, Outlier: cfg.Outlier, Aliases: cfg.Models.Aliases}
