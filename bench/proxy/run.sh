@@ -28,7 +28,7 @@ while IFS='=' read -r name _; do
 	case "$name" in SWITCHBOARD_* | OTEL_*) unset "$name" ;; esac
 done < <(env)
 
-all_targets="direct nginx go-proxy go-proxy-lean switchboard-default switchboard-net-http switchboard-bodies-as-sent switchboard-metrics-otlp switchboard-tracing-10pct switchboard-no-access-log"
+all_targets="direct nginx go-proxy go-proxy-lean fasthttp net-http-fasthttp-client switchboard-default switchboard-net-http switchboard-bodies-as-sent switchboard-metrics-otlp switchboard-tracing-10pct switchboard-no-access-log"
 # name=default pairs; each can be overridden from the environment.
 params=(
 	"TARGETS=$all_targets"
@@ -293,8 +293,10 @@ load1() { cut -d' ' -f1 /proc/loadavg; }
 
 bin="$root/.tools/bench-proxy" # .tools/ is git-ignored
 mkdir -p "$bin" "$RESULTS"
-echo "building gateway, engine and goproxy into ${bin#"$root"/}/ ..." >&2
+echo "building gateway, engine, goproxy and fastproxy into ${bin#"$root"/}/ ..." >&2
 (cd "$root" && go build -o "$bin/" ./cmd/gateway ./bench/proxy/engine ./bench/proxy/goproxy)
+# fastproxy is its own module (the gateway's go.mod does not depend on fasthttp).
+(cd "$here/fastproxy" && go build -o "$bin/fastproxy" .)
 if [[ "$ENGINE" == enginesim ]]; then
 	(cd "$root" && go build -o "$bin/" ./cmd/enginesim)
 fi
@@ -425,6 +427,17 @@ start_target() {
 		proxy_pid="$started"
 		addr="$(await_addr "$proxy_pid" "$dir/goproxy.log" "goproxy listening")" || {
 			cat "$dir/goproxy.log" >&2
+			return 1
+		}
+		url="http://$addr"
+		;;
+	fasthttp | net-http-fasthttp-client)
+		local server=fasthttp
+		[[ "$target" == net-http-fasthttp-client ]] && server=net/http
+		start "$dir/fastproxy.log" "$bin/fastproxy" --listen 127.0.0.1:0 --upstream "$engine_addr" --server "$server"
+		proxy_pid="$started"
+		addr="$(await_addr "$proxy_pid" "$dir/fastproxy.log" "fastproxy listening")" || {
+			cat "$dir/fastproxy.log" >&2
 			return 1
 		}
 		url="http://$addr"
