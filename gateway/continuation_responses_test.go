@@ -240,8 +240,17 @@ func TestExcludedResponses(t *testing.T) {
 		`{"input":[{"role":"assistant","content":[{"type":"output_text","text":"x"}]},{"role":"user","content":"a"}]}`: "",
 		`{"input":[{"type":"reasoning","summary":[]}]}`:                                                                exclTools,
 	} {
-		if got := excludedBy(migrateResponses, []byte(body)); got != want {
+		if got := excludedBy(migrateResponses, []byte(body), false); got != want {
 			t.Errorf("%s: %q, want %q", body, got, want)
+		}
+	} // migration.responses_store: the engines store what is not store false.
+	for body, want := range map[string]string{
+		`{"input":"a"}`:               exclStored,
+		`{"input":"a","store":false}`: "",
+		`{"input":"a","store":true}`:  exclStored,
+	} {
+		if got := excludedBy(migrateResponses, []byte(body), true); got != want {
+			t.Errorf("responses_store, %s: %q, want %q", body, got, want)
 		}
 	}
 }

@@ -170,9 +170,22 @@ var excludeKeys = [][]byte{
 	[]byte(`"file"`), []byte(`"prompt"`), []byte(`"stop"`),
 }
 
+// isSet reports whether a body member is given a value that means
+// something: not absent, null, false, 0, [] or "".
+func isSet(v json.RawMessage) bool {
+	switch string(v) {
+	case "", "null", "false", "0", "[]", `""`:
+		return false
+	}
+	return true
+}
+
 // excludedBy returns why a request body cannot be continued, "" when it
-// can. A body without any of excludeKeys is not decoded.
-func excludedBy(k migrateKind, body []byte) string {
+// can; storedResponses is MigrationConfig.ResponsesStore (a Responses
+// request is stored unless it says store false). A chat or completions
+// body without any of excludeKeys is not decoded; any other is decoded
+// once.
+func excludedBy(k migrateKind, body []byte, storedResponses bool) string {
 	found := false
 	for _, key := range excludeKeys {
 		if bytes.Contains(body, key) {
@@ -180,15 +193,11 @@ func excludedBy(k migrateKind, body []byte) string {
 			break
 		}
 	}
-	if k == migrateResponses {
-		if why := excludedResponses(body); why != "" {
-			return why
-		}
-	}
 	if !found && k != migrateMessages && k != migrateResponses { // Anthropic content blocks and Responses input are always looked at
 		return ""
 	}
 	var b struct {
+		responsesFields
 		N             json.RawMessage        `json:"n"`
 		BestOf        json.RawMessage        `json:"best_of"`
 		Logprobs      json.RawMessage        `json:"logprobs"`
@@ -217,13 +226,12 @@ func excludedBy(k migrateKind, body []byte) string {
 	if err := json.Unmarshal(body, &b); err != nil {
 		return exclStructured // unreadable here: not continued (the engine judges the body)
 	}
-	set := func(v json.RawMessage) bool {
-		switch string(v) {
-		case "", "null", "false", "0", "[]", `""`:
-			return false
+	if k == migrateResponses {
+		if why := b.responsesFields.excluded(storedResponses, b.Prompt, b.Tools); why != "" {
+			return why
 		}
-		return true
 	}
+	set := isSet
 	more := func(v json.RawMessage) bool {
 		n, err := strconv.ParseFloat(string(v), 64)
 		return set(v) && (err != nil || n > 1)

@@ -49,59 +49,54 @@ var responsesParams = []string{
 	"vllm_xargs", "cache_salt",
 }
 
-// excludedResponses returns why a Responses request body cannot be
-// continued ("" when it can): stored state, output formats and tools the
-// continuation could not reproduce, media in the input, logprobs.
-func excludedResponses(body []byte) string {
-	var b struct {
-		PreviousResponseID json.RawMessage `json:"previous_response_id"`
-		PreviousInput      json.RawMessage `json:"previous_input_messages"`
-		Prompt             json.RawMessage `json:"prompt"`
-		Store              json.RawMessage `json:"store"`
-		Background         json.RawMessage `json:"background"`
-		Include            []string        `json:"include"`
-		Reasoning          json.RawMessage `json:"reasoning"`
-		Text               *struct {
-			Format *struct{ Type string } `json:"format"`
-		} `json:"text"`
-		Input json.RawMessage `json:"input"`
-		Tools json.RawMessage `json:"tools"`
-	}
-	if err := json.Unmarshal(body, &b); err != nil {
-		return exclStructured // unreadable here: not continued (the engine judges the body)
-	}
-	set := func(v json.RawMessage) bool {
-		switch string(v) {
-		case "", "null", "false", "[]", `""`, "{}":
-			return false
-		}
-		return true
-	}
+// responsesFields are the Responses request members excludedBy reads
+// besides the ones all routes share (its one decode of the body).
+type responsesFields struct {
+	PreviousResponseID json.RawMessage `json:"previous_response_id"`
+	PreviousInput      json.RawMessage `json:"previous_input_messages"`
+	Store              *bool           `json:"store"`
+	Background         json.RawMessage `json:"background"`
+	Include            []string        `json:"include"`
+	Reasoning          json.RawMessage `json:"reasoning"`
+	Text               *struct {
+		Format *struct{ Type string } `json:"format"`
+	} `json:"text"`
+	Input json.RawMessage `json:"input"`
+}
+
+// excluded returns why a Responses request cannot be continued ("" when
+// it can), before the checks all routes share; prompt and tools are the
+// body's members of those names, which excludedBy decodes for every route:
+// stored state (previous_response_id, stored input, a prompt template,
+// store true, background; with stored, the engines' ResponsesStore
+// default, any request without store false), reasoning, tools (even with
+// tool_choice "none": vLLM renders them into the prompt, which the
+// continuation's /tokenize of chat messages would not) and tool items,
+// output formats, media in the input, logprobs.
+func (f *responsesFields) excluded(stored bool, prompt, tools json.RawMessage) string {
+	given := func(v json.RawMessage) bool { return isSet(v) && string(v) != "{}" }
 	switch {
-	case set(b.PreviousResponseID) || set(b.PreviousInput) || set(b.Prompt) || string(b.Store) == "true" || set(b.Background):
+	case given(f.PreviousResponseID) || given(f.PreviousInput) || given(prompt) || given(f.Background),
+		f.Store != nil && *f.Store, f.Store == nil && stored:
 		return exclStored
-	case set(b.Reasoning):
+	case given(f.Reasoning):
 		return exclReasoning
-	case set(b.Tools):
-		// Even with tool_choice "none": vLLM renders the tools into the
-		// prompt, which the continuation's /tokenize of chat messages
-		// would not.
+	case given(tools):
 		return exclTools
-	case b.Text != nil && b.Text.Format != nil && b.Text.Format.Type != "" && b.Text.Format.Type != "text":
+	case f.Text != nil && f.Text.Format != nil && f.Text.Format.Type != "" && f.Text.Format.Type != "text":
 		return exclStructured
 	}
-	for _, inc := range b.Include {
+	for _, inc := range f.Include {
 		if inc == "message.output_text.logprobs" {
 			return exclLogprobs
 		}
 	}
-	if len(b.Input) > 0 && b.Input[0] == '[' {
+	if len(f.Input) > 0 && f.Input[0] == '[' {
 		var items []struct {
 			Type    string          `json:"type"`
-			Role    string          `json:"role"`
 			Content json.RawMessage `json:"content"`
 		}
-		if json.Unmarshal(b.Input, &items) != nil {
+		if json.Unmarshal(f.Input, &items) != nil {
 			return exclStructured
 		}
 		for _, it := range items {
@@ -114,17 +109,6 @@ func excludedResponses(body []byte) string {
 		}
 	}
 	return ""
-}
-
-// storeFalse reports whether a Responses body sets store false.
-func storeFalse(body []byte) bool {
-	if !bytes.Contains(body, []byte(`"store"`)) {
-		return false
-	}
-	var b struct {
-		Store *bool `json:"store"`
-	}
-	return json.Unmarshal(body, &b) == nil && b.Store != nil && !*b.Store
 }
 
 // background reports whether a Responses body asks for a background

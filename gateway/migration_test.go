@@ -164,7 +164,7 @@ func TestExcludedBy(t *testing.T) {
 		{migrateChat, `{"model":"m","messages":[],"stop":[]}`, ""},
 		{migrateChat, `{"model":"m","messages":[],"stop":null,"stop_token_ids":[2]}`, ""},
 	} {
-		if got := excludedBy(tc.kind, []byte(tc.body)); got != tc.want {
+		if got := excludedBy(tc.kind, []byte(tc.body), false); got != tc.want {
 			t.Errorf("excludedBy(%s) = %q, want %q", tc.body, got, tc.want)
 		}
 	}

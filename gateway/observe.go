@@ -60,11 +60,7 @@ func observes(op *operation, in *inbound) bool {
 // first.
 func (in *inbound) exclusion(k migrateKind) string {
 	if !in.judged {
-		in.excluded, in.judged = excludedBy(k, in.body), true
-		if in.excluded == "" && k == migrateResponses && in.set.cfg.Migration.ResponsesStore && !storeFalse(in.body) {
-			// The engines store a response unless told not to.
-			in.excluded = exclStored
-		}
+		in.excluded, in.judged = excludedBy(k, in.body, in.set.cfg.Migration.ResponsesStore), true
 	}
 	return in.excluded
 }
