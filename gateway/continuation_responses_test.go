@@ -18,8 +18,6 @@ import (
 	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/telemetry"
-
-	"github.com/switchboard-gw/switchboard/routing"
 )
 
 // responsesStream is what a Responses API streaming client got.
@@ -141,9 +139,7 @@ func TestContinuationResponsesStream(t *testing.T) {
 			if got := rh.migrations(); len(got) != 1 {
 				t.Errorf("migrations %v, want one rescued", got)
 			}
-			if rel := rh.releases(); len(rel["e1"]) != 1 || len(rel["e2"]) != 1 || rel["e2"][0] != routing.PhaseDecode {
-				t.Errorf("releases %v", rel)
-			}
+			rh.checkHandOver(t, "e1", "e2")
 		})
 	}
 }

@@ -47,6 +47,16 @@ func newRetryHarness(t *testing.T, fault1, fault2 string, tune func(*Config)) *r
 	return rh
 }
 
+// checkHandOver checks the slots of an answer begun on engine from and
+// finished on engine to by a continuation: one release on each, the
+// second from decode (the continuation produced tokens there).
+func (rh *retryHarness) checkHandOver(t *testing.T, from, to string) {
+	t.Helper()
+	if rel := rh.releases(); len(rel[from]) != 1 || len(rel[to]) != 1 || rel[to][0] != routing.PhaseDecode {
+		t.Errorf("releases %v, want one on %s and one from decode on %s", rel, from, to)
+	}
+}
+
 func (rh *retryHarness) releases() map[string][]routing.Phase {
 	rh.mu.Lock()
 	defer rh.mu.Unlock()
