@@ -1,5 +1,16 @@
 # Shell helpers shared by the bench/*/run.sh scripts; source it.
 
+# clear_gateway_env unsets every SWITCHBOARD_* and OTEL_* variable: the
+# environment beats the gateway's config file and OTEL_* turns on export,
+# so one left exported in the caller's shell would silently change every
+# row. The scripts call it first.
+clear_gateway_env() {
+	local name
+	while IFS='=' read -r name _; do
+		case "$name" in SWITCHBOARD_* | OTEL_*) unset "$name" ;; esac
+	done < <(env)
+}
+
 # free_port prints a loopback TCP port nothing listens on (20000-31999,
 # below the ephemeral range).
 free_port() {

@@ -29,9 +29,9 @@
 # Needs go, jq, curl and bc. Every process is stopped by its PID on exit.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-while IFS='=' read -r name _; do
-	case "$name" in SWITCHBOARD_* | OTEL_*) unset "$name" ;; esac
-done < <(env)
+# shellcheck source=../lib.sh
+. "$root/bench/lib.sh"
+clear_gateway_env
 
 params=(
 	"ENGINES=4"
@@ -57,8 +57,6 @@ usage() {
 	for p in "${params[@]}"; do echo "  $p"; done
 }
 case "${1:-}" in -h | --help) usage; exit 0 ;; esac
-# shellcheck source=../lib.sh
-. "$root/bench/lib.sh"
 read_params
 RESULTS="${RESULTS:-$root/bench/failover/results/$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$RESULTS"

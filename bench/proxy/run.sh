@@ -21,12 +21,9 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 here="$root/bench/proxy"
 
-# The environment beats the gateway's config file, and OTEL_* would turn on
-# export: a variable left exported in the caller's shell would silently
-# change every row.
-while IFS='=' read -r name _; do
-	case "$name" in SWITCHBOARD_* | OTEL_*) unset "$name" ;; esac
-done < <(env)
+# shellcheck source=../lib.sh
+. "$root/bench/lib.sh"
+clear_gateway_env
 
 all_targets="direct nginx go-proxy go-proxy-lean fasthttp net-http-fasthttp-client switchboard-default switchboard-net-http switchboard-bodies-as-sent switchboard-metrics-otlp switchboard-tracing-10pct switchboard-no-access-log"
 # name=default pairs; each can be overridden from the environment.
@@ -52,8 +49,6 @@ usage() {
 	echo "Targets: $all_targets"
 }
 
-# shellcheck source=../lib.sh
-. "$root/bench/lib.sh"
 read_params
 case "${1:-}" in -h | --help)
 	usage

@@ -16,11 +16,9 @@ set -euo pipefail
 
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 
-# The environment beats the config file: a SWITCHBOARD_* or OTEL_* variable
-# left exported in the caller's shell would silently change every row.
-while IFS='=' read -r name _; do
-	case "$name" in SWITCHBOARD_* | OTEL_*) unset "$name" ;; esac
-done < <(env)
+# shellcheck source=../lib.sh
+. "$root/bench/lib.sh"
+clear_gateway_env
 
 # name=default pairs; each can be overridden from the environment.
 params=(
@@ -60,8 +58,6 @@ usage() {
 	for p in "${params[@]}"; do echo "  $p"; done
 }
 
-# shellcheck source=../lib.sh
-. "$root/bench/lib.sh"
 read_params
 case "${1:-}" in -h | --help)
 	usage

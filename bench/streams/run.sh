@@ -17,9 +17,9 @@
 # Needs go, jq and curl. Every process is stopped by its PID on exit.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-while IFS='=' read -r name _; do
-	case "$name" in SWITCHBOARD_* | OTEL_*) unset "$name" ;; esac
-done < <(env)
+# shellcheck source=../lib.sh
+. "$root/bench/lib.sh"
+clear_gateway_env
 STREAMS="${STREAMS:-1000}"
 EVENTS="${EVENTS:-64}"
 ITL="${ITL:-20ms}"
@@ -35,8 +35,6 @@ cleanup() {
 }
 trap cleanup EXIT
 (cd "$root" && go build -o "$work/gateway" ./cmd/gateway && go build -o "$work/enginesim" ./cmd/enginesim && go build -o "$work/loadgen" ./cmd/loadgen)
-# shellcheck source=../lib.sh
-. "$root/bench/lib.sh"
 eng="$(free_port)"
 "$work/enginesim" --listen "127.0.0.1:$eng" --model bench --ttft "$TTFT" --itl "$ITL" --max-num-seqs $((STREAMS + 16)) \
 	--max-output-tokens "$EVENTS" --output-tokens "$EVENTS" >"$work/engine.log" 2>&1 &

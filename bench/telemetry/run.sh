@@ -16,9 +16,9 @@
 # does). Every process is stopped by its PID on exit.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
-while IFS='=' read -r name _; do
-	case "$name" in SWITCHBOARD_* | OTEL_*) unset "$name" ;; esac
-done < <(env)
+# shellcheck source=../lib.sh
+. "$root/bench/lib.sh"
+clear_gateway_env
 ROUNDS="${ROUNDS:-3}"
 REQUESTS="${REQUESTS:-2000}"
 CONCURRENCY="${CONCURRENCY:-32}"
@@ -40,8 +40,6 @@ build_tool otelcol "$root/integration/tools/otelcol" .
 (cd "$root" && go build -o "$work/gateway" ./cmd/gateway && go build -o "$work/enginesim" ./cmd/enginesim &&
 	go build -o "$work/loadgen" ./cmd/loadgen && go build -o "$work/blackhole" ./bench/telemetry/blackhole)
 
-# shellcheck source=../lib.sh
-. "$root/bench/lib.sh"
 
 eng="$(free_port)"
 "$work/enginesim" --listen "127.0.0.1:$eng" --model bench --ttft 20ms --itl 5ms --max-num-seqs 256 >"$work/engine.log" 2>&1 &
