@@ -346,8 +346,12 @@ func TestTraceStreamsFourLevels(t *testing.T) {
 		if err != nil || ttft < 0.010 {
 			t.Errorf("%s: engine span time_to_first_token %q, want at least the simulator's 10ms", reqIDs[i], engine.tag("gen_ai.latency.time_to_first_token"))
 		}
-		// The engine's work lies inside the attempt.
-		if engine.StartTime < attempt.StartTime || engine.StartTime+engine.Duration > attempt.StartTime+attempt.Duration+1000 {
+		// The engine's work lies inside the attempt, but for its tail: the
+		// attempt ends at [DONE], and the engine's span ends when its
+		// handler returns, after it has written the response's end (the
+		// gateway does not wait for it, and a busy machine can take a few
+		// ms there): 20 ms of slack.
+		if engine.StartTime < attempt.StartTime || engine.StartTime+engine.Duration > attempt.StartTime+attempt.Duration+20000 {
 			t.Errorf("%s: engine span [%d +%d] outside the attempt [%d +%d] (µs)", reqIDs[i], engine.StartTime, engine.Duration, attempt.StartTime, attempt.Duration)
 		}
 	}
