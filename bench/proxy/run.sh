@@ -455,9 +455,13 @@ start_target() {
 			fi
 			;;
 		esac
-		gateway_config "$extra" >"$dir/gateway.yaml"
+		# The config in a directory of its own: the gateway watches its
+		# config's directory (reload.watch), and a log written there would
+		# wake the watcher at every flush.
+		mkdir -p "$dir/config"
+		gateway_config "$extra" >"$dir/config/gateway.yaml"
 		printf '%s\n' "${envs[@]}" >"$dir/gateway.env"
-		start "$dir/gateway.log" env "${envs[@]}" "$bin/gateway" --config "$dir/gateway.yaml"
+		start "$dir/gateway.log" env "${envs[@]}" "$bin/gateway" --config "$dir/config/gateway.yaml"
 		proxy_pid="$started"
 		addr="$(await_addr "$proxy_pid" "$dir/gateway.log" "switchboard listening")" || {
 			cat "$dir/gateway.log" >&2

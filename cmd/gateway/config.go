@@ -88,6 +88,11 @@ type LogConfig struct {
 	Level  string `koanf:"level"`  // debug, info, warn, error
 	Format string `koanf:"format"` // text or json
 	Access bool   `koanf:"access"` // one line per request at info level; default true
+	// BufferBytes batches log lines in memory, written out when full, every
+	// FlushInterval, at once after a warning or an error, and on exit
+	// (internal/logbuf); 0 writes each line at once. Default 64 KiB.
+	BufferBytes   int           `koanf:"buffer_bytes"`
+	FlushInterval time.Duration `koanf:"flush_interval"` // default 100ms
 }
 
 // SimulateConfig starts in-process simulated engines (demo and tests); they
@@ -116,7 +121,7 @@ func defaults() Config {
 		Migration: gateway.DefaultMigrationConfig(),
 		Routing:   routing.DefaultConfig(),
 		Telemetry: telemetry.DefaultConfig(),
-		Log:       LogConfig{Level: "info", Format: "text", Access: true},
+		Log:       LogConfig{Level: "info", Format: "text", Access: true, BufferBytes: 64 << 10, FlushInterval: 100 * time.Millisecond},
 		Simulate:  SimulateConfig{TTFT: 150 * time.Millisecond, ITL: 40 * time.Millisecond, OutputTokens: 24, MaxNumSeqs: 64},
 		Reload:    ReloadConfig{Watch: true, Debounce: 200 * time.Millisecond},
 		Discovery: DiscoveryConfig{Kubernetes: k8s.DefaultConfig()},
@@ -153,6 +158,12 @@ func (c Config) Validate() error {
 	}
 	if c.Log.Format != "text" && c.Log.Format != "json" {
 		errs = append(errs, fmt.Errorf("log.format must be text or json, got %q", c.Log.Format))
+	}
+	if c.Log.BufferBytes < 0 {
+		errs = append(errs, fmt.Errorf("log.buffer_bytes must be >= 0, got %d", c.Log.BufferBytes))
+	}
+	if c.Log.BufferBytes > 0 && c.Log.FlushInterval <= 0 {
+		errs = append(errs, fmt.Errorf("log.flush_interval must be > 0 when log.buffer_bytes is set, got %s", c.Log.FlushInterval))
 	}
 	if len(c.Engines) == 0 && c.Simulate.Engines == 0 && !c.Discovery.Kubernetes.Enabled {
 		errs = append(errs, errors.New("no engines: configure `engines`, `discovery.kubernetes` or `simulate.engines`"))

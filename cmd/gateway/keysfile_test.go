@@ -297,7 +297,7 @@ func TestRunKeysFileReload(t *testing.T) {
 	waitKeys(t, client, p, map[string]int{"dave": 200, "erin": 200})
 	waitReloads(t, client, p, map[string]float64{"applied": 4, "rejected": 1})
 
-	logs := p.logs.String()
+	logs := p.logsWith(t, "keys_added=erin")
 	for _, want := range []string{
 		"keys_added=bob", "settings=auth.keys",
 		"keys_file " + keys + `: keys[1].limits.concurent: unknown key (did you mean keys[1].limits.concurrent?)`,

@@ -32,6 +32,7 @@ import (
 	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/gateway/k8s"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/logbuf"
 	"github.com/switchboard-gw/switchboard/internal/version"
 	"github.com/switchboard-gw/switchboard/quota"
 	"github.com/switchboard-gw/switchboard/routing"
@@ -116,10 +117,16 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 		return err
 	}
 	level, _ := parseLevel(cfg.Log.Level)
-	var h slog.Handler = slog.NewTextHandler(logw, &slog.HandlerOptions{Level: level})
+	// Lines are batched (log.buffer_bytes): an access-log line is then no
+	// write of its own. Deferred first, so it writes out last, after every
+	// line of the shutdown.
+	lb := logbuf.New(logw, cfg.Log.BufferBytes, cfg.Log.FlushInterval)
+	defer lb.Close()
+	var h slog.Handler = slog.NewTextHandler(lb, &slog.HandlerOptions{Level: level})
 	if cfg.Log.Format == "json" {
-		h = slog.NewJSONHandler(logw, &slog.HandlerOptions{Level: level})
+		h = slog.NewJSONHandler(lb, &slog.HandlerOptions{Level: level})
 	}
+	h = flushAt{h, lb, slog.LevelWarn}
 	log := slog.New(h)
 
 	providers, shutdownTelemetry, err := telemetry.Setup(ctx, cfg.Telemetry, log)
@@ -353,6 +360,31 @@ func startSimulated(cfg SimulateConfig, tp trace.TracerProvider, log *slog.Logge
 		log.Info("simulated engine started", "engine", name, "url", url, "models", cfg.Models)
 	}
 	return out, nil
+}
+
+// flushAt is a handler whose records at min or above are written out at
+// once, with the lines buffered before them: a warning or an error is not
+// held for the flush interval, nor lost if the process dies right after.
+type flushAt struct {
+	slog.Handler
+	w   *logbuf.Writer
+	min slog.Level
+}
+
+func (f flushAt) Handle(ctx context.Context, r slog.Record) error {
+	err := f.Handler.Handle(ctx, r)
+	if r.Level >= f.min {
+		_ = f.w.Flush() // the record's own error, if any, is err
+	}
+	return err
+}
+
+func (f flushAt) WithAttrs(as []slog.Attr) slog.Handler {
+	return flushAt{f.Handler.WithAttrs(as), f.w, f.min}
+}
+
+func (f flushAt) WithGroup(name string) slog.Handler {
+	return flushAt{f.Handler.WithGroup(name), f.w, f.min}
 }
 
 // levelAtLeast is h without the records below min (client-go's klog

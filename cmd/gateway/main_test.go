@@ -63,6 +63,32 @@ func startRun(t *testing.T, args, env []string) *gatewayProc {
 	return p
 }
 
+// logsWith returns the gateway's logs once they hold every one of want,
+// failing the test if they do not within 5 s. Info lines are buffered
+// (log.buffer_bytes) up to log.flush_interval; warnings and errors are
+// written at once.
+func (p *gatewayProc) logsWith(t *testing.T, want ...string) string {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		logs := p.logs.String()
+		missing := ""
+		for _, w := range want {
+			if !strings.Contains(logs, w) {
+				missing = w
+				break
+			}
+		}
+		if missing == "" {
+			return logs
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("logs lack %q after 5s:\n%s", missing, logs)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // stop cancels run's context and returns run's result, failing the test if
 // it does not return within limit.
 func (p *gatewayProc) stop(t *testing.T, limit time.Duration) error {

@@ -566,7 +566,7 @@ func TestRunReloadUnderLoad(t *testing.T) {
 	t.Logf("%d requests, complete per engine: %v", total, served)
 	// e1 was removed but stayed healthy: the streams it had in flight
 	// drain on it, so its removal fails none of them.
-	removed := logTime(t, p.logs.String(), "engines_removed=e1")
+	removed := logTime(t, p.logsWith(t, "engines_removed=e1"), "engines_removed=e1")
 	spanned := 0
 	for _, r := range l.results {
 		if r.err != "" {
@@ -761,9 +761,7 @@ func TestRunReloadEditDuringStart(t *testing.T) {
 	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
 	waitReloads(t, client, p, map[string]float64{"applied": 1})
 	waitEngines(t, client, p, []string{"e1", "e2"})
-	if logs := p.logs.String(); !strings.Contains(logs, "trigger=file") {
-		t.Errorf("logs lack the file reload:\n%s", logs)
-	}
+	p.logsWith(t, "trigger=file")
 }
 
 // TestRunSIGHUPDuringStart: a SIGHUP sent while the gateway starts (during
@@ -803,7 +801,5 @@ func TestRunSIGHUPDuringStart(t *testing.T) {
 	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
 	waitReloads(t, client, p, map[string]float64{"applied": 1})
 	waitEngines(t, client, p, []string{"e1", "e2"})
-	if logs := p.logs.String(); !strings.Contains(logs, "trigger=SIGHUP") {
-		t.Errorf("logs lack the SIGHUP reload:\n%s", logs)
-	}
+	p.logsWith(t, "trigger=SIGHUP")
 }
