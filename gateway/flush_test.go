@@ -19,7 +19,7 @@ import (
 // TestCaseL04L05L06EventsFlushedAsSent: each event reaches a real TCP
 // client about when the engine wrote it, whatever the Content-Type
 // (text/event-stream with charset, application/x-ndjson, none), with the
-// otelhttp wrapper in the chain, and with the client asking for gzip (event
+// front's response writer in the chain, and with the client asking for gzip (event
 // streams are never compressed).
 func TestCaseL04L05L06EventsFlushedAsSent(t *testing.T) {
 	const gap = 150 * time.Millisecond

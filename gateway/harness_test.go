@@ -139,7 +139,7 @@ func newHarnessWith(t testing.TB, cfg Config, gwOpts []Option, opts ...harnessOp
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	gw, err := New(cfg, o.policy, m, append([]Option{WithTracerProvider(tp), WithMeterProvider(mp), WithLogger(log)}, gwOpts...)...)
+	gw, err := New(cfg, o.policy, m, append([]Option{WithTracerProvider(tp), WithLogger(log)}, gwOpts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

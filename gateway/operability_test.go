@@ -132,7 +132,7 @@ func TestEngineHeaderOnGatewayErrors(t *testing.T) {
 }
 
 // TestProbesNotTraced: /health, /ready and the admin /metrics produce no
-// spans (the public handler filters the probes out of otelhttp; the admin
+// spans (the public handler starts no server span for the probes; the admin
 // handler must stay unwrapped); a proxied request still does.
 func TestProbesNotTraced(t *testing.T) {
 	_, simSrv := sim(t, enginesim.Config{Models: []string{"m"}})

@@ -36,8 +36,8 @@ func (s *Server) proxyHandler(op *operation) http.HandlerFunc {
 // its response had started as a success (a stream cut by the engine, a
 // client that went away mid-stream): its status code says 200, so
 // error.type says what happened, and a failure that is not the client's
-// sets the span's status to Error. (Before the response starts, otelhttp
-// records the error status itself.)
+// sets the span's status to Error. (A 5xx status is marked by front's
+// endRequest.)
 func markServerSpan(ctx context.Context, st *reqState) {
 	if st.errType == "" || st.status >= 400 {
 		return

@@ -289,7 +289,7 @@ func (rl *relay) write(p []byte, flush bool) error {
 		// cancelled the request, which it does when a write to the
 		// connection fails: the flush failed, and a wrapper hid it.
 		// ResponseController.Flush stops at the first writer with a
-		// plain Flush() (otelhttp's has no FlushError), so its error is
+		// plain Flush() (otelhttp's wrapper has none), so its error is
 		// lost; without this the attempt would end at the next engine
 		// read as client_cancelled instead of client_stalled.
 		err = os.ErrDeadlineExceeded

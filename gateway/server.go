@@ -18,10 +18,8 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
-	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/propagation"
-	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
@@ -49,12 +47,13 @@ type Server struct {
 	set     atomic.Pointer[settings]
 	metrics *telemetry.Metrics
 	tracer  trace.Tracer
-	tp      trace.TracerProvider
-	mp      metric.MeterProvider
-	prop    propagation.TextMapPropagator
-	client  *http.Client
-	log     *slog.Logger
-	reg     metric.Registration // the in-flight gauge callback
+	// serverStart are the server span's start options (front).
+	serverStart []trace.SpanStartOption
+	tp          trace.TracerProvider
+	prop        propagation.TextMapPropagator
+	client      *http.Client
+	log         *slog.Logger
+	reg         metric.Registration // the in-flight gauge callback
 	// statsReg is the engine stats gauges callback, stateReg the engine
 	// state gauge's.
 	statsReg metric.Registration
@@ -112,7 +111,6 @@ type Server struct {
 
 type config struct {
 	tp        trace.TracerProvider
-	mp        metric.MeterProvider
 	prop      propagation.TextMapPropagator
 	transport http.RoundTripper
 	log       *slog.Logger
@@ -147,17 +145,6 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 	return optionFunc(func(c *config) {
 		if tp != nil {
 			c.tp = tp
-		}
-	})
-}
-
-// WithMeterProvider sets the meter provider for otelhttp's HTTP server
-// metrics (Switchboard's own instruments come from the *telemetry.Metrics).
-// A nil argument is ignored.
-func WithMeterProvider(mp metric.MeterProvider) Option {
-	return optionFunc(func(c *config) {
-		if mp != nil {
-			c.mp = mp
 		}
 	})
 }
@@ -258,22 +245,22 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 		return nil, fmt.Errorf("%w: server.trusted_proxies: %v", ErrInvalidConfig, err)
 	}
 	s := &Server{
-		skipReq:  notToEngine(cfg.StripRequestHeaders),
-		trusted:  trusted,
-		buffered: budget{limit: cfg.MaxBufferedBytes},
-		limits:   newLimiter(c.store, c.now, c.log),
-		cfg:      cfg,
-		dynamic:  c.dynamic,
-		fleet:    fl,
-		metrics:  m,
-		tp:       c.tp,
-		mp:       c.mp,
-		tracer:   c.tp.Tracer(telemetry.ScopeName, trace.WithInstrumentationVersion(version.Version)),
-		prop:     c.prop,
-		client:   &http.Client{Transport: c.transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
-		log:      c.log,
-		sticky:   newStickyIndex(stickyEntries),
-		ops:      operations,
+		skipReq:     notToEngine(cfg.StripRequestHeaders),
+		trusted:     trusted,
+		buffered:    budget{limit: cfg.MaxBufferedBytes},
+		limits:      newLimiter(c.store, c.now, c.log),
+		cfg:         cfg,
+		dynamic:     c.dynamic,
+		fleet:       fl,
+		metrics:     m,
+		tp:          c.tp,
+		tracer:      c.tp.Tracer(telemetry.ScopeName, trace.WithInstrumentationVersion(version.Version)),
+		serverStart: serverSpanStart(),
+		prop:        c.prop,
+		client:      &http.Client{Transport: c.transport, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }},
+		log:         c.log,
+		sticky:      newStickyIndex(stickyEntries),
+		ops:         operations,
 	}
 	s.retries.inflight = &s.inflight
 	s.set.Store(newSettings(cfg, policy))
@@ -421,34 +408,17 @@ func (s *Server) Close() error {
 //	GET  /ready              200 when at least one healthy engine has reported models
 //
 // (HEAD is answered on the GET routes.)
-// The middleware order is: request id, access log (Config.AccessLog),
-// otelhttp server span (inside chi, so http.route is the route pattern; not
-// for /health and /ready), panic recovery (inside the span, so a recovered
-// panic is recorded as a 500), and on the proxied routes the admission
+// The middleware order is: front (request id, server span and HTTP server
+// metrics, inside chi so http.route is the route pattern, not for /health
+// and /ready; and the access log, Config.AccessLog), panic recovery
+// (inside the span, so a recovered panic is recorded as a 500), and on
+// the proxied routes the admission
 // check (Config.MaxConcurrentRequests). No middleware buffers or compresses
 // responses: SSE is flushed event by event. Serve it with
 // [Server.BaseContext] as the http.Server's BaseContext.
 func (s *Server) Handler() http.Handler {
 	r := chi.NewRouter()
-	r.Use(requestID, s.accessLog)
-	var oopts []otelhttp.Option
-	oopts = append(oopts,
-		otelhttp.WithTracerProvider(s.tp),
-		otelhttp.WithPropagators(s.prop),
-		// Probes are polled every few seconds by every load balancer and
-		// kubelet: no spans or HTTP metrics for them.
-		otelhttp.WithFilter(func(r *http.Request) bool { return r.URL.Path != "/health" && r.URL.Path != "/ready" }),
-		otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string {
-			if r.Pattern != "" {
-				return r.Method + " " + r.Pattern
-			}
-			return r.Method
-		}),
-	)
-	if s.mp != nil {
-		oopts = append(oopts, otelhttp.WithMeterProvider(s.mp))
-	}
-	r.Use(otelhttp.NewMiddleware("switchboard", oopts...))
+	r.Use(s.front)
 	r.Use(s.recoverer)
 	r.NotFound(door(func(w http.ResponseWriter, r *http.Request) error {
 		anthropicPath(r)
@@ -464,11 +434,7 @@ func (s *Server) Handler() http.Handler {
 		}
 		return &APIError{Status: http.StatusMethodNotAllowed, Type: TypeInvalidRequest, Code: "method_not_allowed", Message: "method " + req.Method + " is not allowed on " + req.URL.Path}
 	}))
-	// Group middlewares run after chi has matched the route, so the
-	// pattern is known: put it on the server span (otelhttp only learns it
-	// after the handler returns, for the span name and metrics).
 	r.Group(func(r chi.Router) {
-		r.Use(routeAttr)
 		for _, op := range s.ops {
 			h := withOperation(op, s.authenticate(s.admit(s.proxyHandler(op))))
 			for _, path := range op.paths {
@@ -493,20 +459,6 @@ func anthropicPath(r *http.Request) {
 	if st := stateFrom(r.Context()); st != nil && strings.HasPrefix(r.URL.Path, "/v1/messages") {
 		st.env = envAnthropic
 	}
-}
-
-// routeAttr sets http.route (chi's matched pattern) and the request id on
-// the server span.
-func routeAttr(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if span := trace.SpanFromContext(r.Context()); span.IsRecording() {
-			if rc := chi.RouteContext(r.Context()); rc != nil {
-				span.SetAttributes(semconv.HTTPRoute(rc.RoutePattern()))
-			}
-			span.SetAttributes(telemetry.AttrRequestID.String(RequestIDFrom(r.Context())))
-		}
-		next.ServeHTTP(w, r)
-	})
 }
 
 // getHead routes GET and HEAD on pattern to h (net/http drops the body of

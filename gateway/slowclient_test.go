@@ -89,8 +89,8 @@ func (w *connWriter) FlushError() error {
 	return fmt.Errorf("write tcp: %w", os.ErrDeadlineExceeded)
 }
 
-// plainFlusher wraps a writer the way otelhttp's does: Flush() without an
-// error, and Unwrap. http.ResponseController.Flush stops at it.
+// plainFlusher wraps a writer the way otelhttp's did (and any third-party
+// wrapper may): Flush() without an error, and Unwrap. http.ResponseController.Flush stops at it.
 type plainFlusher struct{ http.ResponseWriter }
 
 func (w plainFlusher) Flush() {
@@ -100,8 +100,8 @@ func (w plainFlusher) Flush() {
 func (w plainFlusher) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // TestStalledFlushBehindWrapper: a flush that fails on the client write
-// deadline behind a wrapper that hides the error (otelhttp's, in the
-// production chain) is still a stall: relay.write reports the deadline
+// deadline behind a wrapper that hides the error (otelhttp's was in the
+// production chain until issue 24) is still a stall: relay.write reports the deadline
 // error, so the attempt ends as client_stalled, not as client_cancelled at
 // the next engine read (TestClientStopsReading flaked that way under load).
 // A request cancelled before the deadline is not a stall. No sockets: the

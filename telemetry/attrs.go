@@ -8,8 +8,8 @@ import (
 // Attribute keys of Switchboard's instruments and spans: the one place
 // they are spelled, so the gateway never writes a key as a string. A key
 // the OpenTelemetry Go semconv package defines is its constant; the GenAI
-// keys are spelled out, because semconv v1.43.0 (the version otelhttp
-// uses) no longer carries the gen_ai namespace, after the conventions of
+// keys are spelled out, because semconv v1.43.0 (the version the HTTP
+// server attributes come from) no longer carries the gen_ai namespace, after the conventions of
 // [GenAIConventions] (model/gen-ai/registry.yaml); the switchboard.* keys
 // are Switchboard's own.
 //

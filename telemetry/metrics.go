@@ -155,6 +155,7 @@ type Metrics struct {
 	migration      migrationInstruments
 	fallback       fallbackInstruments
 	keys           keyInstruments
+	http           httpServer
 	ttfb           metric.Float64Histogram
 	maxGap         metric.Float64Histogram
 	overhead       metric.Float64Histogram
@@ -266,6 +267,7 @@ func NewMetrics(mp metric.MeterProvider, opts ...MetricsOption) (*Metrics, error
 	errs = append(errs, m.migration.init(m.meter)...)
 	errs = append(errs, m.fallback.init(m.meter)...)
 	errs = append(errs, m.keys.init(m.meter)...)
+	errs = append(errs, m.http.init(m.meter)...)
 	if m.parseErrors, err = m.meter.Int64Counter(ParseErrorsName, metric.WithUnit("{event}"),
 		metric.WithDescription("Stream events from an engine whose JSON could not be parsed (still forwarded).")); err != nil {
 		errs = append(errs, err)

@@ -89,10 +89,10 @@ func WithSeriesLinger(d time.Duration) SeriesOption {
 // its server are live or within the linger.
 //
 // Only those instruments are judged by server: other instruments with a
-// server.address name other servers (otelhttp's http.server.* metrics, on
-// the same meter provider, carry the gateway's own address, from the
-// request's Host), which no engine has, so they would be dropped after
-// the linger. live is called like SetEngineLive's (at collection time,
+// server.address name other servers (instrumentation on the same meter
+// provider, such as otelhttp's http.server.* metrics, carries the
+// gateway's own address, from the request's Host), which no engine has, so
+// they would be dropped after the linger. live is called like SetEngineLive's (at collection time,
 // once per (address, port) per collection, possibly from two collections
 // at once): it must be cheap and safe for concurrent use. A nil live
 // judges no point by server (the default).

@@ -187,7 +187,6 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 	}
 	gopts := []gateway.Option{
 		gateway.WithTracerProvider(tp),
-		gateway.WithMeterProvider(providers.MeterProvider),
 		gateway.WithPropagator(providers.Propagator),
 		gateway.WithLogger(log),
 	}
