@@ -501,15 +501,75 @@ func appendIDs(ids []int32, raw []byte) ([]int32, bool) {
 	}
 }
 
-// member finds the member "key": <value> in the JSON object text data (a
-// byte search: a key's quotes cannot occur unescaped inside a string):
-// data[from:to] is the member with its separating comma, data[v:end] its
-// value. ok is false when the key is absent or its value is neither an
-// array of numbers nor null.
-func member(data []byte, key string) (from, to, v, end int, ok bool) {
-	var buf [24]byte
-	pat := append(append(append(buf[:0], '"'), key...), '"', ':')
-	at := bytes.Index(data, pat)
+// The token id members of a chunk: both keys end with tokenIDsTail, which
+// take searches for once (tokenIDKeys).
+const (
+	promptIDsKey = `"prompt_token_ids":`
+	tokenIDsKey  = `"token_ids":`
+)
+
+var tokenIDsTail = []byte(`token_ids":`)
+
+// tokenIDKeys returns the positions in data of the first "prompt_token_ids":
+// and the first "token_ids": (-1 when absent), in one scan for the tail
+// both end with: a hit preceded by "prompt_ is the former's, one preceded
+// by a plain quote the latter's, any other ("xtoken_ids":) neither's. The
+// tail cannot overlap itself, so the hits are all its occurrences.
+func tokenIDKeys(data []byte) (p, t int) {
+	p, t = -1, -1
+	for i := 0; p < 0 || t < 0; {
+		k := bytes.Index(data[i:], tokenIDsTail)
+		if k < 0 {
+			break
+		}
+		at := i + k
+		switch {
+		case p < 0 && at >= 8 && string(data[at-8:at]) == `"prompt_`:
+			p = at - 8
+		case t < 0 && at >= 1 && data[at-1] == '"':
+			t = at - 1
+		}
+		i = at + len(tokenIDsTail)
+	}
+	return p, t
+}
+
+// tokenIDsAfterCut returns the position of the first "token_ids": in out,
+// which is data with data[from:to] (a member) cut, given t, the first's in
+// data (-1: none).
+func tokenIDsAfterCut(out []byte, t, from, to int) int {
+	const n = len(tokenIDsKey)
+	if t >= 0 && t+n <= from {
+		return t // before the cut: not moved
+	}
+	// One the cut joined, across from (only in what is not JSON): it is
+	// the first.
+	lo, hi := max(from-n+1, 0), min(from+n-1, len(out))
+	if k := bytes.Index(out[lo:hi], []byte(tokenIDsKey)); k >= 0 {
+		return lo + k
+	}
+	switch {
+	case t >= to:
+		return t - (to - from) // after the cut: moved back
+	case t < 0:
+		return -1
+	}
+	// t was cut with the member (inside its value, only in what is not
+	// JSON): the next one after.
+	if k := bytes.Index(out[from:], []byte(tokenIDsKey)); k >= 0 {
+		return from + k
+	}
+	return -1
+}
+
+// memberAt reads the member whose key, "key": (klen bytes), is at data[at]
+// in the JSON object text data (the key found by a byte search: a key's
+// quotes cannot occur unescaped inside a string): data[from:to] is the
+// member with its separating comma, data[v:end] its value. ok is false
+// when at < 0 (no key), when what precedes the key is neither the
+// object's '{' nor a comma, or when its value is neither an array of
+// numbers nor null.
+func memberAt(data []byte, at, klen int) (from, to, v, end int, ok bool) {
 	if at < 0 {
 		return 0, 0, 0, 0, false
 	}
@@ -522,7 +582,7 @@ func member(data []byte, key string) (from, to, v, end int, ok bool) {
 	if before < 0 || data[before] != ',' && data[before] != '{' {
 		return 0, 0, 0, 0, false
 	}
-	v = at + len(pat)
+	v = at + klen
 	for v < len(data) && isJSONSpace(data[v]) {
 		v++
 	}
@@ -666,8 +726,14 @@ func (c *carry) take(data []byte, ch *oai.Chunk) []byte {
 			c.exclude(exclReasoning)
 		}
 	}
+	// One scan finds both members' keys (tokenIDKeys). The prompt ids'
+	// member is read and cut first, and the generated ids' read in what
+	// is left, its key's position moved to match (tokenIDsAfterCut): what
+	// its cut takes can depend on the first cut (the comma after an
+	// object's first member).
 	out := data
-	if from, to, v, end, ok := member(out, "prompt_token_ids"); ok {
+	p, t := tokenIDKeys(out)
+	if from, to, v, end, ok := memberAt(out, p, len(promptIDsKey)); ok {
 		if c.excluded == "" && !c.sawPrompt {
 			if n := bytes.Count(out[v:end], []byte{','}) + 1; cap(c.prompt) < n {
 				c.prompt = make([]int32, 0, n)
@@ -678,9 +744,10 @@ func (c *carry) take(data []byte, ch *oai.Chunk) []byte {
 		}
 		if !c.clientIDs {
 			out = cutRange(out, from, to)
+			t = tokenIDsAfterCut(out, t, from, to)
 		}
 	}
-	if from, to, v, end, ok := member(out, "token_ids"); ok {
+	if from, to, v, end, ok := memberAt(out, t, len(tokenIDsKey)); ok {
 		if c.excluded == "" {
 			if c.gen == nil {
 				c.gen = make([]int32, 0, c.genCap)
