@@ -626,14 +626,6 @@ func cutRange(data []byte, from, to int) []byte {
 	return data[:from+n]
 }
 
-// Markers of the parsers' per-stream state in a chunk (exclusions
-// exclTools and exclReasoning): tool calls or reasoning streamed.
-var (
-	markToolCalls  = []byte(`"tool_calls":[{`)
-	markReasoning1 = []byte(`"reasoning_content":"`)
-	markReasoning2 = []byte(`"reasoning":"`)
-)
-
 // keepChunkText appends the text of a chat or completions chunk to c.text,
 // bounded by migration.max_tokens x 16 bytes (past it, the text is let go
 // of and no crossing to a fallback model is possible).
@@ -719,10 +711,12 @@ func (c *carry) take(data []byte, ch *oai.Chunk) []byte {
 		c.keepChunkText(data)
 	}
 	if content && c.excluded == "" {
+		// What the chunk's parse found (oai.Chunk): no byte search of
+		// the event.
 		switch {
-		case bytes.Contains(data, markToolCalls):
+		case ch.ToolCalls:
 			c.exclude(exclTools)
-		case bytes.Contains(data, markReasoning1) || bytes.Contains(data, markReasoning2):
+		case ch.Reasoning:
 			c.exclude(exclReasoning)
 		}
 	}

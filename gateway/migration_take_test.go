@@ -113,9 +113,9 @@ func (c *carry) takeReference(data []byte, ch *oai.Chunk) []byte {
 	}
 	if content && c.excluded == "" {
 		switch {
-		case bytes.Contains(data, markToolCalls):
+		case ch.ToolCalls:
 			c.exclude(exclTools)
-		case bytes.Contains(data, markReasoning1) || bytes.Contains(data, markReasoning2):
+		case ch.Reasoning:
 			c.exclude(exclReasoning)
 		}
 	}

@@ -25,6 +25,10 @@ type Chunk struct {
 	// usage-only chunks ("choices":[]), and finish chunks with an empty
 	// delta or "content":null are not Content.
 	Content bool
+	// Reasoning says some choice's delta has a non-empty reasoning_content
+	// or reasoning string, ToolCalls a non-empty tool_calls array (both are
+	// Content too).
+	Reasoning, ToolCalls bool
 	// Finish says some choice has a non-null finish_reason.
 	Finish bool
 	// FinishReason is the raw bytes of the last string finish_reason of
@@ -75,7 +79,9 @@ func InspectChunk(data []byte) (Chunk, error) {
 				d.skip()
 			}
 		case "choices":
-			c.Content, c.Finish, c.FinishReason, c.Choices = d.choices()
+			var out output
+			out, c.Finish, c.FinishReason, c.Choices = d.choices()
+			c.Content, c.Reasoning, c.ToolCalls = out != 0, out&outReasoning != 0, out&outTools != 0
 		case "model":
 			c.Model = d.rawString()
 		case "usage":
@@ -117,10 +123,10 @@ func chunkError(data []byte) error {
 
 // choices reads the "choices" array of a chunk. Within a choice, as within
 // the chunk, the last of duplicate keys wins.
-func (d *decoder) choices() (content, finish bool, reason []byte, n int) {
+func (d *decoder) choices() (out output, finish bool, reason []byte, n int) {
 	if d.peek() != '[' {
 		d.skip()
-		return false, false, nil, 0
+		return 0, false, nil, 0
 	}
 	d.open('[')
 	for i := 0; d.more(']', &i); {
@@ -129,7 +135,8 @@ func (d *decoder) choices() (content, finish bool, reason []byte, n int) {
 			d.skip()
 			continue
 		}
-		var delta, text, fin bool
+		var delta output
+		var text, fin bool
 		d.open('{')
 		for j := 0; d.more('}', &j); {
 			switch string(d.key()) {
@@ -148,17 +155,30 @@ func (d *decoder) choices() (content, finish bool, reason []byte, n int) {
 				d.skip()
 			}
 		}
-		content = content || delta || text
+		out |= delta
+		if text {
+			out |= outText
+		}
 		finish = finish || fin
 	}
-	return content, finish, reason, n
+	return out, finish, reason, n
 }
 
-// delta reads a choice's delta and reports whether it carries output.
-func (d *decoder) delta() bool {
+// output is what a choice's delta (or completion text) carries: a set of
+// outText, outReasoning, outTools.
+type output uint8
+
+const (
+	outText output = 1 << iota
+	outReasoning
+	outTools
+)
+
+// delta reads a choice's delta and reports the output it carries.
+func (d *decoder) delta() output {
 	if d.peek() != '{' {
 		d.skip()
-		return false
+		return 0
 	}
 	var content, reasoningContent, reasoning, toolCalls bool
 	d.open('{')
@@ -176,7 +196,17 @@ func (d *decoder) delta() bool {
 			d.skip()
 		}
 	}
-	return content || reasoningContent || reasoning || toolCalls
+	var out output
+	if content {
+		out |= outText
+	}
+	if reasoningContent || reasoning {
+		out |= outReasoning
+	}
+	if toolCalls {
+		out |= outTools
+	}
+	return out
 }
 
 // usage reads a usage value; ok is false unless it is an object. With
