@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -106,7 +108,8 @@ func TestHTTPServerMetrics(t *testing.T) {
 	wants := []want{
 		{"POST", "200", "/v1/chat/completions", "", len(body), len(chat)},
 		{"POST", "404", "/v1/chat/completions", "", len(`{"model":"nope","messages":[{"role":"user","content":"hi"}]}`), len(nf)},
-		{"_OTHER", "405", "", "", len(body), -1},
+		// The body of a refused method is never read: 0 bytes crossed.
+		{"_OTHER", "405", "", "", 0, -1},
 		{"POST", itoa(status), "/v1/chat/completions", itoa(status), len(body), len(unavailable)},
 	}
 	dur := httpPoints(t, h, telemetry.HTTPServerRequestDurationName)
@@ -248,5 +251,110 @@ func TestRespWriter(t *testing.T) {
 	}
 	if !strings.Contains(spanMethod("BREW")+spanMethod("GET"), "HTTPGET") {
 		t.Errorf("spanMethod: %q %q", spanMethod("BREW"), spanMethod("GET"))
+	}
+}
+
+// TestPanicAfterResponseStarted: a handler that panics after its first
+// write has its connection aborted (the recoverer re-panics
+// http.ErrAbortHandler through front), and front still ends its span, with
+// error.type panic and status Error, records its one metric sample with
+// the 200 that was sent, and logs it once.
+func TestPanicAfterResponseStarted(t *testing.T) {
+	_, simSrv := sim(t, enginesim.Config{Models: []string{"m"}})
+	var logs lockedLog
+	h := newHarnessWith(t, testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}}),
+		[]Option{WithLogger(slog.New(slog.NewTextHandler(&logs, nil)))})
+	srv := httptest.NewServer(h.gw.front(h.gw.recoverer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "partial")
+		http.NewResponseController(w).Flush()
+		panic("boom")
+	}))))
+	defer srv.Close()
+	resp, err := srv.Client().Get(srv.URL + "/x")
+	if err == nil {
+		_, err = io.ReadAll(resp.Body)
+		resp.Body.Close()
+	}
+	if err == nil {
+		t.Error("the client read a whole response: the connection was not aborted")
+	}
+	var server sdktrace.ReadOnlySpan
+	for _, s := range h.spans.Ended() {
+		if s.SpanKind() == trace.SpanKindServer {
+			if server != nil {
+				t.Fatal("two server spans")
+			}
+			server = s
+		}
+	}
+	if server == nil {
+		t.Fatal("no server span ended")
+	}
+	if attrValue(server.Attributes(), "error.type") != ErrTypePanic || server.Status().Code != codes.Error ||
+		attrValue(server.Attributes(), "http.response.status_code") != "200" {
+		t.Errorf("server span: error.type %q, status %v, status code %q", attrValue(server.Attributes(), "error.type"),
+			server.Status(), attrValue(server.Attributes(), "http.response.status_code"))
+	}
+	dur := httpPoints(t, h, telemetry.HTTPServerRequestDurationName)
+	if len(dur) != 1 {
+		t.Fatalf("%d duration points, want 1", len(dur))
+	}
+	for _, p := range dur {
+		if p.count != 1 || attrOf(p.set, "http.response.status_code") != "200" {
+			t.Errorf("duration point %s count %d", p.set.Encoded(attribute.DefaultEncoder()), p.count)
+		}
+	}
+	if n := strings.Count(logs.String(), "msg=request "); n != 1 || !strings.Contains(logs.String(), "error.type=panic") {
+		t.Errorf("%d access-log lines, want 1 with error.type=panic:\n%s", n, logs.String())
+	}
+}
+
+// lockedLog is a log output the test reads.
+type lockedLog struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedLog) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestClientAddress: client.address is the first X-Forwarded-For entry
+// only when the peer is a trusted proxy; otherwise the peer, whatever the
+// header claims.
+func TestClientAddress(t *testing.T) {
+	trusted, err := parseTrustedProxies([]string{"10.0.0.0/8"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		peer, xff, want string
+	}{
+		{"10.1.2.3:5000", "203.0.113.7, 10.9.9.9", "203.0.113.7"},
+		{"10.1.2.3:5000", "", "10.1.2.3"},
+		{"198.51.100.1:5000", "203.0.113.7", "198.51.100.1"},
+	} {
+		r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil)
+		r.RemoteAddr = c.peer
+		if c.xff != "" {
+			r.Header.Set("X-Forwarded-For", c.xff)
+		}
+		got := ""
+		for _, kv := range requestSpanAttrs(r, "id", trusted) {
+			if kv.Key == "client.address" {
+				got = kv.Value.AsString()
+			}
+		}
+		if got != c.want {
+			t.Errorf("peer %s, X-Forwarded-For %q: client.address %q, want %q", c.peer, c.xff, got, c.want)
+		}
 	}
 }

@@ -77,7 +77,6 @@ func (s *Server) read(w http.ResponseWriter, r *http.Request, op *operation, set
 		in.body, err = s.readBody(w, r, held, limit, set.cfg.BodyReadTimeout)
 		if st := stateFrom(r.Context()); st != nil {
 			st.waited += time.Since(t0) // the client's pace, not the gateway's
-			st.reqBytes = int64(len(in.body))
 		}
 		if err != nil {
 			return in, err

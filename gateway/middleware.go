@@ -5,9 +5,11 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/netip"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -75,11 +77,10 @@ type reqState struct {
 	grant           keyGrant
 	usedIn, usedOut int64
 
-	// rw is the response writer front hands the handlers (in the state:
-	// no allocation of its own); reqBytes the request body's size, once
-	// read.
-	rw       respWriter
-	reqBytes int64
+	// rw and body are the response writer and the request body front
+	// hands the handlers (in the state: no allocation of their own).
+	rw   respWriter
+	body countingBody
 
 	// waited is the request's time spent waiting for its client (reading
 	// its body, writing the response) and for engines (response headers,
@@ -145,6 +146,11 @@ func (s *Server) front(next http.Handler) http.Handler {
 		st := &reqState{id: id, start: time.Now(), inTok: -1, outTok: -1}
 		st.rw.ResponseWriter = w
 		ctx := r.Context()
+		if r.Body != nil && r.Body != http.NoBody {
+			// r is front's own copy below: the server keeps the body it
+			// gave, and drains and closes it itself.
+			st.body.ReadCloser = r.Body
+		}
 		probe := r.URL.Path == "/health" || r.URL.Path == "/ready"
 		var span trace.Span
 		if !probe {
@@ -153,10 +159,13 @@ func (s *Server) front(next http.Handler) http.Handler {
 			ctx = s.prop.Extract(ctx, propagation.HeaderCarrier(r.Header))
 			ctx, span = s.tracer.Start(ctx, spanMethod(r.Method), s.serverStart...)
 			if span.IsRecording() {
-				span.SetAttributes(requestSpanAttrs(r, id)...)
+				span.SetAttributes(requestSpanAttrs(r, id, s.trusted)...)
 			}
 		}
 		r = r.WithContext(context.WithValue(ctx, stateKey, st))
+		if st.body.ReadCloser != nil {
+			r.Body = &st.body
+		}
 		// Deferred: a request the gateway aborts (panic(http.ErrAbortHandler)
 		// after its response started) is ended and logged too, as the
 		// panic unwinds.
@@ -181,8 +190,10 @@ func spanMethod(m string) string {
 
 // requestSpanAttrs are semconv's request attributes of a server span
 // (HTTP spans, semconv v1.43.0), set when it is recording: what otelhttp
-// set, and the request id.
-func requestSpanAttrs(r *http.Request, id string) []attribute.KeyValue {
+// set, and the request id. client.address is the first X-Forwarded-For
+// entry when the peer is one of the trusted proxies (as the engine's
+// X-Forwarded-For is built: forwarded.go), the peer otherwise.
+func requestSpanAttrs(r *http.Request, id string, trusted trustedProxies) []attribute.KeyValue {
 	kvs := make([]attribute.KeyValue, 0, 12)
 	if telemetry.KnownHTTPMethod(r.Method) {
 		kvs = append(kvs, semconv.HTTPRequestMethodKey.String(r.Method))
@@ -204,7 +215,16 @@ func requestSpanAttrs(r *http.Request, id string) []attribute.KeyValue {
 		kvs = append(kvs, semconv.ServerAddress(r.Host))
 	}
 	if host, port, err := net.SplitHostPort(r.RemoteAddr); err == nil {
-		kvs = append(kvs, semconv.NetworkPeerAddress(host), semconv.ClientAddress(host))
+		client := host
+		if xff := r.Header.Get(hdrXFF); xff != "" && len(trusted) > 0 {
+			if peer, err := netip.ParseAddr(host); err == nil && trusted.trusts(peer) {
+				first, _, _ := strings.Cut(xff, ",")
+				if first = strings.TrimSpace(first); first != "" {
+					client = first
+				}
+			}
+		}
+		kvs = append(kvs, semconv.NetworkPeerAddress(host), semconv.ClientAddress(client))
 		if p, err := strconv.Atoi(port); err == nil {
 			kvs = append(kvs, semconv.NetworkPeerPort(p))
 		}
@@ -216,14 +236,14 @@ func requestSpanAttrs(r *http.Request, id string) []attribute.KeyValue {
 }
 
 // endRequest ends request r: its server span (name, route, status, body
-// sizes), the HTTP server metrics and the access-log line. st.status is
-// the status the gateway wrote (writeHeader), else the one the response
-// writer saw; a response never started is a 200 (net/http's implicit one)
-// unless the client went away first.
+// sizes), the HTTP server metrics and the access-log line. The status is
+// the first one sent (st.rw), else the one the gateway meant to write
+// (writeHeader: a panic may have come between), else net/http's implicit
+// 200.
 func (s *Server) endRequest(r *http.Request, st *reqState, span trace.Span) {
-	status := st.status
+	status := st.rw.status
 	if status == 0 {
-		status = st.rw.status
+		status = st.status
 	}
 	if status == 0 {
 		status = http.StatusOK
@@ -233,10 +253,7 @@ func (s *Server) endRequest(r *http.Request, st *reqState, span trace.Span) {
 		route = rc.RoutePattern()
 	}
 	if span != nil {
-		reqBytes := st.reqBytes
-		if reqBytes == 0 && r.ContentLength > 0 && st.op == nil {
-			reqBytes = r.ContentLength
-		}
+		reqBytes := st.body.n
 		s.metrics.RecordHTTPServer(r.Context(), telemetry.HTTPRequest{Route: route, Method: r.Method, Status: status,
 			TLS: r.TLS != nil, ProtoMajor: r.ProtoMajor, ProtoMinor: r.ProtoMinor},
 			time.Since(st.start).Seconds(), reqBytes, st.rw.bytes)
@@ -247,6 +264,10 @@ func (s *Server) endRequest(r *http.Request, st *reqState, span trace.Span) {
 			}
 			span.SetAttributes(semconv.HTTPResponseStatusCode(status), semconv.HTTPRequestBodySize(int(reqBytes)),
 				semconv.HTTPResponseBodySize(int(st.rw.bytes)))
+			// A request that failed after its response started as a
+			// success (a proxied stream cut, a panic after the first
+			// write): error.type says what happened.
+			markServerSpan(r.Context(), st)
 			if status >= 500 {
 				// semconv: a server span's status is Error for a 5xx only,
 				// with error.type: the gateway's own when it has one, the
@@ -256,7 +277,7 @@ func (s *Server) endRequest(r *http.Request, st *reqState, span trace.Span) {
 					et = strconv.Itoa(status)
 				}
 				span.SetAttributes(semconv.ErrorTypeKey.String(et))
-				span.SetStatus(codes.Error, "")
+				span.SetStatus(codes.Error, et)
 			}
 		}
 		span.End()
@@ -310,6 +331,20 @@ func (w *respWriter) FlushError() error {
 }
 
 func (w *respWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// countingBody is the request body front hands the handlers: it counts
+// the bytes read (http.server.request.body.size: what crossed the wire,
+// not what the client declared).
+type countingBody struct {
+	io.ReadCloser
+	n int64
+}
+
+func (b *countingBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.n += int64(n)
+	return n, err
+}
 
 // logRequest writes the access-log line of r, whose state is st, route
 // pattern route ("" when none matched) and status status.
@@ -468,9 +503,12 @@ func (s *Server) recoverer(next http.Handler) http.Handler {
 				panic(p)
 			}
 			s.log.Error("panic serving request", "request_id", RequestIDFrom(r.Context()), "panic", fmt.Sprint(p), "stack", string(debug.Stack()))
-			if st := stateFrom(r.Context()); st != nil && st.status != 0 {
+			if st := stateFrom(r.Context()); st != nil && (st.status != 0 || st.rw.status != 0) {
 				// Too late for an error object: abort the connection so the
 				// client does not mistake a cut body for a complete one.
+				if st.errType == "" {
+					st.errType = ErrTypePanic // for the span, metrics and log
+				}
 				panic(http.ErrAbortHandler)
 			}
 			writeError(w, r, &APIError{Status: http.StatusInternalServerError, Type: TypeServer, Code: "internal_error", Message: "internal error"})

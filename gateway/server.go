@@ -149,6 +149,15 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 	})
 }
 
+// WithMeterProvider is kept so that code written against earlier versions
+// builds; it does nothing. The HTTP server metrics it fed (otelhttp's)
+// come from the *telemetry.Metrics given to New, as every instrument does.
+//
+// Deprecated: build the *telemetry.Metrics on the meter provider instead.
+func WithMeterProvider(metric.MeterProvider) Option {
+	return optionFunc(func(*config) {})
+}
+
 // WithPropagator sets the propagator used to extract the client's trace
 // context and inject it into engine requests. Default: W3C trace context
 // and baggage. A nil argument is ignored.

@@ -40,7 +40,7 @@ const maxHTTPSets = 4096
 // HTTPRequest is what the HTTP server metrics of one request are keyed by.
 // Every field must come from a bounded set: Route a pattern of the router
 // ("" when none matched), Method the request's method (any other than the
-// eight of RFC 9110 and PATCH is recorded as _OTHER), Status the status
+// methods KnownHTTPMethod names is recorded as _OTHER), Status the status
 // code sent (0: none).
 type HTTPRequest struct {
 	Route  string
@@ -163,12 +163,13 @@ func ProtocolVersion(major, minor int) string {
 }
 
 // KnownHTTPMethod reports whether m is one of the methods semconv names
-// for http.request.method (RFC 9110's eight and PATCH, RFC 5789). Others
+// for http.request.method (RFC 9110's eight, PATCH of RFC 5789 and QUERY,
+// as semconv v1.43.0 lists them). Others
 // are recorded as _OTHER, so a client cannot add series; a span names
 // them "HTTP" and keeps the method in http.request.method_original.
 func KnownHTTPMethod(m string) bool {
 	switch m {
-	case "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH":
+	case "GET", "HEAD", "POST", "PUT", "DELETE", "CONNECT", "OPTIONS", "TRACE", "PATCH", "QUERY":
 		return true
 	}
 	return false

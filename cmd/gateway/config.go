@@ -106,6 +106,11 @@ type SimulateConfig struct {
 	MaxNumSeqs   int           `koanf:"max_num_seqs"`  // concurrent sequences per engine
 }
 
+// maxLogBuffer caps log.buffer_bytes (the buffer is allocated whole at
+// start): 16 MiB is minutes of access log at thousands of requests a
+// second, far past any flush interval.
+const maxLogBuffer = 16 << 20
+
 func defaults() Config {
 	return Config{
 		Server: ServerConfig{
@@ -159,8 +164,8 @@ func (c Config) Validate() error {
 	if c.Log.Format != "text" && c.Log.Format != "json" {
 		errs = append(errs, fmt.Errorf("log.format must be text or json, got %q", c.Log.Format))
 	}
-	if c.Log.BufferBytes < 0 {
-		errs = append(errs, fmt.Errorf("log.buffer_bytes must be >= 0, got %d", c.Log.BufferBytes))
+	if c.Log.BufferBytes < 0 || c.Log.BufferBytes > maxLogBuffer {
+		errs = append(errs, fmt.Errorf("log.buffer_bytes must be between 0 and %d, got %d", maxLogBuffer, c.Log.BufferBytes))
 	}
 	if c.Log.BufferBytes > 0 && c.Log.FlushInterval <= 0 {
 		errs = append(errs, fmt.Errorf("log.flush_interval must be > 0 when log.buffer_bytes is set, got %s", c.Log.FlushInterval))

@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -63,6 +64,7 @@ func main() {
 			case <-sigs:
 			}
 			if n > 0 {
+				flushLogs()
 				fmt.Fprintln(os.Stderr, "switchboard: second signal: exiting without waiting for the drain")
 				os.Exit(130)
 			}
@@ -122,6 +124,8 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 	// line of the shutdown.
 	lb := logbuf.New(logw, cfg.Log.BufferBytes, cfg.Log.FlushInterval)
 	defer lb.Close()
+	runLog.Store(lb) // for main's exit without the drain
+	defer runLog.CompareAndSwap(lb, nil)
 	var h slog.Handler = slog.NewTextHandler(lb, &slog.HandlerOptions{Level: level})
 	if cfg.Log.Format == "json" {
 		h = slog.NewJSONHandler(lb, &slog.HandlerOptions{Level: level})
@@ -359,6 +363,17 @@ func startSimulated(cfg SimulateConfig, tp trace.TracerProvider, log *slog.Logge
 		log.Info("simulated engine started", "engine", name, "url", url, "models", cfg.Models)
 	}
 	return out, nil
+}
+
+// runLog is the log buffer of the running run, for main to flush when it
+// exits without waiting for run to return (a second signal).
+var runLog atomic.Pointer[logbuf.Writer]
+
+// flushLogs writes out the running run's buffered log lines.
+func flushLogs() {
+	if lb := runLog.Load(); lb != nil {
+		_ = lb.Flush()
+	}
 }
 
 // flushAt is a handler whose records at min or above are written out at
