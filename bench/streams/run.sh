@@ -66,6 +66,9 @@ jq -r '"direct to the engine: succeeded \(.succeeded), failed \(.failed); client
 sleep 1
 heap0="$(heap)"
 rss0="$(rss)"
+# The gateway's CPU over the measured round (utime + stime, in clock ticks).
+cpu() { awk '{print $14 + $15}' "/proc/$gwpid/stat"; }
+cpu0="$(cpu)"
 "$work/loadgen" --url "http://127.0.0.1:$gw" --model bench --stream --max-tokens "$EVENTS" --prompt-words 16 --max-error-rate 1 \
 	--concurrency "$STREAMS" --requests "$STREAMS" --json "$work/run.json" >"$work/loadgen.txt" &
 lg=$!
@@ -82,9 +85,20 @@ for _ in 1 2 3 4 5; do
 	sleep 0.1
 done
 wait "$lg"
+cpu1="$(cpu)"
+# The gateway's own ITL histogram (engine to gateway, per content event):
+# the share of gaps under 1 ms says whether events came from the engine
+# in bursts or left the gateway in them (the client's ITL p50).
+curl -s "http://127.0.0.1:$adm/metrics" | awk '
+	/^switchboard_engine_inter_token_latency_seconds_bucket/ && /le="0.001"/ { sub(/.* /, ""); under += $0 }
+	/^switchboard_engine_inter_token_latency_seconds_count/ { sub(/.* /, ""); total += $0 }
+	END { if (total > 0) printf "gateway-observed ITL (engine to gateway): %.1f%% of %d gaps under 1 ms\n", 100 * under / total, total }' >"$work/gwitl.txt"
 jq -r --arg s "$STREAMS" --arg itl "$ITL" '"through the gateway: streams \($s), events \(.output_tokens / (.succeeded|if .==0 then 1 else . end) | floor) each, engine ITL \($itl): succeeded \(.succeeded), failed \(.failed); client ITL p50 \(.itl.p50_ms) ms, p99 \(.itl.p99_ms) ms, largest gap \(.itl.max_ms) ms; TTFT p99 \(.ttft.p99_ms) ms"' "$work/run.json"
 echo "gateway heap in use: idle $((heap0 / 1024)) KiB, with $STREAMS streams open $((heap1 / 1024)) KiB: $(( (heap1 - heap0) / STREAMS )) B per stream"
 echo "gateway RSS: idle $((rss0 / 1024)) KiB, with $STREAMS streams open $((rss1 / 1024)) KiB: $(( (rss1 - rss0) / STREAMS )) B per stream"
+cat "$work/gwitl.txt"
+events="$(jq .output_tokens "$work/run.json")"
+echo "gateway CPU: $(echo "scale=2; ($cpu1 - $cpu0) / $(getconf CLK_TCK)" | bc) s for $events events: $(echo "scale=2; ($cpu1 - $cpu0) * 1000000 / $(getconf CLK_TCK) / $events" | bc) µs per event"
 max="$(jq .itl.max_ms "$work/run.json")"
 limit="$(echo "2 * ${ITL%ms}" | bc)"
 if (($(echo "$max <= $limit" | bc))); then echo "no stream stalled: largest gap $max ms <= 2 x ITL ($limit ms)"; else echo "STALL: largest gap $max ms > 2 x ITL ($limit ms)"; fi
