@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -19,22 +18,23 @@ import (
 
 	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
 
-// httpPoints returns the data points of the int64 or float64 histogram
-// name: attribute set -> (count, sum).
-func httpPoints(t *testing.T, h *harness, name string) map[attribute.Distinct]struct {
+// histPoint is one data point of a histogram: its attributes, count and
+// sum.
+type histPoint struct {
 	set   attribute.Set
 	count uint64
 	sum   float64
-} {
+}
+
+// httpPoints returns the data points of the int64 or float64 histogram
+// name, by attribute set.
+func httpPoints(t *testing.T, h *harness, name string) map[attribute.Distinct]histPoint {
 	t.Helper()
-	out := map[attribute.Distinct]struct {
-		set   attribute.Set
-		count uint64
-		sum   float64
-	}{}
+	out := map[attribute.Distinct]histPoint{}
 	m, ok := findMetric(h.collect(), name)
 	if !ok {
 		return out
@@ -42,19 +42,11 @@ func httpPoints(t *testing.T, h *harness, name string) map[attribute.Distinct]st
 	switch d := m.Data.(type) {
 	case metricdata.Histogram[float64]:
 		for _, dp := range d.DataPoints {
-			out[dp.Attributes.Equivalent()] = struct {
-				set   attribute.Set
-				count uint64
-				sum   float64
-			}{dp.Attributes, dp.Count, dp.Sum}
+			out[dp.Attributes.Equivalent()] = histPoint{dp.Attributes, dp.Count, dp.Sum}
 		}
 	case metricdata.Histogram[int64]:
 		for _, dp := range d.DataPoints {
-			out[dp.Attributes.Equivalent()] = struct {
-				set   attribute.Set
-				count uint64
-				sum   float64
-			}{dp.Attributes, dp.Count, float64(dp.Sum)}
+			out[dp.Attributes.Equivalent()] = histPoint{dp.Attributes, dp.Count, float64(dp.Sum)}
 		}
 	default:
 		t.Fatalf("%s is %T", name, m.Data)
@@ -261,7 +253,7 @@ func TestRespWriter(t *testing.T) {
 // the 200 that was sent, and logs it once.
 func TestPanicAfterResponseStarted(t *testing.T) {
 	_, simSrv := sim(t, enginesim.Config{Models: []string{"m"}})
-	var logs lockedLog
+	var logs testutil.LockedBuffer
 	h := newHarnessWith(t, testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}}),
 		[]Option{WithLogger(slog.New(slog.NewTextHandler(&logs, nil)))})
 	srv := httptest.NewServer(h.gw.front(h.gw.recoverer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
@@ -307,24 +299,6 @@ func TestPanicAfterResponseStarted(t *testing.T) {
 	if n := strings.Count(logs.String(), "msg=request "); n != 1 || !strings.Contains(logs.String(), "error.type=panic") {
 		t.Errorf("%d access-log lines, want 1 with error.type=panic:\n%s", n, logs.String())
 	}
-}
-
-// lockedLog is a log output the test reads.
-type lockedLog struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedLog) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedLog) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // TestClientAddress: client.address is the first X-Forwarded-For entry

@@ -1,40 +1,20 @@
 package main
 
 import (
-	"bytes"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/switchboard-gw/switchboard/internal/logbuf"
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
-
-// lockedSink is an io.Writer whose bytes the test reads while the logger
-// writes.
-type lockedSink struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *lockedSink) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *lockedSink) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // TestWarningsFlushTheLogAtOnce: with a flush interval far longer than the
 // test, info lines wait in the buffer, and a warning writes them out with
 // itself, in order; so does an error from a handler derived by With.
 func TestWarningsFlushTheLogAtOnce(t *testing.T) {
-	out := &lockedSink{}
+	out := &testutil.LockedBuffer{}
 	lb := logbuf.New(out, 64<<10, time.Hour)
 	defer lb.Close()
 	log := slog.New(flushAt{slog.NewTextHandler(lb, nil), lb, slog.LevelWarn})
