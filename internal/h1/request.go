@@ -8,6 +8,8 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // defaultUserAgent is net/http's (request.go, defaultUserAgent).
@@ -51,15 +53,15 @@ func (p *plan) prepare(req *http.Request) error {
 	if p.method == "" {
 		p.method = http.MethodGet
 	}
-	if !validToken(p.method) {
+	if !httpguts.ValidHeaderFieldName(p.method) {
 		return fmt.Errorf("net/http: invalid method %q", p.method)
 	}
 	for k, vv := range req.Header {
-		if !validToken(k) {
+		if !httpguts.ValidHeaderFieldName(k) {
 			return fmt.Errorf("net/http: invalid header field name %q", k)
 		}
 		for _, v := range vv {
-			if !validHeaderValue(v) {
+			if !httpguts.ValidHeaderFieldValue(v) {
 				// Not the value: it may be a credential.
 				return fmt.Errorf("net/http: invalid header field value for %q", k)
 			}
@@ -72,7 +74,7 @@ func (p *plan) prepare(req *http.Request) error {
 	if h == "" {
 		h = req.URL.Host
 	}
-	if !validHostHeader(h) {
+	if !httpguts.ValidHostHeader(h) {
 		// Request.write: an invalid Host is sent empty, not truncated.
 		h = ""
 	}
@@ -104,7 +106,7 @@ func (p *plan) prepare(req *http.Request) error {
 	default:
 		p.sendCL = p.bodyLen > 0
 	}
-	connClose := hasToken(req.Header["Connection"], "close")
+	connClose := httpguts.HeaderValuesContainsToken(req.Header["Connection"], "close")
 	p.close = req.Close || connClose
 	p.writeClose = req.Close && !connClose
 	p.head = p.method == http.MethodHead
@@ -375,32 +377,6 @@ func (w *bodyWriter) Write(p []byte) (int, error) {
 	return n, nil
 }
 
-// validToken reports whether s is an HTTP token (a method or a header
-// field name; httpguts.ValidHeaderFieldName, validMethod).
-func validToken(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if !validHeaderFieldByte(s[i]) {
-			return false
-		}
-	}
-	return true
-}
-
-// validHeaderValue is httpguts.ValidHeaderFieldValue: no control bytes
-// but horizontal tab (so no CR or LF), DEL included.
-func validHeaderValue(v string) bool {
-	for i := 0; i < len(v); i++ {
-		b := v[i]
-		if (b < ' ' && b != '\t') || b == 0x7f {
-			return false
-		}
-	}
-	return true
-}
-
 // hasCTL reports whether s has a control byte (< 0x20 or 0x7f;
 // request.go, stringContainsCTLByte).
 func hasCTL(s string) bool {
@@ -424,21 +400,6 @@ func trimSpace(s string) string {
 	return s
 }
 
-// hasToken reports whether one of the comma-separated values has token
-// (case-insensitive; httpguts.HeaderValuesContainsToken).
-func hasToken(vv []string, token string) bool {
-	for _, v := range vv {
-		for v != "" {
-			var part string
-			part, v, _ = strings.Cut(v, ",")
-			if strings.EqualFold(strings.TrimSpace(part), token) {
-				return true
-			}
-		}
-	}
-	return false
-}
-
 // removeZone removes an IPv6 zone identifier from host (request.go,
 // removeZone; RFC 6874).
 func removeZone(host string) string {
@@ -455,27 +416,3 @@ func removeZone(host string) string {
 	}
 	return host[:j] + host[i:]
 }
-
-// validHostHeader is httpguts.ValidHostHeader.
-func validHostHeader(h string) bool {
-	for i := 0; i < len(h); i++ {
-		if !validHostByte[h[i]] {
-			return false
-		}
-	}
-	return true
-}
-
-var validHostByte = func() (t [256]bool) {
-	for c := '0'; c <= '9'; c++ {
-		t[c] = true
-	}
-	for c := 'a'; c <= 'z'; c++ {
-		t[c] = true
-		t[c-'a'+'A'] = true
-	}
-	for _, c := range "!$%&()*+,-.:;=[]'_~" {
-		t[c] = true
-	}
-	return t
-}()

@@ -8,6 +8,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // maxKeptScratch: parser scratch grown past this by a large head is not
@@ -240,7 +242,7 @@ func (hp *headParser) readFields(br *bufio.Reader) error {
 			return fmt.Errorf("%w: malformed MIME header line: %q", ErrMalformedResponse, line)
 		}
 		for _, b := range k {
-			if !validHeaderFieldByte(b) {
+			if !httpguts.IsTokenRune(rune(b)) {
 				return fmt.Errorf("%w: malformed MIME header line: %q", ErrMalformedResponse, line)
 			}
 		}
@@ -329,9 +331,9 @@ func (hp *headParser) trim() {
 // header is removed, as net/http does).
 func shouldClose(minor int, h http.Header) bool {
 	conv := h["Connection"]
-	hasClose := hasToken(conv, "close")
+	hasClose := httpguts.HeaderValuesContainsToken(conv, "close")
 	if minor == 0 {
-		return hasClose || !hasToken(conv, "keep-alive")
+		return hasClose || !httpguts.HeaderValuesContainsToken(conv, "keep-alive")
 	}
 	if hasClose {
 		delete(h, "Connection")
@@ -421,25 +423,6 @@ var commonKeys = func() map[string]string {
 		m[k] = k
 	}
 	return m
-}()
-
-// validHeaderFieldByte reports whether c is a token byte (textproto's).
-func validHeaderFieldByte(c byte) bool {
-	return c < 0x80 && isTokenTable[c]
-}
-
-var isTokenTable = func() (t [128]bool) {
-	for c := '0'; c <= '9'; c++ {
-		t[c] = true
-	}
-	for c := 'a'; c <= 'z'; c++ {
-		t[c] = true
-		t[c-'a'+'A'] = true
-	}
-	for _, c := range "!#$%&'*+-.^_`|~" {
-		t[c] = true
-	}
-	return t
 }()
 
 // validValue is textproto's validHeaderValueByte over v: VCHAR, SP, HTAB
