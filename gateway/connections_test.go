@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
-
 	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
@@ -17,17 +15,7 @@ import (
 // connGauge returns switchboard.engine.connections by "engine/state".
 func (h *harness) connGauge() map[string]int64 {
 	h.t.Helper()
-	out := map[string]int64{}
-	m, ok := findMetric(h.collect(), telemetry.ConnectionsName)
-	if !ok {
-		return out
-	}
-	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-		e, _ := dp.Attributes.Value(telemetry.AttrEngine)
-		s, _ := dp.Attributes.Value(telemetry.AttrConnState)
-		out[e.AsString()+"/"+s.AsString()] = dp.Value
-	}
-	return out
+	return h.counterBy(telemetry.ConnectionsName, telemetry.AttrEngine, telemetry.AttrConnState)
 }
 
 // TestEngineConnectionsGauge: with the lean engine client (the default),
