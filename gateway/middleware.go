@@ -287,6 +287,29 @@ func (s *Server) endRequest(r *http.Request, st *reqState, span trace.Span) {
 	}
 }
 
+// markServerSpan records on the server span a request that failed after
+// its response had started as a success (a stream cut by the engine, a
+// client that went away mid-stream): its status code says 200, so
+// error.type says what happened, and a failure that is not the client's
+// sets the span's status to Error. (A 5xx status is marked by front's
+// endRequest.)
+func markServerSpan(ctx context.Context, st *reqState) {
+	if st.errType == "" || st.status >= 400 {
+		return
+	}
+	span := trace.SpanFromContext(ctx)
+	if !span.IsRecording() {
+		return
+	}
+	span.SetAttributes(telemetry.AttrErrorType.String(st.errType))
+	switch st.errType {
+	case ErrTypeClientCancelled, ErrTypeClientStalled:
+		span.AddEvent(telemetry.EventClientGone)
+	default:
+		span.SetStatus(codes.Error, st.errType)
+	}
+}
+
 // respWriter is the public handler's response writer: it counts the body
 // bytes written and keeps the first final status, for the server span and
 // the HTTP server metrics. Flush and FlushError reach the connection's own

@@ -11,8 +11,6 @@ import (
 	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
-	"go.opentelemetry.io/otel/codes"
-	"go.opentelemetry.io/otel/trace"
 )
 
 // proxyHandler is the handler of one operation-table row.
@@ -25,33 +23,9 @@ func (s *Server) proxyHandler(op *operation) http.HandlerFunc {
 				// The gateway's own time: everything but the waits for the
 				// client's body and for the engines (reqState.waited).
 				s.metrics.RecordOverhead(r.Context(), ot, (time.Since(st.start) - st.waited).Seconds())
-				markServerSpan(r.Context(), st)
 			}()
 		}
 		proxy(w, r)
-	}
-}
-
-// markServerSpan records on the server span a request that failed after
-// its response had started as a success (a stream cut by the engine, a
-// client that went away mid-stream): its status code says 200, so
-// error.type says what happened, and a failure that is not the client's
-// sets the span's status to Error. (A 5xx status is marked by front's
-// endRequest.)
-func markServerSpan(ctx context.Context, st *reqState) {
-	if st.errType == "" || st.status >= 400 {
-		return
-	}
-	span := trace.SpanFromContext(ctx)
-	if !span.IsRecording() {
-		return
-	}
-	span.SetAttributes(telemetry.AttrErrorType.String(st.errType))
-	switch st.errType {
-	case ErrTypeClientCancelled, ErrTypeClientStalled:
-		span.AddEvent(telemetry.EventClientGone)
-	default:
-		span.SetStatus(codes.Error, st.errType)
 	}
 }
 
