@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
 // benchEngine is a minimal keep-alive engine on loopback: it reads each
@@ -128,7 +130,7 @@ func BenchmarkRoundTrip(b *testing.B) {
 // slices), the body and the context AfterFunc's two objects: the head and
 // body write and the body framing allocate nothing.
 func TestAllocsPerRoundTrip(t *testing.T) {
-	if raceEnabled {
+	if testutil.RaceEnabled {
 		t.Skip("the race detector changes allocations (sync.Pool drops items)")
 	}
 	answer := "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 11\r\nx-request-id: 8f0e5c\r\n\r\n{\"ok\":true}"

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
 var errCause = errors.New("test: the attempt was superseded")
@@ -36,7 +38,7 @@ func TestCancelWaitingForSlot(t *testing.T) {
 		_, err := get(t, tr, ctx, srv.url())
 		done <- err
 	}()
-	eventually(t, "the second request to wait", func() bool { return counts(tr, srv).Waiting == 1 })
+	testutil.Eventually(t, 5*time.Second, func() bool { return counts(tr, srv).Waiting == 1 }, "the second request to wait")
 	cancel(errCause)
 	if err := <-done; err != errCause {
 		t.Errorf("err %v, want the cause", err)

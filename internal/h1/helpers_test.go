@@ -106,18 +106,6 @@ func seesEOF(c net.Conn, br *bufio.Reader) error {
 	return err
 }
 
-// eventually polls cond every millisecond for up to 5 s.
-func eventually(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
-}
-
 // counts returns the Transport's counts for the server's host.
 func counts(tr *Transport, s *rawServer) ConnCount {
 	return tr.ConnCounts()[s.ln.Addr().String()]
@@ -153,4 +141,10 @@ type closeRecorder struct {
 func (c *closeRecorder) Close() error {
 	c.closed.Add(1)
 	return nil
+}
+
+// withProbeIdle sets how long a connection must have been idle to be
+// checked at checkout (tests).
+func withProbeIdle(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.probeIdle = d })
 }

@@ -181,9 +181,3 @@ func newConfig(opts []Option) config {
 	}
 	return c
 }
-
-// withProbeIdle sets how long a connection must have been idle to be
-// checked at checkout (tests).
-func withProbeIdle(d time.Duration) Option {
-	return optionFunc(func(c *config) { c.probeIdle = d })
-}

@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
 // okServer answers every request with "ok" (Content-Length), keeping the
@@ -178,7 +180,7 @@ func TestMaxConnsPerHost(t *testing.T) {
 		}()
 	}
 	arrived.Wait()
-	eventually(t, "the third request to wait", func() bool { return counts(tr, srv) == ConnCount{Active: 2, Waiting: 1} })
+	testutil.Eventually(t, 5*time.Second, func() bool { return counts(tr, srv) == ConnCount{Active: 2, Waiting: 1} }, "the third request to wait")
 	close(release)
 	wg.Wait()
 	close(errs)
@@ -216,9 +218,12 @@ func TestMaxIdleConnsPerHost(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if resp, err := get(t, tr, context.Background(), srv.url()); err == nil {
-				readAll(t, resp)
+			resp, err := get(t, tr, context.Background(), srv.url())
+			if err != nil {
+				t.Error(err)
+				return
 			}
+			readAll(t, resp)
 		}()
 	}
 	arrived.Wait()
@@ -272,7 +277,7 @@ func TestIdleConnTimeout(t *testing.T) {
 	if err := <-closed; err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, "the idle count to drop", func() bool { return counts(tr, srv) == ConnCount{} })
+	testutil.Eventually(t, 5*time.Second, func() bool { return counts(tr, srv) == ConnCount{} }, "the idle count to drop")
 }
 
 // TestHostSpellings: a URL host with and without its default port shares

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/textproto"
 	"net/url"
 	"strconv"
 	"strings"
@@ -83,7 +84,7 @@ func (p *plan) prepare(req *http.Request) error {
 	if vv, ok := req.Header["User-Agent"]; ok {
 		p.ua = ""
 		if len(vv) > 0 {
-			p.ua = trimSpace(vv[0])
+			p.ua = textproto.TrimString(vv[0])
 		}
 	}
 	body := req.Body
@@ -171,7 +172,7 @@ func appendHead(buf []byte, req *http.Request, p *plan) []byte {
 		for _, v := range vv {
 			buf = append(buf, k...)
 			buf = append(buf, ": "...)
-			buf = append(buf, trimSpace(v)...)
+			buf = append(buf, textproto.TrimString(v)...)
 			buf = append(buf, "\r\n"...)
 		}
 	}
@@ -308,7 +309,9 @@ func (c *conn) writeChunked(buf []byte, body io.Reader) ([]byte, error) {
 			buf = buf[:0]
 		}
 		l := len(buf)
-		room := min(cap(buf)-l-chunkHead-2, 0xffff)
+		// Room for the chunk's CRLF and the last chunk too: a Read that
+		// fills it and ends the body in one call does not grow buf.
+		room := min(cap(buf)-l-chunkHead-2-len("0\r\n\r\n"), 0xffff)
 		data := buf[l+chunkHead : l+chunkHead+room]
 		m, err := body.Read(data)
 		if m > 0 {
@@ -386,18 +389,6 @@ func hasCTL(s string) bool {
 		}
 	}
 	return false
-}
-
-// trimSpace trims leading and trailing spaces and tabs (textproto.TrimString
-// on a value that has no CR or LF).
-func trimSpace(s string) string {
-	for len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
-		s = s[1:]
-	}
-	for len(s) > 0 && (s[len(s)-1] == ' ' || s[len(s)-1] == '\t') {
-		s = s[:len(s)-1]
-	}
-	return s
 }
 
 // removeZone removes an IPv6 zone identifier from host (request.go,

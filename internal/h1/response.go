@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/textproto"
 	"strconv"
 	"strings"
 
@@ -94,9 +95,9 @@ func (c *conn) readResponse(req *http.Request, p *plan) (*http.Response, *body, 
 	// Content-Length (fixLength).
 	cls := h["Content-Length"]
 	if len(cls) > 1 {
-		first := trimSpace(cls[0])
+		first := textproto.TrimString(cls[0])
 		for _, v := range cls[1:] {
-			if trimSpace(v) != first {
+			if textproto.TrimString(v) != first {
 				return nil, nil, fmt.Errorf("%w: multiple Content-Length headers: %q", ErrMalformedResponse, cls)
 			}
 		}
@@ -228,7 +229,7 @@ func (hp *headParser) readFields(br *bufio.Reader) error {
 			if len(hp.kvs) == 0 {
 				return fmt.Errorf("%w: malformed MIME header initial line: %q", ErrMalformedResponse, line)
 			}
-			v := trimBytes(line)
+			v := textproto.TrimBytes(line)
 			if !validValue(v) {
 				return fmt.Errorf("%w: malformed MIME header line: %q", ErrMalformedResponse, line)
 			}
@@ -246,7 +247,7 @@ func (hp *headParser) readFields(br *bufio.Reader) error {
 				return fmt.Errorf("%w: malformed MIME header line: %q", ErrMalformedResponse, line)
 			}
 		}
-		v = trimBytes(v)
+		v = textproto.TrimBytes(v)
 		if !validValue(v) {
 			return fmt.Errorf("%w: malformed MIME header line: %q", ErrMalformedResponse, line)
 		}
@@ -343,7 +344,7 @@ func shouldClose(minor int, h http.Header) bool {
 
 // parseContentLength is transfer.go's parseContentLength.
 func parseContentLength(v string) (int64, error) {
-	v = trimSpace(v)
+	v = textproto.TrimString(v)
 	if v == "" {
 		return 0, fmt.Errorf("%w: invalid empty Content-Length", ErrMalformedResponse)
 	}
@@ -434,16 +435,6 @@ func validValue(v []byte) bool {
 		}
 	}
 	return true
-}
-
-func trimBytes(s []byte) []byte {
-	for len(s) > 0 && (s[0] == ' ' || s[0] == '\t') {
-		s = s[1:]
-	}
-	for len(s) > 0 && (s[len(s)-1] == ' ' || s[len(s)-1] == '\t') {
-		s = s[:len(s)-1]
-	}
-	return s
 }
 
 func isDigit(b byte) bool { return '0' <= b && b <= '9' }

@@ -11,6 +11,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
 // staleEngine serves each connection's requests in order and records them
@@ -235,7 +238,7 @@ func TestReplayedOnce(t *testing.T) {
 			}
 		}()
 	}
-	eventually(t, "the warm-up requests", func() bool { return arrived.Load() == idle })
+	testutil.Eventually(t, 5*time.Second, func() bool { return arrived.Load() == idle }, "the warm-up requests")
 	close(hold)
 	wg.Wait()
 	if c := counts(tr, e.rawServer); c.Idle != idle {
@@ -386,7 +389,7 @@ func TestIdleCloseDetected(t *testing.T) {
 				h.mu.Lock()
 				nc := h.idle[0].nc
 				h.mu.Unlock()
-				eventually(t, "the close to arrive", func() bool { return peerGone(nc) })
+				testutil.Eventually(t, 5*time.Second, func() bool { return peerGone(nc) }, "the close to arrive")
 			}
 		}
 		if n := srv.accepted.Load(); n != 2 {

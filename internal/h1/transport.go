@@ -134,9 +134,7 @@ func (t *Transport) CloseIdleConnections() {
 		}
 	}
 	t.mu.Unlock()
-	for _, c := range idle {
-		_ = c.nc.Close()
-	}
+	closeConns(idle)
 	if ci, ok := t.fallback.(interface{ CloseIdleConnections() }); ok {
 		ci.CloseIdleConnections()
 	}
