@@ -136,21 +136,17 @@ func (c *conn) readResponse(req *http.Request, p *plan) (*http.Response, *body, 
 			}
 		}
 	}
-	if n == -1 && !chunked && !noBody {
-		resp.Close = true // delimited by the connection's close
-	}
 	var kind uint8
 	switch {
-	case chunked && (p.head || noBody), n == 0:
+	case n == 0: // a HEAD answer, 204, 304 or Content-Length: 0
 		return resp, nil, nil
 	case chunked:
 		kind = bodyChunked
 	case n > 0:
 		kind = bodyLength
-	case resp.Close:
+	default: // no length: the body ends with the connection
+		resp.Close = true
 		kind = bodyUntilClose
-	default:
-		return resp, nil, nil
 	}
 	return resp, &body{c: c, resp: resp, kind: kind, remain: n, keep: !resp.Close && !p.close}, nil
 }
