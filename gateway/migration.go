@@ -646,13 +646,21 @@ func (c *carry) keepChunkText(data []byte) {
 	if t == nil {
 		t = v.Choices[0].Delta.Content
 	}
-	switch {
-	case t == nil:
-	case len(c.text)+len(*t) > 16*c.cfg.MaxTokens:
-		c.keepText, c.text = false, nil
-	default:
-		c.text = append(c.text, *t...)
+	if t != nil {
+		c.keep(*t)
 	}
+}
+
+// keep appends t to the text kept for a crossing to a fallback model
+// while the whole stays within migration.max_tokens x 16 bytes; past that
+// the text is let go of and no longer kept, so that a later, shorter
+// chunk cannot leave a hole in it.
+func (c *carry) keep(t string) {
+	if len(c.text)+len(t) > 16*c.cfg.MaxTokens {
+		c.keepText, c.text = false, nil
+		return
+	}
+	c.text = append(c.text, t...)
 }
 
 // crossable reports whether a break could be continued on another model
@@ -915,8 +923,8 @@ func (c *carry) reshape(b []byte, data []byte) (out []byte, drop bool) {
 	ch := cc.Choices[0]
 	if c.keepText {
 		var t string
-		if json.Unmarshal(ch.Text, &t) == nil && len(c.text)+len(t) <= 16*c.cfg.MaxTokens {
-			c.text = append(c.text, t...) // for a continuation on a fallback model
+		if json.Unmarshal(ch.Text, &t) == nil {
+			c.keep(t) // for a continuation on a fallback model
 		}
 	}
 	if c.excluded == "" && len(ch.TokenIDs) > 0 {

@@ -241,3 +241,23 @@ func TestCarryRequest(t *testing.T) {
 		t.Errorf("completions without max_tokens, 3 generated: %s", body)
 	}
 }
+
+// TestCarryKeptTextHasNoHole: the text kept for a crossing to a fallback
+// model is let go of, for good, once a continuation's chunk would take it
+// past migration.max_tokens x 16 bytes: a later, shorter chunk is not
+// appended after the one that was skipped.
+func TestCarryKeptTextHasNoHole(t *testing.T) {
+	c := testCarry(migrateChat, `{}`)
+	c.cfg.MaxTokens = 1 // 16 bytes of text
+	c.keepText = true
+	c.id, c.created, c.model = []byte(`"chatcmpl-1"`), []byte(`7`), []byte(`"m"`)
+	chunk := func(text string) string {
+		return `{"id":"cmpl-9","object":"text_completion","created":9,"model":"m","choices":[{"index":0,"text":"` + text + `","logprobs":null,"finish_reason":null,"token_ids":[32002]}]}`
+	}
+	for _, text := range []string{"0123456789", "abcdefghij", "xy"} {
+		c.reshape(nil, []byte(chunk(text)))
+	}
+	if c.keepText || c.text != nil {
+		t.Errorf("kept text %q (keepText %v), want none: %q was skipped", c.text, c.keepText, "abcdefghij")
+	}
+}
