@@ -195,14 +195,18 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 	// body's size), not the event's bytes: a chat chunk's framing is ~50
 	// times its token, so charging it would refuse answers whose body
 	// fits well within the limit.
+	// kept is ra.Held() after the last add: Held walks what the
+	// reassembler keeps, so it is read once per event, not twice.
+	kept := ra.Held()
 	add := func(data []byte) {
-		before := ra.Held()
 		if framed {
 			failed = addFramed(ra, data)
 		} else {
 			failed = ra.Add(data)
 		}
-		grow := int64(ra.Held() - before)
+		now := ra.Held()
+		grow := int64(now - kept)
+		kept = now
 		if failed != nil || grow <= 0 {
 			return
 		}

@@ -50,7 +50,7 @@ func (r *ResponsesReassembler) Add(data []byte) error {
 		Message  json.RawMessage `json:"message"`
 	}
 	if err := json.Unmarshal(data, &ev); err != nil {
-		return r.fail(fmt.Errorf("%w: %v", ErrMalformedChunk, err))
+		return r.fail(malformedf("%v", err))
 	}
 	switch ev.Type {
 	case "response.completed", "response.incomplete":
