@@ -18,17 +18,18 @@ import (
 // engine b1, models.fallbacks {a: [b]}: a continuation of a's answer has
 // no engine of a left and crosses to b.
 //
-// b1's POST /tokenize calls are counted in tokenized: a crossing must ask
+// b1's POST /tokenize calls are counted in its tokenized: a crossing must ask
 // b's tokenizer (the two simulators share one id space, so ids of a sent
 // to b would pass unnoticed otherwise).
-func newCrossHarness(t *testing.T, fault string, tune func(*Config)) (*retryHarness, *enginesim.Engine) {
+func newCrossHarness(t *testing.T, fault string, tune func(*Config)) (*crossHarness, *enginesim.Engine) {
 	t.Helper()
+	ch := &crossHarness{}
 	ea, sa := sim(t, enginesim.Config{Models: []string{"a"}, Fault: fault})
 	eb, sb := sim(t, enginesim.Config{Models: []string{"b"}})
 	proxy := httputil.NewSingleHostReverseProxy(mustURL(t, sb.URL))
 	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/tokenize" {
-			tokenized.Add(1)
+			ch.tokenized.Add(1)
 		}
 		// Full duplex: else net/http closes the request body when the
 		// (fast) engine's answer starts, and the proxy's Transport may
@@ -37,31 +38,35 @@ func newCrossHarness(t *testing.T, fault string, tune func(*Config)) (*retryHarn
 		proxy.ServeHTTP(w, r)
 	}))
 	t.Cleanup(front.Close)
-	tokenized.Store(0)
 	cfg := testConfig(fleet.EngineConfig{Name: "a1", URL: sa.URL, Models: []string{"a"}}, fleet.EngineConfig{Name: "b1", URL: front.URL, Models: []string{"b"}})
 	cfg.Models.Fallbacks = map[string][]string{"a": {"b"}}
 	if tune != nil {
 		tune(&cfg)
 	}
 	rh := &retryHarness{harness: newHarness(t, cfg), e1: ea, e2: eb, rel: map[string][]routing.Phase{}}
+	ch.retryHarness = rh
 	rh.gw.onRelease = func(engine string, p routing.Phase) {
 		rh.mu.Lock()
 		rh.rel[engine] = append(rh.rel[engine], p)
 		rh.mu.Unlock()
 	}
-	return rh, eb
+	return ch, eb
 }
 
-// tokenized counts the POST /tokenize calls of the cross harness's b1.
-var tokenized atomic.Int64
+// crossHarness is a retryHarness whose b1 counts its POST /tokenize
+// calls in tokenized.
+type crossHarness struct {
+	*retryHarness
+	tokenized atomic.Int64
+}
 
 // checkCrossed checks the accounting of an answer begun on a1 and
 // finished on b1: one release each (b1's from decode), one rescued
 // continuation, one fallback a>b for continuation, gauges at 0.
-func checkCrossed(t *testing.T, rh *retryHarness) {
+func checkCrossed(t *testing.T, rh *crossHarness) {
 	t.Helper()
 	rh.waitIdle()
-	if n := tokenized.Load(); n != 2 {
+	if n := rh.tokenized.Load(); n != 2 {
 		t.Errorf("b1's /tokenize was called %d times, want 2 (the prompt, the text)", n)
 	}
 	rh.checkHandOver(t, "a1", "b1")
@@ -188,8 +193,8 @@ func TestContinuationNotCrossed(t *testing.T) {
 			if got := rh.fallbackCounts(); len(got) != 0 {
 				t.Errorf("fallbacks %v, want none", got)
 			}
-			if n := eb.Stats().Received; n != 0 || tokenized.Load() != 0 {
-				t.Errorf("b1 got %d requests and %d /tokenize calls", n, tokenized.Load())
+			if n := eb.Stats().Received; n != 0 || rh.tokenized.Load() != 0 {
+				t.Errorf("b1 got %d requests and %d /tokenize calls", n, rh.tokenized.Load())
 			}
 		})
 	}
