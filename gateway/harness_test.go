@@ -125,7 +125,10 @@ func newHarnessWith(t testing.TB, cfg Config, gwOpts []Option, opts ...harnessOp
 	for _, f := range opts {
 		f(&o)
 	}
-	reader := sdkmetric.NewManualReader()
+	// The per-event histograms as the binary records them (telemetry.Setup):
+	// outside the SDK, through a producer on the reader.
+	events := telemetry.NewEventHistograms()
+	reader := sdkmetric.NewManualReader(sdkmetric.WithProducer(events.Producer(metricdata.CumulativeTemporality, false)))
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	var spans *tracetest.SpanRecorder
 	sp := o.spans
@@ -134,7 +137,7 @@ func newHarnessWith(t testing.TB, cfg Config, gwOpts []Option, opts ...harnessOp
 		sp = spans
 	}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sp), sdktrace.WithSampler(o.sampler))
-	m, err := telemetry.NewMetrics(mp)
+	m, err := telemetry.NewMetrics(mp, telemetry.WithEventHistograms(events))
 	if err != nil {
 		t.Fatal(err)
 	}

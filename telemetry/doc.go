@@ -84,6 +84,12 @@
 // that brought bytes after the first (a stalled engine shows here before
 // its idle timeout fires).
 //
+// switchboard.engine.inter_token_latency and
+// gen_ai.client.operation.time_per_output_chunk are recorded once per
+// stream event, not once per request: [Setup] keeps them outside the SDK
+// in [EventHistograms] (see there), and [NewMetrics] takes them with
+// [WithEventHistograms].
+//
 // # GenAI semantic conventions
 //
 // The gen_ai.* instruments and span attributes follow [GenAIConventions]:

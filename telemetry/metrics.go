@@ -12,6 +12,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/sdk/instrumentation"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -143,7 +144,8 @@ var (
 // concurrent use; recording honours no context cancellation (OpenTelemetry
 // records even after the client has gone, by contract).
 type Metrics struct {
-	meter metric.Meter
+	meter  metric.Meter
+	events *EventHistograms // nil: itl and genaiPerChunk record through the SDK
 
 	activeRequests metric.Int64ObservableUpDownCounter
 	connections    metric.Int64ObservableUpDownCounter
@@ -178,12 +180,31 @@ type Metrics struct {
 	phaseDecode  attribute.KeyValue
 }
 
+// The descriptions of the per-event histograms, shared by the SDK
+// instruments and [EventHistograms].
+const (
+	itlDescription   = "Time between consecutive content-bearing stream events from an engine."
+	chunkDescription = "Time between consecutive output chunks of a streaming operation, after the first."
+)
+
 // MetricsOption configures [NewMetrics].
 type MetricsOption func(*metricsConfig)
 
 type metricsConfig struct {
 	longest time.Duration
 	version string
+	events  *EventHistograms
+}
+
+// WithEventHistograms records the per-event histograms
+// (switchboard.engine.inter_token_latency and
+// gen_ai.client.operation.time_per_output_chunk) in h instead of through
+// the meter provider: h's producers must be registered on every reader of
+// the provider, or those two instruments reach no reader. One h serves one
+// Metrics; NewMetrics fails on a second. nil (the default) records them
+// through the provider like every other instrument.
+func WithEventHistograms(h *EventHistograms) MetricsOption {
+	return func(c *metricsConfig) { c.events = h }
 }
 
 // WithVersion sets the version of the instrumentation scope, the
@@ -230,6 +251,7 @@ func NewMetrics(mp metric.MeterProvider, opts ...MetricsOption) (*Metrics, error
 		}
 	}
 	m := &Metrics{
+		events:       cfg.events,
 		meter:        mp.Meter(ScopeName, metric.WithInstrumentationVersion(cfg.version)),
 		phasePrefill: AttrPhase.String("prefill"),
 		phaseDecode:  AttrPhase.String("decode"),
@@ -244,7 +266,16 @@ func NewMetrics(mp metric.MeterProvider, opts ...MetricsOption) (*Metrics, error
 		return h
 	}
 	m.ttft = fh(TimeToFirstTokenName, "s", "Time from sending the request to an engine to the first generated token (streamed from the engine).", ttftBuckets)
-	m.itl = fh(InterTokenLatencyName, "s", "Time between consecutive content-bearing stream events from an engine.", itlBuckets)
+	if m.events != nil {
+		if err := m.events.bind(instrumentation.Scope{Name: ScopeName, Version: cfg.version}); err != nil {
+			errs = append(errs, err)
+			m.events = nil
+		}
+	}
+	if m.events == nil {
+		m.itl = fh(InterTokenLatencyName, "s", itlDescription, itlBuckets)
+		m.genaiPerChunk = fh(GenAIClientTimePerOutputChunkName, "s", chunkDescription, genaiDurationBuckets)
+	}
 	m.duration = fh(RequestDurationName, "s", "Duration of one engine attempt, from span start to span end.", durationBuckets)
 	m.ttfb = fh(TimeToFirstByteName, "s", "Time from sending a request to an engine to its response headers, per attempt.", ttftBuckets)
 	m.maxGap = fh(StreamMaxGapName, "s", "Largest gap between two reads bringing bytes of one event stream from an engine, after its first.", ttftBuckets)
@@ -255,7 +286,6 @@ func NewMetrics(mp metric.MeterProvider, opts ...MetricsOption) (*Metrics, error
 	}
 	m.genaiDuration = fh(GenAIClientOperationDurationName, "s", "GenAI operation duration: one engine attempt, from sending the request to its last byte.", GenAIOperationBuckets(cfg.longest))
 	m.genaiFirstChunk = fh(GenAIClientTimeToFirstChunkName, "s", "Time to receive the first chunk of output in a streaming operation.", genaiDurationBuckets)
-	m.genaiPerChunk = fh(GenAIClientTimePerOutputChunkName, "s", "Time between consecutive output chunks of a streaming operation, after the first.", genaiDurationBuckets)
 
 	var err error
 	if m.tokenUsage, err = m.meter.Int64Histogram(GenAIClientTokenUsageName, metric.WithUnit("{token}"),
@@ -435,6 +465,7 @@ func (m *Metrics) ObserveConnections(fn ConnectionsFunc) (metric.Registration, e
 // use.
 type Engine struct {
 	name       string
+	events     *EventHistograms // the Metrics'; nil: the SDK records
 	prefillSet attribute.Set
 	decodeSet  attribute.Set
 	engineSet  attribute.Set          // engine only, for the engine stats gauges
@@ -491,6 +522,7 @@ func (m *Metrics) Engine(name string, opts ...EngineOption) *Engine {
 	}
 	e := &Engine{
 		name:       name,
+		events:     m.events,
 		prefillSet: attribute.NewSet(AttrEngine.String(name), m.phasePrefill),
 		decodeSet:  attribute.NewSet(AttrEngine.String(name), m.phaseDecode),
 		engineSet:  attribute.NewSet(AttrEngine.String(name)),
@@ -539,6 +571,11 @@ type Attrs struct {
 	genaiRec       []metric.RecordOption
 	genaiInRec     []metric.RecordOption // + gen_ai.token.type=input
 	genaiOutRec    []metric.RecordOption // + gen_ai.token.type=output
+
+	// The per-event series, when the Metrics has [EventHistograms]:
+	// inter-token latency on engineModel, time per output chunk on the
+	// GenAI set.
+	itlSeries, chunkSeries *eventSeries
 }
 
 // SpanName returns the GenAI span name "{operation} {model}".
@@ -595,7 +632,12 @@ func (e *Engine) Attrs(model, op, operation string) *Attrs {
 		}
 		a.engineModelRec = []metric.RecordOption{metric.WithAttributeSet(a.engineModel)}
 		a.engineModelAdd = []metric.AddOption{metric.WithAttributeSet(a.engineModel)}
-		a.genaiRec = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(g...))}
+		genaiSet := attribute.NewSet(g...)
+		a.genaiRec = []metric.RecordOption{metric.WithAttributeSet(genaiSet)}
+		if e.events != nil {
+			a.itlSeries = e.events.itl.series(a.engineModel)
+			a.chunkSeries = e.events.chunk.series(genaiSet)
+		}
 		a.genaiInRec = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(append(g[:len(g):len(g)], AttrGenAITokType.String("input"))...))}
 		a.genaiOutRec = []metric.RecordOption{metric.WithAttributeSet(attribute.NewSet(append(g[:len(g):len(g)], AttrGenAITokType.String("output"))...))}
 		return a
@@ -625,6 +667,11 @@ func (m *Metrics) RecordFirstToken(ctx context.Context, a *Attrs, seconds float6
 // (switchboard.engine.inter_token_latency and
 // gen_ai.client.operation.time_per_output_chunk).
 func (m *Metrics) RecordInterToken(ctx context.Context, a *Attrs, seconds float64) {
+	if a.itlSeries != nil {
+		a.itlSeries.record(seconds)
+		a.chunkSeries.record(seconds)
+		return
+	}
 	m.itl.Record(ctx, seconds, a.engineModelRec...)
 	m.genaiPerChunk.Record(ctx, seconds, a.genaiRec...)
 }

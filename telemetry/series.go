@@ -594,9 +594,12 @@ func (e *seriesExporter) Export(ctx context.Context, rm *metricdata.ResourceMetr
 // implemented outside the SDK) and it takes no exporter of ours. Any other
 // value (console, none, or one registered with autoexport) goes to
 // autoexport unfiltered.
-func newMetricReader(ctx context.Context, f *seriesFilter) (sdkmetric.Reader, error) {
+func newMetricReader(ctx context.Context, f *seriesFilter, events *EventHistograms) (_ sdkmetric.Reader, eventsOK bool, _ error) {
 	if e := os.Getenv("OTEL_METRICS_EXPORTER"); e != "" && e != "otlp" {
-		return autoexport.NewMetricReader(ctx)
+		r, err := autoexport.NewMetricReader(ctx)
+		// "none" has no reader to miss the producer; any other exporter
+		// takes no producer of ours.
+		return r, err == nil && autoexport.IsNoneMetricReader(r), err
 	}
 	proto := os.Getenv("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL")
 	if proto == "" {
@@ -610,20 +613,32 @@ func newMetricReader(ctx context.Context, f *seriesFilter) (sdkmetric.Reader, er
 	case "", "http/protobuf":
 		exp, err = otlpmetrichttp.New(ctx)
 	default:
-		return nil, fmt.Errorf("invalid OTLP protocol %q for metrics: want grpc or http/protobuf", proto)
+		return nil, false, fmt.Errorf("invalid OTLP protocol %q for metrics: want grpc or http/protobuf", proto)
 	}
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	producers, err := metricProducers()
 	if err != nil {
-		return nil, errors.Join(err, exp.Shutdown(ctx))
+		return nil, false, errors.Join(err, exp.Shutdown(ctx))
 	}
 	var opts []sdkmetric.PeriodicReaderOption
 	for _, pr := range producers {
 		opts = append(opts, sdkmetric.WithProducer(pr))
 	}
-	return sdkmetric.NewPeriodicReader(&seriesExporter{Exporter: exp, f: f}, opts...), nil
+	// The per-event histograms are explicit-bucket histograms: they go
+	// to this reader when its histogram aggregation is that too
+	// (OTEL_EXPORTER_OTLP_METRICS_DEFAULT_HISTOGRAM_AGGREGATION unset or
+	// explicit_bucket_histogram), with its temporality.
+	switch a := exp.Aggregation(sdkmetric.InstrumentKindHistogram).(type) {
+	case sdkmetric.AggregationExplicitBucketHistogram:
+		opts = append(opts, sdkmetric.WithProducer(events.Producer(exp.Temporality(sdkmetric.InstrumentKindHistogram), a.NoMinMax)))
+		eventsOK = true
+	case sdkmetric.AggregationDefault:
+		opts = append(opts, sdkmetric.WithProducer(events.Producer(exp.Temporality(sdkmetric.InstrumentKindHistogram), false)))
+		eventsOK = true
+	}
+	return sdkmetric.NewPeriodicReader(&seriesExporter{Exporter: exp, f: f}, opts...), eventsOK, nil
 }
 
 // metricProducers returns the producers OTEL_METRICS_PRODUCERS names, as

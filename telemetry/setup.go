@@ -18,6 +18,7 @@ import (
 	promexporter "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/propagation"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	semconv "go.opentelemetry.io/otel/semconv/v1.43.0"
@@ -73,6 +74,14 @@ type Providers struct {
 	// OTLPTraces and OTLPMetrics report whether an OTLP (or other
 	// autoexport) exporter was configured from the environment.
 	OTLPTraces, OTLPMetrics bool
+
+	// Events are the per-event histograms ([EventHistograms]), with a
+	// producer on every reader of MeterProvider: pass them to
+	// [NewMetrics] with [WithEventHistograms]. nil when a reader could
+	// not take them (an OTLP exporter with another histogram
+	// aggregation, or a non-OTLP OTEL_METRICS_EXPORTER): the SDK then
+	// records those instruments too.
+	Events *EventHistograms
 
 	// series drops gone engines' series from the Prometheus handler and
 	// the OTLP metric exporter ([Providers.SetEngineLive]).
@@ -138,11 +147,41 @@ func Setup(ctx context.Context, cfg Config, log *slog.Logger) (*Providers, func(
 	p.TracerProvider = sdktrace.NewTracerProvider(tpOpts...)
 	shutdowns = append(shutdowns, p.TracerProvider.Shutdown)
 
-	// Metrics: always the Prometheus reader; OTLP when configured.
+	// Metrics: always the Prometheus reader; OTLP when configured. The
+	// per-event histograms (EventHistograms) go to both through
+	// producers, unless the OTLP reader cannot take them: then the SDK
+	// records them, for every reader.
+	events := NewEventHistograms()
+	var otlpReader sdkmetric.Reader
+	if os.Getenv("OTEL_METRICS_EXPORTER") == "prometheus" {
+		log.Info("OTEL_METRICS_EXPORTER=prometheus: metrics are already served on the admin listener's /metrics; no second Prometheus server started")
+	} else if !disabled && signalConfigured("METRICS") {
+		// autoexport's reader, but for OTLP with the exporter wrapped so
+		// gone engines' points are left out (SetEngineLive).
+		r, eventsOK, err := newMetricReader(ctx, p.series, events)
+		if err != nil {
+			_ = shutdown(ctx)
+			return nil, nil, fmt.Errorf("metric reader: %w", err)
+		}
+		if !eventsOK {
+			events = nil
+		}
+		if !autoexport.IsNoneMetricReader(r) {
+			otlpReader = r
+			p.OTLPMetrics = true
+		}
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	promExp, err := promexporter.New(promexporter.WithRegisterer(reg), promexporter.WithoutScopeInfo())
+	promOpts := []promexporter.Option{promexporter.WithRegisterer(reg), promexporter.WithoutScopeInfo()}
+	if events != nil {
+		promOpts = append(promOpts, promexporter.WithProducer(events.Producer(metricdata.CumulativeTemporality, false)))
+	}
+	promExp, err := promexporter.New(promOpts...)
 	if err != nil {
+		if otlpReader != nil {
+			_ = otlpReader.Shutdown(ctx)
+		}
 		_ = shutdown(ctx)
 		return nil, nil, fmt.Errorf("prometheus exporter: %w", err)
 	}
@@ -152,24 +191,13 @@ func Setup(ctx context.Context, cfg Config, log *slog.Logger) (*Providers, func(
 	// (SetEngineLive).
 	p.Prometheus = promhttp.HandlerFor(seriesGatherer{reg, p.series}, promhttp.HandlerOpts{EnableOpenMetrics: true})
 	mpOpts := []sdkmetric.Option{sdkmetric.WithResource(res), sdkmetric.WithReader(promExp)}
+	if otlpReader != nil {
+		mpOpts = append(mpOpts, sdkmetric.WithReader(otlpReader))
+	}
 	if cfg.CardinalityLimit > 0 {
 		mpOpts = append(mpOpts, sdkmetric.WithCardinalityLimit(cfg.CardinalityLimit))
 	}
-	if os.Getenv("OTEL_METRICS_EXPORTER") == "prometheus" {
-		log.Info("OTEL_METRICS_EXPORTER=prometheus: metrics are already served on the admin listener's /metrics; no second Prometheus server started")
-	} else if !disabled && signalConfigured("METRICS") {
-		// autoexport's reader, but for OTLP with the exporter wrapped so
-		// gone engines' points are left out (SetEngineLive).
-		r, err := newMetricReader(ctx, p.series)
-		if err != nil {
-			_ = shutdown(ctx)
-			return nil, nil, fmt.Errorf("metric reader: %w", err)
-		}
-		if !autoexport.IsNoneMetricReader(r) {
-			mpOpts = append(mpOpts, sdkmetric.WithReader(r))
-			p.OTLPMetrics = true
-		}
-	}
+	p.Events = events
 	p.MeterProvider = sdkmetric.NewMeterProvider(mpOpts...)
 	shutdowns = append(shutdowns, p.MeterProvider.Shutdown)
 

@@ -150,7 +150,7 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 	// request may last.
 	t := cfg.Server.Config.Timeouts
 	metrics, err := telemetry.NewMetrics(providers.MeterProvider, telemetry.WithLongestTimeout(max(t.Request, t.Attempt)),
-		telemetry.WithVersion(version.Version))
+		telemetry.WithVersion(version.Version), telemetry.WithEventHistograms(providers.Events))
 	if err != nil {
 		return err
 	}
