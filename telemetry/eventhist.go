@@ -16,18 +16,19 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
-// Per-event histograms.
+// EventHistograms holds the two histograms recorded per stream event.
 //
 // Two instruments are recorded once per content event of every stream,
 // not once per request: switchboard.engine.inter_token_latency and
 // gen_ai.client.operation.time_per_output_chunk. Through the OTel Go SDK
 // (v1.47) each record resolves its attribute set again
 // (attrnorm.SetDedup walks every attribute), looks the series up in a
-// map, and offers the sample to the exemplar reservoir: about 0.33 µs a
-// record on this project's 2-core benchmark machine, 6.6% of the
-// gateway's CPU on a 16-token stream (BENCHMARKS.md, issue 24).
+// map, and offers the sample to the exemplar reservoir: 0.36 µs for the
+// two (BenchmarkRecordInterToken; 0.03 µs here,
+// BenchmarkRecordInterTokenEvents), 6.6% of the gateway's CPU on a
+// 16-token stream (BENCHMARKS.md, issue 24).
 //
-// [EventHistograms] keeps those two instruments outside the SDK: each
+// EventHistograms keeps those two instruments outside the SDK: each
 // (instrument, attribute set) is one series of atomic bucket counters that
 // the engine's cached [Attrs] point at directly, so a record is a bucket
 // search and a few atomic adds, with no lookup and no allocation. The
@@ -42,12 +43,11 @@ import (
 // take them (the Prometheus reader and its own OTLP reader with
 // explicit-bucket histograms); [NewMetrics] without [WithEventHistograms]
 // records both through the SDK as before.
-
-// EventHistograms holds the per-event histograms (see above) of one
-// [Metrics]. Create it with [NewEventHistograms], register
-// [EventHistograms.Producer] on every reader of the meter provider, and
-// pass it to [NewMetrics] with [WithEventHistograms]. Safe for concurrent
-// use.
+//
+// One EventHistograms serves one [Metrics]. Create it with
+// [NewEventHistograms], register [EventHistograms.Producer] on every
+// reader of the meter provider, and pass it to [NewMetrics] with
+// [WithEventHistograms]. Safe for concurrent use.
 type EventHistograms struct {
 	start time.Time
 	// scope is set when a Metrics binds the histograms (the scope's
