@@ -127,7 +127,7 @@ func newHarnessWith(t testing.TB, cfg Config, gwOpts []Option, opts ...harnessOp
 	}
 	// The per-event histograms as the binary records them (telemetry.Setup):
 	// outside the SDK, through a producer on the reader.
-	events := telemetry.NewEventHistograms()
+	events := telemetry.NewEventHistograms(0)
 	reader := sdkmetric.NewManualReader(sdkmetric.WithProducer(events.Producer(metricdata.CumulativeTemporality, false)))
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	var spans *tracetest.SpanRecorder

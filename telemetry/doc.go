@@ -87,7 +87,8 @@
 // switchboard.engine.inter_token_latency and
 // gen_ai.client.operation.time_per_output_chunk are recorded once per
 // stream event, not once per request: [Setup] keeps them outside the SDK
-// in [EventHistograms] (see there), and [NewMetrics] takes them with
+// in [EventHistograms] (see there) when every reader it builds can take
+// them ([Providers.Events]), and [NewMetrics] takes them with
 // [WithEventHistograms].
 //
 // # GenAI semantic conventions

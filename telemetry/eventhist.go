@@ -58,12 +58,16 @@ type EventHistograms struct {
 	chunk *eventInstrument
 }
 
-// NewEventHistograms returns empty per-event histograms.
-func NewEventHistograms() *EventHistograms {
+// NewEventHistograms returns empty per-event histograms. cardinalityLimit
+// caps the series of each instrument as the SDK's WithCardinalityLimit
+// does (telemetry.cardinality_limit): past limit-1 attribute sets, new
+// sets record into one overflow series, otel.metric.overflow=true. Zero
+// or negative: no cap.
+func NewEventHistograms(cardinalityLimit int) *EventHistograms {
 	return &EventHistograms{
 		start: time.Now(),
-		itl:   newEventInstrument(InterTokenLatencyName, "s", itlDescription, itlBuckets),
-		chunk: newEventInstrument(GenAIClientTimePerOutputChunkName, "s", chunkDescription, genaiDurationBuckets),
+		itl:   newEventInstrument(InterTokenLatencyName, "s", itlDescription, itlBuckets, cardinalityLimit),
+		chunk: newEventInstrument(GenAIClientTimePerOutputChunkName, "s", chunkDescription, genaiDurationBuckets, cardinalityLimit),
 	}
 }
 
@@ -94,15 +98,21 @@ func (h *EventHistograms) Producer(temporality metricdata.Temporality, noMinMax 
 type eventInstrument struct {
 	name, unit, desc string
 	bounds           []float64
+	limit            int // the cardinality limit; <= 0 none
 
-	mu     sync.Mutex
-	byAttr map[attribute.Distinct]*eventSeries
-	all    []*eventSeries // creation order, for a stable export order
+	mu       sync.Mutex
+	byAttr   map[attribute.Distinct]*eventSeries
+	all      []*eventSeries // creation order, for a stable export order
+	overflow *eventSeries   // past the limit; nil until needed
 }
 
-func newEventInstrument(name, unit, desc string, bounds []float64) *eventInstrument {
-	return &eventInstrument{name: name, unit: unit, desc: desc, bounds: bounds, byAttr: map[attribute.Distinct]*eventSeries{}}
+func newEventInstrument(name, unit, desc string, bounds []float64, limit int) *eventInstrument {
+	return &eventInstrument{name: name, unit: unit, desc: desc, bounds: bounds, limit: limit, byAttr: map[attribute.Distinct]*eventSeries{}}
 }
+
+// overflowSet is the attribute set of the series past the cardinality
+// limit, the SDK's.
+var overflowSet = attribute.NewSet(attribute.Bool("otel.metric.overflow", true))
 
 // series returns the series of set, creating it on first use. Every
 // [Attrs] with an equal set (an attempt's twin, another incarnation of the
@@ -114,10 +124,23 @@ func (in *eventInstrument) series(set attribute.Set) *eventSeries {
 	if s, ok := in.byAttr[set.Equivalent()]; ok {
 		return s
 	}
+	if in.limit > 0 && len(in.byAttr) >= in.limit-1 {
+		if in.overflow == nil {
+			in.overflow = in.newSeries(overflowSet)
+		}
+		return in.overflow
+	}
+	s := in.newSeries(set)
+	in.byAttr[set.Equivalent()] = s
+	return s
+}
+
+// newSeries makes an empty series of set and lists it for export. The
+// caller holds in.mu.
+func (in *eventInstrument) newSeries(set attribute.Set) *eventSeries {
 	s := &eventSeries{attrs: set, bounds: in.bounds, counts: make([]atomic.Uint64, len(in.bounds)+1)}
 	s.min.Store(math.Float64bits(math.Inf(1)))
 	s.max.Store(math.Float64bits(math.Inf(-1)))
-	in.byAttr[set.Equivalent()] = s
 	in.all = append(in.all, s)
 	return s
 }
@@ -151,7 +174,11 @@ func (s *eventSeries) record(v float64) {
 		return
 	}
 	// The sum and the extrema first, the bucket last: a collection that
-	// sees the sample counted sees its min and max too.
+	// sees the sample counted sees it in the sum, min and max too. The
+	// reverse does not hold: a point read while samples arrive may have a
+	// sum (and a min or max) that includes a sample its buckets do not
+	// count yet; the next collection counts it. The SDK's swap of a hot
+	// and a cold copy is exact at a cost per record this path avoids.
 	for {
 		old := s.sum.Load()
 		if s.sum.CompareAndSwap(old, math.Float64bits(math.Float64frombits(old)+v)) {

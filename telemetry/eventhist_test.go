@@ -5,6 +5,8 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"slices"
+	"sort"
 	"strings"
 	"sync"
 	"testing"
@@ -27,12 +29,17 @@ type eventPair struct {
 }
 
 func newEventPair(t *testing.T, temporality metricdata.Temporality) eventPair {
+	return newEventPairLimit(t, temporality, 0)
+}
+
+// newEventPairLimit is newEventPair with a cardinality limit on both sides.
+func newEventPairLimit(t *testing.T, temporality metricdata.Temporality, limit int) eventPair {
 	t.Helper()
 	sel := func(sdkmetric.InstrumentKind) metricdata.Temporality { return temporality }
 	var p eventPair
 	p.sdkReader = sdkmetric.NewManualReader(sdkmetric.WithTemporalitySelector(sel))
-	mpA := sdkmetric.NewMeterProvider(sdkmetric.WithReader(p.sdkReader))
-	ev := NewEventHistograms()
+	mpA := sdkmetric.NewMeterProvider(sdkmetric.WithReader(p.sdkReader), sdkmetric.WithCardinalityLimit(limit))
+	ev := NewEventHistograms(limit)
 	p.reader = sdkmetric.NewManualReader(sdkmetric.WithTemporalitySelector(sel), sdkmetric.WithProducer(ev.Producer(temporality, false)))
 	mpB := sdkmetric.NewMeterProvider(sdkmetric.WithReader(p.reader))
 	t.Cleanup(func() { _ = mpA.Shutdown(context.Background()); _ = mpB.Shutdown(context.Background()) })
@@ -170,12 +177,15 @@ func TestEventHistogramsMatchSDK(t *testing.T) {
 }
 
 // TestEventHistogramsConcurrentSafe: records from many goroutines while
-// collections run lose nothing, and every point read mid-flight has a
-// count equal to its buckets' total.
+// collections run lose nothing; every point read mid-flight has a sum at
+// least what its buckets' lower bounds account for (the sum is added
+// before the bucket), and the last collection is exact, bucket by bucket.
 func TestEventHistogramsConcurrentSafe(t *testing.T) {
 	p := newEventPair(t, metricdata.CumulativeTemporality)
 	a := p.ev.Engine("e1").Attrs("m1", "chat", "chat")
+	// Worker i records 0.004 + 0.01*i: each worker its own ITL bucket.
 	const workers, each = 8, 2000
+	value := func(i int) float64 { return 0.004 + 0.01*float64(i) }
 	var wg sync.WaitGroup
 	done := make(chan struct{})
 	collected := make(chan error, 1)
@@ -199,25 +209,27 @@ func TestEventHistogramsConcurrentSafe(t *testing.T) {
 						continue
 					}
 					for _, pt := range h.DataPoints {
-						var total uint64
-						for _, c := range pt.BucketCounts {
-							total += c
+						var floor float64 // what the counted samples add up to at least
+						for i, c := range pt.BucketCounts[1:] {
+							floor += float64(c) * pt.Bounds[i]
 						}
-						if total != pt.Count {
-							t.Errorf("%s: count %d, buckets total %d", m.Name, pt.Count, total)
+						if pt.Sum < floor*(1-1e-9) {
+							t.Errorf("%s: sum %v under the %v its buckets count", m.Name, pt.Sum, floor)
 						}
-						if mn, ok := pt.Min.Value(); ok && mn != 0.25 {
-							t.Errorf("%s: min %v, want 0.25", m.Name, mn)
+						mn, _ := pt.Min.Value()
+						mx, _ := pt.Max.Value()
+						if mn < value(0) || mx > value(workers-1) || mn > mx {
+							t.Errorf("%s: min %v max %v outside [%v, %v]", m.Name, mn, mx, value(0), value(workers-1))
 						}
 					}
 				}
 			}
 		}
 	}()
-	for range workers {
+	for i := range workers {
 		wg.Go(func() {
 			for range each {
-				p.ev.RecordInterToken(context.Background(), a, 0.25)
+				p.ev.RecordInterToken(context.Background(), a, value(i))
 			}
 		})
 	}
@@ -229,9 +241,41 @@ func TestEventHistogramsConcurrentSafe(t *testing.T) {
 	got := eventMetrics(t, p.reader)
 	for _, name := range []string{InterTokenLatencyName, GenAIClientTimePerOutputChunkName} {
 		pt := got[name].Data.(metricdata.Histogram[float64]).DataPoints[0]
-		if pt.Count != workers*each || pt.Sum != 0.25*workers*each {
-			t.Errorf("%s: count %d sum %v, want %d and %v", name, pt.Count, pt.Sum, workers*each, 0.25*workers*each)
+		want := make([]uint64, len(pt.BucketCounts))
+		var sum float64
+		for i := range workers {
+			want[sort.SearchFloat64s(pt.Bounds, value(i))] += each
+			sum += value(i) * each
 		}
+		if !slices.Equal(pt.BucketCounts, want) || pt.Count != workers*each || math.Abs(pt.Sum-sum) > 1e-6 {
+			t.Errorf("%s: buckets %v count %d sum %v, want %v, %d and %v", name, pt.BucketCounts, pt.Count, pt.Sum, want, workers*each, sum)
+		}
+		if mn, _ := pt.Min.Value(); mn != value(0) {
+			t.Errorf("%s: min %v, want %v", name, mn, value(0))
+		}
+		if mx, _ := pt.Max.Value(); mx != value(workers-1) {
+			t.Errorf("%s: max %v, want %v", name, mx, value(workers-1))
+		}
+	}
+}
+
+// TestEventHistogramsCardinalityLimit: past the limit, new attribute sets
+// go to the overflow series, exactly as the SDK's
+// WithCardinalityLimit sends them.
+func TestEventHistogramsCardinalityLimit(t *testing.T) {
+	p := newEventPairLimit(t, metricdata.CumulativeTemporality, 3)
+	for _, m := range []*Metrics{p.sdk, p.ev} {
+		for i, name := range []string{"e1", "e2", "e3", "e4", "e5"} {
+			m.RecordInterToken(context.Background(), m.Engine(name).Attrs("m1", "chat", "chat"), 0.01*float64(i+1))
+		}
+	}
+	want, got := eventMetrics(t, p.sdkReader), eventMetrics(t, p.reader)
+	for name, w := range want {
+		metricdatatest.AssertEqual(t, w, got[name], metricdatatest.IgnoreTimestamp(), metricdatatest.IgnoreExemplars())
+	}
+	pts := got[InterTokenLatencyName].Data.(metricdata.Histogram[float64]).DataPoints
+	if len(pts) != 3 || !pts[2].Attributes.Equals(&overflowSet) || pts[2].Count != 3 {
+		t.Errorf("ITL points %+v, want e1, e2 and an overflow series of 3", pts)
 	}
 }
 
@@ -251,7 +295,7 @@ func TestEventHistogramsDropNonFinite(t *testing.T) {
 // TestEventHistogramsBindOnce: a second Metrics given the same
 // EventHistograms gets an error and records through its provider.
 func TestEventHistogramsBindOnce(t *testing.T) {
-	ev := NewEventHistograms()
+	ev := NewEventHistograms(0)
 	if _, err := NewMetrics(nil, WithEventHistograms(ev)); err != nil {
 		t.Fatal(err)
 	}
@@ -336,7 +380,7 @@ func TestSetupEventHistograms(t *testing.T) {
 // BenchmarkRecordInterTokenEvents is BenchmarkRecordInterToken through
 // EventHistograms: compare the two.
 func BenchmarkRecordInterTokenEvents(b *testing.B) {
-	ev := NewEventHistograms()
+	ev := NewEventHistograms(0)
 	reader := sdkmetric.NewManualReader(sdkmetric.WithProducer(ev.Producer(metricdata.CumulativeTemporality, false)))
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	defer func() { _ = mp.Shutdown(context.Background()) }()

@@ -505,11 +505,19 @@ func TestSetEngineLiveOTLP(t *testing.T) {
 			if !p.OTLPMetrics {
 				t.Fatal("OTLPMetrics = false")
 			}
-			m, err := NewMetrics(p.MeterProvider)
+			// As the binary does: the per-event histograms through the
+			// producer on the OTLP reader, retired like the rest.
+			if p.Events == nil {
+				t.Fatal("Setup gave no EventHistograms for an OTLP reader")
+			}
+			m, err := NewMetrics(p.MeterProvider, WithEventHistograms(p.Events))
 			if err != nil {
 				t.Fatal(err)
 			}
 			recordTwoEngines(t, m)
+			for _, e := range []string{"e1", "e2"} {
+				m.RecordInterToken(context.Background(), m.Engine(e).Attrs("m1", "chat", "chat"), 0.02)
+			}
 			clk := newFakeClock()
 			live := newLiveSet("e1", "e2")
 			p.SetEngineLive(live.Live, WithSeriesLinger(time.Minute), withSeriesClock(clk.Now))
@@ -531,7 +539,8 @@ func TestSetEngineLiveOTLP(t *testing.T) {
 				return otlpEngines(reqs[n])
 			}
 
-			if got := flush(); !slices.Equal(got[TimeToFirstTokenName], []string{"e1", "e2"}) || !slices.Equal(got[ParseErrorsName], []string{"e2"}) {
+			if got := flush(); !slices.Equal(got[TimeToFirstTokenName], []string{"e1", "e2"}) || !slices.Equal(got[ParseErrorsName], []string{"e2"}) ||
+				!slices.Equal(got[InterTokenLatencyName], []string{"e1", "e2"}) {
 				t.Errorf("both live: %v", got)
 			}
 			live.set("e2", false)
@@ -541,8 +550,10 @@ func TestSetEngineLiveOTLP(t *testing.T) {
 			}
 			clk.Advance(30 * time.Second)
 			got := flush()
-			if !slices.Equal(got[TimeToFirstTokenName], []string{"e1"}) {
-				t.Errorf("past the linger: %s on %v, want e1", TimeToFirstTokenName, got[TimeToFirstTokenName])
+			for _, name := range []string{TimeToFirstTokenName, InterTokenLatencyName} {
+				if !slices.Equal(got[name], []string{"e1"}) {
+					t.Errorf("past the linger: %s on %v, want e1", name, got[name])
+				}
 			}
 			if es, ok := got[ParseErrorsName]; ok {
 				t.Errorf("past the linger: %s (e2 only) still exported: %v", ParseErrorsName, es)

@@ -151,7 +151,7 @@ func Setup(ctx context.Context, cfg Config, log *slog.Logger) (*Providers, func(
 	// per-event histograms (EventHistograms) go to both through
 	// producers, unless the OTLP reader cannot take them: then the SDK
 	// records them, for every reader.
-	events := NewEventHistograms()
+	events := NewEventHistograms(cfg.CardinalityLimit)
 	var otlpReader sdkmetric.Reader
 	if os.Getenv("OTEL_METRICS_EXPORTER") == "prometheus" {
 		log.Info("OTEL_METRICS_EXPORTER=prometheus: metrics are already served on the admin listener's /metrics; no second Prometheus server started")
