@@ -24,8 +24,8 @@ import (
 // (v1.47) each record resolves its attribute set again
 // (attrnorm.SetDedup walks every attribute), looks the series up in a
 // map, and offers the sample to the exemplar reservoir: 0.36 µs for the
-// two (BenchmarkRecordInterToken; 0.03 µs here,
-// BenchmarkRecordInterTokenEvents), 6.6% of the gateway's CPU on a
+// two (BenchmarkRecordInterToken/sdk; 0.03 µs here,
+// BenchmarkRecordInterToken/events), 6.6% of the gateway's CPU on a
 // 16-token stream (BENCHMARKS.md, issue 24).
 //
 // EventHistograms keeps those two instruments outside the SDK: each

@@ -376,22 +376,3 @@ func TestSetupEventHistograms(t *testing.T) {
 		})
 	}
 }
-
-// BenchmarkRecordInterTokenEvents is BenchmarkRecordInterToken through
-// EventHistograms: compare the two.
-func BenchmarkRecordInterTokenEvents(b *testing.B) {
-	ev := NewEventHistograms(0)
-	reader := sdkmetric.NewManualReader(sdkmetric.WithProducer(ev.Producer(metricdata.CumulativeTemporality, false)))
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	defer func() { _ = mp.Shutdown(context.Background()) }()
-	m, err := NewMetrics(mp, WithEventHistograms(ev))
-	if err != nil {
-		b.Fatal(err)
-	}
-	a := m.Engine("e1").Attrs("m1", "chat", "chat")
-	ctx := context.Background()
-	b.ReportAllocs()
-	for b.Loop() {
-		m.RecordInterToken(ctx, a, 0.02)
-	}
-}

@@ -417,19 +417,32 @@ func TestRecordSuccessPathNoAllocs(t *testing.T) {
 	}
 }
 
+// BenchmarkRecordInterToken: one per-event record of the two per-event
+// histograms, through the SDK (sdk) and through EventHistograms (events),
+// as the binary records them.
 func BenchmarkRecordInterToken(b *testing.B) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	defer func() { _ = mp.Shutdown(context.Background()) }()
-	m, err := NewMetrics(mp)
-	if err != nil {
-		b.Fatal(err)
-	}
-	a := m.Engine("e1").Attrs("m1", "chat", "chat")
-	ctx := context.Background()
-	b.ReportAllocs()
-	for b.Loop() {
-		m.RecordInterToken(ctx, a, 0.02)
+	for _, name := range []string{"sdk", "events"} {
+		b.Run(name, func(b *testing.B) {
+			var opts []MetricsOption
+			var readerOpts []sdkmetric.ManualReaderOption
+			if name == "events" {
+				ev := NewEventHistograms(0)
+				opts = append(opts, WithEventHistograms(ev))
+				readerOpts = append(readerOpts, sdkmetric.WithProducer(ev.Producer(metricdata.CumulativeTemporality, false)))
+			}
+			mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader(readerOpts...)))
+			defer func() { _ = mp.Shutdown(context.Background()) }()
+			m, err := NewMetrics(mp, opts...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			a := m.Engine("e1").Attrs("m1", "chat", "chat")
+			ctx := context.Background()
+			b.ReportAllocs()
+			for b.Loop() {
+				m.RecordInterToken(ctx, a, 0.02)
+			}
+		})
 	}
 }
 
