@@ -12,6 +12,7 @@
 #   bench/proxy/run.sh direct nginx switchboard-default   # only these
 #   DURATION=20s CONNECTIONS="1 16 64" bench/proxy/run.sh
 #   ROUNDS=3 bench/proxy/run.sh                     # medians of 3 rounds, about 18 minutes
+#   PIN=1 bench/proxy/run.sh                        # the proxy on CPU 1, engine and wrk on CPU 0
 #
 # Installs nginx-light and wrk with apt-get when run as root, or says what to
 # install. Every process is stopped by its PID on exit, Ctrl-C included.
@@ -39,6 +40,7 @@ params=(
 	"MAX_LOAD=1.0"
 	"LOAD_WAIT=0"
 	"RESULTS="
+	"PIN=0"
 )
 usage() {
 	sed -n '2,18s/^# \{0,1\}//p' "$0"
@@ -325,12 +327,26 @@ fi
 
 # --- the engine -------------------------------------------------------------------
 
+# PIN=1: the proxy under test gets CPU 1 to itself; the engine, wrk and
+# the collector share CPU 0. Unpinned, the three compete for both CPUs and
+# a one-connection row's CPU per request moves by 20% or more between
+# rounds with where the scheduler put them; pinned, it holds within a few
+# percent (BENCHMARKS.md). Needs taskset (util-linux) and two CPUs.
+pin_load=() pin_proxy=()
+if [[ "$PIN" == 1 ]]; then
+	if ! command -v taskset >/dev/null || (($(getconf _NPROCESSORS_ONLN) < 2)); then
+		echo "run.sh: PIN=1 needs taskset and at least two CPUs" >&2
+		exit 2
+	fi
+	pin_load=(taskset -c 0) pin_proxy=(taskset -c 1)
+fi
+
 mkdir -p "$RESULTS/engine"
 if [[ "$ENGINE" == bench ]]; then
-	start "$RESULTS/engine/engine.log" "$bin/engine" --listen 127.0.0.1:0 --model "$model" --tokens "$TOKENS"
+	start "$RESULTS/engine/engine.log" "${pin_load[@]}" "$bin/engine" --listen 127.0.0.1:0 --model "$model" --tokens "$TOKENS"
 	engine_msg="bench engine listening"
 else
-	start "$RESULTS/engine/engine.log" "$bin/enginesim" --listen 127.0.0.1:0 --model "$model" --ttft 1ns --itl 1ns \
+	start "$RESULTS/engine/engine.log" "${pin_load[@]}" "$bin/enginesim" --listen 127.0.0.1:0 --model "$model" --ttft 1ns --itl 1ns \
 		--output-tokens "$TOKENS" --max-num-seqs 1024
 	engine_msg="enginesim listening"
 fi
@@ -353,7 +369,7 @@ url="" proxy_pid="" proxy_tree=0 access_log="" collector_pid="" collector_port="
 start_collector() {
 	local dir="$1"
 	collector_port="$(port)"
-	start "$dir/collector.log" env OTLP_HTTP_ENDPOINT="127.0.0.1:$collector_port" \
+	start "$dir/collector.log" "${pin_load[@]}" env OTLP_HTTP_ENDPOINT="127.0.0.1:$collector_port" \
 		"$root/.tools/bin/otelcol" --config "$root/bench/telemetry/collector.yaml"
 	collector_pid="$started"
 	local deadline=$((SECONDS + 20))
@@ -399,7 +415,7 @@ start_target() {
 		sed -e "s|@USER_LINE@|$user_line|" -e "s|@RUN_DIR@|$dir|g" \
 			-e "s|@ENGINE_PORT@|${engine_addr##*:}|" -e "s|@LISTEN_PORT@|$p|" \
 			"$here/nginx.conf" >"$dir/nginx.conf"
-		start "$dir/nginx.out" nginx -p "$dir/" -e "$dir/nginx-error.log" -c "$dir/nginx.conf"
+		start "$dir/nginx.out" "${pin_proxy[@]}" nginx -p "$dir/" -e "$dir/nginx-error.log" -c "$dir/nginx.conf"
 		proxy_pid="$started" proxy_tree=1
 		url="http://127.0.0.1:$p"
 		wait_http "$url/health" || {
@@ -418,7 +434,7 @@ start_target() {
 	go-proxy | go-proxy-lean)
 		local client=net/http
 		[[ "$target" == go-proxy-lean ]] && client=lean
-		start "$dir/goproxy.log" "$bin/goproxy" --listen 127.0.0.1:0 --upstream "http://$engine_addr" --client "$client"
+		start "$dir/goproxy.log" "${pin_proxy[@]}" "$bin/goproxy" --listen 127.0.0.1:0 --upstream "http://$engine_addr" --client "$client"
 		proxy_pid="$started"
 		addr="$(await_addr "$proxy_pid" "$dir/goproxy.log" "goproxy listening")" || {
 			cat "$dir/goproxy.log" >&2
@@ -429,7 +445,7 @@ start_target() {
 	fasthttp | net-http-fasthttp-client)
 		local server=fasthttp
 		[[ "$target" == net-http-fasthttp-client ]] && server=net/http
-		start "$dir/fastproxy.log" "$bin/fastproxy" --listen 127.0.0.1:0 --upstream "$engine_addr" --server "$server"
+		start "$dir/fastproxy.log" "${pin_proxy[@]}" "$bin/fastproxy" --listen 127.0.0.1:0 --upstream "$engine_addr" --server "$server"
 		proxy_pid="$started"
 		addr="$(await_addr "$proxy_pid" "$dir/fastproxy.log" "fastproxy listening")" || {
 			cat "$dir/fastproxy.log" >&2
@@ -461,7 +477,7 @@ start_target() {
 		mkdir -p "$dir/config"
 		gateway_config "$extra" >"$dir/config/gateway.yaml"
 		printf '%s\n' "${envs[@]}" >"$dir/gateway.env"
-		start "$dir/gateway.log" env "${envs[@]}" "$bin/gateway" --config "$dir/config/gateway.yaml"
+		start "$dir/gateway.log" "${pin_proxy[@]}" env "${envs[@]}" "$bin/gateway" --config "$dir/config/gateway.yaml"
 		proxy_pid="$started"
 		addr="$(await_addr "$proxy_pid" "$dir/gateway.log" "switchboard listening")" || {
 			cat "$dir/gateway.log" >&2
@@ -533,7 +549,7 @@ run_case() {
 	((c < 2)) && threads=1
 	[[ "$mode" == stream ]] && stream=1
 	name="$mode-c$c"
-	local w=(wrk "-t$threads" "-c$c" --latency --timeout 10s -s "$here/chat.lua")
+	local w=("${pin_load[@]}" wrk "-t$threads" "-c$c" --latency --timeout 10s -s "$here/chat.lua")
 	# Warm-up: connections open, pools filled, the Go runtime's heap grown.
 	start "$dir/warmup-$name.txt" env BENCH_STREAM=$stream BENCH_TOKENS=$TOKENS BENCH_MODEL=$model "${w[@]}" -d "$WARMUP" "$url/v1/chat/completions"
 	local wpid="$started" rc=0
