@@ -746,7 +746,7 @@ jq -s --arg commit "$commit" --arg command "$reproduce" --arg engine "$ENGINE" \
 	"$RESULTS/rows.jsonl" >"$RESULTS/results.json"
 
 {
-	echo "Proxies side by side in front of one engine ($ENGINE, $TOKENS tokens per response), wrk for $DURATION after $WARMUP of warm-up per row$( ((ROUNDS == 1)) || echo ", medians of $ROUNDS rounds (other CPU: the largest)"), on $(nproc) CPUs shared by wrk, the proxy and the engine; commit $commit; load average $load_start at start, $load_end at end."
+	echo "Proxies side by side in front of one engine ($ENGINE, $TOKENS tokens per response), wrk for $DURATION after $WARMUP of warm-up per row$( ((ROUNDS == 1)) || echo ", medians of $ROUNDS rounds (other CPU: the largest)"), $(if [[ "$PIN" == 1 ]]; then echo "the proxy alone on CPU 1, wrk and the engine on CPU 0 (PIN=1)"; else echo "on $(nproc) CPUs shared by wrk, the proxy and the engine"; fi); commit $commit; load average $load_start at start, $load_end at end."
 	echo
 	echo "| target | mode | conns | req/s | p50 µs | p90 µs | p99 µs | CPU µs/req | req/s ÷ nginx | p99 ÷ nginx | CPU ÷ nginx | added p50 µs | added p99 µs | engine CPU µs/req | other CPU cores | errors |"
 	echo "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
