@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -67,8 +68,13 @@ func TestNewDefaults(t *testing.T) {
 	want := Config{
 		Name: "enginesim", Models: []string{"sim-model"}, TTFT: 20 * time.Millisecond, ITL: 10 * time.Millisecond,
 		OutputTokens: 16, MaxOutputTokens: 4096, MaxModelLen: 8192, MaxNumSeqs: 256, KVCacheBlocks: 1024, BlockSize: 16,
-		EmbeddingDim: 16,
+		EmbeddingDim: 16, KVLeaseDuration: 30 * time.Second, KVLoadFailurePolicy: "fail",
 	}
+	// The engine id is a new random UUID.
+	if !regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`).MatchString(e.cfg.KVEngineID) {
+		t.Errorf("KVEngineID = %q, want a UUID", e.cfg.KVEngineID)
+	}
+	want.KVEngineID = e.cfg.KVEngineID
 	if fmt.Sprintf("%+v", e.cfg) != fmt.Sprintf("%+v", want) {
 		t.Errorf("defaults = %+v\nwant %+v", e.cfg, want)
 	}
