@@ -397,8 +397,8 @@
 //
 // Stats counts prefill legs answered with params (KVParamsSent), holds (KVHeld now,
 // KVPullsServed, KVLeasesExpired), and decode legs that pulled (KVPulled), failed to load
-// (KVLoadFailures) and recomputed (KVRecomputed). /metrics has no series for them: the
-// simulator models no NIXL transfer internals, which vLLM's vllm:nixl_* metrics describe.
+// (KVLoadFailures) and recomputed (KVRecomputed). /metrics adds the two of vLLM's NIXL
+// connector counters the simulator can tell (see Metrics).
 //
 // # Faults
 //
@@ -566,6 +566,12 @@
 //   - vllm:engine_sleep_state (gauge, labels model_name, engine "0" and sleep_state, as
 //     vLLM's PrometheusStatLogger exports it): sleep_state="awake" is 1 while awake,
 //     "weights_offloaded" 1 while asleep at level 1, "discard_all" 1 at level 2.
+//   - vllm:nixl_num_failed_transfers_total (counter, labels model_name and engine "0": a
+//     decode engine's failed KV pulls, the kv-pull-fail fault included, not params
+//     lacking their remote fields) and vllm:nixl_num_kv_expired_reqs_total (a prefill
+//     engine's KV holds freed by the lease), as vLLM's NixlConnector exports them
+//     (nixl_connector.py's Prometheus metrics); vLLM's transfer time and size
+//     histograms are not simulated.
 //
 // Requests on every generation and pooling route count in these series the way chat and
 // embeddings do.

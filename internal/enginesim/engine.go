@@ -54,8 +54,9 @@ type Engine struct {
 	// onDelay, when set (by tests, before the first request), is called with every computed
 	// prefill and inter-token wait, from the request's goroutine.
 	onDelay func(delayKind, time.Duration)
-	// now is the clock of the Responses API (created_at, background generation time) and of
-	// adapter load times; tests replace it before the engine serves.
+	// now is the clock of the Responses API (created_at, background generation time), of
+	// adapter load times and of the KV holds' leases; tests replace it before the engine
+	// serves.
 	now func() time.Time
 }
 

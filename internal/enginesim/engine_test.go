@@ -351,18 +351,20 @@ func TestMetrics(t *testing.T) {
 
 	mfs := testutil.Scrape(t, srv.Client(), srv.URL+"/metrics")
 	wantTypes := map[string]dto.MetricType{
-		MetricNumRequestsRunning: dto.MetricType_GAUGE,
-		MetricNumRequestsWaiting: dto.MetricType_GAUGE,
-		MetricKVCacheUsagePerc:   dto.MetricType_GAUGE,
-		MetricPrefixCacheQueries: dto.MetricType_COUNTER,
-		MetricPrefixCacheHits:    dto.MetricType_COUNTER,
-		MetricRequestSuccess:     dto.MetricType_COUNTER,
-		MetricPromptTokens:       dto.MetricType_COUNTER,
-		MetricGenerationTokens:   dto.MetricType_COUNTER,
-		MetricTimeToFirstToken:   dto.MetricType_HISTOGRAM,
-		MetricAbortedRequests:    dto.MetricType_COUNTER,
-		MetricFaultedRequests:    dto.MetricType_COUNTER,
-		MetricEngineSleepState:   dto.MetricType_GAUGE,
+		MetricNumRequestsRunning:  dto.MetricType_GAUGE,
+		MetricNumRequestsWaiting:  dto.MetricType_GAUGE,
+		MetricKVCacheUsagePerc:    dto.MetricType_GAUGE,
+		MetricPrefixCacheQueries:  dto.MetricType_COUNTER,
+		MetricPrefixCacheHits:     dto.MetricType_COUNTER,
+		MetricRequestSuccess:      dto.MetricType_COUNTER,
+		MetricPromptTokens:        dto.MetricType_COUNTER,
+		MetricGenerationTokens:    dto.MetricType_COUNTER,
+		MetricTimeToFirstToken:    dto.MetricType_HISTOGRAM,
+		MetricAbortedRequests:     dto.MetricType_COUNTER,
+		MetricFaultedRequests:     dto.MetricType_COUNTER,
+		MetricEngineSleepState:    dto.MetricType_GAUGE,
+		MetricNixlFailedTransfers: dto.MetricType_COUNTER,
+		MetricNixlExpiredReqs:     dto.MetricType_COUNTER,
 	}
 	for name, typ := range wantTypes {
 		mf, ok := mfs[name]

@@ -99,6 +99,9 @@ type kvState struct {
 	client *http.Client // the decode side's pulls
 
 	paramsSent, pullsServed, leasesExpired, pulled, loadFailures, recomputed atomic.Int64
+	// failedTransfers counts the load failures that were pulls (not invalid params), for
+	// vllm:nixl_num_failed_transfers.
+	failedTransfers atomic.Int64
 }
 
 func newKVState() *kvState {
@@ -221,11 +224,9 @@ func (e *Engine) serveKVPull(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, kvPullResponse{RemoteRequestID: req.RemoteRequestID, RemoteNumTokens: h.tokens, RemoteBlockIDs: h.blocks})
 }
 
-// pullKV reads p's KV from the prefill engine it names (POST /sim/kv/pull); ctx cancels it.
+// pullKV reads p's KV from the prefill engine it names (POST /sim/kv/pull), whose remote_*
+// fields are set; ctx cancels it.
 func (e *Engine) pullKV(ctx context.Context, p *kvTransferParams) error {
-	if p.RemoteEngineID == nil || p.RemoteRequestID == nil || p.RemoteHost == nil || p.RemotePort == nil {
-		return errors.New("kv_transfer_params lack remote_engine_id, remote_request_id, remote_host or remote_port")
-	}
 	body, err := json.Marshal(kvPullRequest{RemoteRequestID: *p.RemoteRequestID, RemoteEngineID: *p.RemoteEngineID})
 	if err != nil {
 		return err
@@ -261,16 +262,24 @@ type kvDecode struct {
 func (s *seq) loadRemoteKV() (recompute bool, err error) {
 	e := s.e
 	var perr error
-	if s.f.kvPullFail {
+	p := s.kv.params
+	valid := p.RemoteEngineID != nil && p.RemoteRequestID != nil && p.RemoteHost != nil && p.RemotePort != nil
+	switch {
+	case !valid:
+		perr = errors.New("kv_transfer_params lack remote_engine_id, remote_request_id, remote_host or remote_port")
+	case s.f.kvPullFail:
 		perr = errors.New("injected fault kv-pull-fail")
-	} else {
-		perr = e.pullKV(s.ctx, s.kv.params)
+	default:
+		perr = e.pullKV(s.ctx, p)
 	}
 	if s.ctx.Err() != nil {
 		return false, errClientGone
 	}
 	if perr != nil {
 		e.kv.loadFailures.Add(1)
+		if valid {
+			e.kv.failedTransfers.Add(1)
+		}
 		slog.Debug("kv load failed", "engine", e.cfg.Name, "policy", e.cfg.KVLoadFailurePolicy, "err", perr)
 		if e.cfg.KVLoadFailurePolicy == KVLoadRecompute {
 			e.kv.recomputed.Add(1)

@@ -277,6 +277,9 @@ func TestKVLoadFailurePolicies(t *testing.T) {
 			if s := pp.p.Stats(); s.KVHeld != 0 || s.KVLeasesExpired != 1 || pp.p.kvBlocks.Load() != 0 {
 				t.Fatalf("after the lease: %+v", s)
 			}
+			if m := scrape(t, pp.psrv); !strings.Contains(m, "\nvllm:nixl_num_kv_expired_reqs_total{engine=\"0\",model_name=\"m1\"} 1\n") {
+				t.Errorf("prefill /metrics:\n%s", m)
+			}
 			_, live := prefill(t, pp.psrv, "/v1/chat/completions", chat, nil)
 			unknown := json.RawMessage(fmt.Sprintf(`{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[0,1],`+
 				`"remote_engine_id":"engine-p","remote_request_id":"nope","remote_host":%q,"remote_port":%d,"tp_size":1,`+
@@ -380,6 +383,9 @@ func TestKVFaults(t *testing.T) {
 	if s := pp.d.Stats(); s.KVLoadFailures != 1 || s.Faulted != 1 {
 		t.Errorf("kv-pull-fail: decode stats %+v", s)
 	}
+	if m := scrape(t, pp.dsrv); !strings.Contains(m, "\nvllm:nixl_num_failed_transfers_total{engine=\"0\",model_name=\"m1\"} 1\n") {
+		t.Errorf("decode /metrics:\n%s", m)
+	}
 	// The error-after fault on a prefill leg ends it with an error: no params held.
 	resp = mustSend(t, pp.psrv, "POST", "/v1/chat/completions", prefillBody(`{"messages":[{"role":"user","content":"a"}]`), fault("error-after=0"))
 	if b, _ := io.ReadAll(resp.Body); resp.StatusCode != 500 {
@@ -476,4 +482,12 @@ func TestKVDecodeCancelledDuringPull(t *testing.T) {
 			t.Errorf("after the cancel: %+v", s)
 		}
 	})
+}
+
+// scrape returns srv's /metrics.
+func scrape(t *testing.T, srv *httptest.Server) string {
+	t.Helper()
+	resp := mustSend(t, srv, "GET", "/metrics", "", nil)
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
 }
