@@ -16,6 +16,19 @@
 //
 //	enginesim --model llama-8b --otlp-traces-endpoint http://127.0.0.1:4317
 //
+// Prefill/decode disaggregation (vLLM's NixlConnector contract, see the package
+// documentation's "Prefill and decode" section): every engine answers a prefill leg
+// (kv_transfer_params with do_remote_decode) with the params a decode engine pulls the
+// prompt's KV with, over the simulator's POST /sim/kv/pull. --kv-engine-id (default a random
+// UUID) is its remote_engine_id; --kv-side-channel-host and --kv-side-channel-port (default
+// the listener's address) are the remote_host and remote_port it returns; --kv-lease-duration
+// (default 30s, vLLM's kv_lease_duration) is how long it holds the blocks;
+// --kv-transfer-per-token is a decode engine's pull time per prompt token, in place of the
+// prefill compute; --kv-load-failure-policy fail|recompute (vLLM's, default fail) is what a
+// decode engine does when the pull fails.
+//
+//	enginesim --listen 127.0.0.1:8002 --kv-transfer-per-token 20us --kv-load-failure-policy recompute
+//
 // --fault SPEC sets the default fault of requests without an X-Enginesim-Fault header;
 // POST /admin/fault with a spec as its body replaces it while the engine runs (an empty
 // body removes it), so a benchmark can break a running engine from outside:
@@ -89,9 +102,16 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.IntVar(&o.cfg.KVCacheBlocks, "kv-cache-blocks", enginesim.DefaultKVCacheBlocks, "simulated KV cache capacity, in blocks")
 	fs.IntVar(&o.cfg.BlockSize, "block-size", enginesim.DefaultBlockSize, "tokens per KV cache block")
 	fs.IntVar(&o.cfg.EmbeddingDim, "embedding-dim", enginesim.DefaultEmbeddingDim, "length of embedding vectors")
+	fs.StringVar(&o.cfg.KVEngineID, "kv-engine-id", "", "P/D: this engine's remote_engine_id in the kv_transfer_params it returns (default a random UUID)")
+	fs.StringVar(&o.cfg.KVSideChannelHost, "kv-side-channel-host", "", "P/D: remote_host decode engines pull KV from, as vLLM's VLLM_NIXL_SIDE_CHANNEL_HOST (default the listener's host)")
+	fs.IntVar(&o.cfg.KVSideChannelPort, "kv-side-channel-port", 0, "P/D: remote_port decode engines pull KV from, as vLLM's VLLM_NIXL_SIDE_CHANNEL_PORT (default the listener's port)")
+	fs.DurationVar(&o.cfg.KVLeaseDuration, "kv-lease-duration", enginesim.DefaultKVLeaseDuration, "P/D: how long a prefill leg's KV blocks are held for the decode engine's pull (vLLM's kv_lease_duration)")
+	fs.DurationVar(&o.cfg.KVTransferPerToken, "kv-transfer-per-token", 0, "P/D: a decode leg's KV pull time per prompt token, in place of the prefill compute")
+	fs.StringVar(&o.cfg.KVLoadFailurePolicy, "kv-load-failure-policy", enginesim.KVLoadFail, "P/D: what a decode leg does when its KV pull fails: fail (vLLM's 500) or recompute (vLLM's kv_load_failure_policy)")
 	fs.StringVar(&o.cfg.Fault, "fault", "", "default fault spec for requests without an X-Enginesim-Fault header: comma-separated keys, e.g. status=503,retry-after=2 or close-after=3.\n"+
 		"Keys: status=CODE, error-body=json|html|text|empty, retry-after=SECONDS, close-before-headers, close-after-headers, close-after=N,\n"+
-		"reset-after=N, error-after=N, drain-after=N, stall-before-headers[=DUR], stall-after=N, slow-headers=DUR, trickle[=DUR], keepalive, malformed, truncate, no-content, reasoning, tool-call, powered-by\n"+
+		"reset-after=N, error-after=N, drain-after=N, stall-before-headers[=DUR], stall-after=N, slow-headers=DUR, trickle[=DUR], keepalive, malformed, truncate, no-content, reasoning, tool-call, powered-by,\n"+
+		"kv-no-params, kv-pull-fail\n"+
 		"(go doc ./internal/enginesim says what each does)")
 	fs.StringVar(&o.tracesEndpoint, "otlp-traces-endpoint", "", "OTLP endpoint to send vLLM's llm_request spans to, as vLLM's flag (gRPC; OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf for OTLP/HTTP)")
 	loras := fs.StringArray("lora", nil, "LoRA adapter loaded at start on the first model, as name=path (repeatable)")

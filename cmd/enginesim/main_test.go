@@ -37,6 +37,7 @@ func TestParseFlags(t *testing.T) {
 			cfg: enginesim.Config{
 				Name: "enginesim", Models: []string{"sim-model"}, TTFT: 20 * time.Millisecond, ITL: 10 * time.Millisecond,
 				OutputTokens: 16, MaxOutputTokens: 4096, MaxModelLen: 8192, MaxNumSeqs: 256, KVCacheBlocks: 1024, BlockSize: 16, EmbeddingDim: 16,
+				KVLeaseDuration: 30 * time.Second, KVLoadFailurePolicy: "fail",
 			},
 		},
 		{
@@ -47,6 +48,8 @@ func TestParseFlags(t *testing.T) {
 				"--max-num-seqs", "2", "--max-model-len", "100", "--kv-cache-blocks", "64", "--block-size", "8", "--embedding-dim", "4",
 				"--fault", "status=503", "--ttft-per-running", "5ms", "--itl-per-running", "1ms",
 				"--lora", "sql=/loras/sql", "--lora", "chat=/loras/chat=v2",
+				"--kv-engine-id", "p0", "--kv-side-channel-host", "10.0.0.7", "--kv-side-channel-port", "5600",
+				"--kv-lease-duration", "5s", "--kv-transfer-per-token", "20us", "--kv-load-failure-policy", "recompute",
 			},
 			listen: ":9000",
 			cfg: enginesim.Config{
@@ -54,7 +57,9 @@ func TestParseFlags(t *testing.T) {
 				ITL: 30 * time.Millisecond, OutputTokens: 5, MaxOutputTokens: 50, MaxModelLen: 100, MaxNumSeqs: 2, KVCacheBlocks: 64,
 				BlockSize: 8, EmbeddingDim: 4, Fault: "status=503",
 				TTFTPerRunning: 5 * time.Millisecond, ITLPerRunning: time.Millisecond,
-				LoRAs: []enginesim.LoRA{{Name: "sql", Path: "/loras/sql"}, {Name: "chat", Path: "/loras/chat=v2"}},
+				LoRAs:      []enginesim.LoRA{{Name: "sql", Path: "/loras/sql"}, {Name: "chat", Path: "/loras/chat=v2"}},
+				KVEngineID: "p0", KVSideChannelHost: "10.0.0.7", KVSideChannelPort: 5600,
+				KVLeaseDuration: 5 * time.Second, KVTransferPerToken: 20 * time.Microsecond, KVLoadFailurePolicy: "recompute",
 			},
 		},
 		{name: "unknown flag", args: []string{"--nope"}, wantErr: true},
@@ -146,6 +151,8 @@ func TestServeErrors(t *testing.T) {
 	}{
 		{"invalid config", []string{"--itl", "-1s", "--listen", "127.0.0.1:0"}, "itl must not be negative"},
 		{"bad fault", []string{"--fault", "explode", "--listen", "127.0.0.1:0"}, "unknown fault"},
+		{"bad kv policy", []string{"--kv-load-failure-policy", "retry", "--listen", "127.0.0.1:0"}, "kv load failure policy"},
+		{"bad kv port", []string{"--kv-side-channel-port", "70000", "--listen", "127.0.0.1:0"}, "kv side channel port"},
 		{"lora with a model's name", []string{"--model", "m", "--lora", "m=/p", "--listen", "127.0.0.1:0"}, "has the name of a served model"},
 		{"bad listen", []string{"--listen", "127.0.0.1:-5"}, "invalid port"},
 		{"bad flag", []string{"--bogus"}, "unknown flag"},

@@ -33,6 +33,17 @@ const (
 	DefaultEmbeddingDim = 16
 	// DefaultMaxModelLen is the default context length (vLLM's max_model_len), in tokens.
 	DefaultMaxModelLen = 8192
+	// DefaultKVLeaseDuration is how long a prefill engine holds a prompt's KV blocks for the
+	// decode engine to pull them: vLLM's NixlConnector kv_lease_duration (30 s).
+	DefaultKVLeaseDuration = 30 * time.Second
+)
+
+// KV load failure policies (vLLM's kv_transfer_config kv_load_failure_policy).
+const (
+	// KVLoadFail fails a decode request whose KV could not be loaded (vLLM's default).
+	KVLoadFail = "fail"
+	// KVLoadRecompute makes the decode engine compute the prompt itself instead.
+	KVLoadRecompute = "recompute"
 )
 
 // Config configures one simulated engine. Zero values get the documented defaults; negative
@@ -89,6 +100,28 @@ type Config struct {
 	// be loaded and unloaded at run time (POST /v1/load_lora_adapter, /v1/unload_lora_adapter).
 	// Default none.
 	LoRAs []LoRA
+	// KVEngineID is the engine's id in the KV transfer params it returns
+	// (remote_engine_id) and checks on a pull, as vLLM's NixlConnector engine_id. Default a
+	// random id, new for every [New].
+	KVEngineID string
+	// KVSideChannelHost and KVSideChannelPort are where decode engines pull this engine's
+	// KV from (remote_host and remote_port in the params it returns; vLLM's
+	// VLLM_NIXL_SIDE_CHANNEL_HOST and _PORT). The simulator's side channel is its own
+	// HTTP listener (POST /sim/kv/pull). Default the local address of the connection the
+	// prefill request arrived on, which is the listener's address.
+	KVSideChannelHost string
+	KVSideChannelPort int
+	// KVLeaseDuration is how long a prefill engine holds a prompt's KV blocks after
+	// answering, for the decode engine to pull them (vLLM's kv_lease_duration). Default
+	// [DefaultKVLeaseDuration].
+	KVLeaseDuration time.Duration
+	// KVTransferPerToken is a decode engine's time to pull one prompt token's KV from the
+	// prefill engine, waited in place of the prefill compute. Default 0.
+	KVTransferPerToken time.Duration
+	// KVLoadFailurePolicy is what a decode engine does when its KV transfer params are
+	// invalid or the pull fails: [KVLoadFail] (the request fails, vLLM's default) or
+	// [KVLoadRecompute] (it computes the prompt itself). Default [KVLoadFail].
+	KVLoadFailurePolicy string
 	// TracerProvider, when set, makes the engine emit one SERVER span per request on the
 	// text generation routes (POST /v1/chat/completions, /v1/completions, /v1/responses,
 	// /v1/messages), as vLLM does with --otlp-traces-endpoint: vLLM's "llm_request" span
@@ -137,6 +170,8 @@ func (c Config) Validate() error {
 		{"ttft per running", c.TTFTPerRunning},
 		{"itl", c.ITL},
 		{"itl per running", c.ITLPerRunning},
+		{"kv lease duration", c.KVLeaseDuration},
+		{"kv transfer per token", c.KVTransferPerToken},
 	}
 	for _, d := range durations {
 		if d.v < 0 {
@@ -169,6 +204,15 @@ func (c Config) Validate() error {
 			errs = append(errs, fmt.Errorf("enginesim: model %q listed twice", m))
 		}
 		seen[m] = true
+	}
+	if c.KVSideChannelPort < 0 || c.KVSideChannelPort > 65535 {
+		errs = append(errs, fmt.Errorf("enginesim: kv side channel port must be 0..65535, got %d", c.KVSideChannelPort))
+	}
+	switch c.KVLoadFailurePolicy {
+	case "", KVLoadFail, KVLoadRecompute:
+	default:
+		errs = append(errs, fmt.Errorf("enginesim: kv load failure policy must be %q or %q, got %q",
+			KVLoadFail, KVLoadRecompute, c.KVLoadFailurePolicy))
 	}
 	errs = append(errs, c.validateLoRAs(seen)...)
 	if _, err := parseFaults(c.Fault); err != nil {
@@ -225,6 +269,9 @@ func (c Config) withDefaults() Config {
 	c.KVCacheBlocks = cmp.Or(c.KVCacheBlocks, DefaultKVCacheBlocks)
 	c.BlockSize = cmp.Or(c.BlockSize, DefaultBlockSize)
 	c.EmbeddingDim = cmp.Or(c.EmbeddingDim, DefaultEmbeddingDim)
+	c.KVEngineID = cmp.Or(c.KVEngineID, newUUID())
+	c.KVLeaseDuration = cmp.Or(c.KVLeaseDuration, DefaultKVLeaseDuration)
+	c.KVLoadFailurePolicy = cmp.Or(c.KVLoadFailurePolicy, KVLoadFail)
 	if c.LoRAs != nil {
 		c.LoRAs = append([]LoRA(nil), c.LoRAs...)
 		for i := range c.LoRAs {

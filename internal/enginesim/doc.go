@@ -27,7 +27,8 @@
 // SetHealthy(false) and while draining) and GET /metrics; and the simulator's own POST
 // /admin/fault, whose body (a fault spec, "" for none) replaces the default fault as
 // [Engine.SetFault] does (400 for an invalid spec), so a running engine process can be
-// broken from outside.
+// broken from outside, and POST /sim/kv/pull, the KV side channel of prefill and decode
+// (see Prefill and decode; faults do not act on it).
 //
 // Errors are vLLM's {"error":{"message":"...","type":"...","param":null,"code":<status>}}:
 // 400 for invalid JSON or fields, 404 for an unknown model or path, 405 for a wrong method,
@@ -99,7 +100,8 @@
 // prompt_tokens_details}, prompt_logprobs, kv_transfer_params}; completions {id, object
 // "text_completion", created, model, choices [{index, text, logprobs, finish_reason,
 // stop_reason, prompt_logprobs}], service_tier, system_fingerprint, usage,
-// kv_transfer_params}. content is null when the output is all reasoning or tool calls (as
+// kv_transfer_params} (kv_transfer_params and prompt_tokens_details are null but on the
+// legs of prefill and decode, below). content is null when the output is all reasoning or tool calls (as
 // vLLM's parsers return it), "" when there is none at all; reasoning_content is null without
 // reasoning. A chat chunk has only the fields vLLM sets ({index, delta, logprobs,
 // finish_reason}, plus stop_reason on the finish chunk; usage on the usage chunk only); a
@@ -339,6 +341,65 @@
 // /metrics. An aborted request is counted as soon as the handler notices the client left
 // (at once for HTTP/1.1, where net/http watches the connection).
 //
+// # Prefill and decode
+//
+// Chat and completions speak vLLM's NixlConnector contract for prefill/decode (P/D)
+// disaggregation in pull mode (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py
+// and its pull scheduler; the router side is
+// tests/v1/kv_connector/nixl_integration/toy_proxy_server.py). Every engine can take either
+// role; the router decides, as with vLLM's kv_role kv_both.
+//
+// Prefill leg: a non-stream request with "kv_transfer_params": {"do_remote_decode": true,
+// ...} (the router also sets max_tokens 1) is served as any request (its slot, prefix cache
+// and time to first token), and its body's top-level kv_transfer_params is the object of
+// vLLM's request_finished: {"do_remote_prefill": true, "do_remote_decode": false,
+// "remote_block_ids": [ids of the prompt's blocks of Config.BlockSize tokens, the last one
+// partial; opaque], "remote_engine_id": Config.KVEngineID (default a random UUID),
+// "remote_request_id": the response id followed by "-" and 8 random hex digits (vLLM
+// randomizes its internal ids), "remote_host", "remote_port": Config.KVSideChannelHost and
+// Port (default the local address of the connection the request came on: the engine's
+// listener), "tp_size": 1, "remote_num_tokens": the prompt tokens, "transfer_mode":
+// "pull"}. As in vLLM the params are returned only when the prefill finished with length or
+// stop: under the drain-after and error-after faults, and the kv-no-params fault, the body
+// carries null (or is the error) and nothing is held. A stream with do_remote_decode is
+// served as a plain stream, without params, holding nothing.
+//
+// The engine then holds the prompt's blocks (they count in vllm:kv_cache_usage_perc and
+// Stats.KVHeld) until a decode engine pulls them or Config.KVLeaseDuration (vLLM's
+// kv_lease_duration, default 30 s) passes on the engine's clock; expired holds are freed
+// when the engine next looks (Stats, a pull, a new prefill leg).
+//
+// Decode leg: a chat or completions request whose kv_transfer_params has
+// "do_remote_prefill": true and the remote_* fields of a prefill answer. Once it has a
+// running slot (and has looked its prompt up in its own prefix cache), the engine pulls the
+// KV from remote_host:remote_port with POST /sim/kv/pull {"remote_request_id",
+// "remote_engine_id"}, which the prefill engine answers 200 {remote_request_id,
+// remote_num_tokens, remote_block_ids} and frees the blocks, 404 when it holds nothing for
+// the id (unknown, already pulled or expired) and 409 when the engine id is not its own.
+// The pull then costs Config.KVTransferPerToken per prompt token not in the decode engine's
+// prefix cache, in place of the prefill wait (no TTFT, TTFTPerPromptToken or
+// TTFTPerRunning); the generation goes on as usual, streaming or not as the decode request
+// asks, and its usage reports the whole prompt as cached: prompt_tokens_details
+// {"cached_tokens": prompt_tokens}, on the non-stream body and the usage chunk, as vLLM's
+// decode engine does. A client that leaves during the pull cancels it and frees the slot
+// (Aborted).
+//
+// A decode leg whose params lack remote_engine_id, remote_request_id, remote_host or
+// remote_port, whose pull is answered with anything but 200 or cannot be sent, or that
+// carries the kv-pull-fail fault, follows Config.KVLoadFailurePolicy (vLLM's
+// kv_load_failure_policy): "fail" (the default) finishes it as vLLM's scheduler finishes it
+// (FINISHED_ERROR, vllm/v1/core/sched/scheduler.py), which the OpenAI server answers as a
+// generation error: 500 {"error":{"message":"Internal server
+// error","type":"InternalServerError","param":null,"code":500}}, or in a stream (after the
+// role chunk) that error event and "data: [DONE]" (Faulted); "recompute" computes the
+// prompt as a plain request does (its prefill wait; cached_tokens is its own prefix cache
+// hits). A kv_transfer_params that is not an object is answered with 400.
+//
+// Stats counts prefill legs answered with params (KVParamsSent), holds (KVHeld now,
+// KVPullsServed, KVLeasesExpired), and decode legs that pulled (KVPulled), failed to load
+// (KVLoadFailures) and recomputed (KVRecomputed). /metrics adds the two of vLLM's NIXL
+// connector counters the simulator can tell (see Metrics).
+//
 // # Faults
 //
 // A request's faults come from its X-Enginesim-Fault header ([FaultHeader]) or, when the
@@ -476,6 +537,12 @@
 //     is not a token and does not change finish_reason (non-stream: the message gets the
 //     tool_calls entry {"id":"call_0","type":"function","function":{"name":"f","arguments":"{}"}},
 //     and content null if there is no content). Chat only.
+//   - kv-no-params: a prefill leg (see Prefill and decode) answers without
+//     kv_transfer_params (null) and holds nothing, as vLLM's aborted prefill does. Other
+//     requests ignore it. Completed.
+//   - kv-pull-fail: a decode leg's pull fails without reaching the prefill engine (whose
+//     blocks stay held until the lease ends); Config.KVLoadFailurePolicy decides what
+//     follows. Other requests ignore it.
 //
 // Faults combine; for example "keepalive,trickle=0s,reasoning=2". Stats counts a request
 // ended by a fault as Faulted, one whose client left first (including during a stall) as
@@ -499,6 +566,12 @@
 //   - vllm:engine_sleep_state (gauge, labels model_name, engine "0" and sleep_state, as
 //     vLLM's PrometheusStatLogger exports it): sleep_state="awake" is 1 while awake,
 //     "weights_offloaded" 1 while asleep at level 1, "discard_all" 1 at level 2.
+//   - vllm:nixl_num_failed_transfers_total (counter, labels model_name and engine "0": a
+//     decode engine's failed KV pulls, the kv-pull-fail fault included, not params
+//     lacking their remote fields) and vllm:nixl_num_kv_expired_reqs_total (a prefill
+//     engine's KV holds freed by the lease), as vLLM's NixlConnector exports them
+//     (nixl_connector.py's Prometheus metrics); vLLM's transfer time and size
+//     histograms are not simulated.
 //
 // Requests on every generation and pooling route count in these series the way chat and
 // embeddings do.

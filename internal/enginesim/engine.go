@@ -47,13 +47,16 @@ type Engine struct {
 
 	responses *responseStore // stored Responses API responses
 
+	kv *kvState // prefill/decode KV transfers
+
 	handler http.Handler
 
 	// onDelay, when set (by tests, before the first request), is called with every computed
 	// prefill and inter-token wait, from the request's goroutine.
 	onDelay func(delayKind, time.Duration)
-	// now is the clock of the Responses API (created_at, background generation time) and of
-	// adapter load times; tests replace it before the engine serves.
+	// now is the clock of the Responses API (created_at, background generation time), of
+	// adapter load times and of the KV holds' leases; tests replace it before the engine
+	// serves.
 	now func() time.Time
 }
 
@@ -81,6 +84,16 @@ type Stats struct {
 	PrefixCacheQueries int64
 	// PrefixCacheHits counts prompt tokens found in the prefix cache, in tokens.
 	PrefixCacheHits int64
+
+	// Prefill and decode (see the package documentation). KVParamsSent counts prefill legs
+	// answered with kv_transfer_params; KVHeld is the number of those whose blocks the engine
+	// holds now for a decode engine; KVPullsServed counts holds freed by a decode engine's
+	// pull, KVLeasesExpired those freed by the lease running out.
+	KVParamsSent, KVHeld, KVPullsServed, KVLeasesExpired int64
+	// KVPulled counts decode legs that pulled their prompt's KV; KVLoadFailures those whose
+	// params were invalid or whose pull failed, KVRecomputed those of them that computed the
+	// prompt themselves (the recompute policy).
+	KVPulled, KVLoadFailures, KVRecomputed int64
 }
 
 // New returns an engine for cfg after applying defaults to zero fields. It returns the
@@ -98,6 +111,7 @@ func New(cfg Config) (*Engine, error) {
 		cache:     newPrefixCache(cfg.BlockSize, cfg.KVCacheBlocks),
 		loras:     make(map[string]*lora),
 		responses: newResponseStore(responseStoreSize, responseStoreBytes),
+		kv:        newKVState(),
 		now:       time.Now,
 	}
 	e.fault.Store(f)
@@ -154,6 +168,7 @@ func (e *Engine) routes() *http.ServeMux {
 	post("/reset_prefix_cache", e.serveResetPrefixCache)
 	get("/health", e.serveHealth)
 	post("/admin/fault", e.serveAdminFault)
+	post(kvPullPath, e.serveKVPull)
 	metrics := promhttp.HandlerFor(e.reg, promhttp.HandlerOpts{})
 	get("/metrics", func(w http.ResponseWriter, r *http.Request) {
 		e.sweepResponses() // background responses due by now are counted before the scrape
@@ -208,6 +223,13 @@ func (e *Engine) Stats() Stats {
 		Faulted:            e.faulted.Load(),
 		PrefixCacheQueries: e.pcQueries.Load(),
 		PrefixCacheHits:    e.pcHits.Load(),
+		KVParamsSent:       e.kv.paramsSent.Load(),
+		KVHeld:             e.kvHeld(),
+		KVPullsServed:      e.kv.pullsServed.Load(),
+		KVLeasesExpired:    e.kv.leasesExpired.Load(),
+		KVPulled:           e.kv.pulled.Load(),
+		KVLoadFailures:     e.kv.loadFailures.Load(),
+		KVRecomputed:       e.kv.recomputed.Load(),
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -67,8 +68,13 @@ func TestNewDefaults(t *testing.T) {
 	want := Config{
 		Name: "enginesim", Models: []string{"sim-model"}, TTFT: 20 * time.Millisecond, ITL: 10 * time.Millisecond,
 		OutputTokens: 16, MaxOutputTokens: 4096, MaxModelLen: 8192, MaxNumSeqs: 256, KVCacheBlocks: 1024, BlockSize: 16,
-		EmbeddingDim: 16,
+		EmbeddingDim: 16, KVLeaseDuration: 30 * time.Second, KVLoadFailurePolicy: "fail",
 	}
+	// The engine id is a new random UUID.
+	if !regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`).MatchString(e.cfg.KVEngineID) {
+		t.Errorf("KVEngineID = %q, want a UUID", e.cfg.KVEngineID)
+	}
+	want.KVEngineID = e.cfg.KVEngineID
 	if fmt.Sprintf("%+v", e.cfg) != fmt.Sprintf("%+v", want) {
 		t.Errorf("defaults = %+v\nwant %+v", e.cfg, want)
 	}
@@ -345,18 +351,20 @@ func TestMetrics(t *testing.T) {
 
 	mfs := testutil.Scrape(t, srv.Client(), srv.URL+"/metrics")
 	wantTypes := map[string]dto.MetricType{
-		MetricNumRequestsRunning: dto.MetricType_GAUGE,
-		MetricNumRequestsWaiting: dto.MetricType_GAUGE,
-		MetricKVCacheUsagePerc:   dto.MetricType_GAUGE,
-		MetricPrefixCacheQueries: dto.MetricType_COUNTER,
-		MetricPrefixCacheHits:    dto.MetricType_COUNTER,
-		MetricRequestSuccess:     dto.MetricType_COUNTER,
-		MetricPromptTokens:       dto.MetricType_COUNTER,
-		MetricGenerationTokens:   dto.MetricType_COUNTER,
-		MetricTimeToFirstToken:   dto.MetricType_HISTOGRAM,
-		MetricAbortedRequests:    dto.MetricType_COUNTER,
-		MetricFaultedRequests:    dto.MetricType_COUNTER,
-		MetricEngineSleepState:   dto.MetricType_GAUGE,
+		MetricNumRequestsRunning:  dto.MetricType_GAUGE,
+		MetricNumRequestsWaiting:  dto.MetricType_GAUGE,
+		MetricKVCacheUsagePerc:    dto.MetricType_GAUGE,
+		MetricPrefixCacheQueries:  dto.MetricType_COUNTER,
+		MetricPrefixCacheHits:     dto.MetricType_COUNTER,
+		MetricRequestSuccess:      dto.MetricType_COUNTER,
+		MetricPromptTokens:        dto.MetricType_COUNTER,
+		MetricGenerationTokens:    dto.MetricType_COUNTER,
+		MetricTimeToFirstToken:    dto.MetricType_HISTOGRAM,
+		MetricAbortedRequests:     dto.MetricType_COUNTER,
+		MetricFaultedRequests:     dto.MetricType_COUNTER,
+		MetricEngineSleepState:    dto.MetricType_GAUGE,
+		MetricNixlFailedTransfers: dto.MetricType_COUNTER,
+		MetricNixlExpiredReqs:     dto.MetricType_COUNTER,
 	}
 	for name, typ := range wantTypes {
 		mf, ok := mfs[name]

@@ -30,7 +30,7 @@ func ExampleNew() {
 	fmt.Printf("%+v\n", e.Stats())
 	// Output:
 	// 200 true
-	// {Received:1 Running:0 Waiting:0 Completed:1 Aborted:0 Faulted:0 PrefixCacheQueries:2 PrefixCacheHits:0}
+	// {Received:1 Running:0 Waiting:0 Completed:1 Aborted:0 Faulted:0 PrefixCacheQueries:2 PrefixCacheHits:0 KVParamsSent:0 KVHeld:0 KVPullsServed:0 KVLeasesExpired:0 KVPulled:0 KVLoadFailures:0 KVRecomputed:0}
 }
 
 // The Messages API and the Responses API run on the same scheduler as chat; a LoRA adapter
@@ -63,5 +63,5 @@ func ExampleNew_messages() {
 	// Output:
 	// true
 	// true true
-	// {Received:2 Running:0 Waiting:0 Completed:2 Aborted:0 Faulted:0 PrefixCacheQueries:2 PrefixCacheHits:0}
+	// {Received:2 Running:0 Waiting:0 Completed:2 Aborted:0 Faulted:0 PrefixCacheQueries:2 PrefixCacheHits:0 KVParamsSent:0 KVHeld:0 KVPullsServed:0 KVLeasesExpired:0 KVPulled:0 KVLoadFailures:0 KVRecomputed:0}
 }

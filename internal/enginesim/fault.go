@@ -48,6 +48,8 @@ type faults struct {
 	retryAfter         int           // retry-after=SECONDS; -1 = none
 	truncate           bool          // truncate
 	poweredBy          bool          // powered-by
+	kvNoParams         bool          // kv-no-params
+	kvPullFail         bool          // kv-pull-fail
 }
 
 // Error body kinds of the error-body fault.
@@ -213,6 +215,10 @@ func (f *faults) set(key, val string, hasVal bool) error {
 		f.truncate, err = true, noVal()
 	case "powered-by":
 		f.poweredBy, err = true, noVal()
+	case "kv-no-params":
+		f.kvNoParams, err = true, noVal()
+	case "kv-pull-fail":
+		f.kvPullFail, err = true, noVal()
 	default:
 		err = errors.New("unknown fault")
 	}

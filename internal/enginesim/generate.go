@@ -39,6 +39,13 @@ type generation struct {
 	returnTokenIDs bool
 	promptIDs      []int // the prompt's token ids, one per prompt token
 	promptIDsSent  bool  // completions stream: a chunk carried prompt_token_ids
+	// kvPrefill: the request is a prefill leg (kv_transfer_params with do_remote_decode);
+	// its non-stream answer carries kvOut, the params of the blocks it holds, pulled from
+	// kvHost:kvPort.
+	kvPrefill bool
+	kvOut     *kvParamsOut
+	kvHost    string
+	kvPort    int
 }
 
 var _ streamer = (*generation)(nil)
@@ -83,6 +90,15 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, k kind) {
 		writeError(w, http.StatusBadRequest, err.Error())
 		return
 	}
+	var kvp *kvTransferParams
+	if !isNull(req.KVTransferParams) {
+		kvp = new(kvTransferParams)
+		if json.Unmarshal(req.KVTransferParams, kvp) != nil {
+			// vLLM's request models type the field dict[str, Any].
+			writeError(w, http.StatusBadRequest, "kv_transfer_params must be an object")
+			return
+		}
+	}
 
 	g := &generation{
 		seq: &seq{
@@ -101,6 +117,13 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, k kind) {
 		returnTokenIDs: req.ReturnTokenIDs,
 	}
 	g.lpSeed = logprobSeed(g.call.model)
+	switch {
+	case kvp != nil && kvp.DoRemotePrefill:
+		g.kv = &kvDecode{params: kvp}
+	case kvp != nil && kvp.DoRemoteDecode && !req.Stream:
+		g.kvPrefill = true
+		g.kvHost, g.kvPort = e.sideChannel(r)
+	}
 	if f.noContent {
 		g.n, g.finish = 0, finishStop
 	}
@@ -122,7 +145,12 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, k kind) {
 		err = g.serveStream(g)
 		return
 	}
-	err = g.serveUnary("application/json", func() ([]byte, error) { return json.Marshal(g.unaryBody()) })
+	err = g.serveUnary("application/json", func() ([]byte, error) {
+		if g.kvPrefill {
+			g.kvOut = e.holdKV(g)
+		}
+		return json.Marshal(g.unaryBody())
+	})
 }
 
 // baseRequestID is vLLM's _base_request_id: the request's X-Request-Id header, else its
@@ -202,12 +230,16 @@ func (g *generation) midError() ([]byte, error) { return openAIStreamError() }
 const doneEvent = "data: [DONE]\n\n"
 
 func (g *generation) usage() usage {
-	return usage{PromptTokens: g.promptTokens, TotalTokens: g.promptTokens + g.n, CompletionTokens: g.n}
+	u := usage{PromptTokens: g.promptTokens, TotalTokens: g.promptTokens + g.n, CompletionTokens: g.n}
+	if g.kv != nil {
+		u.PromptTokensDetails = &promptTokensDetails{CachedTokens: g.cached}
+	}
+	return u
 }
 
 func (g *generation) usageInfo() usageInfo {
 	u := g.usage()
-	return usageInfo{PromptTokens: u.PromptTokens, TotalTokens: u.TotalTokens, CompletionTokens: u.CompletionTokens}
+	return usageInfo{PromptTokens: u.PromptTokens, TotalTokens: u.TotalTokens, CompletionTokens: u.CompletionTokens, PromptTokensDetails: u.PromptTokensDetails}
 }
 
 func (g *generation) chatChunk(d chatDelta, lp *chatLogprobs, finish *string) chatChunk {
@@ -367,7 +399,8 @@ func (g *generation) unaryBody() any {
 				Text: content.String(), Logprobs: lp, FinishReason: g.finish,
 				TokenIDs: g.tokenIDs(0, g.n), PromptTokenIDs: promptIDs,
 			}},
-			Usage: g.usageInfo(),
+			Usage:            g.usageInfo(),
+			KVTransferParams: g.kvOut,
 		}
 	}
 	msg := chatMessageOut{Role: "assistant", ToolCalls: []toolCall{}}
@@ -391,9 +424,10 @@ func (g *generation) unaryBody() any {
 	}
 	return chatCompletion{
 		ID: g.id, Object: "chat.completion", Created: g.created, Model: g.call.model,
-		Choices:        []chatChoice{{Message: msg, Logprobs: lp, FinishReason: g.finish, TokenIDs: g.tokenIDs(0, g.n)}},
-		Usage:          g.usageInfo(),
-		PromptTokenIDs: promptIDs,
+		Choices:          []chatChoice{{Message: msg, Logprobs: lp, FinishReason: g.finish, TokenIDs: g.tokenIDs(0, g.n)}},
+		Usage:            g.usageInfo(),
+		PromptTokenIDs:   promptIDs,
+		KVTransferParams: g.kvOut,
 	}
 }
 

@@ -6,8 +6,9 @@ import "time"
 type delayKind int
 
 const (
-	delayTTFT delayKind = iota // a prefill wait (time to first token, embeddings' one wait)
-	delayITL                   // one inter-token wait
+	delayTTFT       delayKind = iota // a prefill wait (time to first token, embeddings' one wait)
+	delayITL                         // one inter-token wait
+	delayKVTransfer                  // a decode leg's KV pull, in place of the prefill wait
 )
 
 // ttftFor returns the prefill wait of a sequence with uncached uncached prompt tokens that

@@ -34,6 +34,14 @@ const (
 	// value: "awake" is 1 while the engine is awake, "weights_offloaded" (sleep level 1) or
 	// "discard_all" (level 2) is 1 while it sleeps. As in vLLM it also carries engine="0".
 	MetricEngineSleepState = "vllm:engine_sleep_state"
+	// MetricNixlFailedTransfers is a counter of a decode engine's failed KV pulls, in
+	// requests, with engine="0", as vLLM's NIXL connector exports it (vLLM's
+	// vllm:nixl_num_failed_transfers, nixl_connector.py; prometheus_client adds _total).
+	MetricNixlFailedTransfers = "vllm:nixl_num_failed_transfers_total"
+	// MetricNixlExpiredReqs is a counter of a prefill engine's KV holds freed because
+	// their lease ended before a decode engine pulled them, in requests, with engine="0"
+	// (vLLM's vllm:nixl_num_kv_expired_reqs).
+	MetricNixlExpiredReqs = "vllm:nixl_num_kv_expired_reqs_total"
 	// MetricAbortedRequests is a counter of requests aborted because the client went away, in
 	// requests (simulator only).
 	MetricAbortedRequests = "enginesim_aborted_requests_total"
@@ -118,6 +126,10 @@ var (
 		"Engine sleep state; awake = 0 means engine is sleeping; awake = 1 means engine is awake; "+
 			"weights_offloaded = 1 means sleep level 1; discard_all = 1 means sleep level 2.",
 		[]string{"model_name", "engine", "sleep_state"}, nil)
+	descNixlFailed = prometheus.NewDesc(MetricNixlFailedTransfers,
+		"Number of failed NIXL KV Cache transfers.", []string{"model_name", "engine"}, nil)
+	descNixlExpired = prometheus.NewDesc(MetricNixlExpiredReqs,
+		"Number of requests that had their KV expire.", []string{"model_name", "engine"}, nil)
 )
 
 // sleepStates are the sleep_state label values, in vLLM's order.
@@ -133,6 +145,8 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descWaiting
 	ch <- descKVUsage
 	ch <- descSleepState
+	ch <- descNixlFailed
+	ch <- descNixlExpired
 }
 
 // Collect implements prometheus.Collector.
@@ -147,6 +161,11 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descKVUsage, prometheus.GaugeValue, c.e.kvCacheUsage(), c.e.cfg.Models[0])
 	// The engine sleeps as a whole: one series per state, under the first served model, in
 	// vLLM's engine 0.
+	// The KV transfer counters are the engine's, under the first served model in engine 0;
+	// expired holds are freed first.
+	c.e.kvHeld()
+	ch <- prometheus.MustNewConstMetric(descNixlFailed, prometheus.CounterValue, float64(c.e.kv.failedTransfers.Load()), c.e.cfg.Models[0], "0")
+	ch <- prometheus.MustNewConstMetric(descNixlExpired, prometheus.CounterValue, float64(c.e.kv.leasesExpired.Load()), c.e.cfg.Models[0], "0")
 	g := c.e.sleepGauges()
 	for _, s := range sleepStates {
 		ch <- prometheus.MustNewConstMetric(descSleepState, prometheus.GaugeValue, g[s], c.e.cfg.Models[0], "0", s)

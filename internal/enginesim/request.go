@@ -37,6 +37,9 @@ type genRequest struct {
 	// ReturnTokenIDs is vLLM's return_token_ids extension field: return the prompt's and
 	// the generated tokens' ids.
 	ReturnTokenIDs bool `json:"return_token_ids"`
+	// KVTransferParams is vLLM's kv_transfer_params: a prefill leg's or a decode leg's
+	// (see kvtransfer.go).
+	KVTransferParams json.RawMessage `json:"kv_transfer_params"`
 }
 
 // maxLogprobs is vLLM's default --max-logprobs: the most top logprobs a request may ask for.

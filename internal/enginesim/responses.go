@@ -30,18 +30,26 @@ import (
 
 // usage is vLLM's UsageInfo as the usage chunk of a stream writes it (no null fields).
 type usage struct {
-	PromptTokens     int `json:"prompt_tokens"`
-	TotalTokens      int `json:"total_tokens"`
-	CompletionTokens int `json:"completion_tokens"`
+	PromptTokens        int                  `json:"prompt_tokens"`
+	TotalTokens         int                  `json:"total_tokens"`
+	CompletionTokens    int                  `json:"completion_tokens"`
+	PromptTokensDetails *promptTokensDetails `json:"prompt_tokens_details,omitempty"`
+}
+
+// promptTokensDetails is vLLM's PromptTokenUsageInfo: a decode leg reports the prompt it
+// pulled as cached_tokens (see kvtransfer.go).
+type promptTokensDetails struct {
+	CachedTokens int `json:"cached_tokens"`
 }
 
 // usageInfo is vLLM's UsageInfo in a non-stream body: prompt_tokens_details is null (the
-// simulator does not send --enable-prompt-tokens-details' cached_tokens).
+// simulator does not send --enable-prompt-tokens-details' cached_tokens) but on a decode
+// leg, which reports its cached tokens.
 type usageInfo struct {
-	PromptTokens        int       `json:"prompt_tokens"`
-	TotalTokens         int       `json:"total_tokens"`
-	CompletionTokens    int       `json:"completion_tokens"`
-	PromptTokensDetails *struct{} `json:"prompt_tokens_details"`
+	PromptTokens        int                  `json:"prompt_tokens"`
+	TotalTokens         int                  `json:"total_tokens"`
+	CompletionTokens    int                  `json:"completion_tokens"`
+	PromptTokensDetails *promptTokensDetails `json:"prompt_tokens_details"`
 }
 
 // chatChunk is vLLM's ChatCompletionStreamResponse; usage is set on the usage chunk only.
@@ -117,7 +125,7 @@ type chatCompletion struct {
 	Usage             usageInfo    `json:"usage"`
 	PromptLogprobs    *struct{}    `json:"prompt_logprobs"`
 	PromptTokenIDs    *[]int       `json:"prompt_token_ids,omitempty"` // return_token_ids only
-	KVTransferParams  *struct{}    `json:"kv_transfer_params"`
+	KVTransferParams  *kvParamsOut `json:"kv_transfer_params"`
 }
 
 // chatChoice is vLLM's ChatCompletionResponseChoice.
@@ -200,7 +208,7 @@ type completion struct {
 	ServiceTier       *string            `json:"service_tier"`
 	SystemFingerprint *string            `json:"system_fingerprint"`
 	Usage             usageInfo          `json:"usage"`
-	KVTransferParams  *struct{}          `json:"kv_transfer_params"`
+	KVTransferParams  *kvParamsOut       `json:"kv_transfer_params"`
 }
 
 // completionChoice is vLLM's CompletionResponseChoice.

@@ -1,6 +1,7 @@
 package enginesim
 
 import (
+	"errors"
 	"net/http"
 	"time"
 )
@@ -20,6 +21,9 @@ type seq struct {
 	// abortable: the route renders a finish_reason "abort" (chat and completions), so the
 	// drain-after fault ends the request with one; other routes are cut instead.
 	abortable bool
+	// kv is set on a decode leg (kv_transfer_params with do_remote_prefill): the prompt's
+	// KV is pulled from the prefill engine instead of computed.
+	kv *kvDecode
 }
 
 // streamer renders one route's SSE stream around the tokens [seq.serveStream] generates. Its
@@ -57,8 +61,16 @@ func (s *seq) prefill() error {
 		return err
 	}
 	s.cached = cached
-	if err := s.wait(s.prefillDelay(s.promptTokens-cached), nil, true); err != nil {
-		return err
+	recompute := true
+	if s.kv != nil {
+		if recompute, err = s.loadRemoteKV(); err != nil {
+			return err
+		}
+	}
+	if recompute {
+		if err := s.wait(s.prefillDelay(s.promptTokens-cached), nil, true); err != nil {
+			return err
+		}
 	}
 	s.m.ttft.Observe(time.Since(s.start).Seconds())
 	s.m.promptTokens.Add(float64(s.promptTokens))
@@ -98,6 +110,17 @@ func (s *seq) serveStream(st streamer) error {
 		}
 	}
 	if err := s.prefill(); err != nil {
+		if errors.Is(err, errKVLoadFailed) {
+			// vLLM finishes the request with an error: its stream generator sends the
+			// in-band error event and [DONE].
+			b, err := st.midError()
+			if err != nil {
+				return err
+			}
+			s.settle(outcomeFaulted, "")
+			_ = s.write(b)
+			return nil
+		}
 		return err
 	}
 	led, err := st.lead()
@@ -190,6 +213,12 @@ func (s *seq) serveUnary(ct string, body func() ([]byte, error)) error {
 	}
 	s.closeAfterHeaders(ct)
 	if err := s.prefill(); err != nil {
+		if errors.Is(err, errKVLoadFailed) {
+			// vLLM answers a request finished with an error with its 500.
+			s.settle(outcomeFaulted, "")
+			s.api.writeError(s.w, midErrorStatus, midErrorMessage)
+			return nil
+		}
 		return err
 	}
 	// error-after and drain-after end the generation after their first tokens.
