@@ -57,8 +57,9 @@ type call struct {
 	finishReason string
 	settled      bool
 
-	t      *ticket // nil until admitted, and again after release
-	kvHeld int64   // KV blocks held by this sequence
+	t      *ticket  // nil until admitted, and again after release
+	kvHeld int64    // KV blocks held by this sequence
+	dec    *decoder // the decoding sequence in the prefill interference model; nil if none
 }
 
 // newCall starts a tracked request on t: it ends as exactly one outcome in Stats and the
@@ -175,6 +176,8 @@ func (c *call) release() {
 	}
 	c.e.kvBlocks.Add(-c.kvHeld)
 	c.kvHeld = 0
+	c.e.interf.endDecode(c.dec)
+	c.dec = nil
 }
 
 // wait blocks until d elapses (d < 0: never), ready is closed (nil: never) or the client

@@ -36,6 +36,11 @@ const (
 	// DefaultKVLeaseDuration is how long a prefill engine holds a prompt's KV blocks for the
 	// decode engine to pull them: vLLM's NixlConnector kv_lease_duration (30 s).
 	DefaultKVLeaseDuration = 30 * time.Second
+	// DefaultMaxNumBatchedTokens is the token budget of one engine step under
+	// Config.PrefillInterference: vLLM's max_num_batched_tokens default for the OpenAI API
+	// server (vllm/engine/arg_utils.py, EngineArgs' batch defaults: 2048 with
+	// UsageContext.OPENAI_API_SERVER, 8192 on GPUs of 70 GiB or more other than the A100).
+	DefaultMaxNumBatchedTokens = 2048
 )
 
 // KV load failure policies (vLLM's kv_transfer_config kv_load_failure_policy).
@@ -71,6 +76,19 @@ type Config struct {
 	// engine (all models), read again before each token, modelling decode batch contention:
 	// itl = ITL + ITLPerRunning*(running-1). Default 0 (off): the ITL does not depend on load.
 	ITLPerRunning time.Duration
+	// PrefillInterference turns on the model of continuous batching with chunked prefill
+	// (see Prefill interference in the package documentation): a prompt's uncached tokens
+	// are prefilled in chunks of at most the step's token budget (MaxNumBatchedTokens) left
+	// after one token per decoding sequence, and each decode step of the other running
+	// sequences is stretched by the compute of the chunk in that step (its tokens times
+	// TTFTPerPromptToken). Default false: a sequence's ITL does not depend on others'
+	// prefills.
+	PrefillInterference bool
+	// MaxNumBatchedTokens is the token budget of one engine step (vLLM's
+	// max_num_batched_tokens), used by PrefillInterference. It must be at least MaxNumSeqs
+	// when PrefillInterference is on, as vLLM requires. Default
+	// [DefaultMaxNumBatchedTokens].
+	MaxNumBatchedTokens int
 	// OutputTokens is the number of tokens generated when the request sets no max_tokens; such
 	// requests finish with finish_reason "stop". Default [DefaultOutputTokens].
 	OutputTokens int
@@ -208,6 +226,12 @@ func (c Config) Validate() error {
 	if c.KVSideChannelPort < 0 || c.KVSideChannelPort > 65535 {
 		errs = append(errs, fmt.Errorf("enginesim: kv side channel port must be 0..65535, got %d", c.KVSideChannelPort))
 	}
+	if c.MaxNumBatchedTokens < 0 {
+		errs = append(errs, fmt.Errorf("enginesim: max num batched tokens must not be negative, got %d", c.MaxNumBatchedTokens))
+	} else if budget, seqs := cmp.Or(c.MaxNumBatchedTokens, DefaultMaxNumBatchedTokens), cmp.Or(c.MaxNumSeqs, DefaultMaxNumSeqs); c.PrefillInterference && budget < seqs {
+		// vLLM's SchedulerConfig refuses a step budget below max_num_seqs.
+		errs = append(errs, fmt.Errorf("enginesim: max num batched tokens (%d) must be greater than or equal to max num seqs (%d)", budget, seqs))
+	}
 	switch c.KVLoadFailurePolicy {
 	case "", KVLoadFail, KVLoadRecompute:
 	default:
@@ -271,6 +295,7 @@ func (c Config) withDefaults() Config {
 	c.EmbeddingDim = cmp.Or(c.EmbeddingDim, DefaultEmbeddingDim)
 	c.KVEngineID = cmp.Or(c.KVEngineID, newUUID())
 	c.KVLeaseDuration = cmp.Or(c.KVLeaseDuration, DefaultKVLeaseDuration)
+	c.MaxNumBatchedTokens = cmp.Or(c.MaxNumBatchedTokens, DefaultMaxNumBatchedTokens)
 	c.KVLoadFailurePolicy = cmp.Or(c.KVLoadFailurePolicy, KVLoadFail)
 	if c.LoRAs != nil {
 		c.LoRAs = append([]LoRA(nil), c.LoRAs...)

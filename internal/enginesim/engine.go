@@ -49,6 +49,8 @@ type Engine struct {
 
 	kv *kvState // prefill/decode KV transfers
 
+	interf *interference // prefill interference; nil when Config.PrefillInterference is off
+
 	handler http.Handler
 
 	// onDelay, when set (by tests, before the first request), is called with every computed
@@ -112,6 +114,7 @@ func New(cfg Config) (*Engine, error) {
 		loras:     make(map[string]*lora),
 		responses: newResponseStore(responseStoreSize, responseStoreBytes),
 		kv:        newKVState(),
+		interf:    newInterference(&cfg),
 		now:       time.Now,
 	}
 	e.fault.Store(f)

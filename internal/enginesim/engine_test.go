@@ -68,7 +68,7 @@ func TestNewDefaults(t *testing.T) {
 	want := Config{
 		Name: "enginesim", Models: []string{"sim-model"}, TTFT: 20 * time.Millisecond, ITL: 10 * time.Millisecond,
 		OutputTokens: 16, MaxOutputTokens: 4096, MaxModelLen: 8192, MaxNumSeqs: 256, KVCacheBlocks: 1024, BlockSize: 16,
-		EmbeddingDim: 16, KVLeaseDuration: 30 * time.Second, KVLoadFailurePolicy: "fail",
+		EmbeddingDim: 16, KVLeaseDuration: 30 * time.Second, KVLoadFailurePolicy: "fail", MaxNumBatchedTokens: 2048,
 	}
 	// The engine id is a new random UUID.
 	if !regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`).MatchString(e.cfg.KVEngineID) {

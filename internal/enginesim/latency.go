@@ -37,9 +37,10 @@ func (c *call) prefillDelay(uncached int) time.Duration {
 }
 
 // itlDelay returns the wait before the (running) sequence's next token, from the engine's
-// load now.
+// load now, plus the compute of the prefill chunks in this decode step (see
+// [interference]).
 func (c *call) itlDelay() time.Duration {
-	d := c.e.itlFor(c.e.sched.numRunning())
+	d := c.e.itlFor(c.e.sched.numRunning()) + c.e.interf.stretch(c.dec)
 	c.e.observeDelay(delayITL, d)
 	return d
 }

@@ -68,10 +68,17 @@ func (s *seq) prefill() error {
 		}
 	}
 	if recompute {
-		if err := s.wait(s.prefillDelay(s.promptTokens-cached), nil, true); err != nil {
+		uncached := s.promptTokens - cached
+		job := s.e.interf.startPrefill(uncached)
+		err := s.wait(s.prefillDelay(uncached), nil, true)
+		s.e.interf.endPrefill(job, err != nil)
+		if err != nil {
 			return err
 		}
 	}
+	// From here on the sequence decodes (a decode leg computed no prompt: it stretched
+	// nobody).
+	s.dec = s.e.interf.startDecode()
 	s.m.ttft.Observe(time.Since(s.start).Seconds())
 	s.m.promptTokens.Add(float64(s.promptTokens))
 	return nil

@@ -1,0 +1,165 @@
+package enginesim
+
+import (
+	"sync"
+	"time"
+)
+
+// interference models prefill interference under continuous batching with chunked prefill
+// (Config.PrefillInterference; see the package documentation): while a sequence's prompt is
+// prefilled in chunks, each decode step of the other running sequences carries that
+// step's chunk and is stretched by its compute time.
+//
+// It keeps no clock and starts no goroutine: a prefill is a job of chunks, and each decoding
+// sequence passes through the chunks of every job it takes part in one per decode step (one
+// inter-token wait), so every decoder sees the same run of stretched steps whatever its
+// own wait times. It is safe for concurrent use; a nil *interference is the model off.
+type interference struct {
+	budget   int           // Config.MaxNumBatchedTokens
+	perToken time.Duration // Config.TTFTPerPromptToken: one prompt token's compute
+
+	mu       sync.Mutex
+	decoders map[*decoder]struct{} // sequences past their prefill, running
+	jobs     []*prefillJob
+}
+
+// decoder is one decoding sequence's identity in the model.
+type decoder struct{ _ byte } // not zero-size, so that every decoder has its own address
+
+// prefillJob is one sequence's prefill: uncached prompt tokens in chunks of at most left
+// tokens, one chunk per engine step.
+type prefillJob struct {
+	uncached, left int
+	// open while the prefilling sequence waits its prefill: sequences that start
+	// decoding meanwhile join at step.
+	open bool
+	// cursors holds each decoder still to be stretched by the job: the index of its next
+	// chunk.
+	cursors map[*decoder]int
+	// step is the furthest any decoder has got through the chunks.
+	step int
+}
+
+// steps returns the number of chunks (engine steps) of the prefill.
+func (j *prefillJob) steps() int { return (j.uncached + j.left - 1) / j.left }
+
+// chunk returns the number of prompt tokens in chunk k.
+func (j *prefillJob) chunk(k int) int { return min(j.left, j.uncached-k*j.left) }
+
+// newInterference returns the model for cfg (defaults applied), nil when it is off.
+func newInterference(cfg *Config) *interference {
+	if !cfg.PrefillInterference {
+		return nil
+	}
+	return &interference{budget: cfg.MaxNumBatchedTokens, perToken: cfg.TTFTPerPromptToken, decoders: make(map[*decoder]struct{})}
+}
+
+// startPrefill starts the prefill of uncached prompt tokens: its chunks take the step
+// budget left after one token for each decoding sequence (at least 1), and those sequences
+// take part. It returns nil (nothing to do) when the model is off or nothing is computed.
+func (in *interference) startPrefill(uncached int) *prefillJob {
+	if in == nil || uncached <= 0 {
+		return nil
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	j := &prefillJob{
+		uncached: uncached,
+		left:     max(in.budget-len(in.decoders), 1),
+		open:     true,
+		cursors:  make(map[*decoder]int, len(in.decoders)),
+	}
+	for d := range in.decoders {
+		j.cursors[d] = 0
+	}
+	in.jobs = append(in.jobs, j)
+	return j
+}
+
+// endPrefill ends j's prefill wait: no decoder joins it any more; those taking part go on
+// through its remaining chunks, unless the prefill was cut (the client left), which ends
+// the job for all. A nil j is a no-op.
+func (in *interference) endPrefill(j *prefillJob, cut bool) {
+	if j == nil {
+		return
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	j.open = false
+	if cut {
+		clear(j.cursors)
+	}
+	in.pruneLocked()
+}
+
+// startDecode registers a sequence that has finished its prefill (or pulled its KV) and
+// decodes from now on; it joins the prefills still waiting, at their current step. It
+// returns nil when the model is off.
+func (in *interference) startDecode() *decoder {
+	if in == nil {
+		return nil
+	}
+	d := &decoder{}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	in.decoders[d] = struct{}{}
+	for _, j := range in.jobs {
+		if j.open && j.step < j.steps() {
+			j.cursors[d] = j.step
+		}
+	}
+	return d
+}
+
+// endDecode unregisters d (nil: no-op).
+func (in *interference) endDecode(d *decoder) {
+	if in == nil || d == nil {
+		return
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	delete(in.decoders, d)
+	for _, j := range in.jobs {
+		delete(j.cursors, d)
+	}
+	in.pruneLocked()
+}
+
+// stretch returns the prefill compute in d's next decode step (the tokens of the chunk of
+// every prefill d takes part in, times the per-token compute) and moves d one step on.
+func (in *interference) stretch(d *decoder) time.Duration {
+	if in == nil || d == nil {
+		return 0
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	tokens := 0
+	for _, j := range in.jobs {
+		k, ok := j.cursors[d]
+		if !ok {
+			continue
+		}
+		tokens += j.chunk(k)
+		k++
+		j.step = max(j.step, k)
+		if k == j.steps() {
+			delete(j.cursors, d)
+		} else {
+			j.cursors[d] = k
+		}
+	}
+	in.pruneLocked()
+	return time.Duration(tokens) * in.perToken
+}
+
+// pruneLocked drops the jobs that can stretch nobody any more.
+func (in *interference) pruneLocked() {
+	live := in.jobs[:0]
+	for _, j := range in.jobs {
+		if len(j.cursors) > 0 || (j.open && j.step < j.steps()) {
+			live = append(live, j)
+		}
+	}
+	clear(in.jobs[len(live):])
+	in.jobs = live
+}
