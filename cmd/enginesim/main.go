@@ -99,6 +99,8 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.IntVar(&o.cfg.MaxOutputTokens, "max-output-tokens", enginesim.DefaultMaxOutputTokens, "cap on a request's max_tokens")
 	fs.IntVar(&o.cfg.MaxModelLen, "max-model-len", enginesim.DefaultMaxModelLen, "context length: a prompt plus max_tokens over it gets vLLM's 400")
 	fs.IntVar(&o.cfg.MaxNumSeqs, "max-num-seqs", enginesim.DefaultMaxNumSeqs, "maximum running sequences; more requests wait in a FIFO queue")
+	fs.BoolVar(&o.cfg.PrefillInterference, "prefill-interference", false, "model continuous batching with chunked prefill: a prompt's prefill chunks stretch the decode steps of the other running sequences")
+	fs.IntVar(&o.cfg.MaxNumBatchedTokens, "max-num-batched-tokens", enginesim.DefaultMaxNumBatchedTokens, "token budget of one engine step, with --prefill-interference (vLLM's max_num_batched_tokens; at least --max-num-seqs)")
 	fs.IntVar(&o.cfg.KVCacheBlocks, "kv-cache-blocks", enginesim.DefaultKVCacheBlocks, "simulated KV cache capacity, in blocks")
 	fs.IntVar(&o.cfg.BlockSize, "block-size", enginesim.DefaultBlockSize, "tokens per KV cache block")
 	fs.IntVar(&o.cfg.EmbeddingDim, "embedding-dim", enginesim.DefaultEmbeddingDim, "length of embedding vectors")
@@ -171,7 +173,8 @@ func serve(ctx context.Context, args []string, out io.Writer, log *slog.Logger, 
 	go func() { errc <- srv.Serve(ln) }()
 	log.Info("enginesim listening", "addr", ln.Addr().String(), "name", o.cfg.Name, "models", o.cfg.Models,
 		"ttft", o.cfg.TTFT, "itl", o.cfg.ITL, "ttft_per_running", o.cfg.TTFTPerRunning,
-		"itl_per_running", o.cfg.ITLPerRunning, "max_num_seqs", o.cfg.MaxNumSeqs, "fault", o.cfg.Fault,
+		"itl_per_running", o.cfg.ITLPerRunning, "max_num_seqs", o.cfg.MaxNumSeqs,
+		"prefill_interference", o.cfg.PrefillInterference, "max_num_batched_tokens", o.cfg.MaxNumBatchedTokens, "fault", o.cfg.Fault,
 		"loras", len(o.cfg.LoRAs), "otlp_traces_endpoint", o.tracesEndpoint)
 	if ready != nil {
 		ready(ln.Addr())
