@@ -317,7 +317,8 @@
 // a simplification of vLLM, where continuous batching runs all running sequences in shared
 // engine steps whose duration grows with the number of tokens in the batch (decode tokens
 // plus prefill chunks), so a real engine's slowdown depends on prompt lengths, chunked
-// prefill and KV cache pressure, not on the sequence count alone.
+// prefill and KV cache pressure, not on the sequence count alone (Prefill interference,
+// below, models the prefill chunks).
 //
 // Prefix cache: the prompt's words are split into blocks of Config.BlockSize tokens; each
 // full block is hashed together with the hashes of all blocks before it (and the model name).
@@ -340,6 +341,50 @@
 // closed), so a client that has seen the end of a response already sees it in Stats and
 // /metrics. An aborted request is counted as soon as the handler notices the client left
 // (at once for HTTP/1.1, where net/http watches the connection).
+//
+// # Prefill interference
+//
+// Config.PrefillInterference (cmd/enginesim --prefill-interference; off by default, and
+// then nothing below applies) models the effect that prefill/decode disaggregation exists
+// to remove: on an aggregated engine, vLLM V1's continuous batching with chunked prefill
+// runs a long prompt's prefill in the same engine steps as the decode tokens of every
+// running stream, so their inter-token gaps grow while it lasts, in proportion to the
+// prompt. As vLLM's scheduler (vllm/v1/core/sched/scheduler.py) fills a step's token budget,
+// Config.MaxNumBatchedTokens (vLLM's max_num_batched_tokens, vllm/config/scheduler.py;
+// default 2048, the OpenAI server's default in vllm/engine/arg_utils.py on GPUs under 70
+// GiB and on the A100, 8192 on larger ones), the running sequences first take one token
+// each, and a prompt's P uncached tokens (after the prefix cache) are prefilled in chunks of
+// at most the budget left, left = MaxNumBatchedTokens - decoding sequences (at least 1),
+// one chunk per step: ceil(P/left) steps. While that prefill lasts, each decode step of
+// every other running sequence carries the step's chunk and is stretched by its compute,
+// the chunk's tokens times TTFTPerPromptToken (the per-token cost the prefill itself pays):
+//
+//	itl = ITL + ITLPerRunning*(running-1) + TTFTPerPromptToken*chunk
+//
+// so a stream decoding beside a prefill of P tokens gets ceil(P/left) stretched gaps (the
+// last one by the remainder chunk), P*TTFTPerPromptToken late in all, then its ITL again.
+// Prefills at once add their chunks to the same step. MaxNumBatchedTokens must be at least
+// MaxNumSeqs, as vLLM requires, so a step always has room for a chunk.
+//
+// The steps are counted in each decoding sequence's own inter-token waits, not in wall
+// time: a sequence decoding when a prefill starts is stretched for exactly its ceil(P/left)
+// steps, whatever its own ITL, and one that starts decoding during the prefill (its own
+// prefill ended, or its KV was pulled) joins at the step the furthest decoder has reached.
+// A prefill cut by its client leaving stops stretching at once. The prefilling sequence's
+// own time to first token is the formula of Scheduling, unchanged by the model. A decode
+// leg of prefill and decode (below) computes no prompt and stretches nobody (its KV
+// transfer is not compute on this engine); under the recompute policy it prefills as any
+// request. Embeddings and the other pooling routes, which pay no per-token prefill cost,
+// stretch nobody, and background responses (which hold no slot) are neither stretched nor
+// stretch.
+//
+// Left out: the prefilling sequence does not itself wait in chunks (its prefill stays one
+// wait), so the stretched steps and its prefill wait agree only roughly in time; concurrent
+// prefills do not share the budget (each is chunked as if alone beside the decoders), and
+// waiting prompts are not held back when the budget is spent, as vLLM's scheduler does; a
+// step's cost is linear in its tokens, with no attention cost growing with context, no
+// CUDA graphs, no KV cache pressure or preemption; vLLM's long_prefill_token_threshold and
+// max_num_partial_prefills are not modelled.
 //
 // # Prefill and decode
 //
