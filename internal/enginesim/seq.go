@@ -120,13 +120,7 @@ func (s *seq) serveStream(st streamer) error {
 		if errors.Is(err, errKVLoadFailed) {
 			// vLLM finishes the request with an error: its stream generator sends the
 			// in-band error event and [DONE].
-			b, err := st.midError()
-			if err != nil {
-				return err
-			}
-			s.settle(outcomeFaulted, "")
-			_ = s.write(b)
-			return nil
+			return s.streamError(st)
 		}
 		return err
 	}
@@ -142,13 +136,7 @@ func (s *seq) serveStream(st streamer) error {
 			s.resetConn()
 		}
 		if s.f.errorAfter >= 0 && i == min(s.f.errorAfter, s.n) {
-			b, err := st.midError()
-			if err != nil {
-				return err
-			}
-			s.settle(outcomeFaulted, "")
-			_ = s.write(b)
-			return nil
+			return s.streamError(st)
 		}
 		if s.f.drainAfter >= 0 && i == min(s.f.drainAfter, s.n) {
 			return s.drainStream(st, i)
@@ -185,6 +173,18 @@ func (s *seq) serveStream(st streamer) error {
 	}
 	s.settle(outcomeCompleted, s.finish)
 	_ = s.write(term) // the request is complete; a client gone now is not an abort
+	return nil
+}
+
+// streamError ends a stream as vLLM ends a generation that failed: the in-band error event
+// (and, on the OpenAI routes, [DONE]), the sequence settled as faulted.
+func (s *seq) streamError(st streamer) error {
+	b, err := st.midError()
+	if err != nil {
+		return err
+	}
+	s.settle(outcomeFaulted, "")
+	_ = s.write(b)
 	return nil
 }
 
