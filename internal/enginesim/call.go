@@ -434,6 +434,8 @@ func (c *call) writeBodyAs(b []byte, ct, reason string) error {
 		if c.f.resetAfter >= 0 {
 			c.resetConn()
 		}
+		c.e.interf.endDecode(c.dec) // decodes no more (see serveStream's stall)
+		c.dec = nil
 		return c.sleep(-1)
 	}
 	if c.f.malformed {

@@ -426,11 +426,19 @@
 // TTFTPerRunning); the generation goes on as usual, streaming or not as the decode request
 // asks, and its usage reports the whole prompt as cached: prompt_tokens_details
 // {"cached_tokens": prompt_tokens}, on the non-stream body and the usage chunk, as vLLM's
-// decode engine does. A client that leaves during the pull cancels it and frees the slot
-// (Aborted).
+// decode engine does when run with --enable-prompt-tokens-details (vLLM writes the field
+// only then, and only for a non-zero count: a decode leg that recomputed an uncached
+// prompt reports null, as other requests here do). A client that leaves during the pull
+// cancels it and frees the slot (Aborted).
+//
+// The pull's address comes from the request body, so it is bounded: remote_host must be an
+// IP address or a DNS name (nothing that adds a path, query or credentials to the URL),
+// remote_port 1 to 65535, the dial times out after 5 s and the answer's headers after 30
+// s, and a redirect is not followed (it fails the pull). A gateway in front should still
+// strip kv_transfer_params from its clients' bodies.
 //
 // A decode leg whose params lack remote_engine_id, remote_request_id, remote_host or
-// remote_port, whose pull is answered with anything but 200 or cannot be sent, or that
+// remote_port (or name no valid host and port), whose pull is answered with anything but 200 or cannot be sent, or that
 // carries the kv-pull-fail fault, follows Config.KVLoadFailurePolicy (vLLM's
 // kv_load_failure_policy): "fail" (the default) finishes it as vLLM's scheduler finishes it
 // (FINISHED_ERROR, vllm/v1/core/sched/scheduler.py), which the OpenAI server answers as a

@@ -1,6 +1,8 @@
 package enginesim
 
 import (
+	"bufio"
+	"context"
 	"fmt"
 	"io"
 	"net/http/httptest"
@@ -266,4 +268,46 @@ func TestConfigValidateBatchedTokens(t *testing.T) {
 			t.Errorf("Validate(%+v) = %v, want %q", tc.cfg, err, tc.want)
 		}
 	}
+}
+
+// TestPrefillInterferenceStalledStream: a stream stalled by stall-after decodes no more,
+// so it leaves the model: a prefill that runs after it holds no job once done (a stalled
+// stream that stayed registered would keep every later prefill's job, and its cursors,
+// until its client left).
+func TestPrefillInterferenceStalledStream(t *testing.T) {
+	e, srv := startEngineWith(t, interfConfig(true), func(*Engine) {})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	resp, err := send(t, ctx, srv, "POST", "/v1/completions", `{"model":"m1","prompt":"a","max_tokens":8,"stream":true}`,
+		map[string]string{FaultHeader: "stall-after=1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = resp.Body.Close() }()
+	// The first content event: the stream decoded, then stalls.
+	br := bufio.NewReader(resp.Body)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(line, `"text":"tok0 "`) {
+			break
+		}
+	}
+	jobs := func() (int, int) {
+		e.interf.mu.Lock()
+		defer e.interf.mu.Unlock()
+		return len(e.interf.jobs), len(e.interf.decoders)
+	}
+	testutil.Eventually(t, 5*time.Second, func() bool { _, d := jobs(); return d == 0 }, "the stalled stream left the model")
+	long := mustSend(t, srv, "POST", "/v1/completions", `{"model":"m1","prompt":"`+words("x", 100)+`","max_tokens":2}`, nil)
+	if b, _ := io.ReadAll(long.Body); long.StatusCode != 200 {
+		t.Fatalf("long prompt: %d %s", long.StatusCode, b)
+	}
+	if j, d := jobs(); j != 0 || d != 0 {
+		t.Errorf("after the long prefill: %d jobs and %d decoders held, want none", j, d)
+	}
+	cancel()
+	waitIdle(t, e, 0)
 }

@@ -106,9 +106,44 @@ type kvState struct {
 
 func newKVState() *kvState {
 	// One connection per pull, straight to the prefill engine (no proxy from the
-	// environment): an engine owns no goroutines, and an idle pool would keep some.
-	tr := &http.Transport{DisableKeepAlives: true}
-	return &kvState{held: make(map[string]*kvHold), client: &http.Client{Transport: tr}}
+	// environment): an engine owns no goroutines, and an idle pool would keep some. The
+	// address comes from a request body, so the pull is bounded like any call to a peer
+	// the engine does not control: a dial and a header timeout, no redirects followed
+	// (a redirect would turn the pull into a request to anywhere).
+	tr := &http.Transport{
+		DisableKeepAlives:     true,
+		DialContext:           (&net.Dialer{Timeout: kvPullDialTimeout}).DialContext,
+		ResponseHeaderTimeout: kvPullHeaderTimeout,
+	}
+	client := &http.Client{Transport: tr, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	return &kvState{held: make(map[string]*kvHold), client: client}
+}
+
+// The bounds of a pull: vLLM's NIXL handshake and transfer have their own timeouts; these
+// keep a decode leg whose prefill engine is unreachable from holding its slot for the
+// system's TCP timeout.
+const (
+	kvPullDialTimeout   = 5 * time.Second
+	kvPullHeaderTimeout = 30 * time.Second
+)
+
+// validKVHost reports whether host is an IP address or a DNS name (letters, digits, '-',
+// '.', '_'; at most 253 bytes): nothing that could add a path, a query or credentials to
+// the pull's URL.
+func validKVHost(host string) bool {
+	if host == "" || len(host) > 253 {
+		return false
+	}
+	if net.ParseIP(host) != nil {
+		return true
+	}
+	for i := 0; i < len(host); i++ {
+		c := host[i]
+		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '.' || c == '_') {
+			return false
+		}
+	}
+	return true
 }
 
 // errKVLoadFailed ends a decode request whose KV load failed under the fail policy.
@@ -263,10 +298,11 @@ func (s *seq) loadRemoteKV() (recompute bool, err error) {
 	e := s.e
 	var perr error
 	p := s.kv.params
-	valid := p.RemoteEngineID != nil && p.RemoteRequestID != nil && p.RemoteHost != nil && p.RemotePort != nil
+	valid := p.RemoteEngineID != nil && p.RemoteRequestID != nil && p.RemoteHost != nil && p.RemotePort != nil &&
+		validKVHost(*p.RemoteHost) && *p.RemotePort > 0 && *p.RemotePort <= 65535
 	switch {
 	case !valid:
-		perr = errors.New("kv_transfer_params lack remote_engine_id, remote_request_id, remote_host or remote_port")
+		perr = errors.New("kv_transfer_params lack remote_engine_id, remote_request_id, remote_host or remote_port, or name no host and port")
 	case s.f.kvPullFail:
 		perr = errors.New("injected fault kv-pull-fail")
 	default:

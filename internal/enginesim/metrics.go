@@ -158,14 +158,15 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	// The KV cache is shared by all models, so it is reported once, under the first served
 	// model name (vLLM labels every metric with its first served model name).
-	ch <- prometheus.MustNewConstMetric(descKVUsage, prometheus.GaugeValue, c.e.kvCacheUsage(), c.e.cfg.Models[0])
-	// The engine sleeps as a whole: one series per state, under the first served model, in
-	// vLLM's engine 0.
-	// The KV transfer counters are the engine's, under the first served model in engine 0;
-	// expired holds are freed first.
+	// Expired KV holds are freed first, so neither the usage nor the counters are a scrape
+	// late.
 	c.e.kvHeld()
+	ch <- prometheus.MustNewConstMetric(descKVUsage, prometheus.GaugeValue, c.e.kvCacheUsage(), c.e.cfg.Models[0])
+	// The KV transfer counters are the engine's, under the first served model in engine 0.
 	ch <- prometheus.MustNewConstMetric(descNixlFailed, prometheus.CounterValue, float64(c.e.kv.failedTransfers.Load()), c.e.cfg.Models[0], "0")
 	ch <- prometheus.MustNewConstMetric(descNixlExpired, prometheus.CounterValue, float64(c.e.kv.leasesExpired.Load()), c.e.cfg.Models[0], "0")
+	// The engine sleeps as a whole: one series per state, under the first served model, in
+	// vLLM's engine 0.
 	g := c.e.sleepGauges()
 	for _, s := range sleepStates {
 		ch <- prometheus.MustNewConstMetric(descSleepState, prometheus.GaugeValue, g[s], c.e.cfg.Models[0], "0", s)

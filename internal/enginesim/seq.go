@@ -142,6 +142,10 @@ func (s *seq) serveStream(st streamer) error {
 			return s.drainStream(st, i)
 		}
 		if s.f.stallAfter >= 0 && i == min(s.f.stallAfter, s.n) {
+			// A stalled stream decodes no more: it leaves the interference model, so
+			// later prefills do not wait for it to pass their chunks.
+			s.e.interf.endDecode(s.dec)
+			s.dec = nil
 			return s.sleep(-1)
 		}
 		if i == s.n {
