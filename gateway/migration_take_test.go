@@ -43,61 +43,16 @@ func BenchmarkCarryTake(b *testing.B) {
 	}
 }
 
-// memberReference is member as take used it before its one scan (a copy):
-// it finds the member "key": <value> in the JSON object text data (a
-// byte search: a key's quotes cannot occur unescaped inside a string):
+// memberReference is member as take used it before its one scan: a
+// search of its own for "key": (a byte search: a key's quotes cannot occur
+// unescaped inside a string), then memberAt, which both versions share:
 // data[from:to] is the member with its separating comma, data[v:end] its
 // value. ok is false when the key is absent or its value is neither an
 // array of numbers nor null.
 func memberReference(data []byte, key string) (from, to, v, end int, ok bool) {
 	var buf [24]byte
 	pat := append(append(append(buf[:0], '"'), key...), '"', ':')
-	at := bytes.Index(data, pat)
-	if at < 0 {
-		return 0, 0, 0, 0, false
-	}
-	// What precedes the key, past any whitespace: the object's '{' or
-	// the comma after the member before it.
-	before := at - 1
-	for before >= 0 && isJSONSpace(data[before]) {
-		before--
-	}
-	if before < 0 || data[before] != ',' && data[before] != '{' {
-		return 0, 0, 0, 0, false
-	}
-	v = at + len(pat)
-	for v < len(data) && isJSONSpace(data[v]) {
-		v++
-	}
-	switch {
-	case v < len(data) && data[v] == '[':
-		e := bytes.IndexByte(data[v:], ']')
-		if e < 0 {
-			return 0, 0, 0, 0, false
-		}
-		end = v + e + 1
-	case bytes.HasPrefix(data[v:], []byte("null")):
-		end = v + 4
-	default:
-		return 0, 0, 0, 0, false
-	}
-	from, to = at, end
-	if data[before] == ',' {
-		from = before // the comma before, and the space after it
-	} else {
-		// The first member: the comma after it goes, with the space
-		// that follows.
-		for to < len(data) && isJSONSpace(data[to]) {
-			to++
-		}
-		if to < len(data) && data[to] == ',' {
-			to++
-			for to < len(data) && isJSONSpace(data[to]) {
-				to++
-			}
-		}
-	}
-	return from, to, v, end, true
+	return memberAt(data, bytes.Index(data, pat), len(pat))
 }
 
 // takeReference is take as it was before its one scan for both token id

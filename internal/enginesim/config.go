@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
 	"go.opentelemetry.io/otel/trace"
 )
 
@@ -293,7 +294,7 @@ func (c Config) withDefaults() Config {
 	c.KVCacheBlocks = cmp.Or(c.KVCacheBlocks, DefaultKVCacheBlocks)
 	c.BlockSize = cmp.Or(c.BlockSize, DefaultBlockSize)
 	c.EmbeddingDim = cmp.Or(c.EmbeddingDim, DefaultEmbeddingDim)
-	c.KVEngineID = cmp.Or(c.KVEngineID, newUUID())
+	c.KVEngineID = cmp.Or(c.KVEngineID, uuid.NewString()) // vLLM's default engine_id is a uuid4 too
 	c.KVLeaseDuration = cmp.Or(c.KVLeaseDuration, DefaultKVLeaseDuration)
 	c.MaxNumBatchedTokens = cmp.Or(c.MaxNumBatchedTokens, DefaultMaxNumBatchedTokens)
 	c.KVLoadFailurePolicy = cmp.Or(c.KVLoadFailurePolicy, KVLoadFail)

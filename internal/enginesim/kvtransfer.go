@@ -149,18 +149,6 @@ func validKVHost(host string) bool {
 // errKVLoadFailed ends a decode request whose KV load failed under the fail policy.
 var errKVLoadFailed = errors.New("KV load failed")
 
-// newUUID returns a random version 4 UUID in its text form, as Python's uuid4 writes it
-// (vLLM's default engine_id).
-func newUUID() string {
-	var b [16]byte
-	for i := range b {
-		b[i] = byte(rand.Uint32())
-	}
-	b[6] = b[6]&0x0f | 0x40
-	b[8] = b[8]&0x3f | 0x80
-	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
-}
-
 // sweepKVLocked frees the holds whose lease has expired by now. Called with kv.mu held.
 func (e *Engine) sweepKVLocked(now time.Time) {
 	for id, h := range e.kv.held {
