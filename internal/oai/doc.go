@@ -59,6 +59,22 @@
 // an error event is a [StreamError] whose Code is the HTTP status of its
 // error type.
 //
+// # Prefill/decode disaggregation
+//
+// For vLLM's NixlConnector (the contract of vLLM's toy_proxy_server.py
+// and the llm-d routing sidecar), a request runs in two legs: a prefill
+// engine computes the prompt's KV cache and generates one token, and a
+// decode engine pulls those blocks and generates the answer. [PrefillBody]
+// turns the client's chat or completions body into the prefill leg's
+// (non-streaming, one token, do_remote_decode), [ParsePrefill] reads the
+// prefill reply's kv_transfer_params and prompt usage, and [DecodeBody]
+// hands those parameters to the decode leg. [SetCachedTokens] rewrites
+// usage.prompt_tokens_details.cached_tokens in the decode engine's final
+// chunk or body, for a gateway that reports a count of its own (the
+// prefill leg's, say). Each edit is made on the bytes: every member it
+// does not touch keeps the client's (or the engine's) spelling, order and
+// spacing.
+//
 // # Parsing
 //
 // The JSON functions read the body in a single pass with a small
@@ -100,7 +116,9 @@
 // allocates the part headers' parameter maps. Reassembler.Add allocates
 // only to grow what it keeps (the merged text, the first id, model and
 // created): a 200-token chat stream takes 16 allocations in all, its body
-// included (BenchmarkReassemble).
+// included (BenchmarkReassemble). PrefillBody and DecodeBody allocate the
+// edited body; SetCachedTokens allocates nothing when dst has room
+// (BenchmarkSetCachedTokens).
 //
 // All functions are safe for concurrent use and never panic. A
 // Reassembler or MessagesReassembler never panics either, but serves one
