@@ -236,6 +236,7 @@ func refParseRequest(s *Schema, body []byte) (Request, error) {
 			r.StreamStart, r.StreamEnd = refMemberSpan(body, "stream")
 		}
 		r.Streamable = refNull(m["prompt_logprobs"]) && refNull(m["kv_transfer_params"])
+		r.KVTransfer = !refNull(m["kv_transfer_params"])
 		r.Sampling = SamplingRaw{Temperature: m["temperature"], TopP: m["top_p"], TopK: m["top_k"], FrequencyPenalty: m["frequency_penalty"],
 			PresencePenalty: m["presence_penalty"], Seed: m["seed"], N: m["n"], Stop: m["stop"], StopSequences: m["stop_sequences"], ResponseFormat: m["response_format"]}
 		so := m["stream_options"]

@@ -34,6 +34,11 @@ type Request struct {
 	// and a stream cannot carry the second back. Always false for a
 	// Schema that is not Generative.
 	Streamable bool
+	// KVTransfer is true when the body sets kv_transfer_params (not
+	// null): vLLM's KV connector parameters, which a gateway that
+	// disaggregates prefill and decode sets itself. Always false for a
+	// Schema that is not Generative.
+	KVTransfer bool
 	// Sampling holds the raw values of the sampling parameters (aliasing
 	// the body), for the GenAI span attributes ([ParseSampling] decodes
 	// them); all nil when the Schema is not Generative.
@@ -386,6 +391,7 @@ func (p Parser) Parse(s *Schema, body []byte) (Request, error) {
 			r.StreamStart, r.StreamEnd = streamAt, streamAt+len(stream)
 		}
 		r.Streamable = nullOrAbsent(promptLogprobs) && nullOrAbsent(kvTransfer)
+		r.KVTransfer = !nullOrAbsent(kvTransfer)
 		r.Sampling = sampling
 		r.HasStreamOptions = !nullOrAbsent(streamOpts)
 		if r.HasStreamOptions {

@@ -513,5 +513,8 @@ func TestStreamSpanAndStreamable(t *testing.T) {
 		if got := tt.body[r.StreamStart:r.StreamEnd]; got != tt.span || r.Streamable != tt.streamable {
 			t.Errorf("%s: stream span %q, streamable %v; want %q, %v", tt.body, got, r.Streamable, tt.span, tt.streamable)
 		}
+		if want := strings.Contains(tt.body, `"kv_transfer_params":{`); r.KVTransfer != want {
+			t.Errorf("%s: KVTransfer %v, want %v", tt.body, r.KVTransfer, want)
+		}
 	}
 }
