@@ -37,6 +37,13 @@ type Request struct {
 	known int
 }
 
+// Known returns how many leading [Request.PrefixHashes] the engine chosen
+// by the last Pick of a prefix policy ([PrefixAware], [Scorer]) had
+// recently been sent before that Pick: the gateway's estimate of the
+// prompt's blocks cached on that engine (prefill/decode disaggregation
+// asks it of the decode engine). 0 when no prefix policy picked.
+func (r *Request) Known() int { return r.known }
+
 // Policy picks one endpoint for a request.
 //
 // candidates holds the healthy endpoints that serve req.Model; it is never

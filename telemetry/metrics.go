@@ -155,6 +155,7 @@ type Metrics struct {
 	parseErrors    metric.Int64Counter
 	retry          retryInstruments
 	migration      migrationInstruments
+	disagg         disaggInstruments
 	fallback       fallbackInstruments
 	keys           keyInstruments
 	http           httpServer
@@ -295,6 +296,7 @@ func NewMetrics(mp metric.MeterProvider, opts ...MetricsOption) (*Metrics, error
 	}
 	errs = append(errs, m.retry.init(m.meter)...)
 	errs = append(errs, m.migration.init(m.meter)...)
+	errs = append(errs, m.disagg.init(m.meter)...)
 	errs = append(errs, m.fallback.init(m.meter)...)
 	errs = append(errs, m.keys.init(m.meter)...)
 	errs = append(errs, m.http.init(m.meter)...)
@@ -661,6 +663,17 @@ func (e *Engine) Attrs(model, op, operation string) *Attrs {
 func (m *Metrics) RecordFirstToken(ctx context.Context, a *Attrs, seconds float64) {
 	m.ttft.Record(ctx, seconds, a.engineModelRec...)
 	m.genaiFirstChunk.Record(ctx, seconds, a.genaiRec...)
+}
+
+// RecordFirstTokenSplit records a first token whose engine and client
+// waits differ, in seconds: the engine's (switchboard.engine.time_to_first_token,
+// from its leg's start) and the client's
+// (gen_ai.client.operation.time_to_first_chunk, from the request's
+// acceptance), as on a disaggregated request's decode leg, whose client
+// also waited for the prefill leg.
+func (m *Metrics) RecordFirstTokenSplit(ctx context.Context, a *Attrs, engine, client float64) {
+	m.ttft.Record(ctx, engine, a.engineModelRec...)
+	m.genaiFirstChunk.Record(ctx, client, a.genaiRec...)
 }
 
 // RecordInterToken records one inter-token latency sample, in seconds
