@@ -216,7 +216,8 @@ func (f *Fleet) newEngine(ec EngineConfig) (*Engine, error) {
 	}
 	tel, ok := f.telByName[ec.Name]
 	if !ok {
-		tel = f.metrics.Engine(ec.Name, telemetry.WithProvider(ec.Provider), telemetry.WithServer(base.Hostname(), port))
+		tel = f.metrics.Engine(ec.Name, telemetry.WithProvider(ec.Provider), telemetry.WithServer(base.Hostname(), port),
+			telemetry.WithRole(ec.role().String()))
 		f.telByName[ec.Name] = tel
 	}
 	e := &Engine{cfg: ec, ep: routing.NewEndpoint(ec.Name, base), tel: tel, shown: redactURL(ec.URL), header: []string{ec.Name},
@@ -224,7 +225,7 @@ func (f *Fleet) newEngine(ec EngineConfig) (*Engine, error) {
 	e.maxInFlight.Store(int64(ec.MaxInFlight))
 	// gen_ai.provider.name, server.address and server.port are set when
 	// the span starts (telemetry.Attrs.SpanStart).
-	e.spanAttrs = []attribute.KeyValue{telemetry.AttrSpanEngine.String(ec.Name)}
+	e.spanAttrs = []attribute.KeyValue{telemetry.AttrSpanEngine.String(ec.Name), telemetry.AttrSpanEngineRole.String(e.role.String())}
 	switch {
 	case key != "":
 		e.auth = []string{"Bearer " + key}

@@ -1,14 +1,21 @@
 package fleet
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
 
+	"go.opentelemetry.io/otel/attribute"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/routing"
+	"github.com/switchboard-gw/switchboard/telemetry"
 )
 
 func TestParseRole(t *testing.T) {
@@ -281,4 +288,83 @@ func TestStatusRoleJSON(t *testing.T) {
 			t.Errorf("%s: group %v (present %v), want %v", s.Name, g, ok, w["group"])
 		}
 	}
+}
+
+// TestRoleTelemetry: the role is on the engine span attributes and on
+// switchboard.engine.state, follows a reload that changes it (a new
+// incarnation, reported once under the engine's name), and stays off the
+// per-request histograms.
+func TestRoleTelemetry(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer func() { _ = mp.Shutdown(context.Background()) }()
+	m, err := telemetry.NewMetrics(mp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, srv := sim(t, enginesim.Config{Models: []string{"m"}})
+	f, err := New(testConfig(EngineConfig{Name: "p", URL: srv.URL, Models: []string{"m"}, Role: "prefill"},
+		EngineConfig{Name: "b", URL: srv.URL, Models: []string{"m"}}), m, WithLogger(discard))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	f.Start()
+	reg, err := m.ObserveEngineState(f.ObserveState)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = reg.Unregister() }()
+
+	check := func(step string, want map[string]string) {
+		t.Helper()
+		for name, role := range want {
+			e := f.Engine(name)
+			wantAttrs := []attribute.KeyValue{telemetry.AttrSpanEngine.String(name), telemetry.AttrSpanEngineRole.String(role)}
+			if got := e.SpanAttrs(); !slices.Equal(got, wantAttrs) {
+				t.Errorf("%s: %s SpanAttrs %v, want %v", step, name, got, wantAttrs)
+			}
+			m.RecordFirstToken(context.Background(), e.Telemetry().Attrs("m", "chat", "chat"), 0.1)
+		}
+		rm := &metricdata.ResourceMetrics{}
+		if err := reader.Collect(context.Background(), rm); err != nil {
+			t.Fatal(err)
+		}
+		got := map[string]string{}
+		for _, sm := range rm.ScopeMetrics {
+			for _, mt := range sm.Metrics {
+				switch d := mt.Data.(type) {
+				case metricdata.Gauge[int64]:
+					if mt.Name != telemetry.EngineStateName {
+						continue
+					}
+					for _, dp := range d.DataPoints {
+						e, _ := dp.Attributes.Value(telemetry.AttrEngine)
+						r, _ := dp.Attributes.Value(telemetry.AttrRole)
+						if s, _ := dp.Attributes.Value(telemetry.AttrState); s.AsString() == "ready" && dp.Value == 1 {
+							if prev, dup := got[e.AsString()]; dup {
+								t.Errorf("%s: %s ready twice, roles %s and %s", step, e.AsString(), prev, r.AsString())
+							}
+							got[e.AsString()] = r.AsString()
+						}
+					}
+				case metricdata.Histogram[float64]:
+					for _, dp := range d.DataPoints {
+						if _, ok := dp.Attributes.Value(telemetry.AttrRole); ok {
+							t.Errorf("%s: %s point with a role: %v", step, mt.Name, dp.Attributes.ToSlice())
+						}
+					}
+				}
+			}
+		}
+		if !maps.Equal(got, want) {
+			t.Errorf("%s: ready engines' roles on %s %v, want %v", step, telemetry.EngineStateName, got, want)
+		}
+	}
+	check("start", map[string]string{"p": "prefill", "b": "both"})
+	if _, err := f.SetConfigured([]EngineConfig{{Name: "p", URL: srv.URL, Models: []string{"m"}, Role: "decode"},
+		{Name: "b", URL: srv.URL, Models: []string{"m"}}}, nil); err != nil {
+		t.Fatal(err)
+	}
+	check("reload", map[string]string{"p": "decode", "b": "both"})
 }
