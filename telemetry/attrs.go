@@ -34,6 +34,11 @@ const (
 	// AttrState is the engine state of switchboard.engine.state, one of
 	// [EngineStates].
 	AttrState = attribute.Key("state")
+	// AttrRole is the engine's prefill/decode role on
+	// switchboard.engine.state: "both", "prefill" or "decode" (the
+	// gateway's fleet.Role names, [DefaultRole] when unset); a bounded
+	// set. The span attribute is [AttrSpanEngineRole].
+	AttrRole = attribute.Key("role")
 	// AttrStep is the step of switchboard.gateway.step.duration: "parse",
 	// "pick" or "prepare".
 	AttrStep = attribute.Key("step")
@@ -116,6 +121,12 @@ const (
 	// AttrSpanEngine is switchboard.engine, the engine's configured name
 	// on the engine span (the metrics carry it as [AttrEngine]).
 	AttrSpanEngine = attribute.Key("switchboard.engine")
+	// AttrSpanEngineRole is switchboard.engine.role, the engine's
+	// prefill/decode role on the engine span: "both", "prefill" or
+	// "decode" (fleet.Role's names; engines[].role, or the pod's
+	// llm-d.ai/role label under Kubernetes discovery), a bounded set.
+	// The metric attribute is [AttrRole].
+	AttrSpanEngineRole = attribute.Key("switchboard.engine.role")
 	// AttrStream is switchboard.stream: whether the client asked for a
 	// stream (the request to the engine may stream either way; see
 	// [AttrGenAIStream]).

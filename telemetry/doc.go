@@ -24,7 +24,7 @@
 //	switchboard.engine.inter_token_latency    Histogram     s          engine, model, operation
 //	switchboard.engine.request.duration       Histogram     s          engine, model, operation, error.type
 //	switchboard.engine.stream.parse_errors    Counter       {event}    engine, model, operation
-//	switchboard.engine.state                  Gauge         1          engine, state
+//	switchboard.engine.state                  Gauge         1          engine, state, role
 //	switchboard.engine.queue_depth            Gauge         {request}  engine
 //	switchboard.engine.kv_cache_usage         Gauge         1          engine
 //	switchboard.engine.prefix_cache_hit_ratio Gauge         1          engine
@@ -54,7 +54,10 @@
 // operation is the gateway route's row of its operation table ("chat",
 // "responses", "messages", "rerank", ...). switchboard.engine.state is 1
 // for the state each engine is in ([EngineStates]) and 0 for the others
-// ([Metrics.ObserveEngineState]).
+// ([Metrics.ObserveEngineState]); its role is the engine's prefill/decode
+// role ([WithRole]: both, prefill or decode), so a dashboard can count the
+// ready engines of each role. The per-request instruments do not carry
+// the role.
 //
 // The last four come from each engine's own Prometheus /metrics, scraped by
 // the gateway ([Metrics.ObserveEngineStats]): the engine's queue

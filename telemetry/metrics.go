@@ -340,7 +340,7 @@ func NewMetrics(mp metric.MeterProvider, opts ...MetricsOption) (*Metrics, error
 	m.drift = ig(AccountingDriftName, "{request}",
 		"Requests the engine reports (running + waiting) minus the requests the gateway has in flight on it at scrape time; 0 when only this gateway uses the engine.")
 	m.state = ig(EngineStateName, "1",
-		"1 for the state the engine is in (ready, unhealthy, sleeping, draining, ejected), 0 for the others.")
+		"1 for the state the engine is in (ready, unhealthy, sleeping, draining, ejected), 0 for the others; role is its prefill/decode role.")
 	errs = append(errs, m.reload.init(m.meter)...)
 	return m, errors.Join(errs...)
 }
@@ -494,6 +494,22 @@ type engineInfo struct {
 	provider string
 	address  string
 	port     int
+	role     string
+}
+
+// DefaultRole is the role attribute of an engine built without
+// [WithRole]: one that does whole generations.
+const DefaultRole = "both"
+
+// WithRole sets the engine's prefill/decode role, the [AttrRole]
+// attribute of its switchboard.engine.state points: "both", "prefill" or
+// "decode" (the caller keeps it to that set); "" keeps [DefaultRole].
+func WithRole(role string) EngineOption {
+	return func(i *engineInfo) {
+		if role != "" {
+			i.role = role
+		}
+	}
 }
 
 // WithProvider sets the engine's gen_ai.provider.name; "" keeps
@@ -516,7 +532,7 @@ func WithServer(address string, port int) EngineOption {
 
 // Engine returns the attribute holder for the engine called name.
 func (m *Metrics) Engine(name string, opts ...EngineOption) *Engine {
-	info := engineInfo{provider: DefaultProvider}
+	info := engineInfo{provider: DefaultProvider, role: DefaultRole}
 	for _, o := range opts {
 		if o != nil {
 			o(&info)
@@ -536,7 +552,7 @@ func (m *Metrics) Engine(name string, opts ...EngineOption) *Engine {
 	}
 	e.engineObs = []metric.ObserveOption{metric.WithAttributeSet(e.engineSet)}
 	for i, st := range EngineStates {
-		e.stateObs[i] = []metric.ObserveOption{metric.WithAttributeSet(attribute.NewSet(AttrEngine.String(name), AttrState.String(st)))}
+		e.stateObs[i] = []metric.ObserveOption{metric.WithAttributeSet(attribute.NewSet(AttrEngine.String(name), AttrState.String(st), AttrRole.String(info.role)))}
 	}
 	empty := map[attrsKey]*Attrs{}
 	e.attrs.Store(&empty)

@@ -486,10 +486,11 @@ func TestObserveEngineStats(t *testing.T) {
 
 // TestObserveEngineState reports one engine ready, one draining and one
 // ejected: each gets 1 for its state and 0 for the four others, with the
-// engine and state attributes only.
+// engine, state and role attributes only (role both when not given, an
+// empty WithRole keeping it).
 func TestObserveEngineState(t *testing.T) {
 	m, reader := newTestMetrics(t)
-	e1, e2, e3 := m.Engine("e1"), m.Engine("e2"), m.Engine("e3")
+	e1, e2, e3 := m.Engine("e1"), m.Engine("e2", WithRole("prefill")), m.Engine("e3", WithRole(""))
 	reg, err := m.ObserveEngineState(func(report func(e *Engine, state int)) {
 		report(e1, 0)
 		report(e2, 3)
@@ -510,16 +511,17 @@ func TestObserveEngineState(t *testing.T) {
 		for _, dp := range mt.Data.(metricdata.Gauge[int64]).DataPoints {
 			e, _ := dp.Attributes.Value(AttrEngine)
 			s, _ := dp.Attributes.Value(AttrState)
-			if dp.Attributes.Len() != 2 {
+			r, _ := dp.Attributes.Value(AttrRole)
+			if dp.Attributes.Len() != 3 {
 				t.Errorf("attributes %v", dp.Attributes.ToSlice())
 			}
-			got[e.AsString()+"/"+s.AsString()] = dp.Value
+			got[e.AsString()+"/"+r.AsString()+"/"+s.AsString()] = dp.Value
 		}
 	}
 	want := map[string]int64{
-		"e1/ready": 1, "e1/unhealthy": 0, "e1/sleeping": 0, "e1/draining": 0, "e1/ejected": 0,
-		"e2/ready": 0, "e2/unhealthy": 0, "e2/sleeping": 0, "e2/draining": 1, "e2/ejected": 0,
-		"e3/ready": 0, "e3/unhealthy": 0, "e3/sleeping": 0, "e3/draining": 0, "e3/ejected": 1,
+		"e1/both/ready": 1, "e1/both/unhealthy": 0, "e1/both/sleeping": 0, "e1/both/draining": 0, "e1/both/ejected": 0,
+		"e2/prefill/ready": 0, "e2/prefill/unhealthy": 0, "e2/prefill/sleeping": 0, "e2/prefill/draining": 1, "e2/prefill/ejected": 0,
+		"e3/both/ready": 0, "e3/both/unhealthy": 0, "e3/both/sleeping": 0, "e3/both/draining": 0, "e3/both/ejected": 1,
 	}
 	if !maps.Equal(got, want) {
 		t.Errorf("got %v, want %v", got, want)

@@ -22,8 +22,10 @@ type Changes struct {
 	// running incarnation: its requests in flight count against the new
 	// limit, and its health, outlier state (an ejection, the failure
 	// streak), sleep and admin drain stay. Any other change (URL, key,
-	// key variable, provider, or models switching between configured and
-	// discovered) is another server or identity: the old incarnation
+	// key variable, provider, role, group, or models switching between
+	// configured and discovered) is another server or identity (the role
+	// is on the engine's span and state gauge attributes, fixed for an
+	// incarnation): the old incarnation
 	// drains its requests in flight, a new one takes the new requests
 	// with fresh circuit breaker counts and outlier state (an admin drain
 	// carries over).
@@ -41,9 +43,11 @@ func (c Changes) Applied() bool {
 }
 
 // sameEngine reports whether a and b configure the same engine: every
-// field equal, the models compared as a set.
+// field equal, the models compared as a set, the roles as what they name
+// ("", "both" and "prefill-decode" are one).
 func sameEngine(a, b EngineConfig) bool {
 	a.Models, b.Models = sortedSet(a.Models), sortedSet(b.Models)
+	a.Role, b.Role = a.role().String(), b.role().String()
 	return reflect.DeepEqual(a, b)
 }
 
@@ -201,9 +205,9 @@ func (f *Fleet) tryApply(want []EngineConfig, unready map[string]bool, aliases m
 // configured as cur, differs from it only in what its running incarnation
 // can take: max_in_flight, and the configured models as long as both
 // configure some (switching between configured and discovered models
-// changes how the engine is probed). The URL, key, key variable and
-// provider are the server and its identity: a change of one is a new
-// incarnation.
+// changes how the engine is probed). The URL, key, key variable,
+// provider, role and group are the server and its identity: a change of
+// one is a new incarnation.
 func inPlace(cur, next EngineConfig) bool {
 	if (len(cur.Models) == 0) != (len(next.Models) == 0) {
 		return false

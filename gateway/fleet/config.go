@@ -104,6 +104,27 @@ type EngineConfig struct {
 	// instant may pass it by a few (Envoy's circuit breakers are
 	// approximate the same way). 0 (the default) = no limit.
 	MaxInFlight int `koanf:"max_in_flight"`
+	// Role is the engine's part in prefill/decode disaggregation (vLLM's
+	// NixlConnector P/D, as llm-d deploys it): "prefill", "decode" or
+	// "both" ("prefill-decode", llm-d's label value, and "" are both; the
+	// default). A prefill engine takes no whole generation while its
+	// model has an engine of another role ([Route.Decode]); disaggregated
+	// requests pair a prefill engine with a decode one ([Route.Prefill],
+	// [Route.Disaggregable]). See [ParseRole].
+	Role string `koanf:"role"`
+	// Group, when set, restricts pairing: a prefill engine with a group
+	// is paired only with decode engines of the same group (the engines
+	// that can reach each other's KV cache, a rack or a NIXL domain).
+	// Empty (the default): the engine pairs with every engine of its
+	// model. A label-like name, compared as is.
+	Group string `koanf:"group"`
+}
+
+// role returns the engine's Role; a Role that does not parse (Validate
+// refuses it) is RoleBoth.
+func (e EngineConfig) role() Role {
+	r, _ := ParseRole(e.Role)
+	return r
 }
 
 // DefaultHealthConfig returns the health check defaults documented on
@@ -223,6 +244,12 @@ func (e EngineConfig) Validate() error {
 		if strings.TrimSpace(m) == "" {
 			bad("engine %q: empty model name", e.Name)
 		}
+	}
+	if _, err := ParseRole(e.Role); err != nil {
+		bad("engine %q: role: %v", e.Name, err)
+	}
+	if e.Group != strings.TrimSpace(e.Group) {
+		bad("engine %q: group %q has leading or trailing spaces", e.Name, e.Group)
 	}
 	return errors.Join(errs...)
 }

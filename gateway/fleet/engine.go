@@ -23,7 +23,10 @@ import (
 // routing.Endpoint, so slots held on the old one are released there
 // (docs/cases.md L03). A reload that changes only an engine's max_in_flight
 // or its configured models keeps the incarnation and updates it in place
-// (Fleet.tryApply).
+// (Fleet.tryApply); a change of its role or group is a new incarnation, as
+// for its URL: they are fixed for an incarnation's life (its span and
+// state gauge attributes carry the role), so the request path reads them
+// without a lock.
 //
 // The request path reads an Engine through its methods, all safe for
 // concurrent use; everything else about it is the fleet's.
@@ -40,9 +43,11 @@ type Engine struct {
 	auth   []string          // the Authorization header value, or nil when the engine takes none
 	shown  string            // the URL as logs and /admin/engines show it: userinfo redacted
 	header []string          // the X-Switchboard-Engine value, shared by every response
+	role   Role              // EngineConfig.Role, parsed
+	group  string            // EngineConfig.Group
 
 	// spanAttrs are the engine span attributes that never change:
-	// server.address, server.port, switchboard.engine.
+	// switchboard.engine and switchboard.engine.role.
 	spanAttrs []attribute.KeyValue
 
 	// maxInFlight is the engine's circuit breaker (EngineConfig.MaxInFlight,
@@ -116,9 +121,22 @@ func (e *Engine) Endpoint() *routing.Endpoint { return e.ep }
 // span attributes (engine, server.address, server.port, provider).
 func (e *Engine) Telemetry() *telemetry.Engine { return e.tel }
 
-// SpanAttrs returns the engine span attributes that never change. The
-// slice is shared: callers must not modify it.
+// SpanAttrs returns the engine span attributes that never change:
+// switchboard.engine (the name) and switchboard.engine.role (the role,
+// "both", "prefill" or "decode"). The slice is shared: callers must not
+// modify it.
 func (e *Engine) SpanAttrs() []attribute.KeyValue { return e.spanAttrs }
+
+// Role returns the engine's prefill/decode role (EngineConfig.Role,
+// RoleBoth when unset). It is fixed for the incarnation: a reload or
+// discovery changing it makes a new one.
+func (e *Engine) Role() Role { return e.role }
+
+// Group returns the engine's pairing group (EngineConfig.Group), "" for
+// none: a prefill engine with a group is paired only with decode engines
+// of the same group, one without pairs with any. Fixed for the
+// incarnation, like [Engine.Role].
+func (e *Engine) Group() string { return e.group }
 
 // Header returns the X-Switchboard-Engine header value naming the engine,
 // one element. The slice is shared by every response: callers must not
@@ -198,14 +216,16 @@ func (f *Fleet) newEngine(ec EngineConfig) (*Engine, error) {
 	}
 	tel, ok := f.telByName[ec.Name]
 	if !ok {
-		tel = f.metrics.Engine(ec.Name, telemetry.WithProvider(ec.Provider), telemetry.WithServer(base.Hostname(), port))
+		tel = f.metrics.Engine(ec.Name, telemetry.WithProvider(ec.Provider), telemetry.WithServer(base.Hostname(), port),
+			telemetry.WithRole(ec.role().String()))
 		f.telByName[ec.Name] = tel
 	}
-	e := &Engine{cfg: ec, ep: routing.NewEndpoint(ec.Name, base), tel: tel, shown: redactURL(ec.URL), header: []string{ec.Name}}
+	e := &Engine{cfg: ec, ep: routing.NewEndpoint(ec.Name, base), tel: tel, shown: redactURL(ec.URL), header: []string{ec.Name},
+		role: ec.role(), group: ec.Group}
 	e.maxInFlight.Store(int64(ec.MaxInFlight))
 	// gen_ai.provider.name, server.address and server.port are set when
 	// the span starts (telemetry.Attrs.SpanStart).
-	e.spanAttrs = []attribute.KeyValue{telemetry.AttrSpanEngine.String(ec.Name)}
+	e.spanAttrs = []attribute.KeyValue{telemetry.AttrSpanEngine.String(ec.Name), telemetry.AttrSpanEngineRole.String(e.role.String())}
 	switch {
 	case key != "":
 		e.auth = []string{"Bearer " + key}

@@ -34,6 +34,11 @@ type Route struct {
 	// maxLen is the smallest max_model_len the route's engines report for
 	// its model in GET /v1/models, in tokens; 0 when none reports one.
 	maxLen int64
+	// decode and prefill are the endpoints of Decode and Prefill (eps
+	// itself when they are all of it); disagg is Disaggregable. Set by
+	// finish.
+	decode, prefill []*routing.Endpoint
+	disagg          bool
 }
 
 // Endpoints returns the route's routable endpoints, in fleet order. The
@@ -55,8 +60,65 @@ func (rt *Route) Limited() bool { return rt.limited }
 // (a static engine serving another server, say), meaning unknown.
 func (rt *Route) MaxModelLen() int64 { return rt.maxLen }
 
-// Engine returns the engine of ep, one of the route's endpoints, or nil
-// when ep is not one of them.
+// Decode returns the endpoints a whole generation may go to: those whose
+// engine's role is not RolePrefill, in fleet order. It is Endpoints
+// itself (the same slice) when the route has no RolePrefill engine, and
+// also when every engine of the route is RolePrefill, so a model is never
+// stranded; the route holds only routable engines, so prefill engines
+// take whole generations while no other engine of the model is routable.
+// Built with the snapshot: no allocation per request. The slice is
+// shared: callers must not modify it.
+func (rt *Route) Decode() []*routing.Endpoint { return rt.decode }
+
+// Prefill returns the endpoints that may do the prefill of a
+// disaggregated request: those whose engine's role is RolePrefill or
+// RoleBoth, in fleet order (Endpoints itself when the route has no
+// RoleDecode engine). Built with the snapshot; the slice is shared:
+// callers must not modify it.
+func (rt *Route) Prefill() []*routing.Endpoint { return rt.prefill }
+
+// Disaggregable reports whether the route has at least one routable
+// RolePrefill engine and at least one routable RoleDecode engine, so a
+// request may be split into a prefill and a decode leg. A route of
+// RoleBoth engines only never is.
+func (rt *Route) Disaggregable() bool { return rt.disagg }
+
+// finish computes Decode, Prefill and Disaggregable from the route's
+// engines, once, when the snapshot is built.
+func (rt *Route) finish() {
+	var nPrefill, nDecode int
+	for _, e := range rt.engs {
+		switch e.role {
+		case RolePrefill:
+			nPrefill++
+		case RoleDecode:
+			nDecode++
+		}
+	}
+	rt.disagg = nPrefill > 0 && nDecode > 0
+	rt.decode, rt.prefill = rt.eps, rt.eps
+	if nPrefill > 0 && nPrefill < len(rt.engs) {
+		rt.decode = rt.withRole(func(r Role) bool { return r != RolePrefill })
+	}
+	if nDecode > 0 {
+		rt.prefill = rt.withRole(func(r Role) bool { return r != RoleDecode })
+	}
+}
+
+// withRole returns the route's endpoints whose engine's role keep
+// accepts, in order.
+func (rt *Route) withRole(keep func(Role) bool) []*routing.Endpoint {
+	var out []*routing.Endpoint
+	for i, e := range rt.engs {
+		if keep(e.role) {
+			out = append(out, rt.eps[i])
+		}
+	}
+	return out
+}
+
+// Engine returns the engine of ep, one of the route's endpoints (of
+// Endpoints, Decode or Prefill), or nil when ep is not one of them.
 func (rt *Route) Engine(ep *routing.Endpoint) *Engine {
 	for i, e := range rt.eps {
 		if e == ep {
@@ -238,7 +300,9 @@ func (f *Fleet) rebuildLocked() {
 			}
 		}
 	}
-	for m := range s.routes {
+	s.all.finish()
+	for m, rt := range s.routes {
+		rt.finish()
 		delete(s.drained, m) // routable: not drained, whatever else drains
 	}
 	for name, a := range f.aliases {

@@ -18,6 +18,8 @@ type EngineStatus struct {
 	Sleeping bool     `json:"sleeping,omitempty"` // put to sleep through the admin API and not woken yet
 	Models   []string `json:"models"`             // sorted; empty until discovered
 	Static   bool     `json:"models_configured"`  // models come from config, not discovery
+	Role     string   `json:"role"`               // prefill/decode role: both, prefill or decode (Role.String)
+	Group    string   `json:"group,omitempty"`    // pairing group (EngineConfig.Group); absent when none
 	Prefill  int64    `json:"prefill"`            // requests in prefill now
 	Decode   int64    `json:"decode"`             // requests in decode now
 	Retired  bool     `json:"retired,omitempty"`  // removed, still draining its requests
@@ -54,7 +56,7 @@ func (f *Fleet) Status() []EngineStatus {
 		pf, dc := e.ep.InFlight()
 		state := e.state()
 		s := EngineStatus{Name: e.cfg.Name, URL: e.shown, Healthy: e.ep.Healthy(), Models: e.knownModels(),
-			Static: e.static, Prefill: pf, Decode: dc, Retired: e.retired,
+			Static: e.static, Role: e.role.String(), Group: e.group, Prefill: pf, Decode: dc, Retired: e.retired,
 			Routable: state == routing.StateReady, State: telemetry.EngineStates[state],
 			Sleeping: e.sleeping.Load(), Drained: e.drained.Load(), Unready: e.unready.Load(), MaxInFlight: int(e.maxInFlight.Load()), Stats: statsStatus(e.ep.Stats(), now)}
 		if s.Models == nil {
