@@ -819,8 +819,12 @@ func TestKubeDiscoveryPodRoles(t *testing.T) {
 	waitHTTP(t, "http://"+g.public+"/ready", 200)
 	g.waitRoutable("vllm-0", "vllm-1", "vllm-2", "vllm-3")
 	g.waitRoles(map[string]string{"vllm-0": "prefill/r1", "vllm-1": "decode/r1", "vllm-2": "both/", "vllm-3": "both/"})
-	if out := g.proc.output(); !strings.Contains(out, "role label names no role") || !strings.Contains(out, k.ns+"/vllm-3") {
-		t.Errorf("no warning about vllm-3's role label value:\n%s", out)
+	warned := func() bool {
+		out := g.proc.output()
+		return strings.Contains(out, "role label names no role") && strings.Contains(out, k.ns+"/vllm-3")
+	}
+	if !testutil.Poll(5*time.Second, warned) {
+		t.Errorf("no warning about vllm-3's role label value:\n%s", g.proc.output())
 	}
 
 	// Relabel a running pod: its engine takes the new role.
