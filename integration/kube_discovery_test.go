@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
@@ -26,6 +27,7 @@ import (
 	discoveryv1 "k8s.io/api/discovery/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
@@ -61,6 +63,18 @@ type kubeEnv struct {
 // manifests grant it.
 func newKubeEnv(t *testing.T, verbs func([]string) []string) *kubeEnv {
 	t.Helper()
+	return newKubeEnvRole(t, func(role *rbacv1.Role) {
+		if verbs != nil {
+			for i := range role.Rules {
+				role.Rules[i].Verbs = verbs(role.Rules[i].Verbs)
+			}
+		}
+	})
+}
+
+// newKubeEnvRole is newKubeEnv with the shipped Role changed by edit.
+func newKubeEnvRole(t *testing.T, edit func(*rbacv1.Role)) *kubeEnv {
+	t.Helper()
 	rc := kubeConfig(t)
 	cs, err := kubernetes.NewForConfig(rc)
 	if err != nil {
@@ -70,11 +84,7 @@ func newKubeEnv(t *testing.T, verbs func([]string) []string) *kubeEnv {
 	ns := kubeNamespace(t, cs)
 	role := shippedRole(t)
 	role.Namespace = ns
-	if verbs != nil {
-		for i := range role.Rules {
-			role.Rules[i].Verbs = verbs(role.Rules[i].Verbs)
-		}
-	}
+	edit(role)
 	sa := &corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: "switchboard", Namespace: ns}}
 	if _, err := cs.CoreV1().ServiceAccounts(ns).Create(ctx, sa, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
@@ -290,6 +300,8 @@ type adminEngines struct {
 		Decode   int64  `json:"decode"`
 		Retired  bool   `json:"retired"`
 		Unready  bool   `json:"unready"`
+		Role     string `json:"role"`
+		Group    string `json:"group"`
 	} `json:"engines"`
 	LiveAttempts int64 `json:"live_attempts"`
 	Requests     int64 `json:"requests_in_flight"`
@@ -747,4 +759,117 @@ func TestKubeDiscoveryAPIServerRestart(t *testing.T) {
 	// doubling, jittered) begun while the API server was down.
 	g.waitRoutableWithin(30*time.Second, "vllm-0", "vllm-1", "vllm-2")
 	g.waitIdle()
+}
+
+// pod creates the pod of engine e with labels: a pod the API server
+// stores (nothing schedules or runs it here), so discovery can read its
+// labels.
+func (k *kubeEnv) pod(e *kubeEngine, labels map[string]string) {
+	k.t.Helper()
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: e.pod, Namespace: k.ns, Labels: labels},
+		Spec: corev1.PodSpec{
+			ServiceAccountName:           "switchboard",
+			AutomountServiceAccountToken: new(false),
+			Containers:                   []corev1.Container{{Name: "vllm", Image: "vllm/vllm-openai"}},
+		},
+	}
+	if _, err := k.cs.CoreV1().Pods(k.ns).Create(context.Background(), p, metav1.CreateOptions{}); err != nil {
+		k.t.Fatal(err)
+	}
+}
+
+// roles returns each engine's "role/group" on /admin/engines, the
+// retired incarnations left out.
+func (g *kubeGateway) roles() map[string]string {
+	out := map[string]string{}
+	for _, e := range g.engines().Engines {
+		if !e.Retired {
+			out[e.Name] = e.Role + "/" + e.Group
+		}
+	}
+	return out
+}
+
+// waitRoles polls until roles is want (within 10 s).
+func (g *kubeGateway) waitRoles(want map[string]string) {
+	g.t.Helper()
+	var got map[string]string
+	if !testutil.Poll(10*time.Second, func() bool { got = g.roles(); return maps.Equal(got, want) }) {
+		g.t.Fatalf("engine roles %v, want %v", got, want)
+	}
+}
+
+// TestKubeDiscoveryPodRoles: against the real API server, with the
+// shipped Role, the engines' prefill/decode roles come from their pods'
+// llm-d.ai/role label (and the group from group_label): prefill, decode,
+// prefill-decode (both), none (both), an unknown value (both, warned);
+// relabelling a running pod changes its engine's role.
+func TestKubeDiscoveryPodRoles(t *testing.T) {
+	k := newKubeEnv(t, nil)
+	e0, e1, e2, e3 := k.engine("vllm-0"), k.engine("vllm-1"), k.engine("vllm-2"), k.engine("vllm-3")
+	k.pod(e0, map[string]string{"llm-d.ai/role": "prefill", "rack": "r1"})
+	k.pod(e1, map[string]string{"llm-d.ai/role": "decode", "rack": "r1"})
+	k.pod(e2, map[string]string{"llm-d.ai/role": "prefill-decode"})
+	k.pod(e3, map[string]string{"llm-d.ai/role": "encoder"})
+	for _, e := range []*kubeEngine{e0, e1, e2, e3} {
+		k.create(e)
+	}
+	g := k.startGateway(k.gatewayConfig("round-robin") + "    group_label: rack\n")
+	waitHTTP(t, "http://"+g.public+"/ready", 200)
+	g.waitRoutable("vllm-0", "vllm-1", "vllm-2", "vllm-3")
+	g.waitRoles(map[string]string{"vllm-0": "prefill/r1", "vllm-1": "decode/r1", "vllm-2": "both/", "vllm-3": "both/"})
+	warned := func() bool {
+		out := g.proc.output()
+		return strings.Contains(out, "role label names no role") && strings.Contains(out, k.ns+"/vllm-3")
+	}
+	if !testutil.Poll(5*time.Second, warned) {
+		t.Errorf("no warning about vllm-3's role label value:\n%s", g.proc.output())
+	}
+
+	// Relabel a running pod: its engine takes the new role.
+	patch := []byte(`{"metadata":{"labels":{"llm-d.ai/role":"decode","rack":"r2"}}}`)
+	if _, err := k.cs.CoreV1().Pods(k.ns).Patch(context.Background(), "vllm-2", types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	g.waitRoles(map[string]string{"vllm-0": "prefill/r1", "vllm-1": "decode/r1", "vllm-2": "decode/r2", "vllm-3": "both/"})
+	g.waitRoutable("vllm-0", "vllm-1", "vllm-2", "vllm-3")
+	if _, err := g.chatOnce(context.Background(), true, "", 4); err != nil {
+		t.Errorf("a chat request with prefill and decode engines: %v", err)
+	}
+	g.waitIdle()
+}
+
+// TestKubeDiscoveryRoleWithoutPods: a Role without the pods rule stops the
+// gateway at start, saying what to grant or how to read no pods; with
+// role_label "" the same Role is enough (every engine both).
+func TestKubeDiscoveryRoleWithoutPods(t *testing.T) {
+	k := newKubeEnvRole(t, func(r *rbacv1.Role) {
+		r.Rules = slices.DeleteFunc(r.Rules, func(pr rbacv1.PolicyRule) bool { return slices.Contains(pr.Resources, "pods") })
+	})
+	g := k.startGateway(k.gatewayConfig("round-robin"))
+	done := make(chan error, 1)
+	go func() { done <- g.proc.cmd.Wait() }()
+	select {
+	case err := <-done:
+		var exit *exec.ExitError
+		if !errors.As(err, &exit) || exit.ExitCode() == 0 {
+			t.Fatalf("the gateway exited with %v, want a failure", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the gateway without permission on pods still runs after 30 s")
+	}
+	out := g.proc.output()
+	for _, want := range []string{"may not list pods", fmt.Sprintf("namespace %q", k.ns), "role.yaml", "role_label and group_label"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("the gateway's output does not say %q:\n%s", want, out)
+		}
+	}
+
+	e0 := k.engine("vllm-0")
+	k.create(e0)
+	g = k.startGateway(k.gatewayConfig("round-robin") + "    role_label: \"\"\n")
+	waitHTTP(t, "http://"+g.public+"/ready", 200)
+	g.waitRoutable("vllm-0")
+	g.waitRoles(map[string]string{"vllm-0": "both/"})
 }

@@ -263,6 +263,12 @@ func TestLoadConfigErrors(t *testing.T) {
 			want: []string{"server.shutdown_timeout", "log.format", "simulate.engines must be >= 0", "telemetry.service_name", "routing.prefill_weight"},
 		},
 		{
+			name: "engine role and discovery role label",
+			yaml: "engines:\n  - name: p\n    url: http://10.0.0.1:8000\n    role: prefil\n    group: \" r1\"\ndiscovery:\n  kubernetes:\n    service: vllm\n    enabled: true\n    role_label: \"llm-d.ai/role/x\"\n",
+			want: []string{`engine "p": role`, `"prefil"`, "prefill, decode, both or prefill-decode", `group " r1"`, "discovery.kubernetes.role_label"},
+			is:   fleet.ErrInvalidConfig,
+		},
+		{
 			name: "bad duration",
 			yaml: "simulate:\n  engines: 1\n  ttft: soon\n",
 			want: []string{"config file", "simulate.ttft", `"soon" is not a duration`},

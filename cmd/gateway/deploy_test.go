@@ -652,7 +652,8 @@ func TestDeployManifests(t *testing.T) {
 			}
 		}
 		role := b.one(t, "Role")
-		want := []k8sRule{{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}}}
+		want := []k8sRule{{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}},
+			{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"list", "watch"}}}
 		got := slices.Clone(role.Rules)
 		for i := range got {
 			got[i].Verbs = slices.Sorted(slices.Values(got[i].Verbs))

@@ -128,6 +128,19 @@
 // draining, and serves again at once when it is ready. [Changes] says
 // what changed.
 //
+// # Prefill/decode roles
+//
+// Each engine has a [Role] (EngineConfig.Role: [RoleBoth] by default,
+// [RolePrefill] or [RoleDecode]) and an optional pairing group
+// (EngineConfig.Group), fixed for an incarnation: a reload or discovery
+// changing them makes a new one. Every [Route] of a snapshot carries, built
+// with it, [Route.Decode] (the endpoints a whole generation may go to: no
+// prefill engine, unless every engine of the route is one),
+// [Route.Prefill] (prefill and both engines) and [Route.Disaggregable]
+// (at least one routable prefill and one routable decode engine). The
+// role shows on /admin/engines, on the engine span
+// (switchboard.engine.role) and on switchboard.engine.state.
+//
 // # Concurrency
 //
 // Every method of [Fleet] and [Engine] is safe for concurrent use.

@@ -102,6 +102,22 @@ type Config struct {
 	MaxInFlight int    `koanf:"max_in_flight"`
 	APIKeyEnv   string `koanf:"api_key_env"`
 	Provider    string `koanf:"provider"`
+	// RoleLabel is the pod label key (a qualified name) holding each
+	// engine's prefill/decode role, engines[].role: "prefill", "decode",
+	// "prefill-decode" or "both" (fleet.ParseRole). Default
+	// DefaultRoleLabel, llm-d's "llm-d.ai/role". A pod without the label,
+	// an endpoint without a pod targetRef, and a pod not (yet) in the
+	// informer's cache are "both"; an unknown value is "both" too, warned
+	// about once per pod. EndpointSlices do not carry pod labels, so with
+	// RoleLabel or GroupLabel set discovery also watches the pods of each
+	// watched namespace (list and watch on pods, [Config.Rules]; it keeps
+	// only their name and these two labels). Empty: every engine is
+	// "both" and pods are not read.
+	RoleLabel string `koanf:"role_label"`
+	// GroupLabel is the pod label key holding each engine's pairing group,
+	// engines[].group (a prefill engine with a group pairs only with
+	// decode engines of its group). Default empty: no group.
+	GroupLabel string `koanf:"group_label"`
 	// SyncTimeout bounds how long /ready waits for the informers' first
 	// complete list; after it the gateway serves with the engines it has
 	// (the configured ones, and what was listed) and logs it. Default 30 s.
@@ -114,8 +130,16 @@ type Config struct {
 // DefaultConfig returns the defaults documented on each field.
 func DefaultConfig() Config {
 	return Config{Namespaces: []string{}, Models: []string{}, AddressType: AddressTypeIPv4, Scheme: "http", Names: NamesPod,
-		SyncTimeout: 30 * time.Second, Batch: 100 * time.Millisecond}
+		RoleLabel: DefaultRoleLabel, SyncTimeout: 30 * time.Second, Batch: 100 * time.Millisecond}
 }
+
+// DefaultRoleLabel is the default [Config.RoleLabel]: the pod label llm-d
+// sets on its model servers, "prefill", "decode" or "prefill-decode".
+const DefaultRoleLabel = "llm-d.ai/role"
+
+// readsPods reports whether discovery needs the pods' labels: RoleLabel
+// or GroupLabel is set.
+func (c Config) readsPods() bool { return c.RoleLabel != "" || c.GroupLabel != "" }
 
 // ServiceNameLabel is the label the EndpointSlice controller sets on every
 // slice to its Service's name (discovery.k8s.io/v1, LabelServiceName).
@@ -196,6 +220,17 @@ func (c Config) Validate() error {
 		if strings.TrimSpace(m) == "" {
 			bad("models: empty model name")
 		}
+	}
+	for _, l := range [...]struct{ key, v string }{{"role_label", c.RoleLabel}, {"group_label", c.GroupLabel}} {
+		if l.v == "" {
+			continue
+		}
+		if msgs := validation.IsQualifiedName(l.v); len(msgs) > 0 {
+			bad("%s %q is not a label key: %s", l.key, l.v, strings.Join(msgs, "; "))
+		}
+	}
+	if c.RoleLabel != "" && c.RoleLabel == c.GroupLabel {
+		bad("role_label and group_label are both %q: a label holds one of them", c.RoleLabel)
 	}
 	if c.MaxInFlight < 0 {
 		bad("max_in_flight must be >= 0, got %d", c.MaxInFlight)

@@ -58,6 +58,13 @@ func TestConfigValidate(t *testing.T) {
 		{name: "annotation and label", cfg: func(c *Config) { c.ModelsAnnotation = "a"; c.ModelsLabel = "l" }, keys: []string{"models"}},
 		{name: "all three models sources", cfg: func(c *Config) { c.Models = []string{"m"}; c.ModelsAnnotation = "a"; c.ModelsLabel = "l" }, keys: []string{"models"}},
 		{name: "empty model", cfg: func(c *Config) { c.Models = []string{"m", " "} }, keys: []string{"models"}},
+		{name: "role label off", cfg: func(c *Config) { c.RoleLabel = "" }},
+		{name: "role and group labels", cfg: func(c *Config) { c.RoleLabel = "example.com/role"; c.GroupLabel = "example.com/group" }},
+		{name: "group label only", cfg: func(c *Config) { c.RoleLabel = ""; c.GroupLabel = "rack" }},
+		{name: "bad role label", cfg: func(c *Config) { c.RoleLabel = "llm-d.ai/role/x" }, keys: []string{"role_label"}},
+		{name: "bad group label", cfg: func(c *Config) { c.GroupLabel = "a b" }, keys: []string{"group_label"}},
+		{name: "bad role and group labels", cfg: func(c *Config) { c.RoleLabel = "-r"; c.GroupLabel = "g-" }, keys: []string{"role_label", "group_label"}},
+		{name: "role and group the same label", cfg: func(c *Config) { c.GroupLabel = DefaultRoleLabel }, keys: []string{"role_label"}},
 		{name: "max_in_flight 0", cfg: func(c *Config) { c.MaxInFlight = 0 }},
 		{name: "negative max_in_flight", cfg: func(c *Config) { c.MaxInFlight = -1 }, keys: []string{"max_in_flight"}},
 		{name: "sync_timeout 0", cfg: func(c *Config) { c.SyncTimeout = 0 }, keys: []string{"sync_timeout"}},
@@ -104,7 +111,7 @@ func TestConfigValidate(t *testing.T) {
 func TestConfigValidateDefaults(t *testing.T) {
 	c := DefaultConfig()
 	if c.Enabled || c.AddressType != AddressTypeIPv4 || c.Scheme != "http" || c.Names != NamesPod || c.SyncTimeout != 30*time.Second ||
-		c.Batch != 100*time.Millisecond {
+		c.Batch != 100*time.Millisecond || c.RoleLabel != "llm-d.ai/role" || c.GroupLabel != "" {
 		t.Errorf("DefaultConfig() = %+v", c)
 	}
 	c.Enabled = true

@@ -7,6 +7,7 @@ import (
 	"io"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"os"
 	"runtime"
 	"slices"
@@ -14,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/meta"
@@ -50,14 +52,32 @@ type Rule struct {
 	Verbs              []string
 }
 
-// Rules are every permission discovery uses, in each watched namespace:
-// list and watch on EndpointSlices (list for the informer's first sync
-// and the access check at start, watch for the changes). Nothing reads a
-// slice by name, so there is no get; nothing else is read (the models come
-// from the configuration, a slice's annotation or label, or the engines'
-// /v1/models). deploy/kubernetes/base/role.yaml grants exactly these, and
-// a test checks it.
-var Rules = []Rule{{APIGroup: discoveryv1.GroupName, Resource: "endpointslices", Verbs: []string{"list", "watch"}}}
+// Rules are every permission discovery uses with the default
+// configuration, in each watched namespace: list and watch on
+// EndpointSlices (list for the informer's first sync and the access check
+// at start, watch for the changes), and list and watch on pods, for their
+// role label (Config.RoleLabel; a slice does not carry its pods' labels).
+// Nothing reads an object by name, so there is no get; nothing else is
+// read (the models come from the configuration, a slice's annotation or
+// label, or the engines' /v1/models). deploy/kubernetes/base/role.yaml
+// grants exactly these, and a test checks it. [Config.Rules] gives what a
+// configuration needs: without role and group labels, no pods.
+var Rules = []Rule{sliceRule, podRule}
+
+var (
+	sliceRule = Rule{APIGroup: discoveryv1.GroupName, Resource: "endpointslices", Verbs: []string{"list", "watch"}}
+	podRule   = Rule{APIGroup: corev1.GroupName, Resource: "pods", Verbs: []string{"list", "watch"}}
+)
+
+// Rules returns the permissions discovery needs under c in each watched
+// namespace: list and watch on EndpointSlices, and on pods when c reads
+// pod labels (RoleLabel or GroupLabel set).
+func (c Config) Rules() []Rule {
+	if c.readsPods() {
+		return []Rule{sliceRule, podRule}
+	}
+	return []Rule{sliceRule}
+}
 
 // ErrForbidden wraps the error Start returns when the API server refuses
 // the gateway's credentials (401) or one of [Rules] (403).
@@ -120,10 +140,14 @@ type Discovery struct {
 	namespaces []string
 	sel        labels.Selector
 	informers  []cache.SharedIndexInformer
-	release    func()
-	dirty      chan struct{}
-	cancel     context.CancelFunc
-	wg         sync.WaitGroup
+	// pods are the pod informers' stores by namespace, nil unless
+	// Config.readsPods; podInformers the informers.
+	pods         map[string]cache.Store
+	podInformers []cache.SharedIndexInformer
+	release      func()
+	dirty        chan struct{}
+	cancel       context.CancelFunc
+	wg           sync.WaitGroup
 
 	mu      sync.Mutex
 	applied []fleet.DiscoveredEngine // the last list the sink took
@@ -131,6 +155,10 @@ type Discovery struct {
 	skipped string // the last skipped lines logged, so a batch that changes nothing logs nothing
 	failed  string // the last apply failure logged, "" after a success
 	none    bool   // no slice matched after the sync, warned until one does
+	// badRoles are the pods whose unknown role label value was warned
+	// about ("<namespace>/<pod>" to the value): warned once per pod and
+	// value, forgotten once the pod's endpoint or bad value is gone.
+	badRoles map[string]string
 
 	now func() time.Time // the log rate limits' clock (tests set it)
 }
@@ -195,7 +223,7 @@ func Start(ctx context.Context, cfg Config, sink Sink, log *slog.Logger, opts ..
 			"namespace", ns, "why", why)
 	}
 	sel, _ := cfg.selector() // Validate parsed it
-	if err := checkAccess(ctx, cs, namespaces, sel.String(), o.accessTimeout, log); err != nil {
+	if err := checkAccess(ctx, cs, namespaces, sel.String(), cfg.readsPods(), o.accessTimeout, log); err != nil {
 		return nil, err
 	}
 
@@ -217,12 +245,95 @@ func Start(ctx context.Context, cfg Config, sink Sink, log *slog.Logger, opts ..
 			d.release()
 			return nil, fmt.Errorf("kubernetes discovery: %w", err)
 		}
-		_ = inf.SetWatchErrorHandlerWithContext(d.watchError(ns))
+		_ = inf.SetWatchErrorHandlerWithContext(d.watchError(ns, sliceRule))
 		d.informers = append(d.informers, inf)
 		d.wg.Go(func() { inf.RunWithContext(rctx) })
+		if cfg.readsPods() {
+			pinf, err := d.podInformer(cs, ns)
+			if err != nil {
+				cancel()
+				d.release()
+				return nil, fmt.Errorf("kubernetes discovery: %w", err)
+			}
+			d.wg.Go(func() { pinf.RunWithContext(rctx) })
+		}
 	}
 	d.wg.Go(func() { d.loop(rctx) })
 	return d, nil
+}
+
+// podInformer builds the pod informer of namespace ns: every pod of the
+// namespace (pods do not carry the slices' Service label, and the
+// Service's own pod selector is not read), reduced by podTransform to its
+// name and the role and group labels. An added or deleted pod, and one
+// whose role or group label changed, wakes the loop: a label change on a
+// running pod changes its engine's role (a new incarnation).
+func (d *Discovery) podInformer(cs kubernetes.Interface, ns string) (cache.SharedIndexInformer, error) {
+	f := informers.NewSharedInformerFactoryWithOptions(cs, 0, informers.WithNamespace(ns),
+		informers.WithTransform(podTransform(d.cfg.RoleLabel, d.cfg.GroupLabel)))
+	inf := f.Core().V1().Pods().Informer()
+	mark := func(any) { d.mark() }
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc: mark,
+		UpdateFunc: func(o, n any) {
+			op, ok1 := o.(*corev1.Pod)
+			np, ok2 := n.(*corev1.Pod)
+			if !ok1 || !ok2 || !maps.Equal(op.Labels, np.Labels) {
+				d.mark()
+			}
+		},
+		DeleteFunc: mark,
+	}); err != nil {
+		return nil, err
+	}
+	_ = inf.SetWatchErrorHandlerWithContext(d.watchError(ns, podRule))
+	if d.pods == nil {
+		d.pods = map[string]cache.Store{}
+	}
+	d.pods[ns] = inf.GetStore()
+	d.podInformers = append(d.podInformers, inf)
+	return inf, nil
+}
+
+// podTransform returns the pod informer's transform: it keeps of each pod
+// only what discovery reads, its namespace, name, UID, resource version
+// and the labels roleLabel and groupLabel, so the cache holds a few bytes
+// per pod rather than whole pod specs and statuses. Objects it cannot read
+// (a cache.DeletedFinalStateUnknown) pass unchanged.
+func podTransform(roleLabel, groupLabel string) cache.TransformFunc {
+	return func(obj any) (any, error) {
+		p, ok := obj.(*corev1.Pod)
+		if !ok {
+			return obj, nil
+		}
+		out := &corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: p.Namespace, Name: p.Name, UID: p.UID, ResourceVersion: p.ResourceVersion}}
+		for _, k := range [...]string{roleLabel, groupLabel} {
+			if v, set := p.Labels[k]; k != "" && set {
+				if out.Labels == nil {
+					out.Labels = map[string]string{}
+				}
+				out.Labels[k] = v
+			}
+		}
+		return out, nil
+	}
+}
+
+// podLabels looks a pod up in the pod informers' stores.
+func (d *Discovery) podLabels(ns, name string) (map[string]string, bool) {
+	st := d.pods[ns]
+	if st == nil {
+		return nil, false
+	}
+	o, ok, err := st.GetByKey(ns + "/" + name)
+	if err != nil || !ok {
+		return nil, false
+	}
+	p, ok := o.(*corev1.Pod)
+	if !ok {
+		return nil, false
+	}
+	return p.Labels, true
 }
 
 // stripManagedFields is the informers' transform: it drops each slice's
@@ -273,9 +384,11 @@ func (d *Discovery) mark() {
 // each batch of changes.
 func (d *Discovery) loop(ctx context.Context) {
 	sctx, cancel := context.WithTimeout(ctx, d.cfg.SyncTimeout)
-	syncs := make([]cache.InformerSynced, len(d.informers))
-	for i, inf := range d.informers {
-		syncs[i] = inf.HasSynced
+	// The pods are listed before the first apply too, so the first
+	// engine set has its roles.
+	syncs := make([]cache.InformerSynced, 0, len(d.informers)+len(d.podInformers))
+	for _, inf := range append(slices.Clone(d.informers), d.podInformers...) {
+		syncs = append(syncs, inf.HasSynced)
 	}
 	listed := cache.WaitForCacheSync(sctx.Done(), syncs...)
 	cancel()
@@ -358,9 +471,10 @@ func allSynced(fs []cache.InformerSynced) bool {
 }
 
 // engines returns the engines the informers' caches describe now, the
-// left-out lines, how many slices match the selector and address type,
-// and how many match the selector but are of another address type.
-func (d *Discovery) engines() (es []fleet.DiscoveredEngine, skipped []string, matched, otherType int) {
+// left-out lines, the pods with an unknown role label value (Engines),
+// how many slices match the selector and address type, and how many match
+// the selector but are of another address type.
+func (d *Discovery) engines() (es []fleet.DiscoveredEngine, skipped []string, badRoles map[string]string, matched, otherType int) {
 	var all []*discoveryv1.EndpointSlice
 	for _, inf := range d.informers {
 		for _, o := range inf.GetStore().List() {
@@ -374,14 +488,20 @@ func (d *Discovery) engines() (es []fleet.DiscoveredEngine, skipped []string, ma
 			}
 		}
 	}
-	es, skipped = Engines(d.cfg, all, len(d.namespaces) > 1)
-	return es, skipped, matched, otherType
+	var pods PodLabels
+	if d.pods != nil {
+		pods = d.podLabels
+	}
+	es, skipped, badRoles = Engines(d.cfg, all, len(d.namespaces) > 1, pods)
+	return es, skipped, badRoles, matched, otherType
 }
 
 // sameEngine reports whether the sink already has b as a: same name, URL,
-// models and readiness (the other settings come from the configuration).
+// models, role, group and readiness (the other settings come from the
+// configuration).
 func sameEngine(a, b fleet.DiscoveredEngine) bool {
-	return a.Name == b.Name && a.URL == b.URL && slices.Equal(a.Models, b.Models) && a.Unready == b.Unready
+	return a.Name == b.Name && a.URL == b.URL && slices.Equal(a.Models, b.Models) && a.Role == b.Role && a.Group == b.Group &&
+		a.Unready == b.Unready
 }
 
 // apply gives the sink the engines of the informers' caches when they
@@ -391,9 +511,16 @@ func sameEngine(a, b fleet.DiscoveredEngine) bool {
 // matching slice mean there is none, and it is warned about (once each
 // time the count drops to zero).
 func (d *Discovery) apply(listed bool) int {
-	es, skipped, matched, otherType := d.engines()
+	es, skipped, badRoles, matched, otherType := d.engines()
 	d.mu.Lock()
 	same := slices.EqualFunc(es, d.applied, sameEngine)
+	for _, pod := range slices.Sorted(maps.Keys(badRoles)) {
+		if v := badRoles[pod]; d.badRoles[pod] != v {
+			d.log.Warn("kubernetes discovery: a pod's role label names no role: its engine does whole generations (both)",
+				"pod", pod, "label", d.cfg.RoleLabel, "value", v, "want", "prefill, decode, prefill-decode or both")
+		}
+	}
+	d.badRoles = badRoles
 	if msg := strings.Join(skipped, "; "); msg != d.skipped {
 		d.skipped = msg
 		if msg != "" {
@@ -452,7 +579,7 @@ func (d *Discovery) apply(listed bool) int {
 // The Error and Warn lines are rate-limited apart (the first, then at most
 // one a minute with the count in between), so an outage's warnings do not
 // hide a permission revoked after it.
-func (d *Discovery) watchError(ns string) cache.WatchErrorHandlerWithContext {
+func (d *Discovery) watchError(ns string, r Rule) cache.WatchErrorHandlerWithContext {
 	denied, failed := loglimit.Limiter{Interval: time.Minute}, loglimit.Limiter{Interval: time.Minute}
 	return func(_ context.Context, _ *cache.Reflector, err error) {
 		switch {
@@ -463,7 +590,7 @@ func (d *Discovery) watchError(ns string) cache.WatchErrorHandlerWithContext {
 		case apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err):
 			if n, ok := denied.Allow(d.now()); ok {
 				d.log.Error("kubernetes discovery: the API server refuses the informer; the known engines keep serving, retrying with back-off",
-					"namespace", ns, "error", accessError("list or watch", ns, err), "suppressed", n)
+					"namespace", ns, "resource", r.Resource, "error", accessError("list or watch", r, ns, err), "suppressed", n)
 			}
 		default:
 			if n, ok := failed.Allow(d.now()); ok {
@@ -523,14 +650,15 @@ const serviceAccountDir = "/var/run/secrets/kubernetes.io/serviceaccount"
 // EndpointSlices: Start fails rather than retry forever.
 var errNotServed = errors.New("kubernetes discovery: the API server does not serve discovery.k8s.io/v1 EndpointSlices")
 
-// checkAccess lists and watches the slices of every namespace once, all
+// checkAccess lists and watches the slices of every namespace once, and
+// its pods when pods is set (Config.readsPods), all
 // at once under one overall deadline (timeout), so a missing permission or
 // API is reported at start with what to do, rather than as informer
 // retries forever. A namespace whose check has not answered by the
 // deadline, or failed otherwise, is logged and left to the informers'
 // retries; its request is cancelled and its goroutine ends with it, not
 // waited for.
-func checkAccess(ctx context.Context, cs kubernetes.Interface, namespaces []string, sel string, timeout time.Duration, log *slog.Logger) error {
+func checkAccess(ctx context.Context, cs kubernetes.Interface, namespaces []string, sel string, pods bool, timeout time.Duration, log *slog.Logger) error {
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	type result struct {
@@ -539,7 +667,7 @@ func checkAccess(ctx context.Context, cs kubernetes.Interface, namespaces []stri
 	}
 	results := make(chan result, len(namespaces)) // buffered: a late answer does not block
 	for i, ns := range namespaces {
-		go func() { results <- result{i, checkNamespace(cctx, cs, ns, sel)} }()
+		go func() { results <- result{i, checkNamespace(cctx, cs, ns, sel, pods)} }()
 	}
 	errs := make([]error, len(namespaces))
 	answered := make([]bool, len(namespaces))
@@ -567,34 +695,52 @@ wait:
 	return errors.Join(fatal...)
 }
 
-// checkNamespace lists and watches the slices of ns once.
-func checkNamespace(ctx context.Context, cs kubernetes.Interface, ns, sel string) error {
+// checkNamespace lists and watches the slices of ns once, then its pods
+// when pods is set.
+func checkNamespace(ctx context.Context, cs kubernetes.Interface, ns, sel string, pods bool) error {
 	api := cs.DiscoveryV1().EndpointSlices(ns)
 	l, err := api.List(ctx, metav1.ListOptions{LabelSelector: sel, Limit: 1})
 	if err != nil {
-		return accessError("list", ns, err)
+		return accessError("list", sliceRule, ns, err)
 	}
 	w, err := api.Watch(ctx, metav1.ListOptions{LabelSelector: sel, ResourceVersion: l.ResourceVersion, TimeoutSeconds: new(int64(1))})
 	if err != nil {
-		return accessError("watch", ns, err)
+		return accessError("watch", sliceRule, ns, err)
 	}
 	w.Stop()
+	if !pods {
+		return nil
+	}
+	papi := cs.CoreV1().Pods(ns)
+	pl, err := papi.List(ctx, metav1.ListOptions{Limit: 1})
+	if err != nil {
+		return accessError("list", podRule, ns, err)
+	}
+	pw, err := papi.Watch(ctx, metav1.ListOptions{ResourceVersion: pl.ResourceVersion, TimeoutSeconds: new(int64(1))})
+	if err != nil {
+		return accessError("watch", podRule, ns, err)
+	}
+	pw.Stop()
 	return nil
 }
 
-// accessError says what an API error on verb in namespace ns means and
-// what to do about it: a refused permission (wrapping ErrForbidden, with
-// what the Role must grant), refused credentials (ErrForbidden too), or
-// EndpointSlices not served (errNotServed).
-func accessError(verb, ns string, err error) error {
+// accessError says what an API error on verb of the resource of r in
+// namespace ns means and what to do about it: a refused permission
+// (wrapping ErrForbidden, with what the Role must grant), refused
+// credentials (ErrForbidden too), or EndpointSlices not served
+// (errNotServed).
+func accessError(verb string, r Rule, ns string, err error) error {
 	switch {
+	case apierrors.IsForbidden(err) && r.Resource == podRule.Resource:
+		return fmt.Errorf("%w: may not %s pods in namespace %q (%v): the gateway's Role there must grant list and watch on pods (the core API group), as deploy/kubernetes/base/role.yaml does, for the pods' role and group labels; or set discovery.kubernetes.role_label and group_label to \"\" to read no pods (every engine then does whole generations)",
+			ErrForbidden, verb, ns, err)
 	case apierrors.IsForbidden(err):
 		return fmt.Errorf("%w: may not %s endpointslices.discovery.k8s.io in namespace %q (%v): the gateway's Role there must grant list and watch on discovery.k8s.io endpointslices, as deploy/kubernetes/base/role.yaml does",
 			ErrForbidden, verb, ns, err)
 	case apierrors.IsUnauthorized(err):
 		return fmt.Errorf("%w: the API server refused the gateway's credentials (%v): check its service account token or the kubeconfig", ErrForbidden, err)
-	case apierrors.IsNotFound(err):
+	case apierrors.IsNotFound(err) && r.Resource == sliceRule.Resource:
 		return fmt.Errorf("%w (%s in namespace %q: %v): EndpointSlice discovery needs Kubernetes 1.21 or later", errNotServed, verb, ns, err)
 	}
-	return fmt.Errorf("%s endpointslices in namespace %q: %w", verb, ns, err)
+	return fmt.Errorf("%s %s in namespace %q: %w", verb, r.Resource, ns, err)
 }

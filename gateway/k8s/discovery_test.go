@@ -93,7 +93,7 @@ func (s *fakeSink) SetDiscovered(source string, engines []fleet.DiscoveredEngine
 		switch {
 		case !had:
 			rep.Added = append(rep.Added, de.Name)
-		case old.URL != de.URL || !slices.Equal(old.Models, de.Models):
+		case old.URL != de.URL || !slices.Equal(old.Models, de.Models) || old.Role != de.Role || old.Group != de.Group:
 			rep.Changed = append(rep.Changed, de.Name)
 		}
 		switch {
@@ -246,7 +246,10 @@ func start(t *testing.T, cfg Config, cs kubernetes.Interface, sink *fakeSink, op
 	return d
 }
 
-var endpointSlices = schema.GroupResource{Group: discoveryv1.GroupName, Resource: "endpointslices"}
+var (
+	endpointSlices = schema.GroupResource{Group: discoveryv1.GroupName, Resource: "endpointslices"}
+	pods           = schema.GroupResource{Resource: "pods"}
+)
 
 func TestStartHoldsReadyUntilFirstSync(t *testing.T) {
 	cs := fake.NewClientset(
@@ -494,6 +497,24 @@ func TestStartAccessDenied(t *testing.T) {
 				})
 			},
 			want: []string{"may not watch", `"team-b"`, "role.yaml"},
+		},
+		{
+			name: "pods list forbidden",
+			react: func(cs *fake.Clientset) {
+				cs.PrependReactor("list", "pods", func(a k8stesting.Action) (bool, runtime.Object, error) {
+					return a.GetNamespace() == "team-b", nil, apierrors.NewForbidden(pods, "", errors.New("cannot list pods"))
+				})
+			},
+			want: []string{"may not list pods", `"team-b"`, "must grant list and watch on pods", "role.yaml", "role_label and group_label"},
+		},
+		{
+			name: "pods watch forbidden",
+			react: func(cs *fake.Clientset) {
+				cs.PrependWatchReactor("pods", func(a k8stesting.Action) (bool, watch.Interface, error) {
+					return a.GetNamespace() == "team-b", nil, apierrors.NewForbidden(pods, "", errors.New("cannot watch pods"))
+				})
+			},
+			want: []string{"may not watch pods", `"team-b"`, "role.yaml"},
 		},
 		{
 			name: "unauthorized",
@@ -1115,7 +1136,7 @@ func TestWatchError(t *testing.T) {
 			sink := newFakeSink()
 			clk := testutil.NewClock(time.Unix(1_000_000, 0))
 			d := &Discovery{log: slog.New(sinkLog{s: sink}), now: clk.Now}
-			h := d.watchError("team-b")
+			h := d.watchError("team-b", sliceRule)
 			for range 3 {
 				h(t.Context(), nil, tt.err)
 			}
@@ -1148,7 +1169,7 @@ func TestWatchError(t *testing.T) {
 	t.Run("refusals are limited apart from outages", func(t *testing.T) {
 		sink := newFakeSink()
 		d := &Discovery{log: slog.New(sinkLog{s: sink}), now: time.Now}
-		h := d.watchError("team-b")
+		h := d.watchError("team-b", sliceRule)
 		h(t.Context(), nil, errors.New("connection refused"))
 		h(t.Context(), nil, forbidden)
 		if n := sink.countLogged("ERROR "); n != 1 {

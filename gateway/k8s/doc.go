@@ -28,8 +28,23 @@
 //
 // # Permissions
 //
-// Discovery needs exactly [Rules] (list and watch on EndpointSlices) in
-// each watched namespace, nothing else; [Start] checks them in every
-// namespace at once before it starts, and fails with ErrForbidden and what
-// to grant otherwise.
+// Discovery needs exactly [Config.Rules] in each watched namespace: list
+// and watch on EndpointSlices, and on pods while it reads their role or
+// group label (the default, [Rules]), nothing else; [Start] checks them in
+// every namespace at once before it starts, and fails with ErrForbidden
+// and what to grant otherwise.
+//
+// # Roles
+//
+// Each engine's prefill/decode role (fleet.EngineConfig.Role) is its pod's
+// Config.RoleLabel label, llm-d's llm-d.ai/role by default: "prefill",
+// "decode", or "prefill-decode" (or "both") for an engine doing whole
+// generations; its pairing group is the Config.GroupLabel label, when one
+// is set. An EndpointSlice does not carry its pods' labels: discovery runs
+// a pod informer per namespace beside the slices' one, keeping only each
+// pod's name and these two labels, and a pod added, deleted or relabelled
+// re-triggers the engine set (a role change is a new incarnation of the
+// engine). A missing label, a pod not (yet) in the cache or an endpoint
+// without a pod targetRef is "both"; so is an unknown value, warned about
+// once per pod. Discovery never fails on a label.
 package k8s

@@ -11,9 +11,22 @@ import (
 	"github.com/switchboard-gw/switchboard/gateway/fleet"
 )
 
+// PodLabels returns the labels of the pod name in namespace ns, and false
+// when the pod is not known. The map is the caller's to read only.
+type PodLabels func(ns, name string) (map[string]string, bool)
+
 // Engines returns the engines the slices describe under c, sorted by name,
 // with one line per slice or endpoint left out saying why (no usable port,
 // a name seen twice with another URL).
+//
+// Each engine's role and group (fleet.EngineConfig.Role and Group) come
+// from the labels c.RoleLabel and c.GroupLabel of its endpoint's pod (the
+// targetRef), looked up with pods: "prefill" or "decode" as the label
+// says, "" (both) when the endpoint has no pod targetRef, pods is nil or
+// does not know the pod, the label is missing, or its value is "both",
+// "prefill-decode" or unknown. badRoles maps each pod ("<namespace>/<pod>")
+// whose role label holds an unknown value to that value, for the caller to
+// warn about.
 //
 // Only the slices of c.AddressType count; the others are skipped without a
 // line (a dual-stack Service's other family). Every endpoint with an
@@ -31,7 +44,7 @@ import (
 // (several namespaces are watched). The result depends only on the
 // slices' contents, never on their order, so every gateway replica builds
 // the same list.
-func Engines(c Config, list []*discoveryv1.EndpointSlice, prefixNS bool) (engines []fleet.DiscoveredEngine, skipped []string) {
+func Engines(c Config, list []*discoveryv1.EndpointSlice, prefixNS bool, pods PodLabels) (engines []fleet.DiscoveredEngine, skipped []string, badRoles map[string]string) {
 	type candidate struct {
 		de    fleet.DiscoveredEngine
 		slice string // namespace/name
@@ -60,6 +73,13 @@ func Engines(c Config, list []*discoveryv1.EndpointSlice, prefixNS bool) (engine
 			}
 			addr := ep.Addresses[0] // the others are the same endpoint's (the API uses only the first)
 			name := engineName(c, s, ep, addr, prefixNS)
+			role, group, bad := podRole(c, s, ep, pods)
+			if bad != "" {
+				if badRoles == nil {
+					badRoles = map[string]string{}
+				}
+				badRoles[podKey(s, ep)] = bad
+			}
 			de := fleet.DiscoveredEngine{
 				EngineConfig: fleet.EngineConfig{
 					Name:        name,
@@ -68,6 +88,8 @@ func Engines(c Config, list []*discoveryv1.EndpointSlice, prefixNS bool) (engine
 					APIKeyEnv:   c.APIKeyEnv,
 					Provider:    c.Provider,
 					MaxInFlight: c.MaxInFlight,
+					Role:        role,
+					Group:       group,
 				},
 				Unready: !usable(ep),
 			}
@@ -99,7 +121,52 @@ func Engines(c Config, list []*discoveryv1.EndpointSlice, prefixNS bool) (engine
 				" left out: EndpointSlice "+w.slice+" has it"+state+" at "+w.de.URL)
 		}
 	}
-	return engines, skipped
+	return engines, skipped, badRoles
+}
+
+// podKey is "<namespace>/<pod>" of ep's pod targetRef (its namespace, else
+// the slice's).
+func podKey(s *discoveryv1.EndpointSlice, ep discoveryv1.Endpoint) string {
+	ns := ep.TargetRef.Namespace
+	if ns == "" {
+		ns = s.Namespace
+	}
+	return ns + "/" + ep.TargetRef.Name
+}
+
+// podRole returns the role and group of endpoint ep of slice s, from its
+// pod's labels: role "prefill" or "decode", or "" for both (see
+// [Engines]); bad is the role label's value when it names no role.
+func podRole(c Config, s *discoveryv1.EndpointSlice, ep discoveryv1.Endpoint, pods PodLabels) (role, group, bad string) {
+	if pods == nil || !c.readsPods() || ep.TargetRef == nil || ep.TargetRef.Kind != "Pod" || ep.TargetRef.Name == "" {
+		return "", "", ""
+	}
+	ns := ep.TargetRef.Namespace
+	if ns == "" {
+		ns = s.Namespace
+	}
+	ls, ok := pods(ns, ep.TargetRef.Name)
+	if !ok {
+		return "", "", ""
+	}
+	if c.GroupLabel != "" {
+		group = ls[c.GroupLabel]
+	}
+	if c.RoleLabel == "" {
+		return "", group, ""
+	}
+	v, set := ls[c.RoleLabel]
+	if !set {
+		return "", group, ""
+	}
+	r, err := fleet.ParseRole(v)
+	switch {
+	case err != nil:
+		return "", group, v
+	case r == fleet.RoleBoth:
+		return "", group, ""
+	}
+	return r.String(), group, ""
 }
 
 // usable reports whether an endpoint may receive new requests: ready (nil

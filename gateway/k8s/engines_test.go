@@ -427,7 +427,7 @@ func TestEngines(t *testing.T) {
 				tt.cfg(&cfg)
 			}
 			in := slices.Clone(tt.slices)
-			got, skipped := Engines(cfg, in, tt.prefixNS)
+			got, skipped, _ := Engines(cfg, in, tt.prefixNS, nil)
 			if !sameEngines(got, tt.want) {
 				t.Errorf("engines:\n got %+v\nwant %+v", got, tt.want)
 			}
@@ -454,8 +454,8 @@ func TestEngines(t *testing.T) {
 func TestEnginesModelsNotShared(t *testing.T) {
 	cfg := testConfig()
 	cfg.Models = []string{"llama-3-8b"}
-	got, _ := Engines(cfg, []*discoveryv1.EndpointSlice{eslice("default", "vllm-1", "vllm", http8000(),
-		podEP("vllm-0", "10.0.0.1"), podEP("vllm-1", "10.0.0.2"))}, false)
+	got, _, _ := Engines(cfg, []*discoveryv1.EndpointSlice{eslice("default", "vllm-1", "vllm", http8000(),
+		podEP("vllm-0", "10.0.0.1"), podEP("vllm-1", "10.0.0.2"))}, false, nil)
 	if len(got) != 2 {
 		t.Fatalf("got %+v", got)
 	}
@@ -502,7 +502,7 @@ func TestEnginesOrderIndependent(t *testing.T) {
 		}
 	}
 	for _, prefixNS := range []bool{false, true} {
-		want, wantSkipped := Engines(cfg, in, prefixNS)
+		want, wantSkipped, _ := Engines(cfg, in, prefixNS, nil)
 		if len(want) == 0 || len(wantSkipped) == 0 {
 			t.Fatalf("the input should give engines and left-out lines: %+v, %q", want, wantSkipped)
 		}
@@ -519,7 +519,7 @@ func TestEnginesOrderIndependent(t *testing.T) {
 		for i := range 50 {
 			shuffled := slices.Clone(in)
 			r.Shuffle(len(shuffled), func(a, b int) { shuffled[a], shuffled[b] = shuffled[b], shuffled[a] })
-			got, skipped := Engines(cfg, shuffled, prefixNS)
+			got, skipped, _ := Engines(cfg, shuffled, prefixNS, nil)
 			if !reflect.DeepEqual(got, want) || !slices.Equal(skipped, wantSkipped) {
 				t.Fatalf("prefixNS %v, shuffle %d: got %+v, %q; want %+v, %q", prefixNS, i, got, skipped, want, wantSkipped)
 			}
