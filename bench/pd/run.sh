@@ -54,6 +54,7 @@ params=(
 	# gateway
 	"ROUTING_POLICY=least-loaded"
 	"MIN_UNCACHED_TOKENS=256"
+	"GATEWAY="
 	"SWEEP="
 	"RESULTS="
 )
@@ -187,8 +188,20 @@ await_addr() {
 
 bin="$root/.tools/bench-pd" # .tools/ is git-ignored
 mkdir -p "$bin" "$RESULTS"
-echo "building gateway, enginesim and loadgen into ${bin#"$root"/}/ ..." >&2
-(cd "$root" && go build -o "$bin/" ./cmd/gateway ./cmd/enginesim ./cmd/loadgen)
+if [[ -n "$GATEWAY" ]]; then
+	# A gateway built elsewhere (another branch); the rest from the work tree.
+	[[ -x "$GATEWAY" ]] || {
+		echo "run.sh: GATEWAY=$GATEWAY is not an executable" >&2
+		exit 2
+	}
+	gateway_bin="$GATEWAY"
+	echo "building enginesim and loadgen into ${bin#"$root"/}/, gateway $GATEWAY ..." >&2
+	(cd "$root" && go build -o "$bin/" ./cmd/enginesim ./cmd/loadgen)
+else
+	gateway_bin="$bin/gateway"
+	echo "building gateway, enginesim and loadgen into ${bin#"$root"/}/ ..." >&2
+	(cd "$root" && go build -o "$bin/" ./cmd/gateway ./cmd/enginesim ./cmd/loadgen)
+fi
 commit="$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
 if [[ -n "$(git -C "$root" status --porcelain -- cmd gateway routing internal telemetry bench/pd 2>/dev/null)" ]]; then
 	commit="$commit+dirty"
@@ -282,7 +295,7 @@ run_config() {
 		metrics+=("http://$addr/metrics")
 	done < <(engine_names "$config")
 	gateway_config "$config" "${engines[@]}" >"$dir/gateway.yaml"
-	start "$dir/gateway.log" "$bin/gateway" --config "$dir/gateway.yaml"
+	start "$dir/gateway.log" "$gateway_bin" --config "$dir/gateway.yaml"
 	if ! gw="$(await_addr "$started" "$dir/gateway.log" "switchboard listening")"; then
 		if alive "$started"; then
 			echo "run.sh: the gateway did not start listening in 20 s; see $dir/gateway.log" >&2
@@ -417,7 +430,7 @@ esac
 if [[ "$RATE" == 0 ]]; then load="closed loop, concurrency $CONCURRENCY"; else load="$RATE req/s (Poisson)"; fi
 {
 	mix="$LONG_SHARE of the requests long ($LONG_PROMPT_WORDS-token prompts, $LONG_MAX_TOKENS output tokens), the others short chats ($PROMPT_WORDS-token prompt, $MAX_TOKENS output tokens)"
-	echo "Prefill/decode on $fleet, prefill interference on every engine, $load, $mix; commit $commit:"
+	echo "Prefill/decode on $fleet, prefill interference on every engine, $load, $mix; commit $commit${GATEWAY:+, gateway $GATEWAY}:"
 	echo
 	echo "| ${sweep_name:+$sweep_name | }config | short TTFT p50 | short TTFT p99 | short ITL p99 | ITL p99 vs aggregated | long TTFT p50 | long TTFT p99 | req/s | output tok/s | tok/s vs aggregated | errors |"
 	echo "|${sweep_name:+---:|}---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
