@@ -274,7 +274,7 @@ refused=()  # configurations the gateway refused: not tried again
 # gateway does not know the configuration's keys, 1 on any other failure.
 run_config() {
 	local point="$1" config="$2" dir addr gw name role log
-	local engines=() metrics=()
+	local members=() metrics=()
 	dir="$RESULTS${sweep_name:+/$point}/$config"
 	mkdir -p "$dir"
 	while read -r name role; do
@@ -291,10 +291,10 @@ run_config() {
 			cat "$log" >&2
 			return 1
 		fi
-		engines+=("$name=http://$addr${role:+=$role}")
+		members+=("$name=http://$addr${role:+=$role}")
 		metrics+=("http://$addr/metrics")
 	done < <(engine_names "$config")
-	gateway_config "$config" "${engines[@]}" >"$dir/gateway.yaml"
+	gateway_config "$config" "${members[@]}" >"$dir/gateway.yaml"
 	start "$dir/gateway.log" "$gateway_bin" --config "$dir/gateway.yaml"
 	if ! gw="$(await_addr "$started" "$dir/gateway.log" "switchboard listening")"; then
 		if alive "$started"; then
@@ -332,7 +332,7 @@ run_config() {
 	fi
 	printf '%q ' "${lg[@]}" >"$dir/loadgen.cmd"
 	echo >>"$dir/loadgen.cmd"
-	echo "== $config${sweep_name:+ at $sweep_name=$point}: ${#engines[@]} engines, $load, gateway on $gw, loadgen for $DURATION after $WARMUP warm-up requests" >&2
+	echo "== $config${sweep_name:+ at $sweep_name=$point}: ${#members[@]} engines, $load, gateway on $gw, loadgen for $DURATION after $WARMUP warm-up requests" >&2
 	# In the background, and waited for: a trapped signal interrupts wait
 	# at once, where a foreground command would be waited for to the end.
 	start "$dir/loadgen.txt" "${lg[@]}"
