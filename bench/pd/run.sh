@@ -344,6 +344,16 @@ run_config() {
 		cat "$dir/loadgen.txt" >&2
 		return 1
 	fi
+	# The requests each engine completed, warm-up included (a disaggregated
+	# request completes on two engines): engines.json, {name: count}.
+	local i count
+	for i in "${!members[@]}"; do
+		if ! count="$(curl -fsS --max-time 5 "${metrics[$i]}" | awk '/^vllm:request_success_total[{ ]/ { n += $NF } END { print n + 0 }')"; then
+			echo "run.sh: could not scrape ${metrics[$i]}" >&2
+			return 1
+		fi
+		jq -n --arg name "${members[$i]%%=*}" --argjson n "$count" '{($name): $n}'
+	done | jq -s add >"$dir/engines.json"
 	jq -r "$jq_fmt"'(.kinds.short // .) as $s | "   short: TTFT p50 \($s.ttft.p50_ms | fixed(1)) ms, ITL p99 \($s.itl.p99_ms | fixed(1)) ms; \(.requests_per_s | fixed(2)) req/s, \(.output_tokens_per_s | fixed(0)) tok/s, \(.failed) failed"' \
 		"$dir/loadgen.json" >&2
 	return 0
@@ -377,8 +387,12 @@ done
 {
 	for r in "${ran[@]}"; do
 		read -r point config <<<"$r"
+		d="$RESULTS${sweep_name:+/$point}/$config"
 		# Without long requests (LONG_SHARE=0) every request is a short one.
-		jq --arg point "$point" --arg config "$config" '(.kinds.short // (if .kinds then null else . end)) as $short | {
+		# two_engine_requests: the engines' completions beyond the requests
+		# that succeeded, warm-up included: the requests served in two legs.
+		jq --arg point "$point" --arg config "$config" --slurpfile engines "$d/engines.json" '
+			(.kinds.short // (if .kinds then null else . end)) as $short | {
 			point: $point,
 			config: $config,
 			short_ttft_p50_ms: $short.ttft.p50_ms,
@@ -393,9 +407,12 @@ done
 			output_tokens_per_s: .output_tokens_per_s,
 			requests: .requests,
 			failed: .failed,
+			warmup: .warmup,
 			errors: .errors,
-			engine_requests: .engine_requests
-		}' "$RESULTS${sweep_name:+/$point}/$config/loadgen.json"
+			engine_requests: .engine_requests,
+			engine_completions: $engines[0],
+			two_engine_requests: (($engines[0] | add) - .succeeded - .warmup)
+		}' "$d/loadgen.json"
 	done
 } | jq -s --arg commit "$commit" --arg sweep "$sweep_name" \
 	--argjson params "$(for p in "${params[@]}"; do n="${p%%=*}"; [[ $n == RESULTS ]] || jq -n --arg k "$n" --arg v "${!n}" '{($k): $v}'; done | jq -s add)" '
@@ -432,12 +449,12 @@ if [[ "$RATE" == 0 ]]; then load="closed loop, concurrency $CONCURRENCY"; else l
 	mix="$LONG_SHARE of the requests long ($LONG_PROMPT_WORDS-token prompts, $LONG_MAX_TOKENS output tokens), the others short chats ($PROMPT_WORDS-token prompt, $MAX_TOKENS output tokens)"
 	echo "Prefill/decode on $fleet, prefill interference on every engine, $load, $mix; commit $commit${GATEWAY:+, gateway $GATEWAY}:"
 	echo
-	echo "| ${sweep_name:+$sweep_name | }config | short TTFT p50 | short TTFT p99 | short ITL p99 | ITL p99 vs aggregated | long TTFT p50 | long TTFT p99 | req/s | output tok/s | tok/s vs aggregated | errors |"
-	echo "|${sweep_name:+---:|}---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+	echo "| ${sweep_name:+$sweep_name | }config | short TTFT p50 | short TTFT p99 | short ITL p99 | ITL p99 vs aggregated | long TTFT p50 | long TTFT p99 | req/s | output tok/s | tok/s vs aggregated | two-engine requests | errors |"
+	echo "|${sweep_name:+---:|}---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 	jq -r --arg sweep "$sweep_name" "$jq_fmt"'
 		def msv: if . == null then "n/a" else (fixed(1)) + " ms" end;
 		def ratio: if . == null then "n/a" else "×" + fixed(2) end;
-		.rows[] | "| \(if $sweep == "" then "" else .point + " | " end)\(.config) | \(.short_ttft_p50_ms | msv) | \(.short_ttft_p99_ms | msv) | \(.short_itl_p99_ms | msv) | \(.short_itl_p99_vs_aggregated | ratio) | \(.long_ttft_p50_ms | msv) | \(.long_ttft_p99_ms | msv) | \(.requests_per_s | fixed(2)) | \(.output_tokens_per_s | fixed(0)) | \(.output_tokens_per_s_vs_aggregated | ratio) | \(.failed) of \(.requests) |"' "$RESULTS/rows.json"
+		.rows[] | "| \(if $sweep == "" then "" else .point + " | " end)\(.config) | \(.short_ttft_p50_ms | msv) | \(.short_ttft_p99_ms | msv) | \(.short_itl_p99_ms | msv) | \(.short_itl_p99_vs_aggregated | ratio) | \(.long_ttft_p50_ms | msv) | \(.long_ttft_p99_ms | msv) | \(.requests_per_s | fixed(2)) | \(.output_tokens_per_s | fixed(0)) | \(.output_tokens_per_s_vs_aggregated | ratio) | \(.two_engine_requests) | \(.failed) of \(.requests) |"' "$RESULTS/rows.json"
 	echo
 	echo '```sh'
 	echo "$reproduce"
