@@ -107,7 +107,7 @@ fi
 RESULTS="${RESULTS:-$root/bench/pd/results/$(date -u +%Y%m%dT%H%M%SZ)}"
 model=bench-model
 
-for tool in go jq ps; do
+for tool in go jq curl ps; do
 	command -v "$tool" >/dev/null || {
 		echo "run.sh: $tool is required" >&2
 		exit 1
