@@ -63,6 +63,8 @@ type Result struct {
 	// Canceled is set when the run was interrupted during the request; such
 	// results are not reported.
 	Canceled bool
+	// Kind is the request's Kind ("" outside a mixed workload).
+	Kind string
 
 	text   string // assistant content, for conversations and --expect-canonical
 	finish string // the last finish_reason seen ("" if none)
@@ -87,7 +89,7 @@ func NewClient(cfg *Config, hc *http.Client) *Client {
 // Do sends req and returns its measured result. ctx is the run's context:
 // when it ends, the request is abandoned and marked Canceled.
 func (c *Client) Do(ctx context.Context, req *Request) *Result {
-	res := &Result{Start: time.Now()}
+	res := &Result{Start: time.Now(), Kind: req.Kind}
 	body, err := encodeRequest(c.cfg, req)
 	if err != nil {
 		res.Class, res.Err = ClassOther, err
@@ -147,7 +149,11 @@ func (c *Client) Do(ctx context.Context, req *Request) *Result {
 		readBody(resp.Body, res)
 	}
 	if c.cfg.ExpectCanonical && res.Class == "" {
-		checkCanonical(res, c.cfg.MaxTokens)
+		n := c.cfg.MaxTokens
+		if req.MaxTokens > 0 {
+			n = req.MaxTokens
+		}
+		checkCanonical(res, n)
 	}
 	return res
 }

@@ -61,6 +61,14 @@ type Config struct {
 	Conversations int
 	Turns         int
 	SessionHeader string
+	// LongShare, when > 0, mixes long requests into the fixed workload:
+	// each request is, with this probability (0 to 1), a prompt of
+	// LongPromptWords words of its own with max_tokens LongMaxTokens (0:
+	// MaxTokens), and the report gives the long and the short requests'
+	// statistics apart (fixed workload).
+	LongShare       float64
+	LongPromptWords int
+	LongMaxTokens   int
 	// Stagger starts the first conversations at turns spread evenly from
 	// 1 to Turns with made-up earlier turns (replies of MaxTokens words),
 	// so the run sees conversations at every stage from its start
@@ -135,9 +143,21 @@ func (c *Config) Validate() error {
 			errs = append(errs, fmt.Errorf("--engine-metrics %q: want an http or https URL", m))
 		}
 	}
+	if !(c.LongShare >= 0 && c.LongShare <= 1) { // NaN too
+		errs = append(errs, fmt.Errorf("--long-share %g: must be a fraction from 0 to 1", c.LongShare))
+	}
+	if c.LongShare > 0 && c.LongPromptWords < 1 {
+		errs = append(errs, fmt.Errorf("--long-prompt-words %d: must be at least 1", c.LongPromptWords))
+	}
+	if c.LongMaxTokens < 0 {
+		errs = append(errs, fmt.Errorf("--long-max-tokens %d: must not be negative", c.LongMaxTokens))
+	}
 	switch c.Workload {
 	case FixedName:
 	case ConversationsName:
+		if c.LongShare > 0 {
+			errs = append(errs, errors.New("--long-share: only with --workload fixed"))
+		}
 		if c.SystemPrompts < 1 {
 			errs = append(errs, fmt.Errorf("--system-prompts %d: must be at least 1", c.SystemPrompts))
 		}
@@ -178,6 +198,9 @@ func parseFlags(args []string, stderr io.Writer) (*Config, error) {
 	fs.IntVar(&c.MaxTokens, "max-tokens", 64, "max_tokens of every request")
 	fs.StringVar(&c.Workload, "workload", FixedName, "workload: fixed or conversations")
 	fs.IntVar(&c.PromptWords, "prompt-words", 64, "words in the prompt (fixed) or in each user turn (conversations)")
+	fs.Float64Var(&c.LongShare, "long-share", 0, "fixed: fraction (0 to 1) of requests that are long, each a prompt of --long-prompt-words words of its own, reported apart from the short ones")
+	fs.IntVar(&c.LongPromptWords, "long-prompt-words", 4000, "fixed, with --long-share: words in each long prompt (after a 3-word label that makes it unique)")
+	fs.IntVar(&c.LongMaxTokens, "long-max-tokens", 0, "fixed, with --long-share: max_tokens of the long requests (0: --max-tokens)")
 	fs.IntVar(&c.SystemPrompts, "system-prompts", 4, "conversations: number of distinct system prompts shared by the conversations")
 	fs.IntVar(&c.SystemPromptWords, "system-prompt-words", 1024, "conversations: words in each system prompt")
 	fs.IntVar(&c.Conversations, "conversations", 16, "conversations: number of conversations open at once")

@@ -31,6 +31,18 @@
 // # Workloads
 //
 // fixed sends one prompt of --prompt-words deterministic words every time.
+// With --long-share F (0 to 1) it is a mix: each request is, with
+// probability F (the sequence drawn from --seed), a long one, whose prompt
+// is "Long request N: " and --long-prompt-words words (N counts the long
+// requests, so no two share a prefix block and each is prefilled in full)
+// with max_tokens --long-max-tokens (0: --max-tokens); the others are the
+// fixed prompt. The report then also gives the long and the short
+// requests' counts, throughput, TTFT, ITL and end-to-end latency apart
+// (JSON "kinds": {"long": ..., "short": ...}), since a long prefill hurts
+// the ITL of the short streams beside it:
+//
+//	loadgen --stream --rate 16 --duration 1m --max-tokens 100 \
+//	    --long-share 0.2 --long-prompt-words 4000 --long-max-tokens 100
 //
 // conversations runs --conversations multi-turn chats at once. Each starts
 // with one of --system-prompts long deterministic system prompts

@@ -142,6 +142,83 @@ func TestFixedClosedLoop(t *testing.T) {
 	}
 }
 
+// TestLongShare: --long-share mixes long prompts of their own, with
+// --long-max-tokens, into the fixed workload, in a sequence the seed fixes,
+// and the report gives each kind apart.
+func TestLongShare(t *testing.T) {
+	rec := &recorder{next: newSim(t)}
+	srv := serve(t, rec)
+	const n = 40
+	results, rep := load(t, context.Background(), srv.URL, "--stream", "--requests", "40", "--concurrency", "4",
+		"--prompt-words", "7", "--max-tokens", "3", "--long-share", "0.5", "--long-prompt-words", "50", "--long-max-tokens", "6",
+		"--expect-canonical")
+	reqs := rec.requests()
+	if len(results) != n || len(reqs) != n {
+		t.Fatalf("%d results, %d requests, want %d", len(results), len(reqs), n)
+	}
+	long, seen := 0, map[string]bool{}
+	for i, r := range reqs {
+		content := r.body.Messages[0].Content
+		words := strings.Fields(content)
+		switch {
+		case strings.HasPrefix(content, "Long request "):
+			long++
+			if len(words) != 53 || r.body.MaxTokens != 6 || seen[strings.Join(words[:3], " ")] {
+				t.Errorf("long request %d: %d words, max_tokens %d, label %q seen before: %t", i, len(words), r.body.MaxTokens, words[:3], seen[strings.Join(words[:3], " ")])
+			}
+			seen[strings.Join(words[:3], " ")] = true
+		case len(words) != 7 || r.body.MaxTokens != 3:
+			t.Errorf("short request %d: %d words, max_tokens %d", i, len(words), r.body.MaxTokens)
+		}
+	}
+	if long == 0 || long == n {
+		t.Fatalf("%d long requests of %d: not a mix", long, n)
+	}
+	if rep.Failed != 0 {
+		t.Fatalf("failures: %v %v", rep.Errors, rep.ErrorSamples)
+	}
+	l, s := rep.Kinds[KindLong], rep.Kinds[KindShort]
+	if len(rep.Kinds) != 2 || l == nil || s == nil {
+		t.Fatalf("kinds: %+v", rep.Kinds)
+	}
+	if l.Requests != long || s.Requests != n-long || l.OutputTokens != 6*long || s.OutputTokens != 3*(n-long) ||
+		l.TTFT.Count != long || l.ITL.Count != 5*long || s.ITL.Count != 2*(n-long) || rep.OutputTokens != l.OutputTokens+s.OutputTokens {
+		t.Errorf("kinds: long %+v, short %+v (%d long)", l, s, long)
+	}
+	var table bytes.Buffer
+	if err := rep.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"long requests", "short itl", "long ttft"} {
+		if !strings.Contains(table.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, table.String())
+		}
+	}
+
+	// The same seed draws the same kinds; without --long-share there are none.
+	kinds := func(share float64) []string {
+		f := NewFixed(7, 9)
+		if share > 0 {
+			f.Mix(share, 50, 0, 9)
+		}
+		var out []string
+		for range 20 {
+			req, err := f.Next(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, req.Kind)
+		}
+		return out
+	}
+	if a, b := kinds(0.3), kinds(0.3); strings.Join(a, ",") != strings.Join(b, ",") {
+		t.Errorf("kinds differ for one seed: %v, %v", a, b)
+	}
+	if k := kinds(0); strings.Join(k, "") != "" {
+		t.Errorf("kinds without a mix: %v", k)
+	}
+}
+
 func TestConversations(t *testing.T) {
 	rec := &recorder{next: newSim(t)}
 	srv := serve(t, rec)

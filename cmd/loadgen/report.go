@@ -34,6 +34,18 @@ func (r *Report) WriteTable(w io.Writer) error {
 		s := row.s
 		fmt.Fprintf(tw, "%s\t%d\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\n", row.name, s.Count, s.Mean, s.P50, s.P90, s.P99, s.Max)
 	}
+	for _, kind := range sortedKeys(r.Kinds) {
+		k := r.Kinds[kind]
+		fmt.Fprintln(tw)
+		fmt.Fprintf(tw, "%s requests\t%d (%d ok, %d failed), %.2f requests/s, %.2f output tokens/s\n", kind, k.Requests, k.Succeeded, k.Failed, k.RequestsPerSecond, k.OutputTokensPerSecond)
+		for _, row := range []struct {
+			name string
+			s    Summary
+		}{{"ttft", k.TTFT}, {"itl", k.ITL}, {"e2e", k.EndToEnd}} {
+			s := row.s
+			fmt.Fprintf(tw, "%s %s\t%d\t%.3f\t%.3f\t%.3f\t%.3f\t%.3f\n", kind, row.name, s.Count, s.Mean, s.P50, s.P90, s.P99, s.Max)
+		}
+	}
 	if len(r.EngineRequests) > 0 {
 		fmt.Fprintln(tw)
 		fmt.Fprintln(tw, "engine\trequests")

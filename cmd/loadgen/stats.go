@@ -102,6 +102,63 @@ type Report struct {
 	// PrefixCache is the engines' prefix cache activity during the measured
 	// requests, from --engine-metrics; absent without it.
 	PrefixCache *PrefixCache `json:"prefix_cache,omitempty"`
+	// Kinds gives each request kind of a mixed workload (--long-share),
+	// "long" and "short", its own statistics; absent outside one.
+	Kinds map[string]*KindReport `json:"kinds,omitempty"`
+}
+
+// KindReport is the statistics of one kind of request in a mixed workload:
+// as the Report's, over that kind's measured requests; the rates are over
+// the whole run's DurationSeconds.
+type KindReport struct {
+	Requests              int     `json:"requests"`
+	Succeeded             int     `json:"succeeded"`
+	Failed                int     `json:"failed"`
+	RequestsPerSecond     float64 `json:"requests_per_s"`
+	OutputTokens          int     `json:"output_tokens"`
+	OutputTokensPerSecond float64 `json:"output_tokens_per_s"`
+	TTFT                  Summary `json:"ttft"`
+	ITL                   Summary `json:"itl"`
+	EndToEnd              Summary `json:"e2e"`
+}
+
+// aggregateKinds splits results by Kind into KindReports; nil when no
+// result has a kind.
+func aggregateKinds(results []*Result, window time.Duration) map[string]*KindReport {
+	byKind := map[string][]*Result{}
+	for _, res := range results {
+		if res.Kind != "" {
+			byKind[res.Kind] = append(byKind[res.Kind], res)
+		}
+	}
+	if len(byKind) == 0 {
+		return nil
+	}
+	kinds := make(map[string]*KindReport, len(byKind))
+	for kind, rs := range byKind {
+		k := &KindReport{Requests: len(rs)}
+		var ttft, itl, e2e []time.Duration
+		for _, res := range rs {
+			if !res.OK() {
+				k.Failed++
+				continue
+			}
+			k.Succeeded++
+			k.OutputTokens += res.OutputTokens
+			e2e = append(e2e, res.Latency)
+			if res.HasTTFT {
+				ttft = append(ttft, res.TTFT)
+			}
+			itl = append(itl, res.ITL...)
+		}
+		k.TTFT, k.ITL, k.EndToEnd = Summarize(ttft), Summarize(itl), Summarize(e2e)
+		if window > 0 {
+			k.RequestsPerSecond = float64(k.Succeeded) / window.Seconds()
+			k.OutputTokensPerSecond = float64(k.OutputTokens) / window.Seconds()
+		}
+		kinds[kind] = k
+	}
+	return kinds
 }
 
 // Aggregate builds the Report of results measured over window.
@@ -153,6 +210,7 @@ func Aggregate(cfg *Config, results []*Result, window time.Duration, warmup int)
 	r.TTFT, r.ITL, r.EndToEnd = Summarize(ttft), Summarize(itl), Summarize(e2e)
 	r.EngineRequests = countEngines(results)
 	r.BusiestEngineShare = busiestShare(r.EngineRequests, len(cfg.EngineMetrics))
+	r.Kinds = aggregateKinds(results, window)
 	if window > 0 {
 		r.DurationSeconds = window.Seconds()
 		r.RequestsPerSecond = float64(r.Succeeded) / r.DurationSeconds

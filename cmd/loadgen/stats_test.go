@@ -255,6 +255,11 @@ func TestParseFlags(t *testing.T) {
 		{[]string{"--requests", "1", "--max-error-rate", "1.5"}, "--max-error-rate 1.5: must be a fraction from 0 to 1"},
 		{[]string{"--requests", "1", "--max-error-rate", "-0.1"}, "--max-error-rate -0.1"},
 		{[]string{"--requests", "1", "--max-error-rate", "NaN"}, "--max-error-rate NaN"},
+		{[]string{"--requests", "1", "--long-share", "0.2", "--long-prompt-words", "4000", "--long-max-tokens", "8"}, ""},
+		{[]string{"--requests", "1", "--long-share", "1.5"}, "--long-share 1.5: must be a fraction from 0 to 1"},
+		{[]string{"--requests", "1", "--long-share", "0.2", "--long-prompt-words", "0"}, "--long-prompt-words 0"},
+		{[]string{"--requests", "1", "--long-max-tokens", "-1"}, "--long-max-tokens -1"},
+		{[]string{"--requests", "1", "--workload", "conversations", "--long-share", "0.2"}, "--long-share: only with --workload fixed"},
 	} {
 		_, err := parseFlags(tc.args, io.Discard)
 		switch {

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"strings"
+	"sync"
 )
 
 // Message is one chat message.
@@ -21,6 +22,11 @@ type Request struct {
 	Messages []Message
 	// Header holds extra request headers (the session header); may be nil.
 	Header http.Header
+	// Kind names the request's class in a mixed workload ("long" or
+	// "short"), reported apart; "" outside one.
+	Kind string
+	// MaxTokens, when > 0, replaces Config.MaxTokens for this request.
+	MaxTokens int
 
 	conv *conversation // the conversation the request belongs to, if any
 }
@@ -47,12 +53,32 @@ func newWorkload(c *Config) Workload {
 	if c.Workload == ConversationsName {
 		return NewConversations(c)
 	}
-	return NewFixed(c.PromptWords, c.Seed)
+	f := NewFixed(c.PromptWords, c.Seed)
+	if c.LongShare > 0 {
+		f.Mix(c.LongShare, c.LongPromptWords, c.LongMaxTokens, c.Seed)
+	}
+	return f
 }
 
-// Fixed sends the same single-message prompt every time.
+// Request kinds of a mixed Fixed workload.
+const (
+	KindShort = "short"
+	KindLong  = "long"
+)
+
+// Fixed sends the same single-message prompt every time, or, mixed (see
+// Mix), that prompt or a long one of its own.
 type Fixed struct {
 	messages []Message
+
+	// Mixed only: a request is long with probability longShare, drawn
+	// from rng; n numbers the long requests.
+	longShare     float64
+	longText      string
+	longMaxTokens int
+	mu            sync.Mutex
+	rng           *rand.Rand
+	n             int
 }
 
 // NewFixed returns a Fixed workload whose prompt has words words.
@@ -60,9 +86,42 @@ func NewFixed(words int, seed uint64) *Fixed {
 	return &Fixed{messages: []Message{{Role: "user", Content: text(words, seed, 0)}}}
 }
 
-// Next returns the fixed prompt; it never blocks.
+// longStream is the text stream of a mixed workload's long prompt (the fixed
+// prompt is stream 0).
+const longStream uint64 = 1 << 56
+
+// Mix makes f a mix of long and short requests: each request is long with
+// probability share (drawn from a source seeded with seed, so a run's
+// sequence of kinds is the same every time), and then its prompt is
+// "Long request N: " and words words, N counting the long requests from 1,
+// so no two long prompts share a prefix block, and its max_tokens is
+// maxTokens (0: Config.MaxTokens). The others are the fixed prompt (which a
+// server's prefix cache keeps). Requests carry their kind, KindLong or
+// KindShort, and the report gives each kind's statistics apart. Call it
+// before the run.
+func (f *Fixed) Mix(share float64, words, maxTokens int, seed uint64) {
+	f.longShare, f.longMaxTokens = share, maxTokens
+	f.longText = text(words, seed, longStream)
+	f.rng = rand.New(rand.NewPCG(seed, longStream))
+}
+
+// Next returns the fixed prompt, or in a mix a long prompt; it never blocks.
 func (f *Fixed) Next(context.Context) (*Request, error) {
-	return &Request{Messages: f.messages}, nil
+	if f.rng == nil {
+		return &Request{Messages: f.messages}, nil
+	}
+	f.mu.Lock()
+	long := f.rng.Float64() < f.longShare
+	if long {
+		f.n++
+	}
+	n := f.n
+	f.mu.Unlock()
+	if !long {
+		return &Request{Messages: f.messages, Kind: KindShort}, nil
+	}
+	msg := Message{Role: "user", Content: fmt.Sprintf("Long request %d: %s", n, f.longText)}
+	return &Request{Messages: []Message{msg}, Kind: KindLong, MaxTokens: f.longMaxTokens}, nil
 }
 
 // Complete does nothing: the prompt does not depend on results.
@@ -239,6 +298,9 @@ type streamOptions struct {
 
 func encodeRequest(c *Config, req *Request) ([]byte, error) {
 	body := chatRequest{Model: c.Model, Messages: req.Messages, MaxTokens: c.MaxTokens, Stream: c.Stream}
+	if req.MaxTokens > 0 {
+		body.MaxTokens = req.MaxTokens
+	}
 	if c.Stream {
 		body.StreamOptions = &streamOptions{IncludeUsage: true}
 	}
