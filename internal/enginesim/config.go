@@ -119,6 +119,11 @@ type Config struct {
 	// be loaded and unloaded at run time (POST /v1/load_lora_adapter, /v1/unload_lora_adapter).
 	// Default none.
 	LoRAs []LoRA
+	// PromptTokensDetails is vLLM's --enable-prompt-tokens-details: chat and completions
+	// usage then carries prompt_tokens_details {"cached_tokens": n} whenever n, the prompt
+	// tokens found in the prefix cache, is not 0. Default false (a decode leg that pulled its
+	// KV reports its cached tokens either way).
+	PromptTokensDetails bool
 	// KVEngineID is the engine's id in the KV transfer params it returns
 	// (remote_engine_id) and checks on a pull, as vLLM's NixlConnector engine_id. Default a
 	// random id, new for every [New].

@@ -100,8 +100,10 @@
 // prompt_tokens_details}, prompt_logprobs, kv_transfer_params}; completions {id, object
 // "text_completion", created, model, choices [{index, text, logprobs, finish_reason,
 // stop_reason, prompt_logprobs}], service_tier, system_fingerprint, usage,
-// kv_transfer_params} (kv_transfer_params and prompt_tokens_details are null but on the
-// legs of prefill and decode, below). content is null when the output is all reasoning or tool calls (as
+// kv_transfer_params} (kv_transfer_params is null but on the legs of prefill and decode,
+// below; prompt_tokens_details is null but on a decode leg and, with
+// Config.PromptTokensDetails, vLLM's --enable-prompt-tokens-details, on any answer whose
+// prompt hit the prefix cache: {"cached_tokens": n}). content is null when the output is all reasoning or tool calls (as
 // vLLM's parsers return it), "" when there is none at all; reasoning_content is null without
 // reasoning. A chat chunk has only the fields vLLM sets ({index, delta, logprobs,
 // finish_reason}, plus stop_reason on the finish chunk; usage on the usage chunk only); a

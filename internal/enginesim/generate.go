@@ -231,10 +231,12 @@ const doneEvent = "data: [DONE]\n\n"
 
 func (g *generation) usage() usage {
 	u := usage{PromptTokens: g.promptTokens, TotalTokens: g.promptTokens + g.n, CompletionTokens: g.n}
-	if g.kv != nil && g.cached > 0 {
-		// vLLM reports prompt_tokens_details only with a non-zero cached count (and
-		// --enable-prompt-tokens-details, which a P/D decode engine is run with here); a
-		// decode leg that pulled its KV has the whole prompt cached.
+	if (g.kv != nil || g.e.cfg.PromptTokensDetails) && g.cached > 0 {
+		// vLLM reports prompt_tokens_details only with --enable-prompt-tokens-details
+		// (Config.PromptTokensDetails; a P/D decode leg reports them always here) and a
+		// non-zero cached count (vllm/entrypoints/openai/serving_chat.py: "if
+		// self.enable_prompt_tokens_details and num_cached_tokens"); a decode leg that
+		// pulled its KV has the whole prompt cached.
 		u.PromptTokensDetails = &promptTokensDetails{CachedTokens: g.cached}
 	}
 	return u

@@ -523,3 +523,41 @@ func TestKVPullFollowsNoRedirect(t *testing.T) {
 	}
 	waitIdle(t, pp.d, 0)
 }
+
+// TestPromptTokensDetails checks vLLM's --enable-prompt-tokens-details: off, a plain
+// request's usage has no prompt_tokens_details; on, a prompt that hits the prefix cache
+// reports its cached tokens, and a cold one still none (vLLM writes a non-zero count only).
+func TestPromptTokensDetails(t *testing.T) {
+	prompt := strings.Repeat("w ", 64)
+	body := `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"` + prompt + `"}]}`
+	for _, on := range []bool{false, true} {
+		e, err := New(Config{Models: []string{"m"}, TTFT: time.Millisecond, ITL: time.Millisecond, PromptTokensDetails: on})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for turn := range 2 {
+			rec := httptest.NewRecorder()
+			e.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body)))
+			var v struct {
+				Usage struct {
+					PromptTokens        int `json:"prompt_tokens"`
+					PromptTokensDetails *struct {
+						CachedTokens int `json:"cached_tokens"`
+					} `json:"prompt_tokens_details"`
+				}
+			}
+			if err := json.Unmarshal(rec.Body.Bytes(), &v); err != nil {
+				t.Fatalf("%v: %s", err, rec.Body)
+			}
+			d := v.Usage.PromptTokensDetails
+			switch {
+			case !on || turn == 0:
+				if d != nil {
+					t.Errorf("on=%t turn %d: details %+v, want null", on, turn, *d)
+				}
+			case d == nil || d.CachedTokens == 0 || d.CachedTokens > v.Usage.PromptTokens:
+				t.Errorf("on=%t turn %d: details %v of %d prompt tokens, want a cached count", on, turn, d, v.Usage.PromptTokens)
+			}
+		}
+	}
+}
