@@ -64,6 +64,13 @@ type attempt struct {
 	// the client's first token, and its usage is part of the whole
 	// answer's.
 	seam *carry
+	// pd is the request's disaggregation state on a decode leg (nil on
+	// other legs): the client's TTFT started before the leg, at the
+	// request's acceptance; carried says the leg's request has the
+	// prefill leg's kv_transfer_params, so its usage's cached tokens are
+	// the prefill engine's (rewriteUsage).
+	pd      *disagg
+	carried bool
 }
 
 // startAttempt starts the engine span and, unless the route is light,
@@ -133,6 +140,10 @@ func (a *attempt) onContent(now time.Time) {
 				// The client's TTFT was recorded by the leg that broke;
 				// this is the second wait it saw.
 				a.s.metrics.RecordMigrationGap(a.ctx, a.attrs, now.Sub(a.seam.cut.last).Seconds())
+			} else if a.pd != nil {
+				// The engine's wait from its leg's start, the client's
+				// from the request's acceptance (the prefill leg in it).
+				a.s.metrics.RecordFirstTokenSplit(a.ctx, a.attrs, now.Sub(a.start).Seconds(), now.Sub(a.pd.accepted).Seconds())
 			} else {
 				a.s.metrics.RecordFirstToken(a.ctx, a.attrs, now.Sub(a.start).Seconds())
 			}
@@ -238,6 +249,8 @@ func (a *attempt) end() {
 			// The whole answer: the prompt once, every leg's output.
 			st.inTok, st.outTok = int64(a.seam.promptLen), int64(a.seam.legGen)+max(o.OutputTokens, a.contentEvents)
 			st.continued, st.continuedOn = a.seam.continued, a.seam.engines
+		case !a.first.IsZero() && a.pd != nil:
+			st.ttft = a.first.Sub(a.pd.accepted) // the client's: the prefill leg's time in it
 		case !a.first.IsZero():
 			st.ttft = a.first.Sub(a.start)
 		}

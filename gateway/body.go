@@ -90,10 +90,16 @@ func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Res
 			if buffering {
 				// The whole body: sent with its exact length (the engine's
 				// header when it had one; it matched, or the read failed).
-				if resp.ContentLength < 0 {
-					rl.w.Header().Set("Content-Length", strconv.Itoa(len(hold.b)))
+				body := hold.b
+				if b, ok := a.rewriteUsage(nil, body); ok {
+					// A disaggregated request's answer, with the prefill
+					// engine's cached tokens: its own length.
+					body = b
+					rl.w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+				} else if resp.ContentLength < 0 {
+					rl.w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 				}
-				if err := rl.write(hold.b, false); err != nil {
+				if err := rl.write(body, false); err != nil {
 					a.fail(clientWriteErrType(err))
 				}
 			}

@@ -73,6 +73,10 @@ type Config struct {
 	// it in): the continuation of generations broken after their first
 	// tokens reached the client (MigrationConfig).
 	Migration MigrationConfig `koanf:"-"`
+	// Disaggregation is the top-level `disaggregation` section (the
+	// loader fills it): prefill/decode disaggregation
+	// (DisaggregationConfig).
+	Disaggregation DisaggregationConfig `koanf:"-"`
 	// MaxPendingPerModel caps, per model, the generative requests (chat,
 	// completions, Responses, Messages, ...) in flight with no first token
 	// yet: queued or prefilling in an engine. A non-streaming request shows
@@ -311,6 +315,7 @@ func DefaultConfig() Config {
 		MaxAttempts:            2,
 		Retry:                  DefaultRetryConfig(),
 		Migration:              DefaultMigrationConfig(),
+		Disaggregation:         DefaultDisaggregationConfig(),
 		Limits:                 DefaultLimitsConfig(),
 		EngineHeader:           true,
 		InjectUsage:            true,
@@ -403,6 +408,9 @@ func (c Config) ValidateSettings() error {
 	errs = append(errs, c.Auth.Validate(), c.Limits.Validate())
 	errs = append(errs, c.Retry.validate()...)
 	errs = append(errs, c.Migration.validate()...)
+	if err := c.Disaggregation.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	errs = append(errs, c.retryTimingErrors()...)
 	if c.MaxPendingPerModel < 0 {
 		bad("server.max_pending_per_model must be >= 0, got %d", c.MaxPendingPerModel)

@@ -287,5 +287,6 @@ const (
 	ErrTypeShutdown         = "server_shutdown"     // cut at the shutdown deadline
 	ErrTypeOverloaded       = "gateway_overloaded"  // a gateway-wide budget was full (no attempt is made)
 	ErrTypePanic            = "panic"
+	ErrTypeBadResponse      = "bad_response" // a 2xx answer the gateway must read and cannot (a prefill reply that is not a JSON object)
 	ErrTypeInternal         = "_OTHER"
 )

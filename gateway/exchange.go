@@ -26,6 +26,13 @@ func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Re
 	p.cr.restart() // a leg before it reached nothing of the client
 	ctx, a := s.startAttempt(ctx, eng, op, in)
 	defer a.finish()
+	if d := p.pd; d != nil && d.mode != telemetry.DisaggModeAggregated {
+		// A decode leg: the client's wait began before it.
+		a.pd, a.carried = d, out == &d.body
+		if a.span.IsRecording() {
+			a.span.SetAttributes(telemetry.AttrLeg.String("decode"))
+		}
+	}
 	if in.set.cfg.EngineHeader {
 		// Set now, so the gateway's own errors name the engine tried too.
 		w.Header()["X-Switchboard-Engine"] = eng.Header() // shared: no one mutates it
@@ -37,6 +44,10 @@ func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Re
 	o := s.send(&c, r, out)
 	if o.resp != nil {
 		defer o.resp.Body.Close()
+		if a.pd != nil && !a.pd.handedOver {
+			a.pd.handedOver = true
+			s.metrics.RecordHandover(a.ctx, a.attrs, time.Since(a.pd.replied).Seconds())
+		}
 	}
 	o.errType = a.errType
 	if next := p.next(&o); next.kind != legNone {

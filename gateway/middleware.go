@@ -58,6 +58,7 @@ type reqState struct {
 	attempts int                      // attempts made (may exceed len(tried))
 	errType  string                   // error.type of the last attempt, or of the gateway's answer
 	fallback string                   // the fallback model the request was last sent to; "" when none
+	disagg   string                   // the disaggregation decision (telemetry.DisaggMode values); "" when none was made
 	// legAnswer: the error answered is the last leg's own result, whose
 	// error.type (possibly none: a sticky route's 404) its attempt
 	// recorded; writeError leaves it as it is.
@@ -399,6 +400,9 @@ func (s *Server) logRequest(r *http.Request, st *reqState, route string, status 
 	}
 	if st.fallback != "" {
 		attrs = append(attrs, slog.String("fallback", st.fallback))
+	}
+	if st.disagg != "" {
+		attrs = append(attrs, slog.String("disaggregation", st.disagg))
 	}
 	if st.attempts > 0 {
 		n := min(st.attempts, maxLoggedEngines)

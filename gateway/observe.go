@@ -219,7 +219,7 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 			held += grow
 		}
 	}
-	var scratch []byte
+	var scratch, usageBuf []byte
 	onEvent := func(ev sse.Event) {
 		if st.tail != nil {
 			// After an end a continuation may replace: nothing counts.
@@ -292,6 +292,11 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 					return
 				}
 				data = scratch
+			}
+		}
+		if st.ch.HasUsage && a.pd != nil {
+			if nd, ok := a.rewriteUsage(usageBuf[:0], data); ok {
+				data, usageBuf = nd, nd
 			}
 		}
 		add(data)

@@ -155,6 +155,9 @@ type plan struct {
 	// fb is what the request may still fall back to (fallback.go); its
 	// zero value falls back to nothing.
 	fb fallbacks
+	// pd is the request's disaggregation decision (disagg.go), nil when
+	// it took no part in one.
+	pd *disagg
 }
 
 // next decides what follows a leg that ended with o, nothing of which

@@ -49,6 +49,9 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 	if err := s.authorize(st, in.set, op, in.model); err != nil {
 		return err
 	}
+	if in.req.KVTransfer && in.set.cfg.Disaggregation.Enabled && (op.migrate == migrateChat || op.migrate == migrateCompletion) {
+		return errClientKVParams
+	}
 	rt, err := s.candidates(op, &in)
 	set := in.set
 	p := plan{set: set, ctx: r.Context(), sticky: op.sticky, max: set.cfg.MaxAttempts, budget: &s.retries, metrics: s.metrics, now: time.Now,
@@ -107,10 +110,35 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 	if grant != nil {
 		defer s.settle(r.Context(), st, grant)
 	}
-	candidates := rt.Endpoints()
+	candidates := legCands(op, rt)
 	if op.sticky {
 		candidates = s.stickyOrder(in.id, rt)
 		p.max = len(candidates) // a stored response is looked for on every engine
+	}
+	// pre is the engine the first leg goes to when a disaggregation
+	// decision picked it (the decode engine picked first).
+	var pre *routing.Endpoint
+	if first.kind != legFallback && op.class == classGenerative {
+		d, err := s.decideDisagg(ctx, op, &in, rt, &rreq, arrived)
+		if err != nil {
+			return err
+		}
+		if d != nil {
+			pre, p.pd = d.decode, d
+			if d.mode == telemetry.DisaggModeDisaggregated {
+				if stop, err := s.prefill(ctx, w, r, op, &in, rt, &rreq, &p, d); stop {
+					if err != nil && st != nil {
+						st.legAnswer = true
+					}
+					return err
+				}
+				p.legs = 0 // the decode legs have the request's attempts
+			}
+			s.metrics.RecordDisaggregation(ctx, d.mode)
+			if st != nil {
+				st.disagg = d.mode
+			}
+		}
 	}
 	var tried []*routing.Endpoint
 	leg := nextLeg{kind: legAttempt}
@@ -122,7 +150,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 			candidates = admissible(rt, candidates)
 			if len(candidates) == 0 && leg.kind == legContinue {
 				if nrt := s.cross(w, r, op, &in, &out, &rreq, &p); nrt != nil {
-					rt, candidates, tried = nrt, nrt.Endpoints(), tried[:0]
+					rt, candidates, tried = nrt, legCands(op, nrt), tried[:0]
 					continue
 				}
 				return s.unresumed(w, op, &p)
@@ -131,19 +159,24 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 				// Every engine of the model is at its max_in_flight.
 				if next := p.fallback(fallbackUnavailable); next.kind == legFallback {
 					rt = s.fallTo(w, r, op, &in, &out, &rreq, &p, next.fallback)
-					candidates, tried = rt.Endpoints(), tried[:0]
+					candidates, tried = legCands(op, rt), tried[:0]
 					leg = nextLeg{}
 					continue
 				}
 				return errOverloaded("every engine serving model " + strconv.Quote(in.model) + " is at its limit of requests in flight")
 			}
-			t0 := time.Now()
-			ep, err = set.policy.Pick(ctx, &rreq, candidates)
-			s.metrics.RecordStep(ctx, telemetry.StepPick, time.Since(t0).Seconds())
+			if pre != nil && slices.Contains(candidates, pre) {
+				ep, err = pre, nil
+			} else {
+				t0 := time.Now()
+				ep, err = set.policy.Pick(ctx, &rreq, candidates)
+				s.metrics.RecordStep(ctx, telemetry.StepPick, time.Since(t0).Seconds())
+			}
+			pre = nil
 			if err != nil {
 				if leg.kind == legContinue {
 					if nrt := s.cross(w, r, op, &in, &out, &rreq, &p); nrt != nil {
-						rt, candidates, tried = nrt, nrt.Endpoints(), tried[:0]
+						rt, candidates, tried = nrt, legCands(op, nrt), tried[:0]
 						continue
 					}
 					return s.unresumed(w, op, &p)
@@ -169,18 +202,31 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 			if leg, err = s.continuation(ctx, w, r, op, &in, eng, &p); leg.kind == legNone {
 				return err // nil once the client's response has started: it was ended there
 			}
-		} else if leg, err = s.exchange(ctx, w, r, op, &in, &out, eng, &p); leg.kind == legNone {
-			if err != nil && st != nil {
-				st.legAnswer = true
+		} else {
+			legOut := &out
+			if d := p.pd; d != nil && d.params != nil && (leg.kind == legAttempt || leg.reason == retryConnect) {
+				// The decode leg, or its retry after an engine that never
+				// got it: the prefill engine still holds the KV cache. A
+				// retry after a decode engine that got the request goes
+				// as the client's request: that engine may have read the
+				// KV cache, which vLLM frees once read.
+				if legOut, err = d.decodeBody(&out); err != nil {
+					return &APIError{Status: http.StatusInternalServerError, Type: TypeServer, Code: "internal_error", Message: "could not build the decode request", Err: err}
+				}
 			}
-			return err
+			if leg, err = s.exchange(ctx, w, r, op, &in, legOut, eng, &p); leg.kind == legNone {
+				if err != nil && st != nil {
+					st.legAnswer = true
+				}
+				return err
+			}
 		}
 		// The leg has ended: its context is cancelled and its body
 		// closed, so the engine has stopped working on it.
 		if leg.kind == legFallback {
 			// Another model: its own engines, its own attempts.
 			rt = s.fallTo(w, r, op, &in, &out, &rreq, &p, leg.fallback)
-			candidates, tried = rt.Endpoints(), tried[:0]
+			candidates, tried = legCands(op, rt), tried[:0]
 			leg = nextLeg{}
 			continue
 		}
@@ -213,8 +259,8 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 		cur, err := s.currentRoute(&in)
 		if err == nil {
 			rt = cur
-			candidates = excluding(rt.Endpoints(), tried)
-			if len(candidates) == 0 && leg.same && slices.Contains(rt.Endpoints(), ep) {
+			candidates = excluding(legCands(op, rt), tried)
+			if len(candidates) == 0 && leg.same && slices.Contains(legCands(op, rt), ep) {
 				candidates = []*routing.Endpoint{ep}
 			}
 		}
@@ -223,7 +269,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 			// continue from the text (its tokenizer need not read the
 			// ids), or the stream ends.
 			if nrt := s.cross(w, r, op, &in, &out, &rreq, &p); nrt != nil {
-				rt, candidates, tried = nrt, nrt.Endpoints(), tried[:0]
+				rt, candidates, tried = nrt, legCands(op, nrt), tried[:0]
 				continue
 			}
 			return s.unresumed(w, op, &p)
@@ -234,7 +280,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 			// was the gateway's.
 			if next := p.fallback(fallbackFailed); next.kind == legFallback {
 				rt = s.fallTo(w, r, op, &in, &out, &rreq, &p, next.fallback)
-				candidates, tried = rt.Endpoints(), tried[:0]
+				candidates, tried = legCands(op, rt), tried[:0]
 				leg = nextLeg{}
 				continue
 			}
@@ -262,6 +308,17 @@ func (s *Server) unresumed(w http.ResponseWriter, op *operation, p *plan) error 
 	}
 	endCut(w, k, op.framing)
 	return nil
+}
+
+// legCands returns the engines of rt a leg of op may go to: for a
+// generative route, those that may generate a whole answer (not the
+// prefill-only engines: fleet.Route.Decode), else every one. Shared
+// slices: never modified.
+func legCands(op *operation, rt *fleet.Route) []*routing.Endpoint {
+	if op.class == classGenerative {
+		return rt.Decode()
+	}
+	return rt.Endpoints()
 }
 
 // currentRoute returns the route of in's model in the current routing

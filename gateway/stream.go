@@ -28,6 +28,10 @@ type streamState struct {
 	// dropFrom and dropTo bound an event in the current Push output
 	// that must not be forwarded; dropTo is 0 when there is none.
 	dropFrom, dropTo int
+	// swap, when not empty, is forwarded in place of the dropped event:
+	// a disaggregated request's usage chunk with the prefill engine's
+	// cached tokens (attempt.rewriteUsage).
+	swap []byte
 	// heldAt, when held, is where in the current Push output the error
 	// event of a Messages or Responses stream's first leg starts, held
 	// back in tail (with what follows it) because a continuation may
@@ -185,6 +189,12 @@ func (st *streamState) onRewrite(ev sse.Event) {
 	// bytes, done with once the event is dispatched, and the bytes Push
 	// returns are not forwarded on this path (st.out is).
 	data := cr.take(ev.Data, &ch)
+	if ch.HasUsage && a.pd != nil {
+		if nd, ok := a.rewriteUsage(nil, data); ok {
+			*dst = appendEvent(*dst, nd)
+			return
+		}
+	}
 	if len(data) == len(ev.Data) {
 		*dst = append(*dst, ev.Raw...)
 		return
@@ -267,6 +277,11 @@ func (st *streamState) onChunk(ev sse.Event) {
 		a.usage, a.hasUsage = ch.Usage, true
 		if st.injected && ch.Choices == 0 { // the usage-only chunk: nothing else in it
 			st.dropFrom, st.dropTo = ev.Offset, ev.Offset+len(ev.Raw)
+		} else if a.pd != nil {
+			if data, ok := a.rewriteUsage(nil, ev.Data); ok {
+				st.swap = appendEvent(st.swap[:0], data)
+				st.dropFrom, st.dropTo = ev.Offset, ev.Offset+len(ev.Raw)
+			}
 		}
 	}
 	if ch.Content {
@@ -414,7 +429,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 		p, now, rerr := rl.read()
 		if len(p) > 0 {
 			st.now = now
-			st.dropTo = 0
+			st.dropTo, st.swap = 0, st.swap[:0]
 			st.out = st.out[:0]
 			out := sc.Push(p, onEvent)
 			if rewrite {
@@ -439,8 +454,12 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 			if st.dropTo > 0 {
 				// Forward around the usage chunk the client did not ask for.
 				rest := out[st.dropTo:]
-				if st.dropFrom > 0 {
-					if err := emit(out[:st.dropFrom], len(rest) == 0); err != nil {
+				head := out[:st.dropFrom]
+				if len(st.swap) > 0 {
+					head = append(head[:len(head):len(head)], st.swap...)
+				}
+				if len(head) > 0 {
+					if err := emit(head, len(rest) == 0); err != nil {
 						a.fail(clientWriteErrType(err))
 						return nil, nil
 					}

@@ -33,19 +33,20 @@ const envPrefix = "SWITCHBOARD_"
 // every key. Precedence: defaults < YAML file (--config) < SWITCHBOARD_*
 // environment < flags.
 type Config struct {
-	Server    ServerConfig            `koanf:"server"`
-	Admin     AdminConfig             `koanf:"admin"`
-	Engines   []fleet.EngineConfig    `koanf:"engines"`
-	Models    gateway.ModelsConfig    `koanf:"models"`
-	Auth      AuthConfig              `koanf:"auth"`
-	Limits    gateway.LimitsConfig    `koanf:"limits"`
-	Migration gateway.MigrationConfig `koanf:"migration"`
-	Routing   routing.Config          `koanf:"routing"`
-	Telemetry telemetry.Config        `koanf:"telemetry"`
-	Log       LogConfig               `koanf:"log"`
-	Simulate  SimulateConfig          `koanf:"simulate"`
-	Reload    ReloadConfig            `koanf:"reload"`
-	Discovery DiscoveryConfig         `koanf:"discovery"`
+	Server         ServerConfig                 `koanf:"server"`
+	Admin          AdminConfig                  `koanf:"admin"`
+	Engines        []fleet.EngineConfig         `koanf:"engines"`
+	Models         gateway.ModelsConfig         `koanf:"models"`
+	Auth           AuthConfig                   `koanf:"auth"`
+	Limits         gateway.LimitsConfig         `koanf:"limits"`
+	Migration      gateway.MigrationConfig      `koanf:"migration"`
+	Disaggregation gateway.DisaggregationConfig `koanf:"disaggregation"`
+	Routing        routing.Config               `koanf:"routing"`
+	Telemetry      telemetry.Config             `koanf:"telemetry"`
+	Log            LogConfig                    `koanf:"log"`
+	Simulate       SimulateConfig               `koanf:"simulate"`
+	Reload         ReloadConfig                 `koanf:"reload"`
+	Discovery      DiscoveryConfig              `koanf:"discovery"`
 }
 
 // DiscoveryConfig holds the engine discovery sources besides the static
@@ -120,16 +121,17 @@ func defaults() Config {
 			IdleTimeout:       120 * time.Second,
 			Config:            gateway.DefaultConfig(),
 		},
-		Admin:     AdminConfig{Listen: "127.0.0.1:9464"},
-		Models:    gateway.ModelsConfig{Aliases: map[string]string{}, Fallbacks: map[string][]string{}, ContextFallbacks: map[string][]string{}},
-		Limits:    gateway.DefaultLimitsConfig(),
-		Migration: gateway.DefaultMigrationConfig(),
-		Routing:   routing.DefaultConfig(),
-		Telemetry: telemetry.DefaultConfig(),
-		Log:       LogConfig{Level: "info", Format: "text", Access: true, BufferBytes: 64 << 10, FlushInterval: 100 * time.Millisecond},
-		Simulate:  SimulateConfig{TTFT: 150 * time.Millisecond, ITL: 40 * time.Millisecond, OutputTokens: 24, MaxNumSeqs: 64},
-		Reload:    ReloadConfig{Watch: true, Debounce: 200 * time.Millisecond},
-		Discovery: DiscoveryConfig{Kubernetes: k8s.DefaultConfig()},
+		Admin:          AdminConfig{Listen: "127.0.0.1:9464"},
+		Models:         gateway.ModelsConfig{Aliases: map[string]string{}, Fallbacks: map[string][]string{}, ContextFallbacks: map[string][]string{}},
+		Limits:         gateway.DefaultLimitsConfig(),
+		Migration:      gateway.DefaultMigrationConfig(),
+		Disaggregation: gateway.DefaultDisaggregationConfig(),
+		Routing:        routing.DefaultConfig(),
+		Telemetry:      telemetry.DefaultConfig(),
+		Log:            LogConfig{Level: "info", Format: "text", Access: true, BufferBytes: 64 << 10, FlushInterval: 100 * time.Millisecond},
+		Simulate:       SimulateConfig{TTFT: 150 * time.Millisecond, ITL: 40 * time.Millisecond, OutputTokens: 24, MaxNumSeqs: 64},
+		Reload:         ReloadConfig{Watch: true, Debounce: 200 * time.Millisecond},
+		Discovery:      DiscoveryConfig{Kubernetes: k8s.DefaultConfig()},
 	}
 }
 

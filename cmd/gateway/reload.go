@@ -55,6 +55,7 @@ func gatewayConfig(cfg Config, extra []fleet.EngineConfig) gateway.Config {
 	g.Auth = cfg.Auth.AuthConfig
 	g.Limits = cfg.Limits
 	g.Migration = cfg.Migration
+	g.Disaggregation = cfg.Disaggregation
 	g.AccessLog = cfg.Log.Access
 	return g
 }

@@ -55,6 +55,12 @@ type Engine struct {
 	// flight, which keep counting against it.
 	maxInFlight atomic.Int64
 
+	// reportsCached: an answer of this incarnation carried
+	// usage.prompt_tokens_details.cached_tokens (vLLM with
+	// --enable-prompt-tokens-details), so an answer without it had no
+	// prefix cache hit (NoteCachedTokens).
+	reportsCached atomic.Bool
+
 	models  atomic.Pointer[[]string] // sorted; nil until known
 	lastErr atomic.Pointer[string]
 	// cards are the engine's /v1/models entries by id (created, owned_by,
@@ -158,6 +164,21 @@ func (e *Engine) PathURL(path string) (string, bool) {
 	u, ok := e.urls[path]
 	return u, ok
 }
+
+// NoteCachedTokens records that an answer of the engine carried
+// usage.prompt_tokens_details.cached_tokens. Safe for concurrent use.
+func (e *Engine) NoteCachedTokens() {
+	if !e.reportsCached.Load() {
+		e.reportsCached.Store(true)
+	}
+}
+
+// ReportsCachedTokens reports whether an answer of the engine has carried
+// usage.prompt_tokens_details.cached_tokens: vLLM writes it only when run
+// with --enable-prompt-tokens-details and only for a non-zero count
+// (vllm/entrypoints/openai/serving_chat.py), so from such an engine an
+// answer without it had no cached prompt token.
+func (e *Engine) ReportsCachedTokens() bool { return e.reportsCached.Load() }
 
 // MaxInFlight returns the engine's circuit breaker, the most requests the
 // gateway may have on it at once (EngineConfig.MaxInFlight; 0 for none).
