@@ -373,7 +373,10 @@
 // steps, whatever its own ITL, and one that starts decoding during the prefill (its own
 // prefill ended, or its KV was pulled) joins at the step the furthest decoder has reached.
 // A prefill cut by its client leaving stops stretching at once. The prefilling sequence's
-// own time to first token is the formula of Scheduling, unchanged by the model. A decode
+// own time to first token is the formula of Scheduling, plus its turn: prompts share the
+// engine's compute, so a prefill waits for the prompt tokens of the prefills that came before
+// it on the engine (first come, first served, as vLLM's scheduler admits waiting prompts
+// into each step's budget) to be computed at TTFTPerPromptToken each. A decode
 // leg of prefill and decode (below) computes no prompt and stretches nobody (its KV
 // transfer is not compute on this engine); under the recompute policy it prefills as any
 // request. Embeddings and the other pooling routes, which pay no per-token prefill cost,
@@ -382,8 +385,8 @@
 //
 // Left out: the prefilling sequence does not itself wait in chunks (its prefill stays one
 // wait), so the stretched steps and its prefill wait agree only roughly in time; concurrent
-// prefills do not share the budget (each is chunked as if alone beside the decoders), and
-// waiting prompts are not held back when the budget is spent, as vLLM's scheduler does; a
+// prefills stretch the decoders each as if alone (their turns, above, are only in their own
+// waits), and a prefill cut short keeps its turn's compute reserved; a
 // step's cost is linear in its tokens, with no attention cost growing with context, no
 // CUDA graphs, no KV cache pressure or preemption; vLLM's long_prefill_token_threshold and
 // max_num_partial_prefills are not modelled.

@@ -21,6 +21,32 @@ type interference struct {
 	mu       sync.Mutex
 	decoders map[*decoder]struct{} // sequences past their prefill, running
 	jobs     []*prefillJob
+	// busyUntil is when the prompt compute reserved so far is done: the engine computes
+	// prompts within one step budget, so prefills that overlap share it, in arrival order
+	// (queuePrefill).
+	busyUntil time.Time
+}
+
+// queuePrefill reserves the compute of uncached prompt tokens (TTFTPerPromptToken each)
+// after the prompts reserved before it, and returns how long this prefill waits for those
+// first: 0 on an engine computing no other prompt. vLLM's scheduler admits waiting
+// prefills first come, first served into each step's token budget
+// (vllm/v1/core/sched/scheduler.py), so concurrent prefills on one engine take turns rather
+// than each running at full speed. A prefill cut short keeps its reservation (the next ones
+// wait a little more than they would). now is the engine's clock; nil (the model off)
+// returns 0.
+func (in *interference) queuePrefill(uncached int, now time.Time) time.Duration {
+	if in == nil || uncached <= 0 {
+		return 0
+	}
+	in.mu.Lock()
+	defer in.mu.Unlock()
+	start := now
+	if in.busyUntil.After(now) {
+		start = in.busyUntil
+	}
+	in.busyUntil = start.Add(time.Duration(uncached) * in.perToken)
+	return start.Sub(now)
 }
 
 // decoder is one decoding sequence's identity in the model.

@@ -311,3 +311,30 @@ func TestPrefillInterferenceStalledStream(t *testing.T) {
 	cancel()
 	waitIdle(t, e, 0)
 }
+
+// TestQueuePrefill checks that prompts share an engine's compute in arrival order: a
+// prefill waits for the prompt tokens reserved before it to be computed, none once they are
+// done, and the model off (nil) never waits.
+func TestQueuePrefill(t *testing.T) {
+	in := &interference{perToken: time.Millisecond}
+	t0 := time.Unix(1000, 0)
+	for _, step := range []struct {
+		uncached int
+		at       time.Duration
+		want     time.Duration
+	}{
+		{100, 0, 0}, // alone: computed 0..100 ms
+		{50, 10 * time.Millisecond, 90 * time.Millisecond}, // after the first: 100..150 ms
+		{20, 120 * time.Millisecond, 30 * time.Millisecond},
+		{10, 300 * time.Millisecond, 0}, // the engine is idle again
+		{0, 300 * time.Millisecond, 0},  // nothing to compute: no turn
+	} {
+		if got := in.queuePrefill(step.uncached, t0.Add(step.at)); got != step.want {
+			t.Errorf("%d tokens at %v: wait %v, want %v", step.uncached, step.at, got, step.want)
+		}
+	}
+	var off *interference
+	if got := off.queuePrefill(100, t0); got != 0 {
+		t.Errorf("model off: wait %v", got)
+	}
+}

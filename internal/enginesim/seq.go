@@ -69,8 +69,9 @@ func (s *seq) prefill() error {
 	}
 	if recompute {
 		uncached := s.promptTokens - cached
+		queued := s.e.interf.queuePrefill(uncached, s.e.now())
 		job := s.e.interf.startPrefill(uncached)
-		err := s.wait(s.prefillDelay(uncached), nil, true)
+		err := s.wait(queued+s.prefillDelay(uncached), nil, true)
 		s.e.interf.endPrefill(job, err != nil)
 		if err != nil {
 			return err
