@@ -365,7 +365,9 @@
 //
 // so a stream decoding beside a prefill of P tokens gets ceil(P/left) stretched gaps (the
 // last one by the remainder chunk), P*TTFTPerPromptToken late in all, then its ITL again.
-// Prefills at once add their chunks to the same step. MaxNumBatchedTokens must be at least
+// Prefills at once take turns, in arrival order: a step carries as many of their chunks
+// as its budget holds (usually the first one's alone), and a later prefill stretches the
+// steps once those before it are done. MaxNumBatchedTokens must be at least
 // MaxNumSeqs, as vLLM requires, so a step always has room for a chunk.
 //
 // The steps are counted in each decoding sequence's own inter-token waits, not in wall
@@ -384,9 +386,8 @@
 // stretch.
 //
 // Left out: the prefilling sequence does not itself wait in chunks (its prefill stays one
-// wait), so the stretched steps and its prefill wait agree only roughly in time; concurrent
-// prefills stretch the decoders each as if alone (their turns, above, are only in their own
-// waits), and a prefill cut short keeps its turn's compute reserved; a
+// wait), so the stretched steps and its prefill wait agree only roughly in time; a prefill
+// cut short keeps its turn's compute reserved; a
 // step's cost is linear in its tokens, with no attention cost growing with context, no
 // CUDA graphs, no KV cache pressure or preemption; vLLM's long_prefill_token_threshold and
 // max_num_partial_prefills are not modelled.

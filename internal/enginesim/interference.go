@@ -159,13 +159,21 @@ func (in *interference) stretch(d *decoder) time.Duration {
 	}
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	tokens := 0
+	// One step's prompt tokens: the chunks of the prefills in arrival order, as many as the
+	// step's budget holds (prompts take turns at the engine's compute, queuePrefill), so a
+	// later prefill stretches the step only once the ones before it are done.
+	tokens, room := 0, max(in.budget-len(in.decoders), 1)
 	for _, j := range in.jobs {
 		k, ok := j.cursors[d]
 		if !ok {
 			continue
 		}
-		tokens += j.chunk(k)
+		c := j.chunk(k)
+		if tokens > 0 && c > room {
+			break // the step is full: this chunk waits for a later one
+		}
+		tokens += c
+		room -= c
 		k++
 		j.step = max(j.step, k)
 		if k == j.steps() {

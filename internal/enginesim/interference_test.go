@@ -226,13 +226,15 @@ func TestInterferenceModel(t *testing.T) {
 		t.Errorf("%d jobs left", len(in.jobs))
 	}
 
-	// Two prefills at once: a decoder carries both chunks; a cut one stops at once.
+	// Two prefills at once take turns: a step carries the first one's chunk (it fills the
+	// step's room of 7), the second one's waits; a cut one stops at once, and the second
+	// one's chunk follows.
 	j1, j2 := in.startPrefill(14), in.startPrefill(3) // left 7: 7, 7 and 3
-	if got, want := steps(a, 1), []time.Duration{10 * us}; !slices.Equal(got, want) {
+	if got, want := steps(a, 1), []time.Duration{7 * us}; !slices.Equal(got, want) {
 		t.Errorf("two prefills: %v, want %v", got, want)
 	}
 	in.endPrefill(j1, true)
-	if got, want := steps(a, 1), []time.Duration{0}; !slices.Equal(got, want) {
+	if got, want := steps(a, 2), []time.Duration{3 * us, 0}; !slices.Equal(got, want) {
 		t.Errorf("after the cut: %v, want %v", got, want)
 	}
 	in.endPrefill(j2, false)
