@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -121,13 +122,34 @@ type disagg struct {
 	// 0 when it reported none (vLLM writes the details only for a
 	// non-zero count); prompt its prompt_tokens.
 	cached, prompt int64
-	// accepted is when the gateway accepted the request (the client's
-	// TTFT starts there); replied when the prefill reply was read (the
-	// handover starts there).
+	// group is the prefill engine's group (fleet.EngineConfig.Group):
+	// only decode engines that pair with it get the params.
+	group string
+	// accepted is when the decision was made, the request read and
+	// admitted (the client's TTFT starts there, as an aggregated
+	// request's starts at its attempt); replied when the prefill reply
+	// was read (the handover starts there).
 	accepted, replied time.Time
 	// handedOver: the handover was recorded (first decode leg only);
-	// checked: the decode engine's cached count was checked.
-	handedOver, checked bool
+	// checked: the decode engine's cached count was checked; sent: a
+	// decode leg with the params reached its engine.
+	handedOver, checked, sent bool
+}
+
+// done ends the request's disaggregation: params that no decode engine
+// was sent are counted as abandoned (the prefill engine holds their
+// blocks until its lease or abort timeout).
+func (d *disagg) done(ctx context.Context, m *telemetry.Metrics) {
+	if d.params != nil && !d.sent {
+		m.RecordKVTransferFailure(ctx, telemetry.KVFailureAbandoned)
+	}
+}
+
+// pairs reports whether decode engine e may read a KV cache from a prefill
+// engine of group: e has no group, or that one.
+func pairs(e *fleet.Engine, group string) bool {
+	g := e.Group()
+	return g == "" || g == group
 }
 
 // disaggregable reports whether a chat or completions request may be
@@ -135,12 +157,35 @@ type disagg struct {
 // prompt_logprobs (Streamable is false with it; the prompt's logprobs
 // come from the prefill engine's logits, which the client would not
 // get). A client's kv_transfer_params never get here (errClientKVParams).
-func disaggregable(in *inbound) bool {
+func disaggregable(op *operation, in *inbound) bool {
 	if !in.req.Streamable {
 		return false
 	}
 	if in.req.Sampling.N != nil {
 		if n := oai.ParseSampling(in.req.Sampling).N; n != nil && *n != 1 {
+			return false
+		}
+	}
+	if op.migrate == migrateCompletion {
+		// vLLM's completions server answers a batch of prompts with the
+		// first one's kv_transfer_params only, and echo with logprobs
+		// asks for the prompt's logprobs (vllm/entrypoints/openai/
+		// serving_completion.py): both are served whole. Read here, on
+		// the requests that would disaggregate only.
+		var f struct {
+			Prompt   json.RawMessage `json:"prompt"`
+			Echo     bool            `json:"echo"`
+			Logprobs json.RawMessage `json:"logprobs"`
+		}
+		if json.Unmarshal(in.body, &f) != nil {
+			return false
+		}
+		if p := bytes.TrimLeft(f.Prompt, " \t\r\n"); len(p) > 0 && p[0] == '[' {
+			if q := bytes.TrimLeft(p[1:], " \t\r\n"); len(q) > 0 && (q[0] == '"' || q[0] == '[') {
+				return false // a batch of prompts (strings, or arrays of token ids)
+			}
+		}
+		if f.Echo && len(f.Logprobs) > 0 && string(f.Logprobs) != "null" {
 			return false
 		}
 	}
@@ -154,12 +199,13 @@ func disaggregable(in *inbound) bool {
 // admissible decode engines (load, session, prefix), and the prompt's
 // uncached part on it is at least MinUncachedTokens; with less, the mode
 // is aggregated and the same engine serves the whole request.
-func (s *Server) decideDisagg(ctx context.Context, op *operation, in *inbound, rt *fleet.Route, rreq *routing.Request, accepted time.Time) (*disagg, error) {
+func (s *Server) decideDisagg(ctx context.Context, op *operation, in *inbound, rt *fleet.Route, rreq *routing.Request) (*disagg, error) {
 	cfg := &in.set.cfg.Disaggregation
 	if !cfg.Enabled || op.sticky || (op.migrate != migrateChat && op.migrate != migrateCompletion) || !rt.Disaggregable() {
 		return nil, nil
 	}
-	if !disaggregable(in) {
+	accepted := time.Now()
+	if !disaggregable(op, in) {
 		return &disagg{mode: telemetry.DisaggModeAggregated, accepted: accepted}, nil
 	}
 	decode := admissible(rt, rt.Decode())
@@ -167,6 +213,7 @@ func (s *Server) decideDisagg(ctx context.Context, op *operation, in *inbound, r
 		return nil, nil // every decode engine is full: the request path says so
 	}
 	ep, err := in.set.policy.Pick(ctx, rreq, decode)
+	s.metrics.RecordStep(ctx, telemetry.StepPick, time.Since(accepted).Seconds())
 	if err != nil {
 		return nil, err
 	}
@@ -183,20 +230,15 @@ func (s *Server) decideDisagg(ctx context.Context, op *operation, in *inbound, r
 // hand over to decode: not decode itself, and of its group when it has
 // one (fleet.EngineConfig.Group).
 func (s *Server) prefillCandidates(rt *fleet.Route, decode *routing.Endpoint) []*routing.Endpoint {
-	group := ""
-	if e := rt.Engine(decode); e != nil {
-		group = e.Group()
-	}
+	de := rt.Engine(decode)
 	all := rt.Prefill()
 	out := make([]*routing.Endpoint, 0, len(all))
 	for _, ep := range all {
 		if ep == decode {
 			continue
 		}
-		if group != "" {
-			if e := rt.Engine(ep); e == nil || e.Group() != group {
-				continue
-			}
+		if e := rt.Engine(ep); e == nil || de == nil || !pairs(de, e.Group()) {
+			continue
 		}
 		out = append(out, ep)
 	}
@@ -217,54 +259,50 @@ func (s *Server) prefillCandidates(rt *fleet.Route, decode *routing.Endpoint) []
 // The prefill leg's body is the client's (the model an alias stands for
 // replaced), edited by oai.PrefillBody: none of the gateway's own edits
 // for the engine that generates (usage, token ids) are for it.
-func (s *Server) prefill(ctx context.Context, w http.ResponseWriter, r *http.Request, op *operation, in *inbound, rt *fleet.Route, rreq *routing.Request, p *plan, d *disagg) (stop bool, err error) {
+func (s *Server) prefill(ctx context.Context, w http.ResponseWriter, r *http.Request, op *operation, in *inbound, rt *fleet.Route, rreq *routing.Request, p *plan, d *disagg) (stop, fromLeg bool, err error) {
 	plain := *in
 	plain.observe = false
 	src := s.outgoing(op, &plain, false)
 	body, err := oai.PrefillBody(flatten(&src))
 	if err != nil {
-		return true, &APIError{Status: http.StatusInternalServerError, Type: TypeServer, Code: "internal_error", Message: "could not build the prefill request", Err: err}
+		return true, false, &APIError{Status: http.StatusInternalServerError, Type: TypeServer, Code: "internal_error", Message: "could not build the prefill request", Err: err}
 	}
 	pb := outBody{n: int64(len(body))}
 	pb.parts[0] = body
 	var tried []*routing.Endpoint
 	for {
+		// The engines not tried yet, or, after plan.retry's "same" (no
+		// other was left), the one that failed, after its back-off.
 		cands := excluding(s.prefillCandidates(rt, d.decode), tried)
-		if len(cands) == 0 && len(tried) > 0 {
-			// The only prefill engine, after a back-off (plan.retry's same).
-			cands = tried[len(tried)-1:]
-		}
 		if len(cands) == 0 {
 			if p.lastErr != nil {
-				return true, p.lastErr
+				return true, true, p.lastErr
 			}
-			return true, routing.ErrNoEndpoint
+			return true, false, routing.ErrNoEndpoint
 		}
 		ep, err := in.set.policy.Pick(ctx, rreq, cands)
 		if err != nil {
-			return true, err
+			return true, false, err
 		}
 		eng := rt.Engine(ep)
 		if eng == nil {
-			return true, &APIError{Status: http.StatusInternalServerError, Type: TypeServer, Code: "internal_error", Message: "routing policy returned an unknown engine"}
+			return true, false, &APIError{Status: http.StatusInternalServerError, Type: TypeServer, Code: "internal_error", Message: "routing policy returned an unknown engine"}
 		}
 		p.legs++
 		p.others = len(cands) > 1
+		if in.set.cfg.EngineHeader {
+			w.Header()["X-Switchboard-Engine"] = eng.Header() // the prefill engine's own error names it
+		}
 		o, ae := s.prefillLeg(ctx, r, op, in, &pb, eng, d)
 		if o == nil {
-			return ae != nil, ae // no error: d holds the reply
+			return ae != nil, ae != nil, ae // no error: d holds the reply
 		}
 		next := p.retry(o)
 		if next.kind == legNone {
 			if o.resp != nil {
-				defer o.resp.Body.Close()
-				return true, s.passError(w, r, o.resp, eng)
+				return true, true, s.passError(w, r, o.resp, eng) // its body is read: o.resp.Body is in memory
 			}
-			return true, o.err
-		}
-		if o.resp != nil {
-			_, _ = io.CopyN(io.Discard, o.resp.Body, maxDrain)
-			o.resp.Body.Close()
+			return true, true, o.err
 		}
 		s.metrics.RecordRetry(ctx, next.reason.String())
 		if f, ok := in.set.policy.(routing.Forgetter); ok {
@@ -280,7 +318,7 @@ func (s *Server) prefill(ctx context.Context, w http.ResponseWriter, r *http.Req
 			case <-ctx.Done():
 				t.Stop()
 				_, ae := s.classify(r, ctx, context.Cause(ctx))
-				return true, ae
+				return true, false, ae
 			}
 		}
 	}
@@ -298,7 +336,8 @@ func (s *Server) prefillLeg(ctx context.Context, r *http.Request, op *operation,
 	defer a.finish()
 	a.stream = false
 	if a.span.IsRecording() {
-		a.span.SetAttributes(telemetry.AttrLeg.String("prefill"), telemetry.AttrStream.Bool(false), telemetry.AttrGenAIStream.Bool(false))
+		a.span.SetAttributes(telemetry.AttrLeg.String("prefill"), telemetry.AttrStream.Bool(false), telemetry.AttrGenAIStream.Bool(false),
+			telemetry.AttrGenAIMaxTokens.Int64(1))
 	}
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -306,6 +345,14 @@ func (s *Server) prefillLeg(ctx context.Context, r *http.Request, op *operation,
 	defer c.stop()
 	o := s.send(&c, r, body)
 	o.errType = a.errType
+	if o.resp != nil && (o.resp.StatusCode < 200 || o.resp.StatusCode > 299) {
+		// The engine's error, read now, while the leg's context lives
+		// (its cancellation would cut the body): the client may get it
+		// as it is (passError), and the connection is kept.
+		b, _ := io.ReadAll(io.LimitReader(o.resp.Body, maxErrorBody))
+		o.resp.Body.Close()
+		o.resp.Body = io.NopCloser(bytes.NewReader(b))
+	}
 	if o.resp == nil || o.resp.StatusCode < 200 || o.resp.StatusCode > 299 {
 		return &o, nil
 	}
@@ -323,24 +370,39 @@ func (s *Server) prefillLeg(ctx context.Context, r *http.Request, op *operation,
 			Message: "the prefill engine's answer is not a JSON object of at most 1 MiB"}}, nil
 	}
 	now := time.Now()
-	d.replied = now
+	d.replied, d.group = now, eng.Group()
 	d.cached, d.prompt = pf.CachedTokens, pf.PromptTokens
 	s.metrics.RecordPrefill(a.ctx, a.attrs, now.Sub(a.start).Seconds())
 	if a.span.IsRecording() && pf.PromptTokens > 0 {
 		a.span.SetAttributes(telemetry.AttrGenAIInputTok.Int64(pf.PromptTokens))
 	}
 	if pf.Params == nil {
-		// The engine kept no KV cache for a decode engine to read (a
-		// prefill engine without a KV connector, a vLLM that finished the
-		// request otherwise): the decode engine computes the prompt.
+		// The engine kept no KV cache for a decode engine to read: the
+		// decode engine computes the prompt. vLLM returns the params only
+		// for a prefill that ended at its token cap (finish_reason
+		// "length"); one whose single token ended the generation (a stop
+		// token) has none by design. Any other is a prefill engine
+		// without a KV connector, or one that failed to keep the KV.
 		d.mode = telemetry.DisaggModeRecompute
-		s.metrics.RecordKVTransferFailure(a.ctx, telemetry.KVFailureMissingParams)
-		s.log.LogAttrs(a.ctx, slog.LevelWarn, "prefill answer without kv_transfer_params: the decode engine recomputes the prompt",
-			slog.String("engine", eng.Name()), slog.String("request_id", RequestIDFrom(r.Context())))
+		if b, _ := oai.ParseBody(reply); b.FinishReason == nil || string(b.FinishReason) == "length" {
+			s.metrics.RecordKVTransferFailure(a.ctx, telemetry.KVFailureMissingParams)
+			s.log.LogAttrs(a.ctx, slog.LevelWarn, "prefill answer without kv_transfer_params: the decode engine recomputes the prompt",
+				slog.String("engine", eng.Name()), slog.String("request_id", RequestIDFrom(r.Context())))
+		}
 		return nil, nil
 	}
 	d.params = append([]byte(nil), pf.Params...)
 	return nil, nil
+}
+
+// handover records, at the first event of a decode leg that carried the
+// params, the time since the prefill reply: the decode engine's queue and
+// KV pull (once per request).
+func (a *attempt) handover(now time.Time) {
+	if d := a.pd; d != nil && a.carried && !d.handedOver {
+		d.handedOver = true
+		a.s.metrics.RecordHandover(a.ctx, a.attrs, now.Sub(d.replied).Seconds())
+	}
 }
 
 // flatten returns b's bytes in one slice (b's only part, not a copy, when

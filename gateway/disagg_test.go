@@ -403,6 +403,9 @@ func TestDisaggregationDecision(t *testing.T) {
 		{"short prompt", "/v1/chat/completions", `{"model":"m","max_tokens":3,"messages":[{"role":"user","content":"hi"}]}`, telemetry.DisaggModeAggregated, 0},
 		{"n=2", "/v1/chat/completions", `{"model":"m","n":2,"max_tokens":3,"messages":[{"role":"user","content":"` + longPrompt + `"}]}`, telemetry.DisaggModeAggregated, 0},
 		{"prompt_logprobs", "/v1/completions", `{"model":"m","max_tokens":3,"prompt_logprobs":1,"prompt":"` + longPrompt + `"}`, telemetry.DisaggModeAggregated, 0},
+		{"batch of prompts", "/v1/completions", `{"model":"m","max_tokens":3,"prompt":["` + longPrompt + `","` + longPrompt + `"]}`, telemetry.DisaggModeAggregated, 0},
+		{"echo with logprobs", "/v1/completions", `{"model":"m","max_tokens":3,"echo":true,"logprobs":1,"prompt":"` + longPrompt + `"}`, telemetry.DisaggModeAggregated, 0},
+		{"prompt of token ids", "/v1/completions", `{"model":"m","max_tokens":3,"prompt":[` + strings.Repeat("7,", 300) + `7]}`, telemetry.DisaggModeDisaggregated, 1},
 		{"embeddings", "/v1/embeddings", `{"model":"m","input":"` + longPrompt + `"}`, "", 0},
 	}
 	for _, c := range cases {
@@ -617,6 +620,9 @@ func TestDisaggregationFailures(t *testing.T) {
 		}
 		if engines[1].sim.Stats().KVPulled != 0 {
 			t.Error("the decode engine pulled")
+		}
+		if n := h.histCount(telemetry.DisaggHandoverName); n != 0 {
+			t.Errorf("handover samples %d, want 0: nothing was handed over", n)
 		}
 		h.waitIdle()
 	})
@@ -907,4 +913,105 @@ func deadURL(t *testing.T) string {
 	}
 	defer ln.Close()
 	return "http://" + ln.Addr().String()
+}
+
+// TestDisaggregationPrefillErrorKept checks that a failed prefill's client
+// gets the prefill engine's own error object, byte for byte, every time
+// (the leg's body is read before its context ends), named by
+// X-Switchboard-Engine, and that the decision is counted.
+func TestDisaggregationPrefillErrorKept(t *testing.T) {
+	engines, cfg := pdFleet(t, func(name string, c *enginesim.Config) {
+		if name == "p1" {
+			c.Fault = "status=429"
+		}
+	}, "prefill", "decode")
+	cfg.MaxAttempts = 1
+	cfg.EngineHeader = true
+	h := newHarness(t, cfg)
+	for i := range 20 {
+		body := fmt.Sprintf(`{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"%d %s"}]}`, i, longPrompt)
+		status, hdr, answer := h.do(http.MethodPost, "/v1/chat/completions", body)
+		pl := engines[0].rec.take()
+		if len(pl) != 1 {
+			t.Fatalf("request %d: %d prefill legs", i, len(pl))
+		}
+		if status != http.StatusTooManyRequests || string(answer) != string(pl[0].answer) || hdr.Get("X-Switchboard-Engine") != "p1" {
+			t.Errorf("request %d: status %d, engine %q: %s; want 429 from p1 with its body %s", i, status, hdr.Get("X-Switchboard-Engine"), answer, pl[0].answer)
+		}
+	}
+	if m := h.modes(); m[telemetry.DisaggModeDisaggregated] != 20 {
+		t.Errorf("decisions %v, want 20 disaggregated (failed prefills count)", m)
+	}
+	h.waitIdle()
+}
+
+// TestDisaggregationNotTransferredWithoutClientUsage checks that a failed
+// KV transfer is counted on a stream whose client did not ask for usage:
+// the usage chunk the gateway asked for is checked before it is dropped.
+func TestDisaggregationNotTransferredWithoutClientUsage(t *testing.T) {
+	engines, cfg := pdFleet(t, func(name string, c *enginesim.Config) {
+		if name == "d1" {
+			c.KVLoadFailurePolicy = enginesim.KVLoadRecompute
+		}
+	}, "prefill", "decode")
+	h := newHarness(t, cfg)
+	warm := `{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"` + longPrompt + `"}]}`
+	if status, _, answer := h.do(http.MethodPost, "/v1/chat/completions", warm); status != http.StatusOK {
+		t.Fatalf("status %d: %s", status, answer)
+	}
+	engines[1].rec.setFault("kv-pull-fail")
+	b := `{"model":"m","stream":true,"max_tokens":4,"messages":[{"role":"user","content":"other ` + longPrompt + `"}]}`
+	status, _, answer := h.do(http.MethodPost, "/v1/chat/completions", b)
+	if status != http.StatusOK || bytes.Contains(answer, []byte(`"usage"`)) {
+		t.Fatalf("status %d (want 200, no usage chunk for this client): %s", status, answer)
+	}
+	if n := engines[1].sim.Stats().KVRecomputed; n != 1 {
+		t.Fatalf("engine recomputed %d (the test's premise)", n)
+	}
+	if f := h.kvFailures(); f[telemetry.KVFailureNotTransferred] != 1 {
+		t.Errorf("kv failures %v, want 1 not_transferred", f)
+	}
+	h.waitIdle()
+}
+
+// TestDisaggregationDecodeGroup checks that a decode leg on an engine of
+// another group than the prefill engine's is sent without the params
+// (it could not reach that engine): d1, of p1's group, refuses
+// connections, and the retry goes to d2 of another group as a plain
+// request; the unused params are counted as abandoned.
+func TestDisaggregationDecodeGroup(t *testing.T) {
+	engines, cfg := pdFleet(t, nil, "prefill", "decode", "decode")
+	cfg.Engines[0].Group, cfg.Engines[1].Group, cfg.Engines[2].Group = "a", "a", "b"
+	cfg.Engines[1].URL = deadURL(t) // d1, group a: refuses connections
+	cfg.MaxAttempts = 2
+	cfg.Retry.On = []string{"connect-failure"}
+	h := newHarnessWith(t, cfg, nil, withoutStart(), withPolicy(routing.NewRoundRobin()))
+	n := 0
+	for i := range 6 {
+		body := fmt.Sprintf(`{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"%d %s"}]}`, i, longPrompt)
+		status, _, answer := h.do(http.MethodPost, "/v1/chat/completions", body)
+		if status != http.StatusOK {
+			t.Errorf("request %d: status %d: %s", i, status, answer)
+		}
+	}
+	for _, l := range engines[2].rec.take() {
+		n++
+		if bytes.Contains(l.body, []byte("kv_transfer_params")) {
+			t.Errorf("d2 (group b) got group a's kv_transfer_params")
+		}
+	}
+	if n != 6 {
+		t.Fatalf("d2 served %d of 6", n)
+	}
+	// Requests whose decode engine was d1 (group a, with params, refused)
+	// went to d2 without them; the others were picked on d2 first, and p1
+	// (group a) was not its pair: those were aggregated.
+	m := h.modes()
+	if m[telemetry.DisaggModeDisaggregated] == 0 || m[telemetry.DisaggModeAggregated] == 0 {
+		t.Errorf("modes %v: want both disaggregated (d1 picked first) and aggregated (d2 picked first)", m)
+	}
+	if f := h.kvFailures(); f[telemetry.KVFailureAbandoned] != m[telemetry.DisaggModeDisaggregated] {
+		t.Errorf("abandoned %d, want one per disaggregated request (%v)", f[telemetry.KVFailureAbandoned], m)
+	}
+	h.waitIdle()
 }

@@ -44,10 +44,9 @@ func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Re
 	o := s.send(&c, r, out)
 	if o.resp != nil {
 		defer o.resp.Body.Close()
-		if a.pd != nil && !a.pd.handedOver {
-			a.pd.handedOver = true
-			s.metrics.RecordHandover(a.ctx, a.attrs, time.Since(a.pd.replied).Seconds())
-		}
+	}
+	if a.carried && !o.connFailed {
+		a.pd.sent = true // the engine got the params (and may have read the KV)
 	}
 	o.errType = a.errType
 	if next := p.next(&o); next.kind != legNone {

@@ -49,11 +49,12 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 	if err := s.authorize(st, in.set, op, in.model); err != nil {
 		return err
 	}
-	if in.req.KVTransfer && in.set.cfg.Disaggregation.Enabled && (op.migrate == migrateChat || op.migrate == migrateCompletion) {
-		return errClientKVParams
-	}
 	rt, err := s.candidates(op, &in)
 	set := in.set
+	if in.req.KVTransfer && (op.migrate == migrateChat || op.migrate == migrateCompletion) &&
+		(set.cfg.Disaggregation.Enabled || (err == nil && rt.Disaggregable())) {
+		return errClientKVParams
+	}
 	p := plan{set: set, ctx: r.Context(), sticky: op.sticky, max: set.cfg.MaxAttempts, budget: &s.retries, metrics: s.metrics, now: time.Now,
 		fb: s.fallbacksFor(op, &in)}
 	if d := set.cfg.Retry.Within; d > 0 {
@@ -119,16 +120,21 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 	// decision picked it (the decode engine picked first).
 	var pre *routing.Endpoint
 	if first.kind != legFallback && op.class == classGenerative {
-		d, err := s.decideDisagg(ctx, op, &in, rt, &rreq, arrived)
+		d, err := s.decideDisagg(ctx, op, &in, rt, &rreq)
 		if err != nil {
 			return err
 		}
 		if d != nil {
 			pre, p.pd = d.decode, d
+			defer d.done(ctx, s.metrics)
 			if d.mode == telemetry.DisaggModeDisaggregated {
-				if stop, err := s.prefill(ctx, w, r, op, &in, rt, &rreq, &p, d); stop {
-					if err != nil && st != nil {
-						st.legAnswer = true
+				stop, fromLeg, err := s.prefill(ctx, w, r, op, &in, rt, &rreq, &p, d)
+				if stop {
+					// Counted as decided: the prefill failed, or the client left.
+					s.metrics.RecordDisaggregation(ctx, d.mode)
+					if st != nil {
+						st.disagg = d.mode
+						st.legAnswer = fromLeg && err != nil
 					}
 					return err
 				}
@@ -204,12 +210,14 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 			}
 		} else {
 			legOut := &out
-			if d := p.pd; d != nil && d.params != nil && (leg.kind == legAttempt || leg.reason == retryConnect) {
+			if d := p.pd; d != nil && d.params != nil && (leg.kind == legAttempt || leg.reason == retryConnect) && pairs(eng, d.group) {
 				// The decode leg, or its retry after an engine that never
 				// got it: the prefill engine still holds the KV cache. A
 				// retry after a decode engine that got the request goes
 				// as the client's request: that engine may have read the
-				// KV cache, which vLLM frees once read.
+				// KV cache, which vLLM frees once read. So does a leg on
+				// an engine of another group than the prefill engine's,
+				// which could not reach it.
 				if legOut, err = d.decodeBody(&out); err != nil {
 					return &APIError{Status: http.StatusInternalServerError, Type: TypeServer, Code: "internal_error", Message: "could not build the decode request", Err: err}
 				}

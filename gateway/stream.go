@@ -96,6 +96,9 @@ func (st *streamState) onRewrite(ev sse.Event) {
 		return
 	}
 	a, cr := st.a, st.cr
+	if a.pd != nil {
+		a.handover(st.now)
+	}
 	if sse.IsDone(ev.Data) {
 		st.done = true
 		if st.reshape && cr.framed() {
@@ -183,6 +186,9 @@ func (st *streamState) onRewrite(ev sse.Event) {
 		return
 	}
 	if st.injected && ch.HasUsage && ch.Choices == 0 {
+		if a.pd != nil {
+			a.rewriteUsage(nil, ev.Data) // not forwarded, but checked (not_transferred)
+		}
 		return // the usage chunk the client did not ask for
 	}
 	// take cuts in place: ev.Data is the scanner's copy of the engine's
@@ -253,6 +259,9 @@ func (st *streamState) onChunk(ev sse.Event) {
 		return
 	}
 	a := st.a
+	if a.pd != nil {
+		a.handover(st.now)
+	}
 	ch, err := oai.InspectChunk(ev.Data)
 	st.ch = ch
 	if err != nil {
@@ -277,6 +286,9 @@ func (st *streamState) onChunk(ev sse.Event) {
 		a.usage, a.hasUsage = ch.Usage, true
 		if st.injected && ch.Choices == 0 { // the usage-only chunk: nothing else in it
 			st.dropFrom, st.dropTo = ev.Offset, ev.Offset+len(ev.Raw)
+			if a.pd != nil {
+				a.rewriteUsage(nil, ev.Data) // not forwarded, but checked (not_transferred)
+			}
 		} else if a.pd != nil {
 			if data, ok := a.rewriteUsage(nil, ev.Data); ok {
 				st.swap = appendEvent(st.swap[:0], data)

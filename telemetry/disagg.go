@@ -27,17 +27,25 @@ const (
 	// reply read whole, retries on other prefill engines not included.
 	DisaggPrefillDurationName = "switchboard.disaggregation.prefill.duration"
 	// DisaggHandoverName is the handover, unit s, by the decode engine
-	// and model: from the prefill leg's reply to the decode engine's
-	// response headers (its queue and, in vLLM, the KV pull, which it
-	// does before it answers a non-streaming request and, for a stream,
-	// before its first event).
+	// and model: from the prefill leg's reply to the first event of the
+	// decode engine's stream (its queue and the KV pull, which vLLM does
+	// before it sends a stream's first event; the headers come before
+	// both). Recorded for a decode leg sent the params and streamed by
+	// its engine (a client's stream, or a request read as one); not for a
+	// body the engine answers whole, whose first byte comes after the
+	// whole generation.
 	DisaggHandoverName = "switchboard.disaggregation.handover.duration"
 	// DisaggKVFailuresName counts KV transfers that did not happen, unit
 	// {request}, by AttrDisaggKVFailure: missing_params (the prefill
 	// leg's 2xx reply had no kv_transfer_params object) and
 	// not_transferred (the decode engine's usage reports fewer cached
 	// prompt tokens than the prompt less one block: it recomputed the
-	// prompt, vLLM's kv_load_failure_policy "recompute").
+	// prompt, vLLM's kv_load_failure_policy "recompute"), and abandoned
+	// (the prefill engine answered with params that no decode engine was
+	// sent: the client left between the legs, the decode engines could not
+	// be reached, or a retry went without them; vLLM's prefill engine then
+	// holds the prompt's blocks until its abort timeout,
+	// VLLM_NIXL_ABORT_REQUEST_TIMEOUT, 480 s by default).
 	DisaggKVFailuresName = "switchboard.disaggregation.kv_transfer.failures"
 )
 
@@ -45,7 +53,7 @@ const (
 const (
 	// AttrDisaggMode is disaggregated, aggregated or recompute.
 	AttrDisaggMode = attribute.Key("mode")
-	// AttrDisaggKVFailure is missing_params or not_transferred.
+	// AttrDisaggKVFailure is missing_params, not_transferred or abandoned.
 	AttrDisaggKVFailure = attribute.Key("reason")
 	// AttrLeg is the kind of an engine span's leg on a disaggregated
 	// request: prefill or decode (absent on other requests).
@@ -60,6 +68,7 @@ const (
 
 	KVFailureMissingParams  = "missing_params"
 	KVFailureNotTransferred = "not_transferred"
+	KVFailureAbandoned      = "abandoned"
 )
 
 type disaggInstruments struct {
@@ -67,7 +76,7 @@ type disaggInstruments struct {
 	prefill, handover    metric.Float64Histogram
 	// modes and failures are the attribute options of each value.
 	modes    [3][]metric.AddOption
-	failures [2][]metric.AddOption
+	failures [3][]metric.AddOption
 }
 
 func (r *disaggInstruments) init(meter metric.Meter) []error {
@@ -99,7 +108,7 @@ func (r *disaggInstruments) init(meter metric.Meter) []error {
 	for i, v := range []string{DisaggModeDisaggregated, DisaggModeAggregated, DisaggModeRecompute} {
 		r.modes[i] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(AttrDisaggMode.String(v)))}
 	}
-	for i, v := range []string{KVFailureMissingParams, KVFailureNotTransferred} {
+	for i, v := range []string{KVFailureMissingParams, KVFailureNotTransferred, KVFailureAbandoned} {
 		r.failures[i] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(AttrDisaggKVFailure.String(v)))}
 	}
 	return errs
@@ -126,6 +135,8 @@ func (m *Metrics) RecordKVTransferFailure(ctx context.Context, reason string) {
 		m.disagg.kvFailures.Add(ctx, 1, m.disagg.failures[0]...)
 	case KVFailureNotTransferred:
 		m.disagg.kvFailures.Add(ctx, 1, m.disagg.failures[1]...)
+	case KVFailureAbandoned:
+		m.disagg.kvFailures.Add(ctx, 1, m.disagg.failures[2]...)
 	}
 }
 
