@@ -109,6 +109,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.IntVar(&o.cfg.KVSideChannelPort, "kv-side-channel-port", 0, "P/D: remote_port decode engines pull KV from, as vLLM's VLLM_NIXL_SIDE_CHANNEL_PORT (default the listener's port)")
 	fs.DurationVar(&o.cfg.KVLeaseDuration, "kv-lease-duration", enginesim.DefaultKVLeaseDuration, "P/D: how long a prefill leg's KV blocks are held for the decode engine's pull (vLLM's kv_lease_duration)")
 	fs.DurationVar(&o.cfg.KVTransferPerToken, "kv-transfer-per-token", 0, "P/D: a decode leg's KV pull time per prompt token, in place of the prefill compute")
+	fs.StringVar(&o.cfg.KVRole, "kv-role", enginesim.KVRoleBoth, "P/D: vLLM's kv_role: kv_both (either leg), kv_producer (prefill legs only) or kv_consumer (decode legs only)")
 	fs.BoolVar(&o.cfg.PromptTokensDetails, "enable-prompt-tokens-details", false, "report usage.prompt_tokens_details.cached_tokens when the prefix cache hits (vLLM's flag)")
 	fs.StringVar(&o.cfg.KVLoadFailurePolicy, "kv-load-failure-policy", enginesim.KVLoadFail, "P/D: what a decode leg does when its KV pull fails: fail (vLLM's 500) or recompute (vLLM's kv_load_failure_policy)")
 	fs.StringVar(&o.cfg.Fault, "fault", "", "default fault spec for requests without an X-Enginesim-Fault header: comma-separated keys, e.g. status=503,retry-after=2 or close-after=3.\n"+

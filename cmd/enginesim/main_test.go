@@ -37,7 +37,7 @@ func TestParseFlags(t *testing.T) {
 			cfg: enginesim.Config{
 				Name: "enginesim", Models: []string{"sim-model"}, TTFT: 20 * time.Millisecond, ITL: 10 * time.Millisecond,
 				OutputTokens: 16, MaxOutputTokens: 4096, MaxModelLen: 8192, MaxNumSeqs: 256, KVCacheBlocks: 1024, BlockSize: 16, EmbeddingDim: 16,
-				KVLeaseDuration: 30 * time.Second, KVLoadFailurePolicy: "fail", MaxNumBatchedTokens: 2048,
+				KVLeaseDuration: 30 * time.Second, KVLoadFailurePolicy: "fail", MaxNumBatchedTokens: 2048, KVRole: "kv_both",
 			},
 		},
 		{
@@ -50,7 +50,7 @@ func TestParseFlags(t *testing.T) {
 				"--lora", "sql=/loras/sql", "--lora", "chat=/loras/chat=v2",
 				"--kv-engine-id", "p0", "--kv-side-channel-host", "10.0.0.7", "--kv-side-channel-port", "5600",
 				"--kv-lease-duration", "5s", "--kv-transfer-per-token", "20us", "--kv-load-failure-policy", "recompute",
-				"--prefill-interference", "--max-num-batched-tokens", "512",
+				"--prefill-interference", "--max-num-batched-tokens", "512", "--kv-role", "kv_producer", "--enable-prompt-tokens-details",
 			},
 			listen: ":9000",
 			cfg: enginesim.Config{
@@ -61,7 +61,7 @@ func TestParseFlags(t *testing.T) {
 				LoRAs:      []enginesim.LoRA{{Name: "sql", Path: "/loras/sql"}, {Name: "chat", Path: "/loras/chat=v2"}},
 				KVEngineID: "p0", KVSideChannelHost: "10.0.0.7", KVSideChannelPort: 5600,
 				KVLeaseDuration: 5 * time.Second, KVTransferPerToken: 20 * time.Microsecond, KVLoadFailurePolicy: "recompute",
-				PrefillInterference: true, MaxNumBatchedTokens: 512,
+				PrefillInterference: true, MaxNumBatchedTokens: 512, KVRole: "kv_producer", PromptTokensDetails: true,
 			},
 		},
 		{name: "unknown flag", args: []string{"--nope"}, wantErr: true},

@@ -50,6 +50,11 @@ const (
 	KVLoadFail = "fail"
 	// KVLoadRecompute makes the decode engine compute the prompt itself instead.
 	KVLoadRecompute = "recompute"
+
+	// The values of Config.KVRole: vLLM's kv_role.
+	KVRoleBoth     = "kv_both"
+	KVRoleProducer = "kv_producer"
+	KVRoleConsumer = "kv_consumer"
 )
 
 // Config configures one simulated engine. Zero values get the documented defaults; negative
@@ -119,6 +124,14 @@ type Config struct {
 	// be loaded and unloaded at run time (POST /v1/load_lora_adapter, /v1/unload_lora_adapter).
 	// Default none.
 	LoRAs []LoRA
+	// KVRole is the engine's kv_role in vLLM's --kv-transfer-config (KVTransferConfig,
+	// vllm/config/kv_transfer.py): KVRoleBoth (the default, what the NixlConnector examples
+	// run every engine with: either leg), KVRoleProducer (it only produces: a decode leg's
+	// do_remote_prefill is not acted on, so the prompt is computed here as for a plain
+	// request, and nothing is pulled) or KVRoleConsumer (it only consumes: a prefill leg's
+	// do_remote_decode is not acted on, so the answer carries no kv_transfer_params and
+	// nothing is held).
+	KVRole string
 	// PromptTokensDetails is vLLM's --enable-prompt-tokens-details: chat and completions
 	// usage then carries prompt_tokens_details {"cached_tokens": n} whenever n, the prompt
 	// tokens found in the prefix cache, is not 0. Default false (a decode leg that pulled its
@@ -237,6 +250,11 @@ func (c Config) Validate() error {
 	} else if budget, seqs := cmp.Or(c.MaxNumBatchedTokens, DefaultMaxNumBatchedTokens), cmp.Or(c.MaxNumSeqs, DefaultMaxNumSeqs); c.PrefillInterference && budget < seqs {
 		// vLLM's SchedulerConfig refuses a step budget below max_num_seqs.
 		errs = append(errs, fmt.Errorf("enginesim: max num batched tokens (%d) must be greater than or equal to max num seqs (%d)", budget, seqs))
+	}
+	switch c.KVRole {
+	case "", KVRoleBoth, KVRoleProducer, KVRoleConsumer:
+	default:
+		errs = append(errs, fmt.Errorf("enginesim: kv role must be %q, %q or %q, got %q", KVRoleBoth, KVRoleProducer, KVRoleConsumer, c.KVRole))
 	}
 	switch c.KVLoadFailurePolicy {
 	case "", KVLoadFail, KVLoadRecompute:

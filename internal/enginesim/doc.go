@@ -397,8 +397,11 @@
 // Chat and completions speak vLLM's NixlConnector contract for prefill/decode (P/D)
 // disaggregation in pull mode (vllm/distributed/kv_transfer/kv_connector/v1/nixl_connector.py
 // and its pull scheduler; the router side is
-// tests/v1/kv_connector/nixl_integration/toy_proxy_server.py). Every engine can take either
-// role; the router decides, as with vLLM's kv_role kv_both.
+// tests/v1/kv_connector/nixl_integration/toy_proxy_server.py). By default every engine can
+// take either role and the router decides, as with vLLM's kv_role kv_both; Config.KVRole
+// (cmd/enginesim --kv-role) kv_producer makes it act on prefill legs only (a decode leg's
+// params are ignored: it computes the prompt, pulls nothing), kv_consumer on decode legs only
+// (a prefill leg's do_remote_decode is ignored: no params, nothing held).
 //
 // Prefill leg: a non-stream request with "kv_transfer_params": {"do_remote_decode": true,
 // ...} (the router also sets max_tokens 1) is served as any request (its slot, prefix cache

@@ -561,3 +561,55 @@ func TestPromptTokensDetails(t *testing.T) {
 		}
 	}
 }
+
+// TestKVRole checks vLLM's kv_role: a kv_consumer answers a prefill leg without params and
+// holds nothing; a kv_producer computes a decode leg's prompt itself and pulls nothing; a
+// kv_both engine does either.
+func TestKVRole(t *testing.T) {
+	prompt := strings.Repeat("w ", 40)
+	prefillBody := `{"model":"m","max_tokens":1,"stream":false,"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false},"prompt":"` + prompt + `"}`
+	for _, role := range []string{KVRoleBoth, KVRoleProducer, KVRoleConsumer} {
+		t.Run(role, func(t *testing.T) {
+			e, err := New(Config{Models: []string{"m"}, TTFT: time.Millisecond, ITL: time.Millisecond, KVRole: role})
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(e.Handler())
+			defer srv.Close()
+			resp, err := http.Post(srv.URL+"/v1/completions", "application/json", strings.NewReader(prefillBody))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var v struct {
+				KVTransferParams json.RawMessage `json:"kv_transfer_params"`
+			}
+			err = json.NewDecoder(resp.Body).Decode(&v)
+			resp.Body.Close()
+			if err != nil {
+				t.Fatal(err)
+			}
+			produced := string(v.KVTransferParams) != "null"
+			if want := role != KVRoleConsumer; produced != want || (e.Stats().KVHeld == 1) != want {
+				t.Errorf("prefill leg: params %s, held %d; want produced %t", v.KVTransferParams, e.Stats().KVHeld, want)
+			}
+			if !produced {
+				return
+			}
+			// A decode leg on the same engine with those params.
+			decodeBody := `{"model":"m","max_tokens":2,"kv_transfer_params":` + string(v.KVTransferParams) + `,"prompt":"` + prompt + `"}`
+			resp, err = http.Post(srv.URL+"/v1/completions", "application/json", strings.NewReader(decodeBody))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if want := int64(1); role == KVRoleProducer {
+				if n := e.Stats().KVPulled; n != 0 || resp.StatusCode != http.StatusOK {
+					t.Errorf("kv_producer decode leg: status %d, pulled %d; want 200, 0", resp.StatusCode, n)
+				}
+			} else if n := e.Stats().KVPulled; n != want || resp.StatusCode != http.StatusOK {
+				t.Errorf("decode leg: status %d, pulled %d; want 200, 1", resp.StatusCode, n)
+			}
+		})
+	}
+}
