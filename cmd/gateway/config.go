@@ -105,6 +105,11 @@ type SimulateConfig struct {
 	ITL          time.Duration `koanf:"itl"`           // inter-token latency
 	OutputTokens int           `koanf:"output_tokens"` // tokens when max_tokens is absent
 	MaxNumSeqs   int           `koanf:"max_num_seqs"`  // concurrent sequences per engine
+	// PrefillEngines makes the first PrefillEngines simulated engines
+	// prefill engines (role prefill) and the others decode engines (role
+	// decode), for trying prefill/decode disaggregation (the
+	// disaggregation section); 0 (the default): every engine does both.
+	PrefillEngines int `koanf:"prefill_engines"`
 }
 
 // maxLogBuffer caps log.buffer_bytes (the buffer is allocated whole at
@@ -156,6 +161,9 @@ func (c Config) Validate() error {
 	}
 	if c.Simulate.Engines < 0 {
 		errs = append(errs, fmt.Errorf("simulate.engines must be >= 0, got %d", c.Simulate.Engines))
+	}
+	if c.Simulate.PrefillEngines < 0 || (c.Simulate.PrefillEngines > 0 && c.Simulate.PrefillEngines >= c.Simulate.Engines) {
+		errs = append(errs, fmt.Errorf("simulate.prefill_engines must be 0, or at least 1 and fewer than simulate.engines (%d), got %d", c.Simulate.Engines, c.Simulate.PrefillEngines))
 	}
 	if c.Simulate.Engines > 0 && len(c.Simulate.Models) == 0 {
 		errs = append(errs, errors.New("simulate.models must name at least one model"))

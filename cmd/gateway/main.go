@@ -9,6 +9,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -347,8 +348,17 @@ func startSimulated(cfg SimulateConfig, tp trace.TracerProvider, log *slog.Logge
 	var out []*simulated
 	for i := range cfg.Engines {
 		name := fmt.Sprintf("sim-%d", i+1)
+		role := ""
+		if cfg.PrefillEngines > 0 {
+			role = fleet.RoleDecodeName
+			if i < cfg.PrefillEngines {
+				role = fleet.RolePrefillName
+			}
+		}
+		// Cached tokens reported as vLLM does with --enable-prompt-tokens-details,
+		// so a disaggregated answer's cached_tokens can be checked.
 		e, err := enginesim.New(enginesim.Config{Name: name, Models: cfg.Models, TTFT: cfg.TTFT, ITL: cfg.ITL,
-			OutputTokens: cfg.OutputTokens, MaxNumSeqs: cfg.MaxNumSeqs, TracerProvider: tp})
+			OutputTokens: cfg.OutputTokens, MaxNumSeqs: cfg.MaxNumSeqs, TracerProvider: tp, PromptTokensDetails: true})
 		if err != nil {
 			return out, err
 		}
@@ -359,8 +369,8 @@ func startSimulated(cfg SimulateConfig, tp trace.TracerProvider, log *slog.Logge
 		srv := &http.Server{Handler: e.Handler(), ReadHeaderTimeout: 10 * time.Second}
 		go func() { _ = srv.Serve(ln) }()
 		url := "http://" + ln.Addr().String()
-		out = append(out, &simulated{engine: fleet.EngineConfig{Name: name, URL: url}, srv: srv})
-		log.Info("simulated engine started", "engine", name, "url", url, "models", cfg.Models)
+		out = append(out, &simulated{engine: fleet.EngineConfig{Name: name, URL: url, Role: role}, srv: srv})
+		log.Info("simulated engine started", "engine", name, "url", url, "models", cfg.Models, "role", cmp.Or(role, fleet.RoleBothName))
 	}
 	return out, nil
 }
