@@ -55,6 +55,10 @@ func TestConfigValidate(t *testing.T) {
 		{"alias to an alias", func(c *Config) { c.Models.Aliases = map[string]string{"a": "b", "b": "c"} }, false},
 		{"alias with no target", func(c *Config) { c.Models.Aliases = map[string]string{"a": ""} }, false},
 		{"password percent-encoded", func(c *Config) { c.Engines = []fleet.EngineConfig{{Name: "e", URL: "http://admin:12%2F34@h:1"}} }, true},
+		{"disaggregation threshold negative", func(c *Config) { c.Disaggregation.MinUncachedTokens = -1 }, false},
+		{"disaggregation threshold zero", func(c *Config) { c.Disaggregation.MinUncachedTokens = 0 }, true},
+		{"disaggregation bytes per token zero", func(c *Config) { c.Disaggregation.BytesPerToken = 0 }, false},
+		{"disaggregation bytes per token huge", func(c *Config) { c.Disaggregation.BytesPerToken = 65 }, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

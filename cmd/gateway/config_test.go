@@ -269,6 +269,11 @@ func TestLoadConfigErrors(t *testing.T) {
 			is:   fleet.ErrInvalidConfig,
 		},
 		{
+			name: "simulated prefill engines",
+			yaml: "simulate:\n  engines: 2\n  prefill_engines: 2\n",
+			want: []string{"simulate.prefill_engines must be 0, or at least 1 and fewer than simulate.engines (2), got 2"},
+		},
+		{
 			name: "bad duration",
 			yaml: "simulate:\n  engines: 1\n  ttft: soon\n",
 			want: []string{"config file", "simulate.ttft", `"soon" is not a duration`},
