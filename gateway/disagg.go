@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -77,14 +78,15 @@ func DefaultDisaggregationConfig() DisaggregationConfig {
 	return DisaggregationConfig{MinUncachedTokens: 256, BytesPerToken: 4}
 }
 
-// Validate reports every problem with c, joined.
+// Validate reports every problem with c, joined; each wraps
+// [ErrInvalidConfig].
 func (c DisaggregationConfig) Validate() error {
 	var errs []error
 	if c.MinUncachedTokens < 0 {
-		errs = append(errs, errors.New("disaggregation.min_uncached_tokens must be >= 0"))
+		errs = append(errs, fmt.Errorf("%w: disaggregation.min_uncached_tokens must be >= 0, got %d", ErrInvalidConfig, c.MinUncachedTokens))
 	}
 	if !(c.BytesPerToken > 0 && c.BytesPerToken <= 64) {
-		errs = append(errs, errors.New("disaggregation.bytes_per_token must be in (0, 64]"))
+		errs = append(errs, fmt.Errorf("%w: disaggregation.bytes_per_token must be in (0, 64], got %g", ErrInvalidConfig, c.BytesPerToken))
 	}
 	return errors.Join(errs...)
 }
