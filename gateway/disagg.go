@@ -265,7 +265,7 @@ func (s *Server) prefill(ctx context.Context, w http.ResponseWriter, r *http.Req
 	plain := *in
 	plain.observe = false
 	src := s.outgoing(op, &plain, false)
-	body, err := oai.PrefillBody(flatten(&src))
+	body, err := oai.PrefillBody(src.flat())
 	if err != nil {
 		return true, false, &APIError{Status: http.StatusInternalServerError, Type: TypeServer, Code: "internal_error", Message: "could not build the prefill request", Err: err}
 	}
@@ -407,34 +407,13 @@ func (a *attempt) handover(now time.Time) {
 	}
 }
 
-// flatten returns b's bytes in one slice (b's only part, not a copy, when
-// it has one).
-func flatten(b *outBody) []byte {
-	var only []byte
-	parts := 0
-	for _, p := range b.parts {
-		if len(p) > 0 {
-			only = p
-			parts++
-		}
-	}
-	if parts <= 1 {
-		return only
-	}
-	flat := make([]byte, 0, b.n)
-	for _, p := range b.parts {
-		flat = append(flat, p...)
-	}
-	return flat
-}
-
 // decodeBody returns the decode leg's body: out with d's params, built
 // once.
 func (d *disagg) decodeBody(out *outBody) (*outBody, error) {
 	if d.body.n > 0 {
 		return &d.body, nil
 	}
-	b, err := oai.DecodeBody(flatten(out), d.params)
+	b, err := oai.DecodeBody(out.flat(), d.params)
 	if err != nil {
 		return nil, err
 	}

@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/switchboard-gw/switchboard/gateway/fleet"
@@ -358,32 +357,14 @@ func TestDisaggregationCachedTokens(t *testing.T) {
 // modes returns switchboard.disaggregation.requests by mode.
 func (h *harness) modes() map[string]int64 {
 	h.t.Helper()
-	out := map[string]int64{}
-	m, ok := findMetric(h.collect(), telemetry.DisaggRequestsName)
-	if !ok {
-		return out
-	}
-	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-		v, _ := dp.Attributes.Value(telemetry.AttrDisaggMode)
-		out[v.AsString()] += dp.Value
-	}
-	return out
+	return countsBy(h.collect(), telemetry.DisaggRequestsName, telemetry.AttrDisaggMode)
 }
 
 // kvFailures returns switchboard.disaggregation.kv_transfer.failures by
 // reason.
 func (h *harness) kvFailures() map[string]int64 {
 	h.t.Helper()
-	out := map[string]int64{}
-	m, ok := findMetric(h.collect(), telemetry.DisaggKVFailuresName)
-	if !ok {
-		return out
-	}
-	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-		v, _ := dp.Attributes.Value(telemetry.AttrDisaggKVFailure)
-		out[v.AsString()] += dp.Value
-	}
-	return out
+	return countsBy(h.collect(), telemetry.DisaggKVFailuresName, telemetry.AttrDisaggKVFailure)
 }
 
 // TestDisaggregationDecision checks who is disaggregated: a long uncached

@@ -35,7 +35,19 @@ const maxFlatBody = 64 << 10
 // is not edited is read in place; an edited one up to maxFlatBody is
 // copied into one buffer; a larger one is read part by part.
 func (b *outBody) sendReader() io.Reader {
-	var only []byte
+	if b.n > maxFlatBody {
+		only, ok := b.single()
+		if !ok {
+			return b.reader()
+		}
+		return bytes.NewReader(only)
+	}
+	return bytes.NewReader(b.flat())
+}
+
+// single returns b's only non-empty part (nil for an empty body); ok is
+// false when b has several.
+func (b *outBody) single() (only []byte, ok bool) {
 	parts := 0
 	for _, p := range b.parts {
 		if len(p) > 0 {
@@ -43,18 +55,20 @@ func (b *outBody) sendReader() io.Reader {
 			parts++
 		}
 	}
-	switch {
-	case parts <= 1:
-		return bytes.NewReader(only)
-	case b.n <= maxFlatBody:
-		flat := make([]byte, 0, b.n)
-		for _, p := range b.parts {
-			flat = append(flat, p...)
-		}
-		return bytes.NewReader(flat)
-	default:
-		return b.reader()
+	return only, parts <= 1
+}
+
+// flat returns b's bytes in one slice: its only part (not a copy) when it
+// has one, else a new slice.
+func (b *outBody) flat() []byte {
+	if only, ok := b.single(); ok {
+		return only
 	}
+	flat := make([]byte, 0, b.n)
+	for _, p := range b.parts {
+		flat = append(flat, p...)
+	}
+	return flat
 }
 
 // partsReader reads byte slices in order.

@@ -187,6 +187,12 @@ func configDiff(a, b Config) []string {
 	if a.Limits.FailMode != b.Limits.FailMode {
 		keys = append(keys, "limits.fail_mode")
 	}
+	if !reflect.DeepEqual(a.Migration, b.Migration) {
+		keys = append(keys, "migration")
+	}
+	if a.Disaggregation != b.Disaggregation {
+		keys = append(keys, "disaggregation")
+	}
 	return keys
 }
 

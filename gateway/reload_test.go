@@ -470,8 +470,10 @@ func TestReloadSettings(t *testing.T) {
 	cfg.TrustedProxies = []string{"10.0.0.0/8"}
 	cfg.StripRequestHeaders = []string{} // empty equals the running nil
 	cfg.Outlier.ConsecutiveTimeouts = 9
+	cfg.Disaggregation.Enabled, cfg.Disaggregation.MinUncachedTokens = true, 64
+	cfg.Migration.Limit = 2
 	rep := h.reload(cfg, h.policy())
-	wantSettings := []string{"server.max_attempts", "server.timeouts.idle", "server.outlier.consecutive_timeouts", "server.engine_header", "models.aliases"}
+	wantSettings := []string{"server.max_attempts", "server.timeouts.idle", "server.outlier.consecutive_timeouts", "server.engine_header", "models.aliases", "migration", "disaggregation"}
 	wantRestart := []string{"server.trusted_proxies", "server.timeouts.connect", "server.health.interval"}
 	if !slices.Equal(rep.Settings, wantSettings) || !slices.Equal(rep.Restart, wantRestart) || !rep.Applied() {
 		t.Fatalf("report = %+v, want settings %v and restart %v", rep, wantSettings, wantRestart)
@@ -480,6 +482,9 @@ func TestReloadSettings(t *testing.T) {
 	if set.MaxAttempts != 3 || set.Timeouts.Idle != 7*time.Second || set.Health.Interval != running.Health.Interval ||
 		set.Timeouts.Connect != running.Timeouts.Connect || set.TrustedProxies != nil {
 		t.Errorf("settings in force: %+v", set)
+	}
+	if d := set.Disaggregation; !d.Enabled || d.MinUncachedTokens != 64 || set.Migration.Limit != 2 {
+		t.Errorf("disaggregation in force: %+v, migration.limit %d", d, set.Migration.Limit)
 	}
 	if c := h.gw.fleet.OutlierConfig(); c.ConsecutiveTimeouts != 9 {
 		t.Errorf("outlier detection in force: %+v, want consecutive_timeouts 9", c)

@@ -79,74 +79,9 @@ done
 
 # --- processes --------------------------------------------------------------
 
-pids=()
-
-# alive PID: the process exists and is not a zombie waiting to be reaped.
-alive() {
-	local st
-	st="$(ps -o stat= -p "$1" 2>/dev/null)" && [[ "$st" != Z* ]]
-}
-
-# stop_all: SIGTERM to every process started, SIGKILL to any still there
-# 10 s later, then reap them all.
-stop_all() {
-	((${#pids[@]} > 0)) || return 0
-	local pid deadline=$((SECONDS + 10))
-	kill -TERM "${pids[@]}" 2>/dev/null || true
-	for pid in "${pids[@]}"; do
-		while alive "$pid" && ((SECONDS < deadline)); do sleep 0.1; done
-		kill -KILL "$pid" 2>/dev/null || true
-		wait "$pid" 2>/dev/null || true
-	done
-	pids=()
-}
-trap stop_all EXIT
-trap 'echo "run.sh: interrupted" >&2; exit 130' INT TERM
-
-# start LOG CMD...: runs CMD in the background, output to LOG; its PID is
-# recorded for stop_all and left in $started.
-#
-# Each command gets a process group of its own (set -m), so a Ctrl-C on the
-# terminal reaches this script only: Go programs catch SIGINT even when
-# started with it ignored, and engines that stopped on their own would fail
-# loadgen's last scrape. The trap above then stops everything by PID.
-start() {
-	local log="$1"
-	shift
-	: >"$log" # exists before await_addr reads it
-	set -m
-	"$@" >>"$log" 2>&1 &
-	started=$!
-	set +m
-	pids+=("$started")
-}
-
-# reaped PID: forget a process this script has waited for, so the exit trap
-# never signals its PID (which the system may have given to another).
-reaped() {
-	local keep=() p
-	for p in "${pids[@]}"; do
-		[[ "$p" == "$1" ]] || keep+=("$p")
-	done
-	pids=("${keep[@]}")
-}
-
-# await_addr PID LOG MSG: prints the address the process logged with
-# msg="MSG" addr=HOST:PORT (both commands listen on port 0), or fails when
-# the process exits first or 20 s pass.
-await_addr() {
-	local pid="$1" log="$2" msg="$3" addr deadline=$((SECONDS + 20))
-	while ((SECONDS < deadline)); do
-		addr="$(sed -n "s/.*msg=\"$msg\".* addr=\([0-9.]*:[0-9]*\).*/\1/p" "$log" | head -n1)"
-		if [[ -n "$addr" ]]; then
-			echo "$addr"
-			return 0
-		fi
-		alive "$pid" || return 1
-		sleep 0.05
-	done
-	return 1
-}
+# Every process is started with start (bench/lib.sh) and stopped by its PID
+# on exit, Ctrl-C and SIGTERM included.
+trap_stop_all
 
 # --- build --------------------------------------------------------------------
 

@@ -194,8 +194,8 @@ func (r *reloader) logShadowed(key, by string) {
 // restartKeys returns the keys outside the gateway section whose values
 // differ between the running configuration and next and that only a
 // restart applies: the listeners and their timeouts, admin, telemetry,
-// log level and format, simulate, reload. The engines, models, auth and
-// routing sections apply at once, and the gateway section's own keys (and
+// log level and format, simulate, reload. The engines, models, auth,
+// routing, migration and disaggregation sections apply at once, and the gateway section's own keys (and
 // auth's) are reported by gateway.Server.Reload.
 func restartKeys(running, next Config) []string {
 	var keys []string
@@ -204,7 +204,8 @@ func restartKeys(running, next Config) []string {
 	// routing apply at once.
 	cfgdiff.Diff("", reflect.ValueOf(running), reflect.ValueOf(next), func(key, opts string) bool {
 		return opts == "squash" || key == "engines" || key == "models" || key == "auth" || key == "routing" || key == "log.access" ||
-			key == "limits.default_max_tokens" || key == "limits.fail_mode" // applied at once; limits.redis needs a restart
+			key == "limits.default_max_tokens" || key == "limits.fail_mode" || // applied at once; limits.redis needs a restart
+			key == "migration" || key == "disaggregation" // the settings snapshot: applied at once
 	}, &keys)
 	return keys
 }

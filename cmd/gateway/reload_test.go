@@ -239,6 +239,8 @@ func TestRestartKeys(t *testing.T) {
 	next.Auth.Keys = []gateway.KeyConfig{{Name: "a"}} // the gateway reports it
 	next.Auth.HideUnauthorizedModels = true           // the gateway reports it
 	next.Auth.KeysFile = "/etc/switchboard/keys.yaml" // read and watched at once
+	next.Disaggregation.Enabled = true                // the gateway reports it
+	next.Migration.Limit = 2                          // the gateway reports it
 	want := []string{"server.listen", "server.idle_timeout", "admin.listen", "telemetry.cardinality_limit", "log.level", "reload.debounce"}
 	if got := restartKeys(run, next); !slices.Equal(got, want) {
 		t.Errorf("restartKeys = %v, want %v", got, want)
