@@ -249,6 +249,11 @@ func (a *attempt) end() {
 			// The whole answer: the prompt once, every leg's output.
 			st.inTok, st.outTok = int64(a.seam.promptLen), int64(a.seam.legGen)+max(o.OutputTokens, a.contentEvents)
 			st.continued, st.continuedOn = a.seam.continued, a.seam.engines
+			if k := a.seam.cut; k != nil && k.last.IsZero() && !a.first.IsZero() {
+				// The break came before any content: the client's first
+				// token is this leg's, its wait the whole request's so far.
+				st.ttft = a.first.Sub(st.start)
+			}
 		case !a.first.IsZero() && a.pd != nil:
 			st.ttft = a.first.Sub(a.pd.accepted) // the client's: the prefill leg's time in it
 		case !a.first.IsZero():

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -995,4 +996,29 @@ func TestDisaggregationDecodeGroup(t *testing.T) {
 		t.Errorf("abandoned %d, want one per disaggregated request (%v)", f[telemetry.KVFailureAbandoned], m)
 	}
 	h.waitIdle()
+}
+
+// TestDisaggregationKVPullFailContinued checks a decode leg whose KV read
+// fails under vLLM's fail policy (its in-band error after the role chunk):
+// the stream is continued on the other decode engine, which computes the
+// prompt, the client gets the whole answer, and the access log has the
+// client's TTFT (the first token came from the continuation).
+func TestDisaggregationKVPullFailContinued(t *testing.T) {
+	engines, cfg := pdFleet(t, nil, "prefill", "decode", "decode")
+	cfg.Outlier.Enabled = false
+	var buf testutil.LockedBuffer
+	h := newHarnessWith(t, cfg, []Option{WithLogger(slog.New(slog.NewJSONHandler(&buf, nil)))}, withPolicy(routing.NewRoundRobin()))
+	for _, d := range engines[1:] {
+		d.rec.setFault("kv-pull-fail")
+	}
+	body := `{"model":"m","stream":true,"max_tokens":4,"messages":[{"role":"user","content":"` + longPrompt + `"}]}`
+	status, _, answer := h.do(http.MethodPost, "/v1/chat/completions", body, RequestIDHeader, "r-kv")
+	if status != http.StatusOK || !bytes.Contains(answer, []byte(`"content":"tok3 "`)) || bytes.Contains(answer, []byte(`data: {"error"`)) {
+		t.Fatalf("status %d: %s; want the whole answer", status, answer)
+	}
+	h.waitIdle()
+	line := accessLine(&buf, "r-kv")
+	if line == nil || line["continued"] != 1.0 || line["disaggregation"] != telemetry.DisaggModeDisaggregated || line["ttft"] == nil {
+		t.Errorf("access-log line %v: want continued 1, disaggregation disaggregated and a ttft", line)
+	}
 }
