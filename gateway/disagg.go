@@ -92,11 +92,12 @@ func (c DisaggregationConfig) Validate() error {
 }
 
 // errClientKVParams answers a chat or completions request that sets
-// kv_transfer_params while disaggregation is on: the gateway sets them,
-// and a client's would tell a decode engine where to read a KV cache
-// from (any host: vLLM's NIXL side channel connects where it is told).
+// kv_transfer_params while disaggregation is on or its model has prefill
+// engines: the gateway sets them, and a client's would tell a decode
+// engine where to read a KV cache from (any host: vLLM's NIXL side
+// channel connects where it is told).
 var errClientKVParams = &APIError{Status: http.StatusBadRequest, Type: TypeInvalidRequest, Param: "kv_transfer_params", Code: "invalid_parameter",
-	Message: "kv_transfer_params is set by the gateway, which disaggregates prefill and decode: remove it from the request"}
+	Message: "kv_transfer_params is set by the gateway in front of these engines (they run prefill/decode disaggregation): remove it from the request"}
 
 // maxPrefillReply caps the prefill leg's reply the gateway reads: one
 // generated token, its usage and the kv_transfer_params (a block id per
