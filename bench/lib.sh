@@ -125,3 +125,22 @@ trap_stop_all() {
 	trap stop_all EXIT
 	trap 'echo "run.sh: interrupted" >&2; exit 130' INT TERM
 }
+
+# bench_commit ROOT DIR: the short commit of ROOT, "+dirty" when the code a
+# benchmark measures (cmd, gateway, routing, internal, telemetry) or its
+# own DIR has uncommitted changes.
+bench_commit() {
+	local commit
+	commit="$(git -C "$1" rev-parse --short HEAD 2>/dev/null || echo unknown)"
+	if [[ -n "$(git -C "$1" status --porcelain -- cmd gateway routing internal telemetry "$2" 2>/dev/null)" ]]; then
+		commit="$commit+dirty"
+	fi
+	echo "$commit"
+}
+
+# fixed(d): a number with exactly d decimals, as a string (jq 1.6 has no
+# printf).
+# shellcheck disable=SC2016,SC2034 # jq code, not shell expansions; used by the scripts that source this file
+jq_fmt='def fixed($d): pow(10; $d) as $m | (. * $m | round) as $n | ($n | fabs) as $a
+	| (if $n < 0 then "-" else "" end) + ($a / $m | floor | tostring)
+	+ (if $d > 0 then "." + (($a % $m) | tostring | (if length < $d then ("0" * ($d - length)) else "" end) + .) else "" end);'

@@ -138,19 +138,9 @@ else
 	echo "building gateway, enginesim and loadgen into ${bin#"$root"/}/ ..." >&2
 	(cd "$root" && go build -o "$bin/" ./cmd/gateway ./cmd/enginesim ./cmd/loadgen)
 fi
-commit="$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-if [[ -n "$(git -C "$root" status --porcelain -- cmd gateway routing internal telemetry bench/pd 2>/dev/null)" ]]; then
-	commit="$commit+dirty"
-fi
+commit="$(bench_commit "$root" bench/pd)"
 
 # --- one configuration --------------------------------------------------------
-
-# fixed(d): a number with exactly d decimals, as a string (jq 1.6 has no
-# printf).
-# shellcheck disable=SC2016 # jq code, not shell expansions
-jq_fmt='def fixed($d): pow(10; $d) as $m | (. * $m | round) as $n | ($n | fabs) as $a
-	| (if $n < 0 then "-" else "" end) + ($a / $m | floor | tostring)
-	+ (if $d > 0 then "." + (($a % $m) | tostring | (if length < $d then ("0" * ($d - length)) else "" end) + .) else "" end);'
 
 # engine_names CONFIG: the engines' names, one a line, with their role
 # after a space for the disaggregated configuration (p1..pN prefill, d1..dM

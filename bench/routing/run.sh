@@ -89,19 +89,9 @@ bin="$root/.tools/bench-routing" # .tools/ is git-ignored
 mkdir -p "$bin" "$RESULTS"
 echo "building gateway, enginesim and loadgen into ${bin#"$root"/}/ ..." >&2
 (cd "$root" && go build -o "$bin/" ./cmd/gateway ./cmd/enginesim ./cmd/loadgen)
-commit="$(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown)"
-if [[ -n "$(git -C "$root" status --porcelain -- cmd gateway routing internal telemetry bench/routing 2>/dev/null)" ]]; then
-	commit="$commit+dirty"
-fi
+commit="$(bench_commit "$root" bench/routing)"
 
 # --- one policy ---------------------------------------------------------------
-
-# fixed(d): a number with exactly d decimals, as a string (jq 1.6 has no
-# printf).
-# shellcheck disable=SC2016 # jq code, not shell expansions
-jq_fmt='def fixed($d): pow(10; $d) as $m | (. * $m | round) as $n | ($n | fabs) as $a
-	| (if $n < 0 then "-" else "" end) + ($a / $m | floor | tostring)
-	+ (if $d > 0 then "." + (($a % $m) | tostring | (if length < $d then ("0" * ($d - length)) else "" end) + .) else "" end);'
 
 # gateway_config POLICY STATS URL...: the gateway configuration, on stdout.
 # STATS=1 adds server.engine_stats (only gateways that know the key accept
