@@ -137,21 +137,16 @@ func aggregateKinds(results []*Result, window time.Duration) map[string]*KindRep
 	kinds := make(map[string]*KindReport, len(byKind))
 	for kind, rs := range byKind {
 		k := &KindReport{Requests: len(rs)}
-		var ttft, itl, e2e []time.Duration
+		var ok samples
 		for _, res := range rs {
 			if !res.OK() {
 				k.Failed++
 				continue
 			}
-			k.Succeeded++
-			k.OutputTokens += res.OutputTokens
-			e2e = append(e2e, res.Latency)
-			if res.HasTTFT {
-				ttft = append(ttft, res.TTFT)
-			}
-			itl = append(itl, res.ITL...)
+			ok.add(res)
 		}
-		k.TTFT, k.ITL, k.EndToEnd = Summarize(ttft), Summarize(itl), Summarize(e2e)
+		k.Succeeded, k.OutputTokens = ok.n, ok.tokens
+		k.TTFT, k.ITL, k.EndToEnd = Summarize(ok.ttft), Summarize(ok.itl), Summarize(ok.e2e)
 		if window > 0 {
 			k.RequestsPerSecond = float64(k.Succeeded) / window.Seconds()
 			k.OutputTokensPerSecond = float64(k.OutputTokens) / window.Seconds()
@@ -159,6 +154,23 @@ func aggregateKinds(results []*Result, window time.Duration) map[string]*KindRep
 		kinds[kind] = k
 	}
 	return kinds
+}
+
+// samples gathers the successful results' latencies and output tokens.
+type samples struct {
+	n, tokens      int
+	ttft, itl, e2e []time.Duration
+}
+
+// add counts one successful result.
+func (s *samples) add(res *Result) {
+	s.n++
+	s.tokens += res.OutputTokens
+	s.e2e = append(s.e2e, res.Latency)
+	if res.HasTTFT {
+		s.ttft = append(s.ttft, res.TTFT)
+	}
+	s.itl = append(s.itl, res.ITL...)
 }
 
 // Aggregate builds the Report of results measured over window.
@@ -177,12 +189,12 @@ func Aggregate(cfg *Config, results []*Result, window time.Duration, warmup int)
 	if cfg.OpenLoop() {
 		r.Mode, r.Concurrency, r.Rate = "open", 0, cfg.Rate
 	}
-	var ttft, itl, e2e []time.Duration
+	var ok samples
 	nITL := 0
 	for _, res := range results {
 		nITL += len(res.ITL)
 	}
-	itl = make([]time.Duration, 0, nITL)
+	ok.itl = make([]time.Duration, 0, nITL)
 	for _, res := range results {
 		if !res.OK() {
 			r.Failed++
@@ -195,19 +207,14 @@ func Aggregate(cfg *Config, results []*Result, window time.Duration, warmup int)
 			}
 			continue
 		}
-		r.Succeeded++
-		r.OutputTokens += res.OutputTokens
-		e2e = append(e2e, res.Latency)
-		if res.HasTTFT {
-			ttft = append(ttft, res.TTFT)
-		}
-		itl = append(itl, res.ITL...)
+		ok.add(res)
 	}
+	r.Succeeded, r.OutputTokens = ok.n, ok.tokens
 	r.MaxErrorRate = cfg.MaxErrorRate
 	if r.Requests > 0 {
 		r.ErrorRate = float64(r.Failed) / float64(r.Requests)
 	}
-	r.TTFT, r.ITL, r.EndToEnd = Summarize(ttft), Summarize(itl), Summarize(e2e)
+	r.TTFT, r.ITL, r.EndToEnd = Summarize(ok.ttft), Summarize(ok.itl), Summarize(ok.e2e)
 	r.EngineRequests = countEngines(results)
 	r.BusiestEngineShare = busiestShare(r.EngineRequests, len(cfg.EngineMetrics))
 	r.Kinds = aggregateKinds(results, window)
