@@ -1,0 +1,621 @@
+package kvevents
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"sync"
+
+	"github.com/vmihailenco/msgpack/v5"
+	"github.com/vmihailenco/msgpack/v5/msgpcode"
+)
+
+// maxDepth is the deepest nesting of arrays and maps the decoder follows
+// when it skips a value (an unknown field, extra_keys). vLLM's deepest value,
+// extra_keys, nests about four levels; the bound keeps a payload of nested
+// one-byte arrays from recursing without limit.
+const maxDepth = 32
+
+// field identifies an event field, in vLLM's declaration order for
+// BlockStored.
+type field uint8
+
+const (
+	fNone field = iota
+	fBlockHashes
+	fParentBlockHash
+	fTokenIDs
+	fBlockSize
+	fLoRAID
+	fMedium
+	fLoRAName
+	fExtraKeys
+	fGroupIdx
+	fSpecKind
+	fSlidingWindow
+)
+
+// fieldNames maps a field to its wire name in map-encoded events.
+var fieldNames = [...]string{
+	fBlockHashes:     "block_hashes",
+	fParentBlockHash: "parent_block_hash",
+	fTokenIDs:        "token_ids",
+	fBlockSize:       "block_size",
+	fLoRAID:          "lora_id",
+	fMedium:          "medium",
+	fLoRAName:        "lora_name",
+	fExtraKeys:       "extra_keys",
+	fGroupIdx:        "group_idx",
+	fSpecKind:        "kv_cache_spec_kind",
+	fSlidingWindow:   "kv_cache_spec_sliding_window",
+}
+
+// positions lists, per kind, the fields of an array-encoded event in wire
+// order after the tag (msgspec array_like: declaration order).
+var positions = [...][]field{
+	BlockStored: {fBlockHashes, fParentBlockHash, fTokenIDs, fBlockSize, fLoRAID, fMedium,
+		fLoRAName, fExtraKeys, fGroupIdx, fSpecKind, fSlidingWindow},
+	BlockRemoved:     {fBlockHashes, fMedium, fGroupIdx},
+	AllBlocksCleared: {},
+}
+
+func fieldByName(name []byte) field {
+	for f := fBlockHashes; f <= fSlidingWindow; f++ {
+		if string(name) == fieldNames[f] {
+			return f
+		}
+	}
+	return fNone
+}
+
+// reader is a msgpack decoder over an in-memory buffer. Because the
+// decoder reads straight from the bytes.Reader (it is an io.ByteScanner, so
+// msgpack adds no buffering), the reader's position is exact and strings
+// and bins can be sliced out of buf without copying.
+type reader struct {
+	buf []byte
+	br  bytes.Reader
+	d   *msgpack.Decoder
+}
+
+func newReader() *reader {
+	r := &reader{}
+	r.d = msgpack.NewDecoder(&r.br)
+	return r
+}
+
+func (r *reader) reset(b []byte) {
+	r.buf = b
+	r.br.Reset(b)
+	r.d.ResetReader(&r.br)
+}
+
+func (r *reader) pos() int { return len(r.buf) - r.br.Len() }
+
+// take returns the next n bytes of buf and moves past them, refusing a
+// length beyond what remains.
+func (r *reader) take(n int) ([]byte, error) {
+	if n < 0 || n > r.br.Len() {
+		return nil, io.ErrUnexpectedEOF
+	}
+	p := r.pos()
+	if _, err := r.br.Seek(int64(n), io.SeekCurrent); err != nil {
+		return nil, err
+	}
+	return r.buf[p : p+n : p+n], nil
+}
+
+func (r *reader) peek() (byte, error) { return r.d.PeekCode() }
+
+func (r *reader) isNil() (bool, error) {
+	c, err := r.peek()
+	if err != nil {
+		return false, err
+	}
+	if c == msgpcode.Nil {
+		_, err = r.br.ReadByte()
+		return true, err
+	}
+	return false, nil
+}
+
+// arrayLen reads an array header; nil is refused. The length is refused
+// when the remaining bytes cannot hold that many elements (each takes at
+// least one byte).
+func (r *reader) arrayLen() (int, error) {
+	n, err := r.d.DecodeArrayLen()
+	if err != nil {
+		return 0, err
+	}
+	if n < 0 {
+		return 0, errors.New("nil where an array is required")
+	}
+	if n > r.br.Len() {
+		return 0, io.ErrUnexpectedEOF
+	}
+	return n, nil
+}
+
+// mapLen is arrayLen for a map header (each entry takes at least two bytes).
+func (r *reader) mapLen() (int, error) {
+	c, err := r.peek()
+	if err != nil {
+		return 0, err
+	}
+	if !msgpcode.IsFixedMap(c) && c != msgpcode.Map16 && c != msgpcode.Map32 {
+		return 0, fmt.Errorf("code %#x where a map is required", c)
+	}
+	n, err := r.d.DecodeMapLen()
+	if err != nil {
+		return 0, err
+	}
+	if n > r.br.Len()/2 {
+		return 0, io.ErrUnexpectedEOF
+	}
+	return n, nil
+}
+
+// str reads a msgpack str (not bin) and returns its bytes, aliasing buf.
+func (r *reader) str() ([]byte, error) {
+	c, err := r.peek()
+	if err != nil {
+		return nil, err
+	}
+	if !msgpcode.IsString(c) {
+		return nil, fmt.Errorf("code %#x where a string is required", c)
+	}
+	n, err := r.d.DecodeBytesLen()
+	if err != nil {
+		return nil, err
+	}
+	return r.take(n)
+}
+
+// optStr reads a str or nil ("").
+func (r *reader) optStr() (string, error) {
+	if isNil, err := r.isNil(); err != nil || isNil {
+		return "", err
+	}
+	b, err := r.str()
+	return string(b), err
+}
+
+// uint reads a non-negative integer no larger than limit.
+func (r *reader) uint(limit int64) (int64, error) {
+	c, err := r.peek()
+	if err != nil {
+		return 0, err
+	}
+	if c == msgpcode.Nil {
+		return 0, errors.New("nil where an integer is required")
+	}
+	v, err := r.d.DecodeInt64()
+	if err != nil {
+		return 0, err
+	}
+	if v < 0 || v > limit {
+		return 0, fmt.Errorf("integer %d out of range [0, %d]", v, limit)
+	}
+	return v, nil
+}
+
+// optUint reads a non-negative integer or nil (-1).
+func (r *reader) optUint() (int, error) {
+	if isNil, err := r.isNil(); err != nil || isNil {
+		return -1, err
+	}
+	v, err := r.uint(math.MaxInt32)
+	return int(v), err
+}
+
+// hash reads an int hash (its 64 bits, whatever the sign) or a bin digest
+// (its last 8 bytes, big-endian).
+func (r *reader) hash() (Hash, error) {
+	c, err := r.peek()
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case c == msgpcode.Bin8 || c == msgpcode.Bin16 || c == msgpcode.Bin32:
+		n, err := r.d.DecodeBytesLen()
+		if err != nil {
+			return 0, err
+		}
+		b, err := r.take(n)
+		if err != nil {
+			return 0, err
+		}
+		if len(b) > 8 {
+			b = b[len(b)-8:]
+		}
+		var h Hash
+		for _, x := range b {
+			h = h<<8 | Hash(x)
+		}
+		return h, nil
+	case msgpcode.IsFixedNum(c) || (c >= msgpcode.Uint8 && c <= msgpcode.Int64):
+		v, err := r.d.DecodeUint64()
+		return Hash(v), err
+	}
+	return 0, fmt.Errorf("code %#x where a block hash is required", c)
+}
+
+// skip moves past one value of any type, following at most maxDepth levels
+// of nesting.
+func (r *reader) skip(depth int) error {
+	c, err := r.peek()
+	if err != nil {
+		return err
+	}
+	switch {
+	case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
+		if depth >= maxDepth {
+			return errors.New("nesting too deep")
+		}
+		n, err := r.arrayLen()
+		if err != nil {
+			return err
+		}
+		for range n {
+			if err := r.skip(depth + 1); err != nil {
+				return err
+			}
+		}
+		return nil
+	case msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32:
+		if depth >= maxDepth {
+			return errors.New("nesting too deep")
+		}
+		n, err := r.mapLen()
+		if err != nil {
+			return err
+		}
+		for range 2 * n {
+			if err := r.skip(depth + 1); err != nil {
+				return err
+			}
+		}
+		return nil
+	case msgpcode.IsString(c) || msgpcode.IsBin(c):
+		n, err := r.d.DecodeBytesLen()
+		if err != nil {
+			return err
+		}
+		_, err = r.take(max(n, 0))
+		return err
+	}
+	// Scalars and extensions: fixed size or a length the decoder reads
+	// in bounded steps.
+	return r.d.Skip()
+}
+
+// state holds the two readers of one decode: one over the payload and one
+// over the current event's bytes.
+type state struct {
+	batch, event *reader
+}
+
+var statePool = sync.Pool{New: func() any { return &state{batch: newReader(), event: newReader()} }}
+
+// DecodeBatch decodes one KV-cache event batch, the third frame of a vLLM
+// KV-events message.
+//
+// The batch may be an array [ts, events, data_parallel_rank] (every vLLM so
+// far; the rank may be absent, extra elements are ignored) or a map with the
+// keys "ts", "events" and "data_parallel_rank" (unknown keys ignored). Each
+// event may be a positional array ["BlockStored", block_hashes, ...] with
+// trailing fields omitted (vLLM before PR #42892) or a map with a "type" key
+// and field names (since); unknown keys and extra positions are ignored, so
+// vLLM adding a field never breaks decoding.
+//
+// An event of an unknown type is skipped and counted in [Batch.Unknown]; an
+// event that fails validation is dropped and counted in [Batch.Dropped];
+// neither is an error. The error, wrapping [ErrMalformed], is for a payload
+// that is not a batch: invalid or truncated msgpack, ts or events missing or
+// of the wrong type, a negative rank, trailing bytes. A payload over
+// [MaxPayloadSize] gets an error wrapping [ErrTooLarge].
+//
+// The result does not alias payload. Its memory is bounded by the payload's
+// length: no length prefix is trusted beyond the bytes that remain, and the
+// decoded values take at most about eight times the payload's size. It is
+// safe for concurrent use.
+func DecodeBatch(payload []byte) (Batch, error) {
+	if len(payload) > MaxPayloadSize {
+		return Batch{}, fmt.Errorf("%w: %d bytes, cap %d", ErrTooLarge, len(payload), MaxPayloadSize)
+	}
+	st := statePool.Get().(*state)
+	defer func() {
+		st.batch.reset(nil)
+		st.event.reset(nil)
+		statePool.Put(st)
+	}()
+	st.batch.reset(payload)
+	b, err := st.decodeBatch()
+	if err == nil && st.batch.br.Len() != 0 {
+		err = fmt.Errorf("%d trailing bytes", st.batch.br.Len())
+	}
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		return Batch{}, fmt.Errorf("%w: batch at byte %d: %w", ErrMalformed, st.batch.pos(), err)
+	}
+	return b, nil
+}
+
+func (st *state) decodeBatch() (Batch, error) {
+	r := st.batch
+	b := Batch{DPRank: -1}
+	c, err := r.peek()
+	if err != nil {
+		return b, err
+	}
+	if msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32 {
+		n, err := r.mapLen()
+		if err != nil {
+			return b, err
+		}
+		var haveTS, haveEvents bool
+		for range n {
+			key, err := r.str()
+			if err != nil {
+				// A non-string key: skip it and its value.
+				if err := r.skip(0); err != nil {
+					return b, err
+				}
+				if err := r.skip(0); err != nil {
+					return b, err
+				}
+				continue
+			}
+			switch string(key) {
+			case "ts":
+				haveTS = true
+				b.TS, err = r.d.DecodeFloat64()
+			case "events":
+				haveEvents = true
+				err = st.decodeEvents(&b)
+			case "data_parallel_rank":
+				b.DPRank, err = r.optUint()
+			default:
+				err = r.skip(0)
+			}
+			if err != nil {
+				return b, err
+			}
+		}
+		if !haveTS || !haveEvents {
+			return b, errors.New(`map batch without "ts" or "events"`)
+		}
+		return b, nil
+	}
+	n, err := r.arrayLen()
+	if err != nil {
+		return b, err
+	}
+	if n < 2 {
+		return b, fmt.Errorf("array batch of %d elements, want [ts, events, rank]", n)
+	}
+	if b.TS, err = r.d.DecodeFloat64(); err != nil {
+		return b, err
+	}
+	if err := st.decodeEvents(&b); err != nil {
+		return b, err
+	}
+	if n >= 3 {
+		if b.DPRank, err = r.optUint(); err != nil {
+			return b, err
+		}
+	}
+	for i := 3; i < n; i++ {
+		if err := r.skip(0); err != nil {
+			return b, err
+		}
+	}
+	return b, nil
+}
+
+// decodeEvents decodes the events array. Each event's extent is found by
+// skipping it in the payload (an error there is the batch's), then the
+// event is decoded from its own bytes, so a bad event is dropped whole.
+func (st *state) decodeEvents(b *Batch) error {
+	r := st.batch
+	n, err := r.arrayLen()
+	if err != nil {
+		return err
+	}
+	// Never allocate from the declared length: a valid event takes at
+	// least 18 bytes, an Event about 200.
+	b.Events = make([]Event, 0, min(n, 16))
+	for range n {
+		start := r.pos()
+		if err := r.skip(1); err != nil {
+			return err
+		}
+		st.event.reset(r.buf[start:r.pos()])
+		ev, err := st.decodeEvent()
+		switch {
+		case err != nil:
+			b.Dropped++
+		case ev.Kind == Unknown:
+			b.Unknown++
+		default:
+			b.Events = append(b.Events, ev)
+		}
+	}
+	return nil
+}
+
+// decodeEvent decodes the one event in st.event. It returns an event of
+// kind Unknown for a tag it does not know, and an error for an event it
+// must drop.
+func (st *state) decodeEvent() (Event, error) {
+	r := st.event
+	ev := Event{LoRAID: -1, GroupIdx: -1, SlidingWindow: -1}
+	var seen uint32
+	c, err := r.peek()
+	if err != nil {
+		return ev, err
+	}
+	if msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32 {
+		n, err := r.mapLen()
+		if err != nil {
+			return ev, err
+		}
+		for range n {
+			key, err := r.str()
+			if err != nil {
+				return ev, err
+			}
+			if string(key) == "type" {
+				tag, err := r.str()
+				if err != nil {
+					return ev, err
+				}
+				if ev.Kind = kindOf(tag); ev.Kind == Unknown {
+					return ev, nil
+				}
+				continue
+			}
+			f := fieldByName(key)
+			if err := st.decodeField(&ev, f); err != nil {
+				return ev, err
+			}
+			seen |= 1 << f
+		}
+	} else {
+		n, err := r.arrayLen()
+		if err != nil {
+			return ev, err
+		}
+		if n < 1 {
+			return ev, errors.New("empty event")
+		}
+		tag, err := r.str()
+		if err != nil {
+			return ev, err
+		}
+		if ev.Kind = kindOf(tag); ev.Kind == Unknown {
+			return ev, nil
+		}
+		pos := positions[ev.Kind]
+		for i := 1; i < n; i++ {
+			f := fNone
+			if i-1 < len(pos) {
+				f = pos[i-1]
+			}
+			if err := st.decodeField(&ev, f); err != nil {
+				return ev, err
+			}
+			seen |= 1 << f
+		}
+	}
+	return ev, validate(&ev, seen)
+}
+
+// validate checks ev against its kind's required fields and, for
+// BlockStored, llm-d's invariant (pkg/kvevents/pool.go@ebab6879): the
+// tokens fill exactly one block of block_size per block hash.
+func validate(ev *Event, seen uint32) error {
+	switch ev.Kind {
+	case Unknown:
+		return errors.New(`event without "type"`)
+	case BlockStored:
+		const need = 1<<fBlockHashes | 1<<fTokenIDs | 1<<fBlockSize
+		if seen&need != need {
+			return errors.New("BlockStored without block_hashes, token_ids or block_size")
+		}
+		if ev.BlockSize < 1 {
+			return fmt.Errorf("block_size %d", ev.BlockSize)
+		}
+		if len(ev.TokenIDs)%ev.BlockSize != 0 || len(ev.TokenIDs)/ev.BlockSize != len(ev.BlockHashes) {
+			return fmt.Errorf("%d tokens for %d blocks of %d", len(ev.TokenIDs), len(ev.BlockHashes), ev.BlockSize)
+		}
+	case BlockRemoved:
+		if seen&(1<<fBlockHashes) == 0 {
+			return errors.New("BlockRemoved without block_hashes")
+		}
+	}
+	ev.normalize()
+	return nil
+}
+
+// decodeField decodes the value of field f into ev; fNone skips it.
+func (st *state) decodeField(ev *Event, f field) error {
+	r := st.event
+	var err error
+	switch f {
+	case fBlockHashes:
+		ev.BlockHashes, err = r.hashes()
+	case fParentBlockHash:
+		var isNil bool
+		if isNil, err = r.isNil(); err == nil && !isNil {
+			ev.ParentBlockHash, err = r.hash()
+			ev.HasParent = true
+		}
+	case fTokenIDs:
+		ev.TokenIDs, err = r.tokens()
+	case fBlockSize:
+		var v int64
+		v, err = r.uint(math.MaxInt32)
+		ev.BlockSize = int(v)
+	case fLoRAID:
+		ev.LoRAID, err = r.optUint()
+	case fMedium:
+		ev.Medium, err = r.optStr()
+	case fLoRAName:
+		ev.LoRAName, err = r.optStr()
+	case fExtraKeys:
+		var isNil bool
+		if isNil, err = r.isNil(); err == nil && !isNil {
+			start := r.pos()
+			if err = r.skip(1); err == nil {
+				ev.ExtraKeys = bytes.Clone(r.buf[start:r.pos()])
+			}
+		}
+	case fGroupIdx:
+		ev.GroupIdx, err = r.optUint()
+	case fSpecKind:
+		ev.SpecKind, err = r.optStr()
+	case fSlidingWindow:
+		ev.SlidingWindow, err = r.optUint()
+	default:
+		err = r.skip(1)
+	}
+	if err != nil && f != fNone {
+		return fmt.Errorf("%s: %w", fieldNames[f], err)
+	}
+	return err
+}
+
+func (r *reader) hashes() ([]Hash, error) {
+	n, err := r.arrayLen()
+	if err != nil {
+		return nil, err
+	}
+	hs := make([]Hash, n)
+	for i := range hs {
+		if hs[i], err = r.hash(); err != nil {
+			return nil, err
+		}
+	}
+	return hs, nil
+}
+
+func (r *reader) tokens() ([]uint32, error) {
+	n, err := r.arrayLen()
+	if err != nil {
+		return nil, err
+	}
+	ts := make([]uint32, n)
+	for i := range ts {
+		v, err := r.uint(math.MaxUint32)
+		if err != nil {
+			return nil, err
+		}
+		ts[i] = uint32(v)
+	}
+	return ts, nil
+}

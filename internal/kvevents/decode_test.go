@@ -1,0 +1,140 @@
+package kvevents
+
+import (
+	"bytes"
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+// nilEvent returns an event of kind k with every field nil.
+func nilEvent(k Kind) Event { return Event{Kind: k, LoRAID: -1, GroupIdx: -1, SlidingWindow: -1} }
+
+func TestDecodeBatch(t *testing.T) {
+	removed := func(hs ...Hash) Event {
+		e := nilEvent(BlockRemoved)
+		e.BlockHashes = hs
+		return e
+	}
+	tests := []struct {
+		name  string
+		value any
+		want  Batch
+	}{
+		{"two-element array batch", []any{1.0, []any{}}, Batch{TS: 1, DPRank: -1, Events: []Event{}}},
+		{"extra batch elements ignored", []any{1.0, []any{}, 0, "x", []any{1}}, Batch{TS: 1, DPRank: 0, Events: []Event{}}},
+		{"integer ts", []any{7, []any{}, 0}, Batch{TS: 7, DPRank: 0, Events: []Event{}}},
+		{"map batch without rank", om{"events", []any{}, "ts", 1.5}, Batch{TS: 1.5, DPRank: -1, Events: []Event{}}},
+		{"map batch with non-string key", om{1, 2, "ts", 1.0, "events", []any{}}, Batch{TS: 1, DPRank: -1, Events: []Event{}}},
+		{"type after the fields", []any{1.0, []any{om{"block_hashes", []any{5}, "type", "BlockRemoved"}}},
+			Batch{TS: 1, DPRank: -1, Events: []Event{removed(5)}}},
+		{"removed ignores stored-only keys", []any{1.0, []any{om{"type", "BlockRemoved", "block_hashes", []any{5}, "token_ids", []any{1}, "lora_id", 3}}},
+			Batch{TS: 1, DPRank: -1, Events: []Event{removed(5)}}},
+		{"array event extra positions ignored", []any{1.0, []any{[]any{"BlockRemoved", []any{5}, nil, nil, "later", om{"a", 1}}}},
+			Batch{TS: 1, DPRank: -1, Events: []Event{removed(5)}}},
+		{"empty stored event is valid", []any{1.0, []any{[]any{"BlockStored", []any{}, nil, []any{}, 16}}},
+			Batch{TS: 1, DPRank: -1, Events: []Event{{Kind: BlockStored, BlockHashes: []Hash{}, TokenIDs: []uint32{}, BlockSize: 16, LoRAID: -1, GroupIdx: -1, SlidingWindow: -1}}}},
+		{"short bin hash zero-extended", []any{1.0, []any{[]any{"BlockRemoved", []any{[]byte{1, 2}}}}},
+			Batch{TS: 1, DPRank: -1, Events: []Event{removed(0x0102)}}},
+		{"int8 negative hash keeps its bits", []any{1.0, []any{[]any{"BlockRemoved", []any{-1}}}},
+			Batch{TS: 1, DPRank: -1, Events: []Event{removed(0xffffffffffffffff)}}},
+		{"unknown array and map tags", []any{1.0, []any{[]any{"X"}, om{"type", "Y"}}, 0},
+			Batch{TS: 1, DPRank: 0, Unknown: 2, Events: []Event{}}},
+	}
+	drops := []struct {
+		name  string
+		event any
+	}{
+		{"not an array or map", "BlockStored"},
+		{"empty array", []any{}},
+		{"tag not a string", []any{1}},
+		{"map without type", om{"block_hashes", []any{1}}},
+		{"map type not a string", om{"type", 1}},
+		{"map key not a string", om{"type", "BlockRemoved", 1, 2, "block_hashes", []any{1}}},
+		{"stored without block_size", []any{"BlockStored", []any{1}, nil, seq(0, 16)}},
+		{"stored block_size zero", []any{"BlockStored", []any{}, nil, []any{}, 0}},
+		{"stored block_size negative", []any{"BlockStored", []any{}, nil, []any{}, -16}},
+		{"stored block_size float", []any{"BlockStored", []any{}, nil, []any{}, 16.0}},
+		{"stored tokens not a multiple", []any{"BlockStored", []any{1}, nil, seq(0, 17), 16}},
+		{"stored too few hashes", []any{"BlockStored", []any{1}, nil, seq(0, 32), 16}},
+		{"stored too many hashes", []any{"BlockStored", []any{1, 2}, nil, seq(0, 16), 16}},
+		{"token id negative", []any{"BlockStored", []any{1}, nil, append(seq(0, 15), -1), 16}},
+		{"token id over uint32", []any{"BlockStored", []any{1}, nil, append(seq(0, 15), 1<<32), 16}},
+		{"token ids nil", []any{"BlockStored", []any{}, nil, nil, 16}},
+		{"hash nil", []any{"BlockRemoved", []any{nil}}},
+		{"hash string", []any{"BlockRemoved", []any{"ab"}}},
+		{"hash float", []any{"BlockRemoved", []any{1.5}}},
+		{"parent hash string", []any{"BlockStored", []any{}, "p", []any{}, 16}},
+		{"lora_id negative", []any{"BlockStored", []any{}, nil, []any{}, 16, -1}},
+		{"medium not a string", []any{"BlockRemoved", []any{1}, 5}},
+		{"medium bin", []any{"BlockRemoved", []any{1}, []byte("GPU")}},
+		{"group_idx negative", []any{"BlockRemoved", []any{1}, "GPU", -2}},
+		{"removed without hashes", om{"type", "BlockRemoved", "medium", "GPU"}},
+	}
+	for _, d := range drops {
+		tests = append(tests, struct {
+			name  string
+			value any
+			want  Batch
+		}{"drop " + d.name, []any{1.0, []any{d.event, []any{"BlockRemoved", []any{5}}}, 0},
+			Batch{TS: 1, DPRank: 0, Dropped: 1, Events: []Event{removed(5)}}})
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := DecodeBatch(pack(t, tt.value))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Errorf("DecodeBatch =\n%+v\nwant\n%+v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestDecodeBatchErrors(t *testing.T) {
+	valid := pack(t, []any{1.0, []any{[]any{"BlockRemoved", []any{5}}}, 0})
+	deep := append(pack(t, 1.0), bytes.Repeat([]byte{0x91}, 100)...)
+	deep = append([]byte{0x92}, append(deep[:9], append(bytes.Repeat([]byte{0x91}, 100), 0xc0)...)...)
+	tests := []struct {
+		name    string
+		payload []byte
+		want    error
+		msg     string
+	}{
+		{"empty", nil, ErrMalformed, "unexpected EOF"},
+		{"nil", []byte{0xc0}, ErrMalformed, "nil where an array is required"},
+		{"string", pack(t, "batch"), ErrMalformed, "decoding array length"},
+		{"one element", pack(t, []any{1.0}), ErrMalformed, "array batch of 1 elements"},
+		{"ts string", pack(t, []any{"x", []any{}}), ErrMalformed, "decoding float32"},
+		{"events nil", pack(t, []any{1.0, nil}), ErrMalformed, "nil where an array is required"},
+		{"events map", pack(t, []any{1.0, om{}}), ErrMalformed, "decoding array length"},
+		{"negative rank", pack(t, []any{1.0, []any{}, -1}), ErrMalformed, "out of range"},
+		{"rank string", pack(t, []any{1.0, []any{}, "0"}), ErrMalformed, "decoding int64"},
+		{"map without events", pack(t, om{"ts", 1.0}), ErrMalformed, `without "ts" or "events"`},
+		{"map without ts", pack(t, om{"events", []any{}}), ErrMalformed, `without "ts" or "events"`},
+		{"truncated", valid[:len(valid)-1], ErrMalformed, "unexpected EOF"},
+		{"trailing bytes", append(bytes.Clone(valid), 0), ErrMalformed, "1 trailing bytes"},
+		{"huge declared events", append(pack(t, 1.0)[:0], 0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff, 0x90),
+			ErrMalformed, "unexpected EOF"},
+		{"huge declared string", []byte{0x92, 0x01, 0x91, 0xdb, 0xff, 0xff, 0xff, 0xff}, ErrMalformed, "unexpected EOF"},
+		{"never-used code", []byte{0x92, 0x01, 0x91, 0xc1}, ErrMalformed, "unknown code"},
+		{"deep nesting", deep, ErrMalformed, "nesting too deep"},
+		{"too large", make([]byte, MaxPayloadSize+1), ErrTooLarge, "67108865 bytes, cap 67108864"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := DecodeBatch(tt.payload)
+			if !errors.Is(err, tt.want) {
+				t.Fatalf("DecodeBatch error = %v, want %v", err, tt.want)
+			}
+			if !strings.Contains(err.Error(), tt.msg) {
+				t.Errorf("error %q does not contain %q", err, tt.msg)
+			}
+			if !reflect.DeepEqual(got, Batch{}) {
+				t.Errorf("DecodeBatch = %+v with an error, want the zero Batch", got)
+			}
+		})
+	}
+}
