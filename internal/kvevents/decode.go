@@ -18,6 +18,10 @@ import (
 // one-byte arrays from recursing without limit.
 const maxDepth = 32
 
+// minEventSize is the length in bytes of the smallest valid event,
+// ["BlockRemoved", []].
+const minEventSize = 15
+
 // field identifies an event field, in vLLM's declaration order for
 // BlockStored.
 type field uint8
@@ -182,8 +186,50 @@ func (r *reader) optStr() (string, error) {
 	return string(b), err
 }
 
+// fastUint reads a positive fixint or a uint 8/16/32/64 straight from buf,
+// the forms of almost every integer vLLM sends; ok is false for any other
+// value, and the reader has then not moved.
+func (r *reader) fastUint() (v uint64, ok bool) {
+	p := r.pos()
+	if p >= len(r.buf) {
+		return 0, false
+	}
+	c := r.buf[p]
+	var n int
+	switch c {
+	case msgpcode.Uint8:
+		n = 1
+	case msgpcode.Uint16:
+		n = 2
+	case msgpcode.Uint32:
+		n = 4
+	case msgpcode.Uint64:
+		n = 8
+	default:
+		if c > msgpcode.PosFixedNumHigh {
+			return 0, false
+		}
+		_, _ = r.br.ReadByte()
+		return uint64(c), true
+	}
+	if n > len(r.buf)-p-1 {
+		return 0, false
+	}
+	for _, x := range r.buf[p+1 : p+1+n] {
+		v = v<<8 | uint64(x)
+	}
+	_, _ = r.br.Seek(int64(1+n), io.SeekCurrent)
+	return v, true
+}
+
 // uint reads a non-negative integer no larger than limit.
 func (r *reader) uint(limit int64) (int64, error) {
+	if v, ok := r.fastUint(); ok {
+		if v > uint64(limit) {
+			return 0, fmt.Errorf("integer %d out of range [0, %d]", v, limit)
+		}
+		return int64(v), nil
+	}
 	c, err := r.peek()
 	if err != nil {
 		return 0, err
@@ -213,6 +259,9 @@ func (r *reader) optUint() (int, error) {
 // hash reads an int hash (its 64 bits, whatever the sign) or a bin digest
 // (its last 8 bytes, big-endian).
 func (r *reader) hash() (Hash, error) {
+	if v, ok := r.fastUint(); ok {
+		return Hash(v), nil
+	}
 	c, err := r.peek()
 	if err != nil {
 		return 0, err
@@ -291,13 +340,8 @@ func (r *reader) skip(depth int) error {
 	return r.d.Skip()
 }
 
-// state holds the two readers of one decode: one over the payload and one
-// over the current event's bytes.
-type state struct {
-	batch, event *reader
-}
-
-var statePool = sync.Pool{New: func() any { return &state{batch: newReader(), event: newReader()} }}
+// readerPool holds the readers of DecodeBatch.
+var readerPool = sync.Pool{New: func() any { return newReader() }}
 
 // DecodeBatch decodes one KV-cache event batch, the third frame of a vLLM
 // KV-events message.
@@ -318,35 +362,35 @@ var statePool = sync.Pool{New: func() any { return &state{batch: newReader(), ev
 // [MaxPayloadSize] gets an error wrapping [ErrTooLarge].
 //
 // The result does not alias payload. Its memory is bounded by the payload's
-// length: no length prefix is trusted beyond the bytes that remain, and the
-// decoded values take at most about eight times the payload's size. It is
-// safe for concurrent use.
+// length: no length prefix is trusted beyond the bytes that remain, and
+// decoding allocates at most about 20 times the payload's length (an Event
+// takes 176 bytes and the smallest valid event 15 on the wire; a Hash takes
+// 8 and the smallest integer 1), 12 times for a payload of minimal events
+// (TestDecodeBatchMemoryBounded). It is safe for concurrent use.
 func DecodeBatch(payload []byte) (Batch, error) {
 	if len(payload) > MaxPayloadSize {
 		return Batch{}, fmt.Errorf("%w: %d bytes, cap %d", ErrTooLarge, len(payload), MaxPayloadSize)
 	}
-	st := statePool.Get().(*state)
+	r := readerPool.Get().(*reader)
 	defer func() {
-		st.batch.reset(nil)
-		st.event.reset(nil)
-		statePool.Put(st)
+		r.reset(nil)
+		readerPool.Put(r)
 	}()
-	st.batch.reset(payload)
-	b, err := st.decodeBatch()
-	if err == nil && st.batch.br.Len() != 0 {
-		err = fmt.Errorf("%d trailing bytes", st.batch.br.Len())
+	r.reset(payload)
+	b, err := r.decodeBatch()
+	if err == nil && r.br.Len() != 0 {
+		err = fmt.Errorf("%d trailing bytes", r.br.Len())
 	}
 	if err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
-		return Batch{}, fmt.Errorf("%w: batch at byte %d: %w", ErrMalformed, st.batch.pos(), err)
+		return Batch{}, fmt.Errorf("%w: batch at byte %d: %w", ErrMalformed, r.pos(), err)
 	}
 	return b, nil
 }
 
-func (st *state) decodeBatch() (Batch, error) {
-	r := st.batch
+func (r *reader) decodeBatch() (Batch, error) {
 	b := Batch{DPRank: -1}
 	c, err := r.peek()
 	if err != nil {
@@ -376,7 +420,7 @@ func (st *state) decodeBatch() (Batch, error) {
 				b.TS, err = r.d.DecodeFloat64()
 			case "events":
 				haveEvents = true
-				err = st.decodeEvents(&b)
+				err = r.decodeEvents(&b)
 			case "data_parallel_rank":
 				b.DPRank, err = r.optUint()
 			default:
@@ -401,7 +445,7 @@ func (st *state) decodeBatch() (Batch, error) {
 	if b.TS, err = r.d.DecodeFloat64(); err != nil {
 		return b, err
 	}
-	if err := st.decodeEvents(&b); err != nil {
+	if err := r.decodeEvents(&b); err != nil {
 		return b, err
 	}
 	if n >= 3 {
@@ -417,42 +461,46 @@ func (st *state) decodeBatch() (Batch, error) {
 	return b, nil
 }
 
-// decodeEvents decodes the events array. Each event's extent is found by
-// skipping it in the payload (an error there is the batch's), then the
-// event is decoded from its own bytes, so a bad event is dropped whole.
-func (st *state) decodeEvents(b *Batch) error {
-	r := st.batch
+// decodeEvents decodes the events array. An event is decoded in place;
+// when it must be dropped, or is of an unknown type, the reader goes back
+// to its start and skips it whole, so one bad event never costs the batch
+// (an error while skipping is the batch's).
+func (r *reader) decodeEvents(b *Batch) error {
 	n, err := r.arrayLen()
 	if err != nil {
 		return err
 	}
-	// Never allocate from the declared length: a valid event takes at
-	// least 18 bytes, an Event about 200.
-	b.Events = make([]Event, 0, min(n, 16))
+	// Size Events once, from the declared length capped by what the
+	// remaining bytes can hold: a valid event takes at least
+	// minEventSize bytes. Growing it by append instead would allocate
+	// several times its final size on a payload of many small events.
+	b.Events = make([]Event, 0, min(n, r.br.Len()/minEventSize))
 	for range n {
 		start := r.pos()
-		if err := r.skip(1); err != nil {
+		ev, err := r.decodeEvent()
+		if err == nil && ev.Kind != Unknown {
+			b.Events = append(b.Events, ev)
+			continue
+		}
+		if err != nil {
+			b.Dropped++
+		} else {
+			b.Unknown++
+		}
+		if _, err := r.br.Seek(int64(start), io.SeekStart); err != nil {
 			return err
 		}
-		st.event.reset(r.buf[start:r.pos()])
-		ev, err := st.decodeEvent()
-		switch {
-		case err != nil:
-			b.Dropped++
-		case ev.Kind == Unknown:
-			b.Unknown++
-		default:
-			b.Events = append(b.Events, ev)
+		if err := r.skip(1); err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
-// decodeEvent decodes the one event in st.event. It returns an event of
-// kind Unknown for a tag it does not know, and an error for an event it
-// must drop.
-func (st *state) decodeEvent() (Event, error) {
-	r := st.event
+// decodeEvent decodes the next event. It returns an event of kind Unknown
+// for a tag it does not know, and an error for an event it must drop; in
+// both cases it may stop anywhere inside the event.
+func (r *reader) decodeEvent() (Event, error) {
 	ev := Event{LoRAID: -1, GroupIdx: -1, SlidingWindow: -1}
 	var seen uint32
 	c, err := r.peek()
@@ -480,7 +528,7 @@ func (st *state) decodeEvent() (Event, error) {
 				continue
 			}
 			f := fieldByName(key)
-			if err := st.decodeField(&ev, f); err != nil {
+			if err := r.decodeField(&ev, f); err != nil {
 				return ev, err
 			}
 			seen |= 1 << f
@@ -506,7 +554,7 @@ func (st *state) decodeEvent() (Event, error) {
 			if i-1 < len(pos) {
 				f = pos[i-1]
 			}
-			if err := st.decodeField(&ev, f); err != nil {
+			if err := r.decodeField(&ev, f); err != nil {
 				return ev, err
 			}
 			seen |= 1 << f
@@ -543,8 +591,7 @@ func validate(ev *Event, seen uint32) error {
 }
 
 // decodeField decodes the value of field f into ev; fNone skips it.
-func (st *state) decodeField(ev *Event, f field) error {
-	r := st.event
+func (r *reader) decodeField(ev *Event, f field) error {
 	var err error
 	switch f {
 	case fBlockHashes:

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"reflect"
+	"runtime"
 	"strings"
 	"testing"
 )
@@ -134,6 +135,48 @@ func TestDecodeBatchErrors(t *testing.T) {
 			}
 			if !reflect.DeepEqual(got, Batch{}) {
 				t.Errorf("DecodeBatch = %+v with an error, want the zero Batch", got)
+			}
+		})
+	}
+}
+
+// TestDecodeBatchMemoryBounded decodes payloads built to allocate the most
+// per byte (minimal events, one-byte hashes and tokens) and checks that the
+// decoder allocates at most 24 times the payload's length.
+func TestDecodeBatchMemoryBounded(t *testing.T) {
+	const n = 1 << 16
+	minimal := make([]any, n)
+	for i := range minimal {
+		minimal[i] = []any{"BlockRemoved", []any{}}
+	}
+	manyHashes := make([]any, n)
+	for i := range manyHashes {
+		manyHashes[i] = i % 128
+	}
+	tests := []struct {
+		name  string
+		value any
+	}{
+		{"minimal events", []any{1.0, minimal, 0}},
+		{"one-byte hashes", []any{1.0, []any{[]any{"BlockRemoved", manyHashes}}, 0}},
+		{"one-byte tokens", []any{1.0, []any{[]any{"BlockStored", manyHashes, nil, manyHashes, 1}}, 0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			payload := pack(t, tt.value)
+			var before, after runtime.MemStats
+			runtime.GC()
+			runtime.ReadMemStats(&before)
+			b, err := DecodeBatch(payload)
+			runtime.ReadMemStats(&after)
+			if err != nil || b.Dropped != 0 {
+				t.Fatalf("DecodeBatch: %v, %d dropped", err, b.Dropped)
+			}
+			if got := after.TotalAlloc - before.TotalAlloc; got > 24*uint64(len(payload)) {
+				t.Errorf("DecodeBatch of %d bytes allocated %d bytes (%.1fx), want at most 24x",
+					len(payload), got, float64(got)/float64(len(payload)))
+			} else {
+				t.Logf("%d bytes allocated %d bytes (%.1fx)", len(payload), got, float64(got)/float64(len(payload)))
 			}
 		})
 	}

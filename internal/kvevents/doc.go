@@ -86,8 +86,8 @@
 //
 // Payloads come from the network and their length prefixes are not trusted.
 // [DecodeBatch] refuses a payload over [MaxPayloadSize] (64 MiB), never sizes
-// an allocation from a declared length beyond the bytes that remain, follows
-// at most 32 levels of nesting when it skips a value, and never panics on
-// any input (FuzzDecodeBatch). What it returns takes at most about eight
-// times the payload's size.
+// an allocation from a declared length beyond what the remaining bytes can
+// hold, follows at most 32 levels of nesting when it skips a value, and never
+// panics on any input (FuzzDecodeBatch). It allocates at most about 20 times
+// the payload's length; see [DecodeBatch].
 package kvevents
