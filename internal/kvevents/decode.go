@@ -334,9 +334,27 @@ func (r *reader) skip(depth int) error {
 		}
 		_, err = r.take(max(n, 0))
 		return err
+	case msgpcode.IsExt(c):
+		// Skipped here rather than by the msgpack decoder, which would
+		// read the data into a buffer it keeps (and the pool with it).
+		_, _ = r.br.ReadByte()
+		var n int
+		switch c {
+		case msgpcode.FixExt1, msgpcode.FixExt2, msgpcode.FixExt4, msgpcode.FixExt8, msgpcode.FixExt16:
+			n = 1 << (c - msgpcode.FixExt1)
+		default:
+			l, err := r.take(1 << (c - msgpcode.Ext8))
+			if err != nil {
+				return err
+			}
+			for _, x := range l {
+				n = n<<8 | int(x)
+			}
+		}
+		_, err = r.take(n + 1) // the type byte and the data
+		return err
 	}
-	// Scalars and extensions: fixed size or a length the decoder reads
-	// in bounded steps.
+	// Scalars: nil, booleans, numbers, of fixed size.
 	return r.d.Skip()
 }
 

@@ -7,6 +7,8 @@ import (
 	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/vmihailenco/msgpack/v5"
 )
 
 // nilEvent returns an event of kind k with every field nil.
@@ -40,6 +42,11 @@ func TestDecodeBatch(t *testing.T) {
 			Batch{TS: 1, DPRank: -1, Events: []Event{removed(0x0102)}}},
 		{"int8 negative hash keeps its bits", []any{1.0, []any{[]any{"BlockRemoved", []any{-1}}}},
 			Batch{TS: 1, DPRank: -1, Events: []Event{removed(0xffffffffffffffff)}}},
+		{"ext values skipped", []any{1.0, []any{om{"type", "BlockRemoved", "block_hashes", []any{5},
+			"a", msgpack.RawMessage{0xd4, 1, 2}, "b", msgpack.RawMessage{0xd8, 1, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16},
+			"c", msgpack.RawMessage{0xc7, 3, 5, 1, 2, 3}, "d", msgpack.RawMessage{0xc8, 0, 2, 5, 1, 2},
+			"e", msgpack.RawMessage{0xc9, 0, 0, 0, 1, 5, 9}}}},
+			Batch{TS: 1, DPRank: -1, Events: []Event{removed(5)}}},
 		{"unknown array and map tags", []any{1.0, []any{[]any{"X"}, om{"type", "Y"}}, 0},
 			Batch{TS: 1, DPRank: 0, Unknown: 2, Events: []Event{}}},
 	}
@@ -120,6 +127,7 @@ func TestDecodeBatchErrors(t *testing.T) {
 		{"huge declared events", append(pack(t, 1.0)[:0], 0x92, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xdd, 0xff, 0xff, 0xff, 0xff, 0x90),
 			ErrMalformed, "unexpected EOF"},
 		{"huge declared string", []byte{0x92, 0x01, 0x91, 0xdb, 0xff, 0xff, 0xff, 0xff}, ErrMalformed, "unexpected EOF"},
+		{"huge declared ext", []byte{0x92, 0x01, 0x91, 0xc9, 0xff, 0xff, 0xff, 0xff, 5}, ErrMalformed, "unexpected EOF"},
 		{"never-used code", []byte{0x92, 0x01, 0x91, 0xc1}, ErrMalformed, "unknown code"},
 		{"deep nesting", deep, ErrMalformed, "nesting too deep"},
 		{"too large", make([]byte, MaxPayloadSize+1), ErrTooLarge, "67108865 bytes, cap 67108864"},
