@@ -24,14 +24,19 @@ const (
 )
 
 // AppendBatch appends the msgpack encoding of b to dst and returns the
-// extended slice: the payload frame of a vLLM KV-events message, which
-// [DecodeBatch] decodes back to b (less Dropped and Unknown, which are not
-// encoded). Events of kind [Unknown] are not written. Hashes are written as
-// integers (vLLM's default VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1), integers
-// in their shortest msgpack form, TS as a float64, and a negative DPRank,
-// LoRAID, GroupIdx or SlidingWindow as nil. ExtraKeys is written as is and
-// must be one msgpack value or nil. An unknown enc writes events as maps.
-// It is safe for concurrent use.
+// extended slice: the payload frame of a vLLM KV-events message. For any b
+// that [DecodeBatch] returned, decoding the result gives b again, less
+// Dropped and Unknown, which are not encoded (FuzzDecodeBatch checks this);
+// an event that breaks the BlockStored invariant is written as it is and
+// dropped by the decoder.
+//
+// Events of kind [Unknown], or of a Kind beyond the constants, are not
+// written; fields a kind does not use are not written. Hashes are written as
+// integers (vLLM's default VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1), integers in
+// their shortest msgpack form, TS as a float64, nil slices as empty arrays,
+// and a negative DPRank, LoRAID, GroupIdx or SlidingWindow as nil. ExtraKeys
+// is written as is and must be one msgpack value or empty. An unknown enc
+// writes events as maps. It is safe for concurrent use.
 func AppendBatch(dst []byte, b Batch, enc Encoding) []byte {
 	w := bytes.NewBuffer(dst)
 	e := msgpack.NewEncoder(w)
@@ -41,14 +46,14 @@ func AppendBatch(dst []byte, b Batch, enc Encoding) []byte {
 	_ = e.EncodeFloat64(b.TS)
 	n := 0
 	for i := range b.Events {
-		if b.Events[i].Kind != Unknown {
+		if b.Events[i].Kind.known() {
 			n++
 		}
 	}
 	_ = e.EncodeArrayLen(n)
 	for i := range b.Events {
 		ev := &b.Events[i]
-		if ev.Kind == Unknown {
+		if !ev.Kind.known() {
 			continue
 		}
 		if enc == EncodingArray {

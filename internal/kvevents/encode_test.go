@@ -86,6 +86,7 @@ func TestAppendBatchBytes(t *testing.T) {
 		{Kind: BlockRemoved, BlockHashes: []Hash{300}, GroupIdx: 1, LoRAID: -1, SlidingWindow: -1},
 		{Kind: Unknown},
 		nilEvent(AllBlocksCleared),
+		{Kind: AllBlocksCleared + 1},
 		{Kind: BlockStored, BlockHashes: []Hash{1}, TokenIDs: []uint32{3}, BlockSize: 1, LoRAID: -1, GroupIdx: -1, SlidingWindow: -1},
 	}}
 	tests := []struct {

@@ -59,6 +59,10 @@ func (k Kind) String() string {
 	return "Unknown"
 }
 
+// known reports whether k is one of BlockStored, BlockRemoved and
+// AllBlocksCleared.
+func (k Kind) known() bool { return k >= BlockStored && k <= AllBlocksCleared }
+
 func kindOf(tag []byte) Kind {
 	switch string(tag) {
 	case "BlockStored":
