@@ -107,7 +107,8 @@ type Batch struct {
 // SlidingWindow), and the encoder ignores them.
 type Event struct {
 	Kind Kind
-	// BlockHashes are the engine's hashes of the blocks, parent first.
+	// BlockHashes are the engine's hashes of the blocks in chain order,
+	// each block the parent of the next.
 	// A BlockStored event carries one hash per BlockSize tokens.
 	BlockHashes []Hash
 	// ParentBlockHash is the hash of the block before BlockHashes[0];
