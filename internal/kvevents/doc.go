@@ -19,8 +19,9 @@
 // With replay_endpoint set, a ROUTER socket answers a request [start] (8
 // bytes big-endian; see [ReplayRequest]) with one message [seq, payload] per
 // buffered batch with seq >= start, then the end marker [-1 as signed 8-byte
-// big-endian, ""] (see [ParseReplayReply]). Source:
-// vllm/distributed/kv_events.py@0181ea31.
+// big-endian, ""] (see [ParseReplayReply]). Source: the ZMQ publisher in
+// vllm/distributed/kv_events.py, which also gives each data-parallel rank its
+// own publisher, on the port plus the rank (@0181ea31).
 //
 // The payload is vLLM's KVEventBatch, {ts: float, events: [...],
 // data_parallel_rank: int | nil}, and each event a tagged union:
