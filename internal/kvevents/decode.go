@@ -373,8 +373,8 @@ var readerPool = sync.Pool{New: func() any { return newReader() }}
 // vLLM adding a field never breaks decoding.
 //
 // An event of an unknown type is skipped and counted in [Batch.Unknown]; an
-// event that fails validation is dropped and counted in [Batch.Dropped];
-// neither is an error. The error, wrapping [ErrMalformed], is for a payload
+// event that fails validation is dropped and counted in [Batch.Dropped],
+// the first one's reason kept in [Batch.DropErr]; neither is an error. The error, wrapping [ErrMalformed], is for a payload
 // that is not a batch: invalid or truncated msgpack, ts or events missing or
 // of the wrong type, a negative rank, trailing bytes. A payload over
 // [MaxPayloadSize] gets an error wrapping [ErrTooLarge].
@@ -493,23 +493,26 @@ func (r *reader) decodeEvents(b *Batch) error {
 	// minEventSize bytes. Growing it by append instead would allocate
 	// several times its final size on a payload of many small events.
 	b.Events = make([]Event, 0, min(n, r.br.Len()/minEventSize))
-	for range n {
+	for i := range n {
 		start := r.pos()
-		ev, err := r.decodeEvent()
-		if err == nil && ev.Kind != Unknown {
+		ev, evErr := r.decodeEvent()
+		if evErr == nil && ev.Kind != Unknown {
 			b.Events = append(b.Events, ev)
 			continue
-		}
-		if err != nil {
-			b.Dropped++
-		} else {
-			b.Unknown++
 		}
 		if _, err := r.br.Seek(int64(start), io.SeekStart); err != nil {
 			return err
 		}
 		if err := r.skip(1); err != nil {
 			return err
+		}
+		if evErr == nil {
+			b.Unknown++
+			continue
+		}
+		b.Dropped++
+		if b.DropErr == nil {
+			b.DropErr = fmt.Errorf("%w: event %d dropped: %w", ErrMalformed, i, evErr)
 		}
 	}
 	return nil
@@ -533,12 +536,12 @@ func (r *reader) decodeEvent() (Event, error) {
 		for range n {
 			key, err := r.str()
 			if err != nil {
-				return ev, err
+				return ev, fmt.Errorf("key: %w", err)
 			}
 			if string(key) == "type" {
 				tag, err := r.str()
 				if err != nil {
-					return ev, err
+					return ev, fmt.Errorf("type: %w", err)
 				}
 				if ev.Kind = kindOf(tag); ev.Kind == Unknown {
 					return ev, nil
@@ -561,7 +564,7 @@ func (r *reader) decodeEvent() (Event, error) {
 		}
 		tag, err := r.str()
 		if err != nil {
-			return ev, err
+			return ev, fmt.Errorf("type: %w", err)
 		}
 		if ev.Kind = kindOf(tag); ev.Kind == Unknown {
 			return ev, nil
@@ -594,7 +597,7 @@ func validate(ev *Event, seen uint32) error {
 			return errors.New("BlockStored without block_hashes, token_ids or block_size")
 		}
 		if ev.BlockSize < 1 {
-			return fmt.Errorf("block_size %d", ev.BlockSize)
+			return fmt.Errorf("block_size %d, want at least 1", ev.BlockSize)
 		}
 		if len(ev.TokenIDs)%ev.BlockSize != 0 || len(ev.TokenIDs)/ev.BlockSize != len(ev.BlockHashes) {
 			return fmt.Errorf("%d tokens for %d blocks of %d", len(ev.TokenIDs), len(ev.BlockHashes), ev.BlockSize)

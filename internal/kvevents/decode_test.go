@@ -53,32 +53,34 @@ func TestDecodeBatch(t *testing.T) {
 	drops := []struct {
 		name  string
 		event any
+		// msg is DropErr's message after "event 0 dropped: ".
+		msg string
 	}{
-		{"not an array or map", "BlockStored"},
-		{"empty array", []any{}},
-		{"tag not a string", []any{1}},
-		{"map without type", om{"block_hashes", []any{1}}},
-		{"map type not a string", om{"type", 1}},
-		{"map key not a string", om{"type", "BlockRemoved", 1, 2, "block_hashes", []any{1}}},
-		{"stored without block_size", []any{"BlockStored", []any{1}, nil, seq(0, 16)}},
-		{"stored block_size zero", []any{"BlockStored", []any{}, nil, []any{}, 0}},
-		{"stored block_size negative", []any{"BlockStored", []any{}, nil, []any{}, -16}},
-		{"stored block_size float", []any{"BlockStored", []any{}, nil, []any{}, 16.0}},
-		{"stored tokens not a multiple", []any{"BlockStored", []any{1}, nil, seq(0, 17), 16}},
-		{"stored too few hashes", []any{"BlockStored", []any{1}, nil, seq(0, 32), 16}},
-		{"stored too many hashes", []any{"BlockStored", []any{1, 2}, nil, seq(0, 16), 16}},
-		{"token id negative", []any{"BlockStored", []any{1}, nil, append(seq(0, 15), -1), 16}},
-		{"token id over uint32", []any{"BlockStored", []any{1}, nil, append(seq(0, 15), 1<<32), 16}},
-		{"token ids nil", []any{"BlockStored", []any{}, nil, nil, 16}},
-		{"hash nil", []any{"BlockRemoved", []any{nil}}},
-		{"hash string", []any{"BlockRemoved", []any{"ab"}}},
-		{"hash float", []any{"BlockRemoved", []any{1.5}}},
-		{"parent hash string", []any{"BlockStored", []any{}, "p", []any{}, 16}},
-		{"lora_id negative", []any{"BlockStored", []any{}, nil, []any{}, 16, -1}},
-		{"medium not a string", []any{"BlockRemoved", []any{1}, 5}},
-		{"medium bin", []any{"BlockRemoved", []any{1}, []byte("GPU")}},
-		{"group_idx negative", []any{"BlockRemoved", []any{1}, "GPU", -2}},
-		{"removed without hashes", om{"type", "BlockRemoved", "medium", "GPU"}},
+		{"not an array or map", "BlockStored", "msgpack: invalid code=ab decoding array length"},
+		{"empty array", []any{}, "empty event"},
+		{"tag not a string", []any{1}, "type: code 0x1 where a string is required"},
+		{"map without type", om{"block_hashes", []any{1}}, "event without \"type\""},
+		{"map type not a string", om{"type", 1}, "type: code 0x1 where a string is required"},
+		{"map key not a string", om{"type", "BlockRemoved", 1, 2, "block_hashes", []any{1}}, "key: code 0x1 where a string is required"},
+		{"stored without block_size", []any{"BlockStored", []any{1}, nil, seq(0, 16)}, "BlockStored without block_hashes, token_ids or block_size"},
+		{"stored block_size zero", []any{"BlockStored", []any{}, nil, []any{}, 0}, "block_size 0, want at least 1"},
+		{"stored block_size negative", []any{"BlockStored", []any{}, nil, []any{}, -16}, "block_size: integer -16 out of range [0, 2147483647]"},
+		{"stored block_size float", []any{"BlockStored", []any{}, nil, []any{}, 16.0}, "block_size: msgpack: invalid code=cb decoding int64"},
+		{"stored tokens not a multiple", []any{"BlockStored", []any{1}, nil, seq(0, 17), 16}, "17 tokens for 1 blocks of 16"},
+		{"stored too few hashes", []any{"BlockStored", []any{1}, nil, seq(0, 32), 16}, "32 tokens for 1 blocks of 16"},
+		{"stored too many hashes", []any{"BlockStored", []any{1, 2}, nil, seq(0, 16), 16}, "16 tokens for 2 blocks of 16"},
+		{"token id negative", []any{"BlockStored", []any{1}, nil, append(seq(0, 15), -1), 16}, "token_ids: integer -1 out of range [0, 4294967295]"},
+		{"token id over uint32", []any{"BlockStored", []any{1}, nil, append(seq(0, 15), 1<<32), 16}, "token_ids: integer 4294967296 out of range [0, 4294967295]"},
+		{"token ids nil", []any{"BlockStored", []any{}, nil, nil, 16}, "token_ids: nil where an array is required"},
+		{"hash nil", []any{"BlockRemoved", []any{nil}}, "block_hashes: code 0xc0 where a block hash is required"},
+		{"hash string", []any{"BlockRemoved", []any{"ab"}}, "block_hashes: code 0xa2 where a block hash is required"},
+		{"hash float", []any{"BlockRemoved", []any{1.5}}, "block_hashes: code 0xcb where a block hash is required"},
+		{"parent hash string", []any{"BlockStored", []any{}, "p", []any{}, 16}, "parent_block_hash: code 0xa1 where a block hash is required"},
+		{"lora_id negative", []any{"BlockStored", []any{}, nil, []any{}, 16, -1}, "lora_id: integer -1 out of range [0, 2147483647]"},
+		{"medium not a string", []any{"BlockRemoved", []any{1}, 5}, "medium: code 0x5 where a string is required"},
+		{"medium bin", []any{"BlockRemoved", []any{1}, []byte("GPU")}, "medium: code 0xc4 where a string is required"},
+		{"group_idx negative", []any{"BlockRemoved", []any{1}, "GPU", -2}, "group_idx: integer -2 out of range [0, 2147483647]"},
+		{"removed without hashes", om{"type", "BlockRemoved", "medium", "GPU"}, "BlockRemoved without block_hashes"},
 	}
 	for _, d := range drops {
 		tests = append(tests, struct {
@@ -86,7 +88,8 @@ func TestDecodeBatch(t *testing.T) {
 			value any
 			want  Batch
 		}{"drop " + d.name, []any{1.0, []any{d.event, []any{"BlockRemoved", []any{5}}}, 0},
-			Batch{TS: 1, DPRank: 0, Dropped: 1, Events: []Event{removed(5)}}})
+			Batch{TS: 1, DPRank: 0, Dropped: 1, Events: []Event{removed(5)},
+				DropErr: errors.New("kvevents: malformed: event 0 dropped: " + d.msg)}})
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -94,11 +97,26 @@ func TestDecodeBatch(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			checkDropErr(t, &got, &tt.want)
 			if !reflect.DeepEqual(got, tt.want) {
 				t.Errorf("DecodeBatch =\n%+v\nwant\n%+v", got, tt.want)
 			}
 		})
 	}
+}
+
+// checkDropErr checks that got.DropErr wraps ErrMalformed with want's
+// message, then clears both so the batches compare with DeepEqual.
+func checkDropErr(t *testing.T, got, want *Batch) {
+	t.Helper()
+	switch {
+	case got.DropErr == nil && want.DropErr == nil:
+	case got.DropErr == nil || want.DropErr == nil:
+		t.Errorf("DropErr = %v, want %v", got.DropErr, want.DropErr)
+	case !errors.Is(got.DropErr, ErrMalformed) || got.DropErr.Error() != want.DropErr.Error():
+		t.Errorf("DropErr = %q, want %q wrapping ErrMalformed", got.DropErr, want.DropErr)
+	}
+	got.DropErr, want.DropErr = nil, nil
 }
 
 func TestDecodeBatchErrors(t *testing.T) {

@@ -79,9 +79,10 @@
 // (llm-d-router pkg/kvevents/pool.go@ebab6879): block_size >= 1, and
 // token_ids holds exactly block_size tokens per block hash. An event that
 // breaks it, lacks a required field or has a field of the wrong type or a
-// negative id is dropped and counted in [Batch.Dropped]; an event of an
-// unknown type is counted in [Batch.Unknown]. Neither fails the batch: the
-// other events of a step are still true.
+// negative id is dropped and counted in [Batch.Dropped] (the first one's
+// reason in [Batch.DropErr]); an event of an unknown type is counted in
+// [Batch.Unknown]. Neither fails the batch: the other events of a step are
+// still true.
 //
 // # Bounds
 //

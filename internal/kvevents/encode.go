@@ -26,7 +26,7 @@ const (
 // AppendBatch appends the msgpack encoding of b to dst and returns the
 // extended slice: the payload frame of a vLLM KV-events message. For any b
 // that [DecodeBatch] returned, decoding the result gives b again, less
-// Dropped and Unknown, which are not encoded (FuzzDecodeBatch checks this);
+// Dropped, DropErr and Unknown, which are not encoded (FuzzDecodeBatch checks this);
 // an event that breaks the BlockStored invariant is written as it is and
 // dropped by the decoder.
 //

@@ -10,14 +10,15 @@ import (
 )
 
 // equalDecoded reports whether a and b are the same batch as far as the
-// wire carries it: TS compared by its bits (so NaN equals itself), Dropped
-// and Unknown ignored.
+// wire carries it: TS compared by its bits (so NaN equals itself), Dropped,
+// DropErr and Unknown ignored.
 func equalDecoded(a, b Batch) bool {
 	if math.Float64bits(a.TS) != math.Float64bits(b.TS) {
 		return false
 	}
 	a.TS, b.TS = 0, 0
 	a.Dropped, a.Unknown, b.Dropped, b.Unknown = 0, 0, 0, 0
+	a.DropErr, b.DropErr = nil, nil
 	return reflect.DeepEqual(a, b)
 }
 

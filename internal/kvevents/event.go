@@ -13,7 +13,8 @@ const MaxPayloadSize = 64 << 20
 // invalid or truncated msgpack, a value of the wrong type where the batch or
 // the framing needs one, nesting deeper than the decoder follows, or trailing
 // bytes after the batch. A single bad event inside a good batch is not an
-// error: it is dropped and counted in [Batch.Dropped].
+// error: it is dropped and counted in [Batch.Dropped], and [Batch.DropErr],
+// which wraps ErrMalformed, says why.
 var ErrMalformed = errors.New("kvevents: malformed")
 
 // ErrTooLarge is returned, wrapped, by [DecodeBatch] for a payload longer than
@@ -91,6 +92,11 @@ type Batch struct {
 	// token_ids do not cover exactly block_size tokens per block hash, a
 	// missing required field). It is set by the decoder and not encoded.
 	Dropped int
+	// DropErr says why the first dropped event was dropped, for a log
+	// line: it wraps [ErrMalformed] and names the event's index in the
+	// events array. It is nil when Dropped is 0, set by the decoder and
+	// not encoded.
+	DropErr error
 	// Unknown counts events whose "type" the decoder does not know,
 	// skipped whole. It is set by the decoder and not encoded.
 	Unknown int

@@ -1,13 +1,15 @@
 package kvevents
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"testing"
 )
 
 // FuzzDecodeBatch checks that DecodeBatch never panics, that what it
-// returns meets the BlockStored invariant, and that whatever decodes
+// returns meets the BlockStored invariant and gives a DropErr exactly when
+// it dropped an event, and that whatever decodes
 // re-encodes, in both encodings, to a payload that decodes to the same
 // batch. It is seeded with the golden payloads in testdata/.
 func FuzzDecodeBatch(f *testing.F) {
@@ -28,6 +30,9 @@ func FuzzDecodeBatch(f *testing.F) {
 		b, err := DecodeBatch(payload)
 		if err != nil {
 			return
+		}
+		if (b.Dropped == 0) != (b.DropErr == nil) || (b.DropErr != nil && !errors.Is(b.DropErr, ErrMalformed)) {
+			t.Fatalf("Dropped %d with DropErr %v", b.Dropped, b.DropErr)
 		}
 		for _, ev := range b.Events {
 			if ev.Kind == Unknown {

@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"bytes"
+	"errors"
 	"flag"
 	"os"
 	"path/filepath"
@@ -159,9 +160,10 @@ func goldens() []golden {
 				"token_ids", seq(0, 15), "block_size", 16},
 			om{"type", "BlockRemoved", "block_hashes", []any{9}},
 		}, 2},
-		want: Batch{TS: 3.5, DPRank: 2, Dropped: 1, Events: []Event{{
-			Kind: BlockRemoved, BlockHashes: []Hash{9}, LoRAID: -1, GroupIdx: -1, SlidingWindow: -1,
-		}}},
+		want: Batch{TS: 3.5, DPRank: 2, Dropped: 1,
+			DropErr: errors.New("kvevents: malformed: event 0 dropped: 15 tokens for 1 blocks of 16"), Events: []Event{{
+				Kind: BlockRemoved, BlockHashes: []Hash{9}, LoRAID: -1, GroupIdx: -1, SlidingWindow: -1,
+			}}},
 	}, {
 		// A map batch (vLLM main without array_like), with a key this
 		// decoder does not know.
@@ -196,8 +198,10 @@ func TestDecodeBatchGolden(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !reflect.DeepEqual(got, g.want) {
-				t.Errorf("DecodeBatch =\n%+v\nwant\n%+v", got, g.want)
+			want := g.want
+			checkDropErr(t, &got, &want)
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("DecodeBatch =\n%+v\nwant\n%+v", got, want)
 			}
 		})
 	}
