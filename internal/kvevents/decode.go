@@ -82,6 +82,30 @@ type reader struct {
 	buf []byte
 	br  bytes.Reader
 	d   *msgpack.Decoder
+	// quiet makes the event decoders return errQuiet instead of building
+	// an error message: only the first dropped event's reason is kept,
+	// and a payload of junk events must not cost an allocation per byte.
+	quiet bool
+}
+
+// The decoder's fixed errors, allocated once.
+var (
+	errQuiet       = errors.New("event dropped")
+	errNilArray    = errors.New("nil where an array is required")
+	errNilInt      = errors.New("nil where an integer is required")
+	errTooDeep     = errors.New("nesting too deep")
+	errEmptyEvent  = errors.New("empty event")
+	errNoType      = errors.New(`event without "type"`)
+	errStoredNeeds = errors.New("BlockStored without block_hashes, token_ids or block_size")
+	errRemovedNeed = errors.New("BlockRemoved without block_hashes")
+)
+
+func isArray(c byte) bool {
+	return msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32
+}
+func isMap(c byte) bool { return msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32 }
+func isInt(c byte) bool {
+	return msgpcode.IsFixedNum(c) || (c >= msgpcode.Uint8 && c <= msgpcode.Int64)
 }
 
 func newReader() *reader {
@@ -129,12 +153,22 @@ func (r *reader) isNil() (bool, error) {
 // when the remaining bytes cannot hold that many elements (each takes at
 // least one byte).
 func (r *reader) arrayLen() (int, error) {
-	n, err := r.d.DecodeArrayLen()
+	c, err := r.peek()
 	if err != nil {
 		return 0, err
 	}
-	if n < 0 {
-		return 0, errors.New("nil where an array is required")
+	if c == msgpcode.Nil {
+		return 0, errNilArray
+	}
+	if !isArray(c) {
+		if r.quiet {
+			return 0, errQuiet
+		}
+		return 0, fmt.Errorf("code %#x where an array is required", c)
+	}
+	n, err := r.d.DecodeArrayLen()
+	if err != nil {
+		return 0, err
 	}
 	if n > r.br.Len() {
 		return 0, io.ErrUnexpectedEOF
@@ -148,7 +182,10 @@ func (r *reader) mapLen() (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	if !msgpcode.IsFixedMap(c) && c != msgpcode.Map16 && c != msgpcode.Map32 {
+	if !isMap(c) {
+		if r.quiet {
+			return 0, errQuiet
+		}
 		return 0, fmt.Errorf("code %#x where a map is required", c)
 	}
 	n, err := r.d.DecodeMapLen()
@@ -168,6 +205,9 @@ func (r *reader) str() ([]byte, error) {
 		return nil, err
 	}
 	if !msgpcode.IsString(c) {
+		if r.quiet {
+			return nil, errQuiet
+		}
 		return nil, fmt.Errorf("code %#x where a string is required", c)
 	}
 	n, err := r.d.DecodeBytesLen()
@@ -226,7 +266,7 @@ func (r *reader) fastUint() (v uint64, ok bool) {
 func (r *reader) uint(limit int64) (int64, error) {
 	if v, ok := r.fastUint(); ok {
 		if v > uint64(limit) {
-			return 0, fmt.Errorf("integer %d out of range [0, %d]", v, limit)
+			return 0, r.outOfRange(int64(v), limit)
 		}
 		return int64(v), nil
 	}
@@ -235,16 +275,31 @@ func (r *reader) uint(limit int64) (int64, error) {
 		return 0, err
 	}
 	if c == msgpcode.Nil {
-		return 0, errors.New("nil where an integer is required")
+		return 0, errNilInt
+	}
+	if !isInt(c) {
+		if r.quiet {
+			return 0, errQuiet
+		}
+		return 0, fmt.Errorf("code %#x where an integer is required", c)
 	}
 	v, err := r.d.DecodeInt64()
 	if err != nil {
 		return 0, err
 	}
 	if v < 0 || v > limit {
-		return 0, fmt.Errorf("integer %d out of range [0, %d]", v, limit)
+		return 0, r.outOfRange(v, limit)
 	}
 	return v, nil
+}
+
+// outOfRange is the error for an integer v outside [0, limit]; v above
+// MaxInt64 shows as negative.
+func (r *reader) outOfRange(v, limit int64) error {
+	if r.quiet {
+		return errQuiet
+	}
+	return fmt.Errorf("integer %d out of range [0, %d]", v, limit)
 }
 
 // optUint reads a non-negative integer or nil (-1).
@@ -284,9 +339,12 @@ func (r *reader) hash() (Hash, error) {
 			h = h<<8 | Hash(x)
 		}
 		return h, nil
-	case msgpcode.IsFixedNum(c) || (c >= msgpcode.Uint8 && c <= msgpcode.Int64):
+	case isInt(c):
 		v, err := r.d.DecodeUint64()
 		return Hash(v), err
+	}
+	if r.quiet {
+		return 0, errQuiet
 	}
 	return 0, fmt.Errorf("code %#x where a block hash is required", c)
 }
@@ -299,9 +357,9 @@ func (r *reader) skip(depth int) error {
 		return err
 	}
 	switch {
-	case msgpcode.IsFixedArray(c) || c == msgpcode.Array16 || c == msgpcode.Array32:
+	case isArray(c):
 		if depth >= maxDepth {
-			return errors.New("nesting too deep")
+			return errTooDeep
 		}
 		n, err := r.arrayLen()
 		if err != nil {
@@ -313,9 +371,9 @@ func (r *reader) skip(depth int) error {
 			}
 		}
 		return nil
-	case msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32:
+	case isMap(c):
 		if depth >= maxDepth {
-			return errors.New("nesting too deep")
+			return errTooDeep
 		}
 		n, err := r.mapLen()
 		if err != nil {
@@ -414,7 +472,7 @@ func (r *reader) decodeBatch() (Batch, error) {
 	if err != nil {
 		return b, err
 	}
-	if msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32 {
+	if isMap(c) {
 		n, err := r.mapLen()
 		if err != nil {
 			return b, err
@@ -495,7 +553,9 @@ func (r *reader) decodeEvents(b *Batch) error {
 	b.Events = make([]Event, 0, min(n, r.br.Len()/minEventSize))
 	for i := range n {
 		start := r.pos()
+		r.quiet = b.DropErr != nil
 		ev, evErr := r.decodeEvent()
+		r.quiet = false
 		if evErr == nil && ev.Kind != Unknown {
 			b.Events = append(b.Events, ev)
 			continue
@@ -528,7 +588,7 @@ func (r *reader) decodeEvent() (Event, error) {
 	if err != nil {
 		return ev, err
 	}
-	if msgpcode.IsFixedMap(c) || c == msgpcode.Map16 || c == msgpcode.Map32 {
+	if isMap(c) {
 		n, err := r.mapLen()
 		if err != nil {
 			return ev, err
@@ -536,12 +596,12 @@ func (r *reader) decodeEvent() (Event, error) {
 		for range n {
 			key, err := r.str()
 			if err != nil {
-				return ev, fmt.Errorf("key: %w", err)
+				return ev, r.wrap("key", err)
 			}
 			if string(key) == "type" {
 				tag, err := r.str()
 				if err != nil {
-					return ev, fmt.Errorf("type: %w", err)
+					return ev, r.wrap("type", err)
 				}
 				if ev.Kind = kindOf(tag); ev.Kind == Unknown {
 					return ev, nil
@@ -560,11 +620,11 @@ func (r *reader) decodeEvent() (Event, error) {
 			return ev, err
 		}
 		if n < 1 {
-			return ev, errors.New("empty event")
+			return ev, errEmptyEvent
 		}
 		tag, err := r.str()
 		if err != nil {
-			return ev, fmt.Errorf("type: %w", err)
+			return ev, r.wrap("type", err)
 		}
 		if ev.Kind = kindOf(tag); ev.Kind == Unknown {
 			return ev, nil
@@ -581,30 +641,36 @@ func (r *reader) decodeEvent() (Event, error) {
 			seen |= 1 << f
 		}
 	}
-	return ev, validate(&ev, seen)
+	return ev, r.validate(&ev, seen)
 }
 
 // validate checks ev against its kind's required fields and, for
 // BlockStored, llm-d's invariant (pkg/kvevents/pool.go@ebab6879): the
 // tokens fill exactly one block of block_size per block hash.
-func validate(ev *Event, seen uint32) error {
+func (r *reader) validate(ev *Event, seen uint32) error {
 	switch ev.Kind {
 	case Unknown:
-		return errors.New(`event without "type"`)
+		return errNoType
 	case BlockStored:
 		const need = 1<<fBlockHashes | 1<<fTokenIDs | 1<<fBlockSize
 		if seen&need != need {
-			return errors.New("BlockStored without block_hashes, token_ids or block_size")
+			return errStoredNeeds
 		}
 		if ev.BlockSize < 1 {
+			if r.quiet {
+				return errQuiet
+			}
 			return fmt.Errorf("block_size %d, want at least 1", ev.BlockSize)
 		}
 		if len(ev.TokenIDs)%ev.BlockSize != 0 || len(ev.TokenIDs)/ev.BlockSize != len(ev.BlockHashes) {
+			if r.quiet {
+				return errQuiet
+			}
 			return fmt.Errorf("%d tokens for %d blocks of %d", len(ev.TokenIDs), len(ev.BlockHashes), ev.BlockSize)
 		}
 	case BlockRemoved:
 		if seen&(1<<fBlockHashes) == 0 {
-			return errors.New("BlockRemoved without block_hashes")
+			return errRemovedNeed
 		}
 	}
 	ev.normalize()
@@ -653,9 +719,17 @@ func (r *reader) decodeField(ev *Event, f field) error {
 		err = r.skip(1)
 	}
 	if err != nil && f != fNone {
-		return fmt.Errorf("%s: %w", fieldNames[f], err)
+		return r.wrap(fieldNames[f], err)
 	}
 	return err
+}
+
+// wrap prefixes err with the name of what was being read.
+func (r *reader) wrap(what string, err error) error {
+	if r.quiet {
+		return err
+	}
+	return fmt.Errorf("%s: %w", what, err)
 }
 
 func (r *reader) hashes() ([]Hash, error) {

@@ -2,6 +2,7 @@ package kvevents
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"reflect"
 	"runtime"
@@ -56,7 +57,7 @@ func TestDecodeBatch(t *testing.T) {
 		// msg is DropErr's message after "event 0 dropped: ".
 		msg string
 	}{
-		{"not an array or map", "BlockStored", "msgpack: invalid code=ab decoding array length"},
+		{"not an array or map", "BlockStored", "code 0xab where an array is required"},
 		{"empty array", []any{}, "empty event"},
 		{"tag not a string", []any{1}, "type: code 0x1 where a string is required"},
 		{"map without type", om{"block_hashes", []any{1}}, "event without \"type\""},
@@ -65,7 +66,7 @@ func TestDecodeBatch(t *testing.T) {
 		{"stored without block_size", []any{"BlockStored", []any{1}, nil, seq(0, 16)}, "BlockStored without block_hashes, token_ids or block_size"},
 		{"stored block_size zero", []any{"BlockStored", []any{}, nil, []any{}, 0}, "block_size 0, want at least 1"},
 		{"stored block_size negative", []any{"BlockStored", []any{}, nil, []any{}, -16}, "block_size: integer -16 out of range [0, 2147483647]"},
-		{"stored block_size float", []any{"BlockStored", []any{}, nil, []any{}, 16.0}, "block_size: msgpack: invalid code=cb decoding int64"},
+		{"stored block_size float", []any{"BlockStored", []any{}, nil, []any{}, 16.0}, "block_size: code 0xcb where an integer is required"},
 		{"stored tokens not a multiple", []any{"BlockStored", []any{1}, nil, seq(0, 17), 16}, "17 tokens for 1 blocks of 16"},
 		{"stored too few hashes", []any{"BlockStored", []any{1}, nil, seq(0, 32), 16}, "32 tokens for 1 blocks of 16"},
 		{"stored too many hashes", []any{"BlockStored", []any{1, 2}, nil, seq(0, 16), 16}, "16 tokens for 2 blocks of 16"},
@@ -131,13 +132,13 @@ func TestDecodeBatchErrors(t *testing.T) {
 	}{
 		{"empty", nil, ErrMalformed, "unexpected EOF"},
 		{"nil", []byte{0xc0}, ErrMalformed, "nil where an array is required"},
-		{"string", pack(t, "batch"), ErrMalformed, "decoding array length"},
+		{"string", pack(t, "batch"), ErrMalformed, "batch at byte 0: code 0xa5 where an array is required"},
 		{"one element", pack(t, []any{1.0}), ErrMalformed, "array batch of 1 elements"},
 		{"ts string", pack(t, []any{"x", []any{}}), ErrMalformed, "decoding float32"},
 		{"events nil", pack(t, []any{1.0, nil}), ErrMalformed, "nil where an array is required"},
-		{"events map", pack(t, []any{1.0, om{}}), ErrMalformed, "decoding array length"},
+		{"events map", pack(t, []any{1.0, om{}}), ErrMalformed, "batch at byte 10: code 0x80 where an array is required"},
 		{"negative rank", pack(t, []any{1.0, []any{}, -1}), ErrMalformed, "out of range"},
-		{"rank string", pack(t, []any{1.0, []any{}, "0"}), ErrMalformed, "decoding int64"},
+		{"rank string", pack(t, []any{1.0, []any{}, "0"}), ErrMalformed, "batch at byte 11: code 0xa1 where an integer is required"},
 		{"map without events", pack(t, om{"ts", 1.0}), ErrMalformed, `without "ts" or "events"`},
 		{"map without ts", pack(t, om{"events", []any{}}), ErrMalformed, `without "ts" or "events"`},
 		{"truncated", valid[:len(valid)-1], ErrMalformed, "unexpected EOF"},
@@ -205,5 +206,32 @@ func TestDecodeBatchMemoryBounded(t *testing.T) {
 				t.Logf("%d bytes allocated %d bytes (%.1fx)", len(payload), got, float64(got)/float64(len(payload)))
 			}
 		})
+	}
+}
+
+// TestDecodeBatchJunkEvents checks that events dropped after the first cost
+// no allocation for their reason: only the first drop's reason is built, so
+// a payload of 65536 small junk events makes at most 100 allocations (a
+// fixed number; -race and sync.Pool add some), not one error per event.
+// What a dropped event decoded before failing, such as its hashes, is still
+// allocated, within TestDecodeBatchMemoryBounded's bound.
+func TestDecodeBatchJunkEvents(t *testing.T) {
+	const n = 1 << 16
+	for _, junk := range [][]byte{{0x01}, {0xc0}, {0xa0}, {0x90}, {0x91, 0x01}, {0x91, 0xa1, 'X'}, {0x80},
+		{0x82, 0xa4, 't', 'y', 'p', 'e', 0xac, 'B', 'l', 'o', 'c', 'k', 'R', 'e', 'm', 'o', 'v', 'e', 'd', 0x01, 0x01},
+		{0x92, 0xab, 'B', 'l', 'o', 'c', 'k', 'S', 't', 'o', 'r', 'e', 'd', 0xa1, 'x'},
+		{0x95, 0xab, 'B', 'l', 'o', 'c', 'k', 'S', 't', 'o', 'r', 'e', 'd', 0x90, 0xc0, 0x90, 0xff}} {
+		events := bytes.Repeat(junk, n)
+		payload := binary.BigEndian.AppendUint32([]byte{0x92, 0x01, 0xdd}, n)
+		payload = append(payload, events...)
+		var b Batch
+		var err error
+		allocs := testing.AllocsPerRun(2, func() { b, err = DecodeBatch(payload) })
+		if err != nil || b.Dropped+b.Unknown != n {
+			t.Fatalf("junk % x: DecodeBatch: %v, %d dropped, %d unknown, want %d", junk, err, b.Dropped, b.Unknown, n)
+		}
+		if allocs > 100 {
+			t.Errorf("junk % x: %v allocations for %d junk events (%v), want at most 100", junk, allocs, n, b.DropErr)
+		}
 	}
 }
