@@ -1,0 +1,97 @@
+// Package kvevents reads and writes the wire format of vLLM's KV-cache
+// events: the batches of BlockStored, BlockRemoved and AllBlocksCleared
+// events an engine publishes over ZMQ when it stores, evicts or clears
+// prefix-cache blocks. It does no networking: [ParseMessage] and
+// [ParseReplayReply] take the frames a ZMQ socket received, [DecodeBatch]
+// turns a payload into a [Batch], and [AppendBatch] writes one (for the
+// simulated engines and for tests).
+//
+// # The wire
+//
+// An engine started with --kv-events-config
+// '{"enable_kv_cache_events":true,"publisher":"zmq",...}' publishes on a ZMQ
+// PUB socket (tcp://*:5557 by default; vllm/config/kv_events.py@00634b8a).
+// Each message is three frames: the configured topic, the sequence number as
+// 8 bytes big-endian (from 0 per publisher, one per batch) and the msgpack
+// payload. PUB delivery is at most once (high-water mark, slow joiner), so a
+// gap in seq means the engine's cache state is unknown from then on.
+//
+// With replay_endpoint set, a ROUTER socket answers a request [start] (8
+// bytes big-endian; see [ReplayRequest]) with one message [seq, payload] per
+// buffered batch with seq >= start, then the end marker [-1 as signed 8-byte
+// big-endian, ""] (see [ParseReplayReply]). Source: the ZMQ publisher in
+// vllm/distributed/kv_events.py, which also gives each data-parallel rank its
+// own publisher, on the port plus the rank (@0181ea31).
+//
+// The payload is vLLM's KVEventBatch, {ts: float, events: [...],
+// data_parallel_rank: int | nil}, and each event a tagged union:
+//
+//	BlockStored      block_hashes, parent_block_hash, token_ids, block_size,
+//	                 lora_id, medium, lora_name, extra_keys, group_idx,
+//	                 kv_cache_spec_kind, kv_cache_spec_sliding_window
+//	BlockRemoved     block_hashes, medium, group_idx
+//	AllBlocksCleared (no fields)
+//
+// The fields are listed in declaration order, which is also their position
+// in array-encoded events. Each of lora_name, extra_keys, group_idx and the
+// spec kind was added by a later vLLM PR, and a v0.28.0 capture shows one more
+// ("locality"), so the decoder ignores keys and positions it does not know.
+//
+// # Encodings
+//
+// vLLM encodes with msgspec, and the layout changed once:
+//
+//   - Before vLLM PR #42892 (merged 2026-06-09), array_like=True: the batch is
+//     [ts, [events...], rank] and each event a positional array
+//     ["BlockStored", block_hashes, ...] with trailing default fields omitted.
+//     [AppendBatch] writes this with [EncodingArray].
+//   - Since PR #42892 the events are maps {"type": "BlockStored",
+//     "block_hashes": ..., ...} while the batch stays an array, as in a vLLM
+//     0.26.0 capture (kthena #1535, reproduced in testdata). [AppendBatch]
+//     writes this with [EncodingMap].
+//   - A later main snapshot (vllm/distributed/kv_events.py@0181ea31) also
+//     drops array_like from the batch, which would make it a map {"ts",
+//     "events", "data_parallel_rank"}.
+//
+// [DecodeBatch] therefore accepts an array or a map at both levels, in any
+// combination.
+//
+// # Hashes
+//
+// vLLM's ExternalBlockHash is bytes | int. With the default
+// VLLM_KV_EVENTS_USE_INT_BLOCK_HASHES=1 each 32-byte block digest is published
+// as int.from_bytes(digest, "big") & (2**64-1), a msgpack uint64; with 0 the
+// digest itself is published as msgpack bin (vllm/distributed/kv_events.py,
+// vllm/v1/core/kv_cache_utils.py@001cabc1). The decoder turns a bin into a
+// [Hash] the same way vLLM turns it into an int, its last 8 bytes read
+// big-endian, so one block has one Hash whichever form its engine publishes.
+// Older peers were seen sending the int as a signed int64 (Dynamo PR #3180);
+// its 64 bits are taken as they are.
+//
+// The hashes are the engine's own: they chain over pickled tuples with a
+// per-process seed and cannot be recomputed outside it. An index keys blocks
+// by its own hash of the token ids and keeps the engine's hash only to apply
+// BlockRemoved.
+//
+// # Validation
+//
+// A BlockStored event must satisfy the invariant llm-d checks
+// (llm-d-router pkg/kvevents/pool.go@ebab6879): block_size >= 1, and
+// token_ids holds exactly block_size tokens per block hash. An event that
+// breaks it, lacks a required field or has a field of the wrong type or a
+// negative id is dropped and counted in [Batch.Dropped] (the first one's
+// reason in [Batch.DropErr]); an event of an unknown type is counted in
+// [Batch.Unknown]. Neither fails the batch: the other events of a step are
+// still true.
+//
+// # Bounds
+//
+// Payloads come from the network and their length prefixes are not trusted.
+// [DecodeBatch] refuses a payload over [MaxPayloadSize] (64 MiB), never sizes
+// an allocation from a declared length beyond what the remaining bytes can
+// hold, follows at most 32 levels of nesting when it skips a value, and never
+// panics on any input (FuzzDecodeBatch). It allocates at most about 20 times
+// the payload's length; see [DecodeBatch]. Only the first dropped event's
+// reason is built, so a flood of junk events costs no allocation per event
+// for its errors.
+package kvevents
