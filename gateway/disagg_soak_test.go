@@ -44,7 +44,7 @@ var pdSoakKinds = []pdSoakKind{
 	// and continued the same way.
 	{name: "kv pull fails, stream", fault: "kv-pull-fail", stream: true, status: 200, mode: telemetry.DisaggModeDisaggregated, continued: true},
 	{name: "kv pull fails", fault: "kv-pull-fail", status: 200, mode: telemetry.DisaggModeDisaggregated, continued: true},
-	{name: "prefill 503", fault: "status=503", status: 503},
+	{name: "prefill 503", fault: "status=503", status: 503, mode: telemetry.DisaggModeDisaggregated}, // decided, then failed
 	{name: "client gone mid-stream", stream: true, cancel: true, mode: telemetry.DisaggModeDisaggregated},
 }
 
