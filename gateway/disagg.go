@@ -249,7 +249,7 @@ func (s *Server) prefillCandidates(rt *fleet.Route, decode *routing.Endpoint) []
 }
 
 // prefill runs the prefill legs of a disaggregated request: the prefill
-// engine is picked by the policy (prefix match and load) among
+// engine is picked by prefix match and load (pickPrefill) among
 // prefillCandidates, and one that fails before answering is replaced by
 // another within the retry rules and budget (plan.retry). It returns nil
 // once d holds the prefill reply's params (mode disaggregated) or none
@@ -283,7 +283,7 @@ func (s *Server) prefill(ctx context.Context, w http.ResponseWriter, r *http.Req
 			}
 			return true, false, routing.ErrNoEndpoint
 		}
-		ep, err := in.set.policy.Pick(ctx, rreq, cands)
+		ep, err := pickPrefill(ctx, in.set.policy, rreq, cands)
 		if err != nil {
 			return true, false, err
 		}
@@ -325,6 +325,32 @@ func (s *Server) prefill(ctx context.Context, w http.ResponseWriter, r *http.Req
 			}
 		}
 	}
+}
+
+// pickPrefill picks the prefill engine among cands (not empty) by prefix
+// match and load: through the routing policy when it routes on prompt
+// prefixes (prefix-aware, scorer: the engine that holds most of the
+// prompt, balanced by load), else the one with the fewest requests in
+// flight (the first of them on a tie). A prefill's cost is its uncached
+// prompt, so a policy blind to both (round-robin, a session ring) would
+// queue long prompts behind one another on a busy prefill engine while
+// another idles. It does not allocate.
+func pickPrefill(ctx context.Context, policy routing.Policy, rreq *routing.Request, cands []*routing.Endpoint) (*routing.Endpoint, error) {
+	if _, ok := policy.(routing.PrefixHasher); ok {
+		return policy.Pick(ctx, rreq, cands)
+	}
+	var best *routing.Endpoint
+	var least int64
+	for _, ep := range cands {
+		pf, dc := ep.InFlight()
+		if best == nil || pf+dc < least {
+			best, least = ep, pf+dc
+		}
+	}
+	if best == nil {
+		return nil, routing.ErrNoEndpoint
+	}
+	return best, nil
 }
 
 // prefillLeg runs one prefill leg on eng: its attempt holds a prefill

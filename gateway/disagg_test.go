@@ -1022,3 +1022,53 @@ func TestDisaggregationKVPullFailContinued(t *testing.T) {
 		t.Errorf("access-log line %v: want continued 1, disaggregation disaggregated and a ttft", line)
 	}
 }
+
+// TestDisaggregationPrefillByLoad checks that, under a policy blind to
+// load (round-robin), the prefill engine is the one with the fewest
+// requests in flight: while a long prefill holds one prefill engine, the
+// next prefill goes to the other, whatever round-robin would have said.
+func TestDisaggregationPrefillByLoad(t *testing.T) {
+	for round := range 2 { // round-robin's turn differs between the rounds
+		t.Run(fmt.Sprint(round), func(t *testing.T) {
+			engines, cfg := pdFleet(t, func(name string, c *enginesim.Config) {
+				c.TTFT = 3 * time.Second // every prefill is long: the first one holds its engine
+			}, "prefill", "prefill", "decode")
+			rr := routing.NewRoundRobin()
+			for range round {
+				_, _ = rr.Pick(context.Background(), &routing.Request{}, []*routing.Endpoint{nil, nil})
+			}
+			h := newHarnessWith(t, cfg, nil, withPolicy(rr))
+			ctx, cancel := context.WithCancel(context.Background())
+			var wg sync.WaitGroup
+			defer func() { cancel(); wg.Wait(); h.waitIdle() }()
+			send := func(body string) {
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, h.srv.URL+"/v1/chat/completions", strings.NewReader(body))
+				wg.Go(func() {
+					if resp, err := h.client.Do(req); err == nil {
+						_, _ = io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+					}
+				})
+			}
+			send(fmt.Sprintf(`{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"first %s"}]}`, longPrompt))
+			var busy, idle *pdEngine
+			testutil.Poll(5*time.Second, func() bool {
+				for i, e := range engines[:2] {
+					if e.sim.Stats().Running == 1 {
+						busy, idle = e, engines[1-i]
+						return true
+					}
+				}
+				return false
+			})
+			if busy == nil {
+				t.Fatal("the first prefill never started")
+			}
+			send(fmt.Sprintf(`{"model":"m","max_tokens":2,"messages":[{"role":"user","content":"next %s"}]}`, longPrompt))
+			testutil.Poll(5*time.Second, func() bool { return idle.sim.Stats().Received == 1 })
+			if a, b := idle.sim.Stats().Received, busy.sim.Stats().Received; a != 1 || b != 1 {
+				t.Errorf("the idle prefill engine %s received %d, the busy %s %d; want 1 each", idle.name, a, busy.name, b)
+			}
+		})
+	}
+}
