@@ -1,12 +1,19 @@
 // Package stablehash holds the hashes that must come out the same in every
 // gateway process, on every machine and across versions: the session
-// ring's points and keys (routing) and the model seed of prompt block
-// hashes (internal/oai). Two replicas that disagreed would send one session
+// ring's points and keys (routing), the model seed of prompt block
+// hashes (internal/oai) and the chained hashes of token-id blocks that
+// key the KV-event prefix index (TokenBlocks). Two replicas that disagreed would send one session
 // or one prefix to different engines. So there is no hash/maphash (seeded
 // at random per process) and no hash.Hash interface (it would allocate on
 // the request path); changing a function here remaps every session and
 // every learned prefix, which TestGolden guards.
 package stablehash
+
+import (
+	"encoding/binary"
+
+	"github.com/cespare/xxhash/v2"
+)
 
 const (
 	fnvOffset64 = 14695981039346656037
@@ -34,4 +41,42 @@ func Mix64(h uint64) uint64 {
 	h *= 0xc4ceb9fe1a85ec53
 	h ^= h >> 33
 	return h
+}
+
+// TokenBlocks appends to dst the chained hashes of the full blocks of
+// blockSize token ids in tokens and returns it: block i's hash is XXH64
+// (the xxHash spec's 64-bit hash), seeded with block i-1's hash (with
+// seed for block 0), of block i's token ids as little-endian uint32s. So
+// block i's hash stands for every token up to the end of block i, and two
+// sequences share their first k hashes exactly when they share their first
+// k blocks (up to collisions). A partial last block is not hashed: vLLM
+// caches full blocks only (vllm/v1/core/kv_cache_utils.py). seed is 0 for
+// a base model, String(adapter name) for a LoRA adapter's blocks, which
+// are its own. The KV-event index keys on these hashes rather than on
+// vLLM's own, which no other process can reproduce (pickle, and a random
+// per-process seed); Dynamo hashes blocks the same way (XXH3 over
+// little-endian token ids). blockSize <= 0 hashes nothing. It does not
+// allocate beyond dst's growth.
+func TokenBlocks(dst []uint64, tokens []uint32, blockSize int, seed uint64) []uint64 {
+	if blockSize <= 0 {
+		return dst
+	}
+	var d xxhash.Digest
+	var buf [256]byte
+	prev := seed
+	for b := 0; b+blockSize <= len(tokens); b += blockSize {
+		d.ResetWithSeed(prev)
+		blk := tokens[b : b+blockSize]
+		for len(blk) > 0 {
+			n := min(len(blk), len(buf)/4)
+			for i, t := range blk[:n] {
+				binary.LittleEndian.PutUint32(buf[4*i:], t)
+			}
+			_, _ = d.Write(buf[:4*n])
+			blk = blk[n:]
+		}
+		prev = d.Sum64()
+		dst = append(dst, prev)
+	}
+	return dst
 }
