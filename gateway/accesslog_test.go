@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"testing"
@@ -77,9 +76,7 @@ func TestAccessLogUnmatchedPath(t *testing.T) {
 // can be switched off.
 func TestAccessLog(t *testing.T) {
 	_, simSrv := sim(t, enginesim.Config{Models: []string{"m"}})
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	dead := "http://" + ln.Addr().String()
-	ln.Close()
+	dead := testutil.RefusedURL
 	var buf testutil.LockedBuffer
 	log := slog.New(slog.NewJSONHandler(&buf, nil))
 	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: simSrv.URL, Models: []string{"m"}}, fleet.EngineConfig{Name: "dead", URL: dead, Models: []string{"gone"}})

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -28,12 +27,7 @@ import (
 // per-request state; successes afterwards are routed normally.
 func TestCaseL01FailedRequestsReleaseFromPrefill(t *testing.T) {
 	engA, sA := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: time.Nanosecond, ITL: time.Nanosecond})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadURL := "http://" + ln.Addr().String()
-	ln.Close()
+	deadURL := testutil.RefusedURL
 	cfg := testConfig(fleet.EngineConfig{Name: "A", URL: sA.URL, Models: []string{"m"}}, fleet.EngineConfig{Name: "dead", URL: deadURL, Models: []string{"gone"}})
 	cfg.MaxAttempts = 1
 	h := newHarness(t, cfg, withoutStart())
@@ -250,12 +244,7 @@ func TestCaseL03EngineFlap(t *testing.T) {
 // has the default streak).
 func TestRetryOnConnectFailure(t *testing.T) {
 	live, sLive := sim(t, enginesim.Config{Models: []string{"m"}})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadURL := "http://" + ln.Addr().String()
-	ln.Close()
+	deadURL := testutil.RefusedURL
 	cfg := testConfig(fleet.EngineConfig{Name: "dead", URL: deadURL, Models: []string{"m"}}, fleet.EngineConfig{Name: "live", URL: sLive.URL, Models: []string{"m"}})
 	cfg.Outlier.ConsecutiveConnectFailures = 1
 	h := newHarness(t, cfg, withoutStart()) // no probe: "dead" starts healthy

@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -886,15 +885,10 @@ func runPDFault(t *testing.T, fc pdFault, stream bool) {
 	}
 }
 
-// deadURL returns the URL of a loopback port nothing listens on.
+// deadURL returns the URL of a loopback port that refuses connections.
 func deadURL(t *testing.T) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return "http://" + ln.Addr().String()
+	return testutil.RefusedURL
 }
 
 // TestDisaggregationPrefillErrorKept checks that a failed prefill's client

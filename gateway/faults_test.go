@@ -407,12 +407,7 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 	var opts []Option
 	switch fc.setup {
 	case deadEngine:
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		url = "http://" + ln.Addr().String()
-		ln.Close()
+		url = testutil.RefusedURL
 	case panicEngine:
 		tr := NewTransport(time.Second)
 		t.Cleanup(tr.CloseIdleConnections)

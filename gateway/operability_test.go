@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
 const chatStream = `{"model":"m","stream":true,"max_tokens":4,"messages":[{"role":"user","content":"a b c"}]}`
@@ -70,12 +70,7 @@ func TestFirstTokenSilenceIsNotIdle(t *testing.T) {
 // models of the other engines still route.
 func TestDiscoveryDownEngineUnknownModel404(t *testing.T) {
 	_, simSrv := sim(t, enginesim.Config{Models: []string{"m"}})
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := "http://" + ln.Addr().String()
-	ln.Close()
+	dead := testutil.RefusedURL
 	h := newHarness(t, testConfig(
 		fleet.EngineConfig{Name: "static", URL: simSrv.URL, Models: []string{"m"}},
 		fleet.EngineConfig{Name: "down", URL: dead}, // models to be discovered
@@ -105,9 +100,7 @@ func TestDiscoveryDownEngineUnknownModel404(t *testing.T) {
 // tried on the gateway's own error answers (connect failure, timeout), and
 // is absent when no engine was tried (unknown model).
 func TestEngineHeaderOnGatewayErrors(t *testing.T) {
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	dead := "http://" + ln.Addr().String()
-	ln.Close()
+	dead := testutil.RefusedURL
 	_, simSrv := sim(t, enginesim.Config{Models: []string{"slow"}})
 	cfg := testConfig(fleet.EngineConfig{Name: "dead", URL: dead, Models: []string{"m"}}, fleet.EngineConfig{Name: "staller", URL: simSrv.URL, Models: []string{"slow"}})
 	cfg.MaxAttempts = 1

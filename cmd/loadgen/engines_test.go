@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
 // fleet is a few in-process simulated engines behind a round-robin router
@@ -195,8 +196,7 @@ func TestEngineCountsAndPrefixCache(t *testing.T) {
 func TestEngineMetricsUnreachable(t *testing.T) {
 	rec := &recorder{next: newSim(t)}
 	srv := serve(t, rec)
-	closed := httptest.NewServer(http.NotFoundHandler())
-	closed.Close()
+	closed := struct{ URL string }{testutil.RefusedURL}
 	for _, tc := range []struct {
 		name, url string
 	}{

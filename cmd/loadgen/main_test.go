@@ -17,6 +17,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
 
 func TestMain(m *testing.M) {
@@ -437,8 +438,7 @@ func TestErrorClasses(t *testing.T) {
 		"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\n"+
 		"data: {\"error\":{\"message\":\"engine died\",\"type\":\"internal_error\",\"code\":500}}\n\n"+
 		"data: [DONE]\n\n"))
-	closed := httptest.NewServer(http.NotFoundHandler())
-	closed.Close()
+	closed := struct{ URL string }{testutil.RefusedURL}
 	for _, tc := range []struct {
 		name   string
 		url    string
