@@ -17,7 +17,7 @@ func ExampleParseRequest() {
 		fmt.Printf("param %q: %s\n", re.Param, re.Message)
 	}
 	// Output:
-	// {Model:m ModelStart:9 ModelEnd:12 Stream:true StreamStart:66 StreamEnd:70 Streamable:true KVTransfer:false Sampling:{Temperature:[] TopP:[] TopK:[] FrequencyPenalty:[] PresencePenalty:[] Seed:[] N:[] Stop:[] StopSequences:[] ResponseFormat:[]} IncludeUsage:true ContinuousUsage:false HasStreamOptions:true StreamOptionsEnd:109 StreamOptionsEmpty:false User: MaxTokens:0 MaxTokensParam: PromptBytes:2 PrefixHashes:[]} <nil>
+	// {Model:m ModelStart:9 ModelEnd:12 Stream:true StreamStart:66 StreamEnd:70 Streamable:true KVTransfer:false PromptBatch:false EchoLogprobs:false Sampling:{Temperature:[] TopP:[] TopK:[] FrequencyPenalty:[] PresencePenalty:[] Seed:[] N:[] Stop:[] StopSequences:[] ResponseFormat:[]} IncludeUsage:true ContinuousUsage:false HasStreamOptions:true StreamOptionsEnd:109 StreamOptionsEmpty:false User: MaxTokens:0 MaxTokensParam: PromptBytes:2 PrefixHashes:[]} <nil>
 	// param "": invalid json: invalid character 'x' looking for beginning of object key string
 }
 

@@ -237,6 +237,12 @@ func refParseRequest(s *Schema, body []byte) (Request, error) {
 		}
 		r.Streamable = refNull(m["prompt_logprobs"]) && refNull(m["kv_transfer_params"])
 		r.KVTransfer = !refNull(m["kv_transfer_params"])
+		var batch []json.RawMessage
+		if json.Unmarshal(m[s.Prompt], &batch) == nil && len(batch) > 0 {
+			f := bytes.TrimLeft(batch[0], " \t\r\n")
+			r.PromptBatch = len(f) > 0 && (f[0] == '"' || f[0] == '[')
+		}
+		r.EchoLogprobs = string(m["echo"]) == "true" && !refNull(m["logprobs"])
 		r.Sampling = SamplingRaw{Temperature: m["temperature"], TopP: m["top_p"], TopK: m["top_k"], FrequencyPenalty: m["frequency_penalty"],
 			PresencePenalty: m["presence_penalty"], Seed: m["seed"], N: m["n"], Stop: m["stop"], StopSequences: m["stop_sequences"], ResponseFormat: m["response_format"]}
 		so := m["stream_options"]

@@ -39,6 +39,15 @@ type Request struct {
 	// disaggregates prefill and decode sets itself. Always false for a
 	// Schema that is not Generative.
 	KVTransfer bool
+	// PromptBatch is true when the prompt is an array of prompts (of
+	// strings, or of arrays of token ids: a completions batch), not one
+	// prompt. Always false for a Schema that is not Generative.
+	PromptBatch bool
+	// EchoLogprobs is true when the body sets "echo": true and a
+	// non-null "logprobs" (completions): vLLM then returns the prompt's
+	// logprobs too (vllm/entrypoints/openai/serving_completion.py). Always
+	// false for a Schema that is not Generative.
+	EchoLogprobs bool
 	// Sampling holds the raw values of the sampling parameters (aliasing
 	// the body), for the GenAI span attributes ([ParseSampling] decodes
 	// them); all nil when the Schema is not Generative.
@@ -268,7 +277,7 @@ func (p Parser) Parse(s *Schema, body []byte) (Request, error) {
 
 	// Raw values of the fields, nil when absent; the last duplicate wins.
 	var model, stream, streamOpts, user, metadata, maxTokens, maxCompletion, maxOutput, prompt, preamble []byte
-	var promptLogprobs, kvTransfer []byte
+	var promptLogprobs, kvTransfer, echo, logprobs []byte
 	var sampling SamplingRaw
 	modelAt, streamOptsAt, streamAt := 0, 0, 0
 	var present uint64 // bit i: the last s.Require[i] is present and not null
@@ -329,6 +338,10 @@ func (p Parser) Parse(s *Schema, body []byte) (Request, error) {
 			sampling.ResponseFormat = raw
 		case "kv_transfer_params":
 			kvTransfer = raw
+		case "echo":
+			echo = raw
+		case "logprobs":
+			logprobs = raw
 		case "stream_options":
 			streamOpts, streamOptsAt = raw, start
 		case "max_tokens":
@@ -392,6 +405,8 @@ func (p Parser) Parse(s *Schema, body []byte) (Request, error) {
 		}
 		r.Streamable = nullOrAbsent(promptLogprobs) && nullOrAbsent(kvTransfer)
 		r.KVTransfer = !nullOrAbsent(kvTransfer)
+		r.PromptBatch = isBatch(prompt)
+		r.EchoLogprobs = string(echo) == "true" && !nullOrAbsent(logprobs)
 		r.Sampling = sampling
 		r.HasStreamOptions = !nullOrAbsent(streamOpts)
 		if r.HasStreamOptions {
@@ -700,4 +715,16 @@ func isZero(text []byte) bool {
 		}
 	}
 	return true
+}
+
+// isBatch reports whether a raw prompt value is an array whose first
+// element is a string or an array: a batch of prompts.
+func isBatch(raw []byte) bool {
+	d := decoder{b: raw}
+	if d.peek() != '[' {
+		return false
+	}
+	d.i++
+	c := d.peek()
+	return c == '"' || c == '['
 }
