@@ -3,7 +3,6 @@ package gateway
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -160,7 +159,7 @@ func pairs(e *fleet.Engine, group string) bool {
 // prompt_logprobs (Streamable is false with it; the prompt's logprobs
 // come from the prefill engine's logits, which the client would not
 // get). A client's kv_transfer_params never get here (errClientKVParams).
-func disaggregable(op *operation, in *inbound) bool {
+func disaggregable(in *inbound) bool {
 	if !in.req.Streamable {
 		return false
 	}
@@ -169,28 +168,12 @@ func disaggregable(op *operation, in *inbound) bool {
 			return false
 		}
 	}
-	if op.migrate == migrateCompletion {
-		// vLLM's completions server answers a batch of prompts with the
-		// first one's kv_transfer_params only, and echo with logprobs
-		// asks for the prompt's logprobs (vllm/entrypoints/openai/
-		// serving_completion.py): both are served whole. Read here, on
-		// the requests that would disaggregate only.
-		var f struct {
-			Prompt   json.RawMessage `json:"prompt"`
-			Echo     bool            `json:"echo"`
-			Logprobs json.RawMessage `json:"logprobs"`
-		}
-		if json.Unmarshal(in.body, &f) != nil {
-			return false
-		}
-		if p := bytes.TrimLeft(f.Prompt, " \t\r\n"); len(p) > 0 && p[0] == '[' {
-			if q := bytes.TrimLeft(p[1:], " \t\r\n"); len(q) > 0 && (q[0] == '"' || q[0] == '[') {
-				return false // a batch of prompts (strings, or arrays of token ids)
-			}
-		}
-		if f.Echo && len(f.Logprobs) > 0 && string(f.Logprobs) != "null" {
-			return false
-		}
+	// vLLM's completions server answers a batch of prompts with the
+	// first one's kv_transfer_params only, and echo with logprobs asks for
+	// the prompt's logprobs (vllm/entrypoints/openai/serving_completion.py):
+	// both are served whole.
+	if in.req.PromptBatch || in.req.EchoLogprobs {
+		return false
 	}
 	return true
 }
@@ -208,7 +191,7 @@ func (s *Server) decideDisagg(ctx context.Context, op *operation, in *inbound, r
 		return nil, nil
 	}
 	accepted := time.Now()
-	if !disaggregable(op, in) {
+	if !disaggregable(in) {
 		return &disagg{mode: telemetry.DisaggModeAggregated, accepted: accepted}, nil
 	}
 	decode := admissible(rt, rt.Decode())
@@ -314,15 +297,8 @@ func (s *Server) prefill(ctx context.Context, w http.ResponseWriter, r *http.Req
 		if !next.same {
 			tried = append(tried, ep)
 		}
-		if next.wait > 0 {
-			t := time.NewTimer(next.wait)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-				_, ae := s.classify(r, ctx, context.Cause(ctx))
-				return true, false, ae
-			}
+		if ae := s.pause(ctx, r, next.wait); ae != nil {
+			return true, false, ae
 		}
 	}
 }

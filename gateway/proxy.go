@@ -246,15 +246,8 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 			// the retry rather than tying with the failing one.
 			f.Forget(&rreq, ep)
 		}
-		if leg.wait > 0 {
-			t := time.NewTimer(leg.wait)
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				t.Stop()
-				_, ae := s.classify(r, ctx, context.Cause(ctx))
-				return ae
-			}
+		if ae := s.pause(ctx, r, leg.wait); ae != nil {
+			return ae
 		}
 		if op.sticky {
 			candidates = without(candidates, ep)
@@ -316,6 +309,24 @@ func (s *Server) unresumed(w http.ResponseWriter, op *operation, p *plan) error 
 	}
 	endCut(w, k, op.framing)
 	return nil
+}
+
+// pause waits d (a retry's back-off; nothing when d <= 0) unless ctx ends
+// first, and then returns the client's error for its cause (499 for a
+// client that left, 504 for the request timeout).
+func (s *Server) pause(ctx context.Context, r *http.Request, d time.Duration) *APIError {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		_, ae := s.classify(r, ctx, context.Cause(ctx))
+		return ae
+	}
 }
 
 // legCands returns the engines of rt a leg of op may go to: for a
