@@ -2,6 +2,7 @@ package telemetry
 
 import (
 	"context"
+	"slices"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -74,10 +75,17 @@ const (
 type disaggInstruments struct {
 	requests, kvFailures metric.Int64Counter
 	prefill, handover    metric.Float64Histogram
-	// modes and failures are the attribute options of each value.
-	modes    [3][]metric.AddOption
-	failures [3][]metric.AddOption
+	// modes and failures are the attribute options of each value of
+	// disaggModes and kvFailures, index for index.
+	modes    [len(disaggModes)][]metric.AddOption
+	failures [len(kvFailures)][]metric.AddOption
 }
+
+// The bounded values of AttrDisaggMode and AttrDisaggKVFailure.
+var (
+	disaggModes = [...]string{DisaggModeDisaggregated, DisaggModeAggregated, DisaggModeRecompute}
+	kvFailures  = [...]string{KVFailureMissingParams, KVFailureNotTransferred, KVFailureAbandoned}
+)
 
 func (r *disaggInstruments) init(meter metric.Meter) []error {
 	var errs []error
@@ -100,15 +108,15 @@ func (r *disaggInstruments) init(meter metric.Meter) []error {
 		r.prefill, _ = nm.Float64Histogram(DisaggPrefillDurationName)
 	}
 	if r.handover, err = meter.Float64Histogram(DisaggHandoverName, metric.WithUnit("s"),
-		metric.WithDescription("Time from a prefill leg's reply to the decode engine's response headers, by decode engine."),
+		metric.WithDescription("Time from a prefill leg's reply to the decode engine's first event, by decode engine."),
 		metric.WithExplicitBucketBoundaries(ttftBuckets...)); err != nil {
 		errs = append(errs, err)
 		r.handover, _ = nm.Float64Histogram(DisaggHandoverName)
 	}
-	for i, v := range []string{DisaggModeDisaggregated, DisaggModeAggregated, DisaggModeRecompute} {
+	for i, v := range disaggModes {
 		r.modes[i] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(AttrDisaggMode.String(v)))}
 	}
-	for i, v := range []string{KVFailureMissingParams, KVFailureNotTransferred, KVFailureAbandoned} {
+	for i, v := range kvFailures {
 		r.failures[i] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(AttrDisaggKVFailure.String(v)))}
 	}
 	return errs
@@ -117,26 +125,16 @@ func (r *disaggInstruments) init(meter metric.Meter) []error {
 // RecordDisaggregation counts one disaggregation decision; mode is one of
 // the DisaggMode values (any other is not recorded).
 func (m *Metrics) RecordDisaggregation(ctx context.Context, mode string) {
-	switch mode {
-	case DisaggModeDisaggregated:
-		m.disagg.requests.Add(ctx, 1, m.disagg.modes[0]...)
-	case DisaggModeAggregated:
-		m.disagg.requests.Add(ctx, 1, m.disagg.modes[1]...)
-	case DisaggModeRecompute:
-		m.disagg.requests.Add(ctx, 1, m.disagg.modes[2]...)
+	if i := slices.Index(disaggModes[:], mode); i >= 0 {
+		m.disagg.requests.Add(ctx, 1, m.disagg.modes[i]...)
 	}
 }
 
 // RecordKVTransferFailure counts one KV transfer that did not happen;
 // reason is one of the KVFailure values (any other is not recorded).
 func (m *Metrics) RecordKVTransferFailure(ctx context.Context, reason string) {
-	switch reason {
-	case KVFailureMissingParams:
-		m.disagg.kvFailures.Add(ctx, 1, m.disagg.failures[0]...)
-	case KVFailureNotTransferred:
-		m.disagg.kvFailures.Add(ctx, 1, m.disagg.failures[1]...)
-	case KVFailureAbandoned:
-		m.disagg.kvFailures.Add(ctx, 1, m.disagg.failures[2]...)
+	if i := slices.Index(kvFailures[:], reason); i >= 0 {
+		m.disagg.kvFailures.Add(ctx, 1, m.disagg.failures[i]...)
 	}
 }
 

@@ -677,8 +677,7 @@ func (e *Engine) Attrs(model, op, operation string) *Attrs {
 // (switchboard.engine.time_to_first_token and
 // gen_ai.client.operation.time_to_first_chunk).
 func (m *Metrics) RecordFirstToken(ctx context.Context, a *Attrs, seconds float64) {
-	m.ttft.Record(ctx, seconds, a.engineModelRec...)
-	m.genaiFirstChunk.Record(ctx, seconds, a.genaiRec...)
+	m.RecordFirstTokenSplit(ctx, a, seconds, seconds)
 }
 
 // RecordFirstTokenSplit records a first token whose engine and client

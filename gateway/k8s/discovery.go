@@ -62,7 +62,7 @@ type Rule struct {
 // label, or the engines' /v1/models). deploy/kubernetes/base/role.yaml
 // grants exactly these, and a test checks it. [Config.Rules] gives what a
 // configuration needs: without role and group labels, no pods.
-var Rules = []Rule{sliceRule, podRule}
+var Rules = DefaultConfig().Rules()
 
 var (
 	sliceRule = Rule{APIGroup: discoveryv1.GroupName, Resource: "endpointslices", Verbs: []string{"list", "watch"}}

@@ -59,7 +59,7 @@ func TestEnginesRoles(t *testing.T) {
 		name     string
 		cfg      func(*Config)
 		ep       discoveryv1.Endpoint
-		pods     PodLabels
+		noLookup bool // Engines gets no pod label lookup
 		want     fleet.DiscoveredEngine
 		badRoles map[string]string
 	}{
@@ -74,7 +74,7 @@ func TestEnginesRoles(t *testing.T) {
 		{name: "pod not known", ep: podEP("new", "10.0.0.1"), want: roleEng("new", "http://10.0.0.1:8000", "", "")},
 		{name: "no pod targetRef", ep: noRef, want: roleEng("vllm-a/10.0.0.9", "http://10.0.0.9:8000", "", "")},
 		{name: "targetRef namespace", ep: withNS(podEP("x", "10.0.0.1"), "other"), want: roleEng("x", "http://10.0.0.1:8000", "decode", "")},
-		{name: "no lookup", ep: podEP("p", "10.0.0.1"), pods: nil, want: roleEng("p", "http://10.0.0.1:8000", "", "")},
+		{name: "no lookup", ep: podEP("p", "10.0.0.1"), noLookup: true, want: roleEng("p", "http://10.0.0.1:8000", "", "")},
 		{name: "role label off", cfg: func(c *Config) { c.RoleLabel = "" }, ep: podEP("p", "10.0.0.1"),
 			want: roleEng("p", "http://10.0.0.1:8000", "", "r1")},
 		{name: "group label off", cfg: func(c *Config) { c.GroupLabel = "" }, ep: podEP("p", "10.0.0.1"),
@@ -89,9 +89,9 @@ func TestEnginesRoles(t *testing.T) {
 			if tt.cfg != nil {
 				tt.cfg(&cfg)
 			}
-			pods := tt.pods
-			if pods == nil && tt.name != "no lookup" {
-				pods = lookup
+			pods := lookup
+			if tt.noLookup {
+				pods = nil
 			}
 			got, skipped, bad := Engines(cfg, []*discoveryv1.EndpointSlice{eslice("default", "vllm-a", "vllm", http8000(), tt.ep)}, false, pods)
 			if len(skipped) > 0 {

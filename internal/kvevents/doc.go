@@ -6,6 +6,11 @@
 // turns a payload into a [Batch], and [AppendBatch] writes one (for the
 // simulated engines and for tests).
 //
+// It is the first piece of routing on engines' KV-cache events (the
+// subscriber, the precise prefix index keyed by stablehash.TokenBlocks, the
+// precise-prefix policy and the simulator's publisher build on it, and are
+// not written yet): nothing outside its tests imports it so far.
+//
 // # The wire
 //
 // An engine started with --kv-events-config

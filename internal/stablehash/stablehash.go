@@ -55,7 +55,10 @@ func Mix64(h uint64) uint64 {
 // are its own. The KV-event index keys on these hashes rather than on
 // vLLM's own, which no other process can reproduce (pickle, and a random
 // per-process seed); Dynamo hashes blocks the same way (XXH3 over
-// little-endian token ids). blockSize <= 0 hashes nothing. It does not
+// little-endian token ids). The chain rule is the one of internal/oai's
+// prefix hasher over prompt text bytes (the approximate index), here over
+// token ids, which an engine's events carry. Nothing calls it yet: the
+// precise index that will is issue 26's next piece. blockSize <= 0 hashes nothing. It does not
 // allocate beyond dst's growth.
 func TokenBlocks(dst []uint64, tokens []uint32, blockSize int, seed uint64) []uint64 {
 	if blockSize <= 0 {
