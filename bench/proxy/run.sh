@@ -118,12 +118,6 @@ clk_tck="$(getconf CLK_TCK)"
 
 pids=()
 
-# alive PID: the process exists and is not a zombie waiting to be reaped.
-alive() {
-	local st
-	st="$(ps -o stat= -p "$1" 2>/dev/null)" && [[ "$st" != Z* ]]
-}
-
 # stop PID [SIGNAL]: SIGNAL (default TERM) to PID, SIGKILL if it is still
 # there 10 s later, then reap it and forget it.
 stop() {
@@ -147,31 +141,6 @@ stop_all() {
 trap stop_all EXIT
 trap 'echo "run.sh: interrupted" >&2; exit 130' INT TERM
 
-# start LOG CMD...: runs CMD in the background, output appended to LOG; its
-# PID is recorded for stop_all and left in $started. Each command gets a
-# process group of its own (set -m), so a Ctrl-C on the terminal reaches
-# this script only, and the trap stops everything by PID.
-start() {
-	local log="$1"
-	shift
-	: >"$log"
-	set -m
-	"$@" >>"$log" 2>&1 &
-	started=$!
-	set +m
-	pids+=("$started")
-}
-
-# reaped PID: forget a process this script has waited for, so the exit trap
-# never signals its PID (which the system may have given to another).
-reaped() {
-	local keep=() p
-	for p in "${pids[@]}"; do
-		[[ "$p" == "$1" ]] || keep+=("$p")
-	done
-	pids=("${keep[@]}")
-}
-
 # nginx_workers: the workers of the running nginx master, by PID (ppid is
 # the master and the command line says so), for stop_orphans.
 nginx_workers=()
@@ -183,23 +152,6 @@ stop_orphans() {
 		fi
 	done
 	nginx_workers=()
-}
-
-# await_addr PID LOG MSG: prints the address the process logged with
-# msg="MSG" addr=HOST:PORT, or fails when the process exits first or 20 s
-# pass.
-await_addr() {
-	local pid="$1" log="$2" msg="$3" addr deadline=$((SECONDS + 20))
-	while ((SECONDS < deadline)); do
-		addr="$(sed -n "s/.*msg=\"$msg\".* addr=\([0-9.]*:[0-9]*\).*/\1/p" "$log" | head -n1)"
-		if [[ -n "$addr" ]]; then
-			echo "$addr"
-			return 0
-		fi
-		alive "$pid" || return 1
-		sleep 0.05
-	done
-	return 1
 }
 
 # port: a free loopback port (for nginx and the collector, which cannot pick
