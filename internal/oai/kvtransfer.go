@@ -254,24 +254,35 @@ func (d *decoder) prefillUsage() (prompt, cached int64, hasCached bool) {
 		case "prompt_tokens":
 			prompt, _ = d.int()
 		case "prompt_tokens_details":
-			cached, hasCached = 0, false
-			if d.peek() != '{' {
-				d.skip()
-				continue
-			}
-			d.open('{')
-			for m := 0; d.more('}', &m); {
-				if string(d.key()) == "cached_tokens" {
-					cached, hasCached = d.int()
-				} else {
-					d.skip()
-				}
-			}
+			cached, _, _, hasCached = d.cachedTokens()
 		default:
 			d.skip()
 		}
 	}
 	return prompt, cached, hasCached
+}
+
+// cachedTokens reads a prompt_tokens_details value: the last
+// cached_tokens member's value and its span in the input, ok when that
+// member is a number (a fraction truncated, saturating); ok is false when
+// the value is not an object or its last cached_tokens is not a number.
+func (d *decoder) cachedTokens() (v int64, start, end int, ok bool) {
+	if d.peek() != '{' {
+		d.skip()
+		return 0, 0, 0, false
+	}
+	d.open('{')
+	for k := 0; d.more('}', &k); {
+		if string(d.key()) != "cached_tokens" {
+			d.skip()
+			continue
+		}
+		d.peek()
+		start = d.i
+		v, ok = d.int()
+		end = d.i
+	}
+	return v, start, end, ok
 }
 
 // cachedTokensKey is SetCachedTokens' precheck.
@@ -322,23 +333,8 @@ func SetCachedTokens(dst, data []byte, cached int64) (out []byte, was int64, ok 
 				continue
 			}
 			vs, ve = -1, -1
-			if d.peek() != '{' {
-				d.skip()
-				continue
-			}
-			d.open('{')
-			for k := 0; d.more('}', &k); {
-				if string(d.key()) != "cached_tokens" {
-					d.skip()
-					continue
-				}
-				vs, ve = -1, -1
-				d.peek()
-				start := d.i
-				v, num := d.int()
-				if num {
-					vs, ve, was = start, d.i, v
-				}
+			if v, start, end, ok := d.cachedTokens(); ok {
+				vs, ve, was = start, end, v
 			}
 		}
 	}
