@@ -119,7 +119,7 @@ func (e *Engine) serveGenerate(w http.ResponseWriter, r *http.Request, k kind) {
 	g.lpSeed = logprobSeed(g.call.model)
 	switch {
 	case kvp != nil && kvp.DoRemotePrefill && e.cfg.KVRole != KVRoleProducer:
-		g.kv = &kvDecode{params: kvp}
+		g.kv = kvp
 	case kvp != nil && kvp.DoRemoteDecode && !req.Stream && e.cfg.KVRole != KVRoleConsumer:
 		g.kvPrefill = true
 		g.kvHost, g.kvPort = e.sideChannel(r)

@@ -149,12 +149,18 @@ func validKVHost(host string) bool {
 // errKVLoadFailed ends a decode request whose KV load failed under the fail policy.
 var errKVLoadFailed = errors.New("KV load failed")
 
+// dropHoldLocked frees hold h of request id: its blocks leave the KV
+// usage. Called with kv.mu held.
+func (e *Engine) dropHoldLocked(id string, h *kvHold) {
+	delete(e.kv.held, id)
+	e.kvBlocks.Add(-int64(len(h.blocks)))
+}
+
 // sweepKVLocked frees the holds whose lease has expired by now. Called with kv.mu held.
 func (e *Engine) sweepKVLocked(now time.Time) {
 	for id, h := range e.kv.held {
 		if !now.Before(h.expiry) {
-			delete(e.kv.held, id)
-			e.kvBlocks.Add(-int64(len(h.blocks)))
+			e.dropHoldLocked(id, h)
 			e.kv.leasesExpired.Add(1)
 			slog.Debug("kv lease expired", "engine", e.cfg.Name, "request", id)
 		}
@@ -235,8 +241,7 @@ func (e *Engine) serveKVPull(w http.ResponseWriter, r *http.Request) {
 	e.sweepKVLocked(e.now())
 	h, ok := e.kv.held[req.RemoteRequestID]
 	if ok {
-		delete(e.kv.held, req.RemoteRequestID)
-		e.kvBlocks.Add(-int64(len(h.blocks)))
+		e.dropHoldLocked(req.RemoteRequestID, h)
 	}
 	e.kv.mu.Unlock()
 	if !ok {
@@ -272,11 +277,6 @@ func (e *Engine) pullKV(ctx context.Context, p *kvTransferParams) error {
 	return nil
 }
 
-// kvDecode is the decode leg of a generation: the params it pulls with.
-type kvDecode struct {
-	params *kvTransferParams
-}
-
 // loadRemoteKV runs the decode leg's pull in place of the prefill compute, once the
 // sequence is admitted: on success it waits the transfer time of the prompt tokens not
 // found in the local prefix cache and reports the whole prompt as cached. On failure
@@ -285,7 +285,7 @@ type kvDecode struct {
 func (s *seq) loadRemoteKV() (recompute bool, err error) {
 	e := s.e
 	var perr error
-	p := s.kv.params
+	p := s.kv
 	valid := p.RemoteEngineID != nil && p.RemoteRequestID != nil && p.RemoteHost != nil && p.RemotePort != nil &&
 		validKVHost(*p.RemoteHost) && *p.RemotePort > 0 && *p.RemotePort <= 65535
 	switch {

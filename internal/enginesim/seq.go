@@ -23,7 +23,7 @@ type seq struct {
 	abortable bool
 	// kv is set on a decode leg (kv_transfer_params with do_remote_prefill): the prompt's
 	// KV is pulled from the prefill engine instead of computed.
-	kv *kvDecode
+	kv *kvTransferParams
 }
 
 // streamer renders one route's SSE stream around the tokens [seq.serveStream] generates. Its
