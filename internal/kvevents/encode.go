@@ -114,6 +114,14 @@ func isNilField(ev *Event, f field) bool {
 	return false
 }
 
+// encodeUints writes vs as a msgpack array of unsigned integers.
+func encodeUints[T ~uint64 | ~uint32](e *msgpack.Encoder, vs []T) {
+	_ = e.EncodeArrayLen(len(vs))
+	for _, v := range vs {
+		_ = e.EncodeUint(uint64(v))
+	}
+}
+
 func appendField(w *bytes.Buffer, e *msgpack.Encoder, ev *Event, f field) {
 	if isNilField(ev, f) {
 		_ = e.EncodeNil()
@@ -121,17 +129,11 @@ func appendField(w *bytes.Buffer, e *msgpack.Encoder, ev *Event, f field) {
 	}
 	switch f {
 	case fBlockHashes:
-		_ = e.EncodeArrayLen(len(ev.BlockHashes))
-		for _, h := range ev.BlockHashes {
-			_ = e.EncodeUint(uint64(h))
-		}
+		encodeUints(e, ev.BlockHashes)
 	case fParentBlockHash:
 		_ = e.EncodeUint(uint64(ev.ParentBlockHash))
 	case fTokenIDs:
-		_ = e.EncodeArrayLen(len(ev.TokenIDs))
-		for _, t := range ev.TokenIDs {
-			_ = e.EncodeUint(uint64(t))
-		}
+		encodeUints(e, ev.TokenIDs)
 	case fBlockSize:
 		_ = e.EncodeInt(int64(ev.BlockSize))
 	case fLoRAID:
