@@ -2,6 +2,7 @@ package enginesim
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -159,4 +160,59 @@ func (e *Engine) serveAdminFault(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusOK)
+}
+
+// The KV-events admin actions without a body.
+type kvAdminAction int
+
+const (
+	kvAdminStop kvAdminAction = iota
+	kvAdminResume
+	kvAdminRestart
+)
+
+// serveKVEventsDrop serves POST /admin/kv-events/drop, the simulator's own route: the body,
+// a drop range "N" or "N-M" as in Config.KVEventsDrop, becomes the KV-events drop fault
+// ([Engine.SetKVEventsDrop]); an empty body removes it. 400 with the parse error for a bad
+// range (the fault is then unchanged), 409 when KV events are off, 200 with an empty body
+// otherwise.
+func (e *Engine) serveKVEventsDrop(w http.ResponseWriter, r *http.Request) {
+	spec, err := io.ReadAll(io.LimitReader(r.Body, maxFaultSpec+1))
+	switch {
+	case err != nil:
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("reading the drop range: %v", err))
+		return
+	case len(spec) > maxFaultSpec:
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("drop range over %d bytes", maxFaultSpec))
+		return
+	}
+	writeKVAdminResult(w, e.SetKVEventsDrop(string(spec)))
+}
+
+// serveKVEventsAdmin serves POST /admin/kv-events/stop, /resume and /restart, the
+// simulator's own routes ([Engine.SetKVEventsStopped], [Engine.RestartKVEvents]): 409 when
+// KV events are off, 200 with an empty body otherwise.
+func (e *Engine) serveKVEventsAdmin(w http.ResponseWriter, _ *http.Request, a kvAdminAction) {
+	var err error
+	switch a {
+	case kvAdminStop:
+		err = e.SetKVEventsStopped(true)
+	case kvAdminResume:
+		err = e.SetKVEventsStopped(false)
+	case kvAdminRestart:
+		err = e.RestartKVEvents()
+	}
+	writeKVAdminResult(w, err)
+}
+
+// writeKVAdminResult answers a KV-events admin request that ended with err.
+func writeKVAdminResult(w http.ResponseWriter, err error) {
+	switch {
+	case errors.Is(err, ErrKVEventsOff):
+		writeError(w, http.StatusConflict, err.Error()+" (start the engine with a kv events endpoint)")
+	case err != nil:
+		writeError(w, http.StatusBadRequest, err.Error())
+	default:
+		w.WriteHeader(http.StatusOK)
+	}
 }

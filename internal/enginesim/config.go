@@ -4,6 +4,9 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/uuid"
@@ -159,6 +162,37 @@ type Config struct {
 	// invalid or the pull fails: [KVLoadFail] (the request fails, vLLM's default) or
 	// [KVLoadRecompute] (it computes the prompt itself). Default [KVLoadFail].
 	KVLoadFailurePolicy string
+	// KVEvents turns on KV-cache events (see KV-cache events in the package documentation):
+	// the ZMQ endpoint the engine's PUB socket binds, "tcp://host:port" (host "*" for every
+	// interface; port 0 picks a free port, see [Engine.KVEventsAddr]) or "ipc://path". It is
+	// vLLM's --kv-events-config endpoint, except that the simulator always binds (vLLM
+	// connects to an endpoint without "*", "::" or ipc://). An engine with KV events owns
+	// goroutines: stop them with [Engine.Close]. Default "": off.
+	KVEvents string
+	// KVEventsReplay is the endpoint of the ROUTER socket that replays buffered batches
+	// (vLLM's replay_endpoint), in the syntax of KVEvents; see [Engine.KVReplayAddr]. It
+	// needs KVEvents. Default "": no replay socket.
+	KVEventsReplay string
+	// KVEventsEncoding is how events are written: [KVEventsEncodingMap] (maps, vLLM since
+	// PR #42892, the default) or [KVEventsEncodingArray] (positional arrays, vLLM before).
+	// The KV-events defaults are applied only when KVEvents is set.
+	KVEventsEncoding string
+	// KVEventsTopic is the first frame of every PUB message (vLLM's topic). Default "".
+	KVEventsTopic string
+	// KVEventsBuffer is the number of published batches kept for replay (vLLM's
+	// buffer_steps). Default [DefaultKVEventsBuffer].
+	KVEventsBuffer int
+	// KVEventsQueue is the number of batches that may wait for the publisher goroutine
+	// (vLLM's max_queue_size). When it is full a new batch is dropped and counted
+	// ([KVEventsStats].QueueDrops): its sequence number is skipped, so subscribers see a
+	// gap, and it is not in the replay buffer. vLLM's queue blocks the scheduler instead;
+	// the simulator's never blocks a request. Default [DefaultKVEventsQueue].
+	KVEventsQueue int
+	// KVEventsDrop is the KV-events drop fault at start: "N" or "N-M" (inclusive), the
+	// sequence numbers of batches that are not sent on PUB but kept for replay, as a PUB
+	// high-water-mark drop behaves. POST /admin/kv-events/drop replaces it while the engine
+	// runs ([Engine.SetKVEventsDrop]). Default "": none.
+	KVEventsDrop string
 	// TracerProvider, when set, makes the engine emit one SERVER span per request on the
 	// text generation routes (POST /v1/chat/completions, /v1/completions, /v1/responses,
 	// /v1/messages), as vLLM does with --otlp-traces-endpoint: vLLM's "llm_request" span
@@ -226,6 +260,8 @@ func (c Config) Validate() error {
 		{"kv cache blocks", c.KVCacheBlocks},
 		{"block size", c.BlockSize},
 		{"embedding dim", c.EmbeddingDim},
+		{"kv events buffer", c.KVEventsBuffer},
+		{"kv events queue", c.KVEventsQueue},
 	}
 	for _, n := range counts {
 		if n.v < 0 {
@@ -262,11 +298,51 @@ func (c Config) Validate() error {
 		errs = append(errs, fmt.Errorf("enginesim: kv load failure policy must be %q or %q, got %q",
 			KVLoadFail, KVLoadRecompute, c.KVLoadFailurePolicy))
 	}
+	errs = append(errs, c.validateKVEvents()...)
 	errs = append(errs, c.validateLoRAs(seen)...)
 	if _, err := parseFaults(c.Fault); err != nil {
 		errs = append(errs, fmt.Errorf("enginesim: default fault: %w", err))
 	}
 	return errors.Join(errs...)
+}
+
+// validateKVEvents checks the KV-events settings (not whether the endpoints can be bound:
+// [New] reports that).
+func (c Config) validateKVEvents() []error {
+	var errs []error
+	for _, ep := range []struct{ name, v string }{{"kv events endpoint", c.KVEvents}, {"kv events replay endpoint", c.KVEventsReplay}} {
+		if ep.v == "" {
+			continue
+		}
+		scheme, rest, _ := strings.Cut(ep.v, "://")
+		switch scheme {
+		case "tcp":
+			if _, port, err := net.SplitHostPort(rest); err != nil {
+				errs = append(errs, fmt.Errorf("enginesim: %s %q: %w", ep.name, ep.v, err))
+			} else if _, err := strconv.ParseUint(port, 10, 16); err != nil && port != "*" {
+				errs = append(errs, fmt.Errorf("enginesim: %s %q: bad port %q", ep.name, ep.v, port))
+			}
+		case "ipc":
+			if rest == "" {
+				errs = append(errs, fmt.Errorf("enginesim: %s %q: empty path", ep.name, ep.v))
+			}
+		default:
+			errs = append(errs, fmt.Errorf("enginesim: %s %q: want tcp://host:port or ipc://path", ep.name, ep.v))
+		}
+	}
+	if c.KVEventsReplay != "" && c.KVEvents == "" {
+		errs = append(errs, errors.New("enginesim: kv events replay endpoint needs a kv events endpoint"))
+	}
+	switch c.KVEventsEncoding {
+	case "", KVEventsEncodingMap, KVEventsEncodingArray:
+	default:
+		errs = append(errs, fmt.Errorf("enginesim: kv events encoding must be %q or %q, got %q",
+			KVEventsEncodingMap, KVEventsEncodingArray, c.KVEventsEncoding))
+	}
+	if _, err := parseKVDrop(c.KVEventsDrop); err != nil {
+		errs = append(errs, err)
+	}
+	return errs
 }
 
 // validateLoRAs checks c.LoRAs against each other and the served models (models, or the
@@ -321,6 +397,11 @@ func (c Config) withDefaults() Config {
 	c.KVLeaseDuration = cmp.Or(c.KVLeaseDuration, DefaultKVLeaseDuration)
 	c.MaxNumBatchedTokens = cmp.Or(c.MaxNumBatchedTokens, DefaultMaxNumBatchedTokens)
 	c.KVLoadFailurePolicy = cmp.Or(c.KVLoadFailurePolicy, KVLoadFail)
+	if c.KVEvents != "" {
+		c.KVEventsEncoding = cmp.Or(c.KVEventsEncoding, KVEventsEncodingMap)
+		c.KVEventsBuffer = cmp.Or(c.KVEventsBuffer, DefaultKVEventsBuffer)
+		c.KVEventsQueue = cmp.Or(c.KVEventsQueue, DefaultKVEventsQueue)
+	}
 	if c.LoRAs != nil {
 		c.LoRAs = append([]LoRA(nil), c.LoRAs...)
 		for i := range c.LoRAs {

@@ -17,8 +17,10 @@ import (
 const maxBodyBytes = 32 << 20
 
 // Engine is one simulated vLLM engine. Create it with [New]; serve it with [Engine.Handler].
-// All methods are safe for concurrent use. An Engine owns no goroutines of its own: every wait
-// runs on the request's handler goroutine, so closing the HTTP server is enough to stop it.
+// All methods are safe for concurrent use. Every wait runs on the request's handler
+// goroutine, so closing the HTTP server is enough to stop the requests; the engine owns
+// goroutines of its own only with KV-cache events on (Config.KVEvents), and [Engine.Close]
+// stops them.
 type Engine struct {
 	cfg     Config
 	created int64 // unix seconds, reported by /v1/models
@@ -48,6 +50,8 @@ type Engine struct {
 	responses *responseStore // stored Responses API responses
 
 	kv *kvState // prefill/decode KV transfers
+
+	kvPub *kvPublisher // KV-cache events; nil when Config.KVEvents is empty
 
 	interf *interference // prefill interference; nil when Config.PrefillInterference is off
 
@@ -98,6 +102,20 @@ type Stats struct {
 	KVPulled, KVLoadFailures, KVRecomputed int64
 }
 
+// KVEventsStats is a point-in-time snapshot of the KV-cache events publisher's counters,
+// in batches (all 0 when KV events are off).
+type KVEventsStats struct {
+	// Batches counts the batches given a sequence number, over restarts too.
+	Batches int64
+	// QueueDrops counts those dropped because the publisher's queue was full
+	// (Config.KVEventsQueue).
+	QueueDrops int64
+	// Withheld counts those kept from the PUB socket by the drop or stop fault.
+	Withheld int64
+	// Sent counts those handed to the PUB socket.
+	Sent int64
+}
+
 // New returns an engine for cfg after applying defaults to zero fields. It returns the
 // [Config.Validate] error if cfg is invalid.
 func New(cfg Config) (*Engine, error) {
@@ -125,8 +143,95 @@ func New(cfg Config) (*Engine, error) {
 	for _, l := range cfg.LoRAs {
 		e.addLoRA(l.Name, l.Path, e.models[l.Base])
 	}
+	e.cache.bases = make(map[string]bool, len(cfg.Models))
+	for _, m := range cfg.Models {
+		e.cache.bases[m] = true
+	}
+	if cfg.KVEvents != "" {
+		p, err := newKVPublisher(&cfg)
+		if err != nil {
+			return nil, err
+		}
+		e.kvPub, e.cache.pub = p, p
+	}
 	e.handler = serverHeader(e.traced(cfg.TracerProvider, e.routes()))
 	return e, nil
+}
+
+// Close stops the goroutines and closes the sockets of the KV-cache events publisher
+// (batches not yet sent are dropped); the engine then goes on serving without publishing.
+// It does nothing for an engine without KV events. It returns the sockets' close errors;
+// it is idempotent, and safe to call while requests run.
+func (e *Engine) Close() error {
+	if e.kvPub == nil {
+		return nil
+	}
+	return e.kvPub.close()
+}
+
+// KVEventsAddr returns the endpoint the KV-events PUB socket is bound to, with the port
+// it got when Config.KVEvents asked for port 0 ("tcp://127.0.0.1:41234"), or "" when KV
+// events are off.
+func (e *Engine) KVEventsAddr() string {
+	if e.kvPub == nil {
+		return ""
+	}
+	return kvAddr(e.kvPub.pub, e.cfg.KVEvents)
+}
+
+// KVReplayAddr returns the endpoint the KV-events replay ROUTER socket is bound to, as
+// [Engine.KVEventsAddr] does, or "" when there is none.
+func (e *Engine) KVReplayAddr() string {
+	if e.kvPub == nil || e.kvPub.rep == nil {
+		return ""
+	}
+	return kvAddr(e.kvPub.rep, e.cfg.KVEventsReplay)
+}
+
+// SetKVEventsDrop replaces the KV-events drop fault: spec "N" or "N-M" (inclusive) names
+// the sequence numbers of batches that are then not sent on PUB (they still take their
+// numbers and stay in the replay buffer, as a PUB high-water-mark drop would leave them);
+// "" removes it. It returns an error wrapping [ErrBadKVEventsDrop] for a malformed spec
+// (the fault is then unchanged) and [ErrKVEventsOff] when KV events are off.
+func (e *Engine) SetKVEventsDrop(spec string) error {
+	if e.kvPub == nil {
+		return ErrKVEventsOff
+	}
+	r, err := parseKVDrop(spec)
+	if err != nil {
+		return err
+	}
+	e.kvPub.mu.Lock()
+	e.kvPub.drop = r
+	e.kvPub.mu.Unlock()
+	return nil
+}
+
+// SetKVEventsStopped stops (true) or resumes (false) sending KV-events batches on PUB.
+// While stopped the engine goes on numbering batches and keeping them for replay, so a
+// subscriber sees silence, then a sequence gap at the first batch after the resume. It
+// returns [ErrKVEventsOff] when KV events are off.
+func (e *Engine) SetKVEventsStopped(stopped bool) error {
+	if e.kvPub == nil {
+		return ErrKVEventsOff
+	}
+	e.kvPub.mu.Lock()
+	e.kvPub.stopped = stopped
+	e.kvPub.mu.Unlock()
+	return nil
+}
+
+// RestartKVEvents simulates a restart of the engine process as its KV-events subscribers
+// see it: the prefix cache is emptied without an AllBlocksCleared event, the sequence
+// starts over at 0, and the replay buffer and the batches not yet sent are dropped. The
+// sockets stay bound, and the drop and stop faults stay as they are. It returns
+// [ErrKVEventsOff] when KV events are off.
+func (e *Engine) RestartKVEvents() error {
+	if e.kvPub == nil {
+		return ErrKVEventsOff
+	}
+	e.cache.restart()
+	return nil
 }
 
 // routes returns the engine's mux. Every path answers wrong methods with a 405 JSON error and
@@ -171,6 +276,10 @@ func (e *Engine) routes() *http.ServeMux {
 	post("/reset_prefix_cache", e.serveResetPrefixCache)
 	get("/health", e.serveHealth)
 	post("/admin/fault", e.serveAdminFault)
+	post("/admin/kv-events/drop", e.serveKVEventsDrop)
+	post("/admin/kv-events/stop", func(w http.ResponseWriter, r *http.Request) { e.serveKVEventsAdmin(w, r, kvAdminStop) })
+	post("/admin/kv-events/resume", func(w http.ResponseWriter, r *http.Request) { e.serveKVEventsAdmin(w, r, kvAdminResume) })
+	post("/admin/kv-events/restart", func(w http.ResponseWriter, r *http.Request) { e.serveKVEventsAdmin(w, r, kvAdminRestart) })
 	post(kvPullPath, e.serveKVPull)
 	metrics := promhttp.HandlerFor(e.reg, promhttp.HandlerOpts{})
 	get("/metrics", func(w http.ResponseWriter, r *http.Request) {
@@ -234,6 +343,16 @@ func (e *Engine) Stats() Stats {
 		KVLoadFailures:     e.kv.loadFailures.Load(),
 		KVRecomputed:       e.kv.recomputed.Load(),
 	}
+}
+
+// KVEventsStats returns a snapshot of the KV-cache events publisher's counters; the fields
+// are read one by one.
+func (e *Engine) KVEventsStats() KVEventsStats {
+	p := e.kvPub
+	if p == nil {
+		return KVEventsStats{}
+	}
+	return KVEventsStats{Batches: p.batches.Load(), QueueDrops: p.queueOut.Load(), Withheld: p.withheld.Load(), Sent: p.sent.Load()}
 }
 
 // SetFault atomically replaces the default fault spec used by requests without an
