@@ -29,6 +29,21 @@
 //
 //	enginesim --listen 127.0.0.1:8002 --kv-transfer-per-token 20us --kv-load-failure-policy recompute
 //
+// KV-cache events (vLLM's --kv-events-config, see the package documentation's "KV-cache
+// events" section): --kv-events-endpoint tcp://host:port (port 0 picks a free one, logged
+// at start as kv_events) turns them on: the simulated prefix cache publishes vLLM's
+// BlockStored, BlockRemoved and AllBlocksCleared batches on a ZMQ PUB socket bound there.
+// --kv-events-replay-endpoint binds the ROUTER socket that replays the last
+// --kv-events-buffer-steps batches (default 10000); --kv-events-encoding map|array picks
+// vLLM's event encoding since or before PR #42892 (default map); --kv-events-topic sets the
+// topic frame; --kv-events-max-queue-size bounds the batches waiting to be published.
+// --kv-events-drop N-M withholds batches N..M from PUB (they stay replayable);
+// POST /admin/kv-events/drop (a range as its body, empty to remove), /admin/kv-events/stop,
+// /resume and /restart break the stream while the engine runs:
+//
+//	enginesim --kv-events-endpoint tcp://127.0.0.1:5557 --kv-events-replay-endpoint tcp://127.0.0.1:5558
+//	curl -d 10-12 http://127.0.0.1:8001/admin/kv-events/drop
+//
 // --fault SPEC sets the default fault of requests without an X-Enginesim-Fault header;
 // POST /admin/fault with a spec as its body replaces it while the engine runs (an empty
 // body removes it), so a benchmark can break a running engine from outside:
@@ -118,6 +133,13 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 		"kv-no-params, kv-pull-fail\n"+
 		"(go doc ./internal/enginesim says what each does)")
 	fs.StringVar(&o.tracesEndpoint, "otlp-traces-endpoint", "", "OTLP endpoint to send vLLM's llm_request spans to, as vLLM's flag (gRPC; OTEL_EXPORTER_OTLP_TRACES_PROTOCOL=http/protobuf for OTLP/HTTP)")
+	fs.StringVar(&o.cfg.KVEvents, "kv-events-endpoint", "", "KV-cache events: ZMQ endpoint the PUB socket binds, tcp://host:port (port 0: a free one) or ipc://path (vLLM's kv-events-config endpoint; \"\": off)")
+	fs.StringVar(&o.cfg.KVEventsReplay, "kv-events-replay-endpoint", "", "KV-cache events: endpoint of the ROUTER socket that replays buffered batches (vLLM's replay_endpoint; \"\": none)")
+	fs.StringVar(&o.cfg.KVEventsEncoding, "kv-events-encoding", enginesim.KVEventsEncodingMap, "KV-cache events: map (events as maps, vLLM since PR #42892) or array (positional arrays, vLLM before)")
+	fs.StringVar(&o.cfg.KVEventsTopic, "kv-events-topic", "", "KV-cache events: first frame of every PUB message (vLLM's topic)")
+	fs.IntVar(&o.cfg.KVEventsBuffer, "kv-events-buffer-steps", enginesim.DefaultKVEventsBuffer, "KV-cache events: batches kept for replay (vLLM's buffer_steps)")
+	fs.IntVar(&o.cfg.KVEventsQueue, "kv-events-max-queue-size", enginesim.DefaultKVEventsQueue, "KV-cache events: batches waiting for the publisher; beyond, a batch is dropped and its seq skipped (vLLM's max_queue_size)")
+	fs.StringVar(&o.cfg.KVEventsDrop, "kv-events-drop", "", "KV-cache events fault: N or N-M, the seqs of batches not sent on PUB but kept for replay (POST /admin/kv-events/drop replaces it)")
 	loras := fs.StringArray("lora", nil, "LoRA adapter loaded at start on the first model, as name=path (repeatable)")
 	if err := fs.Parse(args); err != nil {
 		return o, err
@@ -165,6 +187,12 @@ func serve(ctx context.Context, args []string, out io.Writer, log *slog.Logger, 
 	if err != nil {
 		return err
 	}
+	// Runs after the server's drain below: the drained requests' KV events are queued.
+	defer func() {
+		if cerr := e.Close(); cerr != nil {
+			err = errors.Join(err, fmt.Errorf("kv events close: %w", cerr))
+		}
+	}()
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return err
@@ -177,7 +205,8 @@ func serve(ctx context.Context, args []string, out io.Writer, log *slog.Logger, 
 		"ttft", o.cfg.TTFT, "itl", o.cfg.ITL, "ttft_per_running", o.cfg.TTFTPerRunning,
 		"itl_per_running", o.cfg.ITLPerRunning, "max_num_seqs", o.cfg.MaxNumSeqs,
 		"prefill_interference", o.cfg.PrefillInterference, "max_num_batched_tokens", o.cfg.MaxNumBatchedTokens, "fault", o.cfg.Fault,
-		"loras", len(o.cfg.LoRAs), "otlp_traces_endpoint", o.tracesEndpoint)
+		"loras", len(o.cfg.LoRAs), "otlp_traces_endpoint", o.tracesEndpoint,
+		"kv_events", e.KVEventsAddr(), "kv_events_replay", e.KVReplayAddr())
 	if ready != nil {
 		ready(ln.Addr())
 	}
