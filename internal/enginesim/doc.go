@@ -27,8 +27,9 @@
 // SetHealthy(false) and while draining) and GET /metrics; and the simulator's own POST
 // /admin/fault, whose body (a fault spec, "" for none) replaces the default fault as
 // [Engine.SetFault] does (400 for an invalid spec), so a running engine process can be
-// broken from outside, and POST /sim/kv/pull, the KV side channel of prefill and decode
-// (see Prefill and decode; faults do not act on it).
+// broken from outside, POST /admin/kv-events/drop, /stop, /resume and /restart (see KV-cache
+// events), and POST /sim/kv/pull, the KV side channel of prefill and decode (see Prefill and
+// decode; faults do not act on them).
 //
 // Errors are vLLM's {"error":{"message":"...","type":"...","param":null,"code":<status>}}:
 // 400 for invalid JSON or fields, 404 for an unknown model or path, 405 for a wrong method,
@@ -199,7 +200,7 @@
 // rebuilt from its token counts). GET /v1/responses/{id} returns one, or vLLM's 404 "Response
 // with id '...' not found." (type invalid_request_error). A background request (background
 // true, which needs store) is answered at once with status "queued" and generates by time
-// alone, since the engine owns no goroutine: it holds no running slot; its time to first
+// alone, since the engine runs no goroutine for it: it holds no running slot; its time to first
 // token and inter-token latency are computed at creation from the load then; GET shows it
 // in_progress until that time has passed since its creation, then completed. POST
 // /v1/responses/{id}/cancel cancels a background response still generating (status
@@ -322,8 +323,10 @@
 // prefill and KV cache pressure, not on the sequence count alone (Prefill interference,
 // below, models the prefill chunks).
 //
-// Prefix cache: the prompt's words are split into blocks of Config.BlockSize tokens; each
-// full block is hashed together with the hashes of all blocks before it (and the model name).
+// Prefix cache: the prompt's token ids (one per word, the ids /tokenize returns, see Tokens)
+// are split into blocks of Config.BlockSize tokens; each full block is hashed together with
+// the hash of the block before it, the chain seeded with the model name (a LoRA adapter's
+// name for its requests, so an adapter's blocks are its own).
 // The engine keeps an LRU set of at most Config.KVCacheBlocks block hashes. The leading
 // blocks of a prompt found in that set are cached tokens: they skip TTFTPerPromptToken and
 // count as prefix cache hits. A partial last block is never cached. Queries and hits are
@@ -333,8 +336,9 @@
 //
 // Every wait (queue, TTFT, ITL, stalls, trickle pauses) also watches the request context:
 // when the client goes away the engine stops at once, frees the running slot or queue place
-// and counts the request as aborted (vLLM's "Aborted request"). The engine starts no
-// goroutines; everything runs on the request's handler goroutine.
+// and counts the request as aborted (vLLM's "Aborted request"). Everything runs on the
+// request's handler goroutine; the engine starts goroutines of its own only to publish
+// KV-cache events (see KV-cache events), and [Engine.Close] stops them.
 //
 // Every generation or pooling request that passes validation ends as exactly one of
 // Stats.Completed, Stats.Aborted or Stats.Faulted (a background response when the engine
@@ -461,6 +465,57 @@
 // KVPullsServed, KVLeasesExpired), and decode legs that pulled (KVPulled), failed to load
 // (KVLoadFailures) and recomputed (KVRecomputed). /metrics adds the two of vLLM's NIXL
 // connector counters the simulator can tell (see Metrics).
+//
+// # KV-cache events
+//
+// With Config.KVEvents set (enginesim --kv-events-endpoint), the prefix cache publishes
+// vLLM's KV-cache events as vLLM's ZmqEventPublisher does with --kv-events-config
+// (vllm/distributed/kv_events.py), so a router can index the engine's blocks: every message
+// on the PUB socket bound at Config.KVEvents ([Engine.KVEventsAddr]) is three frames [topic
+// (Config.KVEventsTopic), seq (8 bytes big-endian, from 0, one per batch), payload], the
+// payload a msgpack batch [ts (seconds, float), [events], data_parallel_rank 0], its events
+// maps or positional arrays (Config.KVEventsEncoding); internal/kvevents decodes them. The
+// events are those of vLLM's block pool (vllm/v1/core/block_pool.py), one batch per engine
+// step:
+//
+//   - a request whose prompt's full blocks are not all cached makes one batch: a
+//     BlockRemoved {block_hashes [h], medium "GPU", group_idx 0} per block evicted to make
+//     room (least recently used first), then one BlockStored of the new blocks
+//     {block_hashes, parent_block_hash (the hash of the block before the first new one; nil
+//     when the prompt's first block is new), token_ids (exactly the ids /tokenize gives for
+//     those blocks), block_size, lora_id nil, medium "GPU", lora_name (the adapter's name
+//     for an adapter's request, else nil), extra_keys (one per block: [lora_name] or nil),
+//     group_idx 0, kv_cache_spec_kind "full_attention"}; a request whose blocks are all
+//     cached makes none;
+//   - POST /reset_prefix_cache and POST /sleep make a batch of one AllBlocksCleared.
+//
+// Block hashes are the simulator's own (FNV-1a chained over token ids; vLLM's cannot be
+// reproduced), the same for the same prompt, model and block size. Token ids over 2^32-1 (a
+// decimal word that large) are written modulo 2^32.
+//
+// Publishing never blocks a request: batches join a queue of Config.KVEventsQueue for one
+// publisher goroutine; when it is full a batch is dropped and counted (KVEventsStats), its
+// seq skipped, so subscribers see a gap. Subscribers that connect late miss what was
+// published before (ZMQ's slow joiner). The last Config.KVEventsBuffer batches are kept for
+// the ROUTER socket at Config.KVEventsReplay ([Engine.KVReplayAddr]), which answers as
+// vLLM's does: it takes [identity, "", start (8 bytes big-endian)], what a REQ client
+// sending [start] or a DEALER client sending ["", start] delivers, and answers [identity,
+// "", seq, payload] for every buffered batch with seq >= start, then [identity, "", -1 as 8
+// bytes, ""] (a REQ client receives [seq, payload] and [-1, ""]); other requests get no
+// answer.
+//
+// Faults on the stream, besides requests: Config.KVEventsDrop or POST /admin/kv-events/drop
+// (body "N" or "N-M", empty to remove; [Engine.SetKVEventsDrop]) keeps the batches with those
+// seqs off PUB but in the replay buffer, as a PUB high-water-mark drop would; POST
+// /admin/kv-events/stop and /resume ([Engine.SetKVEventsStopped]) keep every batch off PUB
+// meanwhile (still numbered and buffered); POST /admin/kv-events/restart
+// ([Engine.RestartKVEvents]) acts as a restarted engine process: the cache is emptied
+// without AllBlocksCleared, seq starts over at 0 and the replay buffer is emptied. These
+// answer 200 with an empty body, 400 for a bad range, 409 when KV events are off.
+//
+// An engine with KV events owns two goroutines (publisher and replay); [Engine.Close] stops
+// them and closes the sockets. (zmq4's PUB socket leaves one idle goroutine of its own
+// after Close.)
 //
 // # Faults
 //
