@@ -186,7 +186,8 @@ type Config struct {
 	// (vLLM's max_queue_size). When it is full a new batch is dropped and counted
 	// ([KVEventsStats].QueueDrops): its sequence number is skipped, so subscribers see a
 	// gap, and it is not in the replay buffer. vLLM's queue blocks the scheduler instead;
-	// the simulator's never blocks a request. Default [DefaultKVEventsQueue].
+	// the simulator's never blocks a request. At most 1<<20 (the queue is allocated whole).
+	// Default [DefaultKVEventsQueue].
 	KVEventsQueue int
 	// KVEventsDrop is the KV-events drop fault at start: "N" or "N-M" (inclusive), the
 	// sequence numbers of batches that are not sent on PUB but kept for replay, as a PUB
@@ -338,6 +339,9 @@ func (c Config) validateKVEvents() []error {
 	default:
 		errs = append(errs, fmt.Errorf("enginesim: kv events encoding must be %q or %q, got %q",
 			KVEventsEncodingMap, KVEventsEncodingArray, c.KVEventsEncoding))
+	}
+	if c.KVEventsQueue > maxKVEventsQueue {
+		errs = append(errs, fmt.Errorf("enginesim: kv events queue must be at most %d, got %d", maxKVEventsQueue, c.KVEventsQueue))
 	}
 	if _, err := parseKVDrop(c.KVEventsDrop); err != nil {
 		errs = append(errs, err)

@@ -489,6 +489,7 @@
 //     cached makes none;
 //   - POST /reset_prefix_cache and POST /sleep make a batch of one AllBlocksCleared.
 //
+// Only prompt blocks are cached (vLLM also caches the blocks its generated tokens fill).
 // Block hashes are the simulator's own (FNV-1a chained over token ids; vLLM's cannot be
 // reproduced), the same for the same prompt, model and block size. Token ids over 2^32-1 (a
 // decimal word that large) are written modulo 2^32.

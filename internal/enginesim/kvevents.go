@@ -39,6 +39,10 @@ const (
 	DefaultKVEventsQueue = 4096
 )
 
+// maxKVEventsQueue bounds Config.KVEventsQueue: the queue is allocated whole (about 100
+// bytes a batch).
+const maxKVEventsQueue = 1 << 20
+
 // kvEventsHWM is the PUB socket's high-water mark, in messages: beyond it a message for
 // a slow subscriber is dropped, as vLLM's hwm (100000 by default) drops them. It bounds
 // the socket's own queue, which zmq4 leaves unbounded otherwise.

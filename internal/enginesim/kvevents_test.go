@@ -705,6 +705,7 @@ func TestKVEventsConfig(t *testing.T) {
 		{"buffer", Config{KVEventsBuffer: -1}, false},
 		{"queue", Config{KVEventsQueue: -1}, false},
 		{"drop", Config{KVEventsDrop: "2-1"}, false},
+		{"huge queue", Config{KVEventsQueue: 1<<20 + 1}, false},
 	}
 	for _, tc := range tests {
 		if err := tc.cfg.Validate(); (err == nil) != tc.ok {
@@ -786,5 +787,76 @@ func TestKVEventsConcurrentSafe(t *testing.T) {
 	e.cache.mu.Unlock()
 	if got != len(cached) {
 		t.Errorf("the events leave %d blocks cached, the cache has %d", len(cached), got)
+	}
+}
+
+func TestKVEventsExtraKeys(t *testing.T) {
+	// msgpack: an array of 2 nils; an array of 2 one-string arrays ["sql"].
+	if got, want := extraKeys(2, ""), []byte{0x92, 0xc0, 0xc0}; !bytes.Equal(got, want) {
+		t.Errorf("extraKeys(2, \"\") = % x, want % x", got, want)
+	}
+	one := []byte{0x91, 0xa3, 's', 'q', 'l'}
+	if got, want := extraKeys(2, "sql"), append(append([]byte{0x92}, one...), one...); !bytes.Equal(got, want) {
+		t.Errorf("extraKeys(2, \"sql\") = % x, want % x", got, want)
+	}
+}
+
+func TestKVEventsBeUint(t *testing.T) {
+	tests := []struct {
+		b    []byte
+		want uint64
+	}{
+		{nil, 0},
+		{[]byte{5}, 5},
+		{kvevents.ReplayRequest(300), 300},
+		{[]byte{0, 0, 0, 0, 0, 0, 0, 0, 0, 1}, 1},
+		{[]byte{1, 0, 0, 0, 0, 0, 0, 0, 0}, ^uint64(0)},
+	}
+	for _, tc := range tests {
+		if got := beUint(tc.b); got != tc.want {
+			t.Errorf("beUint(% x) = %d, want %d", tc.b, got, tc.want)
+		}
+	}
+}
+
+func TestKVEventsReplayIgnoresInvalidRequests(t *testing.T) {
+	e, srv := startKVEngine(t, kvConfig())
+	chat(t, srv, "m1", "a b c d")
+	testutil.Eventually(t, kvWait, func() bool { return e.KVEventsStats().Sent == 1 }, "batch sent")
+	ctx, cancel := context.WithTimeout(context.Background(), kvWait)
+	defer cancel()
+	d := zmq4.NewDealer(ctx)
+	defer d.Close()
+	if err := d.Dial(e.KVReplayAddr()); err != nil {
+		t.Fatal(err)
+	}
+	// [start] without the delimiter (2 frames at the ROUTER) and 3 frames after it are
+	// ignored, as vLLM does; the valid request after them is the only one answered.
+	for _, frames := range [][][]byte{
+		{kvevents.ReplayRequest(0)},
+		{{}, kvevents.ReplayRequest(0), []byte("x")},
+		{{}, kvevents.ReplayRequest(0)},
+	} {
+		if err := d.SendMulti(zmq4.NewMsgFrom(frames...)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var seqs []uint64
+	for {
+		m, err := d.Recv()
+		if err != nil {
+			t.Fatalf("recv: %v", err)
+		}
+		seq, _, end, err := kvevents.ParseReplayReply(m.Frames[1:])
+		if err != nil || len(m.Frames[0]) != 0 {
+			t.Fatalf("reply %q: %v", m.Frames, err)
+		}
+		if end {
+			break
+		}
+		seqs = append(seqs, seq)
+	}
+	if !slices.Equal(seqs, []uint64{0}) {
+		t.Errorf("replayed %v, want [0] once", seqs)
 	}
 }
