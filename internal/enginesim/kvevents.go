@@ -159,15 +159,15 @@ func newKVPublisher(cfg *Config) (*kvPublisher, error) {
 	}
 	p.ringCap = cfg.KVEventsBuffer
 	p.pub = zmq4.NewPub(ctx)
-	if err := p.pub.Listen(cfg.KVEvents); err != nil {
-		cancel()
-		_ = p.pub.Close()
-		return nil, fmt.Errorf("enginesim: kv events endpoint: %w", err)
-	}
 	if err := p.pub.SetOption(zmq4.OptionHWM, kvEventsHWM); err != nil {
 		cancel()
 		_ = p.pub.Close()
 		return nil, fmt.Errorf("enginesim: kv events hwm: %w", err)
+	}
+	if err := p.pub.Listen(cfg.KVEvents); err != nil {
+		cancel()
+		_ = p.pub.Close()
+		return nil, fmt.Errorf("enginesim: kv events endpoint: %w", err)
 	}
 	if cfg.KVEventsReplay != "" {
 		p.rep = zmq4.NewRouter(ctx)

@@ -715,6 +715,18 @@ func TestKVEventsConfig(t *testing.T) {
 	if err := (Config{KVEventsDrop: "x"}).Validate(); !errors.Is(err, ErrBadKVEventsDrop) {
 		t.Errorf("bad drop: %v, want ErrBadKVEventsDrop", err)
 	}
+	// An ipc endpoint binds a Unix socket; its address is the endpoint.
+	ipc := Config{KVEvents: "ipc://" + t.TempDir() + "/kv.sock"}
+	ie, err := New(ipc)
+	if err != nil {
+		t.Fatalf("New(%s): %v", ipc.KVEvents, err)
+	}
+	if got := ie.KVEventsAddr(); got != ipc.KVEvents {
+		t.Errorf("KVEventsAddr() = %q, want %q", got, ipc.KVEvents)
+	}
+	if err := ie.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
 	// A port in use fails New.
 	e, _ := startKVEngine(t, kvConfig())
 	if _, err := New(Config{KVEvents: e.KVEventsAddr()}); err == nil {
