@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
@@ -76,14 +77,24 @@ func (r *Result) OK() bool { return r.Class == "" && !r.Canceled }
 // Client sends chat completion requests and measures them. Safe for
 // concurrent use.
 type Client struct {
-	cfg      *Config
-	http     *http.Client
-	endpoint string
+	cfg       *Config
+	http      *http.Client
+	endpoints []string      // one per base URL of cfg.URL
+	next      atomic.Uint64 // the next request's endpoint, modulo len(endpoints)
 }
 
 // NewClient returns a Client for cfg using hc.
 func NewClient(cfg *Config, hc *http.Client) *Client {
-	return &Client{cfg: cfg, http: hc, endpoint: strings.TrimSuffix(cfg.URL, "/") + "/v1/chat/completions"}
+	c := &Client{cfg: cfg, http: hc}
+	for _, u := range strings.Split(cfg.URL, ",") {
+		c.endpoints = append(c.endpoints, strings.TrimSuffix(u, "/")+"/v1/chat/completions")
+	}
+	return c
+}
+
+// endpoint returns the next request's URL: the base URLs in turn.
+func (c *Client) endpoint() string {
+	return c.endpoints[(c.next.Add(1)-1)%uint64(len(c.endpoints))]
 }
 
 // Do sends req and returns its measured result. ctx is the run's context:
@@ -97,7 +108,7 @@ func (c *Client) Do(ctx context.Context, req *Request) *Result {
 	}
 	rctx, cancel := context.WithTimeout(ctx, c.cfg.Timeout)
 	defer cancel()
-	hr, err := http.NewRequestWithContext(rctx, http.MethodPost, c.endpoint, bytes.NewReader(body))
+	hr, err := http.NewRequestWithContext(rctx, http.MethodPost, c.endpoint(), bytes.NewReader(body))
 	if err != nil {
 		res.Class, res.Err = ClassOther, err
 		return res

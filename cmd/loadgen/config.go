@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -19,7 +20,10 @@ const (
 // Config is the whole run configuration, filled from the command line by
 // parseFlags and checked by Validate.
 type Config struct {
-	// URL is the base URL of the server; requests go to URL + "/v1/chat/completions".
+	// URL is the base URL of the server; requests go to URL +
+	// "/v1/chat/completions". Several, comma-separated, are replicas of one
+	// server behind a load balancer: each request goes to the next in turn,
+	// so a conversation's turns land on every replica.
 	URL string
 	// APIKey is sent as "Authorization: Bearer <key>" when not empty.
 	APIKey string
@@ -103,9 +107,11 @@ func (c *Config) OpenLoop() bool { return c.Rate > 0 }
 // Validate reports every problem in c, joined.
 func (c *Config) Validate() error {
 	var errs []error
-	u, err := url.Parse(c.URL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		errs = append(errs, fmt.Errorf("--url %q: want an http or https base URL", c.URL))
+	for _, raw := range strings.Split(c.URL, ",") {
+		u, err := url.Parse(raw)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("--url %q: want an http or https base URL (several: comma-separated)", raw))
+		}
 	}
 	if c.Concurrency < 1 {
 		errs = append(errs, fmt.Errorf("--concurrency %d: must be at least 1", c.Concurrency))
@@ -185,7 +191,7 @@ func parseFlags(args []string, stderr io.Writer) (*Config, error) {
 	c := &Config{}
 	fs := pflag.NewFlagSet("loadgen", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&c.URL, "url", "http://localhost:8080", "base URL of the OpenAI-compatible server")
+	fs.StringVar(&c.URL, "url", "http://localhost:8080", "base URL of the OpenAI-compatible server; several, comma-separated: replicas, each request to the next in turn")
 	fs.StringVar(&c.APIKey, "api-key", "", "API key, sent as Authorization: Bearer KEY")
 	fs.StringVar(&c.Model, "model", "", "model name (empty: omitted from the request)")
 	fs.IntVar(&c.Concurrency, "concurrency", 1, "closed loop: number of requests in flight")

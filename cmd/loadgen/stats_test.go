@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -241,6 +242,8 @@ func TestParseFlags(t *testing.T) {
 		{nil, "set --requests, --duration or both"},
 		{[]string{"--requests", "1", "--rate", "5", "--concurrency", "2"}, "mutually exclusive"},
 		{[]string{"--requests", "1", "--url", "localhost:8080"}, "--url"},
+		{[]string{"--requests", "1", "--url", "http://a:1,http://b:2"}, ""},
+		{[]string{"--requests", "1", "--url", "http://a:1,b:2"}, `--url "b:2"`},
 		{[]string{"--requests", "1", "--concurrency", "0"}, "--concurrency"},
 		{[]string{"--requests", "1", "--rate", "-1"}, "--rate"},
 		{[]string{"--requests", "-1"}, "--requests"},
@@ -380,5 +383,33 @@ func TestRunMaxErrorRate(t *testing.T) {
 				t.Errorf("JSON report: %v\n%s", rerr, data)
 			}
 		})
+	}
+}
+
+// TestClientReplicas: with several base URLs each request goes to the next
+// in turn.
+func TestClientReplicas(t *testing.T) {
+	var hits [2]atomic.Int64
+	var srvs [2]*httptest.Server
+	for i := range srvs {
+		srvs[i] = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			hits[i].Add(1)
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = io.WriteString(w, `{"id":"c","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":1,"completion_tokens":1,"total_tokens":2}}`)
+		}))
+		defer srvs[i].Close()
+	}
+	cfg, err := parseFlags([]string{"--url", srvs[0].URL + "," + srvs[1].URL + "/", "--requests", "6", "--model", "m"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := NewClient(cfg, srvs[0].Client())
+	for range 6 {
+		if res := c.Do(context.Background(), &Request{Messages: []Message{{Role: "user", Content: "x"}}}); !res.OK() {
+			t.Fatalf("request failed: %v", res.Err)
+		}
+	}
+	if a, b := hits[0].Load(), hits[1].Load(); a != 3 || b != 3 {
+		t.Errorf("requests per replica %d, %d; want 3, 3", a, b)
 	}
 }

@@ -8,6 +8,12 @@ import (
 // Usage is the OpenAI usage object in tokens.
 type Usage struct {
 	PromptTokens, CompletionTokens, TotalTokens int64
+	// CachedTokens is prompt_tokens_details.cached_tokens, the prompt
+	// tokens the engine found in its prefix cache (vLLM reports it with
+	// --enable-prompt-tokens-details, and omits prompt_tokens_details
+	// when it is 0); HasCached says it was a number.
+	CachedTokens int64
+	HasCached    bool
 }
 
 // Chunk is what the gateway needs from one streamed chunk (the data field of
@@ -230,6 +236,8 @@ func (d *decoder) usage(named bool) (u Usage, ok bool) {
 			u.CompletionTokens, hasCompletion = d.int()
 		case "total_tokens":
 			u.TotalTokens, _ = d.int()
+		case "prompt_tokens_details":
+			u.CachedTokens, _, _, u.HasCached = d.cachedTokens()
 		case "input_tokens":
 			in, hasIn = d.int()
 		case "output_tokens":

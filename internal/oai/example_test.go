@@ -58,10 +58,10 @@ func ExampleInspectChunk() {
 		fmt.Printf("id=%s content=%v finish=%v usage=%v %+v err=%v\n", c.ID, c.Content, c.Finish, c.HasUsage, c.Usage, err)
 	}
 	// Output:
-	// id=c1 content=false finish=false usage=false {PromptTokens:0 CompletionTokens:0 TotalTokens:0} err=<nil>
-	// id=c1 content=true finish=false usage=false {PromptTokens:0 CompletionTokens:0 TotalTokens:0} err=<nil>
-	// id=c1 content=false finish=true usage=false {PromptTokens:0 CompletionTokens:0 TotalTokens:0} err=<nil>
-	// id=c1 content=false finish=false usage=true {PromptTokens:9 CompletionTokens:6 TotalTokens:15} err=<nil>
+	// id=c1 content=false finish=false usage=false {PromptTokens:0 CompletionTokens:0 TotalTokens:0 CachedTokens:0 HasCached:false} err=<nil>
+	// id=c1 content=true finish=false usage=false {PromptTokens:0 CompletionTokens:0 TotalTokens:0 CachedTokens:0 HasCached:false} err=<nil>
+	// id=c1 content=false finish=true usage=false {PromptTokens:0 CompletionTokens:0 TotalTokens:0 CachedTokens:0 HasCached:false} err=<nil>
+	// id=c1 content=false finish=false usage=true {PromptTokens:9 CompletionTokens:6 TotalTokens:15 CachedTokens:0 HasCached:false} err=<nil>
 }
 
 // A route table holds a Schema per route; the gateway parses each body

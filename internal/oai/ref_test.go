@@ -62,11 +62,15 @@ func refUsage(raw []byte) (Usage, bool) {
 	if !ok {
 		return Usage{}, false
 	}
-	return Usage{
+	u := Usage{
 		PromptTokens:     refInt(m["prompt_tokens"]),
 		CompletionTokens: refInt(m["completion_tokens"]),
 		TotalTokens:      refInt(m["total_tokens"]),
-	}, true
+	}
+	if d, ok := refObject(m["prompt_tokens_details"]); ok && refIsNum(d["cached_tokens"]) {
+		u.CachedTokens, u.HasCached = refInt(d["cached_tokens"]), true
+	}
+	return u, true
 }
 
 // refInspectChunk is InspectChunk written with encoding/json; ok is false
