@@ -72,7 +72,8 @@
 // skipped; if it carried a seq, that batch is missing and the next one is
 // a gap. Messages wait in a bounded queue (1024) while the handler or a
 // replay is busy; one that finds the queue full is dropped and shows as a
-// gap too, so memory stays bounded and nothing is lost silently.
+// gap at the next batch, so memory stays bounded and nothing is lost
+// silently.
 //
 // The replay request is sent from a DEALER socket, since one request gets
 // many replies, which a REQ socket would not take; each replay is one

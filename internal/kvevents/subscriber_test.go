@@ -732,3 +732,65 @@ func TestSubscriberRunCancel(t *testing.T) {
 		})
 	}
 }
+
+// gated is a recorder whose Batch waits for gate to close while hold is
+// set, as a slow handler would.
+type gated struct {
+	*recorder
+	hold atomic.Bool
+	gate chan struct{}
+}
+
+func (g *gated) Batch(seq uint64, b *Batch) {
+	if g.hold.Load() {
+		<-g.gate
+	}
+	g.recorder.Batch(seq, b)
+}
+
+// TestSubscriberQueueOverflow: while the handler is stuck, messages beyond
+// the bounded queue are dropped and the hole shows as a gap: a Lost
+// without a replay socket, filled with one.
+func TestSubscriberQueueOverflow(t *testing.T) {
+	for name, replay := range map[string]bool{"no replay": false, "replay": true} {
+		t.Run(name, func(t *testing.T) {
+			e := newEngine(t, "", replay, framingVLLM)
+			g := &gated{recorder: newRecorder(), gate: make(chan struct{})}
+			s := run(t, SubscriberConfig{Endpoint: e.endpoint, Replay: e.replay}, g)
+			e.connect(t, g.recorder)
+			n := len(g.entries())
+			g.hold.Store(true)
+			first := e.publishNext()
+			for range liveQueue + 100 {
+				e.publishNext()
+			}
+			testutil.Eventually(t, wait, func() bool { return s.queueDrops.Load() > 0 }, "a message dropped from the full queue")
+			g.hold.Store(false)
+			close(g.gate)
+			// A dropped tail shows only when a later batch comes: publish
+			// until one is handed over.
+			testutil.Eventually(t, wait, func() bool {
+				seq := e.publishNext()
+				return testutil.Poll(200*time.Millisecond, func() bool {
+					got := g.entries()
+					return got[len(got)-1] == "b"+fmt.Sprint(seq)
+				})
+			}, "the handler to catch up")
+			got := g.waitLast(t, e.lastSeq())[n:]
+			st := s.Stats()
+			if replay {
+				if want := seqs(first, e.lastSeq()); !slices.Equal(got, want) {
+					t.Fatalf("entries after connect: %d, want %d batches from b%d with no Lost (%v...)", len(got), len(want), first, got[:min(len(got), 5)])
+				}
+				if st.Gaps == 0 || st.ReplayFailures != 0 {
+					t.Errorf("stats %+v, want gaps filled by replays", st)
+				}
+				return
+			}
+			lost := slices.Index(got, "lost:gap")
+			if got[0] != "b"+fmt.Sprint(first) || lost < 0 || uint64(strings.Count(strings.Join(got, " "), "lost:gap")) != st.Gaps {
+				t.Fatalf("entries after connect start %v, want b%d first and one lost:gap per gap (%d)", got[:min(len(got), 5)], first, st.Gaps)
+			}
+		})
+	}
+}
