@@ -64,8 +64,8 @@ type SubscriberConfig struct {
 	// publishes its configured topic ("" by default) as the first frame of
 	// every message.
 	Topic string
-	// ReplayTimeout bounds one replay exchange; 0 means
-	// defaultReplayTimeout (2s).
+	// ReplayTimeout bounds one replay exchange, from the dial to the end
+	// marker; 0 means 2s.
 	ReplayTimeout time.Duration
 	// Logger receives connection, replay and loss records; nil discards
 	// them.
@@ -103,7 +103,9 @@ func (r LostReason) String() string {
 
 // Handler receives one engine's batches. A [Subscriber] calls it from one
 // goroutine, never concurrently, so an implementation that serves a single
-// subscriber needs no locking of its own for the engine's state.
+// subscriber needs no locking of its own for the engine's state. Its
+// methods should return quickly: while one runs, messages wait in a queue
+// of 1024, and the ones that find it full are dropped (a gap).
 type Handler interface {
 	// Batch hands over the batch published with seq. Batches arrive in
 	// seq order with no hole since the previous Batch, except right
