@@ -1,15 +1,17 @@
 // Package kvevents reads and writes the wire format of vLLM's KV-cache
 // events: the batches of BlockStored, BlockRemoved and AllBlocksCleared
 // events an engine publishes over ZMQ when it stores, evicts or clears
-// prefix-cache blocks. It does no networking: [ParseMessage] and
-// [ParseReplayReply] take the frames a ZMQ socket received, [DecodeBatch]
-// turns a payload into a [Batch], and [AppendBatch] writes one (for the
-// simulated engines and for tests).
+// prefix-cache blocks, and follows one engine's stream of them.
+// [ParseMessage] and [ParseReplayReply] take the frames a ZMQ socket
+// received, [DecodeBatch] turns a payload into a [Batch], and [AppendBatch]
+// writes one (for the simulated engines and for tests). A [Subscriber]
+// does the networking: it subscribes to an engine's PUB socket and hands
+// its batches, in seq order, to a [Handler].
 //
 // It is the first piece of routing on engines' KV-cache events (the
-// subscriber, the precise prefix index keyed by stablehash.TokenBlocks, the
-// precise-prefix policy and the simulator's publisher build on it, and are
-// not written yet): nothing outside its tests imports it so far.
+// precise prefix index keyed by stablehash.TokenBlocks, the precise-prefix
+// policy and the simulator's publisher build on it, and are not written
+// yet): nothing outside its tests imports it so far.
 //
 // # The wire
 //
@@ -41,6 +43,50 @@
 // in array-encoded events. Each of lora_name, extra_keys, group_idx and the
 // spec kind was added by a later vLLM PR, and a v0.28.0 capture shows one more
 // ("locality"), so the decoder ignores keys and positions it does not know.
+//
+// # Subscribing
+//
+// [NewSubscriber] takes one engine's endpoints and a [Handler];
+// [Subscriber.Run] dials the PUB socket (the engine binds, the gateway
+// connects: vLLM's default endpoint is tcp://*:5557), subscribes to the
+// topic prefix, and for each message parses the frames, decodes the
+// payload and checks its seq against the last batch handed over, calling
+// the handler from one goroutine:
+//
+//   - seq is the next one: Batch.
+//   - seq skipped ahead (the PUB dropped batches at its high-water mark, or
+//     the connection was down): with a replay endpoint, the missing batches
+//     are asked for and handed over first; if the replay fails, times out
+//     or no longer reaches back to the gap (vLLM keeps its last
+//     buffer_steps batches), Lost(LostReplayFailed), followed by what the
+//     replay did return after the hole. Without one, Lost(LostGap). Then
+//     Batch for the live one.
+//   - seq went back: the engine restarted (seq starts at 0 per process) and
+//     its cache is empty, Lost(LostRestart), then Batch.
+//
+// A ZMQ SUB does not see its publisher restart, which is why seq is the
+// signal. The first batch, and the first after a restart, is taken as it
+// is; with a replay endpoint the batches the engine still buffers from seq
+// 0 are replayed before it, so that blocks stored before the subscription
+// are known too. A message or payload that does not parse is counted and
+// skipped; if it carried a seq, that batch is missing and the next one is
+// a gap. Messages wait in a bounded queue (1024) while the handler or a
+// replay is busy; one that finds the queue full is dropped and shows as a
+// gap at the next batch, so memory stays bounded and nothing is lost
+// silently.
+//
+// The replay request is sent from a DEALER socket, since one request gets
+// many replies, which a REQ socket would not take; each replay is one
+// short-lived connection bounded by SubscriberConfig.ReplayTimeout.
+// Replies are taken with or without the empty delimiter vLLM sends after
+// the identity, and with a topic frame before seq, as some ports of vLLM's
+// publisher send them.
+//
+// When the connection fails Run dials again, after a pause that starts at
+// 100ms and doubles up to 5s, until its context is done; then it closes
+// its sockets and returns once its goroutines have ended.
+// [Subscriber.Stats] counts batches, events by kind, decode errors, gaps,
+// replays and restarts.
 //
 // # Encodings
 //
