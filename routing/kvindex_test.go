@@ -478,6 +478,14 @@ func TestKVIndexLRU(t *testing.T) {
 	if got := x.Match(kvKeys(kvTokens(2, 1), 0), e, kvT0); got != 1 {
 		t.Errorf("b0 evicted before a1: Match = %d, want 1", got)
 	}
+	// Stored before b0 but touched by its child since, a0 outlives b0.
+	x.Apply(e, kvBatch(kvStored(40, 0, kvTokens(4, 1))), kvT0)
+	if got := x.Match(kvKeys(kvTokens(2, 1), 0), e, kvT0); got != 0 {
+		t.Errorf("b0 after a third eviction: Match = %d, want 0", got)
+	}
+	if got := x.Match(kvKeys(a, 0), e, kvT0); got != 1 {
+		t.Errorf("a0 after a third eviction: Match = %d, want 1", got)
+	}
 }
 
 func TestKVIndexFloodKeepsMaxBlocks(t *testing.T) {
@@ -669,5 +677,33 @@ func TestKVIndexConcurrentSafe(t *testing.T) {
 	wg.Wait()
 	if st := x.Stats(); st.Engines != 2 || st.Blocks > 2*cfg.MaxBlocks {
 		t.Errorf("Stats = %+v, want 2 engines and at most %d blocks", st, 2*cfg.MaxBlocks)
+	}
+}
+
+func TestKVIndexSharedOwnKeysAcrossRebuild(t *testing.T) {
+	x := NewKVIndex(DefaultKVIndexConfig())
+	e := kvEndpoint("e")
+	prompt := kvTokens(1, 200) // the own-key table grows from 64 slots: rebuilt on the way
+	keys := kvKeys(prompt, 0)
+	x.Apply(e, kvBatch(kvStored(1000, 0, prompt[:100*kvBS])), kvT0)
+	x.Apply(e, kvBatch(kvStored(5000, 0, prompt)), kvT0) // other engine hashes, same tokens
+	if got := x.Match(keys, e, kvT0); got != 200 {
+		t.Fatalf("Match = %d, want 200", got)
+	}
+	if got := x.Apply(e, kvBatch(kvRemoved("GPU", kvHashes(5000, 200)...)), kvT0); got.Removed != 200 {
+		t.Errorf("Removed = %d, want 200", got.Removed)
+	}
+	if got := x.Match(keys, e, kvT0); got != 100 {
+		t.Errorf("Match after removing the second copy = %d, want 100", got)
+	}
+	x.Apply(e, kvBatch(kvRemoved("GPU", kvHashes(1000, 100)...)), kvT0)
+	if got := x.Match(keys, e, kvT0); got != 0 {
+		t.Errorf("Match after removing both = %d, want 0", got)
+	}
+	s := x.engine(e)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if tb := s.keys.Load(); tb.live != 0 || len(tb.multi) != 0 {
+		t.Errorf("own-key table: %d live, %d shared, want none", tb.live, len(tb.multi))
 	}
 }
