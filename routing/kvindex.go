@@ -311,12 +311,14 @@ type KVApplied struct {
 //
 // Events of a KV-cache group other than 0 (GroupIdx > 0: hybrid models'
 // sliding-window or Mamba groups) are ignored. vLLM's hybrid coordinator
-// (vllm/v1/core/kv_cache_coordinator.py) reuses a prefix only as far as
-// its full-attention group hits, then checks the other groups within it,
-// so a block is usable only if that group holds it; group 0 (or -1 when
-// the engine sends no group) stands for it. The other groups' blocks are
-// not checked, so for a hybrid model Match can overstate a little (a
-// sliding-window group missing its last window). Media (vLLM's Medium:
+// (HybridKVCacheCoordinator.find_longest_cache_hit in
+// vllm/v1/core/kv_cache_coordinator.py) takes the shortest hit over its
+// attention types, full attention first as the downward-closed bound, so
+// a block is usable only if the full-attention group holds it; group 0
+// (or -1 when the engine sends no group) is taken to be that group. The
+// other groups are not checked, so for a hybrid model Match can overstate
+// (a sliding-window group missing its last window); choosing the group by
+// the event's SpecKind ("full_attention") would be a refinement. Media (vLLM's Medium:
 // "GPU", "" meaning GPU, "CPU" with KV offloading, or another tier) are
 // tracked per block, so a block removed from one medium stays held while
 // another has it. now is unused by the current rules (a batch is a sign
