@@ -117,23 +117,23 @@ const kvSpecEntryBytes = 16
 // kvindex_bench_test.go measures the choice against the textbook
 // alternative, a map engine hash -> container/list element plus a map own
 // key -> references under a sync.RWMutex that Match read-locks (engines
-// found as cheaply in both). Median (fastest) of 13 runs for Match, 5
-// for the rest, ns/op; Go 1.26, linux/amd64, 2 cores shared with other
-// work, so the spread is wide:
+// found as cheaply in both). ns/op, median (fastest) of 5 runs; Go 1.26,
+// linux/amd64, 2 cores shared with other work, so the spread is wide:
 //
-//	                                  slab + atomic table   list + RWMutex
-//	Match, 8 candidates x 256 keys    357 (276), 0 allocs   669 (454), 0 allocs
-//	Match, 64 candidates x 256 keys   4000 (2297), 0 allocs 7123 (4579), 0 allocs
-//	Match, 64 candidates, parallel    2425 (1372), 0 allocs 5703 (4757), 0 allocs
-//	store + remove one block          208 (180), 0 allocs   409 (361), 2 allocs
-//	bytes per block held              84                    144
+//	                                    slab + atomic table   list + RWMutex
+//	Match, 8 candidates x 256 keys      272 (267), 0 allocs   494 (474), 0 allocs
+//	Match, 64 candidates x 256 keys     2551 (2469), 0 allocs 4815 (4573), 0 allocs
+//	  the same, every one speculating   3490 (3163), 0 allocs
+//	Match, 64 candidates, parallel      3058 (2324), 0 allocs 6831 (4446), 0 allocs
+//	store + remove one block            195 (180), 0 allocs   422 (418), 2 allocs
+//	bytes per block held                84                    144
 //
-// Match is ~2x faster alone and under concurrent requests (where the
+// Match is about 2x faster alone and under concurrent requests (where the
 // RWMutex's reader count is one contended cache line), and the slab takes
 // 40% less memory and no allocation per block (10 B/op amortized: the
 // own-key table's rebuilds). Apply through the API (BlockStored events of
 // 16 blocks of 16 tokens, own keys hashed, and as many blocks removed,
-// 65536 held) costs 251 (202) ns per block, 0 allocs/op.
+// 65536 held) costs 135 (127) ns per block, 0 allocs/op.
 //
 // # Gaps
 //
@@ -565,17 +565,29 @@ func (x *KVIndex) Match(keys []uint64, e *Endpoint, now time.Time) int {
 
 // match is Match on table t, with speculative entries if spec.
 func (x *KVIndex) match(t *kvKeyTable, keys []uint64, e *Endpoint, nowNs int64, spec bool) int {
-	n := len(keys)
-	if n == 0 {
-		return 0
+	m := x.prefix(t, keys, 0, e, nowNs, false)
+	if spec && m < len(keys) {
+		// Speculate recorded what follows the stored blocks: the held
+		// prefix goes on through speculative entries, searched alone, so a
+		// candidate with speculation costs two more probes, not twice as
+		// many.
+		m = x.prefix(t, keys, m, e, nowNs, true)
 	}
-	if x.held(t, keys[n-1], e, nowNs, spec) {
+	return m
+}
+
+// prefix returns the end of the held run of keys that starts at from
+// (keys[:from] are known held): of stored keys, or if spec of unexpired
+// speculative entries of e.
+func (x *KVIndex) prefix(t *kvKeyTable, keys []uint64, from int, e *Endpoint, nowNs int64, spec bool) int {
+	n := len(keys)
+	if from >= n || x.held(t, keys[n-1], e, nowNs, spec) {
 		return n
 	}
-	if !x.held(t, keys[0], e, nowNs, spec) {
-		return 0
+	if !x.held(t, keys[from], e, nowNs, spec) {
+		return from
 	}
-	lo, hi := 1, n-1 // keys[:lo] held; keys[hi] not
+	lo, hi := from+1, n-1 // keys[:lo] held; keys[hi] not
 	for lo < hi {
 		mid := int(uint(lo+hi) >> 1)
 		if x.held(t, keys[mid], e, nowNs, spec) {
@@ -587,12 +599,10 @@ func (x *KVIndex) match(t *kvKeyTable, keys []uint64, e *Endpoint, nowNs int64, 
 	return lo
 }
 
+// held reports whether e holds k: stored in t, or if spec speculative.
 func (x *KVIndex) held(t *kvKeyTable, k uint64, e *Endpoint, nowNs int64, spec bool) bool {
-	if t.has(k) {
-		return true
-	}
 	if !spec {
-		return false
+		return t.has(k)
 	}
 	ek := entryKey(k, e)
 	b := &x.spec[ek&x.mask]

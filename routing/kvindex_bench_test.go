@@ -168,6 +168,22 @@ func BenchmarkKVIndexMatch(b *testing.B) {
 			}
 			_ = sum
 		})
+		b.Run("slab-speculating/candidates="+strconv.Itoa(n), func(b *testing.B) {
+			// Every candidate was just picked for other prompts: each probe
+			// that misses the stored blocks also probes the speculative table.
+			y, _, eps, keys := kvBenchFleet(n)
+			for i, e := range eps {
+				y.Speculate(kvKeys(kvTokens(uint32(100+i), 64), 0), e, kvT0)
+			}
+			b.ReportAllocs()
+			sum := 0
+			for b.Loop() {
+				for _, e := range eps {
+					sum += y.Match(keys, e, kvT0)
+				}
+			}
+			_ = sum
+		})
 		b.Run("list/candidates="+strconv.Itoa(n), func(b *testing.B) {
 			b.ReportAllocs()
 			sum := 0
