@@ -551,8 +551,10 @@ func (x *KVIndex) Forget(e *Endpoint) {
 // chained, so a held key i stands for keys 0..i: the last key is probed
 // first (a prefix held whole costs one probe), then the first (an engine
 // without the prefix costs two), then a binary search finds the end of
-// the held prefix (see Gaps on [KVIndex]). It takes no lock and does not
-// allocate.
+// the held prefix (see Gaps on [KVIndex]). The stored blocks are searched
+// first; when e has unexpired speculative entries the prefix is then
+// extended through them the same way (Speculate records what follows the
+// stored prefix). It takes no lock and does not allocate.
 func (x *KVIndex) Match(keys []uint64, e *Endpoint, now time.Time) int {
 	s := x.engine(e)
 	if s == nil || len(keys) == 0 {
