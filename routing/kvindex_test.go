@@ -349,6 +349,15 @@ func TestKVIndexSpeculative(t *testing.T) {
 			t.Errorf("%s: Match = %d, want %d", c.name, got, c.want)
 		}
 	}
+	// Speculative entries continue the stored prefix as it was: when
+	// stored blocks go, the prefix ends there.
+	z := NewKVIndex(cfg)
+	z.Apply(a, kvBatch(kvStored(10, 0, prompt[:3*kvBS])), kvT0)
+	z.Speculate(keys, a, kvT0)
+	z.Apply(a, kvBatch(kvRemoved("GPU", 11, 12)), kvT0)
+	if got := z.Match(keys, a, kvT0); got != 1 {
+		t.Errorf("Match after the stored blocks under the speculative ones went = %d, want 1", got)
+	}
 	// Speculating again extends the entries.
 	x.Speculate(keys, a, kvT0.Add(time.Second))
 	if got := x.Match(keys, a, kvT0.Add(time.Second+cfg.SpeculativeTTL-1)); got != 8 {
