@@ -349,14 +349,18 @@ func TestKVIndexSpeculative(t *testing.T) {
 			t.Errorf("%s: Match = %d, want %d", c.name, got, c.want)
 		}
 	}
-	// Speculative entries continue the stored prefix as it was: when
-	// stored blocks go, the prefix ends there.
+	// A speculative entry stands for the whole prompt e was sent (keys
+	// are chained): stored blocks under it that go meanwhile are computed
+	// again by that request.
 	z := NewKVIndex(cfg)
 	z.Apply(a, kvBatch(kvStored(10, 0, prompt[:3*kvBS])), kvT0)
 	z.Speculate(keys, a, kvT0)
 	z.Apply(a, kvBatch(kvRemoved("GPU", 11, 12)), kvT0)
-	if got := z.Match(keys, a, kvT0); got != 1 {
-		t.Errorf("Match after the stored blocks under the speculative ones went = %d, want 1", got)
+	if got := z.Match(keys, a, kvT0); got != 8 {
+		t.Errorf("Match after stored blocks under the speculative ones went = %d, want 8", got)
+	}
+	if got := z.Match(keys[:3], a, kvT0); got != 1 {
+		t.Errorf("Match of the stored part alone after its blocks 1 and 2 went = %d, want 1", got)
 	}
 	// Speculating again extends the entries.
 	x.Speculate(keys, a, kvT0.Add(time.Second))
