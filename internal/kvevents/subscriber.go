@@ -137,6 +137,12 @@ type SubscriberStats struct {
 	// ReplayFailures replays that failed, timed out or left a hole.
 	// Restarts counts seq going back (Lost(LostRestart)).
 	Gaps, Replays, ReplayedBatches, ReplayFailures, Restarts uint64
+	// PeerErrors counts connections (to Endpoint or Replay) dropped
+	// because the peer broke the bounds of the ZMTP stream: a frame header
+	// taking a message over MaxPayloadSize plus 64 KiB or over 64 frames,
+	// a command frame over 64 KiB, or a malformed READY command. Such a
+	// connection's frames are never allocated at their declared size.
+	PeerErrors uint64
 	// LastSeq is the seq of the last batch handed over, meaningful when
 	// HaveSeq is true.
 	LastSeq uint64
@@ -167,6 +173,7 @@ type Subscriber struct {
 	unknown, invalid, decodeErrors       atomic.Uint64
 	gaps, replays, replayedBatches       atomic.Uint64
 	replayFailures, restarts, queueDrops atomic.Uint64
+	peerErrors                           atomic.Uint64
 	lastSeq                              atomic.Uint64
 	haveSeq, connected                   atomic.Bool
 }
@@ -248,6 +255,7 @@ func (s *Subscriber) Stats() SubscriberStats {
 		ReplayedBatches: s.replayedBatches.Load(),
 		ReplayFailures:  s.replayFailures.Load(),
 		Restarts:        s.restarts.Load(),
+		PeerErrors:      s.peerErrors.Load(),
 		LastSeq:         s.lastSeq.Load(),
 		HaveSeq:         s.haveSeq.Load(),
 		Connected:       s.connected.Load(),
@@ -306,7 +314,7 @@ func (s *Subscriber) receive(ctx context.Context, live chan<- liveMsg) {
 		if ctx.Err() != nil {
 			return
 		}
-		if got {
+		if got && !isPeerError(err) {
 			backoff = minBackoff
 		}
 		if s.log.Enabled(ctx, slog.LevelDebug) {
@@ -339,7 +347,8 @@ func (s *Subscriber) session(ctx context.Context, live chan<- liveMsg) (received
 	if err := sock.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err != nil {
 		return false, err
 	}
-	if err := sock.Dial(s.cfg.Endpoint); err != nil {
+	if err := dialBounded(sock, s.cfg.Endpoint); err != nil {
+		s.checkPeerError(ctx, s.cfg.Endpoint, err)
 		return false, err
 	}
 	s.connected.Store(true)
@@ -348,6 +357,7 @@ func (s *Subscriber) session(ctx context.Context, live chan<- liveMsg) (received
 	for {
 		msg, err := sock.Recv()
 		if err != nil {
+			s.checkPeerError(ctx, s.cfg.Endpoint, err)
 			return received, err
 		}
 		received = true
@@ -392,6 +402,18 @@ func (s *Subscriber) decodeError(ctx context.Context, err error) {
 	n := s.decodeErrors.Add(1)
 	if (n == 1 || n%decodeLogEvery == 0) && s.log.Enabled(ctx, slog.LevelDebug) {
 		s.log.DebugContext(ctx, "kv events: undecodable message", "endpoint", s.cfg.Endpoint, "error", err, "decode_errors", n)
+	}
+}
+
+// checkPeerError counts and logs err, the error that ended a connection
+// to endpoint, when the peer broke the bounds of the ZMTP stream (see
+// transport.go); it logs the first and then one in decodeLogEvery.
+func (s *Subscriber) checkPeerError(ctx context.Context, endpoint string, err error) {
+	if !isPeerError(err) {
+		return
+	}
+	if n := s.peerErrors.Add(1); n == 1 || n%decodeLogEvery == 0 {
+		s.log.WarnContext(ctx, "kv events: peer broke the ZMTP bounds, connection dropped", "endpoint", endpoint, "error", err, "peer_errors", n)
 	}
 }
 
@@ -508,7 +530,8 @@ func (s *Subscriber) replay(ctx context.Context, start uint64, fn func(seq uint6
 		zmq4.WithTimeout(s.replayTimeout),
 		zmq4.WithLogger(zmqLog))
 	defer closeSocket(sock)
-	if err := sock.Dial(s.cfg.Replay); err != nil {
+	if err := dialBounded(sock, s.cfg.Replay); err != nil {
+		s.checkPeerError(ctx, s.cfg.Replay, err)
 		return err
 	}
 	if err := sock.Send(zmq4.NewMsgFrom([]byte{}, ReplayRequest(start))); err != nil {
@@ -517,6 +540,7 @@ func (s *Subscriber) replay(ctx context.Context, start uint64, fn func(seq uint6
 	for {
 		msg, err := sock.Recv()
 		if err != nil {
+			s.checkPeerError(ctx, s.cfg.Replay, err)
 			if rctx.Err() != nil && ctx.Err() == nil {
 				return fmt.Errorf("kvevents: replay timed out after %v: %w", s.replayTimeout, err)
 			}
