@@ -278,10 +278,15 @@ type liveMsg struct {
 // Run may be called again after it returned, continuing from the last seq
 // it handed over; a call while another runs returns an error at once.
 //
-// One known limit of zmq4 v0.17.0: the ZMTP handshake after the TCP
-// connect has no deadline, so a peer that accepts the connection but never
-// answers the greeting holds Run (until the peer closes) even after ctx is
-// done. A vLLM engine, or any ZMQ socket, answers at once.
+// Its connections, to Endpoint and to Replay, go through a transport that
+// bounds what a peer can make zmq4 v0.17.0 do (see the package doc,
+// Bounds): the ZMTP handshake must end within 10s of the TCP connect and
+// ends at once when ctx is done, so a peer that accepts the connection and
+// never answers does not hold Run; a frame header taking a message over
+// MaxPayloadSize plus 64 KiB, or a malformed READY, drops the connection
+// before zmq4 allocates or reads it, counted in PeerErrors, and Run
+// redials. Such a connection does not reset the pause, whatever it
+// delivered before.
 func (s *Subscriber) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return errRunning
