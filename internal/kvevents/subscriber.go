@@ -319,7 +319,7 @@ func (s *Subscriber) receive(ctx context.Context, live chan<- liveMsg) {
 		if ctx.Err() != nil {
 			return
 		}
-		if got && !isPeerError(err) {
+		if got {
 			backoff = minBackoff
 		}
 		if s.log.Enabled(ctx, slog.LevelDebug) {
@@ -338,12 +338,21 @@ func (s *Subscriber) receive(ctx context.Context, live chan<- liveMsg) {
 
 // session dials Endpoint once and queues what it receives until the
 // connection fails or ctx is done. received reports whether a message
-// arrived.
+// arrived on a connection that did not break the ZMTP bounds.
 func (s *Subscriber) session(ctx context.Context, live chan<- liveMsg) (received bool, err error) {
+	var broke atomic.Bool
+	defer func() {
+		if broke.Load() {
+			received = false // no backoff reset for a hostile peer
+		}
+	}()
 	// No automatic reconnect: zmq4 redials inside the closed connection's
 	// callback with sleeps that ignore ctx and gives up after its retries.
 	// A failed Recv ends the session and receive redials with backoff.
-	sock := zmq4.NewSub(ctx,
+	sock := zmq4.NewSub(withPeerErrorHook(ctx, func(err error) {
+		broke.Store(true)
+		s.peerError(ctx, s.cfg.Endpoint, err)
+	}),
 		zmq4.WithDialerMaxRetries(0),
 		zmq4.WithDialerTimeout(dialTimeout),
 		zmq4.WithAutomaticReconnect(false),
@@ -353,7 +362,6 @@ func (s *Subscriber) session(ctx context.Context, live chan<- liveMsg) (received
 		return false, err
 	}
 	if err := dialBounded(sock, s.cfg.Endpoint); err != nil {
-		s.checkPeerError(ctx, s.cfg.Endpoint, err)
 		return false, err
 	}
 	s.connected.Store(true)
@@ -362,7 +370,6 @@ func (s *Subscriber) session(ctx context.Context, live chan<- liveMsg) (received
 	for {
 		msg, err := sock.Recv()
 		if err != nil {
-			s.checkPeerError(ctx, s.cfg.Endpoint, err)
 			return received, err
 		}
 		received = true
@@ -410,13 +417,11 @@ func (s *Subscriber) decodeError(ctx context.Context, err error) {
 	}
 }
 
-// checkPeerError counts and logs err, the error that ended a connection
-// to endpoint, when the peer broke the bounds of the ZMTP stream (see
-// transport.go); it logs the first and then one in decodeLogEvery.
-func (s *Subscriber) checkPeerError(ctx context.Context, endpoint string, err error) {
-	if !isPeerError(err) {
-		return
-	}
+// peerError counts err, which dropped a connection to endpoint whose peer
+// broke the bounds of the ZMTP stream (see transport.go), and logs the
+// first and then one in decodeLogEvery. The bounded transport calls it,
+// from zmq4's goroutine that reads the connection.
+func (s *Subscriber) peerError(ctx context.Context, endpoint string, err error) {
 	if n := s.peerErrors.Add(1); n == 1 || n%decodeLogEvery == 0 {
 		s.log.WarnContext(ctx, "kv events: peer broke the ZMTP bounds, connection dropped", "endpoint", endpoint, "error", err, "peer_errors", n)
 	}
@@ -529,14 +534,13 @@ func (s *Subscriber) fill(ctx context.Context, start, live uint64) {
 func (s *Subscriber) replay(ctx context.Context, start uint64, fn func(seq uint64, payload []byte)) error {
 	rctx, cancel := context.WithTimeout(ctx, s.replayTimeout)
 	defer cancel()
-	sock := zmq4.NewDealer(rctx,
+	sock := zmq4.NewDealer(withPeerErrorHook(rctx, func(err error) { s.peerError(ctx, s.cfg.Replay, err) }),
 		zmq4.WithDialerMaxRetries(0),
 		zmq4.WithDialerTimeout(s.replayTimeout),
 		zmq4.WithTimeout(s.replayTimeout),
 		zmq4.WithLogger(zmqLog))
 	defer closeSocket(sock)
 	if err := dialBounded(sock, s.cfg.Replay); err != nil {
-		s.checkPeerError(ctx, s.cfg.Replay, err)
 		return err
 	}
 	if err := sock.Send(zmq4.NewMsgFrom([]byte{}, ReplayRequest(start))); err != nil {
@@ -545,7 +549,6 @@ func (s *Subscriber) replay(ctx context.Context, start uint64, fn func(seq uint6
 	for {
 		msg, err := sock.Recv()
 		if err != nil {
-			s.checkPeerError(ctx, s.cfg.Replay, err)
 			if rctx.Err() != nil && ctx.Err() == nil {
 				return fmt.Errorf("kvevents: replay timed out after %v: %w", s.replayTimeout, err)
 			}

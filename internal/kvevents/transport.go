@@ -80,10 +80,16 @@ func (e *peerError) Temporary() bool { return false }
 
 var _ net.Error = (*peerError)(nil)
 
-// isPeerError reports whether err is or wraps a *peerError.
-func isPeerError(err error) bool {
-	var pe *peerError
-	return errors.As(err, &pe)
+// peerErrorKey is the context key of withPeerErrorHook.
+type peerErrorKey struct{}
+
+// withPeerErrorHook returns ctx carrying f: a socket made with the result
+// (zmq4 dials with the socket's context, derived from the one it was made
+// with) has each of its bounded connections call f with the *peerError
+// that dropped it, once. zmq4 does not always pass that error on: a Send
+// racing the drop fails with zmq4.ErrClosedConn.
+func withPeerErrorHook(ctx context.Context, f func(error)) context.Context {
+	return context.WithValue(ctx, peerErrorKey{}, f)
 }
 
 // zmtpParser follows a ZMTP 3.x byte stream as it is read, in pieces of
@@ -229,7 +235,8 @@ func checkCommand(body []byte) error {
 type boundedConn struct {
 	net.Conn
 	z         zmtpParser
-	err       error // the first peerError, returned by every later Read
+	err       error       // the first peerError, returned by every later Read
+	onPeerErr func(error) // from withPeerErrorHook, or nil
 	handshake time.Duration
 	handshook bool
 	stop      func() bool // unregisters the close on the dial's context
@@ -249,6 +256,9 @@ func (c *boundedConn) Read(p []byte) (int, error) {
 		if perr := c.z.feed(p[:n]); perr != nil {
 			c.err = perr
 			_ = c.Conn.Close()
+			if c.onPeerErr != nil {
+				c.onPeerErr(perr)
+			}
 			return 0, perr
 		}
 		if c.z.handshook && !c.handshook {
@@ -284,7 +294,8 @@ var _ transport.Transport = boundedTransport{}
 
 // Dial connects to addr ("host:port") with dialer, as zmq4's tcp transport
 // does, and wraps the connection: its deadline is the handshake's until the
-// peer's first complete frame, and it is closed when ctx ends.
+// peer's first complete frame, it is closed when ctx ends, and it calls
+// the hook of withPeerErrorHook in ctx, if any, when it drops the peer.
 func (t boundedTransport) Dial(ctx context.Context, dialer transport.Dialer, addr string) (net.Conn, error) {
 	nc, err := dialer.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -295,6 +306,7 @@ func (t boundedTransport) Dial(ctx context.Context, dialer transport.Dialer, add
 		return nil, err
 	}
 	c := &boundedConn{Conn: nc, handshake: t.handshake}
+	c.onPeerErr, _ = ctx.Value(peerErrorKey{}).(func(error))
 	c.stop = context.AfterFunc(ctx, func() { _ = nc.Close() })
 	return c, nil
 }

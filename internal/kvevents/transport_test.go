@@ -70,6 +70,12 @@ func pubHandshake() []byte {
 	return append(zmtpGreeting(), zmtpFrame(flagCommand, zmtpReady("Socket-Type", "PUB"))...)
 }
 
+// isPeerError reports whether err is or wraps a *peerError.
+func isPeerError(err error) bool {
+	var pe *peerError
+	return errors.As(err, &pe)
+}
+
 // feedBytewise feeds s to a new parser one byte at a time and returns the
 // parser and the index of the byte whose feed returned an error, or -1.
 func feedBytewise(s []byte) (*zmtpParser, int, error) {
@@ -490,4 +496,26 @@ func TestBoundedTransportIdle(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.Eventually(t, wait, func() bool { return recv("after idle") }, "a message after 300ms idle")
+}
+
+// TestSubscriberHostileReplayPeer: a replay socket that declares a frame of
+// 2^40 bytes fails the replay, is counted in PeerErrors, and the live
+// batch is still handed over.
+func TestSubscriberHostileReplayPeer(t *testing.T) {
+	e := newEngine(t, "", false, framingVLLM)
+	e.mu.Lock()
+	e.next = 5 // the first batch is not seq 0, so the subscriber catches up
+	e.mu.Unlock()
+	hostile := append(zmtpGreeting(), zmtpFrame(flagCommand, zmtpReady("Socket-Type", "ROUTER"))...)
+	hostile = append(hostile, zmtpHeader(flagMore, 1<<40)...)
+	p := newFakePeer(t, hostile, "")
+	r := newRecorder()
+	s := run(t, SubscriberConfig{Endpoint: e.endpoint, Replay: p.endpoint, ReplayTimeout: 5 * time.Second}, r)
+	e.connect(t, r)
+	if st := s.Stats(); st.PeerErrors != 1 || st.ReplayFailures != 1 || st.Replays != 0 || st.ReplayedBatches != 0 {
+		t.Errorf("stats %+v, want PeerErrors 1, ReplayFailures 1, nothing replayed", st)
+	}
+	if got := r.entries(); len(got) == 0 || !strings.HasPrefix(got[0], "b") {
+		t.Errorf("entries %v, want a batch first (a failed catch-up calls no Lost)", got)
+	}
 }
