@@ -32,6 +32,11 @@ import (
 //     closes the connection when the context zmq4 dials with ends: zmq4
 //     passes the socket's context, which ends when the socket is closed or
 //     the context it was made with (the subscriber's) is done.
+//
+// What a peer can still make zmq4 allocate without sending it is one
+// message's frames, up to maxMessageSize, per connection. A dropped
+// connection is reported through the hook of withPeerErrorHook, which the
+// subscriber counts in SubscriberStats.PeerErrors.
 const (
 	// transportScheme is the zmq4 transport name the subscriber dials
 	// "tcp://host:port" endpoints through.
@@ -54,7 +59,8 @@ const (
 	maxCommandSize = frameMargin
 
 	// maxMessageFrames caps the frames of one message; a KV-events
-	// message has 3, a replay reply at most 5.
+	// message has 3, a replay reply at most 4 (the DEALER does not see the
+	// ROUTER's identity frame).
 	maxMessageFrames = 64
 
 	// greetingLen is the length of a ZMTP 3.x greeting.
