@@ -84,9 +84,12 @@
 //
 // When the connection fails Run dials again, after a pause that starts at
 // 100ms and doubles up to 5s, until its context is done; then it closes
-// its sockets and returns once its goroutines have ended.
+// its sockets and returns once its goroutines have ended, also when a
+// dial is in the middle of a handshake with a peer that never answers.
+// Both sockets dial "tcp://host:port" through a zmq4 transport of the
+// package's own, which bounds the peer (see Bounds).
 // [Subscriber.Stats] counts batches, events by kind, decode errors, gaps,
-// replays and restarts.
+// replays, restarts and connections dropped for breaking the bounds.
 //
 // # Encodings
 //
@@ -145,4 +148,24 @@
 // the payload's length; see [DecodeBatch]. Only the first dropped event's
 // reason is built, so a flood of junk events costs no allocation per event
 // for its errors.
+//
+// Frames come from the network too, and zmq4 v0.17.0 allocates each at the
+// size its header declares before the body arrives (a size near 2^63
+// panics), reads a READY command's metadata without bounds checks, and puts
+// no deadline on the ZMTP handshake. The subscriber's sockets therefore
+// dial through a transport that reads the ZMTP 3.x stream as zmq4 receives
+// it (RFC 23/ZMTP: a 64-byte greeting, then frames of a flags byte, a
+// 1-byte or 8-byte big-endian size and a body) and fails the read, which
+// drops the connection, as soon as a frame header takes one message over
+// MaxPayloadSize plus 64 KiB (the topic and seq frames, a replay reply's
+// identity) or over 64 frames, or a command over 64 KiB, and before the
+// last byte of a READY whose metadata runs past its end. zmq4 never sees
+// such a header complete; the subscriber counts the connection in
+// SubscriberStats.PeerErrors and redials. A connection's handshake must end
+// (the peer's first complete frame, its READY) within 10s of the TCP
+// connect, and the connection is closed when the dial's socket is closed
+// or the subscriber's context is done, so a peer that accepts and never
+// answers holds nothing. What a hostile peer can still make zmq4 allocate
+// without sending it is one message's frames up to that cap, on each of
+// the subscriber's connections (the PUB one, and a replay while one runs).
 package kvevents

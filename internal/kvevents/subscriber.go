@@ -137,6 +137,12 @@ type SubscriberStats struct {
 	// ReplayFailures replays that failed, timed out or left a hole.
 	// Restarts counts seq going back (Lost(LostRestart)).
 	Gaps, Replays, ReplayedBatches, ReplayFailures, Restarts uint64
+	// PeerErrors counts connections (to Endpoint or Replay) dropped
+	// because the peer broke the bounds of the ZMTP stream: a frame header
+	// taking a message over MaxPayloadSize plus 64 KiB or over 64 frames,
+	// a command frame over 64 KiB, or a malformed READY command. Such a
+	// connection's frames are never allocated at their declared size.
+	PeerErrors uint64
 	// LastSeq is the seq of the last batch handed over, meaningful when
 	// HaveSeq is true.
 	LastSeq uint64
@@ -167,6 +173,7 @@ type Subscriber struct {
 	unknown, invalid, decodeErrors       atomic.Uint64
 	gaps, replays, replayedBatches       atomic.Uint64
 	replayFailures, restarts, queueDrops atomic.Uint64
+	peerErrors                           atomic.Uint64
 	lastSeq                              atomic.Uint64
 	haveSeq, connected                   atomic.Bool
 }
@@ -248,6 +255,7 @@ func (s *Subscriber) Stats() SubscriberStats {
 		ReplayedBatches: s.replayedBatches.Load(),
 		ReplayFailures:  s.replayFailures.Load(),
 		Restarts:        s.restarts.Load(),
+		PeerErrors:      s.peerErrors.Load(),
 		LastSeq:         s.lastSeq.Load(),
 		HaveSeq:         s.haveSeq.Load(),
 		Connected:       s.connected.Load(),
@@ -270,10 +278,15 @@ type liveMsg struct {
 // Run may be called again after it returned, continuing from the last seq
 // it handed over; a call while another runs returns an error at once.
 //
-// One known limit of zmq4 v0.17.0: the ZMTP handshake after the TCP
-// connect has no deadline, so a peer that accepts the connection but never
-// answers the greeting holds Run (until the peer closes) even after ctx is
-// done. A vLLM engine, or any ZMQ socket, answers at once.
+// Its connections, to Endpoint and to Replay, go through a transport that
+// bounds what a peer can make zmq4 v0.17.0 do (see the package doc,
+// Bounds): the ZMTP handshake must end within 10s of the TCP connect and
+// ends at once when ctx is done, so a peer that accepts the connection and
+// never answers does not hold Run; a frame header taking a message over
+// MaxPayloadSize plus 64 KiB, or a malformed READY, drops the connection
+// before zmq4 allocates or reads it, counted in PeerErrors, and Run
+// redials. Such a connection does not reset the pause, whatever it
+// delivered before.
 func (s *Subscriber) Run(ctx context.Context) error {
 	if !s.running.CompareAndSwap(false, true) {
 		return errRunning
@@ -325,12 +338,21 @@ func (s *Subscriber) receive(ctx context.Context, live chan<- liveMsg) {
 
 // session dials Endpoint once and queues what it receives until the
 // connection fails or ctx is done. received reports whether a message
-// arrived.
+// arrived on a connection that did not break the ZMTP bounds.
 func (s *Subscriber) session(ctx context.Context, live chan<- liveMsg) (received bool, err error) {
+	var broke atomic.Bool
+	defer func() {
+		if broke.Load() {
+			received = false // no backoff reset for a hostile peer
+		}
+	}()
 	// No automatic reconnect: zmq4 redials inside the closed connection's
 	// callback with sleeps that ignore ctx and gives up after its retries.
 	// A failed Recv ends the session and receive redials with backoff.
-	sock := zmq4.NewSub(ctx,
+	sock := zmq4.NewSub(withPeerErrorHook(ctx, func(err error) {
+		broke.Store(true)
+		s.peerError(ctx, s.cfg.Endpoint, err)
+	}),
 		zmq4.WithDialerMaxRetries(0),
 		zmq4.WithDialerTimeout(dialTimeout),
 		zmq4.WithAutomaticReconnect(false),
@@ -339,7 +361,7 @@ func (s *Subscriber) session(ctx context.Context, live chan<- liveMsg) (received
 	if err := sock.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err != nil {
 		return false, err
 	}
-	if err := sock.Dial(s.cfg.Endpoint); err != nil {
+	if err := dialBounded(sock, s.cfg.Endpoint); err != nil {
 		return false, err
 	}
 	s.connected.Store(true)
@@ -392,6 +414,16 @@ func (s *Subscriber) decodeError(ctx context.Context, err error) {
 	n := s.decodeErrors.Add(1)
 	if (n == 1 || n%decodeLogEvery == 0) && s.log.Enabled(ctx, slog.LevelDebug) {
 		s.log.DebugContext(ctx, "kv events: undecodable message", "endpoint", s.cfg.Endpoint, "error", err, "decode_errors", n)
+	}
+}
+
+// peerError counts err, which dropped a connection to endpoint whose peer
+// broke the bounds of the ZMTP stream (see transport.go), and logs the
+// first and then one in decodeLogEvery. The bounded transport calls it,
+// from zmq4's goroutine that reads the connection.
+func (s *Subscriber) peerError(ctx context.Context, endpoint string, err error) {
+	if n := s.peerErrors.Add(1); n == 1 || n%decodeLogEvery == 0 {
+		s.log.WarnContext(ctx, "kv events: peer broke the ZMTP bounds, connection dropped", "endpoint", endpoint, "error", err, "peer_errors", n)
 	}
 }
 
@@ -502,13 +534,13 @@ func (s *Subscriber) fill(ctx context.Context, start, live uint64) {
 func (s *Subscriber) replay(ctx context.Context, start uint64, fn func(seq uint64, payload []byte)) error {
 	rctx, cancel := context.WithTimeout(ctx, s.replayTimeout)
 	defer cancel()
-	sock := zmq4.NewDealer(rctx,
+	sock := zmq4.NewDealer(withPeerErrorHook(rctx, func(err error) { s.peerError(ctx, s.cfg.Replay, err) }),
 		zmq4.WithDialerMaxRetries(0),
 		zmq4.WithDialerTimeout(s.replayTimeout),
 		zmq4.WithTimeout(s.replayTimeout),
 		zmq4.WithLogger(zmqLog))
 	defer closeSocket(sock)
-	if err := sock.Dial(s.cfg.Replay); err != nil {
+	if err := dialBounded(sock, s.cfg.Replay); err != nil {
 		return err
 	}
 	if err := sock.Send(zmq4.NewMsgFrom([]byte{}, ReplayRequest(start))); err != nil {
