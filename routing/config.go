@@ -16,7 +16,8 @@ import (
 // registers them with the policy's factory.
 type Config struct {
 	// Policy is the policy's registered name ([Names]): round-robin,
-	// least-loaded, power-of-two, session-affinity, prefix-aware or scorer.
+	// least-loaded, power-of-two, session-affinity, prefix-aware,
+	// precise-prefix or scorer.
 	Policy string `koanf:"policy"`
 	// PrefillWeight is how many decode requests one prefill request counts
 	// as in the in-flight load score of least-loaded, power-of-two and
@@ -33,6 +34,10 @@ type Config struct {
 	Prefix      PrefixConfig      `koanf:"prefix"`
 	PrefixAware PrefixAwareConfig `koanf:"prefix_aware"`
 	Scorer      ScorerConfig      `koanf:"scorer"`
+
+	// kv and kvBlockSize are what [WithKVIndex] gave [NewPolicy].
+	kv          *KVIndex
+	kvBlockSize int
 }
 
 // defaultPrefillWeight is Config.PrefillWeight's default.

@@ -14,6 +14,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/switchboard-gw/switchboard/internal/kvevents"
 	"github.com/switchboard-gw/switchboard/internal/stablehash"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 )
@@ -730,11 +731,24 @@ func BenchmarkPick(b *testing.B) {
 		for i := range hashes {
 			hashes[i] = stablehash.Mix64(uint64(i + 1))
 		}
-		req := &Request{Model: "m", SessionKey: "conversation-1234", PrefixHashes: hashes}
+		// The engines' KV-cache events: every engine publishes, one holds
+		// the prompt's 40 token blocks (precise-prefix and the scorer with
+		// precise_prefix measure them; the others ignore TokenKeys).
+		kv := NewKVIndex(DefaultKVIndexConfig())
+		tokens := kvTokens(1, 40)
+		for i, e := range eps {
+			if i == n/2 {
+				kv.Apply(e, kvBatch(kvStored(1, 0, tokens)), time.Now())
+			} else {
+				kv.Apply(e, kvBatch(kvStored(kvevents.Hash(1000*(i+1)), 0, kvTokens(uint32(i+2), 4))), time.Now())
+			}
+		}
+		req := &Request{Model: "m", SessionKey: "conversation-1234", PrefixHashes: hashes, TokenKeys: kvKeys(tokens, 0), TokenBlocks: 40}
 		for _, name := range Names() {
 			c := DefaultConfig()
 			c.Policy = name
-			p, err := NewPolicy(c)
+			c.Scorer.PrecisePrefix = true
+			p, err := NewPolicy(c, WithKVIndex(kv, kvBS))
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -29,13 +29,37 @@ type Request struct {
 	// first k hashes exactly when they share their first k blocks. Empty
 	// when the prompt is shorter than one block or hashing is off.
 	PrefixHashes []uint64
+	// TokenKeys are the gateway's keys of the prompt's leading full token
+	// blocks (internal/stablehash.TokenBlocks over its token ids, cut at
+	// [KVRouter.KVBlockSize]), the keys a [KVIndex] holds the engines'
+	// reported blocks under; set by the gateway for a [KVRouter] when it
+	// knows the prompt's tokens: all its full blocks, or the leading ones
+	// it shares with an earlier prompt whose tokens it knows (a
+	// conversation's previous turn). nil when unknown: the policy then
+	// measures every engine on PrefixHashes.
+	TokenKeys []uint64
+	// TokenBlocks is the prompt's number of full token blocks: exact when
+	// TokenKeys covers the whole prompt, else an estimate, never below
+	// len(TokenKeys). A precise match is a fraction of it.
+	TokenBlocks int
 
 	// known is how many leading PrefixHashes the engine picked last was
 	// already recorded for when the pick recorded the rest: what a
 	// [Forgetter]'s Forget keeps. Set by the prefix policies' Pick, so a
 	// Request belongs to one request and is not shared by concurrent picks.
 	known int
+	// predicted is one more than the prompt tokens the last Pick of a
+	// [KVRouter] found cached on its engine from the engine's own reports;
+	// 0 when it measured that engine otherwise (or nothing picked).
+	predicted int
 }
+
+// PredictedCached returns the prompt tokens the engine chosen by the last
+// Pick of a [KVRouter] had reported holding in its KV cache (matched
+// blocks x block size), to be checked against the cached_tokens the engine
+// then reports in its usage; -1 when that Pick did not measure the engine
+// on its reports (no token keys, its events stale, or another policy).
+func (r *Request) PredictedCached() int { return r.predicted - 1 }
 
 // Known returns how many leading [Request.PrefixHashes] the engine chosen
 // by the last Pick of a prefix policy ([PrefixAware], [Scorer]) had

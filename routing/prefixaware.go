@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"time"
 )
 
 // PrefixAwareName is the config name of [PrefixAware].
@@ -35,7 +36,7 @@ const PrefixAwareName = "prefix-aware"
 // The chosen engine's blocks are then recorded in the index. A prompt
 // shorter than one block goes by load alone.
 type PrefixAware struct {
-	index         *PrefixIndex
+	m             prefixMatcher
 	blocks        PrefixConfig
 	threshold     float64
 	balanceAbs    int64
@@ -47,6 +48,7 @@ var (
 	_ Policy       = (*PrefixAware)(nil)
 	_ PrefixHasher = (*PrefixAware)(nil)
 	_ Forgetter    = (*PrefixAware)(nil)
+	_ KVRouter     = (*PrefixAware)(nil)
 )
 
 // PrefixAwareConfig tunes [PrefixAware] (routing.prefix_aware); its
@@ -113,7 +115,7 @@ func NewPrefixAware(index *PrefixIndex, cacheThreshold float64, balanceAbs int, 
 	if index == nil {
 		index = NewPrefixIndex(blocks.IndexEntries)
 	}
-	return &PrefixAware{index: index, blocks: blocks, threshold: cacheThreshold, balanceAbs: int64(balanceAbs),
+	return &PrefixAware{m: prefixMatcher{approx: index}, blocks: blocks, threshold: cacheThreshold, balanceAbs: int64(balanceAbs),
 		balanceRel: balanceRel, prefillWeight: int64(max(prefillWeight, 1))}
 }
 
@@ -127,13 +129,13 @@ func (p *PrefixAware) PrefixBlocks() (blockBytes, maxBlocks int) {
 }
 
 // Index returns the policy's prefix index.
-func (p *PrefixAware) Index() *PrefixIndex { return p.index }
+func (p *PrefixAware) Index() *PrefixIndex { return p.m.approx }
 
 // Forget removes the blocks of req that its pick recorded for e beyond
 // those e already had ([PrefixIndex.Forget]).
 func (p *PrefixAware) Forget(req *Request, e *Endpoint) {
 	if req.known < len(req.PrefixHashes) {
-		p.index.Forget(req.PrefixHashes[req.known:], e)
+		p.m.approx.Forget(req.PrefixHashes[req.known:], e)
 	}
 }
 
@@ -144,19 +146,23 @@ func (p *PrefixAware) Pick(_ context.Context, req *Request, candidates []*Endpoi
 	if len(candidates) == 0 {
 		return nil, ErrNoEndpoint
 	}
-	hashes := req.PrefixHashes
+	var now time.Time
+	if p.m.kv != nil {
+		now = time.Now()
+	}
+	matching := len(req.PrefixHashes) > 0 || p.m.precise(req)
 	var (
 		least, best         *Endpoint
 		leastLoad, bestLoad int64
-		leastMatch          int
-		bestMatch           = -1
+		leastMatch          prefixMatch
+		bestMatch           = prefixMatch{frac: -1}
 		leastTies, bestTies uint64
 	)
 	for _, e := range candidates {
 		l := inFlightLoad(e, p.prefillWeight)
-		m := 0
-		if len(hashes) > 0 {
-			m = p.index.Match(hashes, e)
+		m := prefixMatch{approx: 0, precise: -1}
+		if matching {
+			m = p.m.match(req, e, now)
 		}
 		switch {
 		case least == nil || l < leastLoad:
@@ -167,25 +173,24 @@ func (p *PrefixAware) Pick(_ context.Context, req *Request, candidates []*Endpoi
 				least, leastMatch = e, m
 			}
 		}
-		if len(hashes) == 0 {
+		if !matching {
 			continue
 		}
 		switch {
-		case m > bestMatch || m == bestMatch && l < bestLoad:
+		case m.frac > bestMatch.frac || m.frac == bestMatch.frac && l < bestLoad:
 			best, bestMatch, bestLoad, bestTies = e, m, l, 1
-		case m == bestMatch && l == bestLoad:
+		case m.frac == bestMatch.frac && l == bestLoad:
 			bestTies++
 			if rand.Uint64N(bestTies) == 0 {
-				best = e
+				best, bestMatch = e, m
 			}
 		}
 	}
-	pick := least
-	req.known = leastMatch
-	if best != nil && float64(bestMatch) > p.threshold*float64(len(hashes)) && !p.overloaded(bestLoad, leastLoad) {
-		pick, req.known = best, bestMatch
+	pick, pm := least, leastMatch
+	if best != nil && bestMatch.frac > p.threshold && !p.overloaded(bestLoad, leastLoad) {
+		pick, pm = best, bestMatch
 	}
-	p.index.Record(hashes, pick)
+	p.m.picked(req, pick, pm, now)
 	return pick, nil
 }
 

@@ -51,6 +51,7 @@ func registerInTreePolicies(r *registry) {
 	r.register(PowerOfTwoName, powerOfTwoFactory())
 	r.register(SessionAffinityName, sessionAffinityFactory())
 	r.register(PrefixAwareName, prefixAwareFactory())
+	r.register(PrecisePrefixName, precisePrefixFactory())
 	r.register(ScorerName, scorerFactory())
 }
 
@@ -85,11 +86,14 @@ func (r *registry) unknown(key, name string) error {
 // Names returns the registered policy names, sorted.
 func Names() []string { return registered().sorted() }
 
-// NewPolicy validates cfg and builds the policy it names. Errors wrap
-// [ErrUnknownPolicy] or describe the invalid setting.
-func NewPolicy(cfg Config) (Policy, error) {
+// NewPolicy validates cfg and builds the policy it names, with opts.
+// Errors wrap [ErrUnknownPolicy] or describe the invalid setting.
+func NewPolicy(cfg Config, opts ...PolicyOption) (Policy, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	for _, o := range opts {
+		o(&cfg)
 	}
 	return registered().byName[cfg.Policy].build(&cfg), nil
 }

@@ -214,7 +214,7 @@ func TestConfigValidate(t *testing.T) {
 		{"near name", with(func(c *Config) { c.Policy = "Prefix_Aware" }), ErrUnknownPolicy, "did you mean prefix-aware?"},
 		{"typo", with(func(c *Config) { c.Policy = "sesion-affinity" }), ErrUnknownPolicy, "did you mean session-affinity?"},
 		{"typo two edits", with(func(c *Config) { c.Policy = "round-robn" }), ErrUnknownPolicy, "did you mean round-robin?"},
-		{"far from any", with(func(c *Config) { c.Policy = "random" }), ErrUnknownPolicy, `"random" (known: least-loaded, power-of-two, prefix-aware, round-robin, scorer, session-affinity)`},
+		{"far from any", with(func(c *Config) { c.Policy = "random" }), ErrUnknownPolicy, `"random" (known: least-loaded, power-of-two, precise-prefix, prefix-aware, round-robin, scorer, session-affinity)`},
 		{"huge weight", with(func(c *Config) { c.PrefillWeight = 1 << 40 }), nil, "prefill_weight must be 1..1000"},
 		{"header with space", with(func(c *Config) { c.SessionAffinity.Header = "x session" }), nil, "header must be a header name"},
 		{"threshold 1", with(func(c *Config) { c.PrefixAware.CacheThreshold = 1 }), nil, "cache_threshold must be >= 0 and < 1"},
@@ -262,6 +262,7 @@ func TestNewPolicyBuildsEveryName(t *testing.T) {
 		RoundRobinName: "*routing.RoundRobin", LeastLoadedName: "*routing.LeastLoaded",
 		PowerOfTwoName: "*routing.PowerOfTwo", SessionAffinityName: "*routing.SessionAffinity",
 		PrefixAwareName: "*routing.PrefixAware", ScorerName: "*routing.Scorer",
+		PrecisePrefixName: "*routing.PrefixAware",
 	}
 	if got := Names(); len(got) != len(want) {
 		t.Fatalf("Names() = %v, want the %d of %v", got, len(want), want)
@@ -281,8 +282,15 @@ func TestNewPolicyBuildsEveryName(t *testing.T) {
 			bb, mb := ph.PrefixBlocks()
 			hashes = bb == 64 && mb == 1024
 		}
-		if wantHashes := name == PrefixAwareName || name == ScorerName; hashes != wantHashes {
+		if wantHashes := name == PrefixAwareName || name == ScorerName || name == PrecisePrefixName; hashes != wantHashes {
 			t.Errorf("%s hashes prompt blocks = %v, want %v", name, hashes, wantHashes)
+		}
+		kvBlocks := 0
+		if kr, ok := p.(KVRouter); ok {
+			kvBlocks = kr.KVBlockSize()
+		}
+		if want := map[bool]int{true: DefaultKVBlockSize}[name == PrecisePrefixName]; kvBlocks != want {
+			t.Errorf("%s cuts token keys into %d-token blocks, want %d", name, kvBlocks, want)
 		}
 		if sk, ok := p.(SessionKeyed); ok != (name == SessionAffinityName) || ok && sk.SessionHeader() != "x-session-id" {
 			t.Errorf("%s: SessionKeyed %v", name, ok)

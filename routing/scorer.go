@@ -26,14 +26,19 @@ const ScorerName = "scorer"
 //   - kv_cache: 1 - vllm:kv_cache_usage_perc; 0.5 when unknown or stale, so
 //     an engine without stats is neither preferred nor avoided.
 //   - prefix: the fraction of the prompt's blocks the engine was recently
-//     sent ([PrefixIndex]); the chosen engine's blocks are recorded.
+//     sent ([PrefixIndex]); the chosen engine's blocks are recorded. With
+//     precise_prefix, the fraction of its token blocks the engine reported
+//     holding in its KV-cache events ([KVIndex]) when they are fresh and
+//     the prompt's tokens are known, as in precise-prefix
+//     ([NewPrecisePrefix]); llm-d's precise prefix-cache scorer is this
+//     input of its picker.
 //   - prefill, decode: the gateway's own in-flight counts, min-max
 //     normalized like queue; exact and immediate where scraped stats lag.
 //
 // A scorer with weight 0 is not computed.
 type Scorer struct {
 	w      ScorerConfig
-	index  *PrefixIndex
+	m      prefixMatcher
 	blocks PrefixConfig
 }
 
@@ -41,6 +46,7 @@ var (
 	_ Policy       = (*Scorer)(nil)
 	_ PrefixHasher = (*Scorer)(nil)
 	_ Forgetter    = (*Scorer)(nil)
+	_ KVRouter     = (*Scorer)(nil)
 )
 
 // ScorerConfig holds the weights of [Scorer]'s scorers (routing.scorer),
@@ -65,6 +71,10 @@ type ScorerConfig struct {
 	// Decode weighs the gateway's in-flight decode count, default 0: decode
 	// load already shows in KV-cache usage.
 	Decode float64 `koanf:"decode"`
+	// PrecisePrefix measures the prefix input on the engines' KV-cache
+	// events where they are fresh (as precise-prefix does), default false:
+	// the gateway's approximate index only.
+	PrecisePrefix bool `koanf:"precise_prefix"`
 }
 
 // defaultScorerConfig returns the weights documented on [ScorerConfig].
@@ -102,7 +112,17 @@ func scorerFactory() factory {
 			if c.Scorer.Prefix > 0 {
 				index = NewPrefixIndex(c.Prefix.IndexEntries)
 			}
-			return NewScorer(c.Scorer, index).withBlocks(c.Prefix)
+			p := NewScorer(c.Scorer, index).withBlocks(c.Prefix)
+			if c.Scorer.PrecisePrefix && c.Scorer.Prefix > 0 {
+				p.m.kv, p.m.blockSize = c.kv, c.kvBlockSize
+				if p.m.kv == nil {
+					p.m.kv = NewKVIndex(DefaultKVIndexConfig())
+				}
+				if p.m.blockSize <= 0 {
+					p.m.blockSize = DefaultKVBlockSize
+				}
+			}
+			return p
 		},
 		defaults: func(c *Config) { c.Scorer = defaultScorerConfig() },
 		validate: func(c *Config) error { return c.Scorer.Validate() },
@@ -120,7 +140,7 @@ func NewScorer(w ScorerConfig, index *PrefixIndex) *Scorer {
 		index = NewPrefixIndex(blocks.IndexEntries)
 	}
 	w.Prefill, w.Decode = max(w.Prefill, 0), max(w.Decode, 0)
-	return &Scorer{w: w, index: index, blocks: blocks}
+	return &Scorer{w: w, m: prefixMatcher{approx: index}, blocks: blocks}
 }
 
 // withBlocks sets the block cutting the gateway is told about.
@@ -131,7 +151,7 @@ func (p *Scorer) withBlocks(c PrefixConfig) *Scorer { p.blocks = c; return p }
 // nothing was recorded.
 func (p *Scorer) Forget(req *Request, e *Endpoint) {
 	if p.w.Prefix > 0 && req.known < len(req.PrefixHashes) {
-		p.index.Forget(req.PrefixHashes[req.known:], e)
+		p.m.approx.Forget(req.PrefixHashes[req.known:], e)
 	}
 }
 
@@ -146,7 +166,16 @@ func (p *Scorer) PrefixBlocks() (blockBytes, maxBlocks int) {
 }
 
 // Index returns the policy's prefix index.
-func (p *Scorer) Index() *PrefixIndex { return p.index }
+func (p *Scorer) Index() *PrefixIndex { return p.m.approx }
+
+// KVBlockSize returns the tokens per block of [Request.TokenKeys] with
+// precise_prefix on, else 0.
+func (p *Scorer) KVBlockSize() int {
+	if p.m.kv == nil {
+		return 0
+	}
+	return p.m.blockSize
+}
 
 // span is a running min and max.
 type span struct{ lo, hi int64 }
@@ -181,8 +210,7 @@ func (p *Scorer) Pick(_ context.Context, req *Request, candidates []*Endpoint) (
 			// No match is needed to choose, so none is known: a Forget
 			// takes the whole prompt, which a retry on this engine
 			// records again.
-			req.known = 0
-			p.index.Record(req.PrefixHashes, candidates[0])
+			p.m.picked(req, candidates[0], prefixMatch{approx: 0, precise: -1}, time.Now())
 		}
 		return candidates[0], nil
 	}
@@ -196,11 +224,11 @@ func (p *Scorer) Pick(_ context.Context, req *Request, candidates []*Endpoint) (
 		pfs.add(pf, i == 0)
 		dcs.add(dc, i == 0)
 	}
-	hashes := req.PrefixHashes
+	matching := p.w.Prefix > 0 && (len(req.PrefixHashes) > 0 || p.m.precise(req))
 	var (
 		best      *Endpoint
 		bestScore float64
-		bestMatch int
+		bestMatch prefixMatch
 		ties      uint64
 	)
 	for _, e := range candidates {
@@ -216,10 +244,10 @@ func (p *Scorer) Pick(_ context.Context, req *Request, candidates []*Endpoint) (
 			}
 			s += p.w.KVCache * kv
 		}
-		m := 0
-		if p.w.Prefix > 0 && len(hashes) > 0 {
-			m = p.index.Match(hashes, e)
-			s += p.w.Prefix * float64(m) / float64(len(hashes))
+		m := prefixMatch{approx: 0, precise: -1}
+		if matching {
+			m = p.m.match(req, e, now)
+			s += p.w.Prefix * m.frac
 		}
 		if p.w.Prefill > 0 {
 			s += p.w.Prefill * pfs.score(pf)
@@ -238,8 +266,7 @@ func (p *Scorer) Pick(_ context.Context, req *Request, candidates []*Endpoint) (
 		}
 	}
 	if p.w.Prefix > 0 {
-		req.known = bestMatch
-		p.index.Record(hashes, best)
+		p.m.picked(req, best, bestMatch, now)
 	}
 	return best, nil
 }

@@ -53,6 +53,7 @@ var (
 	_ SessionKeyed = (*SessionAffinity)(nil)
 	_ PrefixHasher = (*SessionAffinity)(nil)
 	_ Forgetter    = (*SessionAffinity)(nil)
+	_ KVRouter     = (*SessionAffinity)(nil)
 )
 
 // SessionAffinityConfig tunes [SessionAffinity] (routing.session_affinity).
@@ -149,6 +150,16 @@ func (p *SessionAffinity) PrefixBlocks() (blockBytes, maxBlocks int) {
 		return ph.PrefixBlocks()
 	}
 	return 0, 0
+}
+
+// KVBlockSize passes the fallback policy's token block size through (0
+// when the fallback does not route on KV-cache events), so a
+// precise-prefix fallback gets its token keys.
+func (p *SessionAffinity) KVBlockSize() int {
+	if kr, ok := p.fallback.(KVRouter); ok {
+		return kr.KVBlockSize()
+	}
+	return 0
 }
 
 // Forget passes a request without a session key to the fallback policy,

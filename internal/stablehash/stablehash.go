@@ -57,9 +57,10 @@ func Mix64(h uint64) uint64 {
 // per-process seed); Dynamo hashes blocks the same way (XXH3 over
 // little-endian token ids). The chain rule is the one of internal/oai's
 // prefix hasher over prompt text bytes (the approximate index), here over
-// token ids, which an engine's events carry. Nothing calls it yet: the
-// precise index that will is issue 26's next piece. blockSize <= 0 hashes nothing. It does not
-// allocate beyond dst's growth.
+// token ids, which an engine's events carry. The precise prefix index
+// (routing.KVIndex) keys the engines' reported blocks on it, and the
+// gateway the requests' token blocks. blockSize <= 0 hashes nothing. It
+// does not allocate beyond dst's growth.
 func TokenBlocks(dst []uint64, tokens []uint32, blockSize int, seed uint64) []uint64 {
 	if blockSize <= 0 {
 		return dst
