@@ -156,6 +156,7 @@ type Metrics struct {
 	retry          retryInstruments
 	migration      migrationInstruments
 	disagg         disaggInstruments
+	kv             kvInstruments
 	fallback       fallbackInstruments
 	keys           keyInstruments
 	http           httpServer
@@ -297,6 +298,7 @@ func NewMetrics(mp metric.MeterProvider, opts ...MetricsOption) (*Metrics, error
 	errs = append(errs, m.retry.init(m.meter)...)
 	errs = append(errs, m.migration.init(m.meter)...)
 	errs = append(errs, m.disagg.init(m.meter)...)
+	errs = append(errs, m.kv.init(m.meter)...)
 	errs = append(errs, m.fallback.init(m.meter)...)
 	errs = append(errs, m.keys.init(m.meter)...)
 	errs = append(errs, m.http.init(m.meter)...)
