@@ -3,7 +3,9 @@ package fleet
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -112,12 +114,44 @@ type EngineConfig struct {
 	// requests pair a prefill engine with a decode one ([Route.Prefill],
 	// [Route.Disaggregable]). See [ParseRole].
 	Role string `koanf:"role"`
+	// KVEvents is the engine's KV-cache events publisher, vLLM's
+	// --kv-events-config endpoint as the gateway reaches it:
+	// "tcp://host:port" (vLLM's default port is 5557; the engine binds
+	// tcp://*:5557 and every gateway replica connects). Set, the gateway
+	// subscribes and keeps the engine's blocks in its precise prefix
+	// index (kv_events; routing.policy precise-prefix). Default "": none.
+	KVEvents string `koanf:"kv_events"`
+	// KVEventsReplay is the engine's replay socket (vLLM's
+	// replay_endpoint), "tcp://host:port", asked for the batches a
+	// sequence gap lost. Default "": a gap drops the engine's blocks from
+	// the index until new events rebuild them.
+	KVEventsReplay string `koanf:"kv_events_replay"`
 	// Group, when set, restricts pairing: a prefill engine with a group
 	// is paired only with decode engines of the same group (the engines
 	// that can reach each other's KV cache, a rack or a NIXL domain).
 	// Empty (the default): the engine pairs with every engine of its
 	// model. A label-like name, compared as is.
 	Group string `koanf:"group"`
+}
+
+// checkZMQEndpoint checks a ZMQ endpoint the gateway connects to: ""
+// (none) or tcp://host:port with a port 1..65535.
+func checkZMQEndpoint(s string) error {
+	if s == "" {
+		return nil
+	}
+	rest, ok := strings.CutPrefix(s, "tcp://")
+	if !ok {
+		return fmt.Errorf("%q must be tcp://host:port", s)
+	}
+	host, port, err := net.SplitHostPort(rest)
+	if err != nil || host == "" || host == "*" {
+		return fmt.Errorf("%q must be tcp://host:port with the engine's host (the gateway connects to it)", s)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("%q: port must be 1..65535", s)
+	}
+	return nil
 }
 
 // role returns the engine's Role; a Role that does not parse (Validate
@@ -250,6 +284,15 @@ func (e EngineConfig) Validate() error {
 	}
 	if e.Group != strings.TrimSpace(e.Group) {
 		bad("engine %q: group %q has leading or trailing spaces", e.Name, e.Group)
+	}
+	if err := checkZMQEndpoint(e.KVEvents); err != nil {
+		bad("engine %q: kv_events: %v", e.Name, err)
+	}
+	if err := checkZMQEndpoint(e.KVEventsReplay); err != nil {
+		bad("engine %q: kv_events_replay: %v", e.Name, err)
+	}
+	if e.KVEventsReplay != "" && e.KVEvents == "" {
+		bad("engine %q: kv_events_replay needs kv_events", e.Name)
 	}
 	return errors.Join(errs...)
 }

@@ -108,6 +108,8 @@ type Engine struct {
 	// fresh stats say the engine sleeps or is unhealthy. Touched only under
 	// Fleet.mu.
 	blocked bool
+	// kv is the incarnation's KV-event subscription (kvevents.go).
+	kv kvState
 	// retired is set when the incarnation leaves the fleet (Remove, a
 	// reload or discovery dropping or replacing it): it finishes its
 	// requests in flight and takes no new ones. Touched only under

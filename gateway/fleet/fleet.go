@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -11,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
 
@@ -28,8 +30,11 @@ type Fleet struct {
 	statsClient *http.Client // no client timeout: each scrape has its own
 	log         *slog.Logger
 	now         func() time.Time
-	paths       []string // WithPaths: the paths each engine's URL is built for once
-	started     int64    // unix seconds: the created time of configured models
+	paths       []string         // WithPaths: the paths each engine's URL is built for once
+	started     int64            // unix seconds: the created time of configured models
+	kv          *routing.KVIndex // WithKVIndex: what the engines' KV-event subscriptions feed; nil for none
+	kvCfg       KVEventsConfig
+	kvStarted   bool // Start ran: new engines are subscribed at once (under mu)
 
 	mu        sync.Mutex
 	engines   []*Engine
@@ -64,6 +69,8 @@ type options struct {
 	now       func() time.Time
 	after     func(d time.Duration, f func()) (stop func() bool)
 	paths     []string
+	kv        *routing.KVIndex
+	kvCfg     KVEventsConfig
 }
 
 // WithTransport sets the transport of the probes, the stats scrapes and
@@ -142,6 +149,8 @@ func New(cfg Config, m *telemetry.Metrics, opts ...Option) (*Fleet, error) {
 		configured:  slices.Clone(cfg.Engines),
 		aliasCfg:    cfg.Aliases,
 		started:     o.now().Unix(),
+		kv:          o.kv,
+		kvCfg:       o.kvCfg,
 	}
 	f.ctx, f.cancel = context.WithCancel(context.Background())
 	f.out.init(cfg.Outlier)
@@ -203,6 +212,7 @@ func (f *Fleet) Remove(name string) bool {
 // retired incarnations: state draining, reported until it has drained.
 func (f *Fleet) retireLocked(e *Engine) {
 	e.retired = true
+	f.stopKVLocked(e)
 	f.retired = append(f.retired, e)
 }
 
@@ -240,6 +250,13 @@ func (f *Fleet) Start() {
 			f.every(f.stats.Interval, f.ScrapeNow)
 		}
 		f.every(f.health.Interval, f.ProbeNow)
+		if f.kv != nil {
+			f.mu.Lock()
+			f.kvStarted = true
+			f.reconcileKVLocked()
+			f.mu.Unlock()
+			f.every(cmp.Or(f.kvCfg.CheckInterval, time.Second), f.checkKV)
+		}
 	})
 }
 
@@ -264,7 +281,11 @@ func (f *Fleet) every(d time.Duration, fn func(context.Context)) {
 // Close stops probing and scraping and waits for their goroutines. It does
 // not touch requests in flight.
 func (f *Fleet) Close() {
+	// Under mu: a KV-event subscription is started under it only while
+	// the fleet's context is live, so none starts after Wait begins.
+	f.mu.Lock()
 	f.cancel()
+	f.mu.Unlock()
 	f.closeOutliers()
 	f.wg.Wait()
 	f.client.CloseIdleConnections()

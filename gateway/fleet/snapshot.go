@@ -332,6 +332,7 @@ func (f *Fleet) rebuildLocked() {
 		s.cards = cards
 	}
 	f.snap.Store(s)
+	f.reconcileKVLocked()
 }
 
 // aliasesOf builds the alias table of Config.Aliases.

@@ -43,6 +43,9 @@ type EngineStatus struct {
 	// Stats are the engine's last scraped stats, fresh or not; absent
 	// when none was ever scraped (or scraping is off).
 	Stats *EngineStatsStatus `json:"stats,omitempty"`
+	// KVEvents is the engine's KV-cache event subscription; absent when
+	// it has none (no kv_events endpoint).
+	KVEvents *EngineKVStatus `json:"kv_events,omitempty"`
 }
 
 // Status returns every engine's state, configured engines first (in config
@@ -63,6 +66,7 @@ func (f *Fleet) Status() []EngineStatus {
 			s.Models = []string{}
 		}
 		s.EjectedUntil, s.Ejections = f.outlierStatus(e, now)
+		s.KVEvents = f.kvStatus(e, now)
 		if le := e.lastErr.Load(); le != nil {
 			s.LastError = *le
 		}

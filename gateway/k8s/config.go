@@ -59,8 +59,20 @@ type Config struct {
 	Service  string `koanf:"service"`
 	Selector string `koanf:"selector"`
 	// Port is the name of the engines' port in the slices (the Service
-	// port's name). Empty: the slices must have exactly one port.
+	// port's name). Empty: the slices must have exactly one port besides
+	// the KV-event ports below.
 	Port string `koanf:"port"`
+	// KVEventsPort is the name of the port of the engines' KV-cache
+	// events publisher (vLLM's --kv-events-config endpoint, tcp://*:5557
+	// by default) in the slices: an endpoint of a slice with it gets
+	// engines[].kv_events tcp://address:port, and the gateway subscribes.
+	// Default DefaultKVEventsPort ("kv-events"); a slice without it has
+	// no subscription. Empty: never.
+	KVEventsPort string `koanf:"kv_events_port"`
+	// KVReplayPort is the name of the port of the engines' replay socket
+	// (vLLM's replay_endpoint), engines[].kv_events_replay. Default
+	// DefaultKVReplayPort ("kv-replay"). Empty: never.
+	KVReplayPort string `koanf:"kv_replay_port"`
 	// AddressType is the address family of the slices whose endpoints
 	// become engines: AddressTypeIPv4 ("IPv4", the default),
 	// AddressTypeIPv6 ("IPv6") or AddressTypeFQDN ("FQDN"). Slices of
@@ -130,8 +142,17 @@ type Config struct {
 // DefaultConfig returns the defaults documented on each field.
 func DefaultConfig() Config {
 	return Config{Namespaces: []string{}, Models: []string{}, AddressType: AddressTypeIPv4, Scheme: "http", Names: NamesPod,
-		RoleLabel: DefaultRoleLabel, SyncTimeout: 30 * time.Second, Batch: 100 * time.Millisecond}
+		RoleLabel: DefaultRoleLabel, SyncTimeout: 30 * time.Second, Batch: 100 * time.Millisecond,
+		KVEventsPort: DefaultKVEventsPort, KVReplayPort: DefaultKVReplayPort}
 }
+
+// DefaultKVEventsPort and DefaultKVReplayPort are the default
+// [Config.KVEventsPort] and [Config.KVReplayPort]: the names of a Service's
+// ports for vLLM's KV-cache events publisher and its replay socket.
+const (
+	DefaultKVEventsPort = "kv-events"
+	DefaultKVReplayPort = "kv-replay"
+)
 
 // DefaultRoleLabel is the default [Config.RoleLabel]: the pod label llm-d
 // sets on its model servers, "prefill", "decode" or "prefill-decode".

@@ -67,6 +67,7 @@ func Engines(c Config, list []*discoveryv1.EndpointSlice, prefixNS bool, pods Po
 			continue
 		}
 		models := sliceModels(c, s)
+		kvPort, replayPort := namedPort(s, c.KVEventsPort), namedPort(s, c.KVReplayPort)
 		for _, ep := range s.Endpoints {
 			if len(ep.Addresses) == 0 {
 				continue
@@ -92,6 +93,12 @@ func Engines(c Config, list []*discoveryv1.EndpointSlice, prefixNS bool, pods Po
 					Group:       group,
 				},
 				Unready: !usable(ep),
+			}
+			if kvPort > 0 {
+				de.KVEvents = "tcp://" + net.JoinHostPort(addr, strconv.Itoa(int(kvPort)))
+				if replayPort > 0 {
+					de.KVEventsReplay = "tcp://" + net.JoinHostPort(addr, strconv.Itoa(int(replayPort)))
+				}
 			}
 			if _, seen := byName[name]; !seen {
 				names = append(names, name)
@@ -183,6 +190,9 @@ func slicePort(c Config, s *discoveryv1.EndpointSlice) (int32, string) {
 	var found *discoveryv1.EndpointPort
 	for i := range s.Ports {
 		p := &s.Ports[i]
+		if c.Port == "" && p.Name != nil && *p.Name != "" && (*p.Name == c.KVEventsPort || *p.Name == c.KVReplayPort) {
+			continue // the KV-event ports are not the engine's
+		}
 		if c.Port == "" {
 			if found != nil {
 				return 0, "has " + strconv.Itoa(len(s.Ports)) + " ports (" + describePorts(s.Ports) +
@@ -208,6 +218,20 @@ func slicePort(c Config, s *discoveryv1.EndpointSlice) (int32, string) {
 		return 0, "has no port number for port " + describePorts([]discoveryv1.EndpointPort{*found})
 	}
 	return *found.Port, ""
+}
+
+// namedPort returns the number of the slice's port called name, 0 when
+// name is empty or the slice has no such port with a number.
+func namedPort(s *discoveryv1.EndpointSlice, name string) int32 {
+	if name == "" {
+		return 0
+	}
+	for _, p := range s.Ports {
+		if p.Name != nil && *p.Name == name && p.Port != nil && *p.Port > 0 {
+			return *p.Port
+		}
+	}
+	return 0
 }
 
 // describePorts lists ports for an operator: "http" 8000, unnamed 9090.

@@ -417,6 +417,31 @@ func TestEngines(t *testing.T) {
 				Models: []string{"llama-3-8b"}, APIKeyEnv: "VLLM_API_KEY", Provider: "openai", MaxInFlight: 32}}},
 		},
 		{
+			name: "kv-events and kv-replay ports: the subscription endpoints, not the engine's port",
+			slices: []*discoveryv1.EndpointSlice{
+				eslice(ns, "vllm-1", "vllm", []discoveryv1.EndpointPort{port("kv-replay", 5558), port("http", 8000), port("kv-events", 5557)},
+					podEP("vllm-0", "10.0.0.1")),
+				eslice(ns, "vllm-2", "vllm", []discoveryv1.EndpointPort{port("http", 8000), port("kv-events", 5557)},
+					podEP("vllm-1", "10.0.0.2")),
+			},
+			want: []fleet.DiscoveredEngine{
+				{EngineConfig: fleet.EngineConfig{Name: "vllm-0", URL: "http://10.0.0.1:8000", KVEvents: "tcp://10.0.0.1:5557", KVEventsReplay: "tcp://10.0.0.1:5558"}},
+				{EngineConfig: fleet.EngineConfig{Name: "vllm-1", URL: "http://10.0.0.2:8000", KVEvents: "tcp://10.0.0.2:5557"}},
+			},
+		},
+		{
+			name: "kv ports renamed; the default names then count as engine ports",
+			cfg:  func(c *Config) { c.KVEventsPort, c.KVReplayPort = "zmq", "" },
+			slices: []*discoveryv1.EndpointSlice{
+				eslice(ns, "vllm-1", "vllm", []discoveryv1.EndpointPort{port("http", 8000), port("zmq", 6000)}, podEP("vllm-0", "10.0.0.1")),
+				eslice(ns, "vllm-2", "vllm", []discoveryv1.EndpointPort{port("http", 8000), port("kv-replay", 5558)}, podEP("vllm-1", "10.0.0.2")),
+			},
+			want: []fleet.DiscoveredEngine{
+				{EngineConfig: fleet.EngineConfig{Name: "vllm-0", URL: "http://10.0.0.1:8000", KVEvents: "tcp://10.0.0.1:6000"}},
+			},
+			skipped: [][]string{{"vllm-2", "has 2 ports", "does not name one"}},
+		},
+		{
 			name: "no slices",
 		},
 	}
