@@ -71,6 +71,10 @@ type attempt struct {
 	// the prefill engine's (rewriteUsage).
 	pd      *disagg
 	carried bool
+	// predicted is the prompt tokens the policy predicted cached on this
+	// engine from its KV-cache events, checked at the end against the
+	// cached tokens its usage reports; -1 when none was predicted.
+	predicted int
 }
 
 // startAttempt starts the engine span and, unless the route is light,
@@ -79,7 +83,10 @@ type attempt struct {
 func (s *Server) startAttempt(ctx context.Context, eng *fleet.Engine, op *operation, in *inbound) (context.Context, *attempt) {
 	// The metrics carry the model the engines serve (a bounded set: the
 	// route lookup found it), the span the name the client used.
-	a := &attempt{s: s, eng: eng, class: op.class, attrs: eng.Telemetry().Attrs(in.target, op.genai, op.name)}
+	a := &attempt{s: s, eng: eng, class: op.class, attrs: eng.Telemetry().Attrs(in.target, op.genai, op.name), predicted: -1}
+	if in.kvOn != nil && in.kvOn == eng.Endpoint() {
+		a.predicted = in.kvPredicted
+	}
 	// The GenAI attributes the sampler may use are set at start: the
 	// operation, provider, model (the one the engine is asked for, as in
 	// the span name) and the engine's address.
@@ -208,6 +215,22 @@ func (a *attempt) finish() {
 	a.end()
 }
 
+// checkPrediction compares the prompt tokens predicted cached on the
+// engine at pick time with those its usage reports
+// (prompt_tokens_details.cached_tokens; vLLM leaves it out when it is 0,
+// so an engine known to report it had none cached when it is absent): the
+// precise index checked against the truth.
+func (a *attempt) checkPrediction() {
+	reported := a.usage.CachedTokens
+	switch {
+	case a.usage.HasCached:
+		a.eng.NoteCachedTokens()
+	case !a.eng.ReportsCachedTokens():
+		return // the engine does not report it (--enable-prompt-tokens-details off)
+	}
+	a.s.metrics.RecordKVPrediction(a.ctx, a.eng.Telemetry(), a.predicted, int(reported))
+}
+
 // end releases the slot, records the outcome and ends the span. Idempotent.
 func (a *attempt) end() {
 	if a.ended {
@@ -234,6 +257,9 @@ func (a *attempt) end() {
 	// Recording ignores the context's cancellation by contract; the request
 	// context is kept for exemplars even when the client has gone.
 	a.s.metrics.RecordEnd(a.ctx, a.attrs, o)
+	if a.predicted >= 0 && a.hasUsage && a.class == classGenerative && a.seam == nil && a.pd == nil {
+		a.checkPrediction()
+	}
 	if a.class != classLight {
 		// A light route (tokenize, a sticky lookup, model retrieval)
 		// says nothing of the engine's health for real work: neither

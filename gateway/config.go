@@ -77,6 +77,10 @@ type Config struct {
 	// loader fills it): prefill/decode disaggregation
 	// (DisaggregationConfig).
 	Disaggregation DisaggregationConfig `koanf:"-"`
+	// KVEvents is the top-level `kv_events` section (set by the
+	// configuration loader, like Migration): KV-cache event subscriptions,
+	// the precise index's bounds and request tokenization.
+	KVEvents KVEventsConfig `koanf:"-"`
 	// MaxPendingPerModel caps, per model, the generative requests (chat,
 	// completions, Responses, Messages, ...) in flight with no first token
 	// yet: queued or prefilling in an engine. A non-streaming request shows
@@ -316,6 +320,7 @@ func DefaultConfig() Config {
 		Retry:                  DefaultRetryConfig(),
 		Migration:              DefaultMigrationConfig(),
 		Disaggregation:         DefaultDisaggregationConfig(),
+		KVEvents:               DefaultKVEventsConfig(),
 		Limits:                 DefaultLimitsConfig(),
 		EngineHeader:           true,
 		InjectUsage:            true,
@@ -408,6 +413,9 @@ func (c Config) ValidateSettings() error {
 	errs = append(errs, c.Auth.Validate(), c.Limits.Validate())
 	errs = append(errs, c.Retry.validate()...)
 	errs = append(errs, c.Migration.validate()...)
+	if err := c.KVEvents.Validate(); err != nil {
+		errs = append(errs, err)
+	}
 	if err := c.Disaggregation.Validate(); err != nil {
 		errs = append(errs, err)
 	}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/switchboard-gw/switchboard/internal/oai"
+	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
 )
 
@@ -22,6 +23,11 @@ type inbound struct {
 	// when it arrives: a reload never changes a request midway.
 	set  *settings
 	body []byte
+	// kvPredicted is the prompt tokens the policy predicted cached on
+	// kvOn, the engine of its last pick, from the engine's KV-cache
+	// events (routing.Request.PredictedCached); -1 when it did not.
+	kvPredicted int
+	kvOn        *routing.Endpoint
 	// req holds a JSON body's routing fields (bodyJSON rows only).
 	req oai.Request
 	// form holds a multipart body's fields (bodyForm rows only).

@@ -111,6 +111,9 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 	if grant != nil {
 		defer s.settle(r.Context(), st, grant)
 	}
+	if set.kvBlocks > 0 && s.tok != nil && set.kvBlocks == s.tok.blockSize && first.kind != legFallback {
+		s.tokenKeys(ctx, op, &in, rt, &rreq)
+	}
 	candidates := legCands(op, rt)
 	if op.sticky {
 		candidates = s.stickyOrder(in.id, rt)
@@ -177,6 +180,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 				t0 := time.Now()
 				ep, err = set.policy.Pick(ctx, &rreq, candidates)
 				s.metrics.RecordStep(ctx, telemetry.StepPick, time.Since(t0).Seconds())
+				in.kvOn, in.kvPredicted = ep, rreq.PredictedCached()
 			}
 			pre = nil
 			if err != nil {

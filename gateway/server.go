@@ -61,6 +61,12 @@ type Server struct {
 	// connReg is the engine connections gauge's callback (nil when the
 	// engine client keeps no counts).
 	connReg metric.Registration
+	// kvReg is the KV-event instruments' callback registration, nil
+	// without a KV index (WithKVIndex).
+	kvReg metric.Registration
+	// tok tokenizes requests for a policy routing on KV-cache events; nil
+	// without a KV index.
+	tok *tokenizer
 	// sticky remembers which engine created which stored response.
 	sticky *stickyIndex
 
@@ -118,6 +124,20 @@ type config struct {
 	dynamic   bool             // WithDynamicEngines
 	store     quota.Store      // WithQuotaStore
 	fleet     []fleet.Option   // tests: more options for the fleet
+	kv        *routing.KVIndex // WithKVIndex
+}
+
+// WithKVIndex gives the server the precise prefix index that the policy
+// was built with (routing.WithKVIndex): the engines' KV-cache event
+// subscriptions (Config.KVEvents, engines' kv_events endpoints) feed it,
+// and requests routed on it are tokenized through the engines' /tokenize.
+// Without it no engine is subscribed. A nil index is ignored.
+func WithKVIndex(x *routing.KVIndex) Option {
+	return optionFunc(func(c *config) {
+		if x != nil {
+			c.kv = x
+		}
+	})
 }
 
 // WithQuotaStore sets the store of the API keys' limits, such as a
@@ -244,7 +264,7 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 	}
 	fcfg := fleet.Config{Engines: cfg.Engines, Health: cfg.Health, Stats: cfg.EngineStats, Outlier: cfg.Outlier, Aliases: cfg.Models.Aliases}
 	fopts := append([]fleet.Option{fleet.WithTransport(c.transport), fleet.WithLogger(c.log), fleet.WithClock(c.now),
-		fleet.WithPaths(fixedPaths(operations)...)}, c.fleet...)
+		fleet.WithPaths(fixedPaths(operations)...), fleet.WithKVIndex(c.kv, cfg.KVEvents.fleetConfig())}, c.fleet...)
 	fl, err := fleet.New(fcfg, m, fopts...)
 	if err != nil {
 		return nil, err
@@ -274,6 +294,13 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 	s.retries.inflight = &s.inflight
 	s.set.Store(newSettings(cfg, policy))
 	s.base, s.abort = context.WithCancelCause(context.Background())
+	if c.kv != nil {
+		s.tok = newTokenizer(cfg.KVEvents, s.client, m, c.log, s.base)
+		s.kvReg, err = m.ObserveKVEvents(fl.ObserveKV)
+		if err != nil {
+			return nil, fmt.Errorf("register KV-event instruments: %w", err)
+		}
+	}
 	s.reg, err = m.ObserveInFlight(fl.ObserveInFlight)
 	if err != nil {
 		return nil, fmt.Errorf("register in-flight gauge: %w", err)
@@ -398,6 +425,12 @@ func (s *Server) Close() error {
 		}
 		if s.connReg != nil {
 			err = errors.Join(err, s.connReg.Unregister())
+		}
+		if s.kvReg != nil {
+			err = errors.Join(err, s.kvReg.Unregister())
+		}
+		if s.tok != nil {
+			s.tok.close()
 		}
 		s.client.CloseIdleConnections()
 		s.limits.wg.Wait() // the background releases, before the caller closes its store
@@ -566,7 +599,8 @@ func (s *Server) AdminHandler(prom http.Handler) http.Handler {
 			LiveAttempts  int64                `json:"live_attempts"`
 			Requests      int64                `json:"requests_in_flight"` // proxied requests being handled
 			BufferedBytes int64                `json:"buffered_bytes"`     // request and response bytes held
-		}{s.fleet.Status(), s.live.Load(), s.inflight.Load(), s.buffered.used.Load()})
+			KVIndex       *kvIndexStatus       `json:"kv_index,omitempty"` // the precise prefix index; absent without one
+		}{s.fleet.Status(), s.live.Load(), s.inflight.Load(), s.buffered.used.Load(), s.kvIndexStatus()})
 	})
 	r.Get("/admin/keys", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
@@ -597,6 +631,9 @@ type settings struct {
 	// sessionHeader is the canonical header carrying the session key, ""
 	// when the policy does not route on sessions (routing.SessionKeyed).
 	sessionHeader string
+	// kvBlocks is the token block size of a policy that routes on the
+	// engines' KV-cache events (routing.KVRouter), 0 for another.
+	kvBlocks int
 	// retryOn is cfg.Retry.On parsed.
 	retryOn retryMask
 	// keys are cfg.Auth.Keys compiled; none when auth is off.
@@ -611,6 +648,9 @@ func newSettings(cfg Config, policy routing.Policy) *settings {
 	}
 	if sk, ok := policy.(routing.SessionKeyed); ok {
 		set.sessionHeader = textproto.CanonicalMIMEHeaderKey(sk.SessionHeader())
+	}
+	if kr, ok := policy.(routing.KVRouter); ok {
+		set.kvBlocks = kr.KVBlockSize()
 	}
 	return set
 }

@@ -41,6 +41,7 @@ type Config struct {
 	Limits         gateway.LimitsConfig         `koanf:"limits"`
 	Migration      gateway.MigrationConfig      `koanf:"migration"`
 	Disaggregation gateway.DisaggregationConfig `koanf:"disaggregation"`
+	KVEvents       gateway.KVEventsConfig       `koanf:"kv_events"`
 	Routing        routing.Config               `koanf:"routing"`
 	Telemetry      telemetry.Config             `koanf:"telemetry"`
 	Log            LogConfig                    `koanf:"log"`
@@ -110,6 +111,11 @@ type SimulateConfig struct {
 	// decode), for trying prefill/decode disaggregation (the
 	// disaggregation section); 0 (the default): every engine does both.
 	PrefillEngines int `koanf:"prefill_engines"`
+	// KVEvents makes the simulated engines publish vLLM's KV-cache events
+	// (ZMQ PUB on a free loopback port, with a replay socket) and
+	// configures their kv_events endpoints, for trying routing.policy
+	// precise-prefix (docs/kv-events.md). Default false.
+	KVEvents bool `koanf:"kv_events"`
 }
 
 // maxLogBuffer caps log.buffer_bytes (the buffer is allocated whole at
@@ -131,6 +137,7 @@ func defaults() Config {
 		Limits:         gateway.DefaultLimitsConfig(),
 		Migration:      gateway.DefaultMigrationConfig(),
 		Disaggregation: gateway.DefaultDisaggregationConfig(),
+		KVEvents:       gateway.DefaultKVEventsConfig(),
 		Routing:        routing.DefaultConfig(),
 		Telemetry:      telemetry.DefaultConfig(),
 		Log:            LogConfig{Level: "info", Format: "text", Access: true, BufferBytes: 64 << 10, FlushInterval: 100 * time.Millisecond},

@@ -254,7 +254,7 @@ func TestLoadConfigErrors(t *testing.T) {
 			name: "flag value validated too",
 			env:  []string{"SWITCHBOARD_SIMULATE__ENGINES=1"},
 			args: []string{"--policy", "random", "--log-level", "verbose"},
-			want: []string{`"random"`, "known: least-loaded, power-of-two, prefix-aware, round-robin, scorer, session-affinity", "verbose"},
+			want: []string{`"random"`, "known: least-loaded, power-of-two, precise-prefix, prefix-aware, round-robin, scorer, session-affinity", "verbose"},
 			is:   routing.ErrUnknownPolicy,
 		},
 		{
@@ -916,7 +916,7 @@ func TestLoadConfigNamedValueErrors(t *testing.T) {
 		t.Fatal("accepted")
 	}
 	for _, want := range []string{
-		`routing.policy: unknown routing policy "LeastLoaded" (known: least-loaded, power-of-two, prefix-aware, round-robin, scorer, session-affinity); did you mean least-loaded? (set by SWITCHBOARD_ROUTING__POLICY)`,
+		`routing.policy: unknown routing policy "LeastLoaded" (known: least-loaded, power-of-two, precise-prefix, prefix-aware, round-robin, scorer, session-affinity); did you mean least-loaded? (set by SWITCHBOARD_ROUTING__POLICY)`,
 		`log.level must be debug, info, warn or error, got "verbose" (set by SWITCHBOARD_LOG__LEVEL)`,
 	} {
 		if !strings.Contains(err.Error(), want) {

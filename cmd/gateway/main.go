@@ -173,7 +173,11 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 		return err
 	}
 
-	policy, err := routing.NewPolicy(cfg.Routing)
+	// The precise prefix index outlives policies (a reload's new policy
+	// gets the same one) and is fed by the engines' KV-event
+	// subscriptions; empty and idle until an engine has an endpoint.
+	kv := routing.NewKVIndex(cfg.KVEvents.IndexConfig())
+	policy, err := routing.NewPolicy(cfg.Routing, routing.WithKVIndex(kv, cfg.KVEvents.BlockSize))
 	if err != nil {
 		return err
 	}
@@ -194,6 +198,7 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 		gateway.WithTracerProvider(tp),
 		gateway.WithPropagator(providers.Propagator),
 		gateway.WithLogger(log),
+		gateway.WithKVIndex(kv),
 	}
 	kube := cfg.Discovery.Kubernetes
 	if kube.Enabled {
@@ -270,7 +275,7 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 	}
 	// Reloads (SIGHUP, the watched config file) stop before the gateway
 	// closes: this defer runs first.
-	rl := &reloader{args: args, environ: environ, log: log, gw: gw, metrics: metrics, sims: simEngines,
+	rl := &reloader{args: args, environ: environ, log: log, gw: gw, metrics: metrics, sims: simEngines, kv: kv,
 		started: cfg, routing: cfg.Routing, policy: policy, shadowed: shadow}
 	defer rl.startReloads(ctx, hup, configFile(args), loaded, cfg.Reload.Watch, cfg.Reload.Debounce)()
 	log.Info("switchboard listening", "addr", ln.Addr().String(), "policy", cfg.Routing.Policy, "engines", gw.Fleet().String())
@@ -336,10 +341,11 @@ const abortGrace = 10 * time.Second
 type simulated struct {
 	engine fleet.EngineConfig
 	srv    *http.Server
+	sim    *enginesim.Engine
 }
 
-// Close stops the simulated engine's server.
-func (s *simulated) Close() error { return s.srv.Close() }
+// Close stops the simulated engine's server and its KV-event publisher.
+func (s *simulated) Close() error { return errors.Join(s.srv.Close(), s.sim.Close()) }
 
 // startSimulated starts cfg.Engines simulated engines on loopback ports.
 // Their models are left out of the engine config on purpose, so the demo
@@ -357,8 +363,12 @@ func startSimulated(cfg SimulateConfig, tp trace.TracerProvider, log *slog.Logge
 		}
 		// Cached tokens reported as vLLM does with --enable-prompt-tokens-details,
 		// so a disaggregated answer's cached_tokens can be checked.
-		e, err := enginesim.New(enginesim.Config{Name: name, Models: cfg.Models, TTFT: cfg.TTFT, ITL: cfg.ITL,
-			OutputTokens: cfg.OutputTokens, MaxNumSeqs: cfg.MaxNumSeqs, TracerProvider: tp, PromptTokensDetails: true})
+		ecfg := enginesim.Config{Name: name, Models: cfg.Models, TTFT: cfg.TTFT, ITL: cfg.ITL,
+			OutputTokens: cfg.OutputTokens, MaxNumSeqs: cfg.MaxNumSeqs, TracerProvider: tp, PromptTokensDetails: true}
+		if cfg.KVEvents {
+			ecfg.KVEvents, ecfg.KVEventsReplay = "tcp://127.0.0.1:0", "tcp://127.0.0.1:0"
+		}
+		e, err := enginesim.New(ecfg)
 		if err != nil {
 			return out, err
 		}
@@ -369,8 +379,13 @@ func startSimulated(cfg SimulateConfig, tp trace.TracerProvider, log *slog.Logge
 		srv := &http.Server{Handler: e.Handler(), ReadHeaderTimeout: 10 * time.Second}
 		go func() { _ = srv.Serve(ln) }()
 		url := "http://" + ln.Addr().String()
-		out = append(out, &simulated{engine: fleet.EngineConfig{Name: name, URL: url, Role: role}, srv: srv})
-		log.Info("simulated engine started", "engine", name, "url", url, "models", cfg.Models, "role", cmp.Or(role, fleet.RoleBothName))
+		ec := fleet.EngineConfig{Name: name, URL: url, Role: role}
+		if cfg.KVEvents {
+			ec.KVEvents, ec.KVEventsReplay = e.KVEventsAddr(), e.KVReplayAddr()
+		}
+		out = append(out, &simulated{engine: ec, srv: srv, sim: e})
+		log.Info("simulated engine started", "engine", name, "url", url, "models", cfg.Models, "role", cmp.Or(role, fleet.RoleBothName),
+			"kv_events", ec.KVEvents)
 	}
 	return out, nil
 }

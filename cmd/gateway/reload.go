@@ -56,6 +56,7 @@ func gatewayConfig(cfg Config, extra []fleet.EngineConfig) gateway.Config {
 	g.Limits = cfg.Limits
 	g.Migration = cfg.Migration
 	g.Disaggregation = cfg.Disaggregation
+	g.KVEvents = cfg.KVEvents
 	g.AccessLog = cfg.Log.Access
 	return g
 }
@@ -69,6 +70,7 @@ type reloader struct {
 	gw      *gateway.Server
 	metrics *telemetry.Metrics
 	sims    []fleet.EngineConfig // appended to every engine list
+	kv      *routing.KVIndex     // the precise prefix index: every policy built gets it
 
 	mu      sync.Mutex
 	started Config         // the configuration the process started with
@@ -109,7 +111,7 @@ func (r *reloader) apply(trigger string) (telemetry.ReloadResult, loadedFrom, er
 		// A new policy starts with empty state (its round-robin position,
 		// session ring, prefix index), so it is built only when its
 		// section changed.
-		if policy, err = routing.NewPolicy(cfg.Routing); err != nil {
+		if policy, err = routing.NewPolicy(cfg.Routing, routing.WithKVIndex(r.kv, r.started.KVEvents.BlockSize)); err != nil {
 			return telemetry.ReloadRejected, loaded, err
 		}
 	}
