@@ -21,6 +21,11 @@ const (
 	// KVDecodeErrorsName counts messages that were not a well-formed
 	// event batch, unit {message}, by engine.
 	KVDecodeErrorsName = "switchboard.kv_events.decode_errors"
+	// KVPeerErrorsName counts connections to an engine's publisher or
+	// replay socket dropped for breaking the protocol's bounds (a frame
+	// over the batch cap, a malformed or hung handshake), unit
+	// {connection}, by engine.
+	KVPeerErrorsName = "switchboard.kv_events.peer_errors"
 	// KVGapsName counts sequence gaps, unit {gap}, by engine: batches the
 	// subscriber never received (the engine's PUB high-water mark, a
 	// reconnection).
@@ -106,8 +111,9 @@ type KVEngineCounts struct {
 	// Stored, Removed, Cleared, Unknown, Invalid count events by
 	// AttrKVEventType.
 	Stored, Removed, Cleared, Unknown, Invalid uint64
-	// DecodeErrors, Gaps, Restarts count what their instruments say.
-	DecodeErrors, Gaps, Restarts uint64
+	// DecodeErrors, PeerErrors, Gaps, Restarts count what their
+	// instruments say.
+	DecodeErrors, PeerErrors, Gaps, Restarts uint64
 	// Replays and ReplayFailures count replay exchanges by outcome.
 	Replays, ReplayFailures uint64
 	// Blocks is what the index holds for the engine, in blocks.
@@ -129,6 +135,7 @@ type KVEventsFunc func(report func(e *Engine, c KVEngineCounts)) KVIndexTotals
 
 type kvInstruments struct {
 	events, decodeErrors, gaps, replays, restarts metric.Int64ObservableCounter
+	peerErrors                                    metric.Int64ObservableCounter
 	blocks, memory, stale                         metric.Int64ObservableGauge
 	lag, tokenize, wait                           metric.Float64Histogram
 	fallbacks, predictions, predicted, reported   metric.Int64Counter
@@ -176,6 +183,7 @@ func (r *kvInstruments) init(meter metric.Meter) []error {
 	}
 	r.events = oc(KVEventsName, "{event}", "KV-cache events received from engines, by type.")
 	r.decodeErrors = oc(KVDecodeErrorsName, "{message}", "KV-cache event messages that did not decode.")
+	r.peerErrors = oc(KVPeerErrorsName, "{connection}", "Connections to engines' KV-event sockets dropped for breaking the protocol's bounds.")
 	r.gaps = oc(KVGapsName, "{gap}", "Sequence gaps in an engine's KV-cache events.")
 	r.replays = oc(KVReplaysName, "{replay}", "Replays of missed KV-cache event batches, by outcome.")
 	r.restarts = oc(KVRestartsName, "{restart}", "KV-cache event publisher restarts seen.")
@@ -204,7 +212,7 @@ func (r *kvInstruments) init(meter metric.Meter) []error {
 var latencyBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10}
 
 // ObserveKVEvents registers fn as the source of the KV-event counters
-// (switchboard.kv_events.events, .decode_errors, .gaps, .replays,
+// (switchboard.kv_events.events, .decode_errors, .peer_errors, .gaps, .replays,
 // .restarts) and the index gauges (switchboard.kv_index.blocks, .memory,
 // .engines_stale). Unregister the returned registration on shutdown.
 func (m *Metrics) ObserveKVEvents(fn KVEventsFunc) (metric.Registration, error) {
@@ -219,6 +227,7 @@ func (m *Metrics) ObserveKVEvents(fn KVEventsFunc) (metric.Registration, error) 
 			}
 			o.ObserveInt64(r.decodeErrors, int64(c.DecodeErrors), e.engineObs...)
 			o.ObserveInt64(r.gaps, int64(c.Gaps), e.engineObs...)
+			o.ObserveInt64(r.peerErrors, int64(c.PeerErrors), e.engineObs...)
 			o.ObserveInt64(r.restarts, int64(c.Restarts), e.engineObs...)
 			o.ObserveInt64(r.replays, int64(c.Replays), metric.WithAttributes(AttrEngine.String(e.name), r.replayOK))
 			o.ObserveInt64(r.replays, int64(c.ReplayFailures), metric.WithAttributes(AttrEngine.String(e.name), r.replayFailed))
@@ -227,7 +236,7 @@ func (m *Metrics) ObserveKVEvents(fn KVEventsFunc) (metric.Registration, error) 
 		o.ObserveInt64(r.memory, t.Bytes)
 		o.ObserveInt64(r.stale, t.Stale)
 		return nil
-	}, r.events, r.decodeErrors, r.gaps, r.replays, r.restarts, r.blocks, r.memory, r.stale)
+	}, r.events, r.decodeErrors, r.peerErrors, r.gaps, r.replays, r.restarts, r.blocks, r.memory, r.stale)
 }
 
 // RecordKVLag records one batch's lag, in seconds, for engine e.

@@ -22,8 +22,9 @@ clear_gateway_env
 
 # name=default pairs; each can be overridden from the environment.
 params=(
-	"POLICIES=round-robin least-loaded power-of-two session-affinity prefix-aware scorer"
+	"POLICIES=round-robin least-loaded power-of-two session-affinity prefix-aware precise-prefix scorer"
 	"ENGINES=4"
+	"REPLICAS=1"
 	# enginesim
 	"TTFT=5ms"
 	"TTFT_PER_TOKEN=50us"
@@ -33,6 +34,7 @@ params=(
 	"MAX_NUM_SEQS=16"
 	"KV_CACHE_BLOCKS=5120"
 	"BLOCK_SIZE=16"
+	"KV_EVENTS=1"
 	# loadgen
 	"SYSTEM_PROMPTS=4"
 	"SYSTEM_PROMPT_WORDS=100"
@@ -70,7 +72,7 @@ fi
 RESULTS="${RESULTS:-$root/bench/routing/results/$(date -u +%Y%m%dT%H%M%SZ)}"
 model=bench-model
 
-for tool in go jq ps; do
+for tool in go jq ps curl; do
 	command -v "$tool" >/dev/null || {
 		echo "run.sh: $tool is required" >&2
 		exit 1
@@ -116,7 +118,7 @@ gateway_config() {
 	fi
 	cat <<-EOF
 		admin:
-		  listen: ""
+		  listen: "127.0.0.1:0"
 		log:
 		  level: info
 		  access: false
@@ -126,10 +128,16 @@ gateway_config() {
 	if [[ -n "$ROUTING_EXTRA" ]]; then
 		printf '%s\n' "$ROUTING_EXTRA" | sed 's/^/  /'
 	fi
+	if ((KV_EVENTS)); then
+		printf 'kv_events:\n  block_size: %s\n' "$BLOCK_SIZE"
+	fi
 	echo "engines:"
 	for u in "$@"; do
 		i=$((i + 1))
-		printf '  - name: e%d\n    url: %s\n    models: [%s]\n' "$i" "$u" "$model"
+		printf '  - name: e%d\n    url: %s\n    models: [%s]\n' "$i" "${u%%|*}" "$model"
+		if [[ "$u" == *"|"* ]]; then
+			printf '    kv_events: %s\n' "${u#*|}"
+		fi
 	done
 }
 
@@ -140,50 +148,70 @@ failed=()
 # run_policy POLICY: fresh engines and gateway, one loadgen run. Returns 2
 # when the gateway refuses the policy, 1 on any other failure.
 run_policy() {
-	local policy="$1" dir="$RESULTS/$1" i addr gw reason
-	local urls=() metrics=()
+	local policy="$1" dir="$RESULTS/$1" i r addr gw reason
+	local urls=() metrics=() gws=() admins=() kv_flags=()
+	if ((KV_EVENTS)); then
+		kv_flags=(--kv-events-endpoint tcp://127.0.0.1:0)
+	fi
 	mkdir -p "$dir"
 	for ((i = 1; i <= ENGINES; i++)); do
 		start "$dir/engine-e$i.log" "$bin/enginesim" --listen 127.0.0.1:0 --name "e$i" --model "$model" \
 			--ttft "$TTFT" --ttft-per-token "$TTFT_PER_TOKEN" --ttft-per-running "$TTFT_PER_RUNNING" \
 			--itl "$ITL" --itl-per-running "$ITL_PER_RUNNING" --max-num-seqs "$MAX_NUM_SEQS" \
-			--kv-cache-blocks "$KV_CACHE_BLOCKS" --block-size "$BLOCK_SIZE"
+			--kv-cache-blocks "$KV_CACHE_BLOCKS" --block-size "$BLOCK_SIZE" --enable-prompt-tokens-details \
+			"${kv_flags[@]}"
 		if ! addr="$(await_addr "$started" "$dir/engine-e$i.log" "enginesim listening")"; then
 			echo "run.sh: engine e$i did not start:" >&2
 			cat "$dir/engine-e$i.log" >&2
 			return 1
 		fi
-		urls+=("http://$addr")
+		if ((KV_EVENTS)); then
+			# The engine's KV-cache events publisher (ZMQ PUB) for every gateway replica.
+			urls+=("http://$addr|$(sed -n 's/.*msg="enginesim listening".* kv_events=\(tcp:[^ ]*\).*/\1/p' "$dir/engine-e$i.log" | head -n1)")
+		else
+			urls+=("http://$addr")
+		fi
 		metrics+=("http://$addr/metrics")
 	done
-	while :; do
-		gateway_config "$policy" "$engine_stats" "${urls[@]}" >"$dir/gateway.yaml"
-		start "$dir/gateway.log" "$bin/gateway" --config "$dir/gateway.yaml"
-		if gw="$(await_addr "$started" "$dir/gateway.log" "switchboard listening")"; then
-			break
-		fi
-		if alive "$started"; then
-			echo "run.sh: the gateway did not start listening in 20 s; see $dir/gateway.log" >&2
+	# REPLICAS gateways over the same engines, each with its own state
+	# (prefix indexes): loadgen sends each request to the next in turn.
+	for ((r = 1; r <= REPLICAS; r++)); do
+		local glog="$dir/gateway-$r.log"
+		while :; do
+			gateway_config "$policy" "$engine_stats" "${urls[@]}" >"$dir/gateway.yaml"
+			start "$glog" "$bin/gateway" --config "$dir/gateway.yaml"
+			if gw="$(await_addr "$started" "$glog" "switchboard listening")"; then
+				gws+=("http://$gw")
+				admins+=("$(await_addr "$started" "$glog" "admin listening")")
+				break
+			fi
+			if alive "$started"; then
+				echo "run.sh: the gateway did not start listening in 20 s; see $glog" >&2
+				return 1
+			fi
+			wait "$started" 2>/dev/null || true
+			reaped "$started"
+			if ((engine_stats)) && grep -q 'engine_stats[^ ]*: unknown key' "$glog"; then
+				echo "note: this gateway does not know server.engine_stats; running without it:" >&2
+				grep 'engine_stats[^ ]*: unknown key' "$glog" | head -n1 | sed 's/^/  /' >&2
+				engine_stats=0
+				continue
+			fi
+			if grep -q 'routing.policy\|kv_events' "$glog"; then
+				reason="$(grep -m1 'routing.policy\|kv_events' "$glog")"
+				echo "skipping $policy: the gateway refuses it: $reason" >&2
+				return 2
+			fi
+			echo "run.sh: the gateway exited:" >&2
+			cat "$glog" >&2
 			return 1
-		fi
-		wait "$started" 2>/dev/null || true
-		reaped "$started"
-		if ((engine_stats)) && grep -q 'engine_stats[^ ]*: unknown key' "$dir/gateway.log"; then
-			echo "note: this gateway does not know server.engine_stats; running without it:" >&2
-			grep 'engine_stats[^ ]*: unknown key' "$dir/gateway.log" | head -n1 | sed 's/^/  /' >&2
-			engine_stats=0
-			continue
-		fi
-		if grep -q 'routing.policy' "$dir/gateway.log"; then
-			reason="$(grep -m1 'routing.policy' "$dir/gateway.log")"
-			echo "skipping $policy: the gateway refuses it: $reason" >&2
-			return 2
-		fi
-		echo "run.sh: the gateway exited:" >&2
-		cat "$dir/gateway.log" >&2
-		return 1
+		done
 	done
-	local lg=("$bin/loadgen" --url "http://$gw" --model "$model" --stream --max-error-rate 1
+	gw="$(
+		IFS=,
+		echo "${gws[*]}"
+	)"
+	local lg=("$bin/loadgen" --url "$gw" --model "$model" --stream --max-error-rate 1
 		--workload conversations --system-prompts "$SYSTEM_PROMPTS" --system-prompt-words "$SYSTEM_PROMPT_WORDS"
 		--conversations "$CONVERSATIONS" --turns "$TURNS" --stagger="$STAGGER" --prompt-words "$PROMPT_WORDS" --max-tokens "$MAX_TOKENS"
 		--concurrency "$CONCURRENCY" --warmup "$WARMUP" --duration "$DURATION" --seed "$SEED"
@@ -205,6 +233,13 @@ run_policy() {
 		cat "$dir/loadgen.txt" >&2
 		return 1
 	fi
+	# Each replica's admin view at the end: the precise index's memory
+	# (blocks held by every engine, the speculative table and the token
+	# cache) and its predictions checked against the engines' reports.
+	for ((r = 0; r < ${#admins[@]}; r++)); do
+		curl -fsS "http://${admins[r]}/admin/engines" >"$dir/admin-$((r + 1)).json" 2>/dev/null || echo '{}' >"$dir/admin-$((r + 1)).json"
+		curl -fsS "http://${admins[r]}/metrics" >"$dir/metrics-$((r + 1)).txt" 2>/dev/null || : >"$dir/metrics-$((r + 1)).txt"
+	done
 	jq -r "$jq_fmt"'"   hit rate \(.prefix_cache.hit_rate * 100 | fixed(1))%, TTFT mean \(.ttft.mean_ms | fixed(1)) ms, \(.requests_per_s | fixed(1)) req/s, busiest/mean \(.busiest_engine_share | fixed(2)), \(.failed) failed"' \
 		"$dir/loadgen.json" >&2
 	return 0
@@ -238,7 +273,11 @@ done
 			failed: .failed,
 			busiest_engine_share: .busiest_engine_share,
 			engine_requests: .engine_requests
-		}' "$RESULTS/$policy/loadgen.json"
+		}' "$RESULTS/$policy/loadgen.json" |
+			jq --slurpfile admin "$RESULTS/$policy/admin-1.json" \
+				'. + {index_bytes: ($admin[0].kv_index.bytes // null), index_blocks: ($admin[0].kv_index.blocks // null),
+				      token_cache_blocks: ($admin[0].kv_index.token_cache.blocks // null)}'
+
 	done
 } | jq -s --arg commit "$commit" --arg engine_stats "$engine_stats" \
 	--argjson params "$(for p in "${params[@]}"; do n="${p%%=*}"; [[ $n == RESULTS ]] || jq -n --arg k "$n" --arg v "${!n}" '{($k): $v}'; done | jq -s add)" '
@@ -257,14 +296,14 @@ if (($# > 0)); then
 	reproduce="$reproduce $*"
 fi
 {
-	echo "Shared-prefix conversations over $ENGINES simulated engines, commit $commit$( ((engine_stats)) || echo ", no engine_stats"):"
+	echo "Shared-prefix conversations over $ENGINES simulated engines ($KV_CACHE_BLOCKS KV blocks each) through $REPLICAS gateway replica(s), commit $commit$( ((engine_stats)) || echo ", no engine_stats"):"
 	echo
-	echo "| policy | hit rate | hit rate vs round-robin | TTFT mean | TTFT p99 | vs round-robin TTFT | throughput req/s | busiest engine share (max/mean) | errors |"
-	echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+	echo "| policy | hit rate | hit rate vs round-robin | TTFT mean | TTFT p99 | vs round-robin TTFT | throughput req/s | busiest engine share (max/mean) | errors | precise index memory (replica 1) |"
+	echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 	jq -r "$jq_fmt"'
 		def pct: (. * 100 | fixed(1)) + "%";
 		def vs_pct: if . == null then "n/a" else (if . > 0 then "+" else "" end) + pct end;
-		.rows[] | "| \(.policy) | \(.hit_rate | pct) | \(if .hit_rate_vs_round_robin == null then "n/a" else "×" + (.hit_rate_vs_round_robin | fixed(2)) end) | \(.ttft_mean_ms | fixed(1)) ms | \(.ttft_p99_ms | fixed(1)) ms | \(.ttft_mean_vs_round_robin | vs_pct) | \(.requests_per_s | fixed(1)) | \(.busiest_engine_share | fixed(2)) | \(.failed) of \(.requests) |"' "$RESULTS/rows.json"
+		.rows[] | "| \(.policy) | \(.hit_rate | pct) | \(if .hit_rate_vs_round_robin == null then "n/a" else "×" + (.hit_rate_vs_round_robin | fixed(2)) end) | \(.ttft_mean_ms | fixed(1)) ms | \(.ttft_p99_ms | fixed(1)) ms | \(.ttft_mean_vs_round_robin | vs_pct) | \(.requests_per_s | fixed(1)) | \(.busiest_engine_share | fixed(2)) | \(.failed) of \(.requests) | \(if .policy == "precise-prefix" and .index_bytes != null then "\(.index_bytes / 1048576 | fixed(1)) MiB (\(.index_blocks) blocks)" else "" end) |"' "$RESULTS/rows.json"
 	echo
 	echo '```sh'
 	echo "$reproduce"

@@ -192,6 +192,7 @@ type EngineKVStatus struct {
 	Replays      uint64 `json:"replays"`       // gaps filled by replay
 	Restarts     uint64 `json:"restarts"`      // publisher restarts seen
 	DecodeErrors uint64 `json:"decode_errors"` // messages that did not decode
+	PeerErrors   uint64 `json:"peer_errors"`   // connections dropped for breaking the protocol's bounds
 }
 
 // kvStatus is e's subscription status, nil when it has none.
@@ -203,7 +204,7 @@ func (f *Fleet) kvStatus(e *Engine, now time.Time) *EngineKVStatus {
 	blocks, fresh, _ := f.kv.EngineStats(e.ep, now)
 	return &EngineKVStatus{Endpoint: e.cfg.KVEvents, Replay: e.cfg.KVEventsReplay, Connected: st.Connected, Fresh: fresh,
 		Blocks: blocks, Batches: st.Batches, LastSeq: st.LastSeq, Gaps: st.Gaps, Replays: st.Replays, Restarts: st.Restarts,
-		DecodeErrors: st.DecodeErrors}
+		DecodeErrors: st.DecodeErrors, PeerErrors: st.PeerErrors}
 }
 
 // ObserveKV reports every subscribed engine's KV-event counters and the
@@ -222,7 +223,7 @@ func (f *Fleet) ObserveKV(report func(e *telemetry.Engine, c telemetry.KVEngineC
 		st := e.kv.sub.Stats()
 		blocks, _, _ := f.kv.EngineStats(e.ep, now)
 		report(e.tel, telemetry.KVEngineCounts{Stored: st.Stored, Removed: st.Removed, Cleared: st.Cleared,
-			Unknown: st.Unknown, Invalid: st.Invalid, DecodeErrors: st.DecodeErrors, Gaps: st.Gaps,
+			Unknown: st.Unknown, Invalid: st.Invalid, DecodeErrors: st.DecodeErrors, PeerErrors: st.PeerErrors, Gaps: st.Gaps,
 			Restarts: st.Restarts, Replays: st.Replays, ReplayFailures: st.ReplayFailures, Blocks: int64(blocks)})
 	}
 	ix := f.kv.Stats()
