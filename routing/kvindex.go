@@ -333,7 +333,7 @@ func (x *KVIndex) Apply(e *Endpoint, b *kvevents.Batch, now time.Time) KVApplied
 	s.mu.Lock()
 	if b != nil {
 		for i := range b.Events {
-			x.applyEvent(s, &b.Events[i], &r)
+			x.applyEvent(s, e, &b.Events[i], &r)
 		}
 	}
 	s.mu.Unlock()
@@ -342,7 +342,7 @@ func (x *KVIndex) Apply(e *Endpoint, b *kvevents.Batch, now time.Time) KVApplied
 	return r
 }
 
-func (x *KVIndex) applyEvent(s *kvEngine, ev *kvevents.Event, r *KVApplied) {
+func (x *KVIndex) applyEvent(s *kvEngine, e *Endpoint, ev *kvevents.Event, r *KVApplied) {
 	if ev.GroupIdx > 0 {
 		return
 	}
@@ -384,6 +384,9 @@ func (x *KVIndex) applyEvent(s *kvEngine, ev *kvevents.Event, r *KVApplied) {
 				continue
 			}
 			if s.slab[i].media &^= bit; s.slab[i].media == 0 {
+				// The engine says it no longer holds the block: a
+				// speculation that it would is over too.
+				x.unspec(s.slab[i].own, e)
 				s.remove(i)
 				r.Removed++
 			}
@@ -651,6 +654,19 @@ func (x *KVIndex) Speculate(keys []uint64, e *Endpoint, now time.Time) {
 	}
 	for _, k := range keys[m:] {
 		x.putSpec(entryKey(k, e), exp)
+	}
+}
+
+// unspec removes the speculative entry of key k on e, if any (every copy:
+// concurrent puts can rarely leave one twice in a bucket).
+func (x *KVIndex) unspec(k uint64, e *Endpoint) {
+	if x.spec == nil {
+		return
+	}
+	ek := entryKey(k, e)
+	b := &x.spec[ek&x.mask]
+	for i := range b {
+		b[i].key.CompareAndSwap(ek, 0)
 	}
 }
 

@@ -362,6 +362,16 @@ func TestKVIndexSpeculative(t *testing.T) {
 	if got := z.Match(keys[:3], a, kvT0); got != 1 {
 		t.Errorf("Match of the stored part alone after its blocks 1 and 2 went = %d, want 1", got)
 	}
+	// Once the engine confirms speculative blocks and then evicts them,
+	// the speculation about them is over too: the engine's word wins.
+	w := NewKVIndex(cfg)
+	w.Apply(a, kvBatch(kvStored(10, 0, prompt[:3*kvBS])), kvT0)
+	w.Speculate(keys, a, kvT0)
+	w.Apply(a, kvBatch(kvStored(13, 12, prompt[3*kvBS:])), kvT0)
+	w.Apply(a, kvBatch(kvRemoved("GPU", 15, 16, 17)), kvT0)
+	if got := w.Match(keys, a, kvT0); got != 5 {
+		t.Errorf("Match after confirmed speculative blocks 5..7 were evicted = %d, want 5", got)
+	}
 	// Speculating again extends the entries.
 	x.Speculate(keys, a, kvT0.Add(time.Second))
 	if got := x.Match(keys, a, kvT0.Add(time.Second+cfg.SpeculativeTTL-1)); got != 8 {

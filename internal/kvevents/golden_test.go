@@ -2,6 +2,8 @@ package kvevents
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"os"
@@ -80,15 +82,20 @@ type golden struct {
 func goldens() []golden {
 	const h0, h1, h2 = 15760518052499183552, 0x0123456789abcdef, 42
 	return []golden{{
-		// The vLLM 0.26.0 batch captured in kthena #1535: map events in
-		// an array batch. The capture elides the 16 token ids; these are
-		// made up.
+		// A batch of vLLM 0.26.0 (Qwen3-8B, block size 16) printed as
+		// decoded by its reporter in volcano-sh/kthena#1535 (2026-09-11):
+		// map events in an array batch. Every value is the printed one
+		// (the ts's repr round-trips to the exact float64); the bytes are
+		// rebuilt with msgspec's rules (vLLM encodes with msgspec: tag
+		// first, struct field order, fields equal to their default left
+		// out, so no kv_cache_spec_sliding_window) and checked against
+		// their SHA-256 in TestVLLM0260Bytes.
 		name: "vllm-0.26.0-map-events",
-		value: []any{1789095808.83, []any{om{
+		value: []any{1789095808.8378847, []any{om{
 			"type", "BlockStored",
 			"block_hashes", []any{uint64(h0)},
 			"parent_block_hash", nil,
-			"token_ids", seq(151644, 16),
+			"token_ids", vllm026Tokens,
 			"block_size", 16,
 			"lora_id", nil,
 			"medium", "GPU",
@@ -97,8 +104,8 @@ func goldens() []golden {
 			"group_idx", 0,
 			"kv_cache_spec_kind", "full_attention",
 		}}, 0},
-		want: Batch{TS: 1789095808.83, DPRank: 0, Events: []Event{{
-			Kind: BlockStored, BlockHashes: []Hash{h0}, TokenIDs: seqU32(151644, 16), BlockSize: 16,
+		want: Batch{TS: 1789095808.8378847, DPRank: 0, Events: []Event{{
+			Kind: BlockStored, BlockHashes: []Hash{h0}, TokenIDs: u32(vllm026Tokens), BlockSize: 16,
 			LoRAID: -1, Medium: "GPU", ExtraKeys: []byte{0x91, 0xc0}, GroupIdx: 0,
 			SpecKind: "full_attention", SlidingWindow: -1,
 		}}},
@@ -204,5 +211,64 @@ func TestDecodeBatchGolden(t *testing.T) {
 				t.Errorf("DecodeBatch =\n%+v\nwant\n%+v", got, want)
 			}
 		})
+	}
+}
+
+// vllm026Tokens are the token ids of the vLLM 0.26.0 batch of kthena#1535:
+// Qwen3's "<|im_start|>user\nWhere is the capital of China?<|im_end|>\n
+// <|im_start|>assistant\n<think>".
+var vllm026Tokens = []any{151644, 872, 198, 9064, 374, 279, 6722, 315, 5616, 30, 151645, 198, 151644, 77091, 198, 151667}
+
+func u32(vs []any) []uint32 {
+	out := make([]uint32, len(vs))
+	for i, v := range vs {
+		out[i] = uint32(v.(int))
+	}
+	return out
+}
+
+// TestVLLM0260Bytes: the 0.26.0 golden is byte for byte the payload
+// rebuilt from the printed batch with msgspec's encoding rules (239 bytes,
+// this SHA-256), so the test's generic encoder and msgspec agree on it.
+func TestVLLM0260Bytes(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("testdata", "vllm-0.26.0-map-events.msgpack"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum := sha256.Sum256(b); len(b) != 239 || hex.EncodeToString(sum[:]) != "fb036752648e36ed941069e9ae3b5c684be607c7d5280e5a69c779cb0428bdbe" {
+		t.Errorf("vllm-0.26.0 golden: %d bytes, sha256 %x; want the 239 bytes msgspec writes", len(b), sum)
+	}
+}
+
+// TestVLLMCapture decodes a PUB message captured verbatim from a real vLLM
+// (through Dynamo, which runs vLLM in-process; Qwen3-0.6B, block size 16,
+// topic "kv-events"), as a pyzmq subscriber printed its three frames in
+// ls-2018/dynamo examples/backends/vllm/launch/agg_kvbm_router.sh at
+// 8da18872 (2026-01-06; vLLM 0.12 by the fork's pin, and the event's
+// shape: array encoding, a 7-element BlockStored with medium and no
+// lora_name). The payload file is those bytes; it is never regenerated.
+func TestVLLMCapture(t *testing.T) {
+	payload, err := os.ReadFile(filepath.Join("testdata", "vllm-capture-array.msgpack"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sum := sha256.Sum256(payload); hex.EncodeToString(sum[:]) != "2b6c67bc1716d7d3ce90b5d8a3effc7a1a26f9feb70ad2483c71eb3327f49dac" {
+		t.Fatalf("the captured payload changed: sha256 %x", sum)
+	}
+	topic, seq, p, err := ParseMessage([][]byte{[]byte("kv-events"), {0, 0, 0, 0, 0, 0, 0, 5}, payload})
+	if err != nil || string(topic) != "kv-events" || seq != 5 {
+		t.Fatalf("ParseMessage = %q, %d, %v", topic, seq, err)
+	}
+	got, err := DecodeBatch(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Batch{TS: 1767666073.8055613, DPRank: 0, Events: []Event{{
+		Kind: BlockStored, BlockHashes: []Hash{17536983392627827276}, ParentBlockHash: 15722805041033817089, HasParent: true,
+		TokenIDs:  []uint32{4217, 315, 678, 882, 151645, 198, 151644, 77091, 198, 151667, 198, 32313, 11, 773, 358, 1184},
+		BlockSize: 16, LoRAID: -1, Medium: "GPU", GroupIdx: -1, SlidingWindow: -1,
+	}}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("DecodeBatch(captured) =\n%+v\nwant\n%+v", got, want)
 	}
 }
