@@ -67,7 +67,10 @@ type DisaggregationConfig struct {
 	// the estimate, default 4 (OpenAI's rule of thumb for English text).
 	// The cached part is the prompt's leading blocks the routing policy's
 	// prefix index last sent to that engine (routing.prefix; none with a
-	// policy that keeps no index, so the whole prompt counts).
+	// policy that keeps no index, so the whole prompt counts). With
+	// precise-prefix and the prompt's tokens known, the estimate is exact
+	// instead: the prompt's tokens less those the engine reported holding
+	// in its KV-cache events (docs/kv-events.md).
 	BytesPerToken float64 `koanf:"bytes_per_token"`
 }
 
@@ -206,6 +209,11 @@ func (s *Server) decideDisagg(ctx context.Context, op *operation, in *inbound, r
 	d := &disagg{mode: telemetry.DisaggModeAggregated, decode: ep, accepted: accepted}
 	cachedBytes := rreq.Known() * in.set.parser.BlockBytes
 	uncached := float64(max(rreq.PromptBytes-cachedBytes, 0)) / cfg.BytesPerToken
+	if cached := rreq.PredictedCached(); cached >= 0 && rreq.TokenBlocks > 0 {
+		// The engine's own report of the prompt's blocks it holds
+		// (precise-prefix): the prompt's tokens less those.
+		uncached = float64(max(rreq.TokenBlocks*in.set.kvBlocks-cached, 0))
+	}
 	if uncached >= float64(cfg.MinUncachedTokens) && len(s.prefillCandidates(rt, ep)) > 0 {
 		d.mode = telemetry.DisaggModeDisaggregated
 	}
