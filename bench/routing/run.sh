@@ -256,6 +256,28 @@ for policy in $POLICIES; do
 	esac
 done
 
+# tokenization_summary METRICS...: one line on what tokenization added to
+# precise-prefix's routing decisions, summed over the replicas' /metrics:
+# the token cache's results and the p50/p99 of switchboard_tokenize_wait
+# (the upper bound of the histogram bucket they fall in), and the
+# predictions checked against the engines' cached tokens.
+tokenization_summary() {
+	awk '
+		/^switchboard_tokenize_cache_total/ { match($0, /result="[a-z]+"/); r = substr($0, RSTART + 8, RLENGTH - 9); cache[r] += $NF; n += $NF }
+		/^switchboard_tokenize_wait_seconds_bucket/ { match($0, /le="[^"]+"/); le = substr($0, RSTART + 4, RLENGTH - 5); b[le] += $NF; if (!(le in seen)) { seen[le] = 1; order[++k] = le } }
+		/^switchboard_tokenize_wait_seconds_count/ { total += $NF }
+		/^switchboard_kv_index_predicted_tokens_total/ { ptok += $NF }
+		/^switchboard_kv_index_reported_tokens_total/ { rtok += $NF }
+		/^switchboard_kv_index_predictions_total/ { match($0, /outcome="[a-z]+"/); o = substr($0, RSTART + 9, RLENGTH - 10); pred[o] += $NF; np += $NF }
+		function q(f,   i) { for (i = 1; i <= k; i++) if (b[order[i]] >= f * total) return order[i]; return "+Inf" }
+		END {
+			if (n == 0) { print "Tokenization: no lookups."; exit }
+			printf "Tokenization for precise-prefix (all replicas): %d look-ups, %.1f%% hit, %.1f%% partial, %.1f%% miss; added to routing p50 <= %s s, p99 <= %s s (bucket bounds)", n, 100 * cache["hit"] / n, 100 * cache["partial"] / n, 100 * cache["miss"] / n, q(0.5), q(0.99)
+			if (np > 0) printf "; cached tokens of %d checked requests: predicted exactly for %.1f%% (over %.1f%%, under %.1f%%), predicted/reported tokens %.2f", np, 100 * pred["exact"] / np, 100 * pred["over"] / np, 100 * pred["under"] / np, (rtok > 0 ? ptok / rtok : 0)
+			print "."
+		}' "$@"
+}
+
 # --- table --------------------------------------------------------------------
 
 {
@@ -308,6 +330,10 @@ fi
 	echo '```sh'
 	echo "$reproduce"
 	echo '```'
+	if [[ -f "$RESULTS/precise-prefix/metrics-1.txt" ]]; then
+		echo
+		tokenization_summary "$RESULTS"/precise-prefix/metrics-*.txt
+	fi
 } | tee "$RESULTS/table.md"
 echo >&2
 echo "rows: ${RESULTS#"$root"/}/rows.json, table: ${RESULTS#"$root"/}/table.md, logs and loadgen reports: ${RESULTS#"$root"/}/<policy>/" >&2
