@@ -240,3 +240,40 @@ func TestTokenizeStartSingleFlightAndBusy(t *testing.T) {
 		t.Errorf("%d /tokenize calls, want 1", ts.calls.Load())
 	}
 }
+
+// BenchmarkTokenCacheLookup: a conversation's next turn (partial hit) and
+// the same prompt again (hit) in a cache of 1,000 prompts of 440 text
+// blocks (28 KiB, ~7,000 tokens each).
+func BenchmarkTokenCacheLookup(b *testing.B) {
+	cfg := DefaultKVEventsConfig()
+	m, _ := telemetry.NewMetrics(nil)
+	tk := newTokenizer(cfg, &http.Client{}, m, slog.New(slog.DiscardHandler), context.Background())
+	var last []uint64
+	for p := range 1000 {
+		text := make([]uint64, 440)
+		for i := range text {
+			text[i] = stablehash.Mix64(uint64(p)<<32 | uint64(i))
+		}
+		tk.mu.Lock()
+		tk.insertLocked(text, 440*64, stablehash.TokenBlocks(nil, seq(p, 7000), 16, 0))
+		tk.mu.Unlock()
+		last = text
+	}
+	next := append(slices.Clone(last), 1, 2, 3, 4, 5, 6, 7, 8)
+	b.Run("partial", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, _, res := tk.lookup(next, 448*64); res != tokPartial {
+				b.Fatal(res)
+			}
+		}
+	})
+	b.Run("hit", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, _, res := tk.lookup(last, 440*64); res != tokHit {
+				b.Fatal(res)
+			}
+		}
+	})
+}
