@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -412,4 +414,18 @@ func otherSim(sims []*kvSim, name string) string {
 		}
 	}
 	return ""
+}
+
+// endpointPort is the port of a tcp://host:port endpoint.
+func endpointPort(t *testing.T, endpoint string) int32 {
+	t.Helper()
+	_, port, err := net.SplitHostPort(strings.TrimPrefix(endpoint, "tcp://"))
+	if err != nil {
+		t.Fatalf("endpoint %q: %v", endpoint, err)
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		t.Fatalf("endpoint %q: %v", endpoint, err)
+	}
+	return int32(p)
 }
