@@ -916,7 +916,8 @@ func (k *kubeEnv) createKV(e *kubeEngine) {
 // tcp://<endpoint address>:<port>, and precise-prefix routes on what they
 // publish: after a long prompt, the engine that served it holds its blocks
 // in the gateway's index (the other none), and a prompt extending it goes
-// to that engine, which reports the prefix cached.
+// to that engine, which reports the prefix cached; so do prompts
+// extending ones the gateway never saw, sent to an engine directly.
 func TestKubeDiscoveryKVEventsPort(t *testing.T) {
 	k := newKubeEnv(t, nil)
 	e0, e1 := k.kvEngine("vllm-0"), k.kvEngine("vllm-1")
@@ -970,6 +971,25 @@ func TestKubeDiscoveryKVEventsPort(t *testing.T) {
 	}
 	if want := (kvDocWords/16 - 2) * 16; next.cachedTokens < want {
 		t.Errorf("the prompt extending it: %d of %d prompt tokens cached on %s, want at least %d", next.cachedTokens, next.promptTokens, next.engine, want)
+	}
+
+	// Prompts sent to an engine directly, never through the gateway: it
+	// learns them from the engine's events alone, and routes their
+	// extensions there (by chance, all four would be 1 in 16).
+	for i := range 4 {
+		e := []*kubeEngine{e1, e0}[i%2]
+		before := kvAdminEngines(t, g.admin).blocks()[e.pod]
+		doc := kvDocument(fmt.Sprintf("kube-direct-%d", i), kvDocWords)
+		kvPost(t, net.JoinHostPort(k.ip, fmt.Sprint(e.port)), kubeModel, doc+" asked of the engine")
+		if !testutil.Poll(10*time.Second, func() bool {
+			blocks = kvAdminEngines(t, g.admin).blocks()
+			return blocks[e.pod] > before
+		}) {
+			t.Fatalf("KV-event blocks %v after a prompt sent to %s directly, want more than %d for it", blocks, e.pod, before)
+		}
+		if r := kvChat(t, g.public, kubeModel, doc+" asked through the gateway"); r.engine != e.pod || r.cachedTokens == 0 {
+			t.Errorf("a prompt extending one sent to %s directly went to %s with %d tokens cached, want %s, cached", e.pod, r.engine, r.cachedTokens, e.pod)
+		}
 	}
 	g.waitIdle()
 }

@@ -220,6 +220,17 @@ type kvReply struct {
 // prompt_tokens_details whenever some prompt tokens were cached.
 func kvChat(t *testing.T, public, model, content string) kvReply {
 	t.Helper()
+	r := kvPost(t, public, model, content)
+	if r.engine == "" {
+		t.Fatalf("chat via %s: no X-Switchboard-Engine header", public)
+	}
+	return r
+}
+
+// kvPost is kvChat to any OpenAI server at addr (host:port), an engine
+// too: engine is "" without the gateway's header.
+func kvPost(t *testing.T, public, model, content string) kvReply {
+	t.Helper()
 	body, err := json.Marshal(map[string]any{
 		"model": model, "max_tokens": 1,
 		"messages": []map[string]string{{"role": "user", "content": content}},
@@ -250,9 +261,6 @@ func kvChat(t *testing.T, public, model, content string) kvReply {
 	r := kvReply{engine: resp.Header.Get("X-Switchboard-Engine"), promptTokens: out.Usage.PromptTokens}
 	if out.Usage.Details != nil { // null with nothing cached, as vLLM's
 		r.cachedTokens = out.Usage.Details.CachedTokens
-	}
-	if r.engine == "" {
-		t.Fatalf("chat via %s: no X-Switchboard-Engine header", public)
 	}
 	return r
 }
