@@ -873,3 +873,123 @@ func TestKubeDiscoveryRoleWithoutPods(t *testing.T) {
 	g.waitRoutable("vllm-0")
 	g.waitRoles(map[string]string{"vllm-0": "both/"})
 }
+
+// kvEngine is engine with vLLM's KV-cache events on, as with
+// --kv-events-config and --enable-prompt-tokens-details: the simulator's
+// PUB and replay sockets bound on the test's engine address at free ports.
+func (k *kubeEnv) kvEngine(pod string) *kubeEngine {
+	k.t.Helper()
+	free := "tcp://" + net.JoinHostPort(k.ip, "0")
+	sim, err := enginesim.New(enginesim.Config{Name: pod, Models: []string{kubeModel}, TTFT: 5 * time.Millisecond, ITL: 5 * time.Millisecond,
+		KVEvents: free, KVEventsReplay: free, PromptTokensDetails: true})
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	k.t.Cleanup(func() { _ = sim.Close() }) // after the server's Close, registered below
+	ln, err := net.Listen("tcp", net.JoinHostPort(k.ip, "0"))
+	if err != nil {
+		k.t.Fatal(err)
+	}
+	e := &kubeEngine{pod: pod, port: int32(ln.Addr().(*net.TCPAddr).Port), sim: sim, srv: &http.Server{Handler: sim.Handler()}}
+	go func() { _ = e.srv.Serve(ln) }()
+	k.t.Cleanup(func() { _ = e.srv.Close() })
+	return e
+}
+
+// createKV creates e's slice with the named ports kv-events and kv-replay
+// (the Service's ports for vLLM's publisher and replay socket) beside http.
+func (k *kubeEnv) createKV(e *kubeEngine) {
+	k.t.Helper()
+	s := k.slice(e, true, false)
+	for _, p := range []struct {
+		name, endpoint string
+	}{{k8s.DefaultKVEventsPort, e.sim.KVEventsAddr()}, {k8s.DefaultKVReplayPort, e.sim.KVReplayAddr()}} {
+		s.Ports = append(s.Ports, discoveryv1.EndpointPort{Name: new(p.name), Port: new(endpointPort(k.t, p.endpoint)), Protocol: new(corev1.ProtocolTCP)})
+	}
+	if _, err := k.cs.DiscoveryV1().EndpointSlices(k.ns).Create(context.Background(), s, metav1.CreateOptions{}); err != nil {
+		k.t.Fatal(err)
+	}
+}
+
+// TestKubeDiscoveryKVEventsPort: engines discovered from EndpointSlices
+// whose ports include kv-events and kv-replay are subscribed to at
+// tcp://<endpoint address>:<port>, and precise-prefix routes on what they
+// publish: after a long prompt, the engine that served it holds its blocks
+// in the gateway's index (the other none), and a prompt extending it goes
+// to that engine, which reports the prefix cached; so do prompts
+// extending ones the gateway never saw, sent to an engine directly.
+func TestKubeDiscoveryKVEventsPort(t *testing.T) {
+	k := newKubeEnv(t, nil)
+	e0, e1 := k.kvEngine("vllm-0"), k.kvEngine("vllm-1")
+	k.createKV(e0)
+	k.createKV(e1)
+	g := k.startGateway(k.gatewayConfig("precise-prefix") + "kv_events:\n  tokenize:\n    max_wait: 1s\n")
+	waitHTTP(t, "http://"+g.public+"/ready", 200)
+	g.waitRoutable("vllm-0", "vllm-1")
+
+	want := map[string]string{}
+	for _, e := range []*kubeEngine{e0, e1} {
+		want[e.pod] = fmt.Sprintf("%s %s connected", e.sim.KVEventsAddr(), e.sim.KVReplayAddr())
+		if !strings.HasPrefix(e.sim.KVEventsAddr(), "tcp://"+k.ip+":") {
+			t.Fatalf("%s publishes on %s, want the engine address %s", e.pod, e.sim.KVEventsAddr(), k.ip)
+		}
+	}
+	var got map[string]string
+	if !testutil.Poll(10*time.Second, func() bool {
+		got = map[string]string{}
+		for _, e := range kvAdminEngines(t, g.admin).Engines {
+			if kv := e.KVEvents; kv != nil && !e.Retired {
+				got[e.Name] = fmt.Sprintf("%s %s %s", kv.Endpoint, kv.Replay, map[bool]string{true: "connected", false: "disconnected"}[kv.Connected])
+			}
+		}
+		return maps.Equal(got, want)
+	}) {
+		t.Fatalf("the engines' KV-event subscriptions %v, want %v", got, want)
+	}
+
+	doc := kvDocument("kube-system-prompt", kvDocWords)
+	first := kvChat(t, g.public, kubeModel, doc+" first question")
+	served, other := first.engine, map[string]string{"vllm-0": "vllm-1", "vllm-1": "vllm-0"}[first.engine]
+	if other == "" {
+		t.Fatalf("served by %q, want vllm-0 or vllm-1", served)
+	}
+	var blocks map[string]int
+	if !testutil.Poll(10*time.Second, func() bool {
+		blocks = kvAdminEngines(t, g.admin).blocks()
+		return blocks[served] > 0
+	}) {
+		t.Fatalf("KV-event blocks %v after a %d-word prompt on %s, want some for it", blocks, kvDocWords, served)
+	}
+	if minBlocks := kvDocWords/16 - 1; blocks[served] < minBlocks || blocks[other] != 0 {
+		t.Errorf("KV-event blocks %v after a %d-word prompt on %s, want at least %d for it and none for %s", blocks, kvDocWords, served, minBlocks, other)
+	}
+	next := kvChat(t, g.public, kubeModel, doc+" second question")
+	t.Logf("subscriptions %v; blocks %v after the first prompt (on %s); the next went to %s with %d of %d prompt tokens cached",
+		got, blocks, served, next.engine, next.cachedTokens, next.promptTokens)
+	if next.engine != served {
+		t.Errorf("the prompt extending it went to %s, want %s (which holds its prefix)", next.engine, served)
+	}
+	if want := (kvDocWords/16 - 2) * 16; next.cachedTokens < want {
+		t.Errorf("the prompt extending it: %d of %d prompt tokens cached on %s, want at least %d", next.cachedTokens, next.promptTokens, next.engine, want)
+	}
+
+	// Prompts sent to an engine directly, never through the gateway: it
+	// learns them from the engine's events alone, and routes their
+	// extensions there (by chance, all four would be 1 in 16).
+	for i := range 4 {
+		e := []*kubeEngine{e1, e0}[i%2]
+		before := kvAdminEngines(t, g.admin).blocks()[e.pod]
+		doc := kvDocument(fmt.Sprintf("kube-direct-%d", i), kvDocWords)
+		kvPost(t, net.JoinHostPort(k.ip, fmt.Sprint(e.port)), kubeModel, doc+" asked of the engine")
+		if !testutil.Poll(10*time.Second, func() bool {
+			blocks = kvAdminEngines(t, g.admin).blocks()
+			return blocks[e.pod] > before
+		}) {
+			t.Fatalf("KV-event blocks %v after a prompt sent to %s directly, want more than %d for it", blocks, e.pod, before)
+		}
+		if r := kvChat(t, g.public, kubeModel, doc+" asked through the gateway"); r.engine != e.pod || r.cachedTokens == 0 {
+			t.Errorf("a prompt extending one sent to %s directly went to %s with %d tokens cached, want %s, cached", e.pod, r.engine, r.cachedTokens, e.pod)
+		}
+	}
+	g.waitIdle()
+}
