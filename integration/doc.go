@@ -22,6 +22,11 @@
 // runs them too. Set IT_GATEWAY_ENV to extra KEY=VALUE pairs
 // (comma-separated) to add to their gateway's environment.
 //
+// kvevents_test.go runs two gateway replicas over two simulators that
+// publish vLLM's KV-cache events: a prefix sent through one replica is
+// routed to the same engine by the other, which learned it from the
+// engine's events alone (precise-prefix; prefix-aware for contrast).
+//
 // The API keys' limits tests (limits_test.go: two gateway processes
 // sharing one Redis, and Redis stopped or hung mid-run) also need Debian's
 // redis-server on PATH: internal/redistest starts a private one per test
@@ -52,6 +57,6 @@
 //
 // run.sh starts it for the whole suite. The tests on it (kube_test.go,
 // kube_discovery_test.go: EndpointSlice discovery with the gateway binary
-// under the shipped Role; manifests_test.go: server-side dry-run of
+// under the shipped Role, the KV-event ports of the slices included; manifests_test.go: server-side dry-run of
 // deploy/kubernetes) skip when those variables are not set.
 package integration
