@@ -110,6 +110,9 @@ type Engine struct {
 	blocked bool
 	// kv is the incarnation's KV-event subscription (kvevents.go).
 	kv kvState
+	// kvSizeLogged: a scraped KV block size other than
+	// kv_events.block_size was logged (checkBlockSize).
+	kvSizeLogged atomic.Bool
 	// retired is set when the incarnation leaves the fleet (Remove, a
 	// reload or discovery dropping or replacing it): it finishes its
 	// requests in flight and takes no new ones. Touched only under

@@ -94,6 +94,20 @@ func (s kvSink) Lost(reason kvevents.LostReason) {
 		"engine", s.e.cfg.Name, "reason", reason.String())
 }
 
+// checkBlockSize logs, once per incarnation, an engine subscribed to whose
+// KV block size (vllm:cache_config_info's block_size, scraped; 0 when it
+// reports none) is not kv_events.block_size: its blocks can never match a
+// request's. Its events' own block size is checked too (kvSink.Batch).
+func (f *Fleet) checkBlockSize(e *Engine, size int) {
+	if f.kv == nil || e.cfg.KVEvents == "" || size == 0 || f.kvCfg.BlockSize == 0 || size == f.kvCfg.BlockSize {
+		return
+	}
+	if e.kvSizeLogged.CompareAndSwap(false, true) {
+		f.log.Warn("engine's KV block size (vllm:cache_config_info) is not kv_events.block_size: its blocks cannot match a request; set kv_events.block_size to the engine's --block-size",
+			"engine", e.cfg.Name, "engine_block_size", size, "block_size", f.kvCfg.BlockSize)
+	}
+}
+
 // startKVLocked starts e's subscription, when it has an endpoint, the
 // fleet has an index and has started. Under f.mu.
 func (f *Fleet) startKVLocked(e *Engine) error {

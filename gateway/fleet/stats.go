@@ -135,6 +135,7 @@ func (f *Fleet) scrape(ctx context.Context, e *Engine) error {
 		Unhealthy:           s.Unhealthy,
 		InFlight:            pf + dc,
 	})
+	f.checkBlockSize(e, s.BlockSize)
 	return nil
 }
 

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -421,5 +422,33 @@ func TestStatsConfigValidate(t *testing.T) {
 				t.Errorf("error %v does not wrap ErrInvalidConfig", err)
 			}
 		})
+	}
+}
+
+// TestScrapeBlockSizeMismatch: an engine with a KV-event subscription
+// whose scraped block size (vllm:cache_config_info) is not
+// kv_events.block_size is logged once; one that agrees, or reports none,
+// is not.
+func TestScrapeBlockSizeMismatch(t *testing.T) {
+	eng := testutil.NewStatsEngine("", "m")
+	srv := httptest.NewServer(eng)
+	t.Cleanup(srv.Close)
+	cfg := statsConfig(EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}, KVEvents: "tcp://127.0.0.1:1"})
+	var logs bytes.Buffer
+	p, err := New(cfg, mustMetrics(t), WithLogger(slog.New(slog.NewTextHandler(&logs, nil))),
+		WithKVIndex(routing.NewKVIndex(routing.DefaultKVIndexConfig()), KVEventsConfig{BlockSize: 16}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	page := func(bs string) string {
+		return "vllm:num_requests_running{model_name=\"m\"} 0\n" + `vllm:cache_config_info{block_size="` + bs + `",engine="0"} 1` + "\n"
+	}
+	for _, bs := range []string{"16", "", "32", "32"} {
+		eng.SetPage(page(bs))
+		p.ScrapeNow(context.Background())
+	}
+	if n := strings.Count(logs.String(), "is not kv_events.block_size"); n != 1 || !strings.Contains(logs.String(), "engine_block_size=32") {
+		t.Errorf("logged %d times, want once with engine_block_size=32:\n%s", n, logs.String())
 	}
 }

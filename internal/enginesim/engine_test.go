@@ -365,6 +365,7 @@ func TestMetrics(t *testing.T) {
 		MetricEngineSleepState:    dto.MetricType_GAUGE,
 		MetricNixlFailedTransfers: dto.MetricType_COUNTER,
 		MetricNixlExpiredReqs:     dto.MetricType_COUNTER,
+		MetricCacheConfigInfo:     dto.MetricType_GAUGE,
 	}
 	for name, typ := range wantTypes {
 		mf, ok := mfs[name]

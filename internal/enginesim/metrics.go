@@ -2,6 +2,7 @@ package enginesim
 
 import (
 	"math"
+	"strconv"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -34,6 +35,11 @@ const (
 	// value: "awake" is 1 while the engine is awake, "weights_offloaded" (sleep level 1) or
 	// "discard_all" (level 2) is 1 while it sleeps. As in vLLM it also carries engine="0".
 	MetricEngineSleepState = "vllm:engine_sleep_state"
+	// MetricCacheConfigInfo is vLLM's info gauge of the KV cache's configuration: value 1,
+	// one label per setting (vllm/v1/metrics/loggers.py log_metrics_info("cache_config", ...),
+	// CacheConfig.metrics_info()), of which the simulator sets block_size, num_gpu_blocks and
+	// enable_prefix_caching.
+	MetricCacheConfigInfo = "vllm:cache_config_info"
 	// MetricNixlFailedTransfers is a counter of a decode engine's failed KV pulls, in
 	// requests, with engine="0", as vLLM's NIXL connector exports it (vLLM's
 	// vllm:nixl_num_failed_transfers, nixl_connector.py; prometheus_client adds _total).
@@ -130,6 +136,8 @@ var (
 		"Number of failed NIXL KV Cache transfers.", []string{"model_name", "engine"}, nil)
 	descNixlExpired = prometheus.NewDesc(MetricNixlExpiredReqs,
 		"Number of requests that had their KV expire.", []string{"model_name", "engine"}, nil)
+	descCacheConfig = prometheus.NewDesc(MetricCacheConfigInfo,
+		"Information of the LLMEngine CacheConfig", []string{"block_size", "enable_prefix_caching", "engine", "num_gpu_blocks"}, nil)
 )
 
 // sleepStates are the sleep_state label values, in vLLM's order.
@@ -147,6 +155,7 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- descSleepState
 	ch <- descNixlFailed
 	ch <- descNixlExpired
+	ch <- descCacheConfig
 }
 
 // Collect implements prometheus.Collector.
@@ -167,6 +176,8 @@ func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descNixlExpired, prometheus.CounterValue, float64(c.e.kv.leasesExpired.Load()), c.e.cfg.Models[0], "0")
 	// The engine sleeps as a whole: one series per state, under the first served model, in
 	// vLLM's engine 0.
+	ch <- prometheus.MustNewConstMetric(descCacheConfig, prometheus.GaugeValue, 1,
+		strconv.Itoa(c.e.cfg.BlockSize), "True", "0", strconv.Itoa(c.e.cfg.KVCacheBlocks))
 	g := c.e.sleepGauges()
 	for _, s := range sleepStates {
 		ch <- prometheus.MustNewConstMetric(descSleepState, prometheus.GaugeValue, g[s], c.e.cfg.Models[0], "0", s)

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"strconv"
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
@@ -50,6 +51,10 @@ const (
 	// and 0 when it is unhealthy or dead (vLLM docs/usage/metrics.md,
 	// "Fault Tolerance Metrics": "exclude zero").
 	EngineHealthy = "vllm:engine_healthy"
+	// CacheConfigInfo is vLLM's info gauge of its KV cache's settings, one
+	// label each (vllm/v1/metrics/loggers.py, CacheConfig.metrics_info()):
+	// its block_size label is the tokens per KV block.
+	CacheConfigInfo = "vllm:cache_config_info"
 )
 
 // Accept is the Accept header value to send: it asks for the classic
@@ -81,6 +86,10 @@ type Sample struct {
 	Sleeping bool
 	// Unhealthy is true when some EngineHealthy series reads 0.
 	Unhealthy bool
+	// BlockSize is CacheConfigInfo's block_size label, the engine's KV
+	// block size in tokens; 0 when the page has none (or it is not a
+	// positive integer).
+	BlockSize int
 }
 
 // Parse reads a Prometheus text exposition of at most limit bytes from r
@@ -137,6 +146,12 @@ func Parse(r io.Reader, limit int64) (Sample, error) {
 	for _, m := range fams[EngineHealthy].GetMetric() {
 		if v, ok := valueOf(m); ok && v == 0 {
 			s.Unhealthy = true
+		}
+	}
+	for _, m := range fams[CacheConfigInfo].GetMetric() {
+		if n, err := strconv.Atoi(labelValue(m, "block_size")); err == nil && n > 0 && n <= 1<<20 {
+			s.BlockSize = n
+			break
 		}
 	}
 	return s, nil

@@ -40,3 +40,24 @@ func TestParseLimit(t *testing.T) {
 		t.Fatalf("no limit: %+v, %v", s, err)
 	}
 }
+
+// TestParseCacheConfigInfo: the KV block size comes from vLLM's
+// cache_config_info labels; a page without it, or with a label that is
+// not a positive integer, has none.
+func TestParseCacheConfigInfo(t *testing.T) {
+	for _, tc := range []struct {
+		page string
+		want int
+	}{
+		{"# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n# TYPE vllm:cache_config_info gauge\n" +
+			`vllm:cache_config_info{block_size="32",cache_dtype="auto",enable_prefix_caching="True",engine="0",gpu_memory_utilization="0.9",num_gpu_blocks="27000"} 1.0` + "\n", 32},
+		{`vllm:cache_config_info{block_size="x"} 1` + "\n", 0},
+		{`vllm:cache_config_info{cache_dtype="auto"} 1` + "\n", 0},
+		{`vllm:num_requests_running{model_name="m"} 1` + "\n", 0},
+	} {
+		s, err := Parse(strings.NewReader(tc.page), 0)
+		if err != nil || s.BlockSize != tc.want {
+			t.Errorf("Parse(%q): block size %d, %v; want %d", tc.page, s.BlockSize, err, tc.want)
+		}
+	}
+}
