@@ -28,6 +28,9 @@ type inbound struct {
 	// events (routing.Request.PredictedCached); -1 when it did not.
 	kvPredicted int
 	kvOn        *routing.Endpoint
+	// kvPromptTokens is the prompt's number of tokens when the tokenizer
+	// knows it exactly (a hit, or a tokenization waited for), else 0.
+	kvPromptTokens int
 	// req holds a JSON body's routing fields (bodyJSON rows only).
 	req oai.Request
 	// form holds a multipart body's fields (bodyForm rows only).

@@ -181,6 +181,13 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 				ep, err = set.policy.Pick(ctx, &rreq, candidates)
 				s.metrics.RecordStep(ctx, telemetry.StepPick, time.Since(t0).Seconds())
 				in.kvOn, in.kvPredicted = ep, rreq.PredictedCached()
+				if n, bs := in.kvPromptTokens, set.kvBlocks; n > 0 && bs > 0 {
+					// An engine computes a prompt found whole from its last
+					// token again, for its logits: it reports at most the
+					// whole blocks before that token cached (vLLM's
+					// get_computed_blocks).
+					in.kvPredicted = min(in.kvPredicted, (n-1)/bs*bs)
+				}
 			}
 			pre = nil
 			if err != nil {

@@ -73,10 +73,11 @@ type tokenizer struct {
 
 // tokEntry is one tokenized prompt.
 type tokEntry struct {
-	text  []uint64 // its text-prefix hashes, each registered in byText (unless overwritten)
-	bytes int      // its PromptBytes
-	keys  []uint64 // the token keys of all its full token blocks; never modified
-	el    *list.Element
+	text   []uint64 // its text-prefix hashes, each registered in byText (unless overwritten)
+	bytes  int      // its PromptBytes
+	keys   []uint64 // the token keys of all its full token blocks; never modified
+	tokens int      // its number of tokens
+	el     *list.Element
 }
 
 // tokKey identifies a prompt: its last text-prefix hash, their number and
@@ -89,9 +90,10 @@ type tokKey struct {
 // tokCall is one tokenization in flight; done is closed when keys is set
 // (ok) or it failed.
 type tokCall struct {
-	done chan struct{}
-	keys []uint64
-	ok   bool
+	done   chan struct{}
+	keys   []uint64
+	tokens int
+	ok     bool
 }
 
 func newTokenizer(cfg KVEventsConfig, client *http.Client, m *telemetry.Metrics, log *slog.Logger, base context.Context) *tokenizer {
@@ -113,9 +115,16 @@ const (
 // (exact on a hit; estimated from the text on a partial match), and the
 // result. keys is shared: read it only.
 func (t *tokenizer) lookup(text []uint64, promptBytes int) (keys []uint64, total int, result string) {
+	keys, total, _, result = t.lookupTokens(text, promptBytes)
+	return keys, total, result
+}
+
+// lookupTokens is lookup, with the prompt's number of tokens on a hit (0
+// otherwise).
+func (t *tokenizer) lookupTokens(text []uint64, promptBytes int) (keys []uint64, total, tokens int, result string) {
 	n := len(text)
 	if n == 0 {
-		return nil, 0, tokMiss
+		return nil, 0, 0, tokMiss
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -135,26 +144,26 @@ func (t *tokenizer) lookup(text []uint64, promptBytes int) (keys []uint64, total
 			}
 		}
 		if lo == 0 {
-			return nil, 0, tokMiss
+			return nil, 0, 0, tokMiss
 		}
 		j = lo - 1
 		if e = t.byText[text[j]]; e == nil {
-			return nil, 0, tokMiss
+			return nil, 0, 0, tokMiss
 		}
 	}
 	t.lru.MoveToFront(e.el)
 	if j == n-1 && len(e.text) == n && e.bytes == promptBytes {
-		return e.keys, len(e.keys), tokHit
+		return e.keys, len(e.keys), e.tokens, tokHit
 	}
 	usable := len(e.keys) * (j + 1) / len(e.text)
 	if usable > 0 {
 		usable-- // the text boundary falls inside a token block, or the template shifts it
 	}
 	if usable == 0 {
-		return nil, 0, tokMiss
+		return nil, 0, 0, tokMiss
 	}
 	total = max(usable, (len(e.keys)*n+len(e.text)-1)/len(e.text))
-	return e.keys[:usable], total, tokPartial
+	return e.keys[:usable], total, 0, tokPartial
 }
 
 // tokenizeReq is what a request's tokenization needs, taken from it before
@@ -192,15 +201,15 @@ func (t *tokenizer) start(r *tokenizeReq) *tokCall {
 	go func() {
 		defer t.wg.Done()
 		t0 := time.Now()
-		keys, err := t.call(r)
+		keys, tokens, err := t.call(r)
 		t.metrics.RecordTokenize(context.Background(), time.Since(t0).Seconds(), err == nil)
 		if err != nil && t.base.Err() == nil {
 			t.log.Debug("tokenization for routing failed; the request is routed on the approximate index", "model", r.model, "error", err)
 		}
 		t.mu.Lock()
 		if err == nil {
-			c.keys, c.ok = keys, true
-			t.insertLocked(r.text, r.bytes, keys)
+			c.keys, c.tokens, c.ok = keys, tokens, true
+			t.insertLocked(r.text, r.bytes, keys, tokens)
 		}
 		delete(t.pending, r.key)
 		t.mu.Unlock()
@@ -214,8 +223,8 @@ func (t *tokenizer) start(r *tokenizeReq) *tokCall {
 // bytes of JSON, so 32 MiB holds a prompt of 3 M tokens.
 const maxTokenizeReply = 32 << 20
 
-// call asks the engine for r's tokens and returns their keys.
-func (t *tokenizer) call(r *tokenizeReq) ([]uint64, error) {
+// call asks the engine for r's tokens and returns their keys and number.
+func (t *tokenizer) call(r *tokenizeReq) ([]uint64, int, error) {
 	var in struct {
 		Messages             json.RawMessage `json:"messages"`
 		Prompt               json.RawMessage `json:"prompt"`
@@ -225,7 +234,7 @@ func (t *tokenizer) call(r *tokenizeReq) ([]uint64, error) {
 		ContinueFinalMessage json.RawMessage `json:"continue_final_message"`
 	}
 	if err := json.Unmarshal(r.body, &in); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	out := map[string]json.RawMessage{}
 	model, _ := json.Marshal(r.model)
@@ -242,23 +251,23 @@ func (t *tokenizer) call(r *tokenizeReq) ([]uint64, error) {
 		var ids []uint32
 		if json.Unmarshal(in.Prompt, &ids) == nil {
 			// A prompt of token ids is its own tokenization.
-			return stablehash.TokenBlocks(nil, ids, t.blockSize, r.seed), nil
+			return stablehash.TokenBlocks(nil, ids, t.blockSize, r.seed), len(ids), nil
 		}
 		var s string
 		if err := json.Unmarshal(in.Prompt, &s); err != nil {
-			return nil, errors.New("prompt is neither a string nor token ids")
+			return nil, 0, errors.New("prompt is neither a string nor token ids")
 		}
 		out["prompt"] = in.Prompt
 	}
 	body, err := json.Marshal(out)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	ctx, cancel := context.WithTimeout(t.base, t.cfg.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.url, bytes.NewReader(body))
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	req.Header.Set("Content-Type", "application/json")
 	if r.auth != nil {
@@ -266,30 +275,30 @@ func (t *tokenizer) call(r *tokenizeReq) ([]uint64, error) {
 	}
 	resp, err := t.client.Do(req)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-		return nil, fmt.Errorf("/tokenize answered %s", resp.Status)
+		return nil, 0, fmt.Errorf("/tokenize answered %s", resp.Status)
 	}
 	var reply struct {
 		Tokens []uint32 `json:"tokens"`
 	}
 	if err := json.NewDecoder(io.LimitReader(resp.Body, maxTokenizeReply)).Decode(&reply); err != nil {
-		return nil, fmt.Errorf("/tokenize reply: %w", err)
+		return nil, 0, fmt.Errorf("/tokenize reply: %w", err)
 	}
-	return stablehash.TokenBlocks(nil, reply.Tokens, t.blockSize, r.seed), nil
+	return stablehash.TokenBlocks(nil, reply.Tokens, t.blockSize, r.seed), len(reply.Tokens), nil
 }
 
 // insertLocked caches keys as the tokens of the prompt with these text
 // hashes and size, evicting the least recently used prompts beyond the
 // cap. Under t.mu.
-func (t *tokenizer) insertLocked(text []uint64, promptBytes int, keys []uint64) {
+func (t *tokenizer) insertLocked(text []uint64, promptBytes int, keys []uint64, tokens int) {
 	if cur := t.byText[text[len(text)-1]]; cur != nil && len(cur.text) == len(text) && cur.bytes == promptBytes {
 		t.removeLocked(cur) // the same prompt tokenized again: the newer wins
 	}
-	e := &tokEntry{text: text, bytes: promptBytes, keys: keys}
+	e := &tokEntry{text: text, bytes: promptBytes, keys: keys, tokens: tokens}
 	e.el = t.lru.PushFront(e)
 	for _, h := range text {
 		t.byText[h] = e
@@ -328,9 +337,9 @@ func (s *Server) tokenKeys(ctx context.Context, op *operation, in *inbound, rt *
 		return
 	}
 	t0 := time.Now()
-	keys, total, result := t.lookup(rreq.PrefixHashes, rreq.PromptBytes)
+	keys, total, tokens, result := t.lookupTokens(rreq.PrefixHashes, rreq.PromptBytes)
 	if result == tokHit {
-		rreq.TokenKeys, rreq.TokenBlocks = keys, total
+		rreq.TokenKeys, rreq.TokenBlocks, in.kvPromptTokens = keys, total, tokens
 		s.metrics.RecordTokenizeLookup(ctx, tokHit, 0)
 		return
 	}
@@ -358,7 +367,7 @@ func (s *Server) tokenKeys(ctx context.Context, op *operation, in *inbound, rt *
 	select {
 	case <-call.done:
 		if call.ok {
-			rreq.TokenKeys, rreq.TokenBlocks = call.keys, len(call.keys)
+			rreq.TokenKeys, rreq.TokenBlocks, in.kvPromptTokens = call.keys, len(call.keys), call.tokens
 		}
 	case <-timer.C:
 	case <-ctx.Done():

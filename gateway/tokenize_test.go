@@ -50,7 +50,7 @@ func TestTokenCacheLookup(t *testing.T) {
 	text := []uint64{11, 12, 13, 14, 15, 16, 17, 18, 19, 20}
 	keys := stablehash.TokenBlocks(nil, seq(0, 320), 16, 0)
 	tk.mu.Lock()
-	tk.insertLocked(text, 640, keys)
+	tk.insertLocked(text, 640, keys, 320)
 	tk.mu.Unlock()
 
 	got, total, res := tk.lookup(text, 640)
@@ -90,7 +90,7 @@ func TestTokenCacheBounded(t *testing.T) {
 	for i := range 1000 {
 		text := []uint64{uint64(i)<<32 | 1, uint64(i)<<32 | 2, uint64(i)<<32 | 3}
 		tk.mu.Lock()
-		tk.insertLocked(text, 192, stablehash.TokenBlocks(nil, seq(i, 16*6), 16, 0))
+		tk.insertLocked(text, 192, stablehash.TokenBlocks(nil, seq(i, 16*6), 16, 0), 96)
 		tk.mu.Unlock()
 		if i == 0 {
 			// Used again now and then, the first prompt stays.
@@ -161,7 +161,7 @@ func TestTokenizeCall(t *testing.T) {
 	tk := tokenizerFor(t, DefaultKVEventsConfig())
 
 	msgs := `[{"role":"user","content":"` + string(make([]byte, 0)) + `hello there, this is a long enough prompt to make two blocks of sixteen tokens"}]`
-	keys, err := tk.call(&tokenizeReq{body: []byte(`{"model":"m","messages":` + msgs + `,"add_generation_prompt":false,"tools":null}`),
+	keys, _, err := tk.call(&tokenizeReq{body: []byte(`{"model":"m","messages":` + msgs + `,"add_generation_prompt":false,"tools":null}`),
 		model: "served", chat: true, url: srv.URL + "/tokenize"})
 	if err != nil {
 		t.Fatal(err)
@@ -178,7 +178,7 @@ func TestTokenizeCall(t *testing.T) {
 		t.Errorf("chat /tokenize body %v: want model served, messages, add_generation_prompt false, no tools", last)
 	}
 
-	keys, err = tk.call(&tokenizeReq{body: []byte(`{"model":"m","prompt":"` + string(slices.Repeat([]byte("a"), 40)) + `"}`), model: "m", url: srv.URL + "/tokenize", seed: 7})
+	keys, _, err = tk.call(&tokenizeReq{body: []byte(`{"model":"m","prompt":"` + string(slices.Repeat([]byte("a"), 40)) + `"}`), model: "m", url: srv.URL + "/tokenize", seed: 7})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -189,7 +189,7 @@ func TestTokenizeCall(t *testing.T) {
 	}
 
 	calls := ts.calls.Load()
-	keys, err = tk.call(&tokenizeReq{body: []byte(`{"model":"m","prompt":[` + "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17" + `]}`), model: "m", url: srv.URL + "/tokenize"})
+	keys, _, err = tk.call(&tokenizeReq{body: []byte(`{"model":"m","prompt":[` + "1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17" + `]}`), model: "m", url: srv.URL + "/tokenize"})
 	if err != nil || ts.calls.Load() != calls {
 		t.Fatalf("token-id prompt: %v, %d calls; want its own tokens, no call", err, ts.calls.Load()-calls)
 	}
@@ -198,7 +198,7 @@ func TestTokenizeCall(t *testing.T) {
 	}
 
 	ts.status = http.StatusBadRequest
-	if _, err := tk.call(&tokenizeReq{body: []byte(`{"prompt":"x"}`), url: srv.URL + "/tokenize"}); err == nil {
+	if _, _, err := tk.call(&tokenizeReq{body: []byte(`{"prompt":"x"}`), url: srv.URL + "/tokenize"}); err == nil {
 		t.Error("a 400 from /tokenize: no error")
 	}
 }
@@ -255,7 +255,7 @@ func BenchmarkTokenCacheLookup(b *testing.B) {
 			text[i] = stablehash.Mix64(uint64(p)<<32 | uint64(i))
 		}
 		tk.mu.Lock()
-		tk.insertLocked(text, 440*64, stablehash.TokenBlocks(nil, seq(p, 7000), 16, 0))
+		tk.insertLocked(text, 440*64, stablehash.TokenBlocks(nil, seq(p, 7000), 16, 0), 7000)
 		tk.mu.Unlock()
 		last = text
 	}

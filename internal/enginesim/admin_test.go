@@ -65,8 +65,10 @@ func TestSleepWake(t *testing.T) {
 		t.Errorf("is_sleeping %s", got)
 	}
 	wantState(t, 1, 0, 0)
-	complete(t, "a b c d")
-	complete(t, "a b c d")
+	// Five tokens: two whole blocks and a tail, so a hit covers both
+	// blocks (a prompt found whole has its last token computed again).
+	complete(t, "a b c d e")
+	complete(t, "a b c d e")
 	if s := e.Stats(); s.PrefixCacheHits != 4 {
 		t.Fatalf("warm cache: %+v", s)
 	}
@@ -163,7 +165,7 @@ func TestResetPrefixCache(t *testing.T) {
 	cfg.BlockSize = 2
 	e, srv := startEngine(t, cfg)
 	run := func() {
-		resp := mustSend(t, srv, "POST", "/v1/completions", `{"prompt":"a b c d","max_tokens":1}`, nil)
+		resp := mustSend(t, srv, "POST", "/v1/completions", `{"prompt":"a b c d e","max_tokens":1}`, nil)
 		_, _ = io.Copy(io.Discard, resp.Body)
 	}
 	run()
@@ -173,7 +175,7 @@ func TestResetPrefixCache(t *testing.T) {
 		t.Errorf("reset: %d %q", resp.StatusCode, b)
 	}
 	run()
-	if s := e.Stats(); s.PrefixCacheHits != 4 || s.PrefixCacheQueries != 12 {
+	if s := e.Stats(); s.PrefixCacheHits != 4 || s.PrefixCacheQueries != 15 {
 		t.Errorf("stats %+v: want the third run to miss", s)
 	}
 	// A status fault answers without resetting.
@@ -268,7 +270,7 @@ func TestLoRA(t *testing.T) {
 	// Requests on adapters run on the base model and echo the adapter; the adapter's prefix
 	// blocks are its own.
 	for _, m := range []string{"m1", "ad", "ad", "pre"} {
-		code, _, body := post(t, "/v1/chat/completions", `{"model":"`+m+`","messages":[{"role":"user","content":"a b c d"}],"max_tokens":1}`)
+		code, _, body := post(t, "/v1/chat/completions", `{"model":"`+m+`","messages":[{"role":"user","content":"a b c d e"}],"max_tokens":1}`)
 		if code != 200 || !strings.Contains(body, `"model":"`+m+`"`) {
 			t.Errorf("chat on %s: %d %s", m, code, body)
 		}

@@ -235,7 +235,7 @@ func TestPrefixCacheLRU(t *testing.T) {
 		want   int
 	}{
 		{"a b c d", 0},     // blocks ab, abcd cached
-		{"a b c d", 4},     // both hit
+		{"a b c d", 2},     // both hit; the last block is computed again for its logits, as in vLLM
 		{"e f", 0},         // ef cached; 3 blocks now
 		{"g h", 0},         // gh cached: evicts abcd (a tail block is evicted before its head)
 		{"a b c d", 2},     // only ab left

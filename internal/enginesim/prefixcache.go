@@ -81,7 +81,8 @@ func (c *prefixCache) blockHashes(model string, ids []int) []uint64 {
 	return hashes
 }
 
-// lookupAndInsert returns the number of leading tokens of words already cached for model,
+// lookupAndInsert returns the number of leading tokens of words already cached for model
+// that the prompt's prefill may skip (at most its length less one token, as in vLLM),
 // then records the prompt's full blocks (at most capacity of them) as most recently used,
 // first evicting the least recently used blocks that do not fit, as vLLM allocates the
 // blocks of a prompt's uncached part from its free queue. A trailing partial block is not
@@ -143,7 +144,12 @@ func (c *prefixCache) lookupAndInsert(model string, words []string) (cachedToken
 	if len(events) > 0 {
 		c.pub.enqueue(events)
 	}
-	return hit * c.blockSize
+	// A prompt found whole still has its last token computed, for its
+	// logits: vLLM looks for a hit of at most the prompt's length less one
+	// token (vllm/v1/core/kv_cache_manager.py get_computed_blocks,
+	// max_cache_hit_length), so a prompt of whole blocks found whole
+	// reports its last block uncached.
+	return min(hit, (len(words)-1)/c.blockSize) * c.blockSize
 }
 
 // stored returns the BlockStored event of the blocks hashes[first:] of a prompt of token
