@@ -209,6 +209,7 @@ type kvEngine struct {
 	id      uint64       // Endpoint.id
 	synced  atomic.Bool  // an Apply was seen since the state was created or dropped
 	pending atomic.Int64 // unix nanos since new blocks are awaited, 0 = none
+	hold    atomic.Int64 // unix nanos before which e is not fresh: a Drop's now + StaleAfter
 	spec    atomic.Int64 // latest expiry of e's speculative entries, unix nanos
 	keys    atomic.Pointer[kvKeyTable]
 
@@ -336,9 +337,11 @@ func (x *KVIndex) Apply(e *Endpoint, b *kvevents.Batch, now time.Time) KVApplied
 			x.applyEvent(s, e, &b.Events[i], &r)
 		}
 	}
-	s.mu.Unlock()
+	// Under the lock, so that a Drop from another goroutine is not
+	// overwritten.
 	s.pending.Store(0)
 	s.synced.Store(true)
+	s.mu.Unlock()
 	return r
 }
 
@@ -509,9 +512,12 @@ func (x *KVIndex) clear(s *kvEngine) {
 
 // Drop forgets every block e holds, because what it holds is no longer
 // known (a sequence gap that could not be replayed, a publisher restart):
-// e is not [KVIndex.Fresh] until its next Apply. It keeps e's state, so
-// its speculation and staleness go on. An engine without state is left
-// without. now is unused by the current rules.
+// e is not [KVIndex.Fresh] until its next Apply and for StaleAfter from
+// now, while its events rebuild what it holds (a conversation's blocks
+// stored before the loss have parents the index no longer knows, so their
+// successors are skipped as orphans meanwhile). It keeps e's state, so its
+// speculation and staleness go on. An engine without state is left
+// without.
 func (x *KVIndex) Drop(e *Endpoint, now time.Time) {
 	s := x.engine(e)
 	if s == nil {
@@ -519,6 +525,7 @@ func (x *KVIndex) Drop(e *Endpoint, now time.Time) {
 	}
 	s.mu.Lock()
 	s.synced.Store(false)
+	s.hold.Store(now.UnixNano() + int64(x.cfg.StaleAfter))
 	x.clear(s)
 	s.mu.Unlock()
 }
@@ -566,6 +573,26 @@ func (x *KVIndex) Match(keys []uint64, e *Endpoint, now time.Time) int {
 	nowNs := now.UnixNano()
 	spec := x.spec != nil && s.spec.Load() > nowNs
 	return x.match(s.keys.Load(), keys, e, nowNs, spec)
+}
+
+// MatchStored is Match without speculative entries: how many leading keys
+// e reported storing in its events, what a prediction of the engine's
+// cached tokens rests on. It takes no lock and does not allocate.
+func (x *KVIndex) MatchStored(keys []uint64, e *Endpoint) int {
+	s := x.engine(e)
+	if s == nil || len(keys) == 0 {
+		return 0
+	}
+	return x.prefix(s.keys.Load(), keys, 0, e, 0, false)
+}
+
+// Unspeculate removes e's speculative entries for keys: the request
+// [KVIndex.Speculate] noted them for went elsewhere (its attempt on e
+// failed before e saw it). It does not allocate.
+func (x *KVIndex) Unspeculate(keys []uint64, e *Endpoint) {
+	for _, k := range keys {
+		x.unspec(k, e)
+	}
 }
 
 // match is Match on table t, with speculative entries if spec.
@@ -708,7 +735,7 @@ func (x *KVIndex) Fresh(e *Endpoint, now time.Time) bool {
 }
 
 func (x *KVIndex) fresh(s *kvEngine, nowNs int64) bool {
-	if !s.synced.Load() {
+	if !s.synced.Load() || nowNs < s.hold.Load() {
 		return false
 	}
 	p := s.pending.Load()

@@ -310,8 +310,11 @@ func TestKVIndexDropAndFresh(t *testing.T) {
 		t.Errorf("EngineStats after Drop = (%d, %v, %v), want (0, false, true)", blocks, fresh, ok)
 	}
 	x.Apply(e, kvBatch(), kvT0.Add(time.Second)) // an empty batch is a sign of life
-	if !x.Fresh(e, kvT0.Add(time.Second)) {
-		t.Error("not Fresh after the Apply that follows a Drop")
+	if x.Fresh(e, kvT0.Add(time.Second)) {
+		t.Error("Fresh 1 s after a Drop: its blocks are being rebuilt for StaleAfter")
+	}
+	if !x.Fresh(e, kvT0.Add(DefaultKVIndexConfig().StaleAfter)) {
+		t.Error("not Fresh StaleAfter after a Drop, with an Apply since")
 	}
 	x.Forget(e)
 	if x.Fresh(e, kvT0) {

@@ -72,8 +72,22 @@ func (m *prefixMatcher) picked(req *Request, pick *Endpoint, pm prefixMatch, now
 	}
 	if m.precise(req) {
 		if pm.precise >= 0 {
-			req.predicted = pm.precise*m.blockSize + 1
+			// From what the engine reported, speculation aside: the
+			// prediction checks the engine's reports.
+			req.predicted = m.kv.MatchStored(req.TokenKeys, pick)*m.blockSize + 1
 		}
 		m.kv.Speculate(req.TokenKeys, pick, now)
+	}
+}
+
+// forget undoes what picked recorded for e beyond what e already had: the
+// text blocks in the approximate index past req.known, and the speculative
+// entries of the token blocks. It does not allocate.
+func (m *prefixMatcher) forget(req *Request, e *Endpoint) {
+	if m.approx != nil && req.known < len(req.PrefixHashes) {
+		m.approx.Forget(req.PrefixHashes[req.known:], e)
+	}
+	if m.precise(req) {
+		m.kv.Unspeculate(req.TokenKeys, e)
 	}
 }

@@ -107,7 +107,7 @@ func TestPrecisePrefixFallsBackWhenStale(t *testing.T) {
 		t.Fatalf("a fresh: measured %d precise, %d approx; want 8 on its events", pr, ap)
 	}
 	p.(*PrefixAware).Index().Record(req.PrefixHashes, a) // the gateway had sent a the prompt too
-	kv.Drop(a, time.Now())
+	kv.Drop(a, time.Now().Add(-time.Hour)) // lost an hour ago: its rebuilding time is over
 	if pr, ap := measured(a); pr != -1 || ap != 10 {
 		t.Fatalf("a's events lost: measured %d precise, %d approx; want the approximate index (10)", pr, ap)
 	}
@@ -115,6 +115,15 @@ func TestPrecisePrefixFallsBackWhenStale(t *testing.T) {
 	if pr, _ := measured(a); pr != 8 {
 		t.Fatalf("a's events back: measured %d precise, want 8", pr)
 	}
+	// Lost just now: the approximate index while the events rebuild the
+	// engine's blocks (stale_after), even with a batch since.
+	kv.Drop(a, time.Now())
+	kv.Apply(a, kvBatch(kvStored(100, 0, kvTokens(1, 8))), time.Now())
+	if pr, ap := measured(a); pr != -1 || ap != 10 {
+		t.Fatalf("a's events lost just now: measured %d precise, %d approx; want the approximate index", pr, ap)
+	}
+	kv.Drop(a, time.Now().Add(-time.Hour))
+	kv.Apply(a, kvBatch(kvStored(100, 0, kvTokens(1, 8))), time.Now())
 	// a was sent a new prompt an hour ago and has published nothing since.
 	kv.Speculate(kvKeys(kvTokens(5, 4), 0), a, time.Now().Add(-time.Hour))
 	if pr, ap := measured(a); pr != -1 || ap != 10 {
@@ -144,11 +153,33 @@ func TestPrecisePrefixSpeculates(t *testing.T) {
 		if got := pickOne(t, p, req, eps...); got != first {
 			t.Fatalf("the same prompt within the TTL went to %s, the first to %s", got.Name(), first.Name())
 		}
-		if req.PredictedCached() != 6*kvBS {
-			t.Fatalf("predicted %d, want %d (speculative blocks)", req.PredictedCached(), 6*kvBS)
+		if req.PredictedCached() != 0 {
+			t.Fatalf("predicted %d, want 0: the engine reported none of it (speculation is not a report)", req.PredictedCached())
 		}
 	}
 	if n := kv.Match(keys, first, time.Now().Add(3*time.Second)); n != 0 {
 		t.Errorf("after the 2 s TTL %s matches %d speculative blocks, want 0", first.Name(), n)
+	}
+}
+
+// TestPrecisePrefixForgetUnspeculates: a pick whose attempt failed before
+// the engine saw it takes back its speculative entries, so the next
+// request with the prefix is not pulled to the failed engine.
+func TestPrecisePrefixForgetUnspeculates(t *testing.T) {
+	kv := NewKVIndex(DefaultKVIndexConfig())
+	p := NewPrecisePrefix(kv, kvBS, nil, 0.3, 16, 1.5, 2)
+	a, b := kvEndpoint("a"), kvEndpoint("b")
+	for i, e := range []*Endpoint{a, b} {
+		kv.Apply(e, kvBatch(kvStored(kvevents.Hash(1000*(i+1)), 0, kvTokens(uint32(10+i), 1))), time.Now())
+	}
+	keys := kvKeys(kvTokens(3, 6), 0)
+	req := &Request{TokenKeys: keys, TokenBlocks: 6}
+	first := pickOne(t, p, req, a, b)
+	if n := kv.Match(keys, first, time.Now()); n != 6 {
+		t.Fatalf("after the pick %s holds %d speculative blocks, want 6", first.Name(), n)
+	}
+	p.Forget(req, first)
+	if n := kv.Match(keys, first, time.Now()); n != 0 {
+		t.Errorf("after Forget %s holds %d speculative blocks, want 0", first.Name(), n)
 	}
 }

@@ -132,12 +132,9 @@ func (p *PrefixAware) PrefixBlocks() (blockBytes, maxBlocks int) {
 func (p *PrefixAware) Index() *PrefixIndex { return p.m.approx }
 
 // Forget removes the blocks of req that its pick recorded for e beyond
-// those e already had ([PrefixIndex.Forget]).
-func (p *PrefixAware) Forget(req *Request, e *Endpoint) {
-	if req.known < len(req.PrefixHashes) {
-		p.m.approx.Forget(req.PrefixHashes[req.known:], e)
-	}
-}
+// those e already had ([PrefixIndex.Forget]), and for precise-prefix the
+// speculative entries it added ([KVIndex.Unspeculate]).
+func (p *PrefixAware) Forget(req *Request, e *Endpoint) { p.m.forget(req, e) }
 
 // Pick returns the engine chosen as described on [PrefixAware] and records
 // the prompt's blocks against it, or returns [ErrNoEndpoint] when there is

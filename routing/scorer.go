@@ -150,8 +150,8 @@ func (p *Scorer) withBlocks(c PrefixConfig) *Scorer { p.blocks = c; return p }
 // those e already had ([PrefixIndex.Forget]); with a prefix weight of 0
 // nothing was recorded.
 func (p *Scorer) Forget(req *Request, e *Endpoint) {
-	if p.w.Prefix > 0 && req.known < len(req.PrefixHashes) {
-		p.m.approx.Forget(req.PrefixHashes[req.known:], e)
+	if p.w.Prefix > 0 {
+		p.m.forget(req, e)
 	}
 }
 
@@ -210,7 +210,11 @@ func (p *Scorer) Pick(_ context.Context, req *Request, candidates []*Endpoint) (
 			// No match is needed to choose, so none is known: a Forget
 			// takes the whole prompt, which a retry on this engine
 			// records again.
-			p.m.picked(req, candidates[0], prefixMatch{approx: 0, precise: -1}, time.Now())
+			var now time.Time
+			if p.m.kv != nil {
+				now = time.Now()
+			}
+			p.m.picked(req, candidates[0], prefixMatch{approx: 0, precise: -1}, now)
 		}
 		return candidates[0], nil
 	}
