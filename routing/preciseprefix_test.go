@@ -107,7 +107,7 @@ func TestPrecisePrefixFallsBackWhenStale(t *testing.T) {
 		t.Fatalf("a fresh: measured %d precise, %d approx; want 8 on its events", pr, ap)
 	}
 	p.(*PrefixAware).Index().Record(req.PrefixHashes, a) // the gateway had sent a the prompt too
-	kv.Drop(a, time.Now().Add(-time.Hour)) // lost an hour ago: its rebuilding time is over
+	kv.Drop(a, time.Now().Add(-time.Hour))               // lost an hour ago: its rebuilding time is over
 	if pr, ap := measured(a); pr != -1 || ap != 10 {
 		t.Fatalf("a's events lost: measured %d precise, %d approx; want the approximate index (10)", pr, ap)
 	}
