@@ -202,6 +202,8 @@ func (s *Server) fallTo(w http.ResponseWriter, r *http.Request, op *operation, i
 	}
 	*out = s.outgoing(op, in, p.cr.asksIDs())
 	rreq.Model = to.target
+	// Another model's tokenizer: the prompt's token keys are not its.
+	rreq.TokenKeys, rreq.TokenBlocks, in.kvPromptTokens = nil, 0, 0
 	p.fb.tried = append(p.fb.tried, to.target)
 	p.fb.maxLen = to.route.MaxModelLen()
 	p.legs, p.lastErr = 0, nil

@@ -10,10 +10,12 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/switchboard-gw/switchboard/gateway/fleet"
+	"github.com/switchboard-gw/switchboard/internal/oai"
 	"github.com/switchboard-gw/switchboard/internal/stablehash"
 	"github.com/switchboard-gw/switchboard/routing"
 	"github.com/switchboard-gw/switchboard/telemetry"
@@ -65,26 +67,49 @@ type tokenizer struct {
 	wg        sync.WaitGroup
 
 	mu      sync.Mutex
-	byText  map[uint64]*tokEntry // text-prefix hash -> the latest prompt registered under it
+	byText  map[uint64]*tokEntry // text-prefix hash (mixed with the template's) -> the latest prompt registered under it
 	lru     list.List            // of *tokEntry, most recently used first
 	held    int                  // blocks held: len(keys)+len(text) over the entries
 	pending map[tokKey]*tokCall
+	closed  bool // close ran: no call starts
+}
+
+// tokPrompt is a prompt as the cache knows it: its text-prefix hashes
+// (routing.Request.PrefixHashes), its size (PromptBytes), the hash of the
+// request's members that change its rendering (oai.TemplateHash: tools,
+// chat_template_kwargs, ...; 0 for none), and whether its hashes stop
+// before its end (routing.prefix.max_blocks reached).
+type tokPrompt struct {
+	text       []uint64
+	bytes      int
+	variant    uint64
+	capped     bool
+	blockBytes int // the text blocks' size (routing.prefix.block_bytes)
+}
+
+// regKey is the key text hash h of a prompt of template hash variant is
+// registered under: h itself for none.
+func regKey(h, variant uint64) uint64 {
+	if variant == 0 {
+		return h
+	}
+	return stablehash.Mix64(h ^ variant)
 }
 
 // tokEntry is one tokenized prompt.
 type tokEntry struct {
-	text   []uint64 // its text-prefix hashes, each registered in byText (unless overwritten)
-	bytes  int      // its PromptBytes
-	keys   []uint64 // the token keys of all its full token blocks; never modified
-	tokens int      // its number of tokens
-	el     *list.Element
+	tokPrompt          // its text-prefix hashes are registered in byText (unless overwritten)
+	keys      []uint64 // the token keys of all its full token blocks; never modified
+	tokens    int      // its number of tokens
+	el        *list.Element
 }
 
-// tokKey identifies a prompt: its last text-prefix hash, their number and
-// its size.
+// tokKey identifies a prompt: its last text-prefix hash, their number, its
+// size and its template hash.
 type tokKey struct {
 	last     uint64
 	n, bytes int
+	variant  uint64
 }
 
 // tokCall is one tokenization in flight; done is closed when keys is set
@@ -110,34 +135,41 @@ const (
 	tokMiss    = telemetry.TokenizeMiss
 )
 
-// lookup returns what the cache knows of the prompt with these text-prefix
-// hashes and size: its token keys and its number of full token blocks
-// (exact on a hit; estimated from the text on a partial match), and the
-// result. keys is shared: read it only.
-func (t *tokenizer) lookup(text []uint64, promptBytes int) (keys []uint64, total int, result string) {
-	keys, total, _, result = t.lookupTokens(text, promptBytes)
+// lookup returns what the cache knows of prompt p: its token keys and its
+// number of full token blocks (exact on a hit; estimated on a partial
+// match), and the result. keys is shared: read it only.
+func (t *tokenizer) lookup(p tokPrompt) (keys []uint64, total int, result string) {
+	keys, total, _, result = t.lookupTokens(p)
 	return keys, total, result
 }
 
 // lookupTokens is lookup, with the prompt's number of tokens on a hit (0
 // otherwise).
-func (t *tokenizer) lookupTokens(text []uint64, promptBytes int) (keys []uint64, total, tokens int, result string) {
-	n := len(text)
+//
+// A hit is the same prompt: the same text hashes, size and template hash,
+// and hashes that cover it to its end (a prompt longer than
+// routing.prefix.max_blocks blocks is never a hit: two such prompts may
+// differ after their hashes). A partial match is a cached prompt that
+// shares the longest leading text blocks with p: its keys are taken for
+// the shared share of its text, less one block.
+func (t *tokenizer) lookupTokens(p tokPrompt) (keys []uint64, total, tokens int, result string) {
+	n := len(p.text)
 	if n == 0 {
 		return nil, 0, 0, tokMiss
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	j := n - 1
-	e := t.byText[text[j]]
+	e := t.byText[regKey(p.text[j], p.variant)]
 	if e == nil {
-		// The registered text prefixes of the cache are closed under
-		// prefixes (every prompt registers all of its), so the longest
-		// present one is found by bisection.
+		// Every prompt registers all of its text prefixes, so the present
+		// ones are mostly closed under prefixes and bisection finds the
+		// longest (an eviction can leave a hole, which costs a shorter
+		// match, never a wrong one).
 		lo, hi := 0, n-1 // text[:lo] present or lo == 0; text[hi] absent
 		for lo < hi {
 			mid := int(uint(lo+hi) >> 1)
-			if t.byText[text[mid]] != nil {
+			if t.byText[regKey(p.text[mid], p.variant)] != nil {
 				lo = mid + 1
 			} else {
 				hi = mid
@@ -147,15 +179,20 @@ func (t *tokenizer) lookupTokens(text []uint64, promptBytes int) (keys []uint64,
 			return nil, 0, 0, tokMiss
 		}
 		j = lo - 1
-		if e = t.byText[text[j]]; e == nil {
+		if e = t.byText[regKey(p.text[j], p.variant)]; e == nil {
 			return nil, 0, 0, tokMiss
 		}
 	}
 	t.lru.MoveToFront(e.el)
-	if j == n-1 && len(e.text) == n && e.bytes == promptBytes {
+	if !p.capped && !e.capped && j == n-1 && len(e.text) == n && e.bytes == p.bytes {
 		return e.keys, len(e.keys), e.tokens, tokHit
 	}
+	// The shared share of e's prompt: by text blocks when e's hashes cover
+	// it whole, else by bytes (its keys go on past its hashes).
 	usable := len(e.keys) * (j + 1) / len(e.text)
+	if e.capped {
+		usable = len(e.keys) * min((j+1)*e.blockBytes, e.bytes) / max(e.bytes, 1)
+	}
 	if usable > 0 {
 		usable-- // the text boundary falls inside a token block, or the template shifts it
 	}
@@ -169,24 +206,29 @@ func (t *tokenizer) lookupTokens(text []uint64, promptBytes int) (keys []uint64,
 // tokenizeReq is what a request's tokenization needs, taken from it before
 // it may end.
 type tokenizeReq struct {
-	key   tokKey
-	text  []uint64 // the prompt's text-prefix hashes (a copy)
-	bytes int
-	body  []byte // the client's body (a copy)
-	model string // the engines' model name
-	chat  bool   // chat completions: tokenize its messages
-	seed  uint64 // the token keys' seed: 0, or the LoRA adapter's name hashed
-	url   string // the engine's /tokenize
-	auth  []string
+	tokPrompt // text is a copy
+	key       tokKey
+	body      []byte // the client's body (a copy)
+	model     string // the engines' model name
+	chat      bool   // chat completions: tokenize its messages
+	seed      uint64 // the token keys' seed: 0, or the LoRA adapter's name hashed
+	url       string // the engine's /tokenize
+	auth      []string
 }
 
-// start starts the tokenization of r, or joins the one in flight for the
-// same prompt; nil when every call slot is busy.
-func (t *tokenizer) start(r *tokenizeReq) *tokCall {
+// start starts the tokenization of the prompt of key, built by build (only
+// once a call slot is free: it copies the request), or joins the one in
+// flight for the same prompt; nil when every call slot is busy or the
+// tokenizer is closed.
+func (t *tokenizer) start(key tokKey, build func() *tokenizeReq) *tokCall {
 	t.mu.Lock()
-	if c := t.pending[r.key]; c != nil {
+	if c := t.pending[key]; c != nil {
 		t.mu.Unlock()
 		return c
+	}
+	if t.closed {
+		t.mu.Unlock()
+		return nil
 	}
 	select {
 	case t.sem <- struct{}{}:
@@ -195,9 +237,10 @@ func (t *tokenizer) start(r *tokenizeReq) *tokCall {
 		return nil
 	}
 	c := &tokCall{done: make(chan struct{})}
-	t.pending[r.key] = c
+	t.pending[key] = c
 	t.wg.Add(1)
 	t.mu.Unlock()
+	r := build()
 	go func() {
 		defer t.wg.Done()
 		t0 := time.Now()
@@ -209,9 +252,9 @@ func (t *tokenizer) start(r *tokenizeReq) *tokCall {
 		t.mu.Lock()
 		if err == nil {
 			c.keys, c.tokens, c.ok = keys, tokens, true
-			t.insertLocked(r.text, r.bytes, keys, tokens)
+			t.insertLocked(r.tokPrompt, keys, tokens)
 		}
-		delete(t.pending, r.key)
+		delete(t.pending, key)
 		t.mu.Unlock()
 		close(c.done)
 		<-t.sem
@@ -232,6 +275,8 @@ func (t *tokenizer) call(r *tokenizeReq) ([]uint64, int, error) {
 		ChatTemplateKwargs   json.RawMessage `json:"chat_template_kwargs"`
 		AddGenerationPrompt  json.RawMessage `json:"add_generation_prompt"`
 		ContinueFinalMessage json.RawMessage `json:"continue_final_message"`
+		ChatTemplate         json.RawMessage `json:"chat_template"`
+		Documents            json.RawMessage `json:"documents"`
 	}
 	if err := json.Unmarshal(r.body, &in); err != nil {
 		return nil, 0, err
@@ -242,7 +287,8 @@ func (t *tokenizer) call(r *tokenizeReq) ([]uint64, int, error) {
 	if r.chat {
 		out["messages"] = in.Messages
 		for k, v := range map[string]json.RawMessage{"tools": in.Tools, "chat_template_kwargs": in.ChatTemplateKwargs,
-			"add_generation_prompt": in.AddGenerationPrompt, "continue_final_message": in.ContinueFinalMessage} {
+			"add_generation_prompt": in.AddGenerationPrompt, "continue_final_message": in.ContinueFinalMessage,
+			"chat_template": in.ChatTemplate, "documents": in.Documents} {
 			if len(v) > 0 && string(v) != "null" {
 				out[k] = v
 			}
@@ -291,19 +337,21 @@ func (t *tokenizer) call(r *tokenizeReq) ([]uint64, int, error) {
 	return stablehash.TokenBlocks(nil, reply.Tokens, t.blockSize, r.seed), len(reply.Tokens), nil
 }
 
-// insertLocked caches keys as the tokens of the prompt with these text
-// hashes and size, evicting the least recently used prompts beyond the
-// cap. Under t.mu.
-func (t *tokenizer) insertLocked(text []uint64, promptBytes int, keys []uint64, tokens int) {
-	if cur := t.byText[text[len(text)-1]]; cur != nil && len(cur.text) == len(text) && cur.bytes == promptBytes {
+// insertLocked caches keys and tokens as those of prompt p, evicting the
+// least recently used prompts beyond the cap. Under t.mu.
+func (t *tokenizer) insertLocked(p tokPrompt, keys []uint64, tokens int) {
+	if len(p.text) == 0 {
+		return
+	}
+	if cur := t.byText[regKey(p.text[len(p.text)-1], p.variant)]; cur != nil && len(cur.text) == len(p.text) && cur.bytes == p.bytes {
 		t.removeLocked(cur) // the same prompt tokenized again: the newer wins
 	}
-	e := &tokEntry{text: text, bytes: promptBytes, keys: keys, tokens: tokens}
+	e := &tokEntry{tokPrompt: p, keys: keys, tokens: tokens}
 	e.el = t.lru.PushFront(e)
-	for _, h := range text {
-		t.byText[h] = e
+	for _, h := range p.text {
+		t.byText[regKey(h, p.variant)] = e
 	}
-	t.held += len(keys) + len(text)
+	t.held += len(keys) + len(p.text)
 	for t.held > t.cfg.CacheBlocks && t.lru.Len() > 1 {
 		t.removeLocked(t.lru.Back().Value.(*tokEntry))
 	}
@@ -314,30 +362,49 @@ func (t *tokenizer) insertLocked(text []uint64, promptBytes int, keys []uint64, 
 func (t *tokenizer) removeLocked(e *tokEntry) {
 	t.lru.Remove(e.el)
 	for _, h := range e.text {
-		if t.byText[h] == e {
-			delete(t.byText, h)
+		if k := regKey(h, e.variant); t.byText[k] == e {
+			delete(t.byText, k)
 		}
 	}
 	t.held -= len(e.keys) + len(e.text)
 }
 
 // close waits for the tokenizations in flight (the server's base context
-// is cancelled first, which ends them).
-func (t *tokenizer) close() { t.wg.Wait() }
+// is cancelled first, which ends them); none starts after it.
+func (t *tokenizer) close() {
+	t.mu.Lock()
+	t.closed = true
+	t.mu.Unlock()
+	t.wg.Wait()
+}
 
 // tokenKeys sets rreq's token keys for a policy that routes on KV-cache
 // events (set.kvBlocks > 0), from the cache or, on a miss, from a
 // tokenization it waits for at most MaxWait; it starts the prompt's
 // tokenization unless the cache had it whole. Only chat and completions
-// prompts are tokenized. It never fails: without keys the policy routes on
-// the approximate index.
+// prompts are tokenized, and only when their keys can be used: some
+// candidate's events are fresh, and the request is not routed by its
+// session key. It never fails: without keys the policy routes on the
+// approximate index.
 func (s *Server) tokenKeys(ctx context.Context, op *operation, in *inbound, rt *fleet.Route, rreq *routing.Request) {
 	t := s.tok
+	set := in.set
 	if t == nil || len(rreq.PrefixHashes) == 0 || (op.name != "chat" && op.name != "completions") || in.req.PromptBatch {
 		return
 	}
+	if rreq.SessionKey != "" && set.sessionHeader != "" {
+		return // session affinity: the key decides, the fallback never sees the request
+	}
+	if !anyFresh(s.fleet.KVIndex(), rt) {
+		return
+	}
 	t0 := time.Now()
-	keys, total, tokens, result := t.lookupTokens(rreq.PrefixHashes, rreq.PromptBytes)
+	p := tokPrompt{text: rreq.PrefixHashes, bytes: rreq.PromptBytes, blockBytes: set.parser.BlockBytes,
+		capped: set.parser.MaxBlocks > 0 && len(rreq.PrefixHashes) >= set.parser.MaxBlocks}
+	if op.name == "chat" {
+		p.variant = oai.TemplateHash(in.body)
+	}
+	keys, total, tokens, result := t.lookupTokens(p)
 	if result == tokHit {
 		rreq.TokenKeys, rreq.TokenBlocks, in.kvPromptTokens = keys, total, tokens
 		s.metrics.RecordTokenizeLookup(ctx, tokHit, 0)
@@ -346,15 +413,16 @@ func (s *Server) tokenKeys(ctx context.Context, op *operation, in *inbound, rt *
 	var call *tokCall
 	if eng := tokenizingEngine(rt); eng != nil {
 		if url, ok := eng.PathURL("/tokenize"); ok {
-			seed := uint64(0)
-			if c, ok := s.fleet.Snapshot().Cards()[in.target]; ok && c.Parent != nil {
-				seed = stablehash.String(in.target) // a LoRA adapter's blocks are its own
-			}
-			call = t.start(&tokenizeReq{
-				key:  tokKey{last: rreq.PrefixHashes[len(rreq.PrefixHashes)-1], n: len(rreq.PrefixHashes), bytes: rreq.PromptBytes},
-				text: append([]uint64(nil), rreq.PrefixHashes...), bytes: rreq.PromptBytes,
-				body: bytes.Clone(in.body), model: in.target, chat: op.name == "chat", seed: seed,
-				url: url, auth: eng.Auth(),
+			key := tokKey{last: p.text[len(p.text)-1], n: len(p.text), bytes: p.bytes, variant: p.variant}
+			call = t.start(key, func() *tokenizeReq {
+				seed := uint64(0)
+				if c, ok := s.fleet.Snapshot().Cards()[in.target]; ok && c.Parent != nil {
+					seed = stablehash.String(in.target) // a LoRA adapter's blocks are its own
+				}
+				r := &tokenizeReq{tokPrompt: p, key: key, body: bytes.Clone(in.body), model: in.target,
+					chat: op.name == "chat", seed: seed, url: url, auth: eng.Auth()}
+				r.text = slices.Clone(p.text)
+				return r
 			})
 		}
 	}
@@ -374,6 +442,22 @@ func (s *Server) tokenKeys(ctx context.Context, op *operation, in *inbound, rt *
 	}
 	timer.Stop()
 	s.metrics.RecordTokenizeLookup(ctx, tokMiss, time.Since(t0).Seconds())
+}
+
+// anyFresh reports whether some engine of rt is routed on its KV-cache
+// events (routing.KVIndex.Fresh): without one, token keys would not be
+// used.
+func anyFresh(x *routing.KVIndex, rt *fleet.Route) bool {
+	if x == nil {
+		return false
+	}
+	now := time.Now()
+	for _, ep := range rt.Endpoints() {
+		if x.Fresh(ep, now) {
+			return true
+		}
+	}
+	return false
 }
 
 // tokenizingEngine returns the engine of rt to ask for tokens: the routable

@@ -30,6 +30,10 @@ func tokenizerFor(t *testing.T, cfg KVEventsConfig) *tokenizer {
 	return tk
 }
 
+// tp is the tokPrompt of text hashes text and size n: 64-byte blocks,
+// not capped, no template members.
+func tp(text []uint64, n int) tokPrompt { return tokPrompt{text: text, bytes: n, blockBytes: 64} }
+
 // seq returns n ids from start.
 func seq(start, n int) []uint32 {
 	out := make([]uint32, n)
@@ -50,34 +54,66 @@ func TestTokenCacheLookup(t *testing.T) {
 	text := []uint64{11, 12, 13, 14, 15, 16, 17, 18, 19, 20}
 	keys := stablehash.TokenBlocks(nil, seq(0, 320), 16, 0)
 	tk.mu.Lock()
-	tk.insertLocked(text, 640, keys, 320)
+	tk.insertLocked(tp(text, 640), keys, 320)
 	tk.mu.Unlock()
 
-	got, total, res := tk.lookup(text, 640)
+	got, total, res := tk.lookup(tp(text, 640))
 	if res != tokHit || total != 20 || !slices.Equal(got, keys) {
 		t.Fatalf("same prompt: %s, %d of %d keys; want hit with all 20", res, len(got), total)
 	}
 	// Same blocks, another size: the tail differs.
-	if _, _, res := tk.lookup(text, 650); res != tokPartial {
+	if _, _, res := tk.lookup(tp(text, 650)); res != tokPartial {
 		t.Errorf("same blocks, other tail: %s, want partial", res)
 	}
 	// The next turn: the 10 blocks, then 10 new ones.
 	next := append(slices.Clone(text), 21, 22, 23, 24, 25, 26, 27, 28, 29, 30)
-	got, total, res = tk.lookup(next, 1300)
+	got, total, res = tk.lookup(tp(next, 1300))
 	if res != tokPartial || len(got) != 19 || total != 40 || !slices.Equal(got, keys[:19]) {
 		t.Errorf("next turn: %s, %d keys of %d; want partial, the first 19 keys of 40", res, len(got), total)
 	}
 	// Another question on the first half of the document.
 	half := append(slices.Clone(text[:5]), 31, 32)
-	got, total, res = tk.lookup(half, 450)
+	got, total, res = tk.lookup(tp(half, 450))
 	if res != tokPartial || len(got) != 9 || total != 14 || !slices.Equal(got, keys[:9]) {
 		t.Errorf("shared half: %s, %d keys of %d; want partial, the first 9 keys (10 less one) of 14", res, len(got), total)
 	}
-	if _, _, res := tk.lookup([]uint64{99, 98}, 128); res != tokMiss {
+	if _, _, res := tk.lookup(tp([]uint64{99, 98}, 128)); res != tokMiss {
 		t.Errorf("unrelated prompt: %s, want miss", res)
 	}
-	if _, _, res := tk.lookup(nil, 10); res != tokMiss {
+	if _, _, res := tk.lookup(tp(nil, 10)); res != tokMiss {
 		t.Errorf("no text blocks: %s, want miss", res)
+	}
+}
+
+// TestTokenCacheCappedAndTemplate: a prompt whose text hashes stop before
+// its end (routing.prefix.max_blocks) is never a hit, and its share of a
+// cached capped prompt is taken by bytes; a request with other template
+// members (tools, ...) does not see another's tokens.
+func TestTokenCacheCappedAndTemplate(t *testing.T) {
+	tk := tokenizerFor(t, DefaultKVEventsConfig())
+	text := []uint64{1, 2, 3, 4}
+	long := tokPrompt{text: text, bytes: 4 * 64 * 10, capped: true, blockBytes: 64} // 2,560 bytes, hashed 256
+	keys := stablehash.TokenBlocks(nil, seq(0, 640), 16, 0)                         // 40 blocks
+	tk.mu.Lock()
+	tk.insertLocked(long, keys, 640)
+	tk.mu.Unlock()
+	got, _, res := tk.lookup(long)
+	if res != tokPartial || len(got) != 3 {
+		t.Errorf("the same capped prompt: %s with %d keys; want partial with 3 (256 of 2,560 bytes of 40 blocks, less one)", res, len(got))
+	}
+	withTools := tp(text, 4*64*10)
+	withTools.variant = 7
+	if _, _, res := tk.lookup(withTools); res != tokMiss {
+		t.Errorf("the same text with other template members: %s, want miss", res)
+	}
+	tk.mu.Lock()
+	tk.insertLocked(withTools, keys[:10], 160)
+	tk.mu.Unlock()
+	if got, _, res := tk.lookup(withTools); res != tokHit || len(got) != 10 {
+		t.Errorf("with its own template members: %s with %d keys, want hit with 10", res, len(got))
+	}
+	if got, _, _ := tk.lookup(long); len(got) != 3 {
+		t.Errorf("the plain prompt after the variant's insert: %d keys, want still 3", len(got))
 	}
 }
 
@@ -90,18 +126,18 @@ func TestTokenCacheBounded(t *testing.T) {
 	for i := range 1000 {
 		text := []uint64{uint64(i)<<32 | 1, uint64(i)<<32 | 2, uint64(i)<<32 | 3}
 		tk.mu.Lock()
-		tk.insertLocked(text, 192, stablehash.TokenBlocks(nil, seq(i, 16*6), 16, 0), 96)
+		tk.insertLocked(tp(text, 192), stablehash.TokenBlocks(nil, seq(i, 16*6), 16, 0), 96)
 		tk.mu.Unlock()
 		if i == 0 {
 			// Used again now and then, the first prompt stays.
 			defer func() {
-				if _, _, res := tk.lookup(text, 192); res != tokHit {
+				if _, _, res := tk.lookup(tp(text, 192)); res != tokHit {
 					t.Errorf("the prompt used all along: %s, want hit", res)
 				}
 			}()
 		}
 		if i%50 == 0 {
-			tk.lookup([]uint64{1, 2, 3}, 192)
+			tk.lookup(tp([]uint64{1, 2, 3}, 192))
 		}
 	}
 	tk.mu.Lock()
@@ -217,23 +253,31 @@ func TestTokenizeStartSingleFlightAndBusy(t *testing.T) {
 	cfg := DefaultKVEventsConfig()
 	cfg.Tokenize.Concurrency = 1
 	tk := tokenizerFor(t, cfg)
-	req := func(last uint64) *tokenizeReq {
-		return &tokenizeReq{key: tokKey{last: last, n: 1, bytes: 70}, text: []uint64{last}, bytes: 70,
-			body: []byte(`{"prompt":"` + string(slices.Repeat([]byte("b"), 70)) + `"}`), url: srv.URL}
+	builds := 0
+	start := func(last uint64) *tokCall {
+		key := tokKey{last: last, n: 1, bytes: 70}
+		return tk.start(key, func() *tokenizeReq {
+			builds++
+			return &tokenizeReq{key: key, tokPrompt: tp([]uint64{last}, 70),
+				body: []byte(`{"prompt":"` + string(slices.Repeat([]byte("b"), 70)) + `"}`), url: srv.URL}
+		})
 	}
-	a, b := tk.start(req(1)), tk.start(req(1))
+	a, b := start(1), start(1)
 	if a == nil || a != b {
 		t.Fatalf("two starts of one prompt: %p, %p; want one call", a, b)
 	}
-	if c := tk.start(req(2)); c != nil {
+	if c := start(2); c != nil {
 		t.Errorf("another prompt with the only slot busy: a call, want none")
+	}
+	if builds != 1 {
+		t.Errorf("the request was copied %d times, want once (for the call that started)", builds)
 	}
 	close(release)
 	<-a.done
 	if !a.ok || len(a.keys) != 4 {
 		t.Fatalf("call: ok %v, %d keys; want 4 (72 tokens)", a.ok, len(a.keys))
 	}
-	if _, total, res := tk.lookup([]uint64{1}, 70); res != tokHit || total != 4 {
+	if _, total, res := tk.lookup(tp([]uint64{1}, 70)); res != tokHit || total != 4 {
 		t.Errorf("after the call: %s with %d blocks, want a hit with 4", res, total)
 	}
 	if ts.calls.Load() != 1 {
@@ -255,7 +299,7 @@ func BenchmarkTokenCacheLookup(b *testing.B) {
 			text[i] = stablehash.Mix64(uint64(p)<<32 | uint64(i))
 		}
 		tk.mu.Lock()
-		tk.insertLocked(text, 440*64, stablehash.TokenBlocks(nil, seq(p, 7000), 16, 0), 7000)
+		tk.insertLocked(tp(text, 440*64), stablehash.TokenBlocks(nil, seq(p, 7000), 16, 0), 7000)
 		tk.mu.Unlock()
 		last = text
 	}
@@ -263,7 +307,7 @@ func BenchmarkTokenCacheLookup(b *testing.B) {
 	b.Run("partial", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, _, res := tk.lookup(next, 448*64); res != tokPartial {
+			if _, _, res := tk.lookup(tp(next, 448*64)); res != tokPartial {
 				b.Fatal(res)
 			}
 		}
@@ -271,7 +315,7 @@ func BenchmarkTokenCacheLookup(b *testing.B) {
 	b.Run("hit", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
-			if _, _, res := tk.lookup(last, 440*64); res != tokHit {
+			if _, _, res := tk.lookup(tp(last, 440*64)); res != tokHit {
 				b.Fatal(res)
 			}
 		}

@@ -210,6 +210,8 @@ func TestConfigValidate(t *testing.T) {
 		{"defaults", DefaultConfig(), nil, ""},
 		{"least-loaded", with(func(c *Config) { c.Policy, c.PrefillWeight = LeastLoadedName, 1 }), nil, ""},
 		{"every policy: scorer", with(func(c *Config) { c.Policy = ScorerName }), nil, ""},
+		{"scorer precise_prefix", with(func(c *Config) { c.Policy, c.Scorer.PrecisePrefix = ScorerName, true }), nil, ""},
+		{"scorer precise_prefix without prefix", with(func(c *Config) { c.Scorer.PrecisePrefix, c.Scorer.Prefix = true, 0 }), nil, "routing.scorer.precise_prefix needs routing.scorer.prefix > 0"},
 		{"unknown policy", with(func(c *Config) { c.Policy = "random" }), ErrUnknownPolicy, "routing.policy"},
 		{"near name", with(func(c *Config) { c.Policy = "Prefix_Aware" }), ErrUnknownPolicy, "did you mean prefix-aware?"},
 		{"typo", with(func(c *Config) { c.Policy = "sesion-affinity" }), ErrUnknownPolicy, "did you mean session-affinity?"},

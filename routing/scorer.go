@@ -100,6 +100,9 @@ func (c ScorerConfig) Validate() error {
 	if sum == 0 {
 		errs = append(errs, errors.New("routing.scorer: at least one weight must be > 0"))
 	}
+	if c.PrecisePrefix && !(c.Prefix > 0) {
+		errs = append(errs, errors.New("routing.scorer.precise_prefix needs routing.scorer.prefix > 0: it is how the prefix input is measured"))
+	}
 	return errors.Join(errs...)
 }
 

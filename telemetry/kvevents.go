@@ -36,6 +36,11 @@ const (
 	// KVRestartsName counts publisher restarts seen (the sequence went
 	// back), unit {restart}, by engine.
 	KVRestartsName = "switchboard.kv_events.restarts"
+	// KVOrphansName counts BlockStored events skipped because their
+	// parent block is unknown to the index (after a loss of events, until
+	// the conversations stored before it leave the engine's cache), unit
+	// {event}, by engine.
+	KVOrphansName = "switchboard.kv_events.orphans"
 	// KVLagName is the time from an engine's batch timestamp to the
 	// gateway applying it, unit s, by engine: network, queueing, and the
 	// clock offset between the hosts.
@@ -111,9 +116,9 @@ type KVEngineCounts struct {
 	// Stored, Removed, Cleared, Unknown, Invalid count events by
 	// AttrKVEventType.
 	Stored, Removed, Cleared, Unknown, Invalid uint64
-	// DecodeErrors, PeerErrors, Gaps, Restarts count what their
-	// instruments say.
-	DecodeErrors, PeerErrors, Gaps, Restarts uint64
+	// DecodeErrors, PeerErrors, Gaps, Restarts, Orphans count what
+	// their instruments say.
+	DecodeErrors, PeerErrors, Gaps, Restarts, Orphans uint64
 	// Replays and ReplayFailures count replay exchanges by outcome.
 	Replays, ReplayFailures uint64
 	// Blocks is what the index holds for the engine, in blocks.
@@ -135,7 +140,7 @@ type KVEventsFunc func(report func(e *Engine, c KVEngineCounts)) KVIndexTotals
 
 type kvInstruments struct {
 	events, decodeErrors, gaps, replays, restarts metric.Int64ObservableCounter
-	peerErrors                                    metric.Int64ObservableCounter
+	peerErrors, orphans                           metric.Int64ObservableCounter
 	blocks, memory, stale                         metric.Int64ObservableGauge
 	lag, tokenize, wait                           metric.Float64Histogram
 	fallbacks, predictions, predicted, reported   metric.Int64Counter
@@ -184,6 +189,7 @@ func (r *kvInstruments) init(meter metric.Meter) []error {
 	r.events = oc(KVEventsName, "{event}", "KV-cache events received from engines, by type.")
 	r.decodeErrors = oc(KVDecodeErrorsName, "{message}", "KV-cache event messages that did not decode.")
 	r.peerErrors = oc(KVPeerErrorsName, "{connection}", "Connections to engines' KV-event sockets dropped for breaking the protocol's bounds.")
+	r.orphans = oc(KVOrphansName, "{event}", "Stored-block events skipped because their parent block is unknown.")
 	r.gaps = oc(KVGapsName, "{gap}", "Sequence gaps in an engine's KV-cache events.")
 	r.replays = oc(KVReplaysName, "{replay}", "Replays of missed KV-cache event batches, by outcome.")
 	r.restarts = oc(KVRestartsName, "{restart}", "KV-cache event publisher restarts seen.")
@@ -228,6 +234,7 @@ func (m *Metrics) ObserveKVEvents(fn KVEventsFunc) (metric.Registration, error) 
 			o.ObserveInt64(r.decodeErrors, int64(c.DecodeErrors), e.engineObs...)
 			o.ObserveInt64(r.gaps, int64(c.Gaps), e.engineObs...)
 			o.ObserveInt64(r.peerErrors, int64(c.PeerErrors), e.engineObs...)
+			o.ObserveInt64(r.orphans, int64(c.Orphans), e.engineObs...)
 			o.ObserveInt64(r.restarts, int64(c.Restarts), e.engineObs...)
 			o.ObserveInt64(r.replays, int64(c.Replays), metric.WithAttributes(AttrEngine.String(e.name), r.replayOK))
 			o.ObserveInt64(r.replays, int64(c.ReplayFailures), metric.WithAttributes(AttrEngine.String(e.name), r.replayFailed))
@@ -236,7 +243,7 @@ func (m *Metrics) ObserveKVEvents(fn KVEventsFunc) (metric.Registration, error) 
 		o.ObserveInt64(r.memory, t.Bytes)
 		o.ObserveInt64(r.stale, t.Stale)
 		return nil
-	}, r.events, r.decodeErrors, r.peerErrors, r.gaps, r.replays, r.restarts, r.blocks, r.memory, r.stale)
+	}, r.events, r.decodeErrors, r.peerErrors, r.orphans, r.gaps, r.replays, r.restarts, r.blocks, r.memory, r.stale)
 }
 
 // RecordKVLag records one batch's lag, in seconds, for engine e.
@@ -249,20 +256,24 @@ func (m *Metrics) RecordKVFallback(ctx context.Context, e *Engine) {
 	m.kv.fallbacks.Add(ctx, 1, metric.WithAttributeSet(e.engineSet))
 }
 
+// kvPredictions are the values of AttrKVPrediction, in the order of
+// Engine.kvPred.
+var kvPredictions = [...]string{KVPredictionExact, KVPredictionOver, KVPredictionUnder}
+
 // RecordKVPrediction compares the cached prompt tokens predicted for a
-// request on engine e at pick time with those the engine reported.
+// request on engine e at pick time with those the engine reported. It
+// does not allocate.
 func (m *Metrics) RecordKVPrediction(ctx context.Context, e *Engine, predicted, reported int) {
-	outcome := KVPredictionExact
+	i := 0 // exact
 	switch {
 	case predicted > reported:
-		outcome = KVPredictionOver
+		i = 1
 	case predicted < reported:
-		outcome = KVPredictionUnder
+		i = 2
 	}
-	set := metric.WithAttributeSet(e.engineSet)
-	m.kv.predictions.Add(ctx, 1, metric.WithAttributes(AttrEngine.String(e.name), AttrKVPrediction.String(outcome)))
-	m.kv.predicted.Add(ctx, int64(predicted), set)
-	m.kv.reported.Add(ctx, int64(reported), set)
+	m.kv.predictions.Add(ctx, 1, e.kvPred[i]...)
+	m.kv.predicted.Add(ctx, int64(predicted), e.engineAdd...)
+	m.kv.reported.Add(ctx, int64(reported), e.engineAdd...)
 }
 
 // RecordTokenize records one tokenization call's duration, in seconds,

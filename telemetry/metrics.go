@@ -474,6 +474,8 @@ type Engine struct {
 	decodeSet  attribute.Set
 	engineSet  attribute.Set          // engine only, for the engine stats gauges
 	engineObs  []metric.ObserveOption // WithAttributeSet(engineSet), built once
+	engineAdd  []metric.AddOption     // the same, to add
+	kvPred     [len(kvPredictions)][]metric.AddOption
 	stateObs   [len(EngineStates)][]metric.ObserveOption
 	// server are the GenAI attributes of the engine itself:
 	// gen_ai.provider.name, and server.address and server.port when known.
@@ -553,6 +555,10 @@ func (m *Metrics) Engine(name string, opts ...EngineOption) *Engine {
 		e.server = append(e.server, AttrServerAddress.String(info.address), AttrServerPort.Int(info.port))
 	}
 	e.engineObs = []metric.ObserveOption{metric.WithAttributeSet(e.engineSet)}
+	e.engineAdd = []metric.AddOption{metric.WithAttributeSet(e.engineSet)}
+	for i, o := range kvPredictions {
+		e.kvPred[i] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(AttrEngine.String(name), AttrKVPrediction.String(o)))}
+	}
 	for i, st := range EngineStates {
 		e.stateObs[i] = []metric.ObserveOption{metric.WithAttributeSet(attribute.NewSet(AttrEngine.String(name), AttrState.String(st), AttrRole.String(info.role)))}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"sync/atomic"
 	"time"
 
 	"github.com/switchboard-gw/switchboard/internal/kvevents"
@@ -57,6 +58,11 @@ type kvState struct {
 	// sizeWarned: a block size other than the configured one was logged
 	// (the subscriber goroutine only).
 	sizeWarned bool
+	// badSize: the engine's events carry another block size than
+	// kv_events.block_size (it is kept off them); lost counts Lost calls;
+	// orphans counts BlockStored events skipped for an unknown parent.
+	badSize       atomic.Bool
+	lost, orphans atomic.Uint64
 }
 
 // kvSink adapts an engine's subscription to the index.
@@ -68,17 +74,25 @@ type kvSink struct {
 // Batch applies one batch to the index and records its lag.
 func (s kvSink) Batch(_ uint64, b *kvevents.Batch) {
 	now := s.f.now()
-	if bs := s.f.kvCfg.BlockSize; bs > 0 && !s.e.kv.sizeWarned {
+	if bs := s.f.kvCfg.BlockSize; bs > 0 {
 		for i := range b.Events {
 			if ev := &b.Events[i]; ev.Kind == kvevents.BlockStored && ev.BlockSize != bs {
-				s.e.kv.sizeWarned = true
-				s.f.log.Warn("engine's KV-cache blocks are not kv_events.block_size tokens: its blocks cannot match a request; set kv_events.block_size to the engine's --block-size",
-					"engine", s.e.cfg.Name, "engine_block_size", ev.BlockSize, "block_size", bs)
-				break
+				// Its blocks could never match a request's: the engine is
+				// kept off its events (not fresh: the approximate index)
+				// rather than routed as if its cache were empty.
+				if !s.e.kv.sizeWarned {
+					s.e.kv.sizeWarned = true
+					s.f.log.Warn("engine's KV-cache blocks are not kv_events.block_size tokens: it is routed on the approximate index; set kv_events.block_size to the engine's --block-size",
+						"engine", s.e.cfg.Name, "engine_block_size", ev.BlockSize, "block_size", bs)
+				}
+				s.e.kv.badSize.Store(true)
+				s.f.kv.Drop(s.e.ep, now)
+				return
 			}
 		}
 	}
-	s.f.kv.Apply(s.e.ep, b, now)
+	a := s.f.kv.Apply(s.e.ep, b, now)
+	s.e.kv.orphans.Add(uint64(a.Orphans))
 	if b.TS > 0 && !math.IsInf(b.TS, 0) {
 		lag := now.Sub(time.Unix(0, int64(b.TS*1e9))).Seconds()
 		s.f.metrics.RecordKVLag(context.Background(), s.e.tel, max(lag, 0))
@@ -90,8 +104,10 @@ func (s kvSink) Batch(_ uint64, b *kvevents.Batch) {
 // approximate index meanwhile.
 func (s kvSink) Lost(reason kvevents.LostReason) {
 	s.f.kv.Drop(s.e.ep, s.f.now())
-	s.f.log.Warn("engine's KV-cache events were lost; its blocks are dropped from the precise index until new events arrive",
-		"engine", s.e.cfg.Name, "reason", reason.String())
+	if n := s.e.kv.lost.Add(1); n == 1 || n%100 == 0 { // the first, then one in 100
+		s.f.log.Warn("engine's KV-cache events were lost; its blocks are dropped from the precise index and it is routed on the approximate index while new events rebuild them (kv_events.stale_after)",
+			"engine", s.e.cfg.Name, "reason", reason.String(), "losses", n)
+	}
 }
 
 // checkBlockSize logs, once per incarnation, an engine subscribed to whose
@@ -207,6 +223,10 @@ type EngineKVStatus struct {
 	Restarts     uint64 `json:"restarts"`      // publisher restarts seen
 	DecodeErrors uint64 `json:"decode_errors"` // messages that did not decode
 	PeerErrors   uint64 `json:"peer_errors"`   // connections dropped for breaking the protocol's bounds
+	Orphans      uint64 `json:"orphans"`       // stored events skipped: their parent block unknown (after a loss)
+	// BlockSizeMismatch: its events carry another block size than
+	// kv_events.block_size; it is routed on the approximate index.
+	BlockSizeMismatch bool `json:"block_size_mismatch,omitempty"`
 }
 
 // kvStatus is e's subscription status, nil when it has none.
@@ -218,7 +238,7 @@ func (f *Fleet) kvStatus(e *Engine, now time.Time) *EngineKVStatus {
 	blocks, fresh, _ := f.kv.EngineStats(e.ep, now)
 	return &EngineKVStatus{Endpoint: e.cfg.KVEvents, Replay: e.cfg.KVEventsReplay, Connected: st.Connected, Fresh: fresh,
 		Blocks: blocks, Batches: st.Batches, LastSeq: st.LastSeq, Gaps: st.Gaps, Replays: st.Replays, Restarts: st.Restarts,
-		DecodeErrors: st.DecodeErrors, PeerErrors: st.PeerErrors}
+		DecodeErrors: st.DecodeErrors, PeerErrors: st.PeerErrors, Orphans: e.kv.orphans.Load(), BlockSizeMismatch: e.kv.badSize.Load()}
 }
 
 // ObserveKV reports every subscribed engine's KV-event counters and the
@@ -229,17 +249,22 @@ func (f *Fleet) ObserveKV(report func(e *telemetry.Engine, c telemetry.KVEngineC
 	}
 	now := f.now()
 	f.mu.Lock()
-	defer f.mu.Unlock()
+	engines := make([]*Engine, 0, len(f.engines))
 	for _, e := range f.engines {
-		if e.kv.sub == nil {
-			continue
+		if e.kv.sub != nil {
+			engines = append(engines, e)
 		}
+	}
+	f.mu.Unlock()
+	for _, e := range engines {
 		st := e.kv.sub.Stats()
 		blocks, _, _ := f.kv.EngineStats(e.ep, now)
 		report(e.tel, telemetry.KVEngineCounts{Stored: st.Stored, Removed: st.Removed, Cleared: st.Cleared,
 			Unknown: st.Unknown, Invalid: st.Invalid, DecodeErrors: st.DecodeErrors, PeerErrors: st.PeerErrors, Gaps: st.Gaps,
-			Restarts: st.Restarts, Replays: st.Replays, ReplayFailures: st.ReplayFailures, Blocks: int64(blocks)})
+			Restarts: st.Restarts, Replays: st.Replays, ReplayFailures: st.ReplayFailures, Orphans: e.kv.orphans.Load(),
+			Blocks: int64(blocks)})
 	}
+	// Outside the fleet's lock: it scans the speculative table.
 	ix := f.kv.Stats()
 	return telemetry.KVIndexTotals{Bytes: ix.Bytes, Stale: int64(ix.Stale)}
 }

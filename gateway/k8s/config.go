@@ -192,6 +192,12 @@ func (c Config) Validate() error {
 	} else if _, err := c.selector(); err != nil {
 		bad("selector: %v", err)
 	}
+	if c.KVEventsPort != "" && (c.KVEventsPort == c.Port || c.KVEventsPort == c.KVReplayPort) {
+		bad("kv_events_port %q must differ from port and kv_replay_port", c.KVEventsPort)
+	}
+	if c.KVReplayPort != "" && c.KVReplayPort == c.Port {
+		bad("kv_replay_port %q must differ from port", c.KVReplayPort)
+	}
 	if c.Service != "" {
 		if msgs := validation.IsDNS1035Label(c.Service); len(msgs) > 0 {
 			bad("service %q: %s", c.Service, strings.Join(msgs, "; "))

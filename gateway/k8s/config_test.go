@@ -18,6 +18,7 @@ func TestConfigValidate(t *testing.T) {
 		keys []string
 	}{
 		{name: "valid"},
+		{name: "kv ports clash", cfg: func(c *Config) { c.Port, c.KVEventsPort, c.KVReplayPort = "kv-events", "kv-events", "kv-events" }, keys: []string{"kv_events_port", "kv_replay_port"}},
 		{name: "disabled zero config", cfg: func(c *Config) { *c = Config{} }},
 		{name: "disabled is valid whatever it holds", cfg: func(c *Config) {
 			*c = Config{Selector: "app in (", Service: "Not_A_Label", Namespaces: []string{"x", "x"}, Scheme: "ftp",
