@@ -52,7 +52,9 @@ func (s *kvSimEngine) config() fleet.EngineConfig {
 // is closed when the test ends, after its HTTP server.
 func kvSim(t *testing.T, name string, replay bool, cfg enginesim.Config, wrap func(http.Handler) http.Handler) *kvSimEngine {
 	t.Helper()
-	cfg.Models = []string{"m"}
+	if cfg.Models == nil {
+		cfg.Models = []string{"m"}
+	}
 	cfg.KVEvents = "tcp://127.0.0.1:0"
 	cfg.PromptTokensDetails = true
 	if cfg.OutputTokens == 0 {
@@ -345,9 +347,11 @@ func (g *kvGateway) warm(s *kvSimEngine) {
 // gateway ever seeing them (sent straight to it) are routed to it, every
 // time, by precise-prefix, because its events reported the blocks; the
 // engine then reports the prompt cached, exactly as predicted.
+// Engine b publishes vLLM's older encoding (positional arrays), a the
+// current one (maps).
 func TestKVEventsRoutesOnReportedBlocks(t *testing.T) {
 	a := kvSim(t, "a", false, enginesim.Config{}, nil)
-	b := kvSim(t, "b", false, enginesim.Config{}, nil)
+	b := kvSim(t, "b", false, enginesim.Config{KVEventsEncoding: enginesim.KVEventsEncodingArray}, nil)
 	g := newKVGateway(t, routing.PrecisePrefixName, nil, a, b)
 	g.warm(a)
 	g.warm(b)
@@ -816,5 +820,62 @@ func TestKVEventsTokenizerUnavailable(t *testing.T) {
 		t.Errorf("kv_index %+v, want an empty token cache", ix)
 	}
 	t.Logf("routed without tokens: %v", engines)
+	g.waitIdle()
+}
+
+// TestKVEventsLoRAAdapter: a LoRA adapter's blocks are its own (the
+// engine's events carry its lora_name, the gateway seeds the adapter's
+// token keys with its name): a prompt seeded on one engine under the
+// adapter is routed there for the adapter, exactly predicted, and the
+// same prompt for the base model is not predicted cached anywhere.
+func TestKVEventsLoRAAdapter(t *testing.T) {
+	lora := enginesim.Config{LoRAs: []enginesim.LoRA{{Name: "sql", Path: "/adapters/sql"}}}
+	a := kvSim(t, "a", false, lora, nil)
+	b := kvSim(t, "b", false, lora, nil)
+	g := newKVGateway(t, routing.PrecisePrefixName, func(c *Config) {
+		for i := range c.Engines {
+			c.Engines[i].Models = nil // discovered: m and its adapter sql
+		}
+	}, a, b)
+	g.gw.Fleet().ProbeNow(context.Background())
+	if c, ok := g.gw.Fleet().Snapshot().Cards()["sql"]; !ok || c.Parent == nil || *c.Parent != "m" {
+		t.Fatalf("model card of sql %+v (found %v), want an adapter of m", c, ok)
+	}
+	g.warm(a)
+	g.warm(b)
+	prompt := kvPrompt("adapter-doc", 70)
+	body := func(model string) string {
+		return fmt.Sprintf(`{"model":%q,"max_tokens":4,"messages":[{"role":"user","content":%q}]}`, model, prompt)
+	}
+	base := g.status(b.name).Blocks
+	resp, err := b.srv.Client().Post(b.srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(body("sql")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := parseReply(t, resp); r.status != http.StatusOK {
+		t.Fatalf("seeding b: %d %s", r.status, r.body)
+	}
+	if !testutil.Poll(kvWait, func() bool { return g.status(b.name).Blocks == base+4 }) {
+		t.Fatalf("the index holds %d blocks for b, want %d: %+v; engine %+v; %d invalid events\n%s", g.status(b.name).Blocks, base+4, g.status(b.name), b.e.KVEventsStats(),
+			g.sumCounter(telemetry.KVEventsName, telemetry.AttrKVEventType.String(telemetry.KVEventInvalid)), g.logs.String())
+	}
+	for j := range 3 {
+		r := parseReply(t, g.post("/v1/chat/completions", body("sql")))
+		if r.status != http.StatusOK || r.engine != b.name || r.cached != 64 {
+			t.Fatalf("adapter request %d: %d on %q with %d cached, want 200 on b with 64 (%s)", j, r.status, r.engine, r.cached, r.body)
+		}
+	}
+	if n := g.sumCounter(telemetry.KVPredictionsName, telemetry.AttrKVPrediction.String(telemetry.KVPredictionExact)); n != 3 {
+		t.Errorf("%s{outcome=exact} = %d, want 3", telemetry.KVPredictionsName, n)
+	}
+	// The base model's blocks of the same text are not the adapter's:
+	// wherever it goes, it is predicted and found uncached.
+	r := parseReply(t, g.post("/v1/chat/completions", body("m")))
+	if r.status != http.StatusOK || r.cached != 0 {
+		t.Errorf("base model request: %d with %d cached, want 200 with 0 (%s)", r.status, r.cached, r.body)
+	}
+	if n := g.sumCounter(telemetry.KVPredictionsName, telemetry.AttrKVPrediction.String(telemetry.KVPredictionExact)); n != 4 {
+		t.Errorf("%s{outcome=exact} = %d after the base model's request, want 4", telemetry.KVPredictionsName, n)
+	}
 	g.waitIdle()
 }
