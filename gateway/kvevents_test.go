@@ -874,8 +874,18 @@ func TestKVEventsLoRAAdapter(t *testing.T) {
 	if r.status != http.StatusOK || r.cached != 0 {
 		t.Errorf("base model request: %d with %d cached, want 200 with 0 (%s)", r.status, r.cached, r.body)
 	}
-	if n := g.sumCounter(telemetry.KVPredictionsName, telemetry.AttrKVPrediction.String(telemetry.KVPredictionExact)); n != 4 {
-		t.Errorf("%s{outcome=exact} = %d after the base model's request, want 4", telemetry.KVPredictionsName, n)
+	// Checked only on b: a's usage never carried cached tokens through the
+	// gateway, and vLLM leaves them out when none are cached, so the
+	// gateway cannot tell a's "0" from "not reported".
+	want := int64(3)
+	if r.engine == b.name {
+		want = 4
+	}
+	if n := g.sumCounter(telemetry.KVPredictionsName, telemetry.AttrKVPrediction.String(telemetry.KVPredictionExact)); n != want {
+		t.Errorf("%s{outcome=exact} = %d after the base model's request on %s, want %d", telemetry.KVPredictionsName, n, r.engine, want)
+	}
+	if n := g.sumCounter(telemetry.KVPredictionsName); n != want {
+		t.Errorf("%s = %d, want %d, all exact", telemetry.KVPredictionsName, n, want)
 	}
 	g.waitIdle()
 }
