@@ -889,3 +889,90 @@ func TestKVEventsLoRAAdapter(t *testing.T) {
 	}
 	g.waitIdle()
 }
+
+// TestKVEventsReplayFailed: a gap the engine's replay buffer no longer
+// covers (kv_events buffer_steps of 1) is a failed replay: what the index
+// held is dropped, and only the batch after the gap is held.
+func TestKVEventsReplayFailed(t *testing.T) {
+	s := kvSim(t, "e1", true, enginesim.Config{KVEventsBuffer: 1}, nil)
+	g := newKVGateway(t, routing.PrecisePrefixName, nil, s)
+	g.warm(s)
+	st0 := g.status(s.name)
+	failed := func() int64 {
+		return g.sumCounter(telemetry.KVReplaysName, telemetry.AttrKVReplayOutcome.String("failed"))
+	}
+	f0 := failed()
+	next := s.e.KVEventsStats().Batches
+	if err := s.e.SetKVEventsDrop(fmt.Sprintf("%d-%d", next, next+1)); err != nil {
+		t.Fatal(err)
+	}
+	p1, p2, p3 := kvPrompt("gone-one", 40), kvPrompt("gone-two", 40), kvPrompt("after-hole", 40)
+	s.direct(t, p1)
+	s.direct(t, p2)
+	testutil.Eventually(t, kvWait, func() bool { return s.e.KVEventsStats().Withheld == 2 }, "2 batches withheld")
+	s.direct(t, p3)
+	testutil.Eventually(t, kvWait, func() bool { return g.status(s.name).LastSeq == uint64(next)+2 }, "the batch after the gap")
+	st := g.status(s.name)
+	if st.Gaps != st0.Gaps+1 || st.Replays != st0.Replays || failed() != f0+1 {
+		t.Errorf("gaps %d->%d, replays ok %d->%d, failed %d->%d; want +1, +0, +1", st0.Gaps, st.Gaps, st0.Replays, st.Replays, f0, failed())
+	}
+	if st.Blocks != 2 || !st.Fresh {
+		t.Errorf("after the failed replay: %d blocks, fresh %v; want only the 2 of the batch after the gap, fresh", st.Blocks, st.Fresh)
+	}
+	if m1, m2, m3 := g.match(s.name, s.keys(t, p1)), g.match(s.name, s.keys(t, p2)), g.match(s.name, s.keys(t, p3)); m1 != 0 || m2 != 0 || m3 != 2 {
+		t.Errorf("index holds %d, %d, %d blocks of the prompts in and after the gap; want 0, 0, 2", m1, m2, m3)
+	}
+	g.waitIdle()
+}
+
+// TestKVEventsEngineRemovedAndBack: an engine removed by a reload leaves
+// the index (its subscription ends); added back, it is subscribed anew, and
+// its replay socket gives the new subscription the blocks it stored
+// before, so a prompt seeded on it is routed to it again.
+func TestKVEventsEngineRemovedAndBack(t *testing.T) {
+	a := kvSim(t, "a", true, enginesim.Config{}, nil)
+	b := kvSim(t, "b", true, enginesim.Config{}, nil)
+	g := newKVGateway(t, routing.PrecisePrefixName, nil, a, b)
+	g.warm(a)
+	g.warm(b)
+	prompt := kvPrompt("kept-on-b", 70)
+	b.direct(t, prompt)
+	keys := b.keys(t, prompt)
+	testutil.Eventually(t, kvWait, func() bool { return g.match(b.name, keys) == 4 }, "the prompt on b")
+	if ix := g.admin().KVIndex; ix == nil || ix.Engines != 2 {
+		t.Fatalf("kv_index %+v, want 2 engines", ix)
+	}
+
+	both := g.gw.cfg
+	only := both
+	only.Engines = []fleet.EngineConfig{a.config()}
+	g.reload(only, g.policy())
+	testutil.Eventually(t, kvWait, func() bool { ix := g.admin().KVIndex; return ix != nil && ix.Engines == 1 }, "b forgotten by the index")
+	if len(g.admin().Engines) != 1 {
+		t.Errorf("/admin/engines lists %d engines, want 1", len(g.admin().Engines))
+	}
+	if r := g.chat(kvPrompt("while-b-gone", 40)); r.status != http.StatusOK || r.engine != a.name {
+		t.Errorf("without b: %d on %q, want 200 on a (%s)", r.status, r.engine, r.body)
+	}
+
+	g.reload(both, g.policy())
+	testutil.Eventually(t, kvWait, func() bool {
+		for _, e := range g.admin().Engines {
+			if e.Name == b.name {
+				return true
+			}
+		}
+		return false
+	}, "b back")
+	// b's next batch starts the new subscription, which catches up from
+	// b's replay buffer: the prompt's blocks are known again.
+	g.warm(b)
+	testutil.Eventually(t, kvWait, func() bool { return g.match(b.name, keys) == 4 && g.fresh(b.name) }, "b's earlier blocks replayed")
+	if r := g.chat(prompt); r.status != http.StatusOK || r.engine != b.name || r.cached != 64 {
+		t.Errorf("b back: %d on %q with %d cached, want 200 on b with 64 (%s)", r.status, r.engine, r.cached, r.body)
+	}
+	if ix := g.admin().KVIndex; ix == nil || ix.Engines != 2 || ix.Stale != 0 {
+		t.Errorf("kv_index %+v, want 2 engines, none stale", ix)
+	}
+	g.waitIdle()
+}
