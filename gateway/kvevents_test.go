@@ -486,7 +486,9 @@ func TestKVEventsGapReplayed(t *testing.T) {
 // the index held for the engine (the blocks before it are unknown): only
 // the blocks of the batch after the gap are held, the engine is routed on
 // them (a prompt it holds but the index lost is predicted uncached: under),
-// and requests succeed.
+// and requests succeed. The engine is not fresh between the drop and the
+// next Apply, but a gap is only seen on the batch after it, applied at
+// once: the window is not observable from outside the subscriber.
 func TestKVEventsGapWithoutReplay(t *testing.T) {
 	s := kvSim(t, "e1", false, enginesim.Config{}, nil)
 	g := newKVGateway(t, routing.PrecisePrefixName, nil, s)
