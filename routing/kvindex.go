@@ -530,6 +530,21 @@ func (x *KVIndex) Drop(e *Endpoint, now time.Time) {
 	s.mu.Unlock()
 }
 
+// Reset forgets every block e holds because its cache is empty: a new
+// engine process (its events' sequence started again). Unlike [KVIndex.Drop]
+// nothing is unknown, so e is fresh again at its next Apply. An engine
+// without state is left without.
+func (x *KVIndex) Reset(e *Endpoint) {
+	s := x.engine(e)
+	if s == nil {
+		return
+	}
+	s.mu.Lock()
+	s.synced.Store(false)
+	x.clear(s)
+	s.mu.Unlock()
+}
+
 // Forget frees all of e's state: e left the fleet. Its speculative entries
 // stay in the shared table until they expire or are replaced, unused. Call
 // it after e's subscriber has stopped: an Apply after it creates new state.

@@ -733,3 +733,24 @@ func TestKVIndexSharedOwnKeysAcrossRebuild(t *testing.T) {
 		t.Errorf("own-key table: %d live, %d shared, want none", tb.live, len(tb.multi))
 	}
 }
+
+// TestKVIndexReset: a restarted engine's blocks are forgotten and, its
+// cache being empty, it is fresh at its next Apply (no rebuilding time, as
+// after a Drop).
+func TestKVIndexReset(t *testing.T) {
+	x := NewKVIndex(DefaultKVIndexConfig())
+	e := kvEndpoint("e")
+	x.Reset(e) // no state: nothing happens
+	if _, _, ok := x.EngineStats(e, kvT0); ok {
+		t.Fatal("Reset created state")
+	}
+	x.Apply(e, kvBatch(kvStored(10, 0, kvTokens(1, 4))), kvT0)
+	x.Reset(e)
+	if blocks, fresh, _ := x.EngineStats(e, kvT0); blocks != 0 || fresh {
+		t.Errorf("after Reset: %d blocks, fresh %v; want 0, not fresh until the next batch", blocks, fresh)
+	}
+	x.Apply(e, kvBatch(kvStored(20, 0, kvTokens(2, 2))), kvT0.Add(time.Millisecond))
+	if blocks, fresh, _ := x.EngineStats(e, kvT0.Add(time.Millisecond)); blocks != 2 || !fresh {
+		t.Errorf("after Reset and a batch: %d blocks, fresh %v; want 2, fresh", blocks, fresh)
+	}
+}

@@ -99,11 +99,19 @@ func (s kvSink) Batch(_ uint64, b *kvevents.Batch) {
 	}
 }
 
-// Lost drops what the index holds for the engine: it is unknown until
-// new events rebuild it, and the policy routes the engine on the
-// approximate index meanwhile.
+// Lost drops what the index holds for the engine. After a gap it is
+// unknown until new events rebuild it, and the policy routes the engine on
+// the approximate index meanwhile (routing.KVIndex.Drop); after a restart
+// the engine's cache is empty, which its next events confirm
+// (routing.KVIndex.Reset).
 func (s kvSink) Lost(reason kvevents.LostReason) {
-	s.f.kv.Drop(s.e.ep, s.f.now())
+	if reason == kvevents.LostRestart {
+		// A new process: its cache is empty, and its events from their
+		// start say all it holds.
+		s.f.kv.Reset(s.e.ep)
+	} else {
+		s.f.kv.Drop(s.e.ep, s.f.now())
+	}
 	if n := s.e.kv.lost.Add(1); n == 1 || n%100 == 0 { // the first, then one in 100
 		s.f.log.Warn("engine's KV-cache events were lost; its blocks are dropped from the precise index and it is routed on the approximate index while new events rebuild them (kv_events.stale_after)",
 			"engine", s.e.cfg.Name, "reason", reason.String(), "losses", n)
