@@ -63,17 +63,31 @@
 //     Batch for the live one.
 //   - seq went back: the engine restarted (seq starts at 0 per process) and
 //     its cache is empty, Lost(LostRestart), then Batch.
+//   - the first batch after a redial (a new connection) is not the next
+//     one: Lost(LostRestart) too, then Batch, as on a first connection.
 //
 // A ZMQ SUB does not see its publisher restart, which is why seq is the
-// signal. The first batch, and the first after a restart, is taken as it
-// is; with a replay endpoint the batches the engine still buffers from seq
-// 0 are replayed before it, so that blocks stored before the subscription
-// are known too. A message or payload that does not parse is counted and
-// skipped; if it carried a seq, that batch is missing and the next one is
-// a gap. Messages wait in a bounded queue (1024) while the handler or a
-// replay is busy; one that finds the queue full is dropped and shows as a
-// gap at the next batch, so memory stays bounded and nothing is lost
-// silently.
+// signal. It is not enough on its own: an engine that restarts quickly
+// may have published past the last seq seen by the time the subscriber
+// has redialled, and that would look like a gap, filled from the new
+// process's buffer while the old process's blocks stayed in the handler.
+// So a new connection's first batch must follow exactly or counts as a
+// restart; if the engine did not restart, the cost is a state rebuilt
+// from the catch-up (or from nothing, without a replay endpoint) instead
+// of a gap filled. The first batch, and the first after a restart, is
+// taken as it is; with a replay endpoint the batches the engine still
+// buffers from seq 0 are replayed before it, so that blocks stored before
+// the subscription are known too. A message or payload that does not
+// parse is counted and skipped; if it carried a seq, that batch is
+// missing and the next one is a gap. Messages wait in a bounded queue
+// while the handler or a replay is busy: 1024 messages and 64 MiB of
+// frames (a message always enters an empty queue). vLLM's batches are one
+// engine step's events, typically a few KB and a few hundred KB for a
+// prompt of 100k tokens, so the byte bound is far from normal traffic but
+// stops 1024 messages of up to 64 MiB each from holding gigabytes per
+// engine. A message that finds the queue full, by count or by bytes, is
+// dropped and shows as a gap at the next batch, so memory stays bounded
+// and nothing is lost silently.
 //
 // The replay request is sent from a DEALER socket, since one request gets
 // many replies, which a REQ socket would not take; each replay is one

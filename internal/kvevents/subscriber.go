@@ -39,6 +39,19 @@ const (
 	// treats like any other loss (a replay, or Lost).
 	liveQueue = 1024
 
+	// liveQueueBytes bounds the frame bytes (topic, seq and payload) of the
+	// messages waiting in the live queue, since its count alone would let
+	// 1024 messages of up to MaxPayloadSize (64 MiB) each hold 64 GiB per
+	// engine while a replay runs. vLLM publishes one batch per engine step
+	// with that step's events, typically a few KB; a prompt of 100k tokens
+	// makes a batch of a few hundred KB (one BlockStored with every token
+	// id), so 64 MiB holds hundreds of steps of the largest batches seen.
+	// A message that would take the queue over it is dropped like one that
+	// finds the queue full. One message is always taken into an empty
+	// queue, whatever its size, so a batch over the budget is not lost for
+	// good: memory stays under the budget or one message.
+	liveQueueBytes = 64 << 20
+
 	// decodeLogEvery: the first decode error is logged, then one in this
 	// many, so a publisher speaking another format does not flood the log.
 	decodeLogEvery = 1000
@@ -80,7 +93,9 @@ const (
 	// replay socket, or the subscriber's own queue overflowed.
 	LostGap LostReason = iota + 1
 	// LostRestart: seq went back, so the publisher restarted (vLLM's seq
-	// starts at 0 per process) and its cache started empty.
+	// starts at 0 per process) and its cache started empty; or the first
+	// batch after a redial did not follow the last seq handed over, so
+	// the publisher may have restarted while the connection was down.
 	LostRestart
 	// LostReplayFailed: batches were missed and the replay that should
 	// have filled the gap failed, timed out or did not cover it.
@@ -105,7 +120,8 @@ func (r LostReason) String() string {
 // goroutine, never concurrently, so an implementation that serves a single
 // subscriber needs no locking of its own for the engine's state. Its
 // methods should return quickly: while one runs, messages wait in a queue
-// of 1024, and the ones that find it full are dropped (a gap).
+// of 1024 messages and 64 MiB of frames, and the ones that find it full
+// are dropped (a gap).
 type Handler interface {
 	// Batch hands over the batch published with seq. Batches arrive in
 	// seq order with no hole since the previous Batch, except right
@@ -135,7 +151,8 @@ type SubscriberStats struct {
 	// handed over. Replays counts replay exchanges that filled what they
 	// were asked for; ReplayedBatches the batches they handed over;
 	// ReplayFailures replays that failed, timed out or left a hole.
-	// Restarts counts seq going back (Lost(LostRestart)).
+	// Restarts counts Lost(LostRestart): seq going back, or the first
+	// batch of a new connection not following the last one.
 	Gaps, Replays, ReplayedBatches, ReplayFailures, Restarts uint64
 	// PeerErrors counts connections (to Endpoint or Replay) dropped
 	// because the peer broke the bounds of the ZMTP stream: a frame header
@@ -163,11 +180,18 @@ type Subscriber struct {
 	log           *slog.Logger
 	replayTimeout time.Duration
 	topic         []byte
+	queueBudget   int64 // liveQueueBudget when built
 	running       atomic.Bool
 
+	// queued is the frame bytes of the messages in Run's live queue: added
+	// by the receiving goroutine before it queues one, taken off by Run's
+	// goroutine when it takes one out.
+	queued atomic.Int64
+
 	// The seq state, touched only by Run's goroutine.
-	have bool   // a batch was handed over since the start or the last Lost
-	last uint64 // its seq
+	have     bool   // a batch was handed over since the start or the last Lost
+	last     uint64 // its seq
+	redialed bool   // a new connection's first message came, and no batch of it was decoded yet
 
 	batches, stored, removed, cleared    atomic.Uint64
 	unknown, invalid, decodeErrors       atomic.Uint64
@@ -177,6 +201,10 @@ type Subscriber struct {
 	lastSeq                              atomic.Uint64
 	haveSeq, connected                   atomic.Bool
 }
+
+// liveQueueBudget is the byte bound of a new subscriber's live queue:
+// liveQueueBytes, which tests lower.
+var liveQueueBudget int64 = liveQueueBytes
 
 // zmqLog silences zmq4's own logger (it logs only failed accepts of
 // listening sockets, which a subscriber does not have).
@@ -209,7 +237,7 @@ func NewSubscriber(cfg SubscriberConfig, h Handler) (*Subscriber, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	s := &Subscriber{cfg: cfg, h: h, log: cfg.Logger, replayTimeout: cfg.ReplayTimeout, topic: []byte(cfg.Topic)}
+	s := &Subscriber{cfg: cfg, h: h, log: cfg.Logger, replayTimeout: cfg.ReplayTimeout, topic: []byte(cfg.Topic), queueBudget: liveQueueBudget}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -266,6 +294,8 @@ func (s *Subscriber) Stats() SubscriberStats {
 type liveMsg struct {
 	seq     uint64
 	payload []byte
+	size    int64 // the message's frame bytes, counted in Subscriber.queued
+	fresh   bool  // the first message queued from its connection
 }
 
 // Run subscribes and hands batches to the handler until ctx is done, then
@@ -276,7 +306,8 @@ type liveMsg struct {
 // dial errors and replay failures are counted and logged, never returned.
 //
 // Run may be called again after it returned, continuing from the last seq
-// it handed over; a call while another runs returns an error at once.
+// it handed over (its first batch is then taken as the first after a
+// redial); a call while another runs returns an error at once.
 //
 // Its connections, to Endpoint and to Replay, go through a transport that
 // bounds what a peer can make zmq4 v0.17.0 do (see the package doc,
@@ -295,6 +326,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	live := make(chan liveMsg, liveQueue)
+	s.queued.Store(0) // what a previous Run left queued is gone with its channel
 	var wg sync.WaitGroup
 	wg.Go(func() { s.receive(ctx, live) })
 	defer wg.Wait() // runs after cancel
@@ -305,6 +337,7 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case m := <-live:
+			s.queued.Add(-m.size)
 			s.onLive(ctx, m)
 		}
 	}
@@ -337,8 +370,9 @@ func (s *Subscriber) receive(ctx context.Context, live chan<- liveMsg) {
 }
 
 // session dials Endpoint once and queues what it receives until the
-// connection fails or ctx is done. received reports whether a message
-// arrived on a connection that did not break the ZMTP bounds.
+// connection fails or ctx is done, marking the first message it queues
+// fresh. received reports whether a message arrived on a connection that
+// did not break the ZMTP bounds.
 func (s *Subscriber) session(ctx context.Context, live chan<- liveMsg) (received bool, err error) {
 	var broke atomic.Bool
 	defer func() {
@@ -367,6 +401,7 @@ func (s *Subscriber) session(ctx context.Context, live chan<- liveMsg) (received
 	s.connected.Store(true)
 	defer s.connected.Store(false)
 	s.log.InfoContext(ctx, "kv events: subscribed", "endpoint", s.cfg.Endpoint, "topic", s.cfg.Topic)
+	fresh := true // until a message of this connection is queued
 	for {
 		msg, err := sock.Recv()
 		if err != nil {
@@ -384,15 +419,42 @@ func (s *Subscriber) session(ctx context.Context, live chan<- liveMsg) (received
 		if !bytes.HasPrefix(topic, s.topic) {
 			continue // the PUB filters by subscription; this is a second check
 		}
-		select {
-		case live <- liveMsg{seq: seq, payload: payload}:
-		default:
-			// Never block here: zmq4's reader of the connection would block
-			// behind us. The lost seq shows as a gap.
-			if n := s.queueDrops.Add(1); n == 1 || n%decodeLogEvery == 0 {
-				s.log.WarnContext(ctx, "kv events: queue full, batch dropped", "endpoint", s.cfg.Endpoint, "seq", seq, "dropped_total", n)
-			}
+		// Never block here: zmq4's reader of the connection would block
+		// behind us. A message dropped leaves its seq missing, which shows
+		// as a gap. Only this goroutine adds to queued, so the check
+		// cannot be overtaken; Run's goroutine only takes off.
+		size := frameBytes(msg.Frames)
+		if q := s.queued.Load(); q > 0 && q+size > s.queueBudget {
+			s.queueDrop(ctx, seq, "bytes")
+			continue
 		}
+		s.queued.Add(size)
+		select {
+		case live <- liveMsg{seq: seq, payload: payload, size: size, fresh: fresh}:
+			fresh = false
+		default:
+			s.queued.Add(-size)
+			s.queueDrop(ctx, seq, "count")
+		}
+	}
+}
+
+// frameBytes is the length of a message's frames together.
+func frameBytes(frames [][]byte) int64 {
+	var n int64
+	for _, f := range frames {
+		n += int64(len(f))
+	}
+	return n
+}
+
+// queueDrop counts a live message dropped because the queue was full, by
+// its count or its bytes (over), and logs the first and then one in
+// decodeLogEvery.
+func (s *Subscriber) queueDrop(ctx context.Context, seq uint64, over string) {
+	if n := s.queueDrops.Add(1); n == 1 || n%decodeLogEvery == 0 {
+		s.log.WarnContext(ctx, "kv events: queue full, batch dropped", "endpoint", s.cfg.Endpoint, "seq", seq, "full_by", over,
+			"queued_bytes", s.queued.Load(), "dropped_total", n)
 	}
 }
 
@@ -429,21 +491,32 @@ func (s *Subscriber) peerError(ctx context.Context, endpoint string, err error) 
 
 // onLive checks one live message's seq against the last handed over and
 // hands it over, after a replay or a Lost when it does not follow.
+//
+// The first batch of a new connection (a redial) that does not follow is
+// taken as a restart, not a gap: the engine may have restarted while the
+// connection was down and published past the last seq seen before the
+// subscriber is back, and a replay from the new process's buffer would
+// leave the old process's blocks in the handler's state. Its cost, when
+// the engine did not restart, is a state rebuilt from the catch-up
+// instead of a gap filled.
 func (s *Subscriber) onLive(ctx context.Context, m liveMsg) {
+	s.redialed = s.redialed || m.fresh
 	b, err := DecodeBatch(m.payload)
 	if err != nil {
 		// Not handed over: its seq stays missing, and the next batch
-		// shows the gap.
+		// shows the gap (or, first of a connection, the redial).
 		s.decodeError(ctx, err)
 		return
 	}
+	redialed := s.redialed
+	s.redialed = false
 	switch {
 	case !s.have:
 		s.catchUp(ctx, m.seq)
 	case m.seq == s.last+1:
-	case m.seq <= s.last:
+	case m.seq <= s.last, redialed:
 		s.restarts.Add(1)
-		s.lost(ctx, LostRestart, "seq", m.seq, "last", s.last)
+		s.lost(ctx, LostRestart, "seq", m.seq, "last", s.last, "redialed", redialed)
 		s.catchUp(ctx, m.seq)
 	default:
 		s.gaps.Add(1)

@@ -149,8 +149,18 @@ type record struct {
 // port of 127.0.0.1) and, with replay, a replay socket answering as f says.
 func newEngine(t *testing.T, addr string, replay bool, f framing) *engine {
 	t.Helper()
+	return newEngineAt(t, addr, "", replay, f)
+}
+
+// newEngineAt is newEngine with the replay socket on replayAddr ("" for a
+// free port), as a restarted engine binds the same ports.
+func newEngineAt(t *testing.T, addr, replayAddr string, replay bool, f framing) *engine {
+	t.Helper()
 	if addr == "" {
 		addr = "127.0.0.1:0"
+	}
+	if replayAddr == "" {
+		replayAddr = "127.0.0.1:0"
 	}
 	e := &engine{t: t, topic: []byte("kv@10.0.0.7@qwen"), framing: f}
 	e.pub = zmq4.NewPub(context.Background(), zmq4.WithLogger(zmqLog))
@@ -160,7 +170,7 @@ func newEngine(t *testing.T, addr string, replay bool, f framing) *engine {
 	e.endpoint = "tcp://" + e.pub.Addr().String()
 	if replay {
 		e.router = zmq4.NewRouter(context.Background(), zmq4.WithLogger(zmqLog))
-		if err := e.router.Listen("tcp://127.0.0.1:0"); err != nil {
+		if err := e.router.Listen("tcp://" + replayAddr); err != nil {
 			t.Fatalf("router listen: %v", err)
 		}
 		e.replay = "tcp://" + e.router.Addr().String()
@@ -790,6 +800,203 @@ func TestSubscriberQueueOverflow(t *testing.T) {
 			lost := slices.Index(got, "lost:gap")
 			if got[0] != "b"+fmt.Sprint(first) || lost < 0 || uint64(strings.Count(strings.Join(got, " "), "lost:gap")) != st.Gaps {
 				t.Fatalf("entries after connect start %v, want b%d first and one lost:gap per gap (%d)", got[:min(len(got), 5)], first, st.Gaps)
+			}
+		})
+	}
+}
+
+// msgBytes is the frame bytes of the message publishNext sends for seq:
+// the topic, the 8-byte seq and testBatch(seq) in the map encoding.
+func (e *engine) msgBytes(seq uint64) int64 {
+	return int64(len(e.topic)) + 8 + int64(len(AppendBatch(nil, testBatch(seq), EncodingMap)))
+}
+
+// setQueueBudget sets liveQueueBudget for the subscribers the test builds
+// and restores it at its end.
+func setQueueBudget(t *testing.T, n int64) {
+	old := liveQueueBudget
+	liveQueueBudget = n
+	t.Cleanup(func() { liveQueueBudget = old })
+}
+
+// TestSubscriberQueueBytes: while the handler is stuck, the live queue
+// takes messages up to its byte budget, far below its count of 1024, and
+// drops the one that would go over; the hole shows as a gap. A message
+// over the whole budget still enters an empty queue.
+func TestSubscriberQueueBytes(t *testing.T) {
+	t.Run("budget", func(t *testing.T) {
+		e := newEngine(t, "", false, framingVLLM)
+		budget := 20 * e.msgBytes(1000)
+		setQueueBudget(t, budget)
+		g := &gated{recorder: newRecorder(), gate: make(chan struct{})}
+		s := run(t, SubscriberConfig{Endpoint: e.endpoint}, g)
+		var once sync.Once
+		release := func() {
+			once.Do(func() {
+				g.hold.Store(false)
+				close(g.gate)
+			})
+		}
+		t.Cleanup(release) // before run's cleanup waits for Run: a failure must not leave the handler stuck
+		e.connect(t, g.recorder)
+		n := len(g.entries())
+		g.hold.Store(true)
+		first := e.publishNext()
+		for range 100 {
+			e.publishNext()
+		}
+		testutil.Eventually(t, wait, func() bool { return s.queueDrops.Load() > 0 }, "a message dropped over the byte budget")
+		if q := s.queued.Load(); q > budget || q <= 0 {
+			t.Errorf("queued %d bytes with the handler stuck, want 1..%d", q, budget)
+		}
+		release()
+		testutil.Eventually(t, wait, func() bool {
+			seq := e.publishNext()
+			return testutil.Poll(200*time.Millisecond, func() bool {
+				got := g.entries()
+				return got[len(got)-1] == "b"+fmt.Sprint(seq)
+			})
+		}, "the handler to catch up")
+		got := g.waitLast(t, e.lastSeq())[n:]
+		// got: b<first>, then the k batches queued behind it, then the gap.
+		k := slices.Index(got, "lost:gap") - 1
+		if k < 1 || !slices.Equal(got[:k+1], seqs(first, first+uint64(k))) {
+			t.Fatalf("entries after connect start %v, want b%d, the batches queued behind it, then lost:gap", got[:min(len(got), 30)], first)
+		}
+		var queued int64 // what the k batches held in the queue, together
+		for seq := first + 1; seq <= first+uint64(k); seq++ {
+			queued += e.msgBytes(seq)
+		}
+		// While the handler held first, the k were in the queue together;
+		// the next did not fit beside them (and first, if not yet taken).
+		next := e.msgBytes(first + uint64(k) + 1)
+		if queued > budget || e.msgBytes(first)+queued+next <= budget {
+			t.Errorf("%d batches of %d bytes queued, next of %d dropped; want them within the budget %d and the next over it",
+				k, queued, next, budget)
+		}
+		// The ones still arriving after the release may be queued again,
+		// so only the first gap is exact.
+		if st := s.Stats(); st.Gaps == 0 {
+			t.Errorf("stats %+v, want a gap", st)
+		}
+		if q := s.queued.Load(); q != 0 {
+			t.Errorf("queued %d bytes after the handler caught up, want 0", q)
+		}
+	})
+	t.Run("message over the budget", func(t *testing.T) {
+		setQueueBudget(t, 1)
+		e := newEngine(t, "", false, framingVLLM)
+		r := newRecorder()
+		s := run(t, SubscriberConfig{Endpoint: e.endpoint}, r)
+		e.connect(t, r)
+		n := len(r.entries())
+		for range 3 {
+			r.waitLast(t, e.publishNext())
+		}
+		if got, want := r.entries()[n:], seqs(e.lastSeq()-2, e.lastSeq()); !slices.Equal(got, want) {
+			t.Fatalf("entries %v, want %v", got, want)
+		}
+		if st := s.Stats(); st.Gaps != 0 {
+			t.Errorf("stats %+v, want no gap", st)
+		}
+	})
+}
+
+// TestSubscriberRedialRestart: the engine restarts while the connection
+// is down and has published past the last seq seen before the subscriber
+// is back. The first batch of the new connection does not follow, so it
+// is a restart: Lost(LostRestart), then the new process's batches (from
+// seq 0 with a replay endpoint), and no gap replayed from the new
+// process's buffer.
+func TestSubscriberRedialRestart(t *testing.T) {
+	for name, replay := range map[string]bool{"no replay": false, "replay": true} {
+		t.Run(name, func(t *testing.T) {
+			a := newEngine(t, "", replay, framingVLLM)
+			r := newRecorder()
+			s := run(t, SubscriberConfig{Endpoint: a.endpoint, Replay: a.replay}, r)
+			a.connect(t, r)
+			for a.lastSeq() < 5 {
+				a.publishNext()
+			}
+			r.waitLast(t, a.lastSeq())
+			last := a.lastSeq()
+			a.close()
+			testutil.Eventually(t, wait, func() bool { return !s.Stats().Connected }, "Connected false after the publisher closed")
+			n := len(r.entries())
+
+			// The new process, on the same ports, has published up to
+			// start-1 already.
+			start := max(10, last+2)
+			b := newEngineAt(t, strings.TrimPrefix(a.endpoint, "tcp://"), strings.TrimPrefix(a.replay, "tcp://"), replay, framingVLLM)
+			for range start {
+				b.withhold()
+			}
+			b.connect(t, r)
+			got := r.entries()[n:]
+			if len(got) < 2 || got[0] != "lost:restart" {
+				t.Fatalf("entries after the new publisher %v, want lost:restart then its batches", got)
+			}
+			var from uint64
+			if _, err := fmt.Sscanf(got[1], "b%d", &from); err != nil {
+				t.Fatalf("entries after the new publisher %v: %v", got, err)
+			}
+			switch {
+			case replay && from != 0:
+				t.Fatalf("entries after the new publisher %v, want lost:restart then b0... (the catch-up)", got)
+			case !replay && from < start:
+				t.Fatalf("entries after the new publisher %v, want lost:restart then b%d or later", got, start)
+			}
+			if want := seqs(from, b.lastSeq()); !slices.Equal(got[1:], want) {
+				t.Fatalf("entries after the new publisher %v, want lost:restart then %v", got, want)
+			}
+			if st := s.Stats(); st.Restarts != 1 || st.Gaps != 0 || st.ReplayFailures != 0 || st.LastSeq != b.lastSeq() {
+				t.Errorf("stats %+v, want Restarts 1, no gap, no replay failure, LastSeq %d", st, b.lastSeq())
+			}
+		})
+	}
+}
+
+// TestSubscriberRedialRule: the first batch of a new connection continues
+// the stream only when its seq is the next one; otherwise it is a restart,
+// also when the connection's first message did not decode. On the same
+// connection a seq ahead is a gap.
+func TestSubscriberRedialRule(t *testing.T) {
+	payload := AppendBatch(nil, testBatch(0), EncodingMap)
+	tests := []struct {
+		name     string
+		junk     bool // the connection's first message does not decode; seq comes second
+		seq      uint64
+		fresh    bool
+		want     []string
+		restarts uint64
+		gaps     uint64
+	}{
+		{"redial, next seq", false, 6, true, []string{"b6"}, 0, 0},
+		{"redial, seq ahead", false, 10, true, []string{"lost:restart", "b10"}, 1, 0},
+		{"redial, seq back", false, 3, true, []string{"lost:restart", "b3"}, 1, 0},
+		{"redial, seq repeated", false, 5, true, []string{"lost:restart", "b5"}, 1, 0},
+		{"redial, first undecodable", true, 10, false, []string{"lost:restart", "b10"}, 1, 0},
+		{"same connection, seq ahead", false, 10, false, []string{"lost:gap", "b10"}, 0, 1},
+		{"same connection, next seq", false, 6, false, []string{"b6"}, 0, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRecorder()
+			s, err := NewSubscriber(SubscriberConfig{Endpoint: "tcp://" + testutil.RefusedAddr}, r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ctx := context.Background()
+			s.onLive(ctx, liveMsg{seq: 5, payload: payload, fresh: true}) // the first connection's first
+			if tt.junk {
+				s.onLive(ctx, liveMsg{seq: tt.seq - 1, payload: []byte("junk"), fresh: true})
+			}
+			s.onLive(ctx, liveMsg{seq: tt.seq, payload: payload, fresh: tt.fresh})
+			if got := r.entries(); !slices.Equal(got[1:], tt.want) || got[0] != "b5" {
+				t.Fatalf("entries %v, want b5 then %v", got, tt.want)
+			}
+			if st := s.Stats(); st.Restarts != tt.restarts || st.Gaps != tt.gaps || st.LastSeq != tt.seq {
+				t.Errorf("stats %+v, want Restarts %d, Gaps %d, LastSeq %d", st, tt.restarts, tt.gaps, tt.seq)
 			}
 		})
 	}
