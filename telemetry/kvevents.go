@@ -215,7 +215,7 @@ func (r *kvInstruments) init(meter metric.Meter) []error {
 
 // latencyBuckets are the bounds, in seconds, of the KV-event and
 // tokenization latency histograms: 100 µs to 10 s.
-var latencyBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10}
+var latencyBuckets = []float64{0.0001, 0.00025, 0.0005, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10}
 
 // ObserveKVEvents registers fn as the source of the KV-event counters
 // (switchboard.kv_events.events, .decode_errors, .peer_errors, .gaps, .replays,
