@@ -187,15 +187,7 @@ func (f *Fleet) reconcileKVLocked() {
 // again.
 func (f *Fleet) checkKV(ctx context.Context) {
 	now := f.now()
-	f.mu.Lock()
-	engines := make([]*Engine, 0, len(f.engines))
-	for _, e := range f.engines {
-		if e.kv.sub != nil {
-			engines = append(engines, e)
-		}
-	}
-	f.mu.Unlock()
-	for _, e := range engines {
+	for _, e := range f.subscribed() {
 		fresh := f.kv.Fresh(e.ep, now)
 		switch {
 		case fresh && !e.kv.fresh:
@@ -212,6 +204,20 @@ func (f *Fleet) checkKV(ctx context.Context) {
 		}
 		e.kv.fresh = fresh
 	}
+}
+
+// subscribed returns the fleet's engines with a KV-event subscription,
+// read under f.mu; their subscriptions are read without it.
+func (f *Fleet) subscribed() []*Engine {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]*Engine, 0, len(f.engines))
+	for _, e := range f.engines {
+		if e.kv.sub != nil {
+			out = append(out, e)
+		}
+	}
+	return out
 }
 
 // EngineKVStatus is an engine's KV-event subscription as GET
@@ -256,15 +262,7 @@ func (f *Fleet) ObserveKV(report func(e *telemetry.Engine, c telemetry.KVEngineC
 		return telemetry.KVIndexTotals{}
 	}
 	now := f.now()
-	f.mu.Lock()
-	engines := make([]*Engine, 0, len(f.engines))
-	for _, e := range f.engines {
-		if e.kv.sub != nil {
-			engines = append(engines, e)
-		}
-	}
-	f.mu.Unlock()
-	for _, e := range engines {
+	for _, e := range f.subscribed() {
 		st := e.kv.sub.Stats()
 		blocks, _, _ := f.kv.EngineStats(e.ep, now)
 		report(e.tel, telemetry.KVEngineCounts{Stored: st.Stored, Removed: st.Removed, Cleared: st.Cleared,
