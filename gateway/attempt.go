@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"math"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -71,6 +72,11 @@ type attempt struct {
 	// the prefill engine's (rewriteUsage).
 	pd      *disagg
 	carried bool
+	// price is what an exchange costs on this engine for the request's
+	// model (Config.Pricing); nil when unpriced. model is that model (the
+	// engines' name for it).
+	price *price
+	model string
 	// predicted is the prompt tokens the policy predicted cached on this
 	// engine from its KV-cache events, checked at the end against the
 	// cached tokens its usage reports; -1 when none was predicted.
@@ -83,7 +89,8 @@ type attempt struct {
 func (s *Server) startAttempt(ctx context.Context, eng *fleet.Engine, op *operation, in *inbound) (context.Context, *attempt) {
 	// The metrics carry the model the engines serve (a bounded set: the
 	// route lookup found it), the span the name the client used.
-	a := &attempt{s: s, eng: eng, class: op.class, attrs: eng.Telemetry().Attrs(in.target, op.genai, op.name), predicted: -1}
+	a := &attempt{s: s, eng: eng, class: op.class, attrs: eng.Telemetry().Attrs(in.target, op.genai, op.name), predicted: -1,
+		price: in.set.prices.lookup(eng.Name(), in.target), model: in.target}
 	if in.kvOn != nil && in.kvOn == eng.Endpoint() {
 		a.predicted = in.kvPredicted
 	}
@@ -215,6 +222,33 @@ func (a *attempt) finish() {
 	a.end()
 }
 
+// charge adds the exchange's cost, from the tokens countUsage charged it
+// (in input, out output) at its engine's price, to the request (the
+// access log), to its key's spend and to switchboard.request.cost. The
+// input tokens the engine found cached are priced as such when its usage
+// says so.
+func (a *attempt) charge(st *reqState, in, out int64) {
+	if a.class == classLight {
+		return
+	}
+	var cached int64
+	if a.hasUsage && a.usage.HasCached && a.seam == nil {
+		cached = a.usage.CachedTokens
+	}
+	usd := a.price.cost(in, cached, out)
+	if usd <= 0 {
+		return
+	}
+	nano := int64(math.Round(usd * 1e9))
+	st.costNano += nano
+	key := ""
+	if st.key != nil {
+		key = st.key.name
+		a.s.limits.usageOf(key).spendNano.Add(nano)
+	}
+	a.s.metrics.RecordCost(a.ctx, a.eng.Telemetry(), a.model, key, usd)
+}
+
 // checkPrediction compares the prompt tokens predicted cached on the
 // engine at pick time with those its usage reports
 // (prompt_tokens_details.cached_tokens; vLLM leaves it out when it is 0,
@@ -267,7 +301,10 @@ func (a *attempt) end() {
 		a.s.fleet.Report(a.eng, outcomeOf(a.status, a.errType))
 	}
 	if st := stateFrom(a.ctx); st != nil { // for the access log: the last attempt's outcome
-		a.countUsage(st)
+		in, out := a.countUsage(st)
+		if a.price != nil {
+			a.charge(st, in, out)
+		}
 		st.errType = a.errType
 		st.inTok, st.outTok = o.InputTokens, o.OutputTokens
 		switch {

@@ -81,6 +81,9 @@ type Config struct {
 	// configuration loader, like Migration): KV-cache event subscriptions,
 	// the precise index's bounds and request tokenization.
 	KVEvents KVEventsConfig `koanf:"-"`
+	// Pricing is the top-level `pricing` list: what an exchange costs
+	// on an engine, from its usage (PriceConfig). Reloadable.
+	Pricing []PriceConfig `koanf:"-"`
 	// MaxPendingPerModel caps, per model, the generative requests (chat,
 	// completions, Responses, Messages, ...) in flight with no first token
 	// yet: queued or prefilling in an engine. A non-streaming request shows
@@ -416,6 +419,7 @@ func (c Config) ValidateSettings() error {
 	if err := c.KVEvents.Validate(); err != nil {
 		errs = append(errs, err)
 	}
+	errs = append(errs, validatePricing(c.Pricing)...)
 	if err := c.Disaggregation.Validate(); err != nil {
 		errs = append(errs, err)
 	}

@@ -74,6 +74,7 @@ type keyUsage struct {
 	admitted, refused, unavailable atomic.Int64
 	inFlight                       atomic.Int64 // admitted requests not yet ended
 	tokensIn, tokensOut            atomic.Int64
+	spendNano                      atomic.Int64 // the cost of its requests' exchanges, in 10^-9 USD (Config.Pricing)
 }
 
 // keyGrant is a keyed request's hold on its key's limits, given back by
@@ -267,32 +268,35 @@ func (l *limiter) release(ctx context.Context, rel quota.Release) {
 // reported one; else, for an attempt the engine accepted (2xx), the
 // prompt estimate plus one token per content event; else nothing (the
 // engine refused or never got it).
-func (a *attempt) countUsage(st *reqState) {
+func (a *attempt) countUsage(st *reqState) (in, out int64) {
 	switch {
 	case a.class == classLight:
 	case a.seam != nil:
 		// A continuation: its prompt is the request's prompt and what
 		// was generated, already counted; its output is the answer's.
-		st.usedOut += max(a.usage.CompletionTokens, a.contentEvents)
+		out = max(a.usage.CompletionTokens, a.contentEvents)
 	case a.hasUsage:
-		st.usedIn += max(a.usage.PromptTokens, 0)
+		in = max(a.usage.PromptTokens, 0)
 		if a.class == classGenerative {
 			// A stream cut before its final usage (Anthropic's
 			// message_start already says output_tokens 1) has at
 			// least its content events.
-			st.usedOut += max(a.usage.CompletionTokens, a.contentEvents)
+			out = max(a.usage.CompletionTokens, a.contentEvents)
 		}
 	case a.status >= 200 && a.status <= 299:
-		st.usedIn += st.promptEst
+		in = st.promptEst
 		if a.stream {
-			st.usedOut += a.contentEvents
+			out = a.contentEvents
 		} else if a.class == classGenerative {
 			// A whole answer whose usage is unknown (no usage object,
 			// a body too large to read it from, audio, images) is
 			// charged its reservation.
-			st.usedOut += st.reservedOut
+			out = st.reservedOut
 		}
 	}
+	st.usedIn += in
+	st.usedOut += out
+	return in, out
 }
 
 // errRateLimited is the 429 for an Ask a limit refused, worded as OpenAI's
@@ -371,6 +375,9 @@ type KeyStatus struct {
 	InFlight    int64 `json:"in_flight"`
 	TokensIn    int64 `json:"input_tokens"`
 	TokensOut   int64 `json:"output_tokens"`
+	// Spend is the cost of its requests' exchanges at the configured
+	// prices (pricing), in USD, this process since it started.
+	Spend float64 `json:"spend_usd"`
 }
 
 // Keys returns every configured key's status, in configuration order.
@@ -383,7 +390,8 @@ func (s *Server) Keys() []KeyStatus {
 		u := s.limits.usageOf(k.Name)
 		out[i] = KeyStatus{Name: k.Name, Models: k.Models, Limits: k.Limits, Shared: shared,
 			Admitted: u.admitted.Load(), Refused: u.refused.Load(), Unavailable: u.unavailable.Load(),
-			InFlight: u.inFlight.Load(), TokensIn: u.tokensIn.Load(), TokensOut: u.tokensOut.Load()}
+			InFlight: u.inFlight.Load(), TokensIn: u.tokensIn.Load(), TokensOut: u.tokensOut.Load(),
+			Spend: float64(u.spendNano.Load()) / 1e9}
 	}
 	return out
 }

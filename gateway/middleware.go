@@ -77,6 +77,9 @@ type reqState struct {
 	// grant is the request's hold on its key's limits (admitKey).
 	grant           keyGrant
 	usedIn, usedOut int64
+	// costNano is the cost of its exchanges at the configured prices, in
+	// 10^-9 USD (attempt.charge).
+	costNano int64
 
 	// rw and body are the response writer and the request body front
 	// hands the handlers (in the state: no allocation of their own).
@@ -420,6 +423,9 @@ func (s *Server) logRequest(r *http.Request, st *reqState, route string, status 
 	}
 	if st.inTok >= 0 {
 		attrs = append(attrs, slog.Int64("input_tokens", st.inTok), slog.Int64("output_tokens", st.outTok))
+	}
+	if st.costNano > 0 {
+		attrs = append(attrs, slog.Float64("cost_usd", float64(st.costNano)/1e9))
 	}
 	s.log.LogAttrs(r.Context(), slog.LevelInfo, "request", attrs...)
 }

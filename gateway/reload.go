@@ -190,6 +190,9 @@ func configDiff(a, b Config) []string {
 	if !reflect.DeepEqual(a.Migration, b.Migration) {
 		keys = append(keys, "migration")
 	}
+	if !reflect.DeepEqual(a.Pricing, b.Pricing) && len(a.Pricing)+len(b.Pricing) > 0 {
+		keys = append(keys, "pricing")
+	}
 	if a.Disaggregation != b.Disaggregation {
 		keys = append(keys, "disaggregation")
 	}

@@ -634,6 +634,8 @@ type settings struct {
 	// kvBlocks is the token block size of a policy that routes on the
 	// engines' KV-cache events (routing.KVRouter), 0 for another.
 	kvBlocks int
+	// prices are cfg.Pricing resolved.
+	prices pricing
 	// retryOn is cfg.Retry.On parsed.
 	retryOn retryMask
 	// keys are cfg.Auth.Keys compiled; none when auth is off.
@@ -642,7 +644,7 @@ type settings struct {
 
 // newSettings builds the snapshot for cfg (validated) and policy (not nil).
 func newSettings(cfg Config, policy routing.Policy) *settings {
-	set := &settings{cfg: cfg, policy: policy, retryOn: cfg.Retry.mask(), keys: compileKeys(cfg.Auth)}
+	set := &settings{cfg: cfg, policy: policy, retryOn: cfg.Retry.mask(), keys: compileKeys(cfg.Auth), prices: newPricing(cfg.Pricing)}
 	if ph, ok := policy.(routing.PrefixHasher); ok {
 		set.parser.BlockBytes, set.parser.MaxBlocks = ph.PrefixBlocks()
 	}

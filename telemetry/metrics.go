@@ -157,6 +157,7 @@ type Metrics struct {
 	migration      migrationInstruments
 	disagg         disaggInstruments
 	kv             kvInstruments
+	cost           costInstruments
 	fallback       fallbackInstruments
 	keys           keyInstruments
 	http           httpServer
@@ -299,6 +300,7 @@ func NewMetrics(mp metric.MeterProvider, opts ...MetricsOption) (*Metrics, error
 	errs = append(errs, m.migration.init(m.meter)...)
 	errs = append(errs, m.disagg.init(m.meter)...)
 	errs = append(errs, m.kv.init(m.meter)...)
+	errs = append(errs, m.cost.init(m.meter)...)
 	errs = append(errs, m.fallback.init(m.meter)...)
 	errs = append(errs, m.keys.init(m.meter)...)
 	errs = append(errs, m.http.init(m.meter)...)

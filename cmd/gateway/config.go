@@ -42,6 +42,7 @@ type Config struct {
 	Migration      gateway.MigrationConfig      `koanf:"migration"`
 	Disaggregation gateway.DisaggregationConfig `koanf:"disaggregation"`
 	KVEvents       gateway.KVEventsConfig       `koanf:"kv_events"`
+	Pricing        []gateway.PriceConfig        `koanf:"pricing"`
 	Routing        routing.Config               `koanf:"routing"`
 	Telemetry      telemetry.Config             `koanf:"telemetry"`
 	Log            LogConfig                    `koanf:"log"`

@@ -402,6 +402,10 @@ func TestShippedConfigs(t *testing.T) {
 		want.Simulate.Models = []string{"demo-model"}
 		// The example key (whose key nobody knows: auth on, fail closed).
 		want.Auth.Keys = []gateway.KeyConfig{{Name: "team-a", SHA256: "6b06e61934c28cc6e80eee09615352bf253539a7727e044324fdbff75f7542b5", Models: []string{"*"}}}
+		// The example price (an internal GPU-hour price for e1's model).
+		zero := 0.0
+		want.Pricing = []gateway.PriceConfig{{Model: "my-model", Engine: "e1", CachedInput: &zero,
+			GPUHour: &gateway.GPUHourPrice{USD: 2.5, GPUs: 1, InputTokensPerSecond: 20000, OutputTokensPerSecond: 2500}}}
 		// The file writes the empty lists as [] (the default is nil).
 		want.Server.StripRequestHeaders, want.Server.TrustedProxies = []string{}, []string{}
 		if !reflect.DeepEqual(cfg, want) {

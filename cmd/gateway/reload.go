@@ -57,6 +57,7 @@ func gatewayConfig(cfg Config, extra []fleet.EngineConfig) gateway.Config {
 	g.Migration = cfg.Migration
 	g.Disaggregation = cfg.Disaggregation
 	g.KVEvents = cfg.KVEvents
+	g.Pricing = cfg.Pricing
 	g.AccessLog = cfg.Log.Access
 	return g
 }
@@ -207,7 +208,7 @@ func restartKeys(running, next Config) []string {
 	cfgdiff.Diff("", reflect.ValueOf(running), reflect.ValueOf(next), func(key, opts string) bool {
 		return opts == "squash" || key == "engines" || key == "models" || key == "auth" || key == "routing" || key == "log.access" ||
 			key == "limits.default_max_tokens" || key == "limits.fail_mode" || // applied at once; limits.redis needs a restart
-			key == "migration" || key == "disaggregation" // the settings snapshot: applied at once
+			key == "migration" || key == "disaggregation" || key == "pricing" // the settings snapshot: applied at once
 	}, &keys)
 	return keys
 }
