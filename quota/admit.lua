@@ -2,11 +2,14 @@
 -- KEYS: the requests bucket, the tokens bucket, the leases sorted set.
 -- ARGV: requests per, full, cell, tick (per 0: no limit); tokens per,
 -- full, cell, tick; the tokens asked; the concurrent limit (0: none); the
--- lease; the lease's time to live in µs.
+-- lease; the lease's time to live in µs; the spend per day and per month
+-- limits (0: none); the spend asked; the spend windows' key base; a shift
+-- in µs added to Redis's clock for the spend windows (0; tests move it).
 -- Returns: allowed (1 or 0), refused (0 none, 1 requests, 2 tokens,
--- 3 concurrent), retry after (µs, unrounded; 0: never or concurrency),
--- requests remaining and reset (µs), tokens remaining and reset (µs),
--- in flight.
+-- 3 concurrent, 4 spend), retry after (µs, unrounded; 0: never or
+-- concurrency), requests remaining and reset (µs), tokens remaining and
+-- reset (µs), in flight, the day and month spend totals, the day and month
+-- window ids (0 without that limit).
 
 local rper, rfull, rcell, rtick = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local tper, tfull, tcell, ttick = tonumber(ARGV[5]), tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])
@@ -16,6 +19,10 @@ if n < 0 then
 end
 local climit, lease, ttl = tonumber(ARGV[10]), ARGV[11], tonumber(ARGV[12])
 local now = clock()
+local sday, smonth, sn, sbase = tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15]), ARGV[16]
+if sn < 0 then
+  sn = 0
+end
 
 local rd, rq, rafter, rok = 0, 0, 0, true
 if rper > 0 then
@@ -38,6 +45,27 @@ if climit > 0 then
   inflight = redis.call('ZCARD', KEYS[3])
 end
 
+local dtot, mtot, did, mid, dend, mend, snow = 0, 0, 0, 0, 0, 0, 0
+local srefused, snever, sretry = false, false, 0
+if sday > 0 or smonth > 0 then
+  snow = now + tonumber(ARGV[17])
+  local d, m, de, me = windows(snow)
+  if sday > 0 then
+    did, dend = d, de
+    dtot = spent(sbase .. ':d:' .. num(did))
+    if sn > sday - dtot then
+      srefused, snever, sretry = true, snever or sn > sday, math.max(sretry, dend - snow)
+    end
+  end
+  if smonth > 0 then
+    mid, mend = m, me
+    mtot = spent(sbase .. ':m:' .. num(mid))
+    if sn > smonth - mtot then
+      srefused, snever, sretry = true, snever or sn > smonth, math.max(sretry, mend - snow)
+    end
+  end
+end
+
 local refused, retry = 0, 0
 if not rok then
   refused, retry = 1, untilrepaid(rafter - rfull, rq, now, rper, rtick)
@@ -45,6 +73,11 @@ elseif toobig then
   refused = 2
 elseif not tok then
   refused, retry = 2, untilrepaid(tafter - tfull, tq, now, tper, ttick)
+elseif srefused then
+  refused = 4
+  if not snever then
+    retry = sretry
+  end
 elseif climit > 0 and inflight >= climit then
   refused = 3
 else
@@ -55,6 +88,12 @@ else
   if tper > 0 and n > 0 then
     td = tafter
     save(KEYS[2], td, now, tper, tfull, ttick)
+  end
+  if sn > 0 and sday > 0 then
+    dtot = put(sbase .. ':d:' .. num(did), sn, dend, snow)
+  end
+  if sn > 0 and smonth > 0 then
+    mtot = put(sbase .. ':m:' .. num(mid), sn, mend, snow)
   end
   if climit > 0 then
     inflight = inflight + redis.call('ZADD', KEYS[3], num(now + ttl), lease)
@@ -69,4 +108,4 @@ end
 return {ok, refused, retry,
   remaining(rd, rfull, rcell), untilrepaid(rd, rq, now, rper, rtick),
   remaining(td, tfull, tcell), untilrepaid(td, tq, now, tper, ttick),
-  inflight}
+  inflight, dtot, mtot, did, mid}

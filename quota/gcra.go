@@ -199,12 +199,13 @@ func micros(us int64) time.Duration {
 }
 
 // decide is one Admit over the two buckets (req in rr's units, tok in
-// tr's; a zero rate is no limit) and the key's requests in flight: the
-// Decision and, when it is allowed, the buckets to keep. The checks run in
-// the contract's order, requests, tokens, concurrent, and all of them
-// before anything is taken. The caller adds the lease and sets
-// Decision.InFlight when allowed.
-func decide(l Limits, tokens int64, rr, tr rate, req, tok bucket, inFlight, now int64) (d Decision, nreq, ntok bucket) {
+// tr's; a zero rate is no limit), the spend check's verdict (spend.go) and
+// the key's requests in flight: the Decision and, when it is allowed, the
+// buckets to keep. The checks run in the contract's order, requests,
+// tokens, spend, concurrent, and all of them before anything is taken. The
+// caller adds the lease and the spend and sets Decision.InFlight and
+// Decision.Spend.
+func decide(l Limits, tokens int64, rr, tr rate, req, tok bucket, sp spendVerdict, inFlight, now int64) (d Decision, nreq, ntok bucket) {
 	var rd, rq, td, tq int64
 	rafter, rok := int64(0), true
 	tafter, tok2 := int64(0), true
@@ -226,6 +227,8 @@ func decide(l Limits, tokens int64, rr, tr rate, req, tok bucket, inFlight, now 
 		d.Refused = RefusedTokens // never: RetryAfter 0
 	case !tok2:
 		d.Refused, d.RetryAfter = RefusedTokens, tr.retryAfter(tafter, tq, now)
+	case sp.refused:
+		d.Refused, d.RetryAfter = RefusedSpend, sp.retryAfter
 	case l.Concurrent > 0 && inFlight >= l.Concurrent:
 		d.Refused = RefusedConcurrent
 	default:

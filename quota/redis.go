@@ -128,9 +128,11 @@ var (
 	releaseLua string
 	//go:embed renew.lua
 	renewLua string
+	//go:embed spend.lua
+	spendLua string
 
-	admitScript   = redis.NewScript(gcraLua + admitLua)
-	releaseScript = redis.NewScript(gcraLua + releaseLua)
+	admitScript   = redis.NewScript(gcraLua + spendLua + admitLua)
+	releaseScript = redis.NewScript(gcraLua + spendLua + releaseLua)
 	renewScript   = redis.NewScript(gcraLua + renewLua)
 )
 
@@ -163,6 +165,11 @@ type Redis struct {
 	wg        sync.WaitGroup
 	closeOnce sync.Once
 	closeErr  error
+
+	// spendShift (µs) is added to Redis's clock for the spend windows
+	// only: tests set it, before any call, to move across a UTC day or
+	// month. 0 otherwise.
+	spendShift int64
 }
 
 var _ Store = (*Redis)(nil)
@@ -257,7 +264,7 @@ func (r *Redis) Admit(ctx context.Context, a Ask) (Decision, error) {
 		return Decision{}, err
 	}
 	l := a.Limits
-	if l.RequestsPerMinute <= 0 && l.TokensPerMinute <= 0 && l.Concurrent <= 0 {
+	if l.RequestsPerMinute <= 0 && l.TokensPerMinute <= 0 && l.Concurrent <= 0 && !l.spend() {
 		return Decision{Allowed: true}, nil
 	}
 	if err := ctx.Err(); err != nil {
@@ -278,12 +285,13 @@ func (r *Redis) Admit(ctx context.Context, a Ask) (Decision, error) {
 	keys := r.keys(a.Key)
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel()
-	v, err := admitScript.Run(cctx, r.client, keys,
+	v, err := admitScript.Run(cctx, r.client, keys[:3],
 		rr.per, rr.full, rr.cell, rr.tick,
 		tr.per, tr.full, tr.cell, tr.tick, a.Tokens,
-		max(l.Concurrent, 0), a.Lease, r.ttlUS).Int64Slice()
-	if err == nil && len(v) != 8 {
-		err = fmt.Errorf("the admit script answered %d values, want 8", len(v))
+		max(l.Concurrent, 0), a.Lease, r.ttlUS,
+		max(l.SpendPerDay, 0), max(l.SpendPerMonth, 0), max(a.Spend, 0), keys[3], r.spendShift).Int64Slice()
+	if err == nil && len(v) != 12 {
+		err = fmt.Errorf("the admit script answered %d values, want 12", len(v))
 	}
 	if err != nil {
 		return Decision{}, r.failed(ctx, "admit", err)
@@ -297,6 +305,8 @@ func (r *Redis) Admit(ctx context.Context, a Ask) (Decision, error) {
 		d.Refused = RefusedTokens
 	case 3:
 		d.Refused = RefusedConcurrent
+	case 4:
+		d.Refused = RefusedSpend
 	}
 	if v[2] > 0 {
 		d.RetryAfter = max(micros(v[2]), time.Millisecond)
@@ -309,6 +319,15 @@ func (r *Redis) Admit(ctx context.Context, a Ask) (Decision, error) {
 	}
 	if l.Concurrent > 0 {
 		d.InFlight = v[7]
+	}
+	d.Spend = SpendState{Day: v[8], Month: v[9]}
+	if d.Allowed {
+		if l.SpendPerDay > 0 {
+			d.SpendWindow.Day = strconv.FormatInt(v[10], 10)
+		}
+		if l.SpendPerMonth > 0 {
+			d.SpendWindow.Month = strconv.FormatInt(v[11], 10)
+		}
 	}
 	switch {
 	case d.Allowed && l.Concurrent > 0:
@@ -323,8 +342,12 @@ func (r *Redis) Admit(ctx context.Context, a Ask) (Decision, error) {
 
 // Release gives back r.Lease, if this store holds it (a second Release of
 // a lease changes nothing for concurrency), and settles the tokens bucket
-// by rel.Used-rel.Reserved when rel.Limits has a TokensPerMinute limit, in
-// one round trip; with neither to do it makes none. Its errors are
+// by rel.Used-rel.Reserved when rel.Limits has a TokensPerMinute limit, and
+// the spend windows rel.SpendDay and rel.SpendMonth (the current ones when
+// "" or malformed) by rel.UsedSpend-rel.ReservedSpend for each spend limit
+// of rel.Limits (never below 0; a window ended a day or more ago is gone
+// and settles nothing), in one round trip; with nothing to do it makes
+// none. Its errors are
 // Admit's: a Release that fails is not retried (its lease expires within
 // LeaseTTL; its settlement is lost).
 func (r *Redis) Release(ctx context.Context, rel Release) error {
@@ -339,8 +362,19 @@ func (r *Redis) Release(ctx context.Context, rel Release) error {
 	} else {
 		dt = 0
 	}
-	if lease == "" && dt == 0 {
+	ds := delta(rel.UsedSpend, rel.ReservedSpend)
+	if !rel.Limits.spend() {
+		ds = 0
+	}
+	if lease == "" && dt == 0 && ds == 0 {
 		return nil
+	}
+	day, month := rel.SpendDay, rel.SpendMonth
+	if _, _, ok := parseDay(day); !ok {
+		day = ""
+	}
+	if _, _, ok := parseMonth(month); !ok {
+		month = ""
 	}
 	if err := ctx.Err(); err != nil {
 		return err
@@ -356,7 +390,8 @@ func (r *Redis) Release(ctx context.Context, rel Release) error {
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel()
 	err = releaseScript.Run(cctx, r.client, []string{keys[1], keys[2]},
-		lease, dt, tr.per, tr.full, tr.cell, tr.tick).Err()
+		lease, dt, tr.per, tr.full, tr.cell, tr.tick,
+		ds, flag(rel.Limits.SpendPerDay > 0), flag(rel.Limits.SpendPerMonth > 0), keys[3], day, month, r.spendShift).Err()
 	if err != nil {
 		return r.failed(ctx, "release", err)
 	}
@@ -384,12 +419,22 @@ func (r *Redis) Close() error {
 	return r.closeErr
 }
 
-// keys are a key name's Redis keys: requests, tokens, leases. They share
-// the hash tag {name}, so a Redis Cluster keeps them on one node (each
-// script touches one key name's keys only).
+// keys are a key name's Redis keys: requests, tokens, leases, and the
+// base of its spend windows' keys (<base>:d:YYYYMMDD, <base>:m:YYYYMM,
+// which the scripts name from Redis's clock). They share the hash tag
+// {name}, so a Redis Cluster keeps them on one node (each script touches
+// one key name's keys only). The first three are the scripts' KEYS.
 func (r *Redis) keys(name string) []string {
 	base := r.cfg.KeyPrefix + "{" + name + "}:"
-	return []string{base + "req", base + "tok", base + "conc"}
+	return []string{base + "req", base + "tok", base + "conc", base + "spend"}
+}
+
+// flag is a boolean as a script argument.
+func flag(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 var errClosed = fmt.Errorf("%w: the store is closed", ErrUnavailable)

@@ -1,0 +1,102 @@
+-- spend.lua: the spend windows of spend.go, for admit.lua and release.lua
+-- (each script is gcra.lua, this file, then its own).
+--
+-- A window is a UTC calendar day or month of Redis's clock, named by its
+-- id (YYYYMMDD or YYYYMM, an integer); its total (spent + reserved,
+-- nano-USD) is the string key <base>:d:<YYYYMMDD> or <base>:m:<YYYYMM>,
+-- expiring GRACE past the window's end so a request admitted in it can
+-- still settle there.
+
+local GRACE = 86400000000 -- µs: spend.go's spendGrace, a day
+local DAY = 86400000000   -- µs
+
+-- days_from_civil is the number of days from 1970-01-01 to y-m-d
+-- (proleptic Gregorian; Howard Hinnant's algorithm).
+local function days_from_civil(y, m, d)
+  if m <= 2 then
+    y = y - 1
+  end
+  local era = idiv(y, 400)
+  local yoe = y - era * 400
+  local mp = (m + 9) % 12
+  local doy = idiv(153 * mp + 2, 5) + d - 1
+  local doe = yoe * 365 + idiv(yoe, 4) - idiv(yoe, 100) + doy
+  return era * 146097 + doe - 719468
+end
+
+-- civil_from_days is days_from_civil's inverse: y, m, d.
+local function civil_from_days(z)
+  z = z + 719468
+  local era = idiv(z, 146097)
+  local doe = z - era * 146097
+  local yoe = idiv(doe - idiv(doe, 1460) + idiv(doe, 36524) - idiv(doe, 146096), 365)
+  local y = yoe + era * 400
+  local doy = doe - (365 * yoe + idiv(yoe, 4) - idiv(yoe, 100))
+  local mp = idiv(5 * doy + 2, 153)
+  local d = doy - idiv(153 * mp + 2, 5) + 1
+  local m = mp + 3
+  if mp >= 10 then
+    m = mp - 9
+  end
+  if m <= 2 then
+    y = y + 1
+  end
+  return y, m, d
+end
+
+-- month_end is the µs at which month y-m ends.
+local function month_end(y, m)
+  if m == 12 then
+    return days_from_civil(y + 1, 1, 1) * DAY
+  end
+  return days_from_civil(y, m + 1, 1) * DAY
+end
+
+-- windows is windowsAt: the day and month ids holding now (µs) and their
+-- ends (µs).
+local function windows(now)
+  local days = idiv(now, DAY)
+  local y, m, d = civil_from_days(days)
+  return y * 10000 + m * 100 + d, y * 100 + m, (days + 1) * DAY, month_end(y, m)
+end
+
+-- day_end and month_id_end are the ends (µs) of the windows named by
+-- valid ids (Go checked them).
+local function day_end(id)
+  local y, m, d = idiv(id, 10000), idiv(id, 100) % 100, id % 100
+  return (days_from_civil(y, m, d) + 1) * DAY
+end
+
+local function month_id_end(id)
+  return month_end(idiv(id, 100), id % 100)
+end
+
+-- spent is a window's total (0 when it has none).
+local function spent(key)
+  local v = redis.call('GET', key)
+  if not v then
+    return 0
+  end
+  return tonumber(v) or 0
+end
+
+-- put adds delta to the window at key ending at wend, never below 0,
+-- unless the window has gone (GRACE past its end) or there is nothing to
+-- add to an absent total. It returns the total.
+local function put(key, delta, wend, now)
+  if now >= wend + GRACE then
+    return 0
+  end
+  local v = redis.call('GET', key)
+  if not v and delta <= 0 then
+    return 0
+  end
+  local t = (tonumber(v) or 0) + delta
+  if t < 0 then
+    t = 0
+  end
+  redis.call('SET', key, num(t))
+  redis.call('EXPIREAT', key, num(idiv(wend + GRACE, 1000000)))
+  return t
+end
+
