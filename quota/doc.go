@@ -1,6 +1,7 @@
 // Package quota keeps API keys' limits: requests per minute, tokens per
-// minute (reserved at admission, settled to the real usage at the end)
-// and requests in flight at once.
+// minute (reserved at admission, settled to the real usage at the end),
+// requests in flight at once, and spend budgets per UTC day and month
+// (a cost reserved at admission, settled to the real cost at the end).
 //
 // A [Store] answers an [Ask] with a [Decision] and takes back a [Release].
 // Two stores implement it: [Memory], per process, and [Redis], shared by
@@ -25,8 +26,8 @@
 // debt and refused until it is repaid), back for what was not used, but
 // never before now (a bucket is never fuller than its limit).
 //
-// The checks run in order, requests, tokens, concurrent, and all of them
-// pass before anything is taken: a refused Ask changes nothing.
+// The checks run in order, requests, tokens, spend, concurrent, and all of
+// them pass before anything is taken: a refused Ask changes nothing.
 //
 // T is rarely a whole number of anything (60 s/7; 60 ns for a billion
 // tokens), and rounding it lets limit+1 in at once or only limit-1. So the
@@ -49,14 +50,46 @@
 // twice. An Ask with a Concurrent limit and no Lease is an error
 // ([ErrInvalidAsk]).
 //
+// # Spend
+//
+// Limits.SpendPerDay and SpendPerMonth bound what a key's requests cost
+// (in nano-USD, 10^-9 USD) in one UTC calendar day and month of the
+// store's clock (Memory's, or Redis's TIME). Each window keeps one total,
+// spent + reserved. An Ask is allowed when total + Ask.Spend is within
+// every spend limit set, and then adds Ask.Spend to each window with a
+// limit; otherwise it is refused with RefusedSpend and a RetryAfter until
+// the refusing window ends (the next UTC midnight, or the first of the next
+// month; the later when both refuse), or 0 when Ask.Spend alone is above a
+// refusing limit (it never fits). The Decision's Spend reports the totals
+// and its SpendWindow names the windows reserved in ("YYYYMMDD",
+// "YYYYMM").
+//
+// A Release adds UsedSpend-ReservedSpend to the windows its SpendDay and
+// SpendMonth name: the admission's, even when a day or month ended while
+// the request ran (a window is kept a day past its end for this; a
+// settlement into a window ended longer ago is dropped). A negative
+// difference is given back, never below 0. So admission keeps spent +
+// reserved within the limit, and a window overspends only when a
+// request's real cost exceeds its reservation, by that excess (the key is
+// then refused until the window ends).
+//
+// Memory keeps each key's windows in its entry, dropping those ended a day
+// ago; Redis keeps each window's total in a string key,
+// <key_prefix>{<key name>}:spend:d:<YYYYMMDD> and :spend:m:<YYYYMM>,
+// expiring a day past the window's end. The scripts name these keys from
+// Redis's clock, so they are not among the scripts' declared keys; they
+// share the key name's hash tag, so a Redis Cluster keeps them on the same
+// node as the others. Lua keeps numbers as doubles: totals are exact up to
+// 2^53 nano-USD (about 9 million USD).
+//
 // # Redis
 //
 // [Redis] answers each Admit in one round trip: one Lua script (EVALSHA,
 // falling back to EVAL when Redis does not have it) reads Redis's own clock
 // (TIME, so replicas with skewed clocks agree), checks the requests bucket,
-// the tokens bucket and the concurrency leases, and commits all of it or
-// none. A key's state is three Redis keys sharing a Redis Cluster hash
-// tag: <key_prefix>{<key name>}:req and :tok (strings: the debt, its time
+// the tokens bucket, the spend windows and the concurrency leases, and
+// commits all of it or none. A key's state is three Redis keys (and its
+// spend windows' keys, # Spend) sharing a Redis Cluster hash tag: <key_prefix>{<key name>}:req and :tok (strings: the debt, its time
 // and its units; they expire when their bucket is full again, so idle keys
 // vanish) and :conc, the leases as a sorted set scored by their expiry (the
 // counting semaphore with expiring leases of Redis in Action, 6.3; the set
@@ -64,8 +97,8 @@
 // before counting; a lease lives lease_ttl, and the process holding it
 // renews it every lease_ttl/3 until it is released, so the leases of a
 // replica that crashed expire within lease_ttl. A Release is one round
-// trip too (the lease removed, the tokens settled), or none when there is
-// nothing to give back.
+// trip too (the lease removed, the tokens and the spend settled), or none
+// when there is nothing to give back.
 //
 // The one thing cached in the process is a refusal by the requests limit:
 // requests are never given back, so until its RetryAfter the same key with

@@ -115,7 +115,8 @@ func NewMemory(opts ...Option) *Memory {
 }
 
 // Admit takes, if every limit of a.Limits allows, one request, a.Tokens
-// tokens and a.Lease from a.Key's state, or nothing. Its only error is
+// tokens, a.Spend (in the current UTC day and month of the store's clock)
+// and a.Lease from a.Key's state, or nothing. Its only error is
 // ErrInvalidAsk (a Concurrent limit without a Lease). ctx is not used: it
 // never waits. A lease already held is held once (not counted twice):
 // leases must be unique among the requests in flight.

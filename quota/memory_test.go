@@ -226,10 +226,11 @@ func TestMemoryReleaseOfADroppedKey(t *testing.T) {
 func TestMemoryAdmitAllocs(t *testing.T) {
 	m := NewMemory()
 	ctx := context.Background()
-	l := Limits{RequestsPerMinute: 1e9, TokensPerMinute: 1e12, Concurrent: 10}
-	a := Ask{Key: "team", Limits: l, Tokens: 100, Lease: "lease-1"}
-	r := Release{Key: "team", Limits: l, Lease: "lease-1", Reserved: 100, Used: 50}
-	_, _ = m.Admit(ctx, a)
+	l := Limits{RequestsPerMinute: 1e9, TokensPerMinute: 1e12, Concurrent: 10, SpendPerDay: 1e15, SpendPerMonth: 1e15}
+	a := Ask{Key: "team", Limits: l, Tokens: 100, Lease: "lease-1", Spend: 1000}
+	d, _ := m.Admit(ctx, a)
+	r := Release{Key: "team", Limits: l, Lease: "lease-1", Reserved: 100, Used: 50,
+		ReservedSpend: 1000, UsedSpend: 600, SpendDay: d.SpendWindow.Day, SpendMonth: d.SpendWindow.Month}
 	_ = m.Release(ctx, r)
 	if n := testing.AllocsPerRun(1000, func() {
 		_, _ = m.Admit(ctx, a)

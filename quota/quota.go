@@ -157,9 +157,10 @@ var ErrUnavailable = errors.New("quota store unavailable")
 // concurrent use: [Memory] (per process) and [Redis] (shared by replicas).
 //
 // Admit takes, atomically, one request, Ask.Tokens tokens, Ask.Spend and a
-// lease, or nothing: an Ask any limit refuses changes no state. Release gives back
-// the lease and settles the tokens and the spend; it is called exactly once per allowed
-// Ask, on every exit path, and never for a refused one.
+// lease, or nothing: an Ask any limit refuses changes no state. Release
+// gives back the lease and settles the tokens and the spend; it is called
+// exactly once per allowed Ask, on every exit path, and never for a
+// refused one.
 type Store interface {
 	Admit(ctx context.Context, a Ask) (Decision, error)
 	Release(ctx context.Context, r Release) error

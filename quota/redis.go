@@ -251,7 +251,8 @@ func NewRedis(cfg RedisConfig, opts ...Option) (*Redis, error) {
 }
 
 // Admit asks Redis, in one round trip, to take one request, a.Tokens
-// tokens and a.Lease from a.Key's state, or nothing (see [Store]); a key
+// tokens, a.Spend (in the current UTC day and month of Redis's clock) and
+// a.Lease from a.Key's state, or nothing (see [Store]); a key
 // refused by its requests limit is refused again locally, without a round
 // trip, until its RetryAfter. It fails with ErrInvalidAsk for a Concurrent
 // limit without a Lease; with an error wrapping ErrUnavailable when Redis

@@ -321,3 +321,32 @@ func TestSpendLuaMatchesGo(t *testing.T) {
 		}
 	}
 }
+
+// TestMemorySpendWindowsBounded: a key keeps its current windows and those
+// ended less than a day ago, no more, and is swept once they are gone.
+func TestMemorySpendWindowsBounded(t *testing.T) {
+	clk := testutil.NewClock(utc(2030, 1, 1, 12, 0, 0))
+	m := NewMemory(WithClock(clk.Now))
+	l := Limits{SpendPerDay: 100, SpendPerMonth: 1000}
+	for range 70 { // days: through two month ends
+		admit(t, m, Ask{Key: "k", Limits: l, Spend: 1})
+		m.mu.Lock()
+		e := m.keys["k"]
+		if len(e.days) > 2 || len(e.months) > 2 {
+			t.Fatalf("%v: %d day and %d month windows kept", clk.Now(), len(e.days), len(e.months))
+		}
+		m.mu.Unlock()
+		clk.Advance(24 * time.Hour)
+	}
+	// Two months later the windows are gone: a new key's sweep drops k.
+	clk.Advance(62 * 24 * time.Hour)
+	for i := range sweepMin {
+		admit(t, m, Ask{Key: "other-" + strconv.Itoa(i), Limits: Limits{RequestsPerMinute: 10}})
+	}
+	m.mu.Lock()
+	_, kept := m.keys["k"]
+	m.mu.Unlock()
+	if kept {
+		t.Errorf("k kept with no window left")
+	}
+}
