@@ -20,8 +20,9 @@ const sweepMin = 64
 // its first Ask).
 //
 // A key's entry is dropped when its buckets are full again, it holds no
-// lease and keeps no spend window (a window is kept a day past its end), by a sweep that runs when a new key is added and the map has
-// doubled since the last one. Keys are configured names, so the map is
+// lease and keeps no spend window (a window is kept a day past its end),
+// by a sweep that runs when a new key is added and the map has doubled
+// since the last one. Keys are configured names, so the map is
 // bounded anyway; the sweep is what lets a key a reload removed go. A
 // dropped key starts again full, which it was.
 //
