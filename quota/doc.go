@@ -89,8 +89,9 @@
 // (TIME, so replicas with skewed clocks agree), checks the requests bucket,
 // the tokens bucket, the spend windows and the concurrency leases, and
 // commits all of it or none. A key's state is three Redis keys (and its
-// spend windows' keys, # Spend) sharing a Redis Cluster hash tag: <key_prefix>{<key name>}:req and :tok (strings: the debt, its time
-// and its units; they expire when their bucket is full again, so idle keys
+// spend windows' keys, # Spend) sharing a Redis Cluster hash tag:
+// <key_prefix>{<key name>}:req and :tok (strings: the debt, its time and
+// its units; they expire when their bucket is full again, so idle keys
 // vanish) and :conc, the leases as a sorted set scored by their expiry (the
 // counting semaphore with expiring leases of Redis in Action, 6.3; the set
 // expires lease_ttl after its last change). Expired leases are removed
