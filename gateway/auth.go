@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"path"
 	"sort"
@@ -61,6 +62,28 @@ type KeyLimits struct {
 	TokensPerMinute int64 `koanf:"tokens_per_minute" json:"tokens_per_minute"`
 	// Concurrent: requests in flight at once.
 	Concurrent int64 `koanf:"concurrent" json:"concurrent"`
+	// MaxSpendPerDay and MaxSpendPerMonth: the most the key's requests
+	// may cost in one UTC calendar day and month, in USD, at the
+	// configured prices (the pricing list; an unpriced request costs
+	// nothing). A request reserves its worst-case cost at admission (its
+	// prompt estimate and max_tokens at the highest price its model has)
+	// and is settled to its real cost when it ends, in the same store as
+	// the token limits (memory, or Redis across replicas). An exhausted
+	// budget is answered 429 insufficient_quota, OpenAI's. 0 = no limit.
+	MaxSpendPerDay   float64 `koanf:"max_spend_per_day" json:"max_spend_per_day"`
+	MaxSpendPerMonth float64 `koanf:"max_spend_per_month" json:"max_spend_per_month"`
+}
+
+// nanoUSD converts USD to the quota store's unit, 10^-9 USD, rounded;
+// negative and NaN are 0, +Inf saturates.
+func nanoUSD(usd float64) int64 {
+	switch {
+	case !(usd > 0):
+		return 0
+	case usd >= math.MaxInt64/1e9:
+		return math.MaxInt64
+	}
+	return int64(math.Round(usd * 1e9))
 }
 
 // MaxKeyNameLen caps a key's name, in bytes.
@@ -105,6 +128,9 @@ func (c AuthConfig) problems() []string {
 		if k.Limits.RequestsPerMinute < 0 || k.Limits.TokensPerMinute < 0 || k.Limits.Concurrent < 0 {
 			bad = append(bad, at+".limits must not be negative (0 = no limit)")
 		}
+		if sd, sm := k.Limits.MaxSpendPerDay, k.Limits.MaxSpendPerMonth; !(sd >= 0) || !(sm >= 0) || math.IsInf(sd, 0) || math.IsInf(sm, 0) {
+			bad = append(bad, at+".limits.max_spend_per_day and max_spend_per_month must be numbers >= 0 (USD; 0 = no limit)")
+		}
 		if len(k.Models) == 0 {
 			bad = append(bad, at+".models must name at least one model glob (\"*\" for every model)")
 		}
@@ -131,7 +157,8 @@ func compileKeys(c AuthConfig) []apiKey {
 	keys := make([]apiKey, len(c.Keys))
 	for i, k := range c.Keys {
 		keys[i] = apiKey{name: k.Name, models: k.Models, attrs: telemetry.NewKeyAttrs(k.Name),
-			limits: quota.Limits{RequestsPerMinute: k.Limits.RequestsPerMinute, TokensPerMinute: k.Limits.TokensPerMinute, Concurrent: k.Limits.Concurrent}}
+			limits: quota.Limits{RequestsPerMinute: k.Limits.RequestsPerMinute, TokensPerMinute: k.Limits.TokensPerMinute, Concurrent: k.Limits.Concurrent,
+				SpendPerDay: nanoUSD(k.Limits.MaxSpendPerDay), SpendPerMonth: nanoUSD(k.Limits.MaxSpendPerMonth)}}
 		_, _ = hex.Decode(keys[i].hash[:], []byte(k.SHA256))
 	}
 	return keys

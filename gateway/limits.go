@@ -10,6 +10,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -85,7 +86,11 @@ type keyGrant struct {
 	usage    *keyUsage
 	lease    string
 	reserved int64
-	held     bool // the store admitted it: a Release is owed
+	// spendReserved is the Ask's Spend (nano-USD) and spendWindow the
+	// windows it was reserved in, settled there at the end.
+	spendReserved int64
+	spendWindow   quota.SpendWindow
+	held          bool // the store admitted it: a Release is owed
 }
 
 // limiter is the server's side of the keys' limits: the store, the lease
@@ -178,6 +183,10 @@ func (s *Server) admitKey(w http.ResponseWriter, r *http.Request, st *reqState, 
 	}
 	g.reserved = prompt + out
 	ask := quota.Ask{Key: k.name, Limits: g.limits, Tokens: g.reserved}
+	if g.limits.SpendPerDay > 0 || g.limits.SpendPerMonth > 0 {
+		ask.Spend = nanoUSD(in.set.prices.reservation(in.target, prompt, out))
+		g.spendReserved = ask.Spend
+	}
 	if g.limits.Concurrent > 0 {
 		ask.Lease = s.limits.prefix + strconv.FormatUint(s.limits.seq.Add(1), 36)
 	}
@@ -217,6 +226,7 @@ func (s *Server) admitKey(w http.ResponseWriter, r *http.Request, st *reqState, 
 		return nil, errRateLimited(k, ask, d)
 	}
 	g.held = true
+	g.spendWindow = d.SpendWindow
 	g.usage.admitted.Add(1)
 	g.usage.inFlight.Add(1)
 	setRateLimitHeaders(w.Header(), g.limits, d)
@@ -240,7 +250,8 @@ func (s *Server) settle(ctx context.Context, st *reqState, g *keyGrant) {
 	if !g.held {
 		return
 	}
-	rel := quota.Release{Key: g.key.name, Limits: g.limits, Lease: g.lease, Reserved: g.reserved, Used: in + out}
+	rel := quota.Release{Key: g.key.name, Limits: g.limits, Lease: g.lease, Reserved: g.reserved, Used: in + out,
+		ReservedSpend: g.spendReserved, UsedSpend: st.costNano, SpendDay: g.spendWindow.Day, SpendMonth: g.spendWindow.Month}
 	if g.limits.TokensPerMinute == 0 {
 		rel.Reserved, rel.Used = 0, 0
 	}
@@ -307,6 +318,11 @@ func errRateLimited(k *apiKey, ask quota.Ask, d quota.Decision) *APIError {
 	switch d.Refused {
 	case quota.RefusedRequests:
 		ae.Message = fmt.Sprintf("rate limit reached for api key %q on requests per minute: limit %d; try again in %s", k.name, k.limits.RequestsPerMinute, roundUp(d.RetryAfter))
+	case quota.RefusedSpend:
+		// OpenAI's answer to an account out of credit.
+		ae.Type, ae.Code = "insufficient_quota", "insufficient_quota"
+		ae.Message = fmt.Sprintf("api key %q has used its spend budget (%s): this request could cost up to $%.6f; try again %s",
+			k.name, spendLimits(k.limits), float64(ask.Spend)/1e9, whenAgain(d.RetryAfter))
 	case quota.RefusedTokens:
 		if d.RetryAfter <= 0 {
 			ae.Message = fmt.Sprintf("request too large for api key %q on tokens per minute: limit %d, requested %d (prompt estimate plus max_tokens); lower max_tokens", k.name, k.limits.TokensPerMinute, ask.Tokens)
@@ -318,6 +334,27 @@ func errRateLimited(k *apiKey, ask quota.Ask, d quota.Decision) *APIError {
 		ae.Message = fmt.Sprintf("api key %q has its limit of %d concurrent requests in flight; try again when one ends", k.name, k.limits.Concurrent)
 	}
 	return ae
+}
+
+// spendLimits describes a key's spend budgets for a message.
+func spendLimits(l quota.Limits) string {
+	var parts []string
+	if l.SpendPerDay > 0 {
+		parts = append(parts, fmt.Sprintf("$%.2f a day", float64(l.SpendPerDay)/1e9))
+	}
+	if l.SpendPerMonth > 0 {
+		parts = append(parts, fmt.Sprintf("$%.2f a month", float64(l.SpendPerMonth)/1e9))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// whenAgain says when a refused budget admits again: in d, or never
+// (the request alone costs more than the budget).
+func whenAgain(d time.Duration) string {
+	if d <= 0 {
+		return "with a lower max_tokens: the budget could never hold it"
+	}
+	return "in " + roundUp(d).String() + " (when the budget's UTC day or month starts)"
 }
 
 // retryAfterSeconds is a refusal's Retry-After in whole seconds, rounded

@@ -131,6 +131,21 @@ func newPricing(ps []PriceConfig) pricing {
 	return out
 }
 
+// reservation returns the most a request for model with prompt input
+// tokens and out output tokens can cost on any engine: its cost at every
+// entry that can apply to the model (naming it or any model), the
+// highest, in USD; 0 when none applies. A spend budget reserves it at
+// admission, before an engine is picked. It does not allocate.
+func (ps *pricing) reservation(model string, prompt, out int64) float64 {
+	var worst float64
+	for i, p := range ps.entries {
+		if p.Model == "" || p.Model == model {
+			worst = max(worst, ps.prices[i].cost(prompt, 0, out))
+		}
+	}
+	return worst
+}
+
 // lookup returns the price of engine serving model, nil when none
 // applies: the entry naming both, else the engine, else the model. It
 // does not allocate.

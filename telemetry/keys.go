@@ -29,7 +29,7 @@ const (
 const AttrKeyName = attribute.Key("key")
 
 // AttrKeyResult is what became of a keyed request at admission: admitted,
-// or refused by a limit (requests, tokens, concurrent), or unavailable
+// or refused by a limit (requests, tokens, concurrent, spend), or unavailable
 // (the limits' store could not answer and the gateway fails closed).
 const AttrKeyResult = attribute.Key("result")
 
@@ -71,7 +71,7 @@ type KeyAttrs struct {
 }
 
 // KeyRefusals are the AttrKeyResult values of a refusal by a limit.
-var KeyRefusals = []string{"requests", "tokens", "concurrent"}
+var KeyRefusals = []string{"requests", "tokens", "concurrent", "spend"}
 
 // NewKeyAttrs returns the attribute sets of the key named name.
 func NewKeyAttrs(name string) *KeyAttrs {
