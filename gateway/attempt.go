@@ -2,7 +2,6 @@ package gateway
 
 import (
 	"context"
-	"math"
 	"net/http"
 	"sync/atomic"
 	"time"
@@ -231,15 +230,24 @@ func (a *attempt) charge(st *reqState, in, out int64) {
 	if a.class == classLight {
 		return
 	}
+	if a.seam != nil && a.hasUsage {
+		// A continuation prefills the prompt and what was generated: the
+		// key's token limits count that once (countUsage), the engine
+		// bills it.
+		in = max(a.usage.PromptTokens, 0)
+	}
+	if in == 0 && out == 0 && (a.status < 200 || a.status > 299) {
+		return // the engine refused the exchange or never got it: no fee
+	}
 	var cached int64
-	if a.hasUsage && a.usage.HasCached && a.seam == nil {
+	if a.hasUsage && a.usage.HasCached {
 		cached = a.usage.CachedTokens
 	}
 	usd := a.price.cost(in, cached, out)
 	if usd <= 0 {
 		return
 	}
-	nano := int64(math.Round(usd * 1e9))
+	nano := nanoUSD(usd)
 	st.costNano += nano
 	key := ""
 	if st.key != nil {

@@ -74,6 +74,10 @@ type KeyLimits struct {
 	MaxSpendPerMonth float64 `koanf:"max_spend_per_month" json:"max_spend_per_month"`
 }
 
+// maxSpendUSD is the largest spend budget, in USD: the Redis store's Lua
+// numbers are doubles, exact in 10^-9 USD up to 2^53 (about $9 million).
+const maxSpendUSD = 9e6
+
 // nanoUSD converts USD to the quota store's unit, 10^-9 USD, rounded;
 // negative and NaN are 0, +Inf saturates.
 func nanoUSD(usd float64) int64 {
@@ -128,8 +132,9 @@ func (c AuthConfig) problems() []string {
 		if k.Limits.RequestsPerMinute < 0 || k.Limits.TokensPerMinute < 0 || k.Limits.Concurrent < 0 {
 			bad = append(bad, at+".limits must not be negative (0 = no limit)")
 		}
-		if sd, sm := k.Limits.MaxSpendPerDay, k.Limits.MaxSpendPerMonth; !(sd >= 0) || !(sm >= 0) || math.IsInf(sd, 0) || math.IsInf(sm, 0) {
-			bad = append(bad, at+".limits.max_spend_per_day and max_spend_per_month must be numbers >= 0 (USD; 0 = no limit)")
+		if sd, sm := k.Limits.MaxSpendPerDay, k.Limits.MaxSpendPerMonth; !(sd >= 0 && sd <= maxSpendUSD) || !(sm >= 0 && sm <= maxSpendUSD) ||
+			sd > 0 && sd < 1e-6 || sm > 0 && sm < 1e-6 {
+			bad = append(bad, at+".limits.max_spend_per_day and max_spend_per_month must be 0 (no limit) or $0.000001 to $9,000,000 (the store keeps 10^-9 USD exactly up to 2^53)")
 		}
 		if len(k.Models) == 0 {
 			bad = append(bad, at+".models must name at least one model glob (\"*\" for every model)")

@@ -385,6 +385,11 @@ func (s *Server) prefillLeg(ctx context.Context, r *http.Request, op *operation,
 	now := time.Now()
 	d.replied, d.group = now, eng.Group()
 	d.cached, d.prompt = pf.CachedTokens, pf.PromptTokens
+	// The leg's own usage (its one generated token is not the client's):
+	// the key's token limits and the cost count its prefill, not an
+	// estimate and a whole max_tokens.
+	a.usage = oai.Usage{PromptTokens: pf.PromptTokens, CachedTokens: pf.CachedTokens, HasCached: pf.HasCached}
+	a.hasUsage = pf.PromptTokens > 0
 	s.metrics.RecordPrefill(a.ctx, a.attrs, now.Sub(a.start).Seconds())
 	if a.span.IsRecording() && pf.PromptTokens > 0 {
 		a.span.SetAttributes(telemetry.AttrGenAIInputTok.Int64(pf.PromptTokens))

@@ -170,7 +170,9 @@ func (s *Server) admitKey(w http.ResponseWriter, r *http.Request, st *reqState, 
 	g := &st.grant // the request state holds it: no allocation of its own
 	*g = keyGrant{key: k, usage: s.limits.usageOf(k.name), limits: k.limits}
 	if op.class == classLight {
-		g.limits.TokensPerMinute = 0
+		// No tokens, no cost: a key in token debt or over its budget
+		// can still tokenize, look up or cancel.
+		g.limits.TokensPerMinute, g.limits.SpendPerDay, g.limits.SpendPerMonth = 0, 0, 0
 	}
 	ctx := r.Context()
 	prompt, out := reservation(op, in, g.limits.TokensPerMinute)
@@ -184,7 +186,18 @@ func (s *Server) admitKey(w http.ResponseWriter, r *http.Request, st *reqState, 
 	g.reserved = prompt + out
 	ask := quota.Ask{Key: k.name, Limits: g.limits, Tokens: g.reserved}
 	if g.limits.SpendPerDay > 0 || g.limits.SpendPerMonth > 0 {
-		ask.Spend = nanoUSD(in.set.prices.reservation(in.target, prompt, out))
+		// The output a spend budget reserves is the request's max_tokens,
+		// else default_max_tokens, not capped to the token bucket as the
+		// tokens' reservation is.
+		spendOut := out
+		if op.class == classGenerative && in.req.MaxTokens <= 0 {
+			spendOut = in.set.cfg.Limits.DefaultMaxTokens
+		}
+		if ask.Spend = nanoUSD(in.set.prices.reservation(in.target, prompt, spendOut)); ask.Spend == 0 {
+			// An unpriced request costs nothing: no budget holds it back.
+			ask.Limits.SpendPerDay, ask.Limits.SpendPerMonth = 0, 0
+			g.limits.SpendPerDay, g.limits.SpendPerMonth = 0, 0
+		}
 		g.spendReserved = ask.Spend
 	}
 	if g.limits.Concurrent > 0 {
@@ -288,6 +301,11 @@ func (a *attempt) countUsage(st *reqState) (in, out int64) {
 		out = max(a.usage.CompletionTokens, a.contentEvents)
 	case a.hasUsage:
 		in = max(a.usage.PromptTokens, 0)
+		if a.pd != nil && a.carried {
+			// A decode leg that read the prompt's KV cache: its prefill
+			// leg counted the prompt (its own usage).
+			in = 0
+		}
 		if a.class == classGenerative {
 			// A stream cut before its final usage (Anthropic's
 			// message_start already says output_tokens 1) has at
@@ -340,10 +358,10 @@ func errRateLimited(k *apiKey, ask quota.Ask, d quota.Decision) *APIError {
 func spendLimits(l quota.Limits) string {
 	var parts []string
 	if l.SpendPerDay > 0 {
-		parts = append(parts, fmt.Sprintf("$%.2f a day", float64(l.SpendPerDay)/1e9))
+		parts = append(parts, "$"+strconv.FormatFloat(float64(l.SpendPerDay)/1e9, 'f', -1, 64)+" a day")
 	}
 	if l.SpendPerMonth > 0 {
-		parts = append(parts, fmt.Sprintf("$%.2f a month", float64(l.SpendPerMonth)/1e9))
+		parts = append(parts, "$"+strconv.FormatFloat(float64(l.SpendPerMonth)/1e9, 'f', -1, 64)+" a month")
 	}
 	return strings.Join(parts, ", ")
 }

@@ -72,6 +72,8 @@ func validatePricing(ps []PriceConfig) []error {
 		seen[at{p.Engine, p.Model}] = i
 		if !price(p.Input) || !price(p.Output) || !price(p.Request) || p.CachedInput != nil && !price(*p.CachedInput) {
 			bad(i, "prices must be numbers >= 0 (USD per million tokens, per request)")
+		} else if p.CachedInput != nil && *p.CachedInput > p.Input && p.GPUHour == nil {
+			bad(i, "cached_input (%v) must not be above input (%v): a cache hit costs at most a miss", *p.CachedInput, p.Input)
 		}
 		if g := p.GPUHour; g != nil {
 			if p.Input != 0 || p.Output != 0 {

@@ -98,6 +98,7 @@ func TestPricingValidate(t *testing.T) {
 		{"twice", []PriceConfig{{Model: "m"}, {Model: "m", Input: 1}}, "pricing[1]: engine \"\" and model \"m\" are priced by pricing[0] already"},
 		{"gpu and tokens", []PriceConfig{{Input: 1, GPUHour: &GPUHourPrice{USD: 1, InputTokensPerSecond: 1, OutputTokensPerSecond: 1}}}, "set gpu_hour or input and output"},
 		{"no throughput", []PriceConfig{{GPUHour: &GPUHourPrice{USD: 1}}}, "tokens_per_second must be > 0"},
+		{"cache hit dearer than a miss", []PriceConfig{{Input: 1, CachedInput: f64(2)}}, "cached_input (2) must not be above input (1)"},
 	} {
 		err := errors.Join(validatePricing(tc.ps)...)
 		switch {
@@ -186,5 +187,29 @@ func TestRequestCost(t *testing.T) {
 	h2.waitIdle()
 	if _, ok := findMetric(h2.collect(), telemetry.RequestCostName); ok || strings.Contains(logs2.String(), "cost_usd") {
 		t.Errorf("an unpriced engine's request has a cost:\n%s", logs2.String())
+	}
+}
+
+// TestCostNoFeeForRefusedExchange: an exchange the engine refused (a 500)
+// costs nothing, not even the per-request fee; a light route (tokenize)
+// costs nothing either.
+func TestCostNoFeeForRefusedExchange(t *testing.T) {
+	_, srv := sim(t, enginesim.Config{Models: []string{"m"}, OutputTokens: 4})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+	cfg.MaxAttempts = 1
+	cfg.Pricing = []PriceConfig{{Model: "m", Input: 1, Output: 1, Request: 0.01}}
+	h := newHarness(t, cfg)
+	resp := h.post("/v1/chat/completions", `{"model":"m","messages":[{"role":"user","content":"hi"}]}`, enginesim.FaultHeader, "status=500")
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusInternalServerError {
+		t.Fatalf("status %d, want the engine's 500", resp.StatusCode)
+	}
+	resp = h.post("/tokenize", `{"model":"m","prompt":"hello there"}`)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	h.waitIdle()
+	if m, ok := findMetric(h.collect(), telemetry.RequestCostName); ok {
+		t.Errorf("a refused exchange and a tokenize were charged: %+v", m.Data)
 	}
 }

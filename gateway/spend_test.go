@@ -80,6 +80,13 @@ func TestSpendBudget(t *testing.T) {
 	if len(ks) != 1 || math.Abs(ks[0].Spend-9*cost) > 1e-9 || ks[0].Spend > 0.01 {
 		t.Errorf("spend %+v, want 9 x %v, within the $0.01 budget", ks, cost)
 	}
+	// Over its budget, the key can still tokenize (no tokens, no cost).
+	resp := h.post("/tokenize", `{"model":"m","prompt":"one two"}`, "Authorization", "Bearer k-1")
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("tokenize over the budget: %d, want 200", resp.StatusCode)
+	}
 }
 
 // TestSpendBudgetSharedByReplicas: two gateways on one Redis share a key's
