@@ -213,3 +213,37 @@ func TestCostNoFeeForRefusedExchange(t *testing.T) {
 		t.Errorf("a refused exchange and a tokenize were charged: %+v", m.Data)
 	}
 }
+
+// TestDisaggregatedCost: a disaggregated request pays its prefill engine
+// the prompt (its own usage, not an estimate and a whole max_tokens) and
+// its decode engine the output (it read the prompt's KV cache): the
+// prompt is charged once, and the key's tokens count it once.
+func TestDisaggregatedCost(t *testing.T) {
+	_, cfg := pdFleet(t, nil, "prefill", "decode")
+	cfg.Auth = AuthConfig{Keys: []KeyConfig{{Name: "team-1", SHA256: sha("k-1"), Models: []string{"*"}}}}
+	cfg.Pricing = []PriceConfig{{Model: "m", Input: 1, Output: 100}}
+	h := newHarness(t, cfg)
+	resp := h.post("/v1/chat/completions", `{"model":"m","max_tokens":6,"messages":[{"role":"user","content":"`+longPrompt+`"}]}`, "Authorization", "Bearer k-1")
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Switchboard-Engine") == "p1" {
+		t.Fatalf("%d from %q: %s", resp.StatusCode, resp.Header.Get("X-Switchboard-Engine"), b)
+	}
+	h.waitIdle()
+	// 200 prompt tokens at $1/M on p1, 6 output tokens at $100/M on d1.
+	byEngine := map[string]float64{}
+	m, ok := findMetric(h.collect(), telemetry.RequestCostName)
+	if !ok {
+		t.Fatal("no cost recorded")
+	}
+	for _, dp := range m.Data.(metricdata.Sum[float64]).DataPoints {
+		e, _ := dp.Attributes.Value(telemetry.AttrEngine)
+		byEngine[e.AsString()] += dp.Value
+	}
+	if math.Abs(byEngine["p1"]-200e-6) > 1e-12 || math.Abs(byEngine["d1"]-6*100e-6) > 1e-12 {
+		t.Errorf("cost by engine %v, want p1 $0.0002 (the prompt) and d1 $0.0006 (the output)", byEngine)
+	}
+	if ks := h.gw.Keys(); ks[0].TokensIn != 200 || ks[0].TokensOut != 6 {
+		t.Errorf("key tokens in %d, out %d; want 200 and 6 (the prompt once)", ks[0].TokensIn, ks[0].TokensOut)
+	}
+}
