@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"strconv"
 	"strings"
@@ -215,6 +216,10 @@ type Config struct {
 	//
 	// Default nil: no spans, and the handler is not wrapped.
 	TracerProvider trace.TracerProvider
+	// Provider turns the engine into a hosted provider (OpenAI, Azure OpenAI or Anthropic)
+	// as a gateway sees one: keys, provider model names, Azure's paths and rate limits (see
+	// Hosted providers in the package documentation). Default off.
+	Provider ProviderConfig
 }
 
 // LoRA is a LoRA adapter served on top of a base model. Requests naming the adapter run on
@@ -301,6 +306,11 @@ func (c Config) Validate() error {
 	}
 	errs = append(errs, c.validateKVEvents()...)
 	errs = append(errs, c.validateLoRAs(seen)...)
+	if len(c.Models) == 0 {
+		errs = append(errs, c.Provider.validate(map[string]bool{DefaultModel: true})...)
+	} else {
+		errs = append(errs, c.Provider.validate(seen)...)
+	}
 	if _, err := parseFaults(c.Fault); err != nil {
 		errs = append(errs, fmt.Errorf("enginesim: default fault: %w", err))
 	}
@@ -406,6 +416,7 @@ func (c Config) withDefaults() Config {
 		c.KVEventsBuffer = cmp.Or(c.KVEventsBuffer, DefaultKVEventsBuffer)
 		c.KVEventsQueue = cmp.Or(c.KVEventsQueue, DefaultKVEventsQueue)
 	}
+	c.Provider.Models = maps.Clone(c.Provider.Models)
 	if c.LoRAs != nil {
 		c.LoRAs = append([]LoRA(nil), c.LoRAs...)
 		for i := range c.LoRAs {

@@ -154,7 +154,7 @@ func New(cfg Config) (*Engine, error) {
 		}
 		e.kvPub, e.cache.pub = p, p
 	}
-	e.handler = serverHeader(e.traced(cfg.TracerProvider, e.routes()))
+	e.handler = serverHeader(e.traced(cfg.TracerProvider, newProvider(cfg.Provider, func() time.Time { return e.now() }, e.routes())))
 	return e, nil
 }
 
@@ -441,6 +441,14 @@ func (e *Engine) target(model string) (target, bool) {
 	if model == "" {
 		name := e.cfg.Models[0]
 		return target{m: e.models[name], name: name}, true
+	}
+	if len(e.cfg.Provider.Models) > 0 {
+		// Provider mode: only the provider's names, echoed as requested.
+		served, ok := e.cfg.Provider.Models[model]
+		if !ok {
+			return target{}, false
+		}
+		return target{m: e.models[served], name: model}, true
 	}
 	if m, ok := e.models[model]; ok {
 		return target{m: m, name: model}, true
