@@ -666,6 +666,44 @@
 // ended by a fault as Faulted, one whose client left first (including during a stall) as
 // Aborted.
 //
+// # Hosted providers
+//
+// Config.Provider (a [ProviderConfig]) makes the engine answer as a hosted provider
+// answers a gateway, for tests of provider engines: Kind [ProviderOpenAI], [ProviderAzure]
+// or [ProviderAnthropic] (off by default). Serve it over HTTPS with a certificate from
+// [NewTestTLS] (HTTP/2 when the server offers "h2"). In front of every route but GET
+// /health and GET /metrics (the simulator's own, never keyed):
+//
+//   - Keys: openai wants "Authorization: Bearer <Key>", azure "api-key: <Key>", anthropic
+//     "x-api-key: <Key>" and an anthropic-version header on /v1/messages and
+//     /v1/messages/count_tokens, and a Bearer key (or x-api-key) on the other routes, its
+//     OpenAI-compatible endpoints. A wrong or missing key gets the provider's 401: OpenAI's
+//     {"error":{"message":"Incorrect API key provided. ...","type":"invalid_request_error",
+//     "param":null,"code":"invalid_api_key"}} (the key is never echoed), Azure's
+//     {"error":{"code":"401","message":"Access denied due to invalid subscription key or
+//     wrong API endpoint. ..."}}, Anthropic's {"type":"error","error":{"type":
+//     "authentication_error","message":"invalid x-api-key"}}; a missing anthropic-version
+//     gets Anthropic's 400 "anthropic-version: header is required".
+//   - Model names: with ProviderConfig.Models, requests name the provider's models (or
+//     Azure deployments), each run on its served model, and responses echo the provider's
+//     name; other names get the 404 for an unknown model (in vLLM's words).
+//   - Azure: POST /openai/deployments/{deployment}/chat/completions, /completions and
+//     /embeddings with an api-version query parameter run on the engine's
+//     /v1/chat/completions, /v1/completions and /v1/embeddings, the deployment name as
+//     the body's model; any other path, or no api-version, gets Azure's 404
+//     {"error":{"code":"404","message":"Resource not found"}}, an unknown deployment
+//     Azure's 404 DeploymentNotFound.
+//   - Rate limits: with ProviderConfig.RequestsPerMinute, requests are counted in fixed
+//     one-minute windows on the engine's clock (the window starts at its first request).
+//     Every keyed answer carries x-ratelimit-limit-requests, x-ratelimit-remaining-requests
+//     and x-ratelimit-reset-requests (a Go duration such as "50s", as OpenAI writes it;
+//     openai and azure) or anthropic-ratelimit-requests-limit, -remaining and -reset
+//     (RFC 3339; anthropic). A request over the limit is not counted and gets 429 with
+//     Retry-After (whole seconds to the window's end, rounded up) and the provider's body:
+//     OpenAI's type "requests", code "rate_limit_exceeded"; Azure's code "429"; on
+//     /v1/messages Anthropic's rate_limit_error (its OpenAI-compatible routes answer in
+//     OpenAI's envelope).
+//
 // # Metrics
 //
 // GET /metrics serves the Prometheus text exposition from the engine's own registry (never
