@@ -50,12 +50,26 @@
 //
 //	curl -d error-after=8 http://127.0.0.1:8001/admin/fault
 //
+// Hosted provider mode (see the package documentation's "Hosted providers" section):
+// --provider openai|azure|anthropic requires the key read from --provider-key-file (its
+// content, surrounding white space trimmed) or, without that flag, from the environment
+// variable ENGINESIM_PROVIDER_KEY (never from the command line, where ps would show it);
+// --provider-model name=served (repeatable) maps a provider model or Azure deployment name
+// to a served model; --provider-rpm N (default 0: none) sets the request rate limit.
+// --tls-self-signed serves HTTPS (and HTTP/2) with a new self-signed CA and certificate for
+// 127.0.0.1, ::1 and localhost, valid 24 hours, and writes the CA's PEM to the path given by
+// --tls-ca-out (required with it) for clients to trust:
+//
+//	ENGINESIM_PROVIDER_KEY=sk-test enginesim --provider openai --provider-model gpt-4o=sim-model \
+//	    --provider-rpm 60 --tls-self-signed --tls-ca-out /tmp/enginesim-ca.pem
+//
 // It stops on SIGINT or SIGTERM, draining in-flight requests for up to 5 s, then flushes the
 // spans still buffered (for up to 5 s more).
 package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -94,8 +108,14 @@ func run() error {
 type options struct {
 	listen         string
 	tracesEndpoint string // --otlp-traces-endpoint; "" for no spans
+	tlsSelfSigned  bool   // --tls-self-signed: serve HTTPS with a certificate from NewTestTLS
+	tlsCAOut       string // --tls-ca-out: where the CA's PEM is written
 	cfg            enginesim.Config
 }
+
+// providerKeyEnv is the environment variable the provider key is read from without
+// --provider-key-file.
+const providerKeyEnv = "ENGINESIM_PROVIDER_KEY"
 
 // parseFlags parses args; usage and flag errors go to out. It returns pflag.ErrHelp for -h.
 func parseFlags(args []string, out io.Writer) (options, error) {
@@ -141,6 +161,12 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	fs.IntVar(&o.cfg.KVEventsQueue, "kv-events-max-queue-size", enginesim.DefaultKVEventsQueue, "KV-cache events: batches waiting for the publisher; beyond, a batch is dropped and its seq skipped (vLLM's max_queue_size)")
 	fs.StringVar(&o.cfg.KVEventsDrop, "kv-events-drop", "", "KV-cache events fault: N or N-M, the seqs of batches not sent on PUB but kept for replay (POST /admin/kv-events/drop replaces it)")
 	loras := fs.StringArray("lora", nil, "LoRA adapter loaded at start on the first model, as name=path (repeatable)")
+	fs.StringVar(&o.cfg.Provider.Kind, "provider", "", "hosted provider mode: openai, azure or anthropic (\"\": off, a vLLM engine)")
+	keyFile := fs.String("provider-key-file", "", "provider mode: file holding the API key requests must carry (default: the "+providerKeyEnv+" environment variable)")
+	provModels := fs.StringArray("provider-model", nil, "provider mode: provider model (or Azure deployment) name mapped to a served model, as name=served (repeatable)")
+	fs.IntVar(&o.cfg.Provider.RequestsPerMinute, "provider-rpm", 0, "provider mode: requests allowed per one-minute window, beyond which the provider's 429 (0: no limit)")
+	fs.BoolVar(&o.tlsSelfSigned, "tls-self-signed", false, "serve HTTPS and HTTP/2 with a new self-signed CA and a certificate for 127.0.0.1 and localhost (needs --tls-ca-out)")
+	fs.StringVar(&o.tlsCAOut, "tls-ca-out", "", "with --tls-self-signed: file the CA certificate is written to, in PEM")
 	if err := fs.Parse(args); err != nil {
 		return o, err
 	}
@@ -153,6 +179,30 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 			return o, fmt.Errorf("--lora %q: want name=path", l)
 		}
 		o.cfg.LoRAs = append(o.cfg.LoRAs, enginesim.LoRA{Name: name, Path: path})
+	}
+	for _, m := range *provModels {
+		name, served, ok := strings.Cut(m, "=")
+		if !ok || name == "" || served == "" {
+			return o, fmt.Errorf("--provider-model %q: want name=served", m)
+		}
+		if o.cfg.Provider.Models == nil {
+			o.cfg.Provider.Models = make(map[string]string)
+		}
+		o.cfg.Provider.Models[name] = served
+	}
+	if o.cfg.Provider.Kind != "" {
+		if *keyFile != "" {
+			b, err := os.ReadFile(*keyFile)
+			if err != nil {
+				return o, fmt.Errorf("--provider-key-file: %w", err)
+			}
+			o.cfg.Provider.Key = strings.TrimSpace(string(b))
+		} else {
+			o.cfg.Provider.Key = os.Getenv(providerKeyEnv)
+		}
+	}
+	if o.tlsSelfSigned != (o.tlsCAOut != "") {
+		return o, errors.New("--tls-self-signed and --tls-ca-out go together")
 	}
 	return o, nil
 }
@@ -199,14 +249,33 @@ func serve(ctx context.Context, args []string, out io.Writer, log *slog.Logger, 
 	}
 	// No WriteTimeout: streams and stall faults run for as long as the client stays.
 	srv := &http.Server{Handler: e.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	if o.tlsSelfSigned {
+		cert, caPEM, terr := enginesim.NewTestTLS()
+		if terr == nil {
+			terr = os.WriteFile(o.tlsCAOut, caPEM, 0o644)
+		}
+		if terr != nil {
+			_ = ln.Close()
+			return fmt.Errorf("tls: %w", terr)
+		}
+		// ServeTLS adds "h2" to NextProtos: HTTP/2 for clients that offer it.
+		srv.TLSConfig = &tls.Config{Certificates: []tls.Certificate{cert}}
+	}
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() {
+		if o.tlsSelfSigned {
+			errc <- srv.ServeTLS(ln, "", "")
+			return
+		}
+		errc <- srv.Serve(ln)
+	}()
 	log.Info("enginesim listening", "addr", ln.Addr().String(), "name", o.cfg.Name, "models", o.cfg.Models,
 		"ttft", o.cfg.TTFT, "itl", o.cfg.ITL, "ttft_per_running", o.cfg.TTFTPerRunning,
 		"itl_per_running", o.cfg.ITLPerRunning, "max_num_seqs", o.cfg.MaxNumSeqs,
 		"prefill_interference", o.cfg.PrefillInterference, "max_num_batched_tokens", o.cfg.MaxNumBatchedTokens, "fault", o.cfg.Fault,
 		"loras", len(o.cfg.LoRAs), "otlp_traces_endpoint", o.tracesEndpoint,
-		"kv_events", e.KVEventsAddr(), "kv_events_replay", e.KVReplayAddr())
+		"kv_events", e.KVEventsAddr(), "kv_events_replay", e.KVReplayAddr(),
+		"provider", o.cfg.Provider.Kind, "provider_rpm", o.cfg.Provider.RequestsPerMinute, "tls", o.tlsSelfSigned)
 	if ready != nil {
 		ready(ln.Addr())
 	}

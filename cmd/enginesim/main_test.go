@@ -3,11 +3,15 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -167,6 +171,10 @@ func TestServeErrors(t *testing.T) {
 		{"bad kv events encoding", []string{"--kv-events-endpoint", "tcp://127.0.0.1:0", "--kv-events-encoding", "json"}, "kv events encoding"},
 		{"bad kv events endpoint", []string{"--kv-events-endpoint", "127.0.0.1:5557"}, "want tcp://host:port"},
 		{"bad flag", []string{"--bogus"}, "unknown flag"},
+		{"tls without ca out", []string{"--tls-self-signed", "--listen", "127.0.0.1:0"}, "--tls-self-signed and --tls-ca-out go together"},
+		{"bad provider model", []string{"--provider", "openai", "--provider-model", "gpt"}, "want name=served"},
+		{"provider without key", []string{"--provider", "azure", "--provider-key-file", "/nonexistent/key"}, "--provider-key-file"},
+		{"bad provider", []string{"--provider", "gemini", "--listen", "127.0.0.1:0"}, "provider kind must be"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -210,5 +218,89 @@ func TestServeKVEvents(t *testing.T) {
 		if !strings.Contains(logs.String(), key) {
 			t.Errorf("logs = %q, want %s<port>", logs.String(), key)
 		}
+	}
+}
+
+func TestServeProviderTLS(t *testing.T) {
+	dir := t.TempDir()
+	keyFile, caFile := filepath.Join(dir, "key"), filepath.Join(dir, "ca.pem")
+	if err := os.WriteFile(keyFile, []byte("sk-cmd-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	addrc := make(chan net.Addr, 1)
+	done := make(chan error, 1)
+	go func() {
+		done <- serve(ctx, []string{"--listen", "127.0.0.1:0", "--model", "m", "--ttft", "1ms", "--itl", "1ms",
+			"--provider", "openai", "--provider-key-file", keyFile, "--provider-model", "gpt-4o=m", "--provider-rpm", "10",
+			"--tls-self-signed", "--tls-ca-out", caFile}, io.Discard, log, func(a net.Addr) { addrc <- a })
+	}()
+	var addr net.Addr
+	select {
+	case addr = <-addrc:
+	case err := <-done:
+		t.Fatalf("serve returned early: %v", err)
+	}
+	caPEM, err := os.ReadFile(caFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		t.Fatalf("CA file %q holds no certificate", caPEM)
+	}
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: true}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+	for _, tc := range []struct {
+		auth   string
+		status int
+		want   string
+	}{
+		{"Bearer sk-cmd-secret", 200, `"model":"gpt-4o"`},
+		{"Bearer sk-other", 401, `"code":"invalid_api_key"`},
+	} {
+		req, _ := http.NewRequest(http.MethodPost, "https://"+addr.String()+"/v1/completions",
+			strings.NewReader(`{"model":"gpt-4o","prompt":"hi","max_tokens":2}`))
+		req.Header.Set("Authorization", tc.auth)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != tc.status || !strings.Contains(string(b), tc.want) || resp.ProtoMajor != 2 {
+			t.Errorf("%s: %s %d %s, want HTTP/2 %d with %s", tc.auth, resp.Proto, resp.StatusCode, b, tc.status, tc.want)
+		}
+		if tc.status == 200 && resp.Header.Get("x-ratelimit-remaining-requests") != "9" {
+			t.Errorf("x-ratelimit-remaining-requests %q, want 9", resp.Header.Get("x-ratelimit-remaining-requests"))
+		}
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("serve: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("serve did not return after cancellation")
+	}
+	if strings.Contains(logs.String(), "sk-cmd-secret") || !strings.Contains(logs.String(), "provider=openai") {
+		t.Errorf("logs = %q, want the provider and not its key", logs.String())
+	}
+}
+
+func TestParseFlagsProviderKeyEnv(t *testing.T) {
+	t.Setenv("ENGINESIM_PROVIDER_KEY", "sk-env")
+	o, err := parseFlags([]string{"--provider", "anthropic", "--provider-model", "claude=m", "--model", "m"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := enginesim.ProviderConfig{Kind: "anthropic", Key: "sk-env", Models: map[string]string{"claude": "m"}}
+	if !reflect.DeepEqual(o.cfg.Provider, want) {
+		t.Errorf("provider %+v, want %+v", o.cfg.Provider, want)
 	}
 }
