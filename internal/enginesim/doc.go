@@ -686,7 +686,7 @@
 //     gets Anthropic's 400 "anthropic-version: header is required".
 //   - Model names: with ProviderConfig.Models, requests name the provider's models (or
 //     Azure deployments), each run on its served model, and responses echo the provider's
-//     name; other names get the 404 for an unknown model (in vLLM's words).
+//     name; other names, and none, get the 404 for an unknown model (in vLLM's words).
 //   - Azure: POST /openai/deployments/{deployment}/chat/completions, /completions and
 //     /embeddings with an api-version query parameter run on the engine's
 //     /v1/chat/completions, /v1/completions and /v1/embeddings, the deployment name as

@@ -436,9 +436,9 @@ func writeJSON(w http.ResponseWriter, v any) {
 
 // target returns the target of a request naming model: a served model, a loaded LoRA
 // adapter (run on its base model), or, for "", the first served model, as vLLM does when a
-// request names no model.
+// request names no model. In provider mode with a model map, only the map's names.
 func (e *Engine) target(model string) (target, bool) {
-	if model == "" {
+	if model == "" && len(e.cfg.Provider.Models) == 0 {
 		name := e.cfg.Models[0]
 		return target{m: e.models[name], name: name}, true
 	}

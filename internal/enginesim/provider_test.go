@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -153,6 +154,11 @@ func TestProviderModelMap(t *testing.T) {
 	}](t, []byte(body))
 	if got.Model != "gpt-4o" || len(got.Choices) != 1 || got.Choices[0].Message.Content != "tok0 tok1 tok2 " {
 		t.Errorf("model %q choices %+v, want gpt-4o with tok0 tok1 tok2", got.Model, got.Choices)
+	}
+	// No model names none of the provider's: 404.
+	resp, body = callTLS(t, c, http.MethodPost, srv.URL+"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`, auth)
+	if resp.StatusCode != 404 {
+		t.Errorf("no model: %d %s, want 404", resp.StatusCode, body)
 	}
 	// The served model's name is not the provider's: 404.
 	resp, body = callTLS(t, c, http.MethodPost, srv.URL+"/v1/chat/completions", strings.Replace(chatBody, "gpt-4o", "m1", 1), auth)
@@ -333,5 +339,65 @@ func TestNewTestTLS(t *testing.T) {
 	}
 	if _, err := cert.Leaf.Verify(x509.VerifyOptions{Roots: pool, DNSName: "example.com"}); err == nil {
 		t.Error("verified for example.com")
+	}
+}
+
+func TestProviderStream(t *testing.T) {
+	cfg := providerConfig(ProviderOpenAI)
+	cfg.Provider.RequestsPerMinute = 5
+	_, srv, c := tlsProvider(t, cfg, nil)
+	resp, body := callTLS(t, c, http.MethodPost, srv.URL+"/v1/chat/completions",
+		`{"model":"gpt-4o","stream":true,"messages":[{"role":"user","content":"hi"}],"max_tokens":2}`,
+		map[string]string{"Authorization": "Bearer sk-test-secret"})
+	if resp.StatusCode != 200 || resp.Header.Get("x-ratelimit-remaining-requests") != "4" {
+		t.Fatalf("status %d remaining %q: %s", resp.StatusCode, resp.Header.Get("x-ratelimit-remaining-requests"), body)
+	}
+	evs, err := readEvents(strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	data := dataEvents(evs)
+	if len(data) != 5 || data[4] != "[DONE]" {
+		t.Fatalf("events %q, want role, 2 tokens, finish, [DONE]", data)
+	}
+	for _, d := range data[:4] {
+		if m := decode[struct{ Model string }](t, []byte(d)).Model; m != "gpt-4o" {
+			t.Errorf("chunk model %q, want gpt-4o: %s", m, d)
+		}
+	}
+}
+
+func TestProviderRateLimitConcurrentSafe(t *testing.T) {
+	clk := testutil.NewClock(time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC))
+	cfg := providerConfig(ProviderOpenAI)
+	cfg.Provider.RequestsPerMinute = 7
+	_, srv, c := tlsProvider(t, cfg, func(e *Engine) { e.now = clk.Now })
+	const n = 20
+	codes := make(chan int, n)
+	var wg sync.WaitGroup
+	for range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/completions", strings.NewReader(`{"model":"gpt-4o","prompt":"a","max_tokens":1}`))
+			req.Header.Set("Authorization", "Bearer sk-test-secret")
+			resp, err := c.Do(req)
+			if err != nil {
+				codes <- 0
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			_ = resp.Body.Close()
+			codes <- resp.StatusCode
+		}()
+	}
+	wg.Wait()
+	close(codes)
+	count := map[int]int{}
+	for code := range codes {
+		count[code]++
+	}
+	if count[200] != 7 || count[429] != n-7 {
+		t.Errorf("statuses %v, want 7 × 200 and %d × 429", count, n-7)
 	}
 }
