@@ -695,7 +695,8 @@
 //     Azure's 404 DeploymentNotFound.
 //   - Rate limits: with ProviderConfig.RequestsPerMinute, requests are counted in fixed
 //     one-minute windows on the engine's clock (the window starts at its first request).
-//     Every keyed answer carries x-ratelimit-limit-requests, x-ratelimit-remaining-requests
+//     Only requests that pass the checks above are counted, and every answer to them
+//     carries x-ratelimit-limit-requests, x-ratelimit-remaining-requests
 //     and x-ratelimit-reset-requests (a Go duration such as "50s", as OpenAI writes it;
 //     openai and azure) or anthropic-ratelimit-requests-limit, -remaining and -reset
 //     (RFC 3339; anthropic). A request over the limit is not counted and gets 429 with
