@@ -1,10 +1,11 @@
 -- admit.lua: one Admit (gcra.go's decide), all or nothing.
--- KEYS: the requests bucket, the tokens bucket, the leases sorted set.
+-- KEYS: the requests bucket, the tokens bucket, the leases sorted set,
+-- the spend windows' hash.
 -- ARGV: requests per, full, cell, tick (per 0: no limit); tokens per,
 -- full, cell, tick; the tokens asked; the concurrent limit (0: none); the
 -- lease; the lease's time to live in µs; the spend per day and per month
--- limits (0: none); the spend asked; the spend windows' key base; a shift
--- in µs added to Redis's clock for the spend windows (0; tests move it).
+-- limits (0: none); the spend asked; a shift in µs added to Redis's clock
+-- for the spend windows (0; tests move it).
 -- Returns: allowed (1 or 0), refused (0 none, 1 requests, 2 tokens,
 -- 3 concurrent, 4 spend), retry after (µs, unrounded; 0: never or
 -- concurrency), requests remaining and reset (µs), tokens remaining and
@@ -19,7 +20,7 @@ if n < 0 then
 end
 local climit, lease, ttl = tonumber(ARGV[10]), ARGV[11], tonumber(ARGV[12])
 local now = clock()
-local sday, smonth, sn, sbase = tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15]), ARGV[16]
+local sday, smonth, sn = tonumber(ARGV[13]), tonumber(ARGV[14]), tonumber(ARGV[15])
 if sn < 0 then
   sn = 0
 end
@@ -48,18 +49,18 @@ end
 local dtot, mtot, did, mid, dend, mend, snow = 0, 0, 0, 0, 0, 0, 0
 local srefused, snever, sretry = false, false, 0
 if sday > 0 or smonth > 0 then
-  snow = now + tonumber(ARGV[17])
+  snow = now + tonumber(ARGV[16])
   local d, m, de, me = windows(snow)
   if sday > 0 then
     did, dend = d, de
-    dtot = spent(sbase .. ':d:' .. num(did))
+    dtot = spent(KEYS[4], 'd:' .. num(did))
     if sn > sday - dtot then
       srefused, snever, sretry = true, snever or sn > sday, math.max(sretry, dend - snow)
     end
   end
   if smonth > 0 then
     mid, mend = m, me
-    mtot = spent(sbase .. ':m:' .. num(mid))
+    mtot = spent(KEYS[4], 'm:' .. num(mid))
     if sn > smonth - mtot then
       srefused, snever, sretry = true, snever or sn > smonth, math.max(sretry, mend - snow)
     end
@@ -89,11 +90,15 @@ else
     td = tafter
     save(KEYS[2], td, now, tper, tfull, ttick)
   end
-  if sn > 0 and sday > 0 then
-    dtot = put(sbase .. ':d:' .. num(did), sn, dend, snow)
-  end
-  if sn > 0 and smonth > 0 then
-    mtot = put(sbase .. ':m:' .. num(mid), sn, mend, snow)
+  if sn > 0 then
+    -- The current windows: within the limits, so HINCRBY cannot overflow.
+    if sday > 0 then
+      dtot = redis.call('HINCRBY', KEYS[4], 'd:' .. num(did), num(sn))
+    end
+    if smonth > 0 then
+      mtot = redis.call('HINCRBY', KEYS[4], 'm:' .. num(mid), num(sn))
+    end
+    tidy(KEYS[4], snow)
   end
   if climit > 0 then
     inflight = inflight + redis.call('ZADD', KEYS[3], num(now + ttl), lease)

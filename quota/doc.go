@@ -74,13 +74,15 @@
 // then refused until the window ends).
 //
 // Memory keeps each key's windows in its entry, dropping those ended a day
-// ago; Redis keeps each window's total in a string key,
-// <key_prefix>{<key name>}:spend:d:<YYYYMMDD> and :spend:m:<YYYYMM>,
-// expiring a day past the window's end. The scripts name these keys from
-// Redis's clock, so they are not among the scripts' declared keys; they
-// share the key name's hash tag, so a Redis Cluster keeps them on the same
-// node as the others. Lua keeps numbers as doubles: totals are exact up to
-// 2^53 nano-USD (about 9 million USD).
+// ago; Redis keeps them in one hash per key, <key_prefix>{<key name>}:spend,
+// a field per window, d:<YYYYMMDD> and m:<YYYYMM>, holding its total. The
+// scripts name the fields from Redis's clock; the hash itself is a declared
+// key, as every key a script touches is. Each write drops the fields of
+// windows ended a day or more ago (so, with Redis's clock moving forward, a
+// hash holds at most two day and two month fields) and sets the hash to
+// expire a day past its latest window's end, so an idle key's hash goes.
+// Lua keeps numbers as doubles: totals are exact up to 2^53 nano-USD (about
+// 9 million USD).
 //
 // # Redis
 //
@@ -88,8 +90,9 @@
 // falling back to EVAL when Redis does not have it) reads Redis's own clock
 // (TIME, so replicas with skewed clocks agree), checks the requests bucket,
 // the tokens bucket, the spend windows and the concurrency leases, and
-// commits all of it or none. A key's state is three Redis keys (and its
-// spend windows' keys, # Spend) sharing a Redis Cluster hash tag:
+// commits all of it or none. Every key a script touches is among its
+// declared KEYS. A key's state is three Redis keys (and its spend windows'
+// hash, # Spend) sharing a Redis Cluster hash tag:
 // <key_prefix>{<key name>}:req and :tok (strings: the debt, its time and
 // its units; they expire when their bucket is full again, so idle keys
 // vanish) and :conc, the leases as a sorted set scored by their expiry (the

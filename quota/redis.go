@@ -286,11 +286,11 @@ func (r *Redis) Admit(ctx context.Context, a Ask) (Decision, error) {
 	keys := r.keys(a.Key)
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel()
-	v, err := admitScript.Run(cctx, r.client, keys[:3],
+	v, err := admitScript.Run(cctx, r.client, keys,
 		rr.per, rr.full, rr.cell, rr.tick,
 		tr.per, tr.full, tr.cell, tr.tick, a.Tokens,
 		max(l.Concurrent, 0), a.Lease, r.ttlUS,
-		max(l.SpendPerDay, 0), max(l.SpendPerMonth, 0), max(a.Spend, 0), keys[3], r.spendShift).Int64Slice()
+		max(l.SpendPerDay, 0), max(l.SpendPerMonth, 0), max(a.Spend, 0), r.spendShift).Int64Slice()
 	if err == nil && len(v) != 12 {
 		err = fmt.Errorf("the admit script answered %d values, want 12", len(v))
 	}
@@ -390,9 +390,9 @@ func (r *Redis) Release(ctx context.Context, rel Release) error {
 	keys := r.keys(rel.Key)
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 	defer cancel()
-	err = releaseScript.Run(cctx, r.client, []string{keys[1], keys[2]},
+	err = releaseScript.Run(cctx, r.client, keys[1:],
 		lease, dt, tr.per, tr.full, tr.cell, tr.tick,
-		ds, flag(rel.Limits.SpendPerDay > 0), flag(rel.Limits.SpendPerMonth > 0), keys[3], day, month, r.spendShift).Err()
+		ds, flag(rel.Limits.SpendPerDay > 0), flag(rel.Limits.SpendPerMonth > 0), day, month, r.spendShift).Err()
 	if err != nil {
 		return r.failed(ctx, "release", err)
 	}
@@ -420,11 +420,12 @@ func (r *Redis) Close() error {
 	return r.closeErr
 }
 
-// keys are a key name's Redis keys: requests, tokens, leases, and the
-// base of its spend windows' keys (<base>:d:YYYYMMDD, <base>:m:YYYYMM,
-// which the scripts name from Redis's clock). They share the hash tag
-// {name}, so a Redis Cluster keeps them on one node (each script touches
-// one key name's keys only). The first three are the scripts' KEYS.
+// keys are a key name's Redis keys: requests, tokens, leases and spend
+// (the hash of its spend windows, fields d:YYYYMMDD and m:YYYYMM). They
+// share the hash tag {name}, so a Redis Cluster keeps them on one node.
+// Each script declares in KEYS every key it touches (admit.lua all four,
+// release.lua the last three, renew.lua the leases): Redis's scripting
+// contract, which Redis Cluster's routing and Dragonfly rely on.
 func (r *Redis) keys(name string) []string {
 	base := r.cfg.KeyPrefix + "{" + name + "}:"
 	return []string{base + "req", base + "tok", base + "conc", base + "spend"}

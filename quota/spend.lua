@@ -2,10 +2,12 @@
 -- (each script is gcra.lua, this file, then its own).
 --
 -- A window is a UTC calendar day or month of Redis's clock, named by its
--- id (YYYYMMDD or YYYYMM, an integer); its total (spent + reserved,
--- nano-USD) is the string key <base>:d:<YYYYMMDD> or <base>:m:<YYYYMM>,
--- expiring GRACE past the window's end so a request admitted in it can
--- still settle there.
+-- id (YYYYMMDD or YYYYMM, an integer). A key name's windows are the fields
+-- d:<YYYYMMDD> and m:<YYYYMM> of one hash, a declared key
+-- (<prefix>{<name>}:spend); a field is a window's total (spent + reserved,
+-- nano-USD), kept until GRACE past the window's end so a request admitted
+-- in it can still settle there. The hash expires GRACE past the end of its
+-- latest window, so an idle key's hash goes.
 
 local GRACE = 86400000000 -- µs: spend.go's spendGrace, a day
 local DAY = 86400000000   -- µs
@@ -71,32 +73,68 @@ local function month_id_end(id)
   return month_end(idiv(id, 100), id % 100)
 end
 
--- spent is a window's total (0 when it has none).
-local function spent(key)
-  local v = redis.call('GET', key)
+-- spent is the total of the window field of hash key (0 when it has
+-- none).
+local function spent(key, field)
+  local v = redis.call('HGET', key, field)
   if not v then
     return 0
   end
   return tonumber(v) or 0
 end
 
--- put adds delta to the window at key ending at wend, never below 0,
--- unless the window has gone (GRACE past its end) or there is nothing to
--- add to an absent total. It returns the total.
-local function put(key, delta, wend, now)
-  if now >= wend + GRACE then
-    return 0
+-- put adds delta to the window field of hash key ending at wend, never
+-- below 0, unless the window has gone (GRACE past its end) or there is
+-- nothing to add to an absent total. It returns whether it wrote (then
+-- tidy follows). Not HINCRBY: a settlement may be as large as 2^63, which
+-- HINCRBY refuses; a total this large only refuses.
+local function put(key, field, delta, wend, now)
+  if delta == 0 or now >= wend + GRACE then
+    return false
   end
-  local v = redis.call('GET', key)
-  if not v and delta <= 0 then
-    return 0
+  local v = redis.call('HGET', key, field)
+  if not v and delta < 0 then
+    return false
   end
   local t = (tonumber(v) or 0) + delta
   if t < 0 then
     t = 0
   end
-  redis.call('SET', key, num(t))
-  redis.call('EXPIREAT', key, num(idiv(wend + GRACE, 1000000)))
-  return t
+  redis.call('HSET', key, field, num(t))
+  return true
 end
 
+-- field_end is the end (µs) of the window a field names, or nil for a
+-- field that names none.
+local function field_end(f)
+  local id = string.match(f, '^d:(%d%d%d%d%d%d%d%d)$')
+  if id then
+    return day_end(tonumber(id))
+  end
+  id = string.match(f, '^m:(%d%d%d%d%d%d)$')
+  if id then
+    return month_id_end(tonumber(id))
+  end
+  return nil
+end
+
+-- tidy drops the fields of hash key whose windows ended GRACE or more
+-- before now (and any field naming no window), then sets the hash to
+-- expire GRACE past the end of its latest window left. With Redis's clock
+-- moving forward a hash holds at most 2 day and 2 month fields: the
+-- current windows and the ones before them.
+local function tidy(key, now)
+  local fields = redis.call('HKEYS', key)
+  local last = nil
+  for _, f in ipairs(fields) do
+    local e = field_end(f)
+    if not e or now >= e + GRACE then
+      redis.call('HDEL', key, f)
+    elseif not last or e > last then
+      last = e
+    end
+  end
+  if last then
+    redis.call('PEXPIREAT', key, num(idiv(last + GRACE, 1000)))
+  end
+end

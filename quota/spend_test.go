@@ -2,8 +2,10 @@ package quota
 
 import (
 	"context"
+	"maps"
 	"math/rand/v2"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -36,7 +38,7 @@ func redisSpend(t *testing.T) spendStore {
 }
 
 // The test times are years ahead of the real clock: Redis expires a
-// window's key on its real clock, GRACE past the window's end.
+// spend hash on its real clock, GRACE past its latest window's end.
 func utc(y int, m time.Month, d, h, min, s int) time.Time {
 	return time.Date(y, m, d, h, min, s, 0, time.UTC)
 }
@@ -238,14 +240,18 @@ func TestMemorySpendConcurrentSafe(t *testing.T) {
 
 func TestRedisSpendConcurrentSafe(t *testing.T) {
 	srv := redistest.Start(t)
-	a, b := newRedis(t, srv.Addr(), nil), newRedis(t, srv.Addr(), nil)
+	// A second, not 50 ms: 16 goroutines dialling at once under -race on a
+	// loaded machine took longer, and this test is about exactness.
+	slow := func(c *RedisConfig) { c.Timeout = time.Second }
+	a, b := newRedis(t, srv.Addr(), slow), newRedis(t, srv.Addr(), slow)
 	shift := utc(2030, 6, 15, 12, 0, 0).UnixMicro() - time.Now().UnixMicro()
 	a.spendShift, b.spendShift = shift, shift
 	testSpendConcurrentSafe(t, []Store{a, b})
 }
 
-// TestRedisSpendKeys: a window's key is named for it, under the key's hash
-// tag, and expires a day past the window's end.
+// TestRedisSpendKeys: a key's spend windows are the fields of one hash
+// named for the key, under its hash tag, which expires a day past the end
+// of its latest window (the month's).
 func TestRedisSpendKeys(t *testing.T) {
 	srv := redistest.Start(t)
 	st := newRedis(t, srv.Addr(), nil)
@@ -256,20 +262,142 @@ func TestRedisSpendKeys(t *testing.T) {
 	if d.SpendWindow.Day != strconv.FormatInt(w.day, 10) || d.SpendWindow.Month != strconv.FormatInt(w.month, 10) {
 		t.Skipf("a UTC day ended during the test: %+v, %+v", d.SpendWindow, w)
 	}
-	for _, k := range []struct {
-		key string
-		end int64
-	}{
-		{"switchboard:quota:{team-a}:spend:d:" + d.SpendWindow.Day, w.dayEnd},
-		{"switchboard:quota:{team-a}:spend:m:" + d.SpendWindow.Month, w.monthEnd},
-	} {
-		if v, err := raw.Get(ctx, k.key).Result(); err != nil || v != "10" {
-			t.Errorf("%s: %q (%v), want 10", k.key, v, err)
+	const key = "switchboard:quota:{team-a}:spend"
+	if keys, err := raw.Keys(ctx, "*").Result(); err != nil || len(keys) != 1 || keys[0] != key {
+		t.Fatalf("keys %q (%v), want only %s", keys, err, key)
+	}
+	want := map[string]string{"d:" + d.SpendWindow.Day: "10", "m:" + d.SpendWindow.Month: "10"}
+	if got, err := raw.HGetAll(ctx, key).Result(); err != nil || !maps.Equal(got, want) {
+		t.Errorf("%s: %v (%v), want %v", key, got, err, want)
+	}
+	wantAt := time.UnixMicro(w.monthEnd).Add(spendGrace)
+	if at, err := raw.PExpireTime(ctx, key).Result(); err != nil || time.UnixMilli(int64(at/time.Millisecond)) != wantAt {
+		t.Errorf("%s: PEXPIRETIME %v (%v), want %v", key, at, err, wantAt)
+	}
+	// A day limit alone: the hash expires a day past the day's end.
+	admit(t, st, Ask{Key: "team-b", Limits: Limits{SpendPerDay: 100}, Spend: 10})
+	wantAt = time.UnixMicro(w.dayEnd).Add(spendGrace)
+	if at, err := raw.PExpireTime(ctx, "switchboard:quota:{team-b}:spend").Result(); err != nil || time.UnixMilli(int64(at/time.Millisecond)) != wantAt {
+		t.Errorf("team-b: PEXPIRETIME %v (%v), want %v", at, err, wantAt)
+	}
+}
+
+// TestRedisSpendWindowsBounded: day after day, through two month ends,
+// with admissions and settlements into the previous day, a key's hash
+// keeps the current windows and those ended less than a day ago, no more,
+// and expires a day past its latest window's end.
+func TestRedisSpendWindowsBounded(t *testing.T) {
+	srv := redistest.Start(t)
+	st := newRedis(t, srv.Addr(), nil)
+	raw := rawClient(t, srv.Addr())
+	ctx := context.Background()
+	const key = "switchboard:quota:{k}:spend"
+	l := Limits{SpendPerDay: 100, SpendPerMonth: 1000}
+	start := utc(2030, 1, 1, 12, 0, 0)
+	var prev SpendWindow
+	for i := range 70 { // days
+		at := start.AddDate(0, 0, i)
+		st.spendShift = at.UnixMicro() - time.Now().UnixMicro()
+		d := admit(t, st, Ask{Key: "k", Limits: l, Spend: 3})
+		if prev.Day != "" { // yesterday's request ends today
+			release(t, st, Release{Key: "k", Limits: l, ReservedSpend: 3, UsedSpend: 1, SpendDay: prev.Day, SpendMonth: prev.Month})
 		}
-		want := time.Duration(k.end-time.Now().UnixMicro())*time.Microsecond + spendGrace
-		if ttl, err := raw.PTTL(ctx, k.key).Result(); err != nil || ttl > want+time.Second || ttl < want-2*time.Second {
-			t.Errorf("%s: PTTL %v (%v), want %v", k.key, ttl, err, want)
+		prev = d.SpendWindow
+		fields, err := raw.HGetAll(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
 		}
+		w := windowsAt(at.UnixMicro())
+		yesterday := windowsAt(at.AddDate(0, 0, -1).UnixMicro())
+		wantDay := map[string]string{"d:" + strconv.FormatInt(w.day, 10): "3"}
+		if i > 0 {
+			wantDay["d:"+strconv.FormatInt(yesterday.day, 10)] = "1"
+		}
+		days, months := 0, 0
+		for f, v := range fields {
+			if f[0] == 'd' {
+				days++
+				if wantDay[f] != v {
+					t.Errorf("%v: %s = %s, want %q", at, f, v, wantDay[f])
+				}
+			} else {
+				months++
+			}
+		}
+		if days != len(wantDay) || months > 2 || fields["m:"+strconv.FormatInt(w.month, 10)] == "" {
+			t.Fatalf("%v: fields %v", at, fields)
+		}
+		wantAt := time.UnixMicro(w.monthEnd).Add(spendGrace)
+		if got, err := raw.PExpireTime(ctx, key).Result(); err != nil || time.UnixMilli(int64(got/time.Millisecond)) != wantAt {
+			t.Fatalf("%v: PEXPIRETIME %v (%v), want %v", at, got, err, wantAt)
+		}
+	}
+	// A settlement after every window ended a day ago changes nothing:
+	// no write, so no field and no expiry are touched.
+	st.spendShift = start.AddDate(0, 4, 0).UnixMicro() - time.Now().UnixMicro()
+	release(t, st, Release{Key: "k", Limits: l, ReservedSpend: 0, UsedSpend: 5, SpendDay: prev.Day, SpendMonth: prev.Month})
+	if n, err := raw.HLen(ctx, key).Result(); err != nil || n > 4 {
+		t.Errorf("after a late settlement: %d fields (%v)", n, err)
+	}
+	// The next write drops them all but its own.
+	admit(t, st, Ask{Key: "k", Limits: Limits{SpendPerMonth: 1000}, Spend: 2})
+	want := map[string]string{"m:203005": "2"}
+	if got, err := raw.HGetAll(ctx, key).Result(); err != nil || !maps.Equal(got, want) {
+		t.Errorf("after months idle: %v (%v), want %v", got, err, want)
+	}
+}
+
+// checkedLua wraps redis.call, for the scripts that follow it, with a
+// check that every command but TIME names a declared key (in KEYS) first.
+const checkedLua = `
+local declared_call = redis.call
+local declared = {}
+for _, k in ipairs(KEYS) do
+  declared[k] = true
+end
+local redis = {call = function(cmd, ...)
+  local key = ...
+  if string.upper(cmd) ~= 'TIME' and not declared[key] then
+    error('undeclared key ' .. tostring(key) .. ' (' .. cmd .. ')')
+  end
+  return declared_call(cmd, ...)
+end}
+`
+
+// TestRedisScriptsDeclareKeys: the scripts touch only the keys they
+// declare in KEYS (Redis's scripting contract: Redis Cluster routes on
+// them, Dragonfly refuses undeclared keys), through the spend cases,
+// concurrency, settling and renewal.
+func TestRedisScriptsDeclareKeys(t *testing.T) {
+	a, r, n := admitScript, releaseScript, renewScript
+	t.Cleanup(func() { admitScript, releaseScript, renewScript = a, r, n })
+	admitScript = redis.NewScript(checkedLua + gcraLua + spendLua + admitLua)
+	releaseScript = redis.NewScript(checkedLua + gcraLua + spendLua + releaseLua)
+	renewScript = redis.NewScript(checkedLua + gcraLua + renewLua)
+	srv := redistest.Start(t)
+	for _, c := range spendCases {
+		t.Run(c.name, func(t *testing.T) { c.run(t, redisSpend(t)) })
+	}
+	var hookErr atomic.Pointer[error]
+	st := newRedis(t, srv.Addr(), nil, WithErrorHook(func(err error) { hookErr.Store(&err) }))
+	l := Limits{RequestsPerMinute: 60, TokensPerMinute: 1000, Concurrent: 2, SpendPerDay: 1000, SpendPerMonth: 5000}
+	d := admit(t, st, Ask{Key: "k", Limits: l, Tokens: 100, Lease: "r1", Spend: 50})
+	if !d.Allowed {
+		t.Fatalf("refused: %+v", d)
+	}
+	st.renew()
+	if p := hookErr.Load(); p != nil {
+		t.Fatalf("renew: %v", *p)
+	}
+	release(t, st, Release{Key: "k", Limits: l, Lease: "r1", Reserved: 100, Used: 40, ReservedSpend: 50, UsedSpend: 20,
+		SpendDay: d.SpendWindow.Day, SpendMonth: d.SpendWindow.Month})
+	if d := admit(t, st, Ask{Key: "k", Limits: l, Tokens: 10, Lease: "r2", Spend: 10}); !d.Allowed || d.Spend.Day != 30 || d.InFlight != 1 {
+		t.Errorf("after the release: %+v", d)
+	}
+	// The check itself: a script naming a key it did not declare fails.
+	bad := redis.NewScript(checkedLua + `return redis.call('GET', 'undeclared')`)
+	if err := bad.Run(context.Background(), rawClient(t, srv.Addr()), []string{"declared"}).Err(); err == nil || !strings.Contains(err.Error(), "undeclared key undeclared") {
+		t.Errorf("an undeclared key: %v", err)
 	}
 }
 
