@@ -104,22 +104,8 @@ func TestParseFlags(t *testing.T) {
 }
 
 func TestServe(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var logs bytes.Buffer
-	log := slog.New(slog.NewTextHandler(&logs, nil))
-	addrc := make(chan net.Addr, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- serve(ctx, []string{"--listen", "127.0.0.1:0", "--model", "m", "--ttft", "1ms", "--itl", "1ms"},
-			io.Discard, log, func(a net.Addr) { addrc <- a })
-	}()
-	var addr net.Addr
-	select {
-	case addr = <-addrc:
-	case err := <-done:
-		t.Fatalf("serve returned early: %v", err)
-	}
+	sv := startServe(t, "--listen", "127.0.0.1:0", "--model", "m", "--ttft", "1ms", "--itl", "1ms")
+	addr, logs := sv.addr, sv.logs
 	client := &http.Client{Transport: &http.Transport{}}
 	defer client.CloseIdleConnections()
 
@@ -142,18 +128,56 @@ func TestServe(t *testing.T) {
 		t.Errorf("completion: %d %s", resp.StatusCode, b)
 	}
 
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("serve did not return after cancellation")
-	}
+	sv.stop()
 	if n := strings.Count(logs.String(), "\n"); n != 1 || !strings.Contains(logs.String(), "enginesim listening") {
 		t.Errorf("logs = %q, want one start line", logs.String())
 	}
+}
+
+// served is serve running on a goroutine for a test: its address, its
+// logs, and stop, which cancels it and checks that it returns cleanly
+// within 5 s.
+type served struct {
+	addr net.Addr
+	logs *bytes.Buffer
+	stop func()
+}
+
+// startServe runs serve with args and waits for its listener.
+func startServe(t *testing.T, args ...string) served {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	logs := &bytes.Buffer{}
+	log := slog.New(slog.NewTextHandler(logs, nil))
+	addrc := make(chan net.Addr, 1)
+	done := make(chan error, 1)
+	go func() { done <- serve(ctx, args, io.Discard, log, func(a net.Addr) { addrc <- a }) }()
+	var addr net.Addr
+	select {
+	case addr = <-addrc:
+	case err := <-done:
+		t.Fatalf("serve returned early: %v", err)
+	}
+	stopped := false
+	stop := func() {
+		t.Helper()
+		if stopped {
+			return
+		}
+		stopped = true
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("serve: %v", err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("serve did not return after cancellation")
+		}
+	}
+	t.Cleanup(stop)
+	return served{addr: addr, logs: logs, stop: stop}
 }
 
 func TestServeErrors(t *testing.T) {
@@ -190,30 +214,10 @@ func TestServeErrors(t *testing.T) {
 }
 
 func TestServeKVEvents(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var logs bytes.Buffer
-	log := slog.New(slog.NewTextHandler(&logs, nil))
-	addrc := make(chan net.Addr, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- serve(ctx, []string{"--listen", "127.0.0.1:0", "--kv-events-endpoint", "tcp://127.0.0.1:0",
-			"--kv-events-replay-endpoint", "tcp://127.0.0.1:0"}, io.Discard, log, func(a net.Addr) { addrc <- a })
-	}()
-	select {
-	case <-addrc:
-	case err := <-done:
-		t.Fatalf("serve returned early: %v", err)
-	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("serve did not return after cancellation")
-	}
+	sv := startServe(t, "--listen", "127.0.0.1:0", "--kv-events-endpoint", "tcp://127.0.0.1:0",
+		"--kv-events-replay-endpoint", "tcp://127.0.0.1:0")
+	sv.stop()
+	logs := sv.logs
 	for _, key := range []string{"kv_events=tcp://127.0.0.1:", "kv_events_replay=tcp://127.0.0.1:"} {
 		if !strings.Contains(logs.String(), key) {
 			t.Errorf("logs = %q, want %s<port>", logs.String(), key)
@@ -227,23 +231,10 @@ func TestServeProviderTLS(t *testing.T) {
 	if err := os.WriteFile(keyFile, []byte("sk-cmd-secret\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	var logs bytes.Buffer
-	log := slog.New(slog.NewTextHandler(&logs, nil))
-	addrc := make(chan net.Addr, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- serve(ctx, []string{"--listen", "127.0.0.1:0", "--model", "m", "--ttft", "1ms", "--itl", "1ms",
-			"--provider", "openai", "--provider-key-file", keyFile, "--provider-model", "gpt-4o=m", "--provider-rpm", "10",
-			"--tls-self-signed", "--tls-ca-out", caFile}, io.Discard, log, func(a net.Addr) { addrc <- a })
-	}()
-	var addr net.Addr
-	select {
-	case addr = <-addrc:
-	case err := <-done:
-		t.Fatalf("serve returned early: %v", err)
-	}
+	sv := startServe(t, "--listen", "127.0.0.1:0", "--model", "m", "--ttft", "1ms", "--itl", "1ms",
+		"--provider", "openai", "--provider-key-file", keyFile, "--provider-model", "gpt-4o=m", "--provider-rpm", "10",
+		"--tls-self-signed", "--tls-ca-out", caFile)
+	addr, logs := sv.addr, sv.logs
 	caPEM, err := os.ReadFile(caFile)
 	if err != nil {
 		t.Fatal(err)
@@ -279,15 +270,7 @@ func TestServeProviderTLS(t *testing.T) {
 			t.Errorf("x-ratelimit-remaining-requests %q, want 9", resp.Header.Get("x-ratelimit-remaining-requests"))
 		}
 	}
-	cancel()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("serve did not return after cancellation")
-	}
+	sv.stop()
 	if strings.Contains(logs.String(), "sk-cmd-secret") || !strings.Contains(logs.String(), "provider=openai") {
 		t.Errorf("logs = %q, want the provider and not its key", logs.String())
 	}
