@@ -28,6 +28,11 @@ type inbound struct {
 	// events (routing.Request.PredictedCached); -1 when it did not.
 	kvPredicted int
 	kvOn        *routing.Endpoint
+	// capOut is the max_tokens the gateway adds to a chat or completions
+	// body that sets none, when its key has a spend budget (spendCap): the
+	// output its reservation holds, so the engine cannot generate past
+	// it. 0: none added.
+	capOut int64
 	// kvPromptTokens is the prompt's number of tokens when the tokenizer
 	// knows it exactly (a hit, or a tokenization waited for), else 0.
 	kvPromptTokens int

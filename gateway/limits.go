@@ -154,6 +154,22 @@ func reservation(op *operation, in *inbound, tpm int64) (prompt, out int64) {
 	return prompt, min(in.set.cfg.Limits.DefaultMaxTokens, max(tpm-prompt, 0))
 }
 
+// spendCap returns the max_tokens to add to the engine's body of a
+// request whose key has a spend budget and that sets no output cap: the
+// default_max_tokens its spend reservation holds (admitKey), so that it
+// cannot cost more than it reserved. 0 for any other request, and for
+// routes other than chat and completions (whose cap field is max_tokens;
+// Messages require one, the Responses API's is another).
+func spendCap(st *reqState, op *operation, in *inbound) int64 {
+	if st == nil || st.key == nil || (st.key.limits.SpendPerDay == 0 && st.key.limits.SpendPerMonth == 0) {
+		return 0
+	}
+	if op.class != classGenerative || (op.name != "chat" && op.name != "completions") || in.req.MaxTokens > 0 {
+		return 0
+	}
+	return in.set.cfg.Limits.DefaultMaxTokens
+}
+
 // admitKey applies the request's key's limits before any engine is
 // picked: it returns the grant to settle when the request ends, or the
 // error to answer (429 with Retry-After and the x-ratelimit-* headers;

@@ -3,6 +3,7 @@ package gateway
 import (
 	"bytes"
 	"io"
+	"strconv"
 )
 
 // outBody is the body sent to an engine: the client's bytes with at most
@@ -236,6 +237,18 @@ func (s *Server) outgoing(op *operation, in *inbound, tokenIDs bool) outBody {
 			edits[n-1].ins = tokenIDsOptionWith(edits[n-1].ins)
 		} else {
 			edits[n] = closing(tokenIDsOption)
+			n++
+		}
+	}
+	if in.capOut > 0 {
+		// The output cap a spend budget's reservation holds: a member
+		// added last (after any max_tokens null or 0 of the client's: the
+		// last duplicate key wins), with the other closing additions.
+		member := strconv.AppendInt([]byte(`,"max_tokens":`), in.capOut, 10)
+		if n > 0 && edits[n-1].end == len(body) {
+			edits[n-1].ins = append(member, edits[n-1].ins...)
+		} else {
+			edits[n] = closing(append(member, '}'))
 			n++
 		}
 	}

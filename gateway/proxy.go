@@ -91,6 +91,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 			p.cr.keepText = true
 		}
 	}
+	in.capOut = spendCap(st, op, &in)
 	out := s.outgoing(op, &in, p.cr.asksIDs())
 	rreq := routing.Request{Model: in.target, Stream: in.stream, SessionKey: in.req.User, PromptBytes: in.req.PromptBytes, PrefixHashes: in.req.PrefixHashes}
 	if set.sessionHeader != "" {

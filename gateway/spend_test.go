@@ -156,3 +156,49 @@ func TestSpendBudgetSharedByReplicas(t *testing.T) {
 		}
 	}
 }
+
+// TestSpendBudgetCapsOutput: a request of a key with a spend budget that
+// sets no max_tokens gets the default_max_tokens its reservation holds in
+// the engine's body, so it cannot cost more than it reserved; one that
+// sets its own keeps it; a key without a budget is left alone.
+func TestSpendBudgetCapsOutput(t *testing.T) {
+	eng, srv := sim(t, enginesim.Config{Models: []string{"m"}, OutputTokens: 50})
+	cfg := spendConfig(srv.URL, 1)
+	cfg.Auth.Keys = append(cfg.Auth.Keys, KeyConfig{Name: "team-2", SHA256: sha("k-2"), Models: []string{"*"}})
+	cfg.Limits.DefaultMaxTokens = 8
+	h := newHarness(t, cfg)
+	out := func(key, body string) int64 {
+		t.Helper()
+		resp := h.post("/v1/chat/completions", body, "Authorization", "Bearer "+key)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var r struct{ Usage struct{ CompletionTokens int64 `json:"completion_tokens"` } }
+		if resp.StatusCode != http.StatusOK || json.Unmarshal(b, &r) != nil {
+			t.Fatalf("%d %s", resp.StatusCode, b)
+		}
+		return r.Usage.CompletionTokens
+	}
+	noCap := `{"model":"m","messages":[{"role":"user","content":"one two three four"}]}`
+	if n := out("k-1", noCap); n != 8 {
+		t.Errorf("budgeted key, no max_tokens: %d output tokens, want default_max_tokens 8", n)
+	}
+	// A stream whose body gets the usage option too (inject_usage), and a
+	// max_tokens null of the client's that the added one follows.
+	resp := h.post("/v1/chat/completions", `{"model":"m","max_tokens":null,"stream":true,"messages":[{"role":"user","content":"one two"}]}`, "Authorization", "Bearer k-1")
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if n := strings.Count(string(b), `"content":"tok`); resp.StatusCode != http.StatusOK || n != 8 {
+		t.Errorf("budgeted key, stream with max_tokens null: %d, %d content events; want 200, 8:\n%s", resp.StatusCode, n, b)
+	}
+	if n := out("k-1", spendBody(12)); n != 12 {
+		t.Errorf("budgeted key, max_tokens 12: %d output tokens, want 12", n)
+	}
+	if n := out("k-2", noCap); n != 50 {
+		t.Errorf("key without a budget, no max_tokens: %d output tokens, want the engine's 50", n)
+	}
+	_ = eng
+	ks := h.gw.Keys()
+	if want := (4*1e-6 + 8*100e-6) + (2*1e-6 + 8*100e-6) + (4*1e-6 + 12*100e-6); math.Abs(ks[0].Spend-want) > 1e-9 {
+		t.Errorf("budgeted key spent %v, want %v", ks[0].Spend, want)
+	}
+}
