@@ -172,7 +172,11 @@ func TestSpendBudgetCapsOutput(t *testing.T) {
 		resp := h.post("/v1/chat/completions", body, "Authorization", "Bearer "+key)
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		var r struct{ Usage struct{ CompletionTokens int64 `json:"completion_tokens"` } }
+		var r struct {
+			Usage struct {
+				CompletionTokens int64 `json:"completion_tokens"`
+			}
+		}
 		if resp.StatusCode != http.StatusOK || json.Unmarshal(b, &r) != nil {
 			t.Fatalf("%d %s", resp.StatusCode, b)
 		}
