@@ -103,8 +103,8 @@ func (f *Fleet) Forward(ctx context.Context, e *Engine, act Action, query string
 			req.Header.Set("Content-Type", ct)
 		}
 	}
-	if e.auth != nil {
-		req.Header["Authorization"] = e.auth
+	if auth := e.Auth(); auth != nil {
+		req.Header["Authorization"] = auth
 	}
 	resp, err := f.statsClient.Do(req)
 	if err != nil {

@@ -111,9 +111,11 @@ func (f *Fleet) tryApply(want []EngineConfig, unready map[string]bool, aliases m
 		switch {
 		case old != nil && sameEngine(old.cfg, ec):
 			next[i] = old
+			f.rereadKey(old, ec)
 			continue
 		case old != nil && inPlace(old.cfg, ec):
 			next[i] = old
+			f.rereadKey(old, ec)
 			updates = append(updates, update{old, ec})
 			changed = append(changed, ec.Name)
 			continue

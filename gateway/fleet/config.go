@@ -93,6 +93,14 @@ type EngineConfig struct {
 	// gateway refuses to start rather than send requests without it (fail
 	// closed, docs/cases.md L19).
 	APIKeyEnv string `koanf:"api_key_env"`
+	// APIKeyFile names a file holding the engine's key (white space
+	// around it ignored), such as a mounted Kubernetes Secret. As with
+	// APIKeyEnv the engine then needs a key: an unreadable or empty file
+	// keeps the gateway from starting. A reload (SIGHUP, a changed config
+	// file) reads it again, so a rotated key is used from the next
+	// request; a file that cannot be read then keeps the key in use, and
+	// is logged.
+	APIKeyFile string `koanf:"api_key_file"`
 	// Provider is the engine's gen_ai.provider.name on GenAI spans and
 	// metrics (OpenTelemetry GenAI conventions: a well-known value such as
 	// "openai" when the engine is that provider's API, else a custom one).
@@ -132,6 +140,14 @@ type EngineConfig struct {
 	// Empty (the default): the engine pairs with every engine of its
 	// model. A label-like name, compared as is.
 	Group string `koanf:"group"`
+}
+
+// btoi is 1 for true.
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // checkZMQEndpoint checks a ZMQ endpoint the gateway connects to: ""
@@ -271,8 +287,8 @@ func (e EngineConfig) Validate() error {
 	case u.Host == "":
 		bad("engine %q: url has no host", e.Name)
 	}
-	if e.APIKey != "" && e.APIKeyEnv != "" {
-		bad("engine %q: set api_key or api_key_env, not both", e.Name)
+	if n := btoi(e.APIKey != "") + btoi(e.APIKeyEnv != "") + btoi(e.APIKeyFile != ""); n > 1 {
+		bad("engine %q: set one of api_key, api_key_env and api_key_file", e.Name)
 	}
 	for _, m := range e.Models {
 		if strings.TrimSpace(m) == "" {

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"encoding/base64"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -37,14 +38,14 @@ type Engine struct {
 	cfg    EngineConfig
 	ep     *routing.Endpoint
 	tel    *telemetry.Engine
-	base   string            // the engine's base URL without a trailing slash, never with userinfo; the route path is appended
-	urls   map[string]string // the engine URL of every path given to WithPaths, built once
-	static bool              // models come from config
-	auth   []string          // the Authorization header value, or nil when the engine takes none
-	shown  string            // the URL as logs and /admin/engines show it: userinfo redacted
-	header []string          // the X-Switchboard-Engine value, shared by every response
-	role   Role              // EngineConfig.Role, parsed
-	group  string            // EngineConfig.Group
+	base   string                   // the engine's base URL without a trailing slash, never with userinfo; the route path is appended
+	urls   map[string]string        // the engine URL of every path given to WithPaths, built once
+	static bool                     // models come from config
+	auth   atomic.Pointer[[]string] // the Authorization header value, nil when the engine takes none; a reload may replace it (rereadKey)
+	shown  string                   // the URL as logs and /admin/engines show it: userinfo redacted
+	header []string                 // the X-Switchboard-Engine value, shared by every response
+	role   Role                     // EngineConfig.Role, parsed
+	group  string                   // EngineConfig.Group
 
 	// spanAttrs are the engine span attributes that never change:
 	// switchboard.engine and switchboard.engine.role.
@@ -157,7 +158,55 @@ func (e *Engine) Header() []string { return e.header }
 // Auth returns the Authorization header value the engine takes (its
 // Bearer key, or Basic credentials from its URL), or nil when it takes
 // none. The slice is shared: callers must not modify it.
-func (e *Engine) Auth() []string { return e.auth }
+func (e *Engine) Auth() []string {
+	if p := e.auth.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// engineKey returns ec's key: api_key, or the value of api_key_env, or
+// the content of api_key_file trimmed; "" when it has none. The error
+// (wrapping ErrInvalidConfig) names the variable or the file, never a
+// key.
+func engineKey(ec EngineConfig) (string, error) {
+	switch {
+	case ec.APIKeyEnv != "":
+		if key := os.Getenv(ec.APIKeyEnv); key != "" {
+			return key, nil
+		}
+		return "", fmt.Errorf("%w: engine %q needs a key but %s is not set", ErrInvalidConfig, ec.Name, ec.APIKeyEnv)
+	case ec.APIKeyFile != "":
+		b, err := os.ReadFile(ec.APIKeyFile)
+		if err != nil {
+			return "", fmt.Errorf("%w: engine %q needs a key but its api_key_file %s cannot be read: %v", ErrInvalidConfig, ec.Name, ec.APIKeyFile, errors.Unwrap(err))
+		}
+		if key := strings.TrimSpace(string(b)); key != "" {
+			return key, nil
+		}
+		return "", fmt.Errorf("%w: engine %q needs a key but its api_key_file %s is empty", ErrInvalidConfig, ec.Name, ec.APIKeyFile)
+	}
+	return ec.APIKey, nil
+}
+
+// rereadKey reads the key of an engine whose key comes from a variable or
+// a file again (a reload), and uses it from the next request when it
+// changed; a key that cannot be read keeps the one in use, and is
+// logged. Under Fleet.mu.
+func (f *Fleet) rereadKey(e *Engine, ec EngineConfig) {
+	if ec.APIKeyEnv == "" && ec.APIKeyFile == "" {
+		return
+	}
+	key, err := engineKey(ec)
+	if err != nil {
+		f.log.Warn("cannot read the engine's key again; the one in use is kept", "engine", ec.Name, "error", err)
+		return
+	}
+	if auth := []string{"Bearer " + key}; !slices.Equal(e.Auth(), auth) {
+		e.auth.Store(&auth)
+		f.log.Info("engine's key changed; used from the next request", "engine", ec.Name)
+	}
+}
 
 // Base returns the engine's base URL without a trailing slash and without
 // userinfo: a request path is appended to it.
@@ -227,11 +276,9 @@ func (f *Fleet) newEngine(ec EngineConfig) (*Engine, error) {
 	// gateway logs, shows or sends.
 	userinfo := base.User
 	base.User = nil
-	key := ec.APIKey
-	if ec.APIKeyEnv != "" {
-		if key = os.Getenv(ec.APIKeyEnv); key == "" {
-			return nil, fmt.Errorf("%w: engine %q needs a key but %s is not set", ErrInvalidConfig, ec.Name, ec.APIKeyEnv)
-		}
+	key, err := engineKey(ec)
+	if err != nil {
+		return nil, err
 	}
 	port, _ := strconv.Atoi(base.Port())
 	if port == 0 {
@@ -254,10 +301,10 @@ func (f *Fleet) newEngine(ec EngineConfig) (*Engine, error) {
 	e.spanAttrs = []attribute.KeyValue{telemetry.AttrSpanEngine.String(ec.Name), telemetry.AttrSpanEngineRole.String(e.role.String())}
 	switch {
 	case key != "":
-		e.auth = []string{"Bearer " + key}
+		e.auth.Store(&[]string{"Bearer " + key})
 	case userinfo != nil:
 		pw, _ := userinfo.Password()
-		e.auth = []string{"Basic " + base64.StdEncoding.EncodeToString([]byte(userinfo.Username()+":"+pw))}
+		e.auth.Store(&[]string{"Basic " + base64.StdEncoding.EncodeToString([]byte(userinfo.Username()+":"+pw))})
 	}
 	e.base = strings.TrimSuffix(base.String(), "/")
 	e.urls = make(map[string]string, len(f.paths))

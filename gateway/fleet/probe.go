@@ -144,8 +144,8 @@ func (f *Fleet) engineGet(ctx context.Context, c *http.Client, e *Engine, url, p
 	if accept != nil {
 		req.Header["Accept"] = accept
 	}
-	if e.auth != nil {
-		req.Header["Authorization"] = e.auth
+	if auth := e.Auth(); auth != nil {
+		req.Header["Authorization"] = auth
 	}
 	resp, err := c.Do(req)
 	if err != nil {

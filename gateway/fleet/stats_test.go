@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"testing/synctest"
@@ -450,5 +452,57 @@ func TestScrapeBlockSizeMismatch(t *testing.T) {
 	}
 	if n := strings.Count(logs.String(), "is not kv_events.block_size"); n != 1 || !strings.Contains(logs.String(), "engine_block_size=32") {
 		t.Errorf("logged %d times, want once with engine_block_size=32:\n%s", n, logs.String())
+	}
+}
+
+// TestEngineKeyFile: an engine's key read from api_key_file is its
+// Authorization; a reload reads the file again and uses a rotated key; a
+// file that then cannot be read keeps the key in use (logged, and never
+// the key itself); at start an empty file refuses the engine (fail
+// closed), naming the file, not a key.
+func TestEngineKeyFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "key")
+	if err := os.WriteFile(path, []byte("  sk-one\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ec := EngineConfig{Name: "e1", URL: "http://127.0.0.1:1", Models: []string{"m"}, APIKeyFile: path}
+	var logs bytes.Buffer
+	f, err := New(Config{Engines: []EngineConfig{ec}, Health: DefaultHealthConfig(), Stats: DefaultEngineStatsConfig()}, mustMetrics(t),
+		WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	auth := func() string { return strings.Join(f.engines[0].Auth(), "") }
+	if got := auth(); got != "Bearer sk-one" {
+		t.Fatalf("Authorization %q, want Bearer sk-one", got)
+	}
+	first := f.engines[0]
+	if err := os.WriteFile(path, []byte("sk-two"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.SetConfigured([]EngineConfig{ec}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := auth(); got != "Bearer sk-two" || f.engines[0] != first {
+		t.Errorf("after the rotation and a reload: %q (same incarnation %v), want Bearer sk-two on the same engine", got, f.engines[0] == first)
+	}
+	if err := os.WriteFile(path, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.SetConfigured([]EngineConfig{ec}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := auth(); got != "Bearer sk-two" || !strings.Contains(logs.String(), "cannot read the engine's key again") || strings.Contains(logs.String(), "sk-") {
+		t.Errorf("an emptied file: %q, logs %q; want the key kept, logged without it", got, logs.String())
+	}
+	_, err = New(Config{Engines: []EngineConfig{ec}, Health: DefaultHealthConfig(), Stats: DefaultEngineStatsConfig()}, mustMetrics(t), WithLogger(discard))
+	if err == nil || !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "api_key_file "+path+" is empty") {
+		t.Errorf("an empty key file at start: %v, want an ErrInvalidConfig naming the file", err)
+	}
+	bad := ec
+	bad.APIKey = "x"
+	if err := bad.Validate(); err == nil || !strings.Contains(err.Error(), "set one of api_key, api_key_env and api_key_file") {
+		t.Errorf("api_key and api_key_file: %v", err)
 	}
 }
