@@ -305,8 +305,9 @@ func (h *harness) histSum(name string, match ...attribute.KeyValue) float64 {
 	return s
 }
 
-// counter returns the total of an Int64 counter.
-func (h *harness) counter(name string) int64 {
+// counter returns the total of an Int64 counter over its data points
+// with every kv of match (all of them when match is empty).
+func (h *harness) counter(name string, match ...attribute.KeyValue) int64 {
 	h.t.Helper()
 	m, ok := findMetric(h.collect(), name)
 	if !ok {
@@ -314,7 +315,9 @@ func (h *harness) counter(name string) int64 {
 	}
 	var n int64
 	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-		n += dp.Value
+		if hasAll(dp.Attributes, match) {
+			n += dp.Value
+		}
 	}
 	return n
 }

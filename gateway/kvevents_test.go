@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/switchboard-gw/switchboard/gateway/fleet"
@@ -169,23 +168,6 @@ func (g *kvGateway) match(name string, keys []uint64) int {
 func (g *kvGateway) fresh(name string) bool {
 	g.t.Helper()
 	return g.kv.Fresh(g.gw.Fleet().Engine(name).Endpoint(), time.Now())
-}
-
-// sumCounter sums the Int64 counter name over the data points with every
-// kv of match.
-func (g *kvGateway) sumCounter(name string, match ...attribute.KeyValue) int64 {
-	g.t.Helper()
-	m, ok := findMetric(g.collect(), name)
-	if !ok {
-		return 0
-	}
-	var n int64
-	for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-		if hasAll(dp.Attributes, match) {
-			n += dp.Value
-		}
-	}
-	return n
 }
 
 // gaugeValue is the Int64 gauge name's one data point (0 when absent).
@@ -374,7 +356,7 @@ func TestKVEventsRoutesOnReportedBlocks(t *testing.T) {
 		if got := g.status(seeded.name).Blocks; got != before+4 {
 			t.Errorf("prompt %d: %s holds %d blocks on /admin/engines, want %d", i, seeded.name, got, before+4)
 		}
-		exact := g.sumCounter(telemetry.KVPredictionsName, telemetry.AttrKVPrediction.String(telemetry.KVPredictionExact))
+		exact := g.counter(telemetry.KVPredictionsName, telemetry.AttrKVPrediction.String(telemetry.KVPredictionExact))
 		for j := range 3 {
 			r := g.chat(prompt)
 			if r.status != http.StatusOK || r.engine != seeded.name {
@@ -384,12 +366,12 @@ func TestKVEventsRoutesOnReportedBlocks(t *testing.T) {
 				t.Errorf("prompt %d, request %d: %d cached tokens reported, want 64", i, j, r.cached)
 			}
 		}
-		if got := g.sumCounter(telemetry.KVPredictionsName, telemetry.AttrKVPrediction.String(telemetry.KVPredictionExact)); got != exact+3 {
+		if got := g.counter(telemetry.KVPredictionsName, telemetry.AttrKVPrediction.String(telemetry.KVPredictionExact)); got != exact+3 {
 			t.Errorf("prompt %d: %s{outcome=exact} went from %d to %d, want +3", i, telemetry.KVPredictionsName, exact, got)
 		}
 	}
-	if n := g.sumCounter(telemetry.KVPredictionsName, telemetry.AttrKVPrediction.String(telemetry.KVPredictionOver)) +
-		g.sumCounter(telemetry.KVPredictionsName, telemetry.AttrKVPrediction.String(telemetry.KVPredictionUnder)); n != 0 {
+	if n := g.counter(telemetry.KVPredictionsName, telemetry.AttrKVPrediction.String(telemetry.KVPredictionOver)) +
+		g.counter(telemetry.KVPredictionsName, telemetry.AttrKVPrediction.String(telemetry.KVPredictionUnder)); n != 0 {
 		t.Errorf("%d predictions over or under, want 0", n)
 	}
 	ix := g.admin().KVIndex
@@ -425,7 +407,7 @@ func TestKVEventsPrefixAwareContrast(t *testing.T) {
 			on++
 		}
 	}
-	if n := g.sumCounter(telemetry.KVPredictionsName); n != 0 {
+	if n := g.counter(telemetry.KVPredictionsName); n != 0 {
 		t.Errorf("prefix-aware counted %d predictions, want 0 (it predicts nothing)", n)
 	}
 	t.Logf("prefix-aware: %d of %d first requests on the seeded engine (precise-prefix: all)", on, n)
@@ -473,10 +455,10 @@ func TestKVEventsGapReplayed(t *testing.T) {
 	if r := g.chat(p1); r.status != http.StatusOK || r.cached != 32 {
 		t.Errorf("replayed prompt: %d with %d cached tokens, want 200 with 32", r.status, r.cached)
 	}
-	if n := g.sumCounter(telemetry.KVPredictionsName, telemetry.AttrKVPrediction.String(telemetry.KVPredictionExact)); n != 1 {
+	if n := g.counter(telemetry.KVPredictionsName, telemetry.AttrKVPrediction.String(telemetry.KVPredictionExact)); n != 1 {
 		t.Errorf("%s{outcome=exact} = %d, want 1", telemetry.KVPredictionsName, n)
 	}
-	if n := g.sumCounter(telemetry.KVGapsName); n != int64(st.Gaps) {
+	if n := g.counter(telemetry.KVGapsName); n != int64(st.Gaps) {
 		t.Errorf("%s = %d, want %d as on /admin/engines", telemetry.KVGapsName, n, st.Gaps)
 	}
 	g.waitIdle()
@@ -521,7 +503,7 @@ func TestKVEventsGapWithoutReplay(t *testing.T) {
 	if r := g.chat(p1); r.status != http.StatusOK || r.engine != s.name || r.cached != 32 {
 		t.Errorf("lost prompt: %d on %q with %d cached; want 200 on %s with 32 (%s)", r.status, r.engine, r.cached, s.name, r.body)
 	}
-	if n := g.sumCounter(telemetry.KVPredictionsName, telemetry.AttrKVPrediction.String(telemetry.KVPredictionUnder)); n != 1 {
+	if n := g.counter(telemetry.KVPredictionsName, telemetry.AttrKVPrediction.String(telemetry.KVPredictionUnder)); n != 1 {
 		t.Errorf("%s{outcome=under} = %d, want 1", telemetry.KVPredictionsName, n)
 	}
 	g.waitIdle()
@@ -559,7 +541,7 @@ func TestKVEventsClearAndRestart(t *testing.T) {
 	if !g.status(s.name).Fresh {
 		t.Error("engine not fresh after AllBlocksCleared")
 	}
-	if n := g.sumCounter(telemetry.KVEventsName, telemetry.AttrKVEventType.String(telemetry.KVEventCleared)); n != 1 {
+	if n := g.counter(telemetry.KVEventsName, telemetry.AttrKVEventType.String(telemetry.KVEventCleared)); n != 1 {
 		t.Errorf("%s{type=cleared} = %d, want 1", telemetry.KVEventsName, n)
 	}
 
@@ -586,7 +568,7 @@ func TestKVEventsClearAndRestart(t *testing.T) {
 	if m2, m3 := g.match(s.name, k2), g.match(s.name, s.keys(t, p3)); m2 != 0 || m3 != 2 {
 		t.Errorf("index holds %d of the blocks before the restart and %d after, want 0 and 2", m2, m3)
 	}
-	if n := g.sumCounter(telemetry.KVRestartsName); n != 1 {
+	if n := g.counter(telemetry.KVRestartsName); n != 1 {
 		t.Errorf("%s = %d, want 1", telemetry.KVRestartsName, n)
 	}
 	// The restarted engine lost p2 (a restart empties its cache): routed
@@ -632,10 +614,10 @@ func TestKVEventsStaleFallbackAndReturn(t *testing.T) {
 			t.Fatalf("while stale: %d on %q (%s)", r.status, r.engine, r.body)
 		}
 	}
-	if n := g.sumCounter(telemetry.KVPredictionsName); n != 0 {
+	if n := g.counter(telemetry.KVPredictionsName); n != 0 {
 		t.Errorf("%d predictions while stale, want 0 (routed on the approximate index)", n)
 	}
-	testutil.Eventually(t, 3*time.Second, func() bool { return g.sumCounter(telemetry.KVIndexFallbacksName) == 1 }, "the fallback counted")
+	testutil.Eventually(t, 3*time.Second, func() bool { return g.counter(telemetry.KVIndexFallbacksName) == 1 }, "the fallback counted")
 	if n := g.gaugeValue(telemetry.KVIndexStaleName); n != 1 {
 		t.Errorf("%s = %d, want 1", telemetry.KVIndexStaleName, n)
 	}
@@ -663,7 +645,7 @@ func TestKVEventsStaleFallbackAndReturn(t *testing.T) {
 	if n := g.gaugeValue(telemetry.KVIndexStaleName); n != 0 {
 		t.Errorf("%s = %d after the resume, want 0", telemetry.KVIndexStaleName, n)
 	}
-	if n := g.sumCounter(telemetry.KVIndexFallbacksName); n != 1 {
+	if n := g.counter(telemetry.KVIndexFallbacksName); n != 1 {
 		t.Errorf("%s = %d, want 1", telemetry.KVIndexFallbacksName, n)
 	}
 	g.waitIdle()
@@ -746,7 +728,7 @@ func TestKVEventsFaults(t *testing.T) {
 			}
 			// The request went the precise way: its prompt was looked up
 			// in the token cache.
-			if n := g.sumCounter(telemetry.TokenizeCacheName); n != 1 {
+			if n := g.counter(telemetry.TokenizeCacheName); n != 1 {
 				t.Errorf("%s = %d, want 1", telemetry.TokenizeCacheName, n)
 			}
 			if !g.fresh(s.name) {
@@ -802,7 +784,7 @@ func TestKVEventsTokenizerUnavailable(t *testing.T) {
 	if c := g.histCount(telemetry.TokenizeDurationName, telemetry.AttrTokenizeOutcome.String("ok")); c != 0 {
 		t.Errorf("%d tokenizations ok, want 0", c)
 	}
-	if c := g.sumCounter(telemetry.TokenizeCacheName, telemetry.AttrTokenizeCache.String(telemetry.TokenizeMiss)); c != n {
+	if c := g.counter(telemetry.TokenizeCacheName, telemetry.AttrTokenizeCache.String(telemetry.TokenizeMiss)); c != n {
 		t.Errorf("%s{result=miss} = %d, want %d", telemetry.TokenizeCacheName, c, n)
 	}
 	count, lo, hi := g.histExtrema(telemetry.TokenizeWaitName)
@@ -815,7 +797,7 @@ func TestKVEventsTokenizerUnavailable(t *testing.T) {
 	if lo < maxWait.Seconds() || hi > (maxWait+50*time.Millisecond).Seconds() {
 		t.Errorf("%s from %.4fs to %.4fs, want within [%v, %v]", telemetry.TokenizeWaitName, lo, hi, maxWait, maxWait+50*time.Millisecond)
 	}
-	if n := g.sumCounter(telemetry.KVPredictionsName); n != 0 {
+	if n := g.counter(telemetry.KVPredictionsName); n != 0 {
 		t.Errorf("%d predictions without tokens, want 0", n)
 	}
 	if ix := g.admin().KVIndex; ix == nil || ix.TokenCache.Prompts != 0 {
@@ -859,7 +841,7 @@ func TestKVEventsLoRAAdapter(t *testing.T) {
 	}
 	if !testutil.Poll(kvWait, func() bool { return g.status(b.name).Blocks == base+4 }) {
 		t.Fatalf("the index holds %d blocks for b, want %d: %+v; engine %+v; %d invalid events\n%s", g.status(b.name).Blocks, base+4, g.status(b.name), b.e.KVEventsStats(),
-			g.sumCounter(telemetry.KVEventsName, telemetry.AttrKVEventType.String(telemetry.KVEventInvalid)), g.logs.String())
+			g.counter(telemetry.KVEventsName, telemetry.AttrKVEventType.String(telemetry.KVEventInvalid)), g.logs.String())
 	}
 	for j := range 3 {
 		r := parseReply(t, g.post("/v1/chat/completions", body("sql")))
@@ -867,7 +849,7 @@ func TestKVEventsLoRAAdapter(t *testing.T) {
 			t.Fatalf("adapter request %d: %d on %q with %d cached, want 200 on b with 64 (%s)", j, r.status, r.engine, r.cached, r.body)
 		}
 	}
-	if n := g.sumCounter(telemetry.KVPredictionsName, telemetry.AttrKVPrediction.String(telemetry.KVPredictionExact)); n != 3 {
+	if n := g.counter(telemetry.KVPredictionsName, telemetry.AttrKVPrediction.String(telemetry.KVPredictionExact)); n != 3 {
 		t.Errorf("%s{outcome=exact} = %d, want 3", telemetry.KVPredictionsName, n)
 	}
 	// The base model's blocks of the same text are not the adapter's:
@@ -883,10 +865,10 @@ func TestKVEventsLoRAAdapter(t *testing.T) {
 	if r.engine == b.name {
 		want = 4
 	}
-	if n := g.sumCounter(telemetry.KVPredictionsName, telemetry.AttrKVPrediction.String(telemetry.KVPredictionExact)); n != want {
+	if n := g.counter(telemetry.KVPredictionsName, telemetry.AttrKVPrediction.String(telemetry.KVPredictionExact)); n != want {
 		t.Errorf("%s{outcome=exact} = %d after the base model's request on %s, want %d", telemetry.KVPredictionsName, n, r.engine, want)
 	}
-	if n := g.sumCounter(telemetry.KVPredictionsName); n != want {
+	if n := g.counter(telemetry.KVPredictionsName); n != want {
 		t.Errorf("%s = %d, want %d, all exact", telemetry.KVPredictionsName, n, want)
 	}
 	g.waitIdle()
@@ -901,7 +883,7 @@ func TestKVEventsReplayFailed(t *testing.T) {
 	g.warm(s)
 	st0 := g.status(s.name)
 	failed := func() int64 {
-		return g.sumCounter(telemetry.KVReplaysName, telemetry.AttrKVReplayOutcome.String("failed"))
+		return g.counter(telemetry.KVReplaysName, telemetry.AttrKVReplayOutcome.String("failed"))
 	}
 	f0 := failed()
 	next := s.e.KVEventsStats().Batches
