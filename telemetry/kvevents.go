@@ -248,12 +248,12 @@ func (m *Metrics) ObserveKVEvents(fn KVEventsFunc) (metric.Registration, error) 
 
 // RecordKVLag records one batch's lag, in seconds, for engine e.
 func (m *Metrics) RecordKVLag(ctx context.Context, e *Engine, seconds float64) {
-	m.kv.lag.Record(ctx, seconds, metric.WithAttributeSet(e.engineSet))
+	m.kv.lag.Record(ctx, seconds, e.engineRec...)
 }
 
 // RecordKVFallback counts engine e's index turning stale.
 func (m *Metrics) RecordKVFallback(ctx context.Context, e *Engine) {
-	m.kv.fallbacks.Add(ctx, 1, metric.WithAttributeSet(e.engineSet))
+	m.kv.fallbacks.Add(ctx, 1, e.engineAdd...)
 }
 
 // kvPredictions are the values of AttrKVPrediction, in the order of

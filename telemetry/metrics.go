@@ -477,6 +477,7 @@ type Engine struct {
 	engineSet  attribute.Set          // engine only, for the engine stats gauges
 	engineObs  []metric.ObserveOption // WithAttributeSet(engineSet), built once
 	engineAdd  []metric.AddOption     // the same, to add
+	engineRec  []metric.RecordOption  // and to record
 	kvPred     [len(kvPredictions)][]metric.AddOption
 	stateObs   [len(EngineStates)][]metric.ObserveOption
 	// server are the GenAI attributes of the engine itself:
@@ -558,6 +559,7 @@ func (m *Metrics) Engine(name string, opts ...EngineOption) *Engine {
 	}
 	e.engineObs = []metric.ObserveOption{metric.WithAttributeSet(e.engineSet)}
 	e.engineAdd = []metric.AddOption{metric.WithAttributeSet(e.engineSet)}
+	e.engineRec = []metric.RecordOption{metric.WithAttributeSet(e.engineSet)}
 	for i, o := range kvPredictions {
 		e.kvPred[i] = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(AttrEngine.String(name), AttrKVPrediction.String(o)))}
 	}
