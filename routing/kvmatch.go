@@ -55,6 +55,16 @@ func (m *prefixMatcher) match(req *Request, e *Endpoint, now time.Time) prefixMa
 	return prefixMatch{frac: float64(n) / float64(len(req.PrefixHashes)), approx: n, precise: -1}
 }
 
+// now is the time a pick measures engines at: time.Now with a KV index
+// (freshness and speculation are timed), the zero time without one,
+// which the approximate index does not read.
+func (m *prefixMatcher) now() time.Time {
+	if m.kv == nil {
+		return time.Time{}
+	}
+	return time.Now()
+}
+
 // picked records that pick was chosen for req with match pm: the prompt's
 // text blocks go into the approximate index (which an engine falls back
 // on), and with token keys known, speculative entries go into the KV index

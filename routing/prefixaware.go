@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"time"
 )
 
 // PrefixAwareName is the config name of [PrefixAware].
@@ -143,10 +142,7 @@ func (p *PrefixAware) Pick(_ context.Context, req *Request, candidates []*Endpoi
 	if len(candidates) == 0 {
 		return nil, ErrNoEndpoint
 	}
-	var now time.Time
-	if p.m.kv != nil {
-		now = time.Now()
-	}
+	now := p.m.now()
 	matching := len(req.PrefixHashes) > 0 || p.m.precise(req)
 	var (
 		least, best         *Endpoint

@@ -213,11 +213,7 @@ func (p *Scorer) Pick(_ context.Context, req *Request, candidates []*Endpoint) (
 			// No match is needed to choose, so none is known: a Forget
 			// takes the whole prompt, which a retry on this engine
 			// records again.
-			var now time.Time
-			if p.m.kv != nil {
-				now = time.Now()
-			}
-			p.m.picked(req, candidates[0], prefixMatch{approx: 0, precise: -1}, now)
+			p.m.picked(req, candidates[0], prefixMatch{approx: 0, precise: -1}, p.m.now())
 		}
 		return candidates[0], nil
 	}
