@@ -251,8 +251,7 @@ func (a *attempt) charge(st *reqState, in, out int64) {
 	st.costNano += nano
 	key := ""
 	if st.key != nil {
-		key = st.key.name
-		a.s.limits.usageOf(key).spendNano.Add(nano)
+		key = st.key.name // its spend is added with its tokens, by settle
 	}
 	a.s.metrics.RecordCost(a.ctx, a.eng.Telemetry(), a.model, key, usd)
 }

@@ -275,6 +275,7 @@ func (s *Server) settle(ctx context.Context, st *reqState, g *keyGrant) {
 	g.usage.inFlight.Add(-1)
 	g.usage.tokensIn.Add(in)
 	g.usage.tokensOut.Add(out)
+	g.usage.spendNano.Add(st.costNano)
 	s.metrics.RecordKeyTokens(ctx, g.key.attrs, in, out)
 	if !g.held {
 		return
