@@ -135,16 +135,10 @@ const (
 	tokMiss    = telemetry.TokenizeMiss
 )
 
-// lookup returns what the cache knows of prompt p: its token keys and its
-// number of full token blocks (exact on a hit; estimated on a partial
-// match), and the result. keys is shared: read it only.
-func (t *tokenizer) lookup(p tokPrompt) (keys []uint64, total int, result string) {
-	keys, total, _, result = t.lookupTokens(p)
-	return keys, total, result
-}
-
-// lookupTokens is lookup, with the prompt's number of tokens on a hit (0
-// otherwise).
+// lookupTokens returns what the cache knows of prompt p: its token keys
+// and its number of full token blocks (exact on a hit; estimated on a
+// partial match), its number of tokens on a hit (0 otherwise), and the
+// result. keys is shared: read it only.
 //
 // A hit is the same prompt: the same text hashes, size and template hash,
 // and hashes that cover it to its end (a prompt longer than

@@ -30,6 +30,12 @@ func tokenizerFor(t *testing.T, cfg KVEventsConfig) *tokenizer {
 	return tk
 }
 
+// lookup is lookupTokens without the token count.
+func (t *tokenizer) lookup(p tokPrompt) (keys []uint64, total int, result string) {
+	keys, total, _, result = t.lookupTokens(p)
+	return keys, total, result
+}
+
 // tp is the tokPrompt of text hashes text and size n: 64-byte blocks,
 // not capped, no template members.
 func tp(text []uint64, n int) tokPrompt { return tokPrompt{text: text, bytes: n, blockBytes: 64} }
