@@ -73,7 +73,7 @@ func (c LimitsConfig) Validate() error {
 // name) for GET /admin/keys.
 type keyUsage struct {
 	admitted, refused, unavailable atomic.Int64
-	inFlight                       atomic.Int64 // admitted requests not yet ended
+	inFlight                       atomic.Int64 // admitted requests whose lease is not yet given back
 	tokensIn, tokensOut            atomic.Int64
 	spendNano                      atomic.Int64 // the cost of its requests' exchanges, in 10^-9 USD (Config.Pricing)
 }
@@ -272,12 +272,12 @@ func (s *Server) admitKey(w http.ResponseWriter, r *http.Request, st *reqState, 
 // response is complete when the handler returns, the release after.
 func (s *Server) settle(ctx context.Context, st *reqState, g *keyGrant) {
 	in, out := st.usedIn, st.usedOut
-	g.usage.inFlight.Add(-1)
 	g.usage.tokensIn.Add(in)
 	g.usage.tokensOut.Add(out)
 	g.usage.spendNano.Add(st.costNano)
 	s.metrics.RecordKeyTokens(ctx, g.key.attrs, in, out)
 	if !g.held {
+		g.usage.inFlight.Add(-1)
 		return
 	}
 	rel := quota.Release{Key: g.key.name, Limits: g.limits, Lease: g.lease, Reserved: g.reserved, Used: in + out,
@@ -285,14 +285,18 @@ func (s *Server) settle(ctx context.Context, st *reqState, g *keyGrant) {
 	if g.limits.TokensPerMinute == 0 {
 		rel.Reserved, rel.Used = 0, 0
 	}
+	// The key's in-flight count drops once its lease is given back, so
+	// an admission that reads zero in flight finds the lease free.
 	if s.limits.owned {
 		s.limits.release(context.WithoutCancel(ctx), rel)
+		g.usage.inFlight.Add(-1)
 		return
 	}
 	s.limits.wg.Add(1)
 	go func() {
 		defer s.limits.wg.Done()
 		s.limits.release(context.WithoutCancel(ctx), rel)
+		g.usage.inFlight.Add(-1)
 	}()
 }
 
