@@ -153,6 +153,9 @@ func (d *disagg) done(ctx context.Context, m *telemetry.Metrics) {
 // pairs reports whether decode engine e may read a KV cache from a prefill
 // engine of group: e has no group, or that one.
 func pairs(e *fleet.Engine, group string) bool {
+	if e.IsProvider() {
+		return false // a hosted API reads no KV cache of ours
+	}
 	g := e.Group()
 	return g == "" || g == group
 }
@@ -354,7 +357,7 @@ func (s *Server) prefillLeg(ctx context.Context, r *http.Request, op *operation,
 	}
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	c := call{set: in.set, op: op, out: body, a: a, eng: eng, actx: actx, cancel: cancel}
+	c := call{set: in.set, op: op, in: in, out: body, a: a, eng: eng, actx: actx, cancel: cancel}
 	defer c.stop()
 	o := s.send(&c, r, body)
 	o.errType = a.errType

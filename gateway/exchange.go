@@ -33,13 +33,27 @@ func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Re
 			a.span.SetAttributes(telemetry.AttrLeg.String("decode"))
 		}
 	}
+	if eng.IsProvider() {
+		// A provider sends no token ids and takes no vLLM continuation:
+		// its stream, if it breaks, ends there.
+		if p.cr != nil {
+			p.cr.exclude(exclProvider)
+		}
+		if !a.carried {
+			pb := s.engineOut(op, in, eng, false)
+			out = &pb
+		}
+	} else if _, _, ok := eng.MapModel(in.target); ok && !a.carried {
+		pb := s.engineOut(op, in, eng, p.cr.asksIDs())
+		out = &pb
+	}
 	if in.set.cfg.EngineHeader {
 		// Set now, so the gateway's own errors name the engine tried too.
 		w.Header()["X-Switchboard-Engine"] = eng.Header() // shared: no one mutates it
 	}
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	c := call{set: in.set, op: op, stream: in.stream, observe: in.observe, out: out, a: a, eng: eng, actx: actx, cancel: cancel, cr: p.cr}
+	c := call{set: in.set, op: op, in: in, stream: in.stream, observe: in.observe, out: out, a: a, eng: eng, actx: actx, cancel: cancel, cr: p.cr}
 	defer c.stop()
 	o := s.send(&c, r, out)
 	if o.resp != nil {
@@ -103,6 +117,7 @@ const maxDrain = 4 << 10
 type call struct {
 	set     *settings
 	op      *operation
+	in      *inbound
 	stream  bool // the client asked for a stream
 	observe bool // a non-streaming request sent as a stream, to reassemble
 	out     *outBody
@@ -159,9 +174,16 @@ func (s *Server) send(c *call, r *http.Request, body *outBody) outcome {
 	a, eng, op := c.a, c.eng, c.op
 	t0 := time.Now()
 	var url string
-	if c.path != "" {
+	switch {
+	case c.path != "":
 		url = eng.Base() + c.path
-	} else {
+	case eng.IsProvider():
+		model := c.in.target
+		if name, _, ok := eng.MapModel(model); ok {
+			model = name
+		}
+		url = eng.RequestURL(r.URL.Path, "", model)
+	default:
 		var ok bool
 		url, ok = eng.PathURL(r.URL.Path)
 		if !ok || r.URL.RawPath != "" {
@@ -199,9 +221,7 @@ func (s *Server) send(c *call, r *http.Request, body *outBody) outcome {
 		delete(ureq.Header, "Content-Type")
 	}
 	ureq.Header.Set(RequestIDHeader, RequestIDFrom(r.Context()))
-	if auth := eng.Auth(); auth != nil {
-		ureq.Header["Authorization"] = auth
-	}
+	eng.SetAuth(ureq.Header, r.URL.Path)
 	s.prop.Inject(c.actx, propagation.HeaderCarrier(ureq.Header))
 
 	if c.stream {
@@ -227,7 +247,11 @@ func (s *Server) send(c *call, r *http.Request, body *outBody) outcome {
 	}
 	sent := time.Now()
 	s.metrics.RecordStep(c.actx, telemetry.StepPrepare, sent.Sub(t0).Seconds())
-	resp, err := s.client.Transport.RoundTrip(ureq)
+	rt := s.client.Transport
+	if own := eng.Transport(); own != nil {
+		rt = own
+	}
+	resp, err := rt.RoundTrip(ureq)
 	wait := time.Since(sent)
 	if st := stateFrom(r.Context()); st != nil {
 		st.waited += wait
@@ -246,6 +270,11 @@ func (s *Server) send(c *call, r *http.Request, body *outBody) outcome {
 	}
 	a.status = resp.StatusCode
 	s.metrics.RecordFirstByte(a.ctx, a.attrs, wait.Seconds())
+	if eng.IsProvider() {
+		if o, done := s.providerAnswer(c, r, resp); done {
+			return o
+		}
+	}
 	// An engine that does not hold a stored response (a sticky route's
 	// 404) did nothing wrong: that is not an engine error, on any engine.
 	if (resp.StatusCode < 200 || resp.StatusCode > 299) && !(op.sticky && resp.StatusCode == http.StatusNotFound) {

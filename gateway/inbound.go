@@ -47,6 +47,9 @@ type inbound struct {
 	// the model an alias (Config.Models.Aliases) stands for; rename is its
 	// replacement bytes in the body when they differ (nil when not).
 	target string
+	// capCompletion: the spend cap is sent as max_completion_tokens
+	// (set for a leg on OpenAI's or Azure's chat, engineOut).
+	capCompletion bool
 	rename []byte
 	stream bool
 	// observe: a non-streaming request sent to the engine as a stream and

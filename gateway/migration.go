@@ -157,6 +157,7 @@ const (
 	exclMultimodal = "multimodal"        // images, audio, video or embeddings in the prompt: token ids alone lose them
 	exclMaxTokens  = "max_tokens"        // prompt and answer passed MigrationConfig.MaxTokens
 	exclNoTokenIDs = "no_token_ids"      // the engine sent no token ids (a vLLM before return_token_ids)
+	exclProvider   = "provider"          // the leg went to a hosted provider, which sends no token ids
 )
 
 // excludeKeys are the body members whose presence needs a closer look

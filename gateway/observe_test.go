@@ -91,7 +91,7 @@ func TestGatewayOverheadMetrics(t *testing.T) {
 // the inference span (or Switchboard's own).
 func TestGenAISpanAttributes(t *testing.T) {
 	_, srv := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: time.Millisecond, ITL: time.Millisecond, OutputTokens: 3})
-	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}, Provider: "acme"}))
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}, ProviderName: "acme"}))
 	for _, body := range []string{
 		`{"model":"m","stream":true,"max_tokens":2,"temperature":0.5,"top_p":0.9,"seed":7,"n":1,"stop":["x"],"messages":[{"role":"user","content":"hi"}]}`,
 		`{"model":"m","messages":[{"role":"user","content":"hi"}],"response_format":{"type":"json_object"}}`,

@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"io"
 	"strconv"
+
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
 )
 
 // outBody is the body sent to an engine: the client's bytes with at most
@@ -244,7 +246,13 @@ func (s *Server) outgoing(op *operation, in *inbound, tokenIDs bool) outBody {
 		// The output cap a spend budget's reservation holds: a member
 		// added last (after any max_tokens null or 0 of the client's: the
 		// last duplicate key wins), with the other closing additions.
-		member := strconv.AppendInt([]byte(`,"max_tokens":`), in.capOut, 10)
+		// OpenAI's and Azure's chat take max_completion_tokens (their
+		// reasoning models refuse max_tokens).
+		name := `,"max_tokens":`
+		if in.capCompletion && op.name == "chat" {
+			name = `,"max_completion_tokens":`
+		}
+		member := strconv.AppendInt([]byte(name), in.capOut, 10)
 		if n > 0 && edits[n-1].end == len(body) {
 			edits[n-1].ins = append(member, edits[n-1].ins...)
 		} else {
@@ -266,3 +274,25 @@ func (s *Server) outgoing(op *operation, in *inbound, tokenIDs bool) outBody {
 // jsonContentType is the Content-Type value of every engine request: the
 // body has been checked to be a JSON object, whatever the client declared.
 var jsonContentType = []string{"application/json"}
+
+// engineOut returns the body of a leg on eng when it differs from the
+// request's: the engine's own name for the model (EngineConfig.ModelMap;
+// an Azure deployment), and for a provider never vLLM's return_token_ids
+// (tokenIDs false) and the spend cap as max_completion_tokens on OpenAI's
+// and Azure's chat. The usage option and the spend cap are as for any
+// engine.
+func (s *Server) engineOut(op *operation, in *inbound, eng *fleet.Engine, tokenIDs bool) outBody {
+	saved, savedCap := in.rename, in.capCompletion
+	if name, quoted, ok := eng.MapModel(in.target); ok {
+		if op.body == bodyForm {
+			in.rename = []byte(name)
+		} else {
+			in.rename = quoted
+		}
+	}
+	k := eng.Provider()
+	in.capCompletion = k == fleet.ProviderOpenAI || k == fleet.ProviderAzure
+	out := s.outgoing(op, in, tokenIDs)
+	in.rename, in.capCompletion = saved, savedCap
+	return out
+}

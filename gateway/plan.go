@@ -85,12 +85,18 @@ type outcome struct {
 	// cut is the broken stream at stageCut, and at any stage of a
 	// continuation leg (whose client response has started).
 	cut *cut
+	// authFailed: a provider refused the gateway's credentials (its 401
+	// or 403), answered as a 502 (providerAnswer).
+	authFailed bool
 }
 
 // reason classifies an outcome as a retry condition, or retryNone.
 func (o *outcome) reason() retryReason {
 	if o.connFailed {
 		return retryConnect
+	}
+	if o.authFailed {
+		return retry502 // answered as a 502: another engine may hold good credentials
 	}
 	if o.resp != nil {
 		switch o.resp.StatusCode {
@@ -158,6 +164,12 @@ type plan struct {
 	// pd is the request's disaggregation decision (disagg.go), nil when
 	// it took no part in one.
 	pd *disagg
+	// spilled: the request overflowed to a higher tier (counted once);
+	// tier is the tier of its last leg's engine, onTier set once a leg
+	// ran (tiers.leg).
+	spilled bool
+	onTier  bool
+	tier    int
 }
 
 // next decides what follows a leg that ended with o, nothing of which

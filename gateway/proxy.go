@@ -157,7 +157,23 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 		if op.sticky {
 			ep = candidates[0]
 		} else {
-			candidates = admissible(rt, candidates)
+			var spill int
+			var unsupported bool
+			candidates, spill, unsupported = admit(rt, candidates, op.name, time.Now())
+			if leg.kind == legContinue {
+				// A continuation re-sends token ids or a vLLM
+				// continue_final_message: a provider takes neither.
+				candidates = selfHosted(rt, candidates)
+			}
+			if unsupported && len(tried) == 0 {
+				return errUnsupportedByEngines(op, in.model)
+			}
+			if spill >= 0 && !p.spilled && len(candidates) > 0 {
+				p.spilled = true
+				if e := rt.Engine(candidates[0]); e != nil {
+					s.tiers.overflow(ctx, s.metrics, spill, e.Tier())
+				}
+			}
 			if len(candidates) == 0 && leg.kind == legContinue {
 				if nrt := s.cross(w, r, op, &in, &out, &rreq, &p); nrt != nil {
 					rt, candidates, tried = nrt, legCands(op, nrt), tried[:0]
@@ -207,6 +223,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 			return &APIError{Status: http.StatusInternalServerError, Type: TypeServer, Code: "internal_error", Message: "routing policy returned an unknown engine"}
 		}
 		p.legs++
+		s.tiers.leg(ctx, s.metrics, &p, eng.Tier(), leg.kind == legRetry)
 		p.others = len(candidates) > 1
 		if p.cr != nil {
 			// Worth holding an engine's own end back: another engine of
@@ -375,47 +392,109 @@ func (s *Server) pendingFor(model string) *atomic.Int64 {
 	return c.(*atomic.Int64)
 }
 
-// admissible returns the candidates whose engine is under its
-// EngineConfig.MaxInFlight: cands itself when all are (no allocation), a
-// new slice otherwise.
+// admissible returns the candidates a leg may go to now (admit, for no
+// operation in particular).
 func admissible(rt *fleet.Route, cands []*routing.Endpoint) []*routing.Endpoint {
-	if !rt.Limited() {
-		return cands
-	}
-	full := -1
-	for i, ep := range cands {
-		if atCapacity(rt, ep) {
-			full = i
-			break
-		}
-	}
-	if full < 0 {
-		return cands
-	}
-	out := make([]*routing.Endpoint, 0, len(cands)-1)
-	out = append(out, cands[:full]...)
-	for _, ep := range cands[full+1:] {
-		if !atCapacity(rt, ep) {
-			out = append(out, ep)
-		}
-	}
+	out, _, _ := admit(rt, cands, "", time.Now())
 	return out
 }
 
-// atCapacity reports whether ep's engine has a MaxInFlight and is at it.
-// The limit is the engine's current one: a reload may change it under the
-// requests in flight, which count against the new limit.
-func atCapacity(rt *fleet.Route, ep *routing.Endpoint) bool {
-	e := rt.Engine(ep)
-	if e == nil {
-		return false
+// room is how an engine can take a new request.
+type room int
+
+const (
+	roomNone   room = iota // at its max_in_flight, or a provider backing off
+	roomQueued             // its fresh stats' queue is at its max_queue_depth
+	roomFree
+)
+
+// roomOf returns e's room at now.
+func roomOf(e *fleet.Engine, ep *routing.Endpoint, now time.Time) room {
+	if limit := e.MaxInFlight(); limit > 0 {
+		if pf, dc := ep.InFlight(); pf+dc >= limit {
+			return roomNone
+		}
 	}
-	limit := e.MaxInFlight()
-	if limit <= 0 {
-		return false
+	if e.BackingOff(now) {
+		return roomNone
 	}
-	pf, dc := ep.InFlight()
-	return pf+dc >= limit
+	if q := e.MaxQueueDepth(); q > 0 {
+		if st := ep.Stats(); st.Fresh(now) && st.Waiting >= q {
+			return roomQueued
+		}
+	}
+	return roomFree
+}
+
+// admit returns the candidates a leg of operation op (its name; "" for
+// any) may go to at now: the engines that serve op (a provider serves
+// its API's routes only), of the lowest tier that has one with room
+// (under its max_in_flight and max_queue_depth, not backing off a
+// provider's 429), and of those the ones with room; when no engine has
+// room but some are only over their queue depth, the lowest tier of
+// those (a queue is not a refusal). cands itself when all qualify (no
+// allocation), a new slice otherwise, empty when every engine is full.
+// spill is the lowest tier of the serving candidates when the result is
+// of a higher one (an overflow), else -1; unsupported is set when no
+// candidate serves op.
+func admit(rt *fleet.Route, cands []*routing.Endpoint, op string, now time.Time) (out []*routing.Endpoint, spill int, unsupported bool) {
+	spill = -1
+	if !rt.Limited() && !rt.Tiered() {
+		return cands, spill, false
+	}
+	const none = int(^uint(0) >> 1)
+	lowest, free, queued, served := none, none, none, 0
+	for _, ep := range cands {
+		e := rt.Engine(ep)
+		if e == nil || op != "" && !e.ServesOperation(op) {
+			continue
+		}
+		served++
+		t := e.Tier()
+		lowest = min(lowest, t)
+		switch roomOf(e, ep, now) {
+		case roomFree:
+			free = min(free, t)
+			queued = min(queued, t)
+		case roomQueued:
+			queued = min(queued, t)
+		}
+	}
+	if served == 0 {
+		return nil, spill, len(cands) > 0
+	}
+	tier, want := free, roomFree
+	if free == none {
+		tier, want = queued, roomQueued
+	}
+	if tier == none {
+		return nil, spill, false
+	}
+	if tier > lowest {
+		spill = lowest
+	}
+	keep := func(ep *routing.Endpoint) bool {
+		e := rt.Engine(ep)
+		return e != nil && (op == "" || e.ServesOperation(op)) && e.Tier() == tier && roomOf(e, ep, now) >= want
+	}
+	drop := -1
+	for i, ep := range cands {
+		if !keep(ep) {
+			drop = i
+			break
+		}
+	}
+	if drop < 0 {
+		return cands, spill, false
+	}
+	out = make([]*routing.Endpoint, 0, len(cands)-1)
+	out = append(out, cands[:drop]...)
+	for _, ep := range cands[drop+1:] {
+		if keep(ep) {
+			out = append(out, ep)
+		}
+	}
+	return out, spill, false
 }
 
 // allRoute returns every routable engine, for a request that names no

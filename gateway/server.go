@@ -25,6 +25,7 @@ import (
 
 	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/h1"
+	"github.com/switchboard-gw/switchboard/internal/loglimit"
 	"github.com/switchboard-gw/switchboard/internal/oai"
 	"github.com/switchboard-gw/switchboard/internal/version"
 	"github.com/switchboard-gw/switchboard/quota"
@@ -113,6 +114,12 @@ type Server struct {
 	// holdMu.
 	holdMu sync.Mutex
 	holds  []*readyHold
+	// tiers counts the legs, overflows and fallbacks of each tier
+	// (tiers.go).
+	tiers tierStats
+	// providerAuthLog bounds the log lines of providers refusing the
+	// gateway's credentials (providerAnswer).
+	providerAuthLog loglimit.Limiter
 }
 
 type config struct {
@@ -262,7 +269,8 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 			c.transport = h1.New(c.transport, h1.WithConnectTimeout(cfg.Timeouts.Connect), h1.WithMaxConnsPerHost(cfg.MaxEngineConnections))
 		}
 	}
-	fcfg := fleet.Config{Engines: cfg.Engines, Health: cfg.Health, Stats: cfg.EngineStats, Outlier: cfg.Outlier, Aliases: cfg.Models.Aliases}
+	fcfg := fleet.Config{Engines: cfg.Engines, Health: cfg.Health, Stats: cfg.EngineStats, Outlier: cfg.Outlier, Aliases: cfg.Models.Aliases,
+		ConnectTimeout: cfg.Timeouts.Connect}
 	fopts := append([]fleet.Option{fleet.WithTransport(c.transport), fleet.WithLogger(c.log), fleet.WithClock(c.now),
 		fleet.WithPaths(fixedPaths(operations)...), fleet.WithKVIndex(c.kv, cfg.KVEvents.fleetConfig())}, c.fleet...)
 	fl, err := fleet.New(fcfg, m, fopts...)
@@ -290,6 +298,8 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 		log:         c.log,
 		sticky:      newStickyIndex(stickyEntries),
 		ops:         operations,
+
+		providerAuthLog: loglimit.Limiter{Interval: time.Second},
 	}
 	s.retries.inflight = &s.inflight
 	s.set.Store(newSettings(cfg, policy))

@@ -456,11 +456,15 @@ func anyFresh(x *routing.KVIndex, rt *fleet.Route) bool {
 
 // tokenizingEngine returns the engine of rt to ask for tokens: the routable
 // one with the fewest requests in flight (a tokenization is light, but a
-// loaded engine answers it later), nil when none is.
+// loaded engine answers it later), never a provider (it has no
+// /tokenize); nil when none is.
 func tokenizingEngine(rt *fleet.Route) *fleet.Engine {
 	var best *fleet.Engine
 	var bestLoad int64
 	for _, e := range rt.Engines() {
+		if e.IsProvider() {
+			continue
+		}
 		pf, dc := e.Endpoint().InFlight()
 		if best == nil || pf+dc < bestLoad {
 			best, bestLoad = e, pf+dc

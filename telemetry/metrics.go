@@ -158,6 +158,7 @@ type Metrics struct {
 	disagg         disaggInstruments
 	kv             kvInstruments
 	cost           costInstruments
+	tier           tierInstruments
 	fallback       fallbackInstruments
 	keys           keyInstruments
 	http           httpServer
@@ -301,6 +302,7 @@ func NewMetrics(mp metric.MeterProvider, opts ...MetricsOption) (*Metrics, error
 	errs = append(errs, m.disagg.init(m.meter)...)
 	errs = append(errs, m.kv.init(m.meter)...)
 	errs = append(errs, m.cost.init(m.meter)...)
+	errs = append(errs, m.tier.init(m.meter)...)
 	errs = append(errs, m.fallback.init(m.meter)...)
 	errs = append(errs, m.keys.init(m.meter)...)
 	errs = append(errs, m.http.init(m.meter)...)

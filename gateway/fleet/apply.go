@@ -214,7 +214,7 @@ func inPlace(cur, next EngineConfig) bool {
 	if (len(cur.Models) == 0) != (len(next.Models) == 0) {
 		return false
 	}
-	cur.MaxInFlight, cur.Models = next.MaxInFlight, next.Models
+	cur.MaxInFlight, cur.Models, cur.Tier, cur.MaxQueueDepth = next.MaxInFlight, next.Models, next.Tier, next.MaxQueueDepth
 	return sameEngine(cur, next)
 }
 
@@ -225,7 +225,10 @@ func inPlace(cur, next EngineConfig) bool {
 func (e *Engine) updateLocked(ec EngineConfig) {
 	e.maxInFlight.Store(int64(ec.MaxInFlight))
 	e.cfg.MaxInFlight = ec.MaxInFlight
-	if want := sortedSet(ec.Models); !slices.Equal(sortedSet(e.cfg.Models), want) {
+	e.tier.Store(int64(ec.tier()))
+	e.maxQueue.Store(int64(ec.MaxQueueDepth))
+	e.cfg.Tier, e.cfg.MaxQueueDepth = ec.Tier, ec.MaxQueueDepth
+	if want := ec.servedModels(); !slices.Equal(e.cfg.servedModels(), want) {
 		ms := want
 		for _, m := range e.knownModels() {
 			if !slices.Contains(e.cfg.Models, m) && !slices.Contains(ms, m) {

@@ -32,6 +32,10 @@ type Config struct {
 	// Aliases map a public model name to the engine model it stands for
 	// (the gateway's models.aliases, validated: no alias points at another).
 	Aliases map[string]string
+	// ConnectTimeout is the connect and TLS handshake timeout of the
+	// engines that have their own transport (a provider, a ca_file);
+	// default 5 s.
+	ConnectTimeout time.Duration
 }
 
 // HealthConfig configures active health checks (GET /health) and model
@@ -101,11 +105,59 @@ type EngineConfig struct {
 	// request; a file that cannot be read then keeps the key in use, and
 	// is logged.
 	APIKeyFile string `koanf:"api_key_file"`
-	// Provider is the engine's gen_ai.provider.name on GenAI spans and
-	// metrics (OpenTelemetry GenAI conventions: a well-known value such as
-	// "openai" when the engine is that provider's API, else a custom one).
-	// Default telemetry.DefaultProvider ("vllm").
+	// Provider is what the engine is: "" or "vllm" (the default), a
+	// self-hosted vLLM-compatible server; or a hosted provider's API,
+	// ProviderOpenAI, ProviderAzure, ProviderAnthropic or
+	// ProviderOpenAICompatible (Groq, Together, Fireworks, Gemini's or
+	// Anthropic's OpenAI-compatible endpoint, a vLLM in another cluster).
+	// A provider engine is reached at URL, its base URL as the provider's
+	// SDKs take it (https://api.openai.com/v1; Azure's resource endpoint),
+	// over TLS with HTTP/2 when the provider offers it; it needs its
+	// models configured (Models or ModelMap), is neither probed nor
+	// scraped nor discovered (its health comes from its traffic: outlier
+	// detection), takes no part in prefix or KV-cache routing,
+	// continuation or disaggregation, and serves only the routes its API
+	// has ([ServesOperation]). See docs/providers.md.
 	Provider string `koanf:"provider"`
+	// ProviderName is the engine's gen_ai.provider.name on GenAI spans and
+	// metrics (OpenTelemetry GenAI conventions). Default: the provider's
+	// well-known value ("openai", "azure.ai.openai", "anthropic"; for
+	// openai-compatible the one of its URL's host when the conventions
+	// list it, such as "groq", else the host), and
+	// telemetry.DefaultProvider ("vllm") for a self-hosted engine, which
+	// the conventions allow as a custom value.
+	ProviderName string `koanf:"provider_name"`
+	// ModelMap maps the model a client names (after models.aliases) to
+	// the name the provider knows it by (an Azure deployment name), e.g.
+	// {fast: gpt-4o-mini}; the body sent carries the provider's name. Its
+	// keys are served models too. Any engine may have one.
+	ModelMap map[string]string `koanf:"model_map"`
+	// APIVersion is Azure OpenAI's api-version query parameter (azure
+	// only). Default DefaultAzureAPIVersion.
+	APIVersion string `koanf:"api_version"`
+	// AnthropicVersion is the anthropic-version header sent on
+	// /v1/messages when the client sent none (anthropic only). Default
+	// DefaultAnthropicVersion.
+	AnthropicVersion string `koanf:"anthropic_version"`
+	// CAFile names a PEM file of the certificate authorities that sign
+	// the engine's TLS certificate (an https URL), instead of the
+	// system's. Read when the incarnation is made.
+	CAFile string `koanf:"ca_file"`
+	// Tier orders engines for overflow and fallback: a request goes to
+	// the lowest tier of its model with an engine that can take it (not
+	// at MaxInFlight or MaxQueueDepth, not backing off a provider's
+	// 429), spills to the next when every engine of that tier is full
+	// (counted: switchboard.tier.overflows), and a retry after a failure
+	// before content goes to the next tier once the tier's engines were
+	// tried. Default: 0 for a self-hosted engine, 1 for a provider
+	// (self-hosted first). nil is the default.
+	Tier *int `koanf:"tier"`
+	// MaxQueueDepth is the engine's overflow threshold on the queue depth
+	// its fresh stats report (vllm:num_requests_waiting): at or above it
+	// the engine counts as full, and its requests go to another engine of
+	// its tier or to the next tier; when no tier has room they still go
+	// to it (its queue is not a refusal). 0 (the default): none.
+	MaxQueueDepth int `koanf:"max_queue_depth"`
 	// MaxInFlight is the engine's circuit breaker: the most requests the
 	// gateway has on it at once (prefill + decode, the counters the
 	// in-flight gauges report). A request finding it full goes to another
@@ -267,6 +319,8 @@ func (e EngineConfig) Validate() error {
 	}
 	u, err := url.Parse(e.URL)
 	switch {
+	case e.URL == "" && defaultProviderURL[e.Provider] != "":
+		// A provider with a well-known URL: its default applies.
 	case e.URL == "":
 		bad("engine %q: url must not be empty", e.Name)
 	case !strings.Contains(e.URL, "://"):
@@ -310,5 +364,17 @@ func (e EngineConfig) Validate() error {
 	if e.KVEventsReplay != "" && e.KVEvents == "" {
 		bad("engine %q: kv_events_replay needs kv_events", e.Name)
 	}
+	if e.Tier != nil && *e.Tier < 0 {
+		bad("engine %q: tier must be >= 0, got %d", e.Name, *e.Tier)
+	}
+	if e.MaxQueueDepth < 0 {
+		bad("engine %q: max_queue_depth must be >= 0, got %d", e.Name, e.MaxQueueDepth)
+	}
+	for from, to := range e.ModelMap {
+		if strings.TrimSpace(from) == "" || strings.TrimSpace(to) == "" {
+			bad("engine %q: model_map has an empty model name", e.Name)
+		}
+	}
+	e.validateProvider(bad)
 	return errors.Join(errs...)
 }

@@ -2,12 +2,13 @@ package fleet
 
 import (
 	"encoding/base64"
+	"encoding/json"
+	"net/http"
 	"errors"
 	"fmt"
 	"net/url"
 	"os"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -46,6 +47,21 @@ type Engine struct {
 	header []string                 // the X-Switchboard-Engine value, shared by every response
 	role   Role                     // EngineConfig.Role, parsed
 	group  string                   // EngineConfig.Group
+
+	// prov is a provider engine's request shape (provider.go), nil for a
+	// self-hosted engine; rt its own transport (a provider's, or one with
+	// a CAFile), nil for the gateway's.
+	prov *provider
+	rt   http.RoundTripper
+	// key is the engine's bare key (api_key, its variable or file), nil
+	// for none: a provider sends it in its own header.
+	key atomic.Pointer[string]
+	// modelMap is EngineConfig.ModelMap with each provider name quoted
+	// as a JSON string, fixed for the incarnation.
+	modelMap map[string]mapped
+	// tier is EngineConfig.Tier (defaulted); maxQueue MaxQueueDepth. A
+	// reload changes both in place.
+	tier, maxQueue atomic.Int64
 
 	// spanAttrs are the engine span attributes that never change:
 	// switchboard.engine and switchboard.engine.role.
@@ -204,6 +220,7 @@ func (f *Fleet) rereadKey(e *Engine, ec EngineConfig) {
 	}
 	if auth := []string{"Bearer " + key}; !slices.Equal(e.Auth(), auth) {
 		e.auth.Store(&auth)
+		e.key.Store(&key)
 		f.log.Info("engine's key changed; used from the next request", "engine", ec.Name)
 	}
 }
@@ -270,6 +287,9 @@ func (f *Fleet) newEngine(ec EngineConfig) (*Engine, error) {
 	if err := ec.Validate(); err != nil {
 		return nil, err
 	}
+	if ec.URL == "" {
+		ec.URL = defaultProviderURL[ec.Provider]
+	}
 	base, _ := url.Parse(ec.URL)
 	// Credentials in the URL become an Authorization header (Basic, as
 	// net/http's client would send them) and never appear in a URL the
@@ -277,6 +297,10 @@ func (f *Fleet) newEngine(ec EngineConfig) (*Engine, error) {
 	userinfo := base.User
 	base.User = nil
 	key, err := engineKey(ec)
+	if err != nil {
+		return nil, err
+	}
+	prov, rt, err := newProvider(ec, f.connectTimeout)
 	if err != nil {
 		return nil, err
 	}
@@ -289,13 +313,25 @@ func (f *Fleet) newEngine(ec EngineConfig) (*Engine, error) {
 	}
 	tel, ok := f.telByName[ec.Name]
 	if !ok {
-		tel = f.metrics.Engine(ec.Name, telemetry.WithProvider(ec.Provider), telemetry.WithServer(base.Hostname(), port),
+		tel = f.metrics.Engine(ec.Name, telemetry.WithProvider(ec.providerName(base.Hostname())), telemetry.WithServer(base.Hostname(), port),
 			telemetry.WithRole(ec.role().String()))
 		f.telByName[ec.Name] = tel
 	}
 	e := &Engine{cfg: ec, ep: routing.NewEndpoint(ec.Name, base), tel: tel, shown: redactURL(ec.URL), header: []string{ec.Name},
-		role: ec.role(), group: ec.Group}
+		role: ec.role(), group: ec.Group, prov: prov, rt: rt}
 	e.maxInFlight.Store(int64(ec.MaxInFlight))
+	e.tier.Store(int64(ec.tier()))
+	e.maxQueue.Store(int64(ec.MaxQueueDepth))
+	if len(ec.ModelMap) > 0 {
+		e.modelMap = make(map[string]mapped, len(ec.ModelMap))
+		for from, to := range ec.ModelMap {
+			q, _ := json.Marshal(to)
+			e.modelMap[from] = mapped{Name: to, Quoted: q}
+		}
+	}
+	if key != "" {
+		e.key.Store(&key)
+	}
 	// gen_ai.provider.name, server.address and server.port are set when
 	// the span starts (telemetry.Attrs.SpanStart).
 	e.spanAttrs = []attribute.KeyValue{telemetry.AttrSpanEngine.String(ec.Name), telemetry.AttrSpanEngineRole.String(e.role.String())}
@@ -312,11 +348,14 @@ func (f *Fleet) newEngine(ec EngineConfig) (*Engine, error) {
 		e.urls[path] = e.base + path
 	}
 	e.statsURL = base.JoinPath(f.stats.Path).String()
-	if len(ec.Models) > 0 {
-		ms := slices.Clone(ec.Models)
-		sort.Strings(ms)
+	if ms := ec.servedModels(); len(ms) > 0 {
 		e.models.Store(&ms)
 		e.static = true
+	}
+	if prov != nil {
+		// Never probed: known to serve its models from the start, its
+		// health its traffic's (outlier detection).
+		e.probed.Store(true)
 	}
 	return e, nil
 }
@@ -331,4 +370,30 @@ func redactURL(raw string) string {
 	}
 	u.User = url.User("xxxxx")
 	return u.String()
+}
+
+// mapped is a model's name at a provider (EngineConfig.ModelMap): as is,
+// and quoted as a JSON string for the request body.
+type mapped struct {
+	Name   string
+	Quoted []byte
+}
+
+// MapModel returns the name engine model model has at this engine
+// (EngineConfig.ModelMap), as is and as a JSON string; ok is false when
+// the engine knows it by the same name.
+func (e *Engine) MapModel(model string) (name string, quoted []byte, ok bool) {
+	m, ok := e.modelMap[model]
+	return m.Name, m.Quoted, ok
+}
+
+// servedModels returns the models ec configures, Models and the keys of
+// ModelMap, sorted and without duplicates.
+func (ec EngineConfig) servedModels() []string {
+	ms := slices.Clone(ec.Models)
+	for m := range ec.ModelMap {
+		ms = append(ms, m)
+	}
+	slices.Sort(ms)
+	return slices.Compact(ms)
 }

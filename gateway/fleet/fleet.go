@@ -35,6 +35,9 @@ type Fleet struct {
 	kv          *routing.KVIndex // WithKVIndex: what the engines' KV-event subscriptions feed; nil for none
 	kvCfg       KVEventsConfig
 	kvStarted   bool // Start ran: new engines are subscribed at once (under mu)
+	// connectTimeout is the connect and TLS handshake timeout of the
+	// engines' own transports (Config.ConnectTimeout).
+	connectTimeout time.Duration
 
 	mu        sync.Mutex
 	engines   []*Engine
@@ -151,6 +154,8 @@ func New(cfg Config, m *telemetry.Metrics, opts ...Option) (*Fleet, error) {
 		started:     o.now().Unix(),
 		kv:          o.kv,
 		kvCfg:       o.kvCfg,
+
+		connectTimeout: cfg.ConnectTimeout,
 	}
 	f.ctx, f.cancel = context.WithCancel(context.Background())
 	f.out.init(cfg.Outlier)

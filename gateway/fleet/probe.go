@@ -45,6 +45,11 @@ func (f *Fleet) forEachEngine(fn func(*Engine)) {
 // records the verdict; it reports whether the probe passed. The caller
 // holds probeMu.
 func (f *Fleet) probe(ctx context.Context, e *Engine) bool {
+	if e.prov != nil {
+		// A provider's API is not probed: a probe would cost money, or
+		// count against its rate limit. Its traffic is its health.
+		return true
+	}
 	err := f.get(ctx, e, "/health", nil)
 	if err == nil && (!e.static && (e.models.Load() == nil || time.Since(e.lastDiscover) >= f.health.DiscoveryInterval)) {
 		err = f.discover(ctx, e)
@@ -146,6 +151,11 @@ func (f *Fleet) engineGet(ctx context.Context, c *http.Client, e *Engine, url, p
 	}
 	if auth := e.Auth(); auth != nil {
 		req.Header["Authorization"] = auth
+	}
+	if e.rt != nil {
+		// The engine's own TLS (its ca_file), with c's timeout and
+		// redirect rule.
+		c = &http.Client{Transport: e.rt, Timeout: c.Timeout, CheckRedirect: c.CheckRedirect}
 	}
 	resp, err := c.Do(req)
 	if err != nil {

@@ -29,8 +29,14 @@ type Route struct {
 	eps  []*routing.Endpoint
 	engs []*Engine
 	// limited: some engine of the route has a circuit breaker
-	// (EngineConfig.MaxInFlight), so candidates are checked against it.
+	// (EngineConfig.MaxInFlight), a queue-depth threshold
+	// (MaxQueueDepth) or is a provider (which may be backing off), so
+	// candidates are checked against them.
 	limited bool
+	// tiered: the route's engines are of more than one tier
+	// (EngineConfig.Tier); tier0 is the first engine's tier.
+	tiered bool
+	tier0  int
 	// maxLen is the smallest max_model_len the route's engines report for
 	// its model in GET /v1/models, in tokens; 0 when none reports one.
 	maxLen int64
@@ -50,8 +56,27 @@ func (rt *Route) Endpoints() []*routing.Endpoint { return rt.eps }
 func (rt *Route) Engines() []*Engine { return rt.engs }
 
 // Limited reports whether some engine of the route has a circuit breaker
-// (EngineConfig.MaxInFlight), so candidates must be checked against it.
+// (EngineConfig.MaxInFlight), a queue-depth threshold (MaxQueueDepth) or
+// is a provider that may be backing off ([Engine.BackingOff]), so
+// candidates must be checked against them.
 func (rt *Route) Limited() bool { return rt.limited }
+
+// Tiered reports whether the route's engines are of more than one tier
+// (EngineConfig.Tier), so a request goes to the lowest one with room.
+func (rt *Route) Tiered() bool { return rt.tiered }
+
+// add appends e to the route.
+func (rt *Route) add(e *Engine) {
+	t := e.Tier()
+	if len(rt.engs) == 0 {
+		rt.tier0 = t
+	} else if t != rt.tier0 {
+		rt.tiered = true
+	}
+	rt.eps = append(rt.eps, e.ep)
+	rt.engs = append(rt.engs, e)
+	rt.limited = rt.limited || e.maxInFlight.Load() > 0 || e.maxQueue.Load() > 0 || e.prov != nil
+}
 
 // MaxModelLen returns the model's context length in tokens (prompt and
 // completion together), as its engines report it in GET /v1/models
@@ -264,9 +289,7 @@ func (f *Fleet) rebuildLocked() {
 		// so or expire.
 		ok := e.routable()
 		if ok {
-			s.all.eps = append(s.all.eps, e.ep)
-			s.all.engs = append(s.all.engs, e)
-			s.all.limited = s.all.limited || e.maxInFlight.Load() > 0
+			s.all.add(e)
 		}
 		var ec map[string]ModelCard
 		if c := e.cards.Load(); c != nil {
@@ -292,9 +315,7 @@ func (f *Fleet) rebuildLocked() {
 				rt = &Route{}
 				s.routes[m] = rt
 			}
-			rt.eps = append(rt.eps, e.ep)
-			rt.engs = append(rt.engs, e)
-			rt.limited = rt.limited || e.maxInFlight.Load() > 0
+			rt.add(e)
 			if c, found := ec[m]; found && c.MaxModelLen != nil && *c.MaxModelLen > 0 && (rt.maxLen == 0 || *c.MaxModelLen < rt.maxLen) {
 				rt.maxLen = *c.MaxModelLen
 			}

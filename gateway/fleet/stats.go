@@ -109,6 +109,9 @@ func (f *Fleet) ScrapeNow(ctx context.Context) {
 
 // scrape reads one engine's metrics and stores its stats.
 func (f *Fleet) scrape(ctx context.Context, e *Engine) error {
+	if e.prov != nil {
+		return nil // a provider publishes no vLLM stats
+	}
 	ctx, cancel := context.WithTimeout(ctx, f.stats.Timeout)
 	defer cancel()
 	resp, err := f.engineGet(ctx, f.statsClient, e, e.statsURL, f.stats.Path, statsAccept)

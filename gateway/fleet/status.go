@@ -46,6 +46,27 @@ type EngineStatus struct {
 	// KVEvents is the engine's KV-cache event subscription; absent when
 	// it has none (no kv_events endpoint).
 	KVEvents *EngineKVStatus `json:"kv_events,omitempty"`
+	// Tier is the engine's tier (EngineConfig.Tier, defaulted).
+	Tier int `json:"tier"`
+	// Provider is the engine's provider kind (EngineConfig.Provider);
+	// absent for a self-hosted engine.
+	Provider string `json:"provider,omitempty"`
+	// MaxQueueDepth is its overflow threshold on its reported queue
+	// depth; absent when none.
+	MaxQueueDepth int64 `json:"max_queue_depth,omitempty"`
+	// BackingOffUntil is when a provider's back-off (its 429 or
+	// exhausted rate-limit headers) ends, while it lasts; BackOffs
+	// counts the back-offs since the incarnation started.
+	BackingOffUntil *time.Time `json:"backing_off_until,omitempty"`
+	BackOffs        int64      `json:"backoffs,omitempty"`
+}
+
+// Engines returns the engines in the fleet now, in configuration order
+// (retired incarnations left out).
+func (f *Fleet) Engines() []*Engine {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.engines)
 }
 
 // Status returns every engine's state, configured engines first (in config
@@ -67,6 +88,14 @@ func (f *Fleet) Status() []EngineStatus {
 		}
 		s.EjectedUntil, s.Ejections = f.outlierStatus(e, now)
 		s.KVEvents = f.kvStatus(e, now)
+		s.Tier, s.Provider, s.MaxQueueDepth = e.Tier(), e.Provider(), e.MaxQueueDepth()
+		if p := e.prov; p != nil {
+			s.BackOffs = p.backoffs.Load()
+			if u := p.until.Load(); u > now.UnixNano() {
+				t := time.Unix(0, u).UTC()
+				s.BackingOffUntil = &t
+			}
+		}
 		if le := e.lastErr.Load(); le != nil {
 			s.LastError = *le
 		}

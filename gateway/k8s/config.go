@@ -107,13 +107,14 @@ type Config struct {
 	// meta-llama/Llama-3.1-8B does not fit a label: use the model's
 	// served name (vllm --served-model-name), Models or /v1/models.
 	ModelsLabel string `koanf:"models_label"`
-	// MaxInFlight, APIKeyEnv and Provider are every discovered engine's
-	// engines[].max_in_flight, api_key_env and provider. [Start] fails
+	// MaxInFlight, APIKeyEnv and ProviderName are every discovered
+	// engine's engines[].max_in_flight, api_key_env and provider_name
+	// (its gen_ai.provider.name; discovered engines are self-hosted). [Start] fails
 	// when APIKeyEnv names a variable that is unset or empty, as the
 	// gateway does for a configured engine.
-	MaxInFlight int    `koanf:"max_in_flight"`
-	APIKeyEnv   string `koanf:"api_key_env"`
-	Provider    string `koanf:"provider"`
+	MaxInFlight  int    `koanf:"max_in_flight"`
+	APIKeyEnv    string `koanf:"api_key_env"`
+	ProviderName string `koanf:"provider_name"`
 	// RoleLabel is the pod label key (a qualified name) holding each
 	// engine's prefill/decode role, engines[].role: "prefill", "decode",
 	// "prefill-decode" or "both" (fleet.ParseRole). Default

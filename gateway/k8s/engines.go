@@ -83,14 +83,14 @@ func Engines(c Config, list []*discoveryv1.EndpointSlice, prefixNS bool, pods Po
 			}
 			de := fleet.DiscoveredEngine{
 				EngineConfig: fleet.EngineConfig{
-					Name:        name,
-					URL:         c.Scheme + "://" + net.JoinHostPort(addr, strconv.Itoa(int(port))),
-					Models:      models,
-					APIKeyEnv:   c.APIKeyEnv,
-					Provider:    c.Provider,
-					MaxInFlight: c.MaxInFlight,
-					Role:        role,
-					Group:       group,
+					Name:         name,
+					URL:          c.Scheme + "://" + net.JoinHostPort(addr, strconv.Itoa(int(port))),
+					Models:       models,
+					APIKeyEnv:    c.APIKeyEnv,
+					ProviderName: c.ProviderName,
+					MaxInFlight:  c.MaxInFlight,
+					Role:         role,
+					Group:        group,
 				},
 				Unready: !usable(ep),
 			}

@@ -409,12 +409,12 @@ func TestEngines(t *testing.T) {
 				c.Scheme = "https"
 				c.MaxInFlight = 32
 				c.APIKeyEnv = "VLLM_API_KEY"
-				c.Provider = "openai"
+				c.ProviderName = "llm-d"
 				c.Models = []string{"llama-3-8b"}
 			},
 			slices: []*discoveryv1.EndpointSlice{eslice(ns, "vllm-1", "vllm", http8000(), podEP("vllm-0", "10.0.0.1"))},
 			want: []fleet.DiscoveredEngine{{EngineConfig: fleet.EngineConfig{Name: "vllm-0", URL: "https://10.0.0.1:8000",
-				Models: []string{"llama-3-8b"}, APIKeyEnv: "VLLM_API_KEY", Provider: "openai", MaxInFlight: 32}}},
+				Models: []string{"llama-3-8b"}, APIKeyEnv: "VLLM_API_KEY", ProviderName: "llm-d", MaxInFlight: 32}}},
 		},
 		{
 			name: "kv-events and kv-replay ports: the subscription endpoints, not the engine's port",

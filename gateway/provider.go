@@ -1,0 +1,61 @@
+package gateway
+
+import (
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
+)
+
+// providerAnswer reads what a provider engine's answer says about the
+// provider rather than the request, before the planner sees it:
+//
+//   - a 429, or rate-limit headers that say a limit is exhausted, back the
+//     engine off for the time they give (fleet.RateLimitBackOff), so its
+//     model's other engines and the next tier take its requests meanwhile,
+//     and the provider is not asked again before it said;
+//   - a 401 or 403 is the gateway's credentials refused, not the client's
+//     fault: its body (which may quote part of the key: OpenAI's "Incorrect
+//     API key provided: sk-...abcd") is dropped, and the leg ends with a
+//     502 naming the engine, which the planner treats as a 502 (another
+//     engine may hold good credentials); logged at most once a second;
+//   - the provider's account headers (cookies, organization and project
+//     ids, its rate-limit counts, which describe the gateway's account, not
+//     the client's) are removed from the answer the client gets.
+//
+// done is set when o replaces the answer.
+func (s *Server) providerAnswer(c *call, r *http.Request, resp *http.Response) (o outcome, done bool) {
+	now := time.Now()
+	if d := fleet.RateLimitBackOff(resp.StatusCode, resp.Header, now); d > 0 {
+		c.eng.BackOff(now.Add(d))
+	}
+	for k := range resp.Header {
+		if providerAccountHeader(k) {
+			delete(resp.Header, k)
+		}
+	}
+	if resp.StatusCode != http.StatusUnauthorized && resp.StatusCode != http.StatusForbidden {
+		return outcome{}, false
+	}
+	_, _ = io.CopyN(io.Discard, resp.Body, maxDrain)
+	resp.Body.Close()
+	if suppressed, ok := s.providerAuthLog.Allow(now); ok {
+		s.log.Error("a provider refused the gateway's credentials for an engine; check its api_key_env or api_key_file",
+			"engine", c.eng.Name(), "provider", c.eng.Provider(), "status", resp.StatusCode, "suppressed", suppressed)
+	}
+	return outcome{authFailed: true, err: &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: "provider_auth_failed",
+		Message: "the upstream provider of engine " + strconv.Quote(c.eng.Name()) + " refused the gateway's credentials"}}, true
+}
+
+// providerAccountHeader reports whether a provider response header (in
+// canonical form) describes the gateway's account at the provider.
+func providerAccountHeader(k string) bool {
+	switch k {
+	case "Set-Cookie", "Openai-Organization", "Openai-Project", "Anthropic-Organization-Id":
+		return true
+	}
+	return strings.HasPrefix(k, "X-Ratelimit-") || strings.HasPrefix(k, "Anthropic-Ratelimit-")
+}
