@@ -50,8 +50,8 @@ type inbound struct {
 	// capCompletion: the spend cap is sent as max_completion_tokens
 	// (set for a leg on OpenAI's or Azure's chat, engineOut).
 	capCompletion bool
-	rename []byte
-	stream bool
+	rename        []byte
+	stream        bool
 	// observe: a non-streaming request sent to the engine as a stream and
 	// reassembled (observes: Config.ObserveNonStreaming, or a request
 	// whose generation may be continued).

@@ -3,9 +3,9 @@ package fleet
 import (
 	"encoding/base64"
 	"encoding/json"
-	"net/http"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/url"
 	"os"
 	"slices"
