@@ -610,7 +610,8 @@ func (s *Server) AdminHandler(prom http.Handler) http.Handler {
 			Requests      int64                `json:"requests_in_flight"` // proxied requests being handled
 			BufferedBytes int64                `json:"buffered_bytes"`     // request and response bytes held
 			KVIndex       *kvIndexStatus       `json:"kv_index,omitempty"` // the precise prefix index; absent without one
-		}{s.fleet.Status(), s.live.Load(), s.inflight.Load(), s.buffered.used.Load(), s.kvIndexStatus()})
+			Tiers         []TierStatus         `json:"tiers"`              // each tier's engines and share of the legs
+		}{s.fleet.Status(), s.live.Load(), s.inflight.Load(), s.buffered.used.Load(), s.kvIndexStatus(), s.Tiers()})
 	})
 	r.Get("/admin/keys", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")

@@ -576,6 +576,9 @@ func (m *Metrics) Engine(name string, opts ...EngineOption) *Engine {
 // Name returns the engine name.
 func (e *Engine) Name() string { return e.name }
 
+// Provider returns the engine's gen_ai.provider.name.
+func (e *Engine) Provider() string { return e.server[0].Value.AsString() }
+
 // Attrs are the attribute sets recorded for one (engine, model, GenAI
 // operation, gateway operation).
 // The model must come from a bounded set (a model the engines serve), never
