@@ -48,6 +48,9 @@ type Endpoint struct {
 	stats   atomic.Pointer[Stats]
 	ring    atomic.Pointer[ringPoints] // session-affinity virtual nodes, built on first use
 	outlier Outlier                    // passive health: failure streaks and ejections
+	// external: a hosted provider's API, whose prefix cache (if any) the
+	// gateway neither sees nor routes to (SetExternal).
+	external atomic.Bool
 }
 
 // endpointIDs numbers endpoint incarnations; 0 is never used.
@@ -96,6 +99,15 @@ func NewEndpoint(name string, u *url.URL) *Endpoint {
 
 // Name returns the configured engine name.
 func (e *Endpoint) Name() string { return e.name }
+
+// SetExternal marks the endpoint as a hosted provider's API: the prefix
+// policies (prefix-aware, precise-prefix, the prefix scorers) give it no
+// prefix match and record no prompt against it, so it neither attracts a
+// conversation by its cache nor takes entries from the prefix indexes.
+func (e *Endpoint) SetExternal() { e.external.Store(true) }
+
+// External reports whether SetExternal was called.
+func (e *Endpoint) External() bool { return e.external.Load() }
 
 // URL returns the engine's base URL. The caller must not modify it.
 func (e *Endpoint) URL() *url.URL { return e.url }

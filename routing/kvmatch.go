@@ -44,6 +44,9 @@ func (m *prefixMatcher) precise(req *Request) bool {
 
 // match returns e's match for req at now. It does not allocate.
 func (m *prefixMatcher) match(req *Request, e *Endpoint, now time.Time) prefixMatch {
+	if e.External() {
+		return prefixMatch{approx: 0, precise: -1}
+	}
 	if m.precise(req) && m.kv.Fresh(e, now) {
 		n := m.kv.Match(req.TokenKeys, e, now)
 		return prefixMatch{frac: float64(n) / float64(max(req.TokenBlocks, len(req.TokenKeys))), approx: -1, precise: n}
@@ -72,6 +75,12 @@ func (m *prefixMatcher) now() time.Time {
 // prediction check need. It does not allocate.
 func (m *prefixMatcher) picked(req *Request, pick *Endpoint, pm prefixMatch, now time.Time) {
 	req.predicted = 0
+	if pick.External() {
+		// A provider's cache is not ours to route to: nothing recorded,
+		// and nothing to forget (req.known covers every block).
+		req.known = len(req.PrefixHashes)
+		return
+	}
 	if m.approx != nil {
 		known := pm.approx
 		if known < 0 {
@@ -94,6 +103,9 @@ func (m *prefixMatcher) picked(req *Request, pick *Endpoint, pm prefixMatch, now
 // text blocks in the approximate index past req.known, and the speculative
 // entries of the token blocks. It does not allocate.
 func (m *prefixMatcher) forget(req *Request, e *Endpoint) {
+	if e.External() {
+		return
+	}
 	if m.approx != nil && req.known < len(req.PrefixHashes) {
 		m.approx.Forget(req.PrefixHashes[req.known:], e)
 	}

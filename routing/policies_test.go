@@ -567,6 +567,36 @@ func TestPrefixAware(t *testing.T) {
 			t.Fatalf("after the pick e2 matches %d blocks, want all 10 recorded", got)
 		}
 	})
+	t.Run("external endpoint: no match, nothing recorded", func(t *testing.T) {
+		p, eps := newPolicy(), endpoints(2)
+		eps[0].SetExternal()
+		p.Index().Record(shared, eps[0]) // as if recorded before: still no match
+		loadOn(t, eps[1], 0, 1)          // e1 busier: only a prefix match would pick e0
+		if e := pick(t, p, &Request{PrefixHashes: shared}, eps[:1]); e != eps[0] {
+			t.Fatalf("picked %s, want the only candidate", e.Name())
+		}
+		req := &Request{PrefixHashes: shared[:5]}
+		if e := pick(t, p, req, eps[:1]); e != eps[0] {
+			t.Fatalf("picked %s", e.Name())
+		}
+		if got := p.Index().Match(shared[:5], eps[0]); got != 5 {
+			t.Fatalf("the index changed for the external endpoint: %d blocks", got)
+		}
+		p.Index().Record(shared, eps[1])
+		loadOn(t, eps[1], 0, 1) // e1 at 2, e0 at 0
+		if e := pick(t, p, &Request{PrefixHashes: shared}, eps); e != eps[1] {
+			t.Fatalf("picked %s, want e1 (its cache), not the external e0", e.Name())
+		}
+		p2, eps2 := newPolicy(), endpoints(2)
+		eps2[0].SetExternal()
+		r := &Request{PrefixHashes: shared}
+		if e := pick(t, p2, r, eps2[:1]); e != eps2[0] {
+			t.Fatal("not the only candidate")
+		}
+		if got := p2.Index().Match(shared, eps2[0]); got != 0 {
+			t.Fatalf("a pick of the external endpoint recorded %d blocks, want 0", got)
+		}
+	})
 	t.Run("equal match: least loaded", func(t *testing.T) {
 		p, eps := newPolicy(), endpoints(3)
 		for _, e := range eps {

@@ -354,8 +354,9 @@ func (f *Fleet) newEngine(ec EngineConfig) (*Engine, error) {
 	}
 	if prov != nil {
 		// Never probed: known to serve its models from the start, its
-		// health its traffic's (outlier detection).
+		// health its traffic's (outlier detection). No prefix routing.
 		e.probed.Store(true)
+		e.ep.SetExternal()
 	}
 	return e, nil
 }
