@@ -46,7 +46,11 @@ type attempt struct {
 	contentEvents      int64
 	usage              oai.Usage
 	hasUsage           bool
-	respID             string
+	// anthIn, anthRead and anthWrite are an Anthropic stream's
+	// input_tokens, cache_read_input_tokens and
+	// cache_creation_input_tokens so far (noteEventUsage); 0 when none.
+	anthIn, anthRead, anthWrite int64
+	respID                      string
 	// respModel and finish are the engine's answer's model and finish
 	// reason, kept only while the span is recording (for its attributes).
 	respModel, finishReason string

@@ -19,6 +19,7 @@ import (
 	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/internal/enginetest"
+	"github.com/switchboard-gw/switchboard/internal/oai"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/telemetry"
 	"go.opentelemetry.io/otel/attribute"
@@ -451,4 +452,35 @@ func providerClient(t *testing.T, caFile string) *http.Client {
 	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool}, ForceAttemptHTTP2: true}
 	t.Cleanup(tr.CloseIdleConnections)
 	return &http.Client{Transport: tr}
+}
+
+// TestEventUsageCache: an Anthropic stream's prompt is its input_tokens
+// plus the tokens read from and written to its cache (reported apart,
+// and per field in later events), its cached part the tokens read; a
+// Responses usage's input_tokens is the prompt, with its cached part.
+func TestEventUsageCache(t *testing.T) {
+	var a attempt
+	for _, ev := range []string{
+		`{"type":"message_start","message":{"id":"m","usage":{"input_tokens":3,"cache_creation_input_tokens":100,"cache_read_input_tokens":2000,"output_tokens":1}}}`,
+		`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"hi"}}`,
+		`{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":15}}`,
+	} {
+		e, err := oai.InspectAnthropicEvent([]byte(ev))
+		if err != nil {
+			t.Fatal(err)
+		}
+		a.noteEventUsage(&e, true)
+	}
+	if !a.hasUsage || a.usage.PromptTokens != 2103 || a.usage.CompletionTokens != 15 || !a.usage.HasCached || a.usage.CachedTokens != 2000 {
+		t.Errorf("anthropic usage %+v, want prompt 2103 (3 + 2000 read + 100 written), cached 2000, output 15", a.usage)
+	}
+	var r attempt
+	e, err := oai.InspectResponsesEvent([]byte(`{"type":"response.completed","response":{"id":"r","usage":{"input_tokens":50,"input_tokens_details":{"cached_tokens":32},"output_tokens":2}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.noteEventUsage(&e, false)
+	if r.usage.PromptTokens != 50 || r.usage.CachedTokens != 32 || !r.usage.HasCached || r.usage.CompletionTokens != 2 {
+		t.Errorf("responses usage %+v, want prompt 50, cached 32, output 2", r.usage)
+	}
 }

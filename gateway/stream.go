@@ -356,12 +356,7 @@ func (st *streamState) onTypedEvent(ev sse.Event) {
 			st.cr.takeResponses(ev.Data, &e)
 		}
 	}
-	if e.InputTokens >= 0 {
-		a.usage.PromptTokens, a.hasUsage = e.InputTokens, true
-	}
-	if e.OutputTokens >= 0 {
-		a.usage.CompletionTokens, a.hasUsage = e.OutputTokens, true
-	}
+	a.noteEventUsage(&e, st.framing == frameAnthropic)
 	if e.Content {
 		a.onContent(st.now)
 		st.last = st.now
@@ -579,5 +574,41 @@ func writeStreamError(w http.ResponseWriter, rc *http.ResponseController, ae *AP
 	b.WriteString("\n\n")
 	if _, err := w.Write(b.Bytes()); err == nil {
 		_ = rc.Flush()
+	}
+}
+
+// noteEventUsage takes the usage a Responses or Anthropic event reports.
+// Anthropic's input_tokens leaves out the prompt read from its cache and
+// the prompt written to it, reported apart (and per field in later
+// events): the prompt is their sum, its cached part the tokens read. A
+// Responses usage's input_tokens is the whole prompt, with
+// input_tokens_details.cached_tokens its cached part.
+func (a *attempt) noteEventUsage(e *oai.Event, anthropic bool) {
+	if e.OutputTokens >= 0 {
+		a.usage.CompletionTokens, a.hasUsage = e.OutputTokens, true
+	}
+	if !anthropic {
+		if e.InputTokens >= 0 {
+			a.usage.PromptTokens, a.hasUsage = e.InputTokens, true
+		}
+		if e.CachedTokens >= 0 {
+			a.usage.CachedTokens, a.usage.HasCached = e.CachedTokens, true
+		}
+		return
+	}
+	if e.InputTokens < 0 && e.CachedTokens < 0 && e.CacheWriteTokens < 0 {
+		return
+	}
+	for _, f := range [...]struct {
+		dst *int64
+		v   int64
+	}{{&a.anthIn, e.InputTokens}, {&a.anthRead, e.CachedTokens}, {&a.anthWrite, e.CacheWriteTokens}} {
+		if f.v >= 0 {
+			*f.dst = f.v
+		}
+	}
+	a.usage.PromptTokens, a.hasUsage = a.anthIn+a.anthRead+a.anthWrite, true
+	if e.CachedTokens >= 0 {
+		a.usage.CachedTokens, a.usage.HasCached = a.anthRead, true
 	}
 }

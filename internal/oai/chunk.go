@@ -3,6 +3,7 @@ package oai
 import (
 	"encoding/json"
 	"errors"
+	"math"
 )
 
 // Usage is the OpenAI usage object in tokens.
@@ -218,15 +219,19 @@ func (d *decoder) delta() output {
 // usage reads a usage value; ok is false unless it is an object. With
 // named set, input_tokens and output_tokens (the Responses API's and
 // Anthropic's names) stand in for prompt_tokens and completion_tokens when
-// those are absent or not numbers. (A bool, not a second method, so that
+// those are absent or not numbers, the Responses API's
+// input_tokens_details.cached_tokens for the cached tokens, and
+// Anthropic's cache_read_input_tokens and cache_creation_input_tokens,
+// which its input_tokens leaves out, are added to the prompt (those read
+// are its cached tokens). (A bool, not a second method, so that
 // InspectChunk's loop stays as it was.)
 func (d *decoder) usage(named bool) (u Usage, ok bool) {
 	if d.peek() != '{' {
 		d.skip()
 		return Usage{}, false
 	}
-	var in, out int64
-	var hasPrompt, hasCompletion, hasIn, hasOut bool
+	var in, out, read, write int64
+	var hasPrompt, hasCompletion, hasIn, hasOut, hasRead bool
 	d.open('{')
 	for n := 0; d.more('}', &n); {
 		switch string(d.key()) {
@@ -242,12 +247,27 @@ func (d *decoder) usage(named bool) (u Usage, ok bool) {
 			in, hasIn = d.int()
 		case "output_tokens":
 			out, hasOut = d.int()
+		case "input_tokens_details":
+			if !named {
+				d.skip()
+				break
+			}
+			u.CachedTokens, _, _, u.HasCached = d.cachedTokens()
+		case "cache_read_input_tokens":
+			read, hasRead = d.int()
+		case "cache_creation_input_tokens":
+			write, _ = d.int()
 		default:
 			d.skip()
 		}
 	}
 	if named && !hasPrompt && hasIn {
-		u.PromptTokens = in
+		// Anthropic's input_tokens leaves out the prompt read from and
+		// written to its cache.
+		u.PromptTokens = satAdd(satAdd(in, max(read, 0)), max(write, 0))
+		if hasRead && read >= 0 {
+			u.CachedTokens, u.HasCached = read, true
+		}
 	}
 	if named && !hasCompletion && hasOut {
 		u.CompletionTokens = out
@@ -330,4 +350,12 @@ func (d *decoder) rawString() []byte {
 	}
 	s, _ := d.str()
 	return s
+}
+
+// satAdd returns a+b for non-negative counts, saturating at math.MaxInt64.
+func satAdd(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }

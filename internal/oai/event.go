@@ -30,10 +30,24 @@ type Event struct {
 	// number or negative). Fractions are truncated and values too large
 	// saturate, as for [Usage].
 	InputTokens, OutputTokens int64
+	// CachedTokens is the cached part of the prompt the event's usage
+	// reports: a Responses usage's input_tokens_details.cached_tokens
+	// (part of its input_tokens), or Anthropic's cache_read_input_tokens
+	// (not part of its input_tokens). CacheWriteTokens is Anthropic's
+	// cache_creation_input_tokens (not part of its input_tokens either).
+	// -1 when absent, as for InputTokens.
+	CachedTokens, CacheWriteTokens int64
 }
 
 // noEvent is the Event returned with an error.
-var noEvent = Event{InputTokens: -1, OutputTokens: -1}
+var noEvent = Event{InputTokens: -1, OutputTokens: -1, CachedTokens: -1, CacheWriteTokens: -1}
+
+// tokenCounts are the counts of one usage object, each -1 when absent.
+type tokenCounts struct {
+	in, out, cached, write int64
+}
+
+var noCounts = tokenCounts{-1, -1, -1, -1}
 
 // InspectResponsesEvent parses the data of one event of an OpenAI
 // Responses API stream (POST /v1/responses with "stream": true, as vLLM
@@ -74,7 +88,9 @@ func InspectResponsesEvent(data []byte) (Event, error) {
 		case "delta":
 			delta = d.nonEmptyString()
 		case "response":
-			e.ID, e.Model, e.InputTokens, e.OutputTokens = d.idAndUsage()
+			var u tokenCounts
+			e.ID, e.Model, u = d.idAndUsage()
+			e.InputTokens, e.OutputTokens, e.CachedTokens = u.in, u.out, u.cached
 		case "error":
 			errorKey = !d.isNull()
 			if errorKey {
@@ -115,8 +131,8 @@ func InspectResponsesEvent(data []byte) (Event, error) {
 //   - Usage: message_start's message.usage, and message_delta's top-level
 //     "usage" (output_tokens, and input_tokens when present); when one
 //     event has both, the top-level usage wins per field. input_tokens is
-//     Anthropic's: it excludes cache_creation_input_tokens and
-//     cache_read_input_tokens, which are not read.
+//     Anthropic's: it excludes cache_read_input_tokens (CachedTokens) and
+//     cache_creation_input_tokens (CacheWriteTokens), read apart.
 //
 // Like [InspectResponsesEvent] it validates data in one pass, does not
 // allocate for a valid event, and is safe for concurrent use.
@@ -124,7 +140,7 @@ func InspectAnthropicEvent(data []byte) (Event, error) {
 	e := noEvent
 	var typ []byte
 	var delta, errorKey bool
-	topIn, topOut := int64(-1), int64(-1)
+	top := noCounts
 	d := decoder{b: data}
 	if !d.open('{') {
 		return noEvent, chunkError(data)
@@ -136,9 +152,11 @@ func InspectAnthropicEvent(data []byte) (Event, error) {
 		case "delta":
 			delta, e.FinishReason = d.anthropicDelta()
 		case "message":
-			e.ID, e.Model, e.InputTokens, e.OutputTokens = d.idAndUsage()
+			var u tokenCounts
+			e.ID, e.Model, u = d.idAndUsage()
+			e.InputTokens, e.OutputTokens, e.CachedTokens, e.CacheWriteTokens = u.in, u.out, u.cached, u.write
 		case "usage":
-			topIn, topOut = d.tokenUsage()
+			top = d.tokenUsage()
 		case "error":
 			errorKey = !d.isNull()
 			if errorKey {
@@ -152,11 +170,14 @@ func InspectAnthropicEvent(data []byte) (Event, error) {
 	if d.bad {
 		return noEvent, chunkError(data)
 	}
-	if topIn >= 0 {
-		e.InputTokens = topIn
-	}
-	if topOut >= 0 {
-		e.OutputTokens = topOut
+	for _, f := range [...]struct {
+		dst *int64
+		v   int64
+	}{{&e.InputTokens, top.in}, {&e.OutputTokens, top.out},
+		{&e.CachedTokens, top.cached}, {&e.CacheWriteTokens, top.write}} {
+		if f.v >= 0 {
+			*f.dst = f.v
+		}
 	}
 	switch string(typ) {
 	case "content_block_delta":
@@ -188,11 +209,11 @@ func (d *decoder) eventType() (raw, typ []byte) {
 // idAndUsage reads a response or message object and returns its "id" and
 // "model" strings' raw bytes and its "usage" object's input and output
 // tokens; nil and -1 for what is absent.
-func (d *decoder) idAndUsage() (id, model []byte, in, out int64) {
-	in, out = -1, -1
+func (d *decoder) idAndUsage() (id, model []byte, u tokenCounts) {
+	u = noCounts
 	if d.peek() != '{' {
 		d.skip()
-		return nil, nil, -1, -1
+		return nil, nil, noCounts
 	}
 	d.open('{')
 	for n := 0; d.more('}', &n); {
@@ -205,37 +226,56 @@ func (d *decoder) idAndUsage() (id, model []byte, in, out int64) {
 				d.skip()
 			}
 		case "usage":
-			in, out = d.tokenUsage()
+			u = d.tokenUsage()
 		case "model":
 			model = d.rawString()
 		default:
 			d.skip()
 		}
 	}
-	return id, model, in, out
+	return id, model, u
 }
 
-// tokenUsage reads a usage value and returns its input_tokens and
-// output_tokens, each -1 when absent or not a non-negative number (and
-// both when the value is not an object).
-func (d *decoder) tokenUsage() (in, out int64) {
-	in, out = -1, -1
+// tokenUsage reads a usage value and returns its input_tokens,
+// output_tokens, cached prompt tokens (input_tokens_details.cached_tokens
+// or Anthropic's cache_read_input_tokens) and Anthropic's
+// cache_creation_input_tokens, each -1 when absent or not a non-negative
+// number (and all when the value is not an object).
+func (d *decoder) tokenUsage() tokenCounts {
+	u := noCounts
 	if d.peek() != '{' {
 		d.skip()
-		return -1, -1
+		return noCounts
 	}
 	d.open('{')
 	for n := 0; d.more('}', &n); {
 		switch string(d.key()) {
 		case "input_tokens":
-			in = d.count()
+			u.in = d.count()
 		case "output_tokens":
-			out = d.count()
+			u.out = d.count()
+		case "cache_read_input_tokens":
+			u.cached = d.count()
+		case "cache_creation_input_tokens":
+			u.write = d.count()
+		case "input_tokens_details":
+			if d.peek() != '{' {
+				d.skip()
+				continue
+			}
+			d.open('{')
+			for m := 0; d.more('}', &m); {
+				if string(d.key()) == "cached_tokens" {
+					u.cached = d.count()
+				} else {
+					d.skip()
+				}
+			}
 		default:
 			d.skip()
 		}
 	}
-	return in, out
+	return u
 }
 
 // count reads any value and returns it as a token count: -1 unless it is a

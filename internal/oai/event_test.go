@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"math"
+	"strings"
 	"testing"
 )
 
@@ -44,6 +45,8 @@ func TestInspectResponsesEvent(t *testing.T) {
 		{"done is not a delta", `{"type":"response.output_text.done","text":"Hi","delta":"x"}`, Event{Type: []byte("response.output_text.done"), InputTokens: -1, OutputTokens: -1}},
 		{"completed", respCompleted, Event{Type: []byte("response.completed"), Terminal: true, ID: id, InputTokens: 12, OutputTokens: 7}},
 		{"incomplete", `{"type":"response.incomplete","response":{"id":"r","usage":{"input_tokens":5,"output_tokens":16}}}`, Event{Type: []byte("response.incomplete"), Terminal: true, ID: []byte("r"), InputTokens: 5, OutputTokens: 16}},
+		{"cached tokens", `{"type":"response.completed","response":{"id":"r","usage":{"input_tokens":50,"input_tokens_details":{"cached_tokens":32},"output_tokens":2}}}`,
+			Event{Type: []byte("response.completed"), Terminal: true, ID: []byte("r"), InputTokens: 50, OutputTokens: 2, CachedTokens: 32}},
 		{"failed", respFailed, Event{Type: []byte("response.failed"), Terminal: true, Error: true, ID: id, InputTokens: 12, OutputTokens: 3}},
 		{"error event", respError, Event{Type: []byte("error"), Error: true, InputTokens: -1, OutputTokens: -1}},
 		{"vllm error object", `{"error":{"message":"boom","type":"InternalServerError","code":500}}`, Event{Error: true, InputTokens: -1, OutputTokens: -1}},
@@ -65,8 +68,8 @@ func TestInspectResponsesEvent(t *testing.T) {
 			if err != nil {
 				t.Fatalf("InspectResponsesEvent() error = %v", err)
 			}
-			if !eventEqual(got, tt.want) {
-				t.Errorf("InspectResponsesEvent() = %s\nwant %s", fmtEvent(got), fmtEvent(tt.want))
+			if !eventEqual(got, absentCache(tt.want, tt.data)) {
+				t.Errorf("InspectResponsesEvent() = %s\nwant %s", fmtEvent(got), fmtEvent(absentCache(tt.want, tt.data)))
 			}
 			if ref, ok := refInspectResponsesEvent([]byte(tt.data)); !ok || !eventEqual(ref, got) {
 				t.Errorf("reference = %s, %v", fmtEvent(ref), ok)
@@ -108,7 +111,11 @@ func TestInspectAnthropicEvent(t *testing.T) {
 		{"text in another type", `{"type":"message_delta","delta":{"text":"a"}}`, none("message_delta")},
 		{"block stop", antBlockStop, none("content_block_stop")},
 		{"message delta", antMsgDelta, Event{Type: []byte("message_delta"), InputTokens: -1, OutputTokens: 15}},
-		{"message delta with input tokens", `{"type":"message_delta","delta":{},"usage":{"input_tokens":30,"output_tokens":15,"cache_read_input_tokens":4}}`, Event{Type: []byte("message_delta"), InputTokens: 30, OutputTokens: 15}},
+		{"message delta with input tokens", `{"type":"message_delta","delta":{},"usage":{"input_tokens":30,"output_tokens":15,"cache_read_input_tokens":4}}`, Event{Type: []byte("message_delta"), InputTokens: 30, OutputTokens: 15, CachedTokens: 4}},
+		{"message start with cache counts", `{"type":"message_start","message":{"id":"m","usage":{"input_tokens":3,"cache_creation_input_tokens":100,"cache_read_input_tokens":2000,"output_tokens":1}}}`,
+			Event{Type: []byte("message_start"), ID: []byte("m"), InputTokens: 3, OutputTokens: 1, CachedTokens: 2000, CacheWriteTokens: 100}},
+		{"top-level cache counts win per field", `{"type":"message_delta","usage":{"cache_read_input_tokens":7},"message":{"usage":{"cache_read_input_tokens":1,"cache_creation_input_tokens":5}}}`,
+			Event{Type: []byte("message_delta"), InputTokens: -1, OutputTokens: -1, CachedTokens: 7, CacheWriteTokens: 5}},
 		{"top-level usage wins per field", `{"type":"x","usage":{"output_tokens":9},"message":{"usage":{"input_tokens":2,"output_tokens":1}}}`, Event{Type: []byte("x"), InputTokens: 2, OutputTokens: 9}},
 		{"message stop", antStop, Event{Type: []byte("message_stop"), Terminal: true, InputTokens: -1, OutputTokens: -1}},
 		{"error", antError, Event{Type: []byte("error"), Error: true, InputTokens: -1, OutputTokens: -1}},
@@ -124,8 +131,8 @@ func TestInspectAnthropicEvent(t *testing.T) {
 			if err != nil {
 				t.Fatalf("InspectAnthropicEvent() error = %v", err)
 			}
-			if !eventEqual(got, tt.want) {
-				t.Errorf("InspectAnthropicEvent() = %s\nwant %s", fmtEvent(got), fmtEvent(tt.want))
+			if !eventEqual(got, absentCache(tt.want, tt.data)) {
+				t.Errorf("InspectAnthropicEvent() = %s\nwant %s", fmtEvent(got), fmtEvent(absentCache(tt.want, tt.data)))
 			}
 			if ref, ok := refInspectAnthropicEvent([]byte(tt.data)); !ok || !eventEqual(ref, got) {
 				t.Errorf("reference = %s, %v", fmtEvent(ref), ok)
@@ -243,11 +250,25 @@ func FuzzInspectEvent(f *testing.F) {
 	})
 }
 
+// absentCache returns want with its cache counts -1 (absent) when the
+// event data has no such member: cases name only the counts an event
+// carries.
+func absentCache(want Event, data string) Event {
+	if !strings.Contains(data, `"cached_tokens"`) && !strings.Contains(data, `"cache_read_input_tokens"`) {
+		want.CachedTokens = -1
+	}
+	if !strings.Contains(data, `"cache_creation_input_tokens"`) {
+		want.CacheWriteTokens = -1
+	}
+	return want
+}
+
 func eventEqual(a, b Event) bool {
 	return bytes.Equal(a.Type, b.Type) && (a.Type == nil) == (b.Type == nil) &&
 		bytes.Equal(a.ID, b.ID) && (a.ID == nil) == (b.ID == nil) &&
 		a.Content == b.Content && a.Terminal == b.Terminal && a.Error == b.Error &&
-		a.InputTokens == b.InputTokens && a.OutputTokens == b.OutputTokens
+		a.InputTokens == b.InputTokens && a.OutputTokens == b.OutputTokens &&
+		a.CachedTokens == b.CachedTokens && a.CacheWriteTokens == b.CacheWriteTokens
 }
 
 func fmtEvent(e Event) string {
@@ -257,5 +278,5 @@ func fmtEvent(e Event) string {
 		}
 		return fmt.Sprintf("%q", b)
 	}
-	return fmt.Sprintf("{Type:%s Content:%v Terminal:%v Error:%v ID:%s In:%d Out:%d}", q(e.Type), e.Content, e.Terminal, e.Error, q(e.ID), e.InputTokens, e.OutputTokens)
+	return fmt.Sprintf("{Type:%s Content:%v Terminal:%v Error:%v ID:%s In:%d Out:%d Cached:%d Write:%d}", q(e.Type), e.Content, e.Terminal, e.Error, q(e.ID), e.InputTokens, e.OutputTokens, e.CachedTokens, e.CacheWriteTokens)
 }

@@ -335,8 +335,19 @@ func refParseResponse(body []byte) (string, Usage, bool) {
 	}
 	u, _ := refUsage(m["usage"])
 	if um, ok := refObject(m["usage"]); ok {
+		if d, ok := refObject(um["input_tokens_details"]); ok && refIsNum(d["cached_tokens"]) {
+			u.CachedTokens, u.HasCached = refInt(d["cached_tokens"]), true
+		}
 		if !refIsNum(um["prompt_tokens"]) && refIsNum(um["input_tokens"]) {
 			u.PromptTokens = refInt(um["input_tokens"])
+			for _, k := range []string{"cache_read_input_tokens", "cache_creation_input_tokens"} {
+				if n := refInt(um[k]); refIsNum(um[k]) && n > 0 {
+					u.PromptTokens = satAdd(u.PromptTokens, n)
+				}
+			}
+			if n := refInt(um["cache_read_input_tokens"]); refIsNum(um["cache_read_input_tokens"]) && n >= 0 {
+				u.CachedTokens, u.HasCached = n, true
+			}
 		}
 		if !refIsNum(um["completion_tokens"]) && refIsNum(um["output_tokens"]) {
 			u.CompletionTokens = refInt(um["output_tokens"])
@@ -362,12 +373,18 @@ func refCount(raw []byte) int64 {
 }
 
 // refTokenUsage is the input and output tokens of a raw usage value.
-func refTokenUsage(raw []byte) (in, out int64) {
+func refTokenUsage(raw []byte) tokenCounts {
 	m, ok := refObject(raw)
 	if !ok {
-		return -1, -1
+		return noCounts
 	}
-	return refCount(m["input_tokens"]), refCount(m["output_tokens"])
+	u := tokenCounts{in: refCount(m["input_tokens"]), out: refCount(m["output_tokens"]), cached: -1, write: refCount(m["cache_creation_input_tokens"])}
+	if _, ok := m["cache_read_input_tokens"]; ok {
+		u.cached = refCount(m["cache_read_input_tokens"])
+	} else if d, ok := refObject(m["input_tokens_details"]); ok {
+		u.cached = refCount(d["cached_tokens"])
+	}
+	return u
 }
 
 // refEventCommon reads what both framings share: the type (raw and
@@ -381,7 +398,7 @@ func refEventCommon(data []byte, obj string) (m map[string]json.RawMessage, e Ev
 	if !ok {
 		return nil, Event{}, "", false
 	}
-	e = Event{InputTokens: -1, OutputTokens: -1}
+	e = noEvent
 	if t := m["type"]; len(t) > 0 && t[0] == '"' {
 		e.Type = t[1 : len(t)-1]
 		_ = json.Unmarshal(t, &typ)
@@ -393,7 +410,11 @@ func refEventCommon(data []byte, obj string) (m map[string]json.RawMessage, e Ev
 		if id := om["id"]; len(id) > 0 && id[0] == '"' {
 			e.ID = id[1 : len(id)-1]
 		}
-		e.InputTokens, e.OutputTokens = refTokenUsage(om["usage"])
+		u := refTokenUsage(om["usage"])
+		e.InputTokens, e.OutputTokens, e.CachedTokens = u.in, u.out, u.cached
+		if obj == "message" {
+			e.CacheWriteTokens = u.write
+		}
 	}
 	return m, e, typ, true
 }
@@ -418,12 +439,13 @@ func refInspectAnthropicEvent(data []byte) (Event, bool) {
 	if !ok {
 		return Event{}, false
 	}
-	if in, out := refTokenUsage(m["usage"]); true {
-		if in >= 0 {
-			e.InputTokens = in
-		}
-		if out >= 0 {
-			e.OutputTokens = out
+	top := refTokenUsage(m["usage"])
+	for _, f := range []struct {
+		dst *int64
+		v   int64
+	}{{&e.InputTokens, top.in}, {&e.OutputTokens, top.out}, {&e.CachedTokens, top.cached}, {&e.CacheWriteTokens, top.write}} {
+		if f.v >= 0 {
+			*f.dst = f.v
 		}
 	}
 	if dm, ok := refObject(m["delta"]); ok && typ == "content_block_delta" {
