@@ -203,7 +203,15 @@ func (s *Server) send(c *call, r *http.Request, body *outBody) outcome {
 		return outcome{err: &APIError{Status: http.StatusInternalServerError, Type: TypeServer, Code: "internal_error", Message: "could not build the engine request", Err: err}}
 	}
 	copyRequestHeaders(ureq.Header, r.Header, s.skipReq)
-	s.trusted.setForwarded(ureq.Header, r)
+	if eng.IsProvider() {
+		// A hosted API learns nothing of the client's network or of an
+		// account the client named: the gateway's key is the account.
+		for _, k := range providerDropped {
+			delete(ureq.Header, k)
+		}
+	} else {
+		s.trusted.setForwarded(ureq.Header, r)
+	}
 	replayOnStaleConn(ureq.Header)
 	body.replays = 0 // this leg's re-sends (rewind)
 	switch op.body {

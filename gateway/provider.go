@@ -59,3 +59,11 @@ func providerAccountHeader(k string) bool {
 	}
 	return strings.HasPrefix(k, "X-Ratelimit-") || strings.HasPrefix(k, "Anthropic-Ratelimit-")
 }
+
+// providerDropped are the client request headers never sent to a hosted
+// provider: where the client is (the gateway's X-Forwarded-* and
+// Forwarded, and any the client sent), and the OpenAI organization or
+// project it named, which with the gateway's key would be refused or
+// billed elsewhere.
+var providerDropped = []string{"X-Forwarded-For", "X-Forwarded-Proto", "X-Forwarded-Host", "Forwarded", "X-Real-Ip",
+	"Openai-Organization", "Openai-Project"}

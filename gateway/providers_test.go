@@ -40,7 +40,7 @@ type providerSim struct {
 type seenRequest struct {
 	proto, path, query                 string
 	auth, apiKey, xAPIKey, anthVersion string
-	body                               string
+	body, forwarded, org               string
 }
 
 func (p *providerSim) requests() []seenRequest {
@@ -69,7 +69,8 @@ func startProvider(t *testing.T, kind, key string, models map[string]string, rpm
 		r.Body = io.NopCloser(bytes.NewReader(b))
 		p.mu.Lock()
 		p.seen = append(p.seen, seenRequest{proto: r.Proto, path: r.URL.Path, query: r.URL.RawQuery, auth: r.Header.Get("Authorization"),
-			apiKey: r.Header.Get("Api-Key"), xAPIKey: r.Header.Get("X-Api-Key"), anthVersion: r.Header.Get("Anthropic-Version"), body: string(b)})
+			apiKey: r.Header.Get("Api-Key"), xAPIKey: r.Header.Get("X-Api-Key"), anthVersion: r.Header.Get("Anthropic-Version"), body: string(b),
+			forwarded: r.Header.Get("X-Forwarded-For") + r.Header.Get("Forwarded"), org: r.Header.Get("Openai-Organization")})
 		p.mu.Unlock()
 		h.ServeHTTP(w, r)
 	}))
@@ -113,7 +114,7 @@ func TestProviderOpenAI(t *testing.T) {
 		APIKeyFile: keyFile(t, key), CAFile: p.caFile, ModelMap: map[string]string{"m": "gpt-test"}}))
 
 	for _, body := range []string{provChat, provChatStream} {
-		resp := h.post("/v1/chat/completions", body, "Authorization", "Bearer client-key-must-not-pass")
+		resp := h.post("/v1/chat/completions", body, "Authorization", "Bearer client-key-must-not-pass", "OpenAI-Organization", "org-client")
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		if resp.StatusCode != http.StatusOK {
@@ -138,6 +139,9 @@ func TestProviderOpenAI(t *testing.T) {
 		}
 		if r.auth != "Bearer "+key {
 			t.Errorf("Authorization %q, want the engine's key", r.auth)
+		}
+		if r.forwarded != "" || r.org != "" {
+			t.Errorf("the provider got the client's address %q or organization %q", r.forwarded, r.org)
 		}
 		var m map[string]any
 		if err := json.Unmarshal([]byte(r.body), &m); err != nil {
