@@ -3,6 +3,8 @@ package fleet
 import (
 	"errors"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -164,5 +166,48 @@ func TestProviderConfigErrors(t *testing.T) {
 	}
 	if err := (EngineConfig{Name: "a", Provider: ProviderOpenAI, ModelMap: map[string]string{"m": "gpt"}}).Validate(); err != nil {
 		t.Errorf("openai with a model map and its default URL: %v", err)
+	}
+}
+
+// TestProviderKeyRotation: a provider engine's key from api_key_file goes
+// in its own header (Azure's api-key), and a reload that finds the file
+// rotated sends the new key from the next request, on the same
+// incarnation.
+func TestProviderKeyRotation(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "key")
+	if err := os.WriteFile(path, []byte("az-one\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ec := EngineConfig{Name: "az", URL: "https://r.openai.azure.com", Provider: ProviderAzure, ModelMap: map[string]string{"m": "dep"}, APIKeyFile: path}
+	f, err := New(Config{Engines: []EngineConfig{ec}, Health: DefaultHealthConfig(), Stats: DefaultEngineStatsConfig()}, mustMetrics(t), WithLogger(discard))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	key := func() string {
+		h := http.Header{}
+		f.engines[0].SetAuth(h, "/v1/chat/completions")
+		return h.Get("Api-Key")
+	}
+	if got := key(); got != "az-one" {
+		t.Fatalf("api-key %q, want az-one", got)
+	}
+	first := f.engines[0]
+	if err := os.WriteFile(path, []byte("az-two"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.SetConfigured([]EngineConfig{ec}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := key(); got != "az-two" || f.engines[0] != first {
+		t.Errorf("after the rotation and a reload: %q (same incarnation %v), want az-two on the same engine", got, f.engines[0] == first)
+	}
+	// A tier change is applied in place too.
+	ec.Tier = ptr(5)
+	if _, err := f.SetConfigured([]EngineConfig{ec}, nil); err != nil {
+		t.Fatal(err)
+	}
+	if f.engines[0] != first || first.Tier() != 5 {
+		t.Errorf("after a tier change: same incarnation %v, tier %d; want the same engine at tier 5", f.engines[0] == first, first.Tier())
 	}
 }
