@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
@@ -486,5 +487,45 @@ func TestEventUsageCache(t *testing.T) {
 	r.noteEventUsage(&e, false)
 	if r.usage.PromptTokens != 50 || r.usage.CachedTokens != 32 || !r.usage.HasCached || r.usage.CompletionTokens != 2 {
 		t.Errorf("responses usage %+v, want prompt 50, cached 32, output 2", r.usage)
+	}
+}
+
+// TestTierOverflowOnQueueDepth: a self-hosted engine whose scraped queue
+// (vllm:num_requests_waiting) is at its max_queue_depth counts as full:
+// the next request spills to the provider tier; with no provider tier it
+// still goes to the engine (a queue is not a refusal).
+func TestTierOverflowOnQueueDepth(t *testing.T) {
+	const key = "sk-queue"
+	p := startProvider(t, enginesim.ProviderOpenAI, key, nil, 0)
+	for _, withProvider := range []bool{true, false} {
+		_, srv := sim(t, enginesim.Config{Name: "local", Models: []string{"m"}, MaxNumSeqs: 1, ITL: 20 * time.Millisecond})
+		engines := []fleet.EngineConfig{{Name: "local", URL: srv.URL, Models: []string{"m"}, MaxQueueDepth: 1}}
+		if withProvider {
+			engines = append(engines, fleet.EngineConfig{Name: "openai", URL: p.srv.URL + "/v1", Provider: fleet.ProviderOpenAI, APIKey: key, CAFile: p.caFile, Models: []string{"m"}})
+		}
+		h := newHarness(t, testConfig(engines...))
+		long := `{"model":"m","messages":[{"role":"user","content":"hello"}],"max_tokens":25,"stream":true}`
+		var held []*http.Response
+		for range 2 { // one runs, one waits in the engine's queue
+			held = append(held, h.post("/v1/chat/completions", long))
+		}
+		testutil.Poll(2*time.Second, func() bool {
+			h.gw.fleet.ScrapeNow(context.Background())
+			st := h.gw.fleet.Status()[0].Stats
+			return st != nil && st.Waiting >= 1
+		})
+		st, hdr, b := h.do(http.MethodPost, "/v1/chat/completions", provChat)
+		want := "local"
+		if withProvider {
+			want = "openai"
+		}
+		if st != http.StatusOK || hdr.Get("X-Switchboard-Engine") != want {
+			t.Errorf("provider tier %v: %d on %q (%s), want 200 on %s", withProvider, st, hdr.Get("X-Switchboard-Engine"), b, want)
+		}
+		for _, r := range held {
+			_, _ = io.Copy(io.Discard, r.Body)
+			r.Body.Close()
+		}
+		h.waitIdle()
 	}
 }
