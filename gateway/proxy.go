@@ -189,7 +189,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 					leg = nextLeg{}
 					continue
 				}
-				return errOverloaded("every engine serving model " + strconv.Quote(in.model) + " is at its limit of requests in flight")
+				return errOverloaded("every engine serving model " + strconv.Quote(in.model) + " is at its limit of requests in flight or backing off its provider's rate limit")
 			}
 			if pre != nil && slices.Contains(candidates, pre) {
 				ep, err = pre, nil
