@@ -164,7 +164,7 @@ func spendCap(st *reqState, op *operation, in *inbound) int64 {
 	if st == nil || st.key == nil || (st.key.limits.SpendPerDay == 0 && st.key.limits.SpendPerMonth == 0) {
 		return 0
 	}
-	if op.class != classGenerative || (op.name != "chat" && op.name != "completions") || in.req.MaxTokens > 0 {
+	if op.class != classGenerative || (op.name != "chat" && op.name != "completions" && op.name != "responses") || in.req.MaxTokens > 0 {
 		return 0
 	}
 	return in.set.cfg.Limits.DefaultMaxTokens

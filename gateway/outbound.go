@@ -249,7 +249,10 @@ func (s *Server) outgoing(op *operation, in *inbound, tokenIDs bool) outBody {
 		// OpenAI's and Azure's chat take max_completion_tokens (their
 		// reasoning models refuse max_tokens).
 		name := `,"max_tokens":`
-		if in.capCompletion && op.name == "chat" {
+		switch {
+		case op.name == "responses":
+			name = `,"max_output_tokens":`
+		case in.capCompletion && op.name == "chat":
 			name = `,"max_completion_tokens":`
 		}
 		member := strconv.AppendInt([]byte(name), in.capOut, 10)

@@ -197,12 +197,33 @@ func TestSpendBudgetCapsOutput(t *testing.T) {
 	if n := out("k-1", spendBody(12)); n != 12 {
 		t.Errorf("budgeted key, max_tokens 12: %d output tokens, want 12", n)
 	}
+	// The Responses API's cap is max_output_tokens.
+	rresp := h.post("/v1/responses", `{"model":"m","input":"one two three"}`, "Authorization", "Bearer k-1")
+	rb, _ := io.ReadAll(rresp.Body)
+	rresp.Body.Close()
+	var rr struct {
+		Usage struct {
+			OutputTokens int64 `json:"output_tokens"`
+		}
+	}
+	if rresp.StatusCode != http.StatusOK || json.Unmarshal(rb, &rr) != nil || rr.Usage.OutputTokens != 8 {
+		t.Errorf("budgeted key, a Responses request without max_output_tokens: %d, %s; want 8 output tokens", rresp.StatusCode, rb)
+	}
 	if n := out("k-2", noCap); n != 50 {
 		t.Errorf("key without a budget, no max_tokens: %d output tokens, want the engine's 50", n)
 	}
 	_ = eng
+	prompt := func(b []byte) int64 {
+		var r struct {
+			Usage struct {
+				InputTokens int64 `json:"input_tokens"`
+			}
+		}
+		_ = json.Unmarshal(b, &r)
+		return r.Usage.InputTokens
+	}
 	ks := h.gw.Keys()
-	if want := (4*1e-6 + 8*100e-6) + (2*1e-6 + 8*100e-6) + (4*1e-6 + 12*100e-6); math.Abs(ks[0].Spend-want) > 1e-9 {
+	if want := (4*1e-6 + 8*100e-6) + (2*1e-6 + 8*100e-6) + (4*1e-6 + 12*100e-6) + (float64(prompt(rb))*1e-6 + 8*100e-6); math.Abs(ks[0].Spend-want) > 1e-9 {
 		t.Errorf("budgeted key spent %v, want %v", ks[0].Spend, want)
 	}
 }
