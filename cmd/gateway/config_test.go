@@ -398,7 +398,7 @@ func TestShippedConfigs(t *testing.T) {
 		// The reference file claims to show every key with its default:
 		// apart from the example engine it must equal the built-in defaults.
 		want := defaults()
-		want.Engines = []fleet.EngineConfig{{Name: "e1", URL: "http://127.0.0.1:8001", Models: []string{"my-model"}}}
+		want.Engines = []fleet.EngineConfig{{Name: "e1", URL: "http://127.0.0.1:8001", Models: []string{"my-model"}, ModelMap: map[string]string{}}}
 		want.Simulate.Models = []string{"demo-model"}
 		// The example key (whose key nobody knows: auth on, fail closed).
 		want.Auth.Keys = []gateway.KeyConfig{{Name: "team-a", SHA256: "6b06e61934c28cc6e80eee09615352bf253539a7727e044324fdbff75f7542b5", Models: []string{"*"}}}
