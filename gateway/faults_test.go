@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"slices"
 	"strings"
@@ -56,6 +57,9 @@ const (
 	panicEngine               // the gateway's transport panics after the slot is taken
 	blackholeDial             // the dial never completes: connect timeout
 	unhealthy                 // the only engine for the model failed its probe
+	// Provider engines only (faultOnProvider):
+	wrongKey // the gateway holds a key the provider refuses: its 401
+	rpmSpent // the provider's one request of the minute is spent: its 429
 )
 
 type faultCase struct {
@@ -381,7 +385,16 @@ const (
 // before the response is committed and is a retry condition (connect
 // failure, the engine's 429/500/502, a reset before headers, no headers in
 // time), else 1.
-func retriedAttempts(fc faultCase, stream bool, maxAttempts int, rm retryMode) int {
+//
+// On a provider engine: a refused key (the gateway's 502) is retried; a
+// 429 backs the provider's only engine off, leaving none to retry on.
+func retriedAttempts(fc faultCase, stream bool, maxAttempts int, rm retryMode, kind faultEngineKind) int {
+	if fc.setup == wrongKey {
+		return maxAttempts
+	}
+	if kind == faultOnProvider && fc.errType[idx(stream)] == "429" {
+		return 1
+	}
 	switch fc.errType[idx(stream)] {
 	case ErrTypeConnect, "429", "500", "502", "503", "504", ErrTypeHeaderTimeout:
 		return maxAttempts
@@ -395,29 +408,57 @@ func retriedAttempts(fc faultCase, stream bool, maxAttempts int, rm retryMode) i
 	return 1
 }
 
+// faultEngineKind is the kind of engine a fault case's one engine is.
+type faultEngineKind int
+
+const (
+	// faultOnSelfHosted: a self-hosted (vLLM) engine simulator over plain
+	// HTTP/1.1.
+	faultOnSelfHosted faultEngineKind = iota
+	// faultOnProvider: an OpenAI provider simulator over TLS with HTTP/2
+	// (faultProvider), configured as a provider engine.
+	faultOnProvider
+)
+
 func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Sampler, fr faultFraming, rm retryMode) {
+	runFaultCaseOn(t, fc, stream, sampler, fr, rm, faultOnSelfHosted)
+}
+
+// runFaultCaseOn runs a fault case in mode rm on an engine of kind.
+func runFaultCaseOn(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Sampler, fr faultFraming, rm retryMode, kind faultEngineKind) {
 	retries := rm == withRetries || rm == withRetriesHeld
 	if rm == withRetriesHeld && stream && fc.errType[1] == ErrTypeFirstToken {
 		// Nothing reached the client: a real status, no error event.
 		fc.status[1], fc.errEvent = http.StatusGatewayTimeout, false
 	}
 	i := idx(stream)
-	simEng, simSrv := sim(t, enginesim.Config{Models: []string{"m"}, TTFT: 30 * time.Millisecond, ITL: 15 * time.Millisecond, OutputTokens: 8})
-	url := simSrv.URL
+	simCfg := enginesim.Config{Models: []string{"m"}, TTFT: 30 * time.Millisecond, ITL: 15 * time.Millisecond, OutputTokens: 8}
+	var simEng *enginesim.Engine
+	var ec fleet.EngineConfig
 	var opts []Option
-	switch fc.setup {
-	case deadEngine:
-		url = testutil.RefusedURL
-	case panicEngine:
-		tr := NewTransport(time.Second)
-		t.Cleanup(tr.CloseIdleConnections)
-		opts = append(opts, WithTransport(panicTransport{tr}))
-	case blackholeDial:
-		tr := blackholeTransport(150 * time.Millisecond)
-		t.Cleanup(tr.CloseIdleConnections)
-		opts = append(opts, WithTransport(tr))
+	if kind == faultOnProvider {
+		simEng, ec = faultProvider(t, fc, simCfg)
+	} else {
+		var simSrv *httptest.Server
+		simEng, simSrv = sim(t, simCfg)
+		url := simSrv.URL
+		switch fc.setup {
+		case deadEngine:
+			url = testutil.RefusedURL
+		case panicEngine:
+			tr := NewTransport(time.Second)
+			t.Cleanup(tr.CloseIdleConnections)
+			opts = append(opts, WithTransport(panicTransport{tr}))
+		case blackholeDial:
+			tr := blackholeTransport(150 * time.Millisecond)
+			t.Cleanup(tr.CloseIdleConnections)
+			opts = append(opts, WithTransport(tr))
+		case wrongKey, rpmSpent:
+			t.Fatalf("case %q needs a provider engine", fc.name)
+		}
+		ec = fleet.EngineConfig{Name: "e1", URL: url, Models: []string{"m"}}
 	}
-	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: url, Models: []string{"m"}})
+	cfg := testConfig(ec)
 	cfg.Timeouts.ResponseHeader = 300 * time.Millisecond
 	cfg.Timeouts.Idle = 300 * time.Millisecond
 	cfg.Timeouts.Request = 5 * time.Second
@@ -439,7 +480,7 @@ func runFaultCase(t *testing.T, fc faultCase, stream bool, sampler sdktrace.Samp
 		}
 		cfg.Retry.Backoff = time.Millisecond
 		cfg.MaxPendingPerModel = 1000 // counted on every path, never reached
-		attempts = retriedAttempts(fc, stream, cfg.MaxAttempts, rm)
+		attempts = retriedAttempts(fc, stream, cfg.MaxAttempts, rm, kind)
 	}
 	if rm == keyed {
 		cfg.Auth = AuthConfig{Keys: []KeyConfig{{Name: "team-1", SHA256: sha("k-1"), Models: []string{"*"},

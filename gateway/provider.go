@@ -40,6 +40,7 @@ func (s *Server) providerAnswer(c *call, r *http.Request, resp *http.Response) (
 	if resp.StatusCode != http.StatusUnauthorized && resp.StatusCode != http.StatusForbidden {
 		return outcome{}, false
 	}
+	c.a.fail(strconv.Itoa(resp.StatusCode)) // the provider's status, as for any engine's non-2xx
 	_, _ = io.CopyN(io.Discard, resp.Body, maxDrain)
 	resp.Body.Close()
 	if suppressed, ok := s.providerAuthLog.Allow(now); ok {
