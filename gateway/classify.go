@@ -34,7 +34,10 @@ var (
 func (s *Server) classify(r *http.Request, actx context.Context, err error) (string, *APIError) {
 	if r.Context().Err() != nil {
 		if context.Cause(r.Context()) == errServerShutdown {
-			return ErrTypeShutdown, &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: ErrTypeShutdown, Message: "the gateway is shutting down", Err: err}
+			// Not err itself: over HTTP/2 the transport returns
+			// context.Canceled, which writeError takes for a client that
+			// left (a bodyless 499).
+			return ErrTypeShutdown, &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: ErrTypeShutdown, Message: "the gateway is shutting down", Err: errServerShutdown}
 		}
 		return ErrTypeClientCancelled, &APIError{Status: StatusClientClosedRequest, Type: TypeInvalidRequest, Message: "client closed request", Err: context.Canceled}
 	}

@@ -278,8 +278,11 @@ func (s *Server) send(c *call, r *http.Request, body *outBody) outcome {
 	}
 	a.status = resp.StatusCode
 	s.metrics.RecordFirstByte(a.ctx, a.attrs, wait.Seconds())
+	var backedOff time.Duration
 	if eng.IsProvider() {
-		if o, done := s.providerAnswer(c, r, resp); done {
+		var o outcome
+		var done bool
+		if o, done, backedOff = s.providerAnswer(c, r, resp); done {
 			return o
 		}
 	}
@@ -288,7 +291,7 @@ func (s *Server) send(c *call, r *http.Request, body *outBody) outcome {
 	if (resp.StatusCode < 200 || resp.StatusCode > 299) && !(op.sticky && resp.StatusCode == http.StatusNotFound) {
 		a.fail(strconv.Itoa(resp.StatusCode))
 	}
-	return outcome{resp: resp}
+	return outcome{resp: resp, backedOff: backedOff}
 }
 
 // replayOnStaleConn lets net/http send the request again on a new

@@ -90,22 +90,7 @@ func faultProvider(t *testing.T, fc faultCase, simCfg enginesim.Config) (*engine
 
 // providerFaultBugs are the provider matrix's subtests that fail on a
 // gateway bug, by subtest name, with the bug; remove an entry with its fix.
-var providerFaultBugs = map[string]string{
-	// classify's shutdown APIError wraps the transport's error, which on
-	// HTTP/2 is context.Canceled (HTTP/1.1 returns the cause), and
-	// writeError answers any error wrapping context.Canceled with a
-	// body-less 499 once the request's context is done: the client gets
-	// 499 instead of 503 shutdown.
-	"once/shutdown deadline/non-stream":    "a shutdown abort over HTTP/2 answers 499 without a body instead of 503 shutdown",
-	"retries/shutdown deadline/non-stream": "a shutdown abort over HTTP/2 answers 499 without a body instead of 503 shutdown",
-	// The provider's 429 without Retry-After backs its only engine off
-	// for 1 s; the planner retries the same engine after Retry.Backoff
-	// (1 ms), admission finds no engine, and the client gets 503
-	// gateway_overloaded ("at its limit of requests in flight") instead
-	// of the provider's 429.
-	"retries/engine 429/non-stream": "a provider's 429 retried on its backed-off only engine answers 503 gateway_overloaded instead of the 429",
-	"retries/engine 429/stream":     "a provider's 429 retried on its backed-off only engine answers 503 gateway_overloaded instead of the 429",
-}
+var providerFaultBugs = map[string]string{}
 
 // TestFaultMatrixProvider runs the fault matrix, streaming and not, on
 // chat, with the case's one engine a hosted provider (an OpenAI provider

@@ -392,7 +392,10 @@ func retriedAttempts(fc faultCase, stream bool, maxAttempts int, rm retryMode, k
 	if fc.setup == wrongKey {
 		return maxAttempts
 	}
-	if kind == faultOnProvider && fc.errType[idx(stream)] == "429" {
+	if kind == faultOnProvider && fc.setup == rpmSpent {
+		// The provider's Retry-After (the rest of its minute) is past
+		// retry_after_cap: not retried. A 429 without one backs the
+		// provider off for 1 s, which the retry waits out (plan.retry).
 		return 1
 	}
 	switch fc.errType[idx(stream)] {

@@ -88,6 +88,10 @@ type outcome struct {
 	// authFailed: a provider refused the gateway's credentials (its 401
 	// or 403), answered as a 502 (providerAnswer).
 	authFailed bool
+	// backedOff is the back-off a provider's answer started (its 429 or
+	// exhausted rate-limit headers): a retry on the same engine waits it
+	// out as a Retry-After; 0 for none.
+	backedOff time.Duration
 }
 
 // reason classifies an outcome as a retry condition, or retryNone.
@@ -234,6 +238,10 @@ func (p *plan) retry(o *outcome) nextLeg {
 		ra, ok := time.Duration(0), false
 		if o.resp != nil {
 			ra, ok = retryAfter(o.resp.Header, p.now())
+		}
+		if o.backedOff > 0 {
+			// A provider backed off: it takes nothing before then.
+			ra, ok = max(ra, o.backedOff), true
 		}
 		switch {
 		case ok && ra > p.set.cfg.Retry.RetryAfterCap:

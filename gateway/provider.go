@@ -26,11 +26,14 @@ import (
 //     ids, its rate-limit counts, which describe the gateway's account, not
 //     the client's) are removed from the answer the client gets.
 //
-// done is set when o replaces the answer.
-func (s *Server) providerAnswer(c *call, r *http.Request, resp *http.Response) (o outcome, done bool) {
+// done is set when o replaces the answer; backedOff is the back-off the
+// answer started (0 for none), which a retry on the same engine waits
+// out like a Retry-After (plan.retry).
+func (s *Server) providerAnswer(c *call, r *http.Request, resp *http.Response) (o outcome, done bool, backedOff time.Duration) {
 	now := time.Now()
 	if d := fleet.RateLimitBackOff(resp.StatusCode, resp.Header, now); d > 0 {
 		c.eng.BackOff(now.Add(d))
+		backedOff = d
 	}
 	for k := range resp.Header {
 		if providerAccountHeader(k) {
@@ -38,7 +41,7 @@ func (s *Server) providerAnswer(c *call, r *http.Request, resp *http.Response) (
 		}
 	}
 	if resp.StatusCode != http.StatusUnauthorized && resp.StatusCode != http.StatusForbidden {
-		return outcome{}, false
+		return outcome{}, false, backedOff
 	}
 	c.a.fail(strconv.Itoa(resp.StatusCode)) // the provider's status, as for any engine's non-2xx
 	_, _ = io.CopyN(io.Discard, resp.Body, maxDrain)
@@ -48,7 +51,7 @@ func (s *Server) providerAnswer(c *call, r *http.Request, resp *http.Response) (
 			"engine", c.eng.Name(), "provider", c.eng.Provider(), "status", resp.StatusCode, "suppressed", suppressed)
 	}
 	return outcome{authFailed: true, err: &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: "provider_auth_failed",
-		Message: "the upstream provider of engine " + strconv.Quote(c.eng.Name()) + " refused the gateway's credentials"}}, true
+		Message: "the upstream provider of engine " + strconv.Quote(c.eng.Name()) + " refused the gateway's credentials"}}, true, backedOff
 }
 
 // providerAccountHeader reports whether a provider response header (in
