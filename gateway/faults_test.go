@@ -390,7 +390,7 @@ const (
 // 429 backs the provider's only engine off, leaving none to retry on.
 func retriedAttempts(fc faultCase, stream bool, maxAttempts int, rm retryMode, kind faultEngineKind) int {
 	if fc.setup == wrongKey {
-		return maxAttempts
+		return 1 // the only engine: its key would be refused again
 	}
 	if kind == faultOnProvider && fc.setup == rpmSpent {
 		// The provider's Retry-After (the rest of its minute) is past

@@ -100,7 +100,10 @@ func (o *outcome) reason() retryReason {
 		return retryConnect
 	}
 	if o.authFailed {
-		return retry502 // answered as a 502: another engine may hold good credentials
+		// The provider refused the request unrun, as an engine that
+		// could not be reached: another engine may hold good
+		// credentials.
+		return retryConnect
 	}
 	if o.resp != nil {
 		switch o.resp.StatusCode {
@@ -232,6 +235,9 @@ func (p *plan) retry(o *outcome) nextLeg {
 	}
 	var wait time.Duration
 	same := !p.others
+	if same && o.authFailed {
+		return nextLeg{} // the same key would be refused again
+	}
 	if same {
 		// The only engine: wait out its Retry-After (up to the cap) or
 		// back off before asking it again.

@@ -227,9 +227,10 @@ func TestProviderAnthropic(t *testing.T) {
 }
 
 // TestProviderAuthFailureHidesKey: a provider refusing the gateway's key
-// is a 502 provider_auth_failed for the client, whose body, the logs, the
-// spans and /admin/engines never show the key; a second provider engine
-// with a good key then serves the retry.
+// is retried on another engine (a second provider engine with a good key
+// serves it), and without one is a 502 provider_auth_failed for the
+// client; neither its body, the logs, the spans nor /admin/engines ever
+// show a key.
 func TestProviderAuthFailureHidesKey(t *testing.T) {
 	const good, bad = "sk-good-key-7f3a9c", "sk-wrong-key-e81b2d"
 	p := startProvider(t, enginesim.ProviderOpenAI, good, nil, 0)
@@ -238,9 +239,20 @@ func TestProviderAuthFailureHidesKey(t *testing.T) {
 	log := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logs}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	cfg := testConfig(
 		fleet.EngineConfig{Name: "bad", URL: p.srv.URL + "/v1", Provider: fleet.ProviderOpenAI, APIKey: bad, CAFile: p.caFile, Models: []string{"m"}},
+		fleet.EngineConfig{Name: "good", URL: p.srv.URL + "/v1", Provider: fleet.ProviderOpenAI, APIKey: good, CAFile: p.caFile, Models: []string{"m"}},
 	)
 	h := newHarnessWith(t, cfg, []Option{WithLogger(log)})
-	st, _, b := h.do(http.MethodPost, "/v1/chat/completions", provChat)
+	// Round robin: the first request goes to bad, refused unrun, and is
+	// retried on good (as a connect failure: default retry conditions).
+	st, hdr, b := h.do(http.MethodPost, "/v1/chat/completions", provChat)
+	if st != http.StatusOK || hdr.Get("X-Switchboard-Engine") != "good" {
+		t.Fatalf("status %d on %q: %s, want 200 from good after bad's refusal", st, hdr.Get("X-Switchboard-Engine"), b)
+	}
+	// Without good, the client gets the 502.
+	if !h.gw.fleet.Remove("good") {
+		t.Fatal("good not removed")
+	}
+	st, _, b = h.do(http.MethodPost, "/v1/chat/completions", provChat)
 	if st != http.StatusBadGateway || !strings.Contains(string(b), "provider_auth_failed") {
 		t.Fatalf("status %d %s, want 502 provider_auth_failed", st, b)
 	}
