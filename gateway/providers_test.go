@@ -6,8 +6,10 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -24,6 +26,7 @@ import (
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/telemetry"
 	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 )
 
 // providerSim is a simulated hosted provider served over TLS with HTTP/2
@@ -539,5 +542,84 @@ func TestTierOverflowOnQueueDepth(t *testing.T) {
 			r.Body.Close()
 		}
 		h.waitIdle()
+	}
+}
+
+// TestProviderCost: a request that overflowed to a provider is priced at
+// the provider's list price from the usage it answered with, streamed and
+// not, one that stayed self-hosted at the self-hosted price; both in the
+// key's spend and switchboard.request.cost by engine.
+func TestProviderCost(t *testing.T) {
+	const key = "sk-cost"
+	p := startProvider(t, enginesim.ProviderOpenAI, key, map[string]string{"gpt-test": "m"}, 0)
+	_, srv := sim(t, enginesim.Config{Name: "local", Models: []string{"m"}, ITL: 20 * time.Millisecond})
+	cfg := testConfig(
+		fleet.EngineConfig{Name: "local", URL: srv.URL, Models: []string{"m"}, MaxInFlight: 1},
+		fleet.EngineConfig{Name: "openai", URL: p.srv.URL + "/v1", Provider: fleet.ProviderOpenAI, APIKey: key, CAFile: p.caFile, ModelMap: map[string]string{"m": "gpt-test"}},
+	)
+	cfg.Auth = AuthConfig{Keys: []KeyConfig{{Name: "team-1", SHA256: sha("k-1"), Models: []string{"*"}}}}
+	cfg.Pricing = []PriceConfig{
+		{Engine: "openai", Input: 0.15, Output: 0.60},
+		{Model: "m", Input: 0.02, Output: 0.08},
+	}
+	h := newHarness(t, cfg)
+	usage := func(b []byte, stream bool) (in, out float64) {
+		t.Helper()
+		s := string(b)
+		if stream {
+			i := strings.LastIndex(s, `"usage":`)
+			if i < 0 {
+				t.Fatalf("no usage in %s", s)
+			}
+			s = "{" + s[i:strings.Index(s[i:], "}")+i+1] + "}"
+		}
+		var u struct {
+			Usage struct {
+				PromptTokens     float64 `json:"prompt_tokens"`
+				CompletionTokens float64 `json:"completion_tokens"`
+			} `json:"usage"`
+		}
+		if err := json.Unmarshal([]byte(s), &u); err != nil || u.Usage.PromptTokens == 0 || u.Usage.CompletionTokens == 0 {
+			t.Fatalf("usage of %s: %v", s, err)
+		}
+		return u.Usage.PromptTokens, u.Usage.CompletionTokens
+	}
+	var wantProvider, wantLocal float64
+	long := `{"model":"m","messages":[{"role":"user","content":"hold the slot"}],"max_tokens":40,"stream":true,"stream_options":{"include_usage":true}}`
+	for _, stream := range []bool{false, true} {
+		held := h.post("/v1/chat/completions", long, "Authorization", "Bearer k-1")
+		testutil.Poll(2*time.Second, func() bool { pf, dc := endpointLoad(h, "local"); return pf+dc == 1 })
+		body := `{"model":"m","messages":[{"role":"user","content":"what does it cost"}],"max_tokens":6,"stream":` + fmt.Sprint(stream) + `,"stream_options":{"include_usage":true}}`
+		if !stream {
+			body = `{"model":"m","messages":[{"role":"user","content":"what does it cost"}],"max_tokens":6}`
+		}
+		resp := h.post("/v1/chat/completions", body, "Authorization", "Bearer k-1")
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Switchboard-Engine") != "openai" {
+			t.Fatalf("stream %v: %d on %q: %s", stream, resp.StatusCode, resp.Header.Get("X-Switchboard-Engine"), b)
+		}
+		in, out := usage(b, stream)
+		wantProvider += in*0.15e-6 + out*0.60e-6
+		hb, _ := io.ReadAll(held.Body)
+		held.Body.Close()
+		in, out = usage(hb, true)
+		wantLocal += in*0.02e-6 + out*0.08e-6
+	}
+	h.waitIdle()
+	byEngine := map[string]float64{}
+	m, ok := findMetric(h.collect(), telemetry.RequestCostName)
+	if !ok {
+		t.Fatalf("%s not recorded", telemetry.RequestCostName)
+	}
+	for _, dp := range m.Data.(metricdata.Sum[float64]).DataPoints {
+		e, _ := dp.Attributes.Value(telemetry.AttrEngine)
+		byEngine[e.AsString()] += dp.Value
+	}
+	if math.Abs(byEngine["openai"]-wantProvider) > 1e-12 || math.Abs(byEngine["local"]-wantLocal) > 1e-12 {
+		t.Errorf("cost by engine %v, want openai %v, local %v", byEngine, wantProvider, wantLocal)
+	}
+	if ks := h.gw.Keys(); len(ks) != 1 || math.Abs(ks[0].Spend-(wantProvider+wantLocal)) > 1e-8 {
+		t.Errorf("key spend %+v, want %v", ks, wantProvider+wantLocal)
 	}
 }
