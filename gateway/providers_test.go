@@ -623,3 +623,49 @@ func TestProviderCost(t *testing.T) {
 		t.Errorf("key spend %+v, want %v", ks, wantProvider+wantLocal)
 	}
 }
+
+// TestTierOverflowUnderLoad: 16 concurrent streams against two
+// self-hosted engines of max_in_flight 2 and a provider tier: every one is
+// answered, the self-hosted engines take about their capacity (the
+// breaker is checked at admission, so concurrent admissions may pass it
+// by a few), the rest overflows, and each overflow is one provider leg.
+func TestTierOverflowUnderLoad(t *testing.T) {
+	const key = "sk-load"
+	p := startProvider(t, enginesim.ProviderOpenAI, key, nil, 0)
+	l1, s1 := sim(t, enginesim.Config{Name: "l1", Models: []string{"m"}, ITL: 10 * time.Millisecond})
+	l2, s2 := sim(t, enginesim.Config{Name: "l2", Models: []string{"m"}, ITL: 10 * time.Millisecond})
+	h := newHarness(t, testConfig(
+		fleet.EngineConfig{Name: "l1", URL: s1.URL, Models: []string{"m"}, MaxInFlight: 2},
+		fleet.EngineConfig{Name: "l2", URL: s2.URL, Models: []string{"m"}, MaxInFlight: 2},
+		fleet.EngineConfig{Name: "openai", URL: p.srv.URL + "/v1", Provider: fleet.ProviderOpenAI, APIKey: key, CAFile: p.caFile, Models: []string{"m"}},
+	))
+	const n = 16
+	body := `{"model":"m","messages":[{"role":"user","content":"load"}],"max_tokens":30,"stream":true}`
+	var wg sync.WaitGroup
+	errs := make(chan string, n)
+	for range n {
+		wg.Go(func() {
+			resp := h.post("/v1/chat/completions", body)
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), "[DONE]") {
+				errs <- fmt.Sprintf("%d %s", resp.StatusCode, b)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for e := range errs {
+		t.Error(e)
+	}
+	h.waitIdle()
+	local := l1.Stats().Received + l2.Stats().Received
+	provider := int64(len(p.requests()))
+	overflows := h.counter(telemetry.TierOverflowsName)
+	if local+provider != n || provider == 0 || local < 4 {
+		t.Errorf("self-hosted %d, provider %d, want %d in all, the self-hosted engines at least their capacity 4 and the rest on the provider", local, provider, n)
+	}
+	if overflows != provider {
+		t.Errorf("%d overflows counted, %d provider legs", overflows, provider)
+	}
+}
