@@ -27,6 +27,7 @@ import (
 	"github.com/switchboard-gw/switchboard/telemetry"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // providerSim is a simulated hosted provider served over TLS with HTTP/2
@@ -161,6 +162,20 @@ func TestProviderOpenAI(t *testing.T) {
 	h.waitIdle()
 	if n := h.counter(telemetry.TierLegsName, attribute.Int("switchboard.tier", 1)); n != 2 {
 		t.Errorf("tier 1 legs %d, want 2", n)
+	}
+	engineSpans := 0
+	for _, sp := range h.spans.Ended() {
+		if sp.SpanKind() != trace.SpanKindClient {
+			continue
+		}
+		engineSpans++
+		attrs := attribute.NewSet(sp.Attributes()...)
+		if v, _ := attrs.Value(telemetry.AttrGenAIProvider); v.AsString() != "openai" {
+			t.Errorf("engine span %q: gen_ai.provider.name %q, want openai", sp.Name(), v.AsString())
+		}
+	}
+	if engineSpans != 2 {
+		t.Errorf("%d engine spans, want 2", engineSpans)
 	}
 }
 
