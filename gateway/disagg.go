@@ -200,7 +200,7 @@ func (s *Server) decideDisagg(ctx context.Context, op *operation, in *inbound, r
 	if !disaggregable(in) {
 		return &disagg{mode: telemetry.DisaggModeAggregated, accepted: accepted}, nil
 	}
-	decode := admissible(rt, rt.Decode())
+	decode := admissible(rt, selfHosted(rt, rt.Decode())) // a provider reads no KV cache of ours
 	if len(decode) == 0 {
 		return nil, nil // every decode engine is full: the request path says so
 	}
@@ -234,7 +234,7 @@ func (s *Server) prefillCandidates(rt *fleet.Route, decode *routing.Endpoint) []
 		if ep == decode {
 			continue
 		}
-		if e := rt.Engine(ep); e == nil || de == nil || !pairs(de, e.Group()) {
+		if e := rt.Engine(ep); e == nil || e.IsProvider() || de == nil || !pairs(de, e.Group()) {
 			continue
 		}
 		out = append(out, ep)

@@ -43,9 +43,6 @@ func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Re
 			pb := s.engineOut(op, in, eng, false)
 			out = &pb
 		}
-	} else if _, _, ok := eng.MapModel(in.target); ok && !a.carried {
-		pb := s.engineOut(op, in, eng, p.cr.asksIDs())
-		out = &pb
 	}
 	if in.set.cfg.EngineHeader {
 		// Set now, so the gateway's own errors name the engine tried too.
@@ -74,6 +71,8 @@ func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Re
 	switch {
 	case o.err != nil:
 		return nextLeg{}, o.err
+	case o.resp.StatusCode == http.StatusTooManyRequests && eng.IsProvider():
+		return nextLeg{}, providerLimited(w, o.resp, eng)
 	case o.resp.StatusCode < 200 || o.resp.StatusCode > 299:
 		return nextLeg{}, s.passError(w, r, o.resp, eng)
 	}
@@ -182,7 +181,7 @@ func (s *Server) send(c *call, r *http.Request, body *outBody) outcome {
 		if name, _, ok := eng.MapModel(model); ok {
 			model = name
 		}
-		url = eng.RequestURL(r.URL.Path, "", model)
+		url = eng.RequestURL(r.URL.Path, r.URL.RawQuery, model)
 	default:
 		var ok bool
 		url, ok = eng.PathURL(r.URL.Path)

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"slices"
+	"time"
 
 	"go.opentelemetry.io/otel/trace"
 
@@ -86,6 +87,9 @@ type fallbacks struct {
 	// max_model_len of the model it is on (0: unknown).
 	maxTokens, maxLen int64
 	snapshot          func() *fleet.Snapshot
+	// op is the request's operation name: a fallback model needs an
+	// engine whose API has it (a provider's may not).
+	op string
 }
 
 // any reports whether the request has a fallback list at all.
@@ -136,7 +140,7 @@ func (s *Server) fallbacksFor(op *operation, in *inbound) fallbacks {
 	if len(gen)+len(ctx) == 0 {
 		return fallbacks{}
 	}
-	return fallbacks{model: key, general: gen, context: ctx, tried: []string{in.target}, maxTokens: in.req.MaxTokens, snapshot: s.fleet.Snapshot}
+	return fallbacks{model: key, general: gen, context: ctx, tried: []string{in.target}, maxTokens: in.req.MaxTokens, snapshot: s.fleet.Snapshot, op: op.name}
 }
 
 // fallback decides the request's next model for why: the first model
@@ -167,7 +171,10 @@ func (p *plan) fallback(why fallbackReason) nextLeg {
 			continue
 		}
 		rt, err := snap.Lookup(target)
-		if err != nil || len(admissible(rt, rt.Endpoints())) == 0 || !f.fits(rt.MaxModelLen(), why) {
+		if err != nil || !f.fits(rt.MaxModelLen(), why) {
+			continue
+		}
+		if cands, _ := admit(rt, rt.Endpoints(), f.op, time.Now()); len(cands) == 0 {
 			continue
 		}
 		*pos++

@@ -25,7 +25,7 @@ const faultProviderKey = "sk-fault-matrix-5d2e90c1"
 // body).
 var providerFaultCases = []faultCase{
 	{name: "provider 401", stream: both, setup: wrongKey, status: [2]int{502, 502}, errType: [2]string{"401", "401"}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhasePrefill}, errCode: "provider_auth_failed"},
-	{name: "provider 429", stream: both, setup: rpmSpent, status: [2]int{429, 429}, errType: [2]string{"429", "429"}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhasePrefill}, errCode: "rate_limit_exceeded"},
+	{name: "provider 429", stream: both, setup: rpmSpent, status: [2]int{429, 429}, errType: [2]string{"429", "429"}, phase: [2]routing.Phase{routing.PhasePrefill, routing.PhasePrefill}, errCode: "provider_rate_limited"},
 }
 
 // providerFaultMatrix is the fault matrix a provider engine runs: every

@@ -284,7 +284,7 @@ func (p *plan) resume(k *cut) nextLeg {
 	if cr == nil || p.ctx.Err() != nil || !cr.cfg.on(k.reason) {
 		return nextLeg{}
 	}
-	cr.others = p.others || p.crossable()
+	cr.others = cr.others || p.crossable() // set per leg: another self-hosted engine left
 	if exclusion, outcome := cr.verdict(); exclusion != "" || outcome != "" {
 		cr.count(p.ctx, p.metrics, k.reason, exclusion, outcome)
 		return nextLeg{}

@@ -71,3 +71,18 @@ func providerAccountHeader(k string) bool {
 // billed elsewhere.
 var providerDropped = []string{"X-Forwarded-For", "X-Forwarded-Proto", "X-Forwarded-Host", "Forwarded", "X-Real-Ip",
 	"Openai-Organization", "Openai-Project"}
+
+// providerLimited is the client's answer to a provider's 429 that no
+// other engine took over: the gateway's own 429 (type "requests", code
+// provider_rate_limited) with the provider's Retry-After, in place of the
+// provider's body, which names the gateway's account ("... in
+// organization org-...") and whose codes (OpenAI's insufficient_quota
+// for an account out of credit) would read as the client's own limits.
+func providerLimited(w http.ResponseWriter, resp *http.Response, eng *fleet.Engine) *APIError {
+	_, _ = io.CopyN(io.Discard, resp.Body, maxDrain)
+	if ra := resp.Header.Get("Retry-After"); ra != "" {
+		w.Header().Set("Retry-After", ra)
+	}
+	return &APIError{Status: http.StatusTooManyRequests, Type: "requests", Code: "provider_rate_limited",
+		Message: "the upstream provider of engine " + strconv.Quote(eng.Name()) + " is rate limiting the gateway; retry later"}
+}

@@ -117,7 +117,11 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 	}
 	candidates := legCands(op, rt)
 	if op.sticky {
-		candidates = s.stickyOrder(in.id, rt)
+		candidates = s.stickyOrder(in.id, rt, op)
+		if len(candidates) == 0 {
+			return &APIError{Status: http.StatusNotFound, Type: TypeInvalidRequest, Code: "not_found",
+				Message: "no engine that serves " + op.paths[0] + " is available"}
+		}
 		p.max = len(candidates) // a stored response is looked for on every engine
 	}
 	// pre is the engine the first leg goes to when a disaggregation
@@ -152,26 +156,31 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 	}
 	var tried []*routing.Endpoint
 	leg := nextLeg{kind: legAttempt}
+	usable, usableSelf := 0, 0 // admit's counts of the engines a leg, a continuation, could go to now
 	for {
 		var ep *routing.Endpoint
 		if op.sticky {
 			ep = candidates[0]
 		} else {
-			var spill int
-			var unsupported bool
-			candidates, spill, unsupported = admit(rt, candidates, op.name, time.Now())
 			if leg.kind == legContinue {
 				// A continuation re-sends token ids or a vLLM
-				// continue_final_message: a provider takes neither.
+				// continue_final_message: a provider takes neither. Left
+				// out before the tier is chosen, so a self-hosted engine
+				// only over its queue depth still continues.
 				candidates = selfHosted(rt, candidates)
 			}
-			if unsupported && len(tried) == 0 {
+			var ad admission
+			candidates, ad = admit(rt, candidates, op.name, time.Now())
+			usable, usableSelf = ad.usable, ad.usableSelf
+			if ad.unsupported && len(tried) == 0 {
 				return errUnsupportedByEngines(op, in.model)
 			}
-			if spill >= 0 && !p.spilled && len(candidates) > 0 {
+			if ad.spill >= 0 && !p.spilled && (leg.kind == legAttempt || leg.kind == legNone) && len(candidates) > 0 {
+				// An overflow is the first leg's: a retry that goes up a
+				// tier is a fallback (tiers.leg).
 				p.spilled = true
 				if e := rt.Engine(candidates[0]); e != nil {
-					s.tiers.overflow(ctx, s.metrics, spill, e.Tier())
+					s.tiers.overflow(ctx, s.metrics, ad.spill, e.Tier())
 				}
 			}
 			if len(candidates) == 0 && leg.kind == legContinue {
@@ -223,12 +232,15 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 			return &APIError{Status: http.StatusInternalServerError, Type: TypeServer, Code: "internal_error", Message: "routing policy returned an unknown engine"}
 		}
 		p.legs++
-		s.tiers.leg(ctx, s.metrics, &p, eng.Tier(), leg.kind == legRetry)
-		p.others = len(candidates) > 1
+		if !op.sticky { // a sticky route's next engine is a lookup, not traffic
+			s.tiers.leg(ctx, s.metrics, &p, eng.Tier(), leg.kind == legRetry)
+		}
+		p.others = len(candidates) > 1 || usable > 1
 		if p.cr != nil {
 			// Worth holding an engine's own end back: another engine of
-			// the model, or a fallback model, could continue.
-			p.cr.others = p.others || p.crossable()
+			// the model (self-hosted: a provider continues nothing), or a
+			// fallback model, could continue.
+			p.cr.others = usableSelf > 1 || p.crossable()
 		}
 		if leg.reason != retryNone { // counted when the retry happens; not a sticky route's lookup of the next engine
 			s.metrics.RecordRetry(ctx, leg.reason.String())
@@ -395,8 +407,25 @@ func (s *Server) pendingFor(model string) *atomic.Int64 {
 // admissible returns the candidates a leg may go to now (admit, for no
 // operation in particular).
 func admissible(rt *fleet.Route, cands []*routing.Endpoint) []*routing.Endpoint {
-	out, _, _ := admit(rt, cands, "", time.Now())
+	out, _ := admit(rt, cands, "", time.Now())
 	return out
+}
+
+// admission is what admit found besides the candidates it returned.
+type admission struct {
+	// spill is the lowest tier of the serving candidates when the
+	// candidates are of a higher one (an overflow), else -1.
+	spill int
+	// unsupported: no candidate serves the operation.
+	unsupported bool
+	// usable counts the candidates, of any tier, that serve the
+	// operation and could take a leg now (room, or only over their queue
+	// depth): whether another engine than the one picked is left (the
+	// planner's others) reads it, not the narrowed candidates.
+	usable int
+	// usableSelf counts those of usable that are self-hosted: the
+	// engines a continuation could go to.
+	usableSelf int
 }
 
 // room is how an engine can take a new request.
@@ -433,14 +462,13 @@ func roomOf(e *fleet.Engine, ep *routing.Endpoint, now time.Time) room {
 // provider's 429), and of those the ones with room; when no engine has
 // room but some are only over their queue depth, the lowest tier of
 // those (a queue is not a refusal). cands itself when all qualify (no
-// allocation), a new slice otherwise, empty when every engine is full.
-// spill is the lowest tier of the serving candidates when the result is
-// of a higher one (an overflow), else -1; unsupported is set when no
-// candidate serves op.
-func admit(rt *fleet.Route, cands []*routing.Endpoint, op string, now time.Time) (out []*routing.Endpoint, spill int, unsupported bool) {
-	spill = -1
+// allocation), a new slice otherwise, empty when every engine is full;
+// and what it found (admission).
+func admit(rt *fleet.Route, cands []*routing.Endpoint, op string, now time.Time) (out []*routing.Endpoint, ad admission) {
+	ad.spill = -1
 	if !rt.Limited() && !rt.Tiered() {
-		return cands, spill, false
+		ad.usable, ad.usableSelf = len(cands), len(cands) // a route with a provider is limited
+		return cands, ad
 	}
 	const none = int(^uint(0) >> 1)
 	lowest, free, queued, served := none, none, none, 0
@@ -458,20 +486,27 @@ func admit(rt *fleet.Route, cands []*routing.Endpoint, op string, now time.Time)
 			queued = min(queued, t)
 		case roomQueued:
 			queued = min(queued, t)
+		default:
+			continue
+		}
+		ad.usable++
+		if !e.IsProvider() {
+			ad.usableSelf++
 		}
 	}
 	if served == 0 {
-		return nil, spill, len(cands) > 0
+		ad.unsupported = len(cands) > 0
+		return nil, ad
 	}
 	tier, want := free, roomFree
 	if free == none {
 		tier, want = queued, roomQueued
 	}
 	if tier == none {
-		return nil, spill, false
+		return nil, ad
 	}
 	if tier > lowest {
-		spill = lowest
+		ad.spill = lowest
 	}
 	keep := func(ep *routing.Endpoint) bool {
 		e := rt.Engine(ep)
@@ -485,7 +520,7 @@ func admit(rt *fleet.Route, cands []*routing.Endpoint, op string, now time.Time)
 		}
 	}
 	if drop < 0 {
-		return cands, spill, false
+		return cands, ad
 	}
 	out = make([]*routing.Endpoint, 0, len(cands)-1)
 	out = append(out, cands[:drop]...)
@@ -494,7 +529,7 @@ func admit(rt *fleet.Route, cands []*routing.Endpoint, op string, now time.Time)
 			out = append(out, ep)
 		}
 	}
-	return out, spill, false
+	return out, ad
 }
 
 // allRoute returns every routable engine, for a request that names no

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"sync"
+	"time"
 
 	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/routing"
@@ -69,19 +70,23 @@ func (s *Server) remember(c *call) {
 
 // stickyOrder returns the engines to ask for the stored response id: the
 // one that created it first, when remembered and routable, then the others
-// in the pool's order.
-func (s *Server) stickyOrder(id string, rt *fleet.Route) []*routing.Endpoint {
+// in the pool's order; only engines whose API has op (a provider's may
+// not) and that are not backing off a provider's rate limit. Empty when
+// none is.
+func (s *Server) stickyOrder(id string, rt *fleet.Route, op *operation) []*routing.Endpoint {
+	now := time.Now()
+	ok := func(e *fleet.Engine) bool { return e.ServesOperation(op.name) && !e.BackingOff(now) }
 	out := make([]*routing.Endpoint, 0, len(rt.Endpoints()))
-	if name, ok := s.sticky.get(id); ok {
+	if name, found := s.sticky.get(id); found {
 		for i, e := range rt.Engines() {
-			if e.Name() == name {
+			if e.Name() == name && ok(e) {
 				out = append(out, rt.Endpoints()[i])
 				break
 			}
 		}
 	}
-	for _, ep := range rt.Endpoints() {
-		if len(out) == 0 || ep != out[0] {
+	for i, ep := range rt.Endpoints() {
+		if (len(out) == 0 || ep != out[0]) && ok(rt.Engines()[i]) {
 			out = append(out, ep)
 		}
 	}

@@ -130,7 +130,9 @@ type EngineConfig struct {
 	// ModelMap maps the model a client names (after models.aliases) to
 	// the name the provider knows it by (an Azure deployment name), e.g.
 	// {fast: gpt-4o-mini}; the body sent carries the provider's name. Its
-	// keys are served models too. Any engine may have one.
+	// keys are served models too. Provider engines only (a self-hosted
+	// engine serves its models under vLLM's --served-model-name, and
+	// models.aliases renames for every engine).
 	ModelMap map[string]string `koanf:"model_map"`
 	// APIVersion is Azure OpenAI's api-version query parameter (azure
 	// only). Default DefaultAzureAPIVersion.

@@ -287,10 +287,7 @@ func (f *Fleet) newEngine(ec EngineConfig) (*Engine, error) {
 	if err := ec.Validate(); err != nil {
 		return nil, err
 	}
-	if ec.URL == "" {
-		ec.URL = defaultProviderURL[ec.Provider]
-	}
-	base, _ := url.Parse(ec.URL)
+	base, _ := url.Parse(ec.baseURL())
 	// Credentials in the URL become an Authorization header (Basic, as
 	// net/http's client would send them) and never appear in a URL the
 	// gateway logs, shows or sends.
@@ -317,7 +314,7 @@ func (f *Fleet) newEngine(ec EngineConfig) (*Engine, error) {
 			telemetry.WithRole(ec.role().String()))
 		f.telByName[ec.Name] = tel
 	}
-	e := &Engine{cfg: ec, ep: routing.NewEndpoint(ec.Name, base), tel: tel, shown: redactURL(ec.URL), header: []string{ec.Name},
+	e := &Engine{cfg: ec, ep: routing.NewEndpoint(ec.Name, base), tel: tel, shown: redactURL(ec.baseURL()), header: []string{ec.Name},
 		role: ec.role(), group: ec.Group, prov: prov, rt: rt}
 	e.maxInFlight.Store(int64(ec.MaxInFlight))
 	e.tier.Store(int64(ec.tier()))

@@ -102,6 +102,9 @@ func (e EngineConfig) validateProvider(bad func(string, ...any)) {
 		if e.APIVersion != "" || e.AnthropicVersion != "" {
 			bad("engine %q: api_version and anthropic_version are for provider azure and anthropic", e.Name)
 		}
+		if len(e.ModelMap) > 0 {
+			bad("engine %q: model_map is for provider engines (a self-hosted engine serves its models by their names; models.aliases renames for every engine)", e.Name)
+		}
 		return
 	case ProviderOpenAI, ProviderAzure, ProviderAnthropic, ProviderOpenAICompatible:
 	default:
@@ -111,6 +114,9 @@ func (e EngineConfig) validateProvider(bad func(string, ...any)) {
 	}
 	if len(e.Models) == 0 && len(e.ModelMap) == 0 {
 		bad("engine %q: a provider engine needs models or model_map (its models are not discovered)", e.Name)
+	}
+	if u, err := url.Parse(e.URL); err == nil && u.Scheme == "http" && e.Provider != ProviderOpenAICompatible {
+		bad("engine %q: provider %s needs an https url: its key would cross the network in clear", e.Name, e.Provider)
 	}
 	if e.Role != "" && e.role() != RoleBoth {
 		bad("engine %q: a provider engine takes no prefill/decode role", e.Name)
@@ -127,6 +133,24 @@ func (e EngineConfig) validateProvider(bad func(string, ...any)) {
 	if e.MaxQueueDepth > 0 {
 		bad("engine %q: max_queue_depth needs the engine's stats, which a provider engine does not publish", e.Name)
 	}
+}
+
+// baseURL returns the URL the engine is reached at: URL, or the
+// provider's default; for openai and anthropic, a URL without a path gets
+// /v1 (Anthropic's SDK takes https://api.anthropic.com, OpenAI's
+// https://api.openai.com/v1: both mean the same API).
+func (e EngineConfig) baseURL() string {
+	raw := e.URL
+	if raw == "" {
+		return defaultProviderURL[e.Provider]
+	}
+	if e.Provider == ProviderOpenAI || e.Provider == ProviderAnthropic {
+		if u, err := url.Parse(raw); err == nil && (u.Path == "" || u.Path == "/") {
+			u.Path = "/v1"
+			return u.String()
+		}
+	}
+	return raw
 }
 
 // tier returns the engine's tier: Tier, or 0 for a self-hosted engine and
@@ -218,8 +242,10 @@ func (e *Engine) Transport() http.RoundTripper { return e.rt }
 // (after the engine's ModelMap; an Azure deployment). A self-hosted
 // engine gets its base URL with path and query appended; a provider its
 // API's path for the route (its base URL includes the version: /v1 is
-// dropped from path), without the client's query (never an api-version
-// of the client's), and Azure's deployment path with api-version.
+// dropped from path) with the client's query (a stored response's
+// stream or include[] parameters); Azure its deployment path, the
+// client's query with the engine's api-version in place of any of the
+// client's.
 func (e *Engine) RequestURL(path, rawQuery, model string) string {
 	if e.prov == nil {
 		u, ok := e.urls[path]
@@ -236,7 +262,19 @@ func (e *Engine) RequestURL(path, rawQuery, model string) string {
 		rest = path
 	}
 	if e.prov.kind == ProviderAzure {
-		return e.base + "/openai/deployments/" + url.PathEscape(model) + rest + "?api-version=" + url.QueryEscape(e.prov.apiVersion)
+		q := "api-version=" + url.QueryEscape(e.prov.apiVersion)
+		if rawQuery != "" {
+			if v, err := url.ParseQuery(rawQuery); err == nil {
+				v.Del("api-version")
+				if rest := v.Encode(); rest != "" {
+					q += "&" + rest
+				}
+			}
+		}
+		return e.base + "/openai/deployments/" + url.PathEscape(model) + rest + "?" + q
+	}
+	if rawQuery != "" {
+		return e.base + rest + "?" + rawQuery
 	}
 	return e.base + rest
 }
@@ -261,6 +299,9 @@ func (e *Engine) SetAuth(h http.Header, path string) {
 	delete(h, "X-Api-Key")
 	key := e.key.Load()
 	if key == nil {
+		if auth != nil {
+			h["Authorization"] = auth // Basic credentials from its URL
+		}
 		return
 	}
 	switch {

@@ -78,15 +78,17 @@ func TestProviderRequestShape(t *testing.T) {
 			wantURL: "http://10.0.0.1:8000/v1/chat/completions?a=b", wantHdr: map[string]string{"Authorization": "Bearer k1"},
 			providerName: "vllm", servesTokenize: true, servesMessages: true, servesEmbeddings: true},
 		{ec: EngineConfig{Name: "o", Provider: ProviderOpenAI, APIKey: "k2", Models: []string{"m"}}, path: "/v1/chat/completions", query: "api-version=x", mdl: "m",
-			wantURL: "https://api.openai.com/v1/chat/completions", wantHdr: map[string]string{"Authorization": "Bearer k2", "Api-Key": "", "X-Api-Key": ""},
+			wantURL: "https://api.openai.com/v1/chat/completions?api-version=x", wantHdr: map[string]string{"Authorization": "Bearer k2", "Api-Key": "", "X-Api-Key": ""},
 			clientHdr: map[string]string{"Api-Key": "client", "X-Api-Key": "client"}, tier: 1, providerName: "openai", servesEmbeddings: true},
 		{ec: EngineConfig{Name: "a", URL: "https://res.openai.azure.com/", Provider: ProviderAzure, APIKey: "k3", ModelMap: map[string]string{"m": "dep 1"}},
-			path: "/v1/embeddings", mdl: "dep 1",
-			wantURL: "https://res.openai.azure.com/openai/deployments/dep%201/embeddings?api-version=" + DefaultAzureAPIVersion, wantHdr: map[string]string{"Api-Key": "k3", "Authorization": ""},
+			path: "/v1/embeddings", query: "api-version=client&x=1", mdl: "dep 1",
+			wantURL: "https://res.openai.azure.com/openai/deployments/dep%201/embeddings?api-version=" + DefaultAzureAPIVersion + "&x=1", wantHdr: map[string]string{"Api-Key": "k3", "Authorization": ""},
 			clientHdr: map[string]string{"Authorization": "Bearer client"}, tier: 1, providerName: "azure.ai.openai", servesEmbeddings: true},
 		{ec: EngineConfig{Name: "c", Provider: ProviderAnthropic, APIKey: "k4", Models: []string{"claude"}, Tier: ptr(3)}, path: "/v1/messages", mdl: "claude",
 			wantURL: "https://api.anthropic.com/v1/messages", wantHdr: map[string]string{"X-Api-Key": "k4", "Anthropic-Version": DefaultAnthropicVersion, "Authorization": ""},
 			tier: 3, providerName: "anthropic", servesMessages: true},
+		{ec: EngineConfig{Name: "c3", URL: "https://api.anthropic.com", Provider: ProviderAnthropic, APIKey: "k4", Models: []string{"claude"}}, path: "/v1/messages", mdl: "claude",
+			wantURL: "https://api.anthropic.com/v1/messages", wantHdr: map[string]string{"X-Api-Key": "k4"}, tier: 1, providerName: "anthropic", servesMessages: true},
 		{ec: EngineConfig{Name: "c2", Provider: ProviderAnthropic, APIKey: "k4", Models: []string{"claude"}}, path: "/v1/chat/completions", mdl: "claude",
 			wantURL: "https://api.anthropic.com/v1/chat/completions", wantHdr: map[string]string{"Authorization": "Bearer k4", "X-Api-Key": ""},
 			tier: 1, providerName: "anthropic", servesMessages: true},
@@ -96,6 +98,9 @@ func TestProviderRequestShape(t *testing.T) {
 		{ec: EngineConfig{Name: "x", URL: "https://llm.example.com/v1", Provider: ProviderOpenAICompatible, Models: []string{"llama"}, ProviderName: "acme"},
 			path: "/v1/completions", mdl: "llama", wantURL: "https://llm.example.com/v1/completions", wantHdr: map[string]string{"Authorization": ""},
 			clientHdr: map[string]string{"Authorization": "Bearer client"}, tier: 1, providerName: "acme", servesEmbeddings: true},
+		{ec: EngineConfig{Name: "u", URL: "https://user:pw@llm.example.com/v1", Provider: ProviderOpenAICompatible, Models: []string{"llama"}},
+			path: "/v1/completions", mdl: "llama", wantURL: "https://llm.example.com/v1/completions", wantHdr: map[string]string{"Authorization": "Basic dXNlcjpwdw=="},
+			clientHdr: map[string]string{"Authorization": "Bearer client"}, tier: 1, providerName: "llm.example.com", servesEmbeddings: true},
 	} {
 		e := newTestEngine(t, tc.ec)
 		if got := e.RequestURL(tc.path, tc.query, tc.mdl); got != tc.wantURL {
@@ -158,6 +163,8 @@ func TestProviderConfigErrors(t *testing.T) {
 		{EngineConfig{Name: "a", Provider: ProviderOpenAI, Models: []string{"m"}, MaxQueueDepth: 3}, "max_queue_depth needs the engine's stats"},
 		{EngineConfig{Name: "a", URL: "http://x:1", Tier: ptr(-1)}, "tier must be >= 0"},
 		{EngineConfig{Name: "a", URL: "http://x:1", ModelMap: map[string]string{"m": " "}}, "model_map has an empty model name"},
+		{EngineConfig{Name: "a", URL: "http://x:1", ModelMap: map[string]string{"m": "n"}}, "model_map is for provider engines"},
+		{EngineConfig{Name: "a", URL: "http://api.openai.com/v1", Provider: ProviderOpenAI, Models: []string{"m"}}, "needs an https url"},
 	} {
 		err := tc.ec.Validate()
 		if err == nil || !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), tc.want) {
