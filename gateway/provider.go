@@ -47,11 +47,11 @@ func (s *Server) providerAnswer(c *call, r *http.Request, resp *http.Response) (
 	_, _ = io.CopyN(io.Discard, resp.Body, maxDrain)
 	resp.Body.Close()
 	if suppressed, ok := s.providerAuthLog.Allow(now); ok {
-		s.log.Error("a provider refused the gateway's credentials for an engine; check its api_key_env or api_key_file",
+		s.log.Error("a provider refused the gateway's credentials (401) or their permissions (403) for an engine; check its key (api_key_env, api_key_file) and what the key may use",
 			"engine", c.eng.Name(), "provider", c.eng.Provider(), "status", resp.StatusCode, "suppressed", suppressed)
 	}
 	return outcome{authFailed: true, err: &APIError{Status: http.StatusBadGateway, Type: TypeServer, Code: "provider_auth_failed",
-		Message: "the upstream provider of engine " + strconv.Quote(c.eng.Name()) + " refused the gateway's credentials"}}, true, backedOff
+		Message: "the upstream provider of engine " + strconv.Quote(c.eng.Name()) + " refused the gateway's credentials or their permissions"}}, true, backedOff
 }
 
 // providerAccountHeader reports whether a provider response header (in

@@ -205,7 +205,8 @@ func (f *Fleet) tryApply(want []EngineConfig, unready map[string]bool, aliases m
 
 // inPlace reports whether next, the new configuration of the engine
 // configured as cur, differs from it only in what its running incarnation
-// can take: max_in_flight, and the configured models as long as both
+// can take: max_in_flight, tier, max_queue_depth, and the configured
+// models as long as both
 // configure some (switching between configured and discovered models
 // changes how the engine is probed). The URL, key, key variable,
 // provider, role and group are the server and its identity: a change of
@@ -274,9 +275,11 @@ func (f *Fleet) pruneRetiredLocked() {
 		switch {
 		case !drained(e):
 		case live[e.cfg.Name]:
+			e.closeIdle()
 			continue
 		case excess > 0:
 			excess--
+			e.closeIdle()
 			continue
 		}
 		keep = append(keep, e)

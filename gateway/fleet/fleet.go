@@ -294,6 +294,11 @@ func (f *Fleet) Close() {
 	f.closeOutliers()
 	f.wg.Wait()
 	f.client.CloseIdleConnections()
+	f.mu.Lock()
+	for _, e := range append(slices.Clone(f.engines), f.retired...) {
+		e.closeIdle()
+	}
+	f.mu.Unlock()
 }
 
 // String summarises the fleet for logs.

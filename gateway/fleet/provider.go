@@ -77,10 +77,10 @@ var wellKnownHosts = map[string]string{
 // provider's API serves; every other route skips its engines.
 var providerOps = map[string]map[string]bool{
 	ProviderOpenAI: set("chat", "completions", "responses", "responses.retrieve", "responses.cancel", "embeddings",
-		"audio.transcriptions", "audio.translations", "audio.speech", "images.generations", "models"),
-	ProviderAzure:            set("chat", "completions", "embeddings", "audio.transcriptions", "audio.translations", "audio.speech", "images.generations", "models"),
-	ProviderAnthropic:        set("messages", "messages.count_tokens", "chat", "models"),
-	ProviderOpenAICompatible: set("chat", "completions", "embeddings", "audio.transcriptions", "audio.translations", "audio.speech", "models"),
+		"audio.transcriptions", "audio.translations", "audio.speech", "images.generations"),
+	ProviderAzure:            set("chat", "completions", "embeddings", "audio.transcriptions", "audio.translations", "audio.speech", "images.generations"),
+	ProviderAnthropic:        set("messages", "messages.count_tokens", "chat"),
+	ProviderOpenAICompatible: set("chat", "completions", "embeddings", "audio.transcriptions", "audio.translations", "audio.speech"),
 }
 
 func set(names ...string) map[string]bool {
@@ -208,7 +208,8 @@ type provider struct {
 	// until is the end of the back-off a provider's 429 or exhausted
 	// rate-limit headers asked for, in Unix nanoseconds; 0 for none.
 	until atomic.Int64
-	// backoffs counts them, for /admin/engines.
+	// backoffs counts the back-offs that started while none was on
+	// (an extension is not counted), for /admin/engines.
 	backoffs atomic.Int64
 }
 
@@ -227,6 +228,16 @@ func (e *Engine) IsProvider() bool { return e.prov != nil }
 // Tier returns the engine's tier (EngineConfig.Tier, defaulted); a reload
 // may change it.
 func (e *Engine) Tier() int { return int(e.tier.Load()) }
+
+// closeIdle closes the idle connections of the engine's own transport
+// (a provider's, or one with a CAFile), when it leaves the fleet drained
+// or the fleet closes: its HTTP/2 connections would otherwise linger for
+// their idle timeout.
+func (e *Engine) closeIdle() {
+	if c, ok := e.rt.(interface{ CloseIdleConnections() }); ok {
+		c.CloseIdleConnections()
+	}
+}
 
 // MaxQueueDepth returns the engine's overflow threshold on its reported
 // queue depth (EngineConfig.MaxQueueDepth; 0 for none). A reload may
@@ -333,7 +344,9 @@ func (e *Engine) BackOff(until time.Time) {
 			return
 		}
 		if e.prov.until.CompareAndSwap(cur, n) {
-			e.prov.backoffs.Add(1)
+			if cur < time.Now().UnixNano() {
+				e.prov.backoffs.Add(1) // a new back-off, not one extended
+			}
 			return
 		}
 	}
