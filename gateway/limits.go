@@ -360,8 +360,13 @@ func errRateLimited(k *apiKey, ask quota.Ask, d quota.Decision) *APIError {
 	case quota.RefusedSpend:
 		// OpenAI's answer to an account out of credit.
 		ae.Type, ae.Code = "insufficient_quota", "insufficient_quota"
-		ae.Message = fmt.Sprintf("api key %q has used its spend budget (%s): this request could cost up to $%.6f; try again %s",
-			k.name, spendLimits(k.limits), float64(ask.Spend)/1e9, whenAgain(d.RetryAfter))
+		if d.RetryAfter <= 0 {
+			ae.Message = fmt.Sprintf("api key %q's spend budget (%s) cannot hold this request, which could cost up to $%.6f (its prompt and output limit, max_tokens or else limits.default_max_tokens, at its model's highest price); send a lower max_tokens",
+				k.name, spendLimits(k.limits), float64(ask.Spend)/1e9)
+		} else {
+			ae.Message = fmt.Sprintf("api key %q has used its spend budget (%s): this request could cost up to $%.6f; try again %s",
+				k.name, spendLimits(k.limits), float64(ask.Spend)/1e9, whenAgain(d.RetryAfter))
+		}
 	case quota.RefusedTokens:
 		if d.RetryAfter <= 0 {
 			ae.Message = fmt.Sprintf("request too large for api key %q on tokens per minute: limit %d, requested %d (prompt estimate plus max_tokens); lower max_tokens", k.name, k.limits.TokensPerMinute, ask.Tokens)

@@ -163,7 +163,7 @@ func parseFlags(args []string, out io.Writer) (options, error) {
 	loras := fs.StringArray("lora", nil, "LoRA adapter loaded at start on the first model, as name=path (repeatable)")
 	fs.StringVar(&o.cfg.Provider.Kind, "provider", "", "hosted provider mode: openai, azure or anthropic (\"\": off, a vLLM engine)")
 	keyFile := fs.String("provider-key-file", "", "provider mode: file holding the API key requests must carry (default: the "+providerKeyEnv+" environment variable)")
-	provModels := fs.StringArray("provider-model", nil, "provider mode: provider model (or Azure deployment) name mapped to a served model, as name=served (repeatable)")
+	provModels := fs.StringArray("provider-model", nil, "provider mode: provider model (or Azure deployment) name mapped to a served model, as name=served (repeatable); served must be one of --model")
 	fs.IntVar(&o.cfg.Provider.RequestsPerMinute, "provider-rpm", 0, "provider mode: requests allowed per one-minute window, beyond which the provider's 429 (0: no limit)")
 	fs.BoolVar(&o.tlsSelfSigned, "tls-self-signed", false, "serve HTTPS and HTTP/2 with a new self-signed CA and a certificate for 127.0.0.1 and localhost (needs --tls-ca-out)")
 	fs.StringVar(&o.tlsCAOut, "tls-ca-out", "", "with --tls-self-signed: file the CA certificate is written to, in PEM")

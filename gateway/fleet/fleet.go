@@ -3,6 +3,7 @@ package fleet
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -162,12 +163,18 @@ func New(cfg Config, m *telemetry.Metrics, opts ...Option) (*Fleet, error) {
 	if o.after != nil {
 		f.out.after = o.after
 	}
+	var errs []error // every engine's, so one start names every missing key
 	for _, ec := range cfg.Engines {
 		e, err := f.newEngine(ec)
 		if err != nil {
-			return nil, err
+			errs = append(errs, err)
+			continue
 		}
 		f.engines = append(f.engines, e)
+	}
+	if len(errs) > 0 {
+		f.cancel()
+		return nil, errors.Join(errs...)
 	}
 	f.rebuild()
 	return f, nil

@@ -218,3 +218,17 @@ func TestProviderKeyRotation(t *testing.T) {
 		t.Errorf("after a tier change: same incarnation %v, tier %d; want the same engine at tier 5", f.engines[0] == first, first.Tier())
 	}
 }
+
+// TestNewNamesEveryMissingKey: a start with several engines missing their
+// keys names every one, not only the first.
+func TestNewNamesEveryMissingKey(t *testing.T) {
+	t.Setenv("SB_TEST_UNSET_A", "")
+	t.Setenv("SB_TEST_UNSET_B", "")
+	_, err := New(Config{Engines: []EngineConfig{
+		{Name: "a", URL: "http://x:1", APIKeyEnv: "SB_TEST_UNSET_A"},
+		{Name: "b", Provider: ProviderOpenAI, Models: []string{"m"}, APIKeyEnv: "SB_TEST_UNSET_B"},
+	}, Health: DefaultHealthConfig(), Stats: DefaultEngineStatsConfig()}, mustMetrics(t), WithLogger(discard))
+	if err == nil || !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "SB_TEST_UNSET_A") || !strings.Contains(err.Error(), "SB_TEST_UNSET_B") {
+		t.Errorf("error %v, want one naming both variables", err)
+	}
+}

@@ -83,7 +83,7 @@ func (p ProviderConfig) validate(served map[string]bool) []error {
 			errs = append(errs, fmt.Errorf("enginesim: provider model name %q is empty or has a slash", name))
 		}
 		if !served[m] {
-			errs = append(errs, fmt.Errorf("enginesim: provider model %q: served model %q is not served", name, m))
+			errs = append(errs, fmt.Errorf("enginesim: provider model %q: %q is not one of the served models (add it to Config.Models, enginesim --model)", name, m))
 		}
 	}
 	return errs

@@ -301,7 +301,7 @@ func TestProviderConfigValidate(t *testing.T) {
 		{"bad kind", ProviderConfig{Kind: "gemini", Key: "k"}, `provider kind must be`},
 		{"no key", ProviderConfig{Kind: ProviderAzure}, "provider azure needs a key"},
 		{"negative rpm", ProviderConfig{Kind: ProviderOpenAI, Key: "k", RequestsPerMinute: -1}, "must not be negative"},
-		{"unserved model", ProviderConfig{Kind: ProviderOpenAI, Key: "k", Models: map[string]string{"gpt": "nope"}}, `served model "nope" is not served`},
+		{"unserved model", ProviderConfig{Kind: ProviderOpenAI, Key: "k", Models: map[string]string{"gpt": "nope"}}, `"nope" is not one of the served models`},
 		{"slash in deployment", ProviderConfig{Kind: ProviderAzure, Key: "k", Models: map[string]string{"a/b": "m1"}}, "has a slash"},
 		{"fields without kind", ProviderConfig{Key: "k"}, "need a provider kind"},
 	}
