@@ -125,7 +125,7 @@ func (s *Server) continuation(ctx context.Context, w http.ResponseWriter, r *htt
 	defer cancel(nil)
 	ob := outBody{n: int64(len(body))}
 	ob.parts[0] = body
-	c := call{set: in.set, op: op, in: in, stream: in.stream, observe: in.observe, out: &ob, a: a, eng: eng, actx: actx, cancel: cancel, cr: cr, path: continueURL, resumed: true}
+	c := call{set: in.set, op: op, target: in.target, stream: in.stream, observe: in.observe, out: &ob, a: a, eng: eng, actx: actx, cancel: cancel, cr: cr, path: continueURL, resumed: true}
 	defer c.stop()
 	o := s.send(&c, r, &ob)
 	if o.resp != nil {

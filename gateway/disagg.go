@@ -357,7 +357,7 @@ func (s *Server) prefillLeg(ctx context.Context, r *http.Request, op *operation,
 	}
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	c := call{set: in.set, op: op, in: in, out: body, a: a, eng: eng, actx: actx, cancel: cancel}
+	c := call{set: in.set, op: op, target: in.target, out: body, a: a, eng: eng, actx: actx, cancel: cancel}
 	defer c.stop()
 	o := s.send(&c, r, body)
 	o.errType = a.errType

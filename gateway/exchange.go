@@ -50,7 +50,7 @@ func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Re
 	}
 	actx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	c := call{set: in.set, op: op, in: in, stream: in.stream, observe: in.observe, out: out, a: a, eng: eng, actx: actx, cancel: cancel, cr: p.cr}
+	c := call{set: in.set, op: op, target: in.target, stream: in.stream, observe: in.observe, out: out, a: a, eng: eng, actx: actx, cancel: cancel, cr: p.cr}
 	defer c.stop()
 	o := s.send(&c, r, out)
 	if o.resp != nil {
@@ -116,9 +116,9 @@ const maxDrain = 4 << 10
 type call struct {
 	set     *settings
 	op      *operation
-	in      *inbound
-	stream  bool // the client asked for a stream
-	observe bool // a non-streaming request sent as a stream, to reassemble
+	target  string // the engine model the request is on (a provider's URL may name it)
+	stream  bool   // the client asked for a stream
+	observe bool   // a non-streaming request sent as a stream, to reassemble
 	out     *outBody
 	a       *attempt
 	eng     *fleet.Engine
@@ -177,7 +177,7 @@ func (s *Server) send(c *call, r *http.Request, body *outBody) outcome {
 	case c.path != "":
 		url = eng.Base() + c.path
 	case eng.IsProvider():
-		model := c.in.target
+		model := c.target
 		if name, _, ok := eng.MapModel(model); ok {
 			model = name
 		}

@@ -42,7 +42,7 @@ type tierInstruments struct {
 	// opts caches the attribute options of each tier and tier pair, so
 	// recording allocates nothing after a tier's first leg; tiers are
 	// configured, so the cache is bounded.
-	opts sync.Map // int or [2]int -> metric.MeasurementOption
+	opts sync.Map // int or [2]int -> []metric.AddOption
 }
 
 func (t *tierInstruments) init(meter metric.Meter) []error {
@@ -65,27 +65,30 @@ func (t *tierInstruments) init(meter metric.Meter) []error {
 	return errs
 }
 
-func (t *tierInstruments) opt(key any, attrs ...attribute.KeyValue) metric.MeasurementOption {
+// opt returns the stored option slice of key's attributes: passing a
+// stored slice with ... allocates nothing, where an option built per call
+// costs the boxed option and the variadic slice.
+func (t *tierInstruments) opt(key any, attrs ...attribute.KeyValue) []metric.AddOption {
 	if o, ok := t.opts.Load(key); ok {
-		return o.(metric.MeasurementOption)
+		return o.([]metric.AddOption)
 	}
-	o, _ := t.opts.LoadOrStore(key, metric.WithAttributeSet(attribute.NewSet(attrs...)))
-	return o.(metric.MeasurementOption)
+	o, _ := t.opts.LoadOrStore(key, []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(attrs...))})
+	return o.([]metric.AddOption)
 }
 
 // RecordTierLeg counts one engine leg on an engine of tier.
 func (m *Metrics) RecordTierLeg(ctx context.Context, tier int) {
-	m.tier.legs.Add(ctx, 1, m.tier.opt(tier, AttrTier.Int(tier)))
+	m.tier.legs.Add(ctx, 1, m.tier.opt(tier, AttrTier.Int(tier))...)
 }
 
 // RecordTierOverflow counts one request that spilled from tier from
 // (every engine of it full) to tier to.
 func (m *Metrics) RecordTierOverflow(ctx context.Context, from, to int) {
-	m.tier.overflows.Add(ctx, 1, m.tier.opt([2]int{from, to}, AttrTier.Int(from), AttrTierTo.Int(to)))
+	m.tier.overflows.Add(ctx, 1, m.tier.opt([2]int{from, to}, AttrTier.Int(from), AttrTierTo.Int(to))...)
 }
 
 // RecordTierFallback counts one retry that fell back from tier from to
 // tier to.
 func (m *Metrics) RecordTierFallback(ctx context.Context, from, to int) {
-	m.tier.fallbacks.Add(ctx, 1, m.tier.opt([2]int{from, to}, AttrTier.Int(from), AttrTierTo.Int(to)))
+	m.tier.fallbacks.Add(ctx, 1, m.tier.opt([2]int{from, to}, AttrTier.Int(from), AttrTierTo.Int(to))...)
 }
