@@ -562,3 +562,43 @@ func TestKeyWithoutLimitsCounted(t *testing.T) {
 		t.Errorf("%s = %d, want 2", telemetry.KeyRequestsName, n)
 	}
 }
+
+// TestKeyRateLimitHeadersWhichAnswers: the x-ratelimit-* headers are on
+// the answers to the requests a limited key's limits were consulted for
+// (admitted, whatever the engine answered, and refused with 429), and on
+// none of the gateway's own refusals before that (bad input 400, a model
+// the key may not use 403, an unknown model 404), which count nothing
+// against the limits (docs/keys-and-limits.md says exactly this).
+func TestKeyRateLimitHeadersWhichAnswers(t *testing.T) {
+	_, srv := sim(t, enginesim.Config{Models: []string{"m", "other"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m", "other"}})
+	cfg.Auth = AuthConfig{Keys: []KeyConfig{{Name: "team-1", SHA256: sha("k-1"), Models: []string{"m", "nope"}, Limits: KeyLimits{RequestsPerMinute: 2}}}}
+	h := newHarness(t, cfg)
+	for _, tc := range []struct {
+		name, body string
+		fault      string
+		status     int
+		headers    bool
+	}{
+		{"admitted", chatBody(4), "", http.StatusOK, true},
+		{"bad input", `{"model":"m","messages":`, "", http.StatusBadRequest, false},
+		{"model not allowed", `{"model":"other","messages":[{"role":"user","content":"hi"}]}`, "", http.StatusForbidden, false},
+		{"unknown model", `{"model":"nope","messages":[{"role":"user","content":"hi"}]}`, "", http.StatusNotFound, false},
+		{"admitted, engine error", chatBody(4), "status=500", http.StatusInternalServerError, true},
+		{"refused", chatBody(4), "", http.StatusTooManyRequests, true},
+	} {
+		hdr := []string{"Authorization", "Bearer k-1"}
+		if tc.fault != "" {
+			hdr = append(hdr, "X-Enginesim-Fault", tc.fault)
+		}
+		resp := h.post("/v1/chat/completions", tc.body, hdr...)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.status {
+			t.Errorf("%s: status %d, want %d", tc.name, resp.StatusCode, tc.status)
+		}
+		if got := resp.Header.Get("X-Ratelimit-Limit-Requests") != ""; got != tc.headers {
+			t.Errorf("%s: x-ratelimit-* headers present %v, want %v", tc.name, got, tc.headers)
+		}
+	}
+}
