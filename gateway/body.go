@@ -99,6 +99,7 @@ func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Res
 				} else if resp.ContentLength < 0 {
 					rl.w.Header().Set("Content-Length", strconv.Itoa(len(body)))
 				}
+				s.answerComplete(r)
 				if err := rl.write(body, false); err != nil {
 					a.fail(clientWriteErrType(err))
 				}

@@ -102,6 +102,7 @@ const maxErrorBody = 64 << 10
 // status, and the original, capped, is logged at debug level.
 func (s *Server) passError(w http.ResponseWriter, r *http.Request, resp *http.Response, eng *fleet.Engine) error {
 	b, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBody))
+	s.answerComplete(r)
 	env := envOpenAI
 	if st := stateFrom(r.Context()); st != nil {
 		env = st.env

@@ -78,7 +78,7 @@ func (s *Server) continuation(ctx context.Context, w http.ResponseWriter, r *htt
 		// continues.
 		if err := s.tokenizeContinuation(ctx, eng, in.target, cr); errors.Is(err, errTooLong) {
 			s.metrics.RecordMigrationExclusion(ctx, exclMaxTokens)
-			return endBroken(w, prev, op, in.observe)
+			return s.endBroken(w, r, prev, op, in.observe)
 		} else if err != nil && r.Context().Err() != nil {
 			// The client left while the engine tokenized.
 			s.metrics.RecordMigration(ctx, prev.reason, migrationCancelled)
@@ -89,7 +89,7 @@ func (s *Server) continuation(ctx context.Context, w http.ResponseWriter, r *htt
 			if next := p.next(&outcome{stage: stageCut, cut: prev}); next.kind != legNone {
 				return next, nil
 			}
-			return endBroken(w, prev, op, in.observe)
+			return s.endBroken(w, r, prev, op, in.observe)
 		}
 		cr.crossing = false
 	}
@@ -179,17 +179,18 @@ func (s *Server) continuation(ctx context.Context, w http.ResponseWriter, r *htt
 	if next := p.next(&outcome{stage: stageCut, cut: k, errType: a.errType}); next.kind != legNone {
 		return next, nil
 	}
-	return endBroken(w, k, op, in.observe)
+	return s.endBroken(w, r, k, op, in.observe)
 }
 
 // endBroken ends an answer broken as k that is not continued: a
 // non-streaming client's (whole: observed), whose response has not
 // started, gets k's error returned, to be written in the route's envelope;
 // a stream is ended here (endCut).
-func endBroken(w http.ResponseWriter, k *cut, op *operation, whole bool) (nextLeg, error) {
+func (s *Server) endBroken(w http.ResponseWriter, r *http.Request, k *cut, op *operation, whole bool) (nextLeg, error) {
 	if whole {
 		return nextLeg{}, k.err
 	}
+	s.answerComplete(r)
 	endCut(w, k, op.framing)
 	return nextLeg{}, nil
 }

@@ -93,6 +93,7 @@ func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Re
 		if in.observe {
 			return nextLeg{}, k.err // a whole answer: nothing was sent yet
 		}
+		s.answerComplete(r)
 		endCut(w, k, op.framing)
 		return nextLeg{}, nil
 	}

@@ -91,6 +91,9 @@ type keyGrant struct {
 	spendReserved int64
 	spendWindow   quota.SpendWindow
 	held          bool // the store admitted it: a Release is owed
+	// leaseBack: its concurrency lease was given back when the answer
+	// was complete (Server.leaseBack), before settle.
+	leaseBack bool
 }
 
 // limiter is the server's side of the keys' limits: the store, the lease
@@ -285,8 +288,19 @@ func (s *Server) settle(ctx context.Context, st *reqState, g *keyGrant) {
 	if g.limits.TokensPerMinute == 0 {
 		rel.Reserved, rel.Used = 0, 0
 	}
-	// The key's in-flight count drops once its lease is given back, so
-	// an admission that reads zero in flight finds the lease free.
+	// A shared store's lease is given back before the handler returns
+	// (so before a chunked answer's end, and before the gateway's own
+	// error is written): a client that waits for the answer finds the
+	// lease free on every replica. The settlement of tokens and spend
+	// goes on in the background. The key's in-flight count drops once
+	// all is given back, so an admission that reads zero in flight
+	// finds the lease free.
+	if !s.limits.owned && g.lease != "" && !g.leaseBack {
+		s.leaseBack(ctx, g)
+	}
+	if g.leaseBack {
+		rel.Lease = ""
+	}
 	if s.limits.owned {
 		s.limits.release(context.WithoutCancel(ctx), rel)
 		g.usage.inFlight.Add(-1)
@@ -298,6 +312,30 @@ func (s *Server) settle(ctx context.Context, st *reqState, g *keyGrant) {
 		s.limits.release(context.WithoutCancel(ctx), rel)
 		g.usage.inFlight.Add(-1)
 	}()
+}
+
+// leaseBack gives a request's concurrency lease back at once (with
+// concurrent: N, a client that sends its next request as soon as it has
+// read an answer must find the lease free, on any replica): when the
+// answer is complete and before its last bytes are written (the end
+// event of a stream, a whole body, an engine's error), or from settle.
+// Once per request; a no-op without a lease. g is the request's grant
+// (reqState.grant).
+func (s *Server) leaseBack(ctx context.Context, g *keyGrant) {
+	if g == nil || !g.held || g.lease == "" || g.leaseBack {
+		return
+	}
+	g.leaseBack = true
+	s.limits.release(context.WithoutCancel(ctx), quota.Release{Key: g.key.name, Limits: g.limits, Lease: g.lease})
+}
+
+// answerComplete is called when the request's answer is complete, before
+// its last bytes are written: the key's concurrency lease goes back now
+// (leaseBack).
+func (s *Server) answerComplete(r *http.Request) {
+	if st := stateFrom(r.Context()); st != nil {
+		s.leaseBack(r.Context(), &st.grant)
+	}
 }
 
 func (l *limiter) release(ctx context.Context, rel quota.Release) {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"github.com/switchboard-gw/switchboard/internal/redistest"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -600,5 +601,69 @@ func TestKeyRateLimitHeadersWhichAnswers(t *testing.T) {
 		if got := resp.Header.Get("X-Ratelimit-Limit-Requests") != ""; got != tc.headers {
 			t.Errorf("%s: x-ratelimit-* headers present %v, want %v", tc.name, got, tc.headers)
 		}
+	}
+}
+
+// TestKeyConcurrentSequentialRedis: a key with concurrent: 1 whose client
+// sends each request only after reading the previous answer whole is
+// never refused, with the limits in a real Redis shared by two replicas
+// and the requests alternating between them: streamed (a client that
+// stops at [DONE] is done), whole, an engine's error and a gateway's own
+// error (issue 28's first defect: the lease went back in the background,
+// after the answer, and the next request could arrive first).
+func TestKeyConcurrentSequentialRedis(t *testing.T) {
+	_, srv := sim(t, enginesim.Config{Models: []string{"m"}, OutputTokens: 3})
+	rds := redistest.Start(t)
+	var hs []*harness
+	for range 2 {
+		rc := quota.DefaultRedisConfig()
+		rc.Address = rds.Addr()
+		rc.Timeout = 5 * time.Second // -race on a slow machine: never fail open
+		st, err := quota.NewRedis(rc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = st.Close() })
+		cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+		cfg.Auth = AuthConfig{Keys: []KeyConfig{{Name: "team-1", SHA256: sha("k-1"), Models: []string{"m"}, Limits: KeyLimits{Concurrent: 1}}}}
+		cfg.Limits.Redis = rc
+		cfg.Limits.FailMode = FailClosed
+		hs = append(hs, newHarnessWith(t, cfg, []Option{WithQuotaStore(st)}))
+	}
+	bodies := []struct {
+		body, fault string
+		status      int
+	}{
+		{`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`, "", http.StatusOK},
+		{`{"model":"m","messages":[{"role":"user","content":"hi"}]}`, "", http.StatusOK},
+		{`{"model":"m","messages":[{"role":"user","content":"hi"}]}`, "status=500", http.StatusInternalServerError},
+		{`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`, "status=500", http.StatusInternalServerError},
+	}
+	for i := range 120 {
+		b := bodies[i%len(bodies)]
+		hdr := []string{"Authorization", "Bearer k-1"}
+		if b.fault != "" {
+			hdr = append(hdr, "X-Enginesim-Fault", b.fault)
+		}
+		resp := hs[(i/len(bodies))%2].post("/v1/chat/completions", b.body, hdr...)
+		if strings.Contains(b.body, `"stream":true`) && b.status == http.StatusOK {
+			// Read to [DONE] and stop, as the SDKs do.
+			br := bufio.NewReader(resp.Body)
+			for {
+				line, err := br.ReadString('\n')
+				if strings.HasPrefix(line, "data: [DONE]") || err != nil {
+					break
+				}
+			}
+		} else {
+			_, _ = io.Copy(io.Discard, resp.Body)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != b.status {
+			t.Fatalf("request %d (%s %s): status %d, want %d", i, b.body, b.fault, resp.StatusCode, b.status)
+		}
+	}
+	for _, h := range hs {
+		h.waitIdle()
 	}
 }

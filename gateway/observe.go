@@ -357,6 +357,7 @@ func (s *Server) reassembleStream(w http.ResponseWriter, r *http.Request, resp *
 			copyResponseHeaders(h, resp.Header, true)
 			h["Content-Type"] = jsonContentType // shared: no one mutates it
 			h.Set("Content-Length", strconv.Itoa(len(body)))
+			s.answerComplete(r)
 			writeHeader(w, r, http.StatusOK)
 			rl.started = true
 			// Under the client write deadline: a client that stops

@@ -348,6 +348,9 @@ func (s *Server) unresumed(w http.ResponseWriter, op *operation, p *plan) error 
 	if p.cr.ra != nil {
 		return k.err // a whole answer: nothing was sent yet
 	}
+	if st := stateFrom(p.ctx); st != nil {
+		s.leaseBack(p.ctx, &st.grant)
+	}
 	endCut(w, k, op.framing)
 	return nil
 }

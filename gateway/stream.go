@@ -21,6 +21,7 @@ type streamState struct {
 	framing  framing
 	now      time.Time
 	done     bool // saw the framing's end event ([DONE], response.completed, message_stop, ...)
+	complete bool // answerComplete was called for it
 	errEvent bool // the engine sent an error event
 	// injected is set when the gateway asked for the usage chunk on the
 	// client's behalf; that chunk is then recorded but not forwarded.
@@ -449,6 +450,12 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 					st.tail = append(st.tail, rest...)
 				}
 				out, st.held = out[:st.heldAt], false
+			}
+			if st.done && st.tail == nil && !st.complete {
+				// The end event is in out: the request's concurrency
+				// lease goes back before the client can read it.
+				st.complete = true
+				s.answerComplete(r)
 			}
 			if !a.first.IsZero() || a.class != classGenerative || !c.stream {
 				// After the first content any bytes are progress (an event
