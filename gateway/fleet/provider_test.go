@@ -2,9 +2,11 @@ package fleet
 
 import (
 	"errors"
+	"github.com/switchboard-gw/switchboard/routing"
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -230,5 +232,36 @@ func TestNewNamesEveryMissingKey(t *testing.T) {
 	}, Health: DefaultHealthConfig(), Stats: DefaultEngineStatsConfig()}, mustMetrics(t), WithLogger(discard))
 	if err == nil || !errors.Is(err, ErrInvalidConfig) || !strings.Contains(err.Error(), "SB_TEST_UNSET_A") || !strings.Contains(err.Error(), "SB_TEST_UNSET_B") {
 		t.Errorf("error %v, want one naming both variables", err)
+	}
+}
+
+// TestRouteEngineLookup: a route finds each endpoint's engine, through a
+// map from indexedRoute engines, and nil for an endpoint not its own.
+func TestRouteEngineLookup(t *testing.T) {
+	for _, n := range []int{3, indexedRoute + 4} {
+		var ecs []EngineConfig
+		for i := range n {
+			ecs = append(ecs, EngineConfig{Name: "e" + strconv.Itoa(i), URL: "http://127.0.0.1:" + strconv.Itoa(9000+i), Models: []string{"m"}})
+		}
+		f, err := New(Config{Engines: ecs, Health: DefaultHealthConfig(), Stats: DefaultEngineStatsConfig()}, mustMetrics(t), WithLogger(discard))
+		if err != nil {
+			t.Fatal(err)
+		}
+		rt, err := f.Lookup("m")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (rt.byEP != nil) != (n >= indexedRoute) {
+			t.Errorf("%d engines: indexed %v", n, rt.byEP != nil)
+		}
+		for i, ep := range rt.Endpoints() {
+			if e := rt.Engine(ep); e != rt.Engines()[i] {
+				t.Errorf("%d engines: endpoint %d maps to %v", n, i, e)
+			}
+		}
+		if e := rt.Engine(routing.NewEndpoint("stranger", nil)); e != nil {
+			t.Errorf("%d engines: a foreign endpoint maps to %v", n, e.Name())
+		}
+		f.Close()
 	}
 }

@@ -37,6 +37,9 @@ type Route struct {
 	// (EngineConfig.Tier); tier0 is the first engine's tier.
 	tiered bool
 	tier0  int
+	// byEP maps the endpoints to their engines in a route of at least
+	// indexedRoute engines (Engine); nil in a smaller one.
+	byEP map[*routing.Endpoint]*Engine
 	// maxLen is the smallest max_model_len the route's engines report for
 	// its model in GET /v1/models, in tokens; 0 when none reports one.
 	maxLen int64
@@ -111,6 +114,12 @@ func (rt *Route) Disaggregable() bool { return rt.disagg }
 // finish computes Decode, Prefill and Disaggregable from the route's
 // engines, once, when the snapshot is built.
 func (rt *Route) finish() {
+	if len(rt.eps) >= indexedRoute {
+		rt.byEP = make(map[*routing.Endpoint]*Engine, len(rt.eps))
+		for i, ep := range rt.eps {
+			rt.byEP[ep] = rt.engs[i]
+		}
+	}
 	var nPrefill, nDecode int
 	for _, e := range rt.engs {
 		switch e.role {
@@ -145,6 +154,9 @@ func (rt *Route) withRole(keep func(Role) bool) []*routing.Endpoint {
 // Engine returns the engine of ep, one of the route's endpoints (of
 // Endpoints, Decode or Prefill), or nil when ep is not one of them.
 func (rt *Route) Engine(ep *routing.Endpoint) *Engine {
+	if rt.byEP != nil {
+		return rt.byEP[ep]
+	}
 	for i, e := range rt.eps {
 		if e == ep {
 			return rt.engs[i]
@@ -152,6 +164,11 @@ func (rt *Route) Engine(ep *routing.Endpoint) *Engine {
 	}
 	return nil
 }
+
+// indexedRoute is the route size from which Engine looks endpoints up in
+// a map rather than the slice: admission looks up every candidate, so a
+// scan would be quadratic in a large fleet.
+const indexedRoute = 16
 
 // Snapshot is an immutable view of the fleet used by the request path:
 // load it once per decision with [Fleet.Snapshot].
