@@ -77,6 +77,11 @@ func (s *Server) copyBody(w http.ResponseWriter, r *http.Request, resp *http.Res
 					capturing = false // too large (or no budget) to read its usage
 					hold.release()
 				}
+				if rerr == io.EOF {
+					// The body's last bytes (the engine clients return
+					// EOF with them): the lease goes back first.
+					s.answerComplete(r)
+				}
 				if err := rl.write(p, flush); err != nil {
 					a.fail(clientWriteErrType(err))
 					return nil

@@ -72,7 +72,7 @@ func (s *Server) exchange(ctx context.Context, w http.ResponseWriter, r *http.Re
 	case o.err != nil:
 		return nextLeg{}, o.err
 	case o.resp.StatusCode == http.StatusTooManyRequests && eng.IsProvider():
-		return nextLeg{}, providerLimited(w, o.resp, eng)
+		return nextLeg{}, providerLimited(w, o.resp, eng, o.backedOff)
 	case o.resp.StatusCode < 200 || o.resp.StatusCode > 299:
 		return nextLeg{}, s.passError(w, r, o.resp, eng)
 	}

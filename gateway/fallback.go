@@ -174,7 +174,11 @@ func (p *plan) fallback(why fallbackReason) nextLeg {
 		if err != nil || !f.fits(rt.MaxModelLen(), why) {
 			continue
 		}
-		if cands, _ := admit(rt, rt.Endpoints(), f.op, time.Now()); len(cands) == 0 {
+		eps := rt.Endpoints()
+		if why == fallbackContinuation {
+			eps = selfHosted(rt, eps) // a provider continues nothing
+		}
+		if cands, _ := admit(rt, eps, f.op, time.Now()); len(cands) == 0 {
 			continue
 		}
 		*pos++

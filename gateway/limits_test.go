@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"github.com/switchboard-gw/switchboard/internal/redistest"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/internal/redistest"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"github.com/switchboard-gw/switchboard/quota"
 	"github.com/switchboard-gw/switchboard/telemetry"
@@ -605,65 +605,91 @@ func TestKeyRateLimitHeadersWhichAnswers(t *testing.T) {
 }
 
 // TestKeyConcurrentSequentialRedis: a key with concurrent: 1 whose client
-// sends each request only after reading the previous answer whole is
-// never refused, with the limits in a real Redis shared by two replicas
-// and the requests alternating between them: streamed (a client that
-// stops at [DONE] is done), whole, an engine's error and a gateway's own
-// error (issue 28's first defect: the lease went back in the background,
-// after the answer, and the next request could arrive first).
+// sends each request as soon as it has read an answer's end (the end event
+// of a stream, as the SDKs stop there, or its error event; a whole body)
+// is never refused, with the limits in a real Redis shared by two
+// replicas and the requests alternating between them: streamed, whole,
+// an engine's error, the gateway's own error, Messages and Responses
+// streams ended by the engine's error event, a chat stream broken and
+// ended by the gateway's error event; and whole bodies too large to
+// buffer (relayed as they come) (issue 28's first defect: the lease went
+// back in the background, after the answer, and the next request could
+// arrive first).
 func TestKeyConcurrentSequentialRedis(t *testing.T) {
-	_, srv := sim(t, enginesim.Config{Models: []string{"m"}, OutputTokens: 3})
-	rds := redistest.Start(t)
-	var hs []*harness
-	for range 2 {
-		rc := quota.DefaultRedisConfig()
-		rc.Address = rds.Addr()
-		rc.Timeout = 5 * time.Second // -race on a slow machine: never fail open
-		st, err := quota.NewRedis(rc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = st.Close() })
-		cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
-		cfg.Auth = AuthConfig{Keys: []KeyConfig{{Name: "team-1", SHA256: sha("k-1"), Models: []string{"m"}, Limits: KeyLimits{Concurrent: 1}}}}
-		cfg.Limits.Redis = rc
-		cfg.Limits.FailMode = FailClosed
-		hs = append(hs, newHarnessWith(t, cfg, []Option{WithQuotaStore(st)}))
+	type seqCase struct {
+		path, body, fault string
+		status            int
+		until             string // a stream is read up to the line holding this, then dropped
+		n                 int
 	}
-	bodies := []struct {
-		body, fault string
-		status      int
-	}{
-		{`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`, "", http.StatusOK},
-		{`{"model":"m","messages":[{"role":"user","content":"hi"}]}`, "", http.StatusOK},
-		{`{"model":"m","messages":[{"role":"user","content":"hi"}]}`, "status=500", http.StatusInternalServerError},
-		{`{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`, "status=500", http.StatusInternalServerError},
-	}
-	for i := range 120 {
-		b := bodies[i%len(bodies)]
-		hdr := []string{"Authorization", "Bearer k-1"}
-		if b.fault != "" {
-			hdr = append(hdr, "X-Enginesim-Fault", b.fault)
+	chat := `{"model":"m","messages":[{"role":"user","content":"hi"}]}`
+	chatStream := `{"model":"m","stream":true,"messages":[{"role":"user","content":"hi"}]}`
+	for _, small := range []bool{false, true} {
+		_, srv := sim(t, enginesim.Config{Models: []string{"m"}, OutputTokens: 3, ITL: time.Microsecond})
+		rds := redistest.Start(t)
+		var hs []*harness
+		for range 2 {
+			rc := quota.DefaultRedisConfig()
+			rc.Address = rds.Addr()
+			rc.Timeout = 5 * time.Second // -race on a slow machine: never fail open
+			st, err := quota.NewRedis(rc)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = st.Close() })
+			cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+			cfg.Auth = AuthConfig{Keys: []KeyConfig{{Name: "team-1", SHA256: sha("k-1"), Models: []string{"m"}, Limits: KeyLimits{Concurrent: 1}}}}
+			cfg.Limits.Redis = rc
+			cfg.Limits.FailMode = FailClosed
+			cfg.Migration.Limit = 0 // a broken stream ends with the gateway's error event
+			if small {
+				// Whole bodies relayed as they come, not reassembled.
+				cfg.MaxResponseBufferBytes = 16
+				cfg.Migration.NonStreaming = false
+			}
+			hs = append(hs, newHarnessWith(t, cfg, []Option{WithQuotaStore(st)}))
 		}
-		resp := hs[(i/len(bodies))%2].post("/v1/chat/completions", b.body, hdr...)
-		if strings.Contains(b.body, `"stream":true`) && b.status == http.StatusOK {
-			// Read to [DONE] and stop, as the SDKs do.
-			br := bufio.NewReader(resp.Body)
-			for {
-				line, err := br.ReadString('\n')
-				if strings.HasPrefix(line, "data: [DONE]") || err != nil {
-					break
+		cases := []seqCase{
+			{"/v1/chat/completions", chatStream, "", http.StatusOK, "[DONE]", 30},
+			{"/v1/chat/completions", chat, "", http.StatusOK, "", 30},
+			{"/v1/chat/completions", chat, "status=500", http.StatusInternalServerError, "", 20},
+			{"/v1/chat/completions", chatStream, "status=500", http.StatusInternalServerError, "", 20},
+			{"/v1/chat/completions", `{"model":"nope","messages":[{"role":"user","content":"hi"}]}`, "", http.StatusForbidden, "", 10},
+			{"/v1/chat/completions", chatStream, "close-after=1", http.StatusOK, `"error"`, 40},
+			{"/v1/messages", `{"model":"m","max_tokens":8,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, "error-after=1", http.StatusOK, "event: error", 40},
+			{"/v1/responses", `{"model":"m","stream":true,"store":false,"input":"hi"}`, "error-after=1", http.StatusOK, "event: error", 40},
+		}
+		if small {
+			cases = append(cases, seqCase{"/v1/chat/completions", `{"model":"m","max_tokens":3000,"messages":[{"role":"user","content":"hi"}]}`, "", http.StatusOK, "", 4})
+		}
+		i := 0
+		for _, c := range cases {
+			for range c.n {
+				hdr := []string{"Authorization", "Bearer k-1"}
+				if c.fault != "" {
+					hdr = append(hdr, "X-Enginesim-Fault", c.fault)
+				}
+				resp := hs[i%2].post(c.path, c.body, hdr...)
+				i++
+				if c.until != "" {
+					br := bufio.NewReader(resp.Body)
+					for {
+						line, err := br.ReadString('\n')
+						if strings.Contains(line, c.until) || err != nil {
+							break
+						}
+					}
+				} else {
+					_, _ = io.Copy(io.Discard, resp.Body)
+				}
+				resp.Body.Close()
+				if resp.StatusCode != c.status {
+					t.Fatalf("small buffer %v, request %d (%s %s %s): status %d, want %d", small, i, c.path, c.body, c.fault, resp.StatusCode, c.status)
 				}
 			}
-		} else {
-			_, _ = io.Copy(io.Discard, resp.Body)
 		}
-		resp.Body.Close()
-		if resp.StatusCode != b.status {
-			t.Fatalf("request %d (%s %s): status %d, want %d", i, b.body, b.fault, resp.StatusCode, b.status)
+		for _, h := range hs {
+			h.waitIdle()
 		}
-	}
-	for _, h := range hs {
-		h.waitIdle()
 	}
 }

@@ -74,14 +74,18 @@ var providerDropped = []string{"X-Forwarded-For", "X-Forwarded-Proto", "X-Forwar
 
 // providerLimited is the client's answer to a provider's 429 that no
 // other engine took over: the gateway's own 429 (type "requests", code
-// provider_rate_limited) with the provider's Retry-After, in place of the
-// provider's body, which names the gateway's account ("... in
-// organization org-...") and whose codes (OpenAI's insufficient_quota
-// for an account out of credit) would read as the client's own limits.
-func providerLimited(w http.ResponseWriter, resp *http.Response, eng *fleet.Engine) *APIError {
+// provider_rate_limited) with the provider's Retry-After, else the
+// back-off the gateway took from its other headers (backedOff, rounded up
+// to whole seconds), in place of the provider's body, which names the
+// gateway's account ("... in organization org-...") and whose codes
+// (OpenAI's insufficient_quota for an account out of credit) would read
+// as the client's own limits.
+func providerLimited(w http.ResponseWriter, resp *http.Response, eng *fleet.Engine, backedOff time.Duration) *APIError {
 	_, _ = io.CopyN(io.Discard, resp.Body, maxDrain)
 	if ra := resp.Header.Get("Retry-After"); ra != "" {
 		w.Header().Set("Retry-After", ra)
+	} else if backedOff > 0 {
+		w.Header().Set("Retry-After", strconv.FormatInt(int64((backedOff+time.Second-1)/time.Second), 10))
 	}
 	return &APIError{Status: http.StatusTooManyRequests, Type: "requests", Code: "provider_rate_limited",
 		Message: "the upstream provider of engine " + strconv.Quote(eng.Name()) + " is rate limiting the gateway; retry later"}

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
@@ -154,4 +155,37 @@ func TestDisaggregationNeverOnProvider(t *testing.T) {
 		}
 	}
 	h.waitIdle()
+}
+
+// TestStickyLookupOnBackingOffProvider: a stored response created on a
+// provider that is now backing off its rate limit is still looked for
+// there (last, or first when remembered): the client gets the provider's
+// rate limit as the gateway's 429, not a misleading 404 from an engine
+// that never held it.
+func TestStickyLookupOnBackingOffProvider(t *testing.T) {
+	const key = "sk-sticky"
+	p := startProvider(t, enginesim.ProviderOpenAI, key, map[string]string{"gpt-test": "m"}, 1)
+	_, srv := sim(t, enginesim.Config{Name: "local", Models: []string{"m"}})
+	h := newHarness(t, testConfig(
+		fleet.EngineConfig{Name: "local", URL: srv.URL, Models: []string{"m"}},
+		fleet.EngineConfig{Name: "openai", URL: p.srv.URL + "/v1", Provider: fleet.ProviderOpenAI, APIKey: key, CAFile: p.caFile, ModelMap: map[string]string{"gpt": "gpt-test"}},
+	))
+	st, _, b := h.do(http.MethodPost, "/v1/responses", `{"model":"gpt","input":"hi","store":true}`)
+	if st != http.StatusOK {
+		t.Fatalf("create: %d %s", st, b)
+	}
+	var created struct {
+		ID string `json:"id"`
+	}
+	if err := json.Unmarshal(b, &created); err != nil || created.ID == "" {
+		t.Fatalf("no id in %s", b)
+	}
+	// The provider's one request a minute is spent: it is backing off.
+	if s := h.gw.fleet.Status(); s[1].BackingOffUntil == nil {
+		t.Fatalf("the provider is not backing off: %+v", s[1])
+	}
+	st, hdr, b := h.do(http.MethodGet, "/v1/responses/"+created.ID, "")
+	if st != http.StatusTooManyRequests || !strings.Contains(string(b), "provider_rate_limited") || hdr.Get("Retry-After") == "" {
+		t.Errorf("lookup: %d %s (Retry-After %q), want 429 provider_rate_limited with Retry-After", st, b, hdr.Get("Retry-After"))
+	}
 }

@@ -251,7 +251,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request, op *operation) er
 			}
 		} else {
 			legOut := &out
-			if d := p.pd; d != nil && d.params != nil && (leg.kind == legAttempt || leg.reason == retryConnect) && pairs(eng, d.group) {
+			if d := p.pd; d != nil && d.params != nil && (leg.kind == legAttempt || leg.reason == retryConnect && !d.sent) && pairs(eng, d.group) {
 				// The decode leg, or its retry after an engine that never
 				// got it: the prefill engine still holds the KV cache. A
 				// retry after a decode engine that got the request goes

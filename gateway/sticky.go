@@ -68,25 +68,29 @@ func (s *Server) remember(c *call) {
 	}
 }
 
-// stickyOrder returns the engines to ask for the stored response id: the
-// one that created it first, when remembered and routable, then the others
-// in the pool's order; only engines whose API has op (a provider's may
-// not) and that are not backing off a provider's rate limit. Empty when
-// none is.
+// stickyOrder returns the engines to ask for the stored response id, of
+// those whose API has op (a provider's may not): the one that created it
+// first, when remembered and routable, then the others in the pool's
+// order, those backing off a provider's rate limit last (asked only when
+// the others have not got it). Empty when none serves op.
 func (s *Server) stickyOrder(id string, rt *fleet.Route, op *operation) []*routing.Endpoint {
 	now := time.Now()
-	ok := func(e *fleet.Engine) bool { return e.ServesOperation(op.name) && !e.BackingOff(now) }
 	out := make([]*routing.Endpoint, 0, len(rt.Endpoints()))
 	if name, found := s.sticky.get(id); found {
 		for i, e := range rt.Engines() {
-			if e.Name() == name && ok(e) {
+			if e.Name() == name && e.ServesOperation(op.name) {
 				out = append(out, rt.Endpoints()[i])
 				break
 			}
 		}
 	}
-	for i, ep := range rt.Endpoints() {
-		if (len(out) == 0 || ep != out[0]) && ok(rt.Engines()[i]) {
+	first := len(out) > 0
+	for _, late := range [...]bool{false, true} {
+		for i, ep := range rt.Endpoints() {
+			e := rt.Engines()[i]
+			if (first && ep == out[0]) || !e.ServesOperation(op.name) || e.BackingOff(now) != late {
+				continue
+			}
 			out = append(out, ep)
 		}
 	}

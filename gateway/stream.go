@@ -451,9 +451,11 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 				}
 				out, st.held = out[:st.heldAt], false
 			}
-			if st.done && st.tail == nil && !st.complete {
-				// The end event is in out: the request's concurrency
-				// lease goes back before the client can read it.
+			if (st.done || st.errEvent) && st.tail == nil && !st.complete {
+				// The end event (or the engine's own error event, which
+				// ends a Messages or Responses stream with no end event)
+				// is in out: the request's concurrency lease goes back
+				// before the client can read it.
 				st.complete = true
 				s.answerComplete(r)
 			}
@@ -487,9 +489,10 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 				}
 			}
 		}
-		if st.done && rerr == nil {
+		if st.done {
 			// The end event is the end: do not wait on an engine that
-			// keeps the connection open after it.
+			// keeps the connection open after it, and a read error that
+			// came with it breaks nothing (the answer is whole).
 			rerr = io.EOF
 		}
 		if rerr == nil {
@@ -501,6 +504,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 			a.fail(st.reason)
 			if !rl.started {
 				// Nothing reached the client: its end is the answer.
+				s.answerComplete(r)
 				if err := rl.write(append(held, st.tail...), true); err != nil {
 					a.fail(clientWriteErrType(err))
 				}
@@ -545,6 +549,7 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 			return nil, &cut{reason: et, err: ae, last: st.last}
 		}
 		if et != ErrTypeClientCancelled {
+			s.answerComplete(r)
 			writeStreamError(w, rl.rc, ae, c.op.framing)
 		}
 		return nil, nil
