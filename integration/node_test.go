@@ -50,13 +50,7 @@ type nodeResult struct {
 // It needs node and the installed packages (integration/run.sh and .ci/run
 // run npm ci first).
 func TestNodeOpenAIClient(t *testing.T) {
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Skip("node is not installed: the Node client test needs node (v20 or later) and npm")
-	}
-	if _, err := os.Stat(filepath.Join("node", "node_modules", "openai", "package.json")); err != nil {
-		t.Fatalf("integration/node/node_modules has no openai package (%v): run `(cd integration/node && npm ci)`, or integration/run.sh, which does it", err)
-	}
+	node := nodeWithClient(t)
 
 	dir := t.TempDir()
 	gwBin := build(t, dir, "./cmd/gateway")
@@ -123,4 +117,19 @@ func TestNodeOpenAIClient(t *testing.T) {
 	if t.Failed() || testing.Verbose() {
 		t.Logf("clients.mjs: %s%s", stdout.String(), stderr.String())
 	}
+}
+
+// nodeWithClient returns the node binary, skipping the test when node is
+// not installed and failing it when integration/node's packages are not
+// (integration/run.sh and .ci/run install them).
+func nodeWithClient(t *testing.T) string {
+	t.Helper()
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("node is not installed: the Node client test needs node (v20 or later) and npm")
+	}
+	if _, err := os.Stat(filepath.Join("node", "node_modules", "openai", "package.json")); err != nil {
+		t.Fatalf("integration/node/node_modules has no openai package (%v): run `(cd integration/node && npm ci)`, or integration/run.sh, which does it", err)
+	}
+	return node
 }

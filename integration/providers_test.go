@@ -37,13 +37,7 @@ import (
 // the provider simulator served exactly one request, and the provider's
 // key appears nowhere in the gateway's output (logged at debug).
 func TestProviderOverflowNode(t *testing.T) {
-	node, err := exec.LookPath("node")
-	if err != nil {
-		t.Skip("node is not installed: the Node client test needs node (v20 or later) and npm")
-	}
-	if _, err := os.Stat(filepath.Join("node", "node_modules", "openai", "package.json")); err != nil {
-		t.Fatalf("integration/node/node_modules has no openai package (%v): run `(cd integration/node && npm ci)`, or integration/run.sh, which does it", err)
-	}
+	node := nodeWithClient(t)
 
 	dir := t.TempDir()
 	gwBin := build(t, dir, "./cmd/gateway")
