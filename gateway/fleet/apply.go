@@ -111,7 +111,9 @@ func (f *Fleet) tryApply(want []EngineConfig, unready map[string]bool, aliases m
 		switch {
 		case old != nil && sameEngine(old.cfg, ec):
 			next[i] = old
-			f.rereadKey(old, ec)
+			if f.rereadKey(old, ec) {
+				changed = append(changed, ec.Name) // its key: the reload applied something
+			}
 			continue
 		case old != nil && inPlace(old.cfg, ec):
 			next[i] = old

@@ -207,22 +207,24 @@ func engineKey(ec EngineConfig) (string, error) {
 
 // rereadKey reads the key of an engine whose key comes from a variable or
 // a file again (a reload), and uses it from the next request when it
-// changed; a key that cannot be read keeps the one in use, and is
-// logged. Under Fleet.mu.
-func (f *Fleet) rereadKey(e *Engine, ec EngineConfig) {
+// changed, reporting whether it did; a key that cannot be read keeps the
+// one in use, and is logged. Under Fleet.mu.
+func (f *Fleet) rereadKey(e *Engine, ec EngineConfig) (changed bool) {
 	if ec.APIKeyEnv == "" && ec.APIKeyFile == "" {
-		return
+		return false
 	}
 	key, err := engineKey(ec)
 	if err != nil {
 		f.log.Warn("cannot read the engine's key again; the one in use is kept", "engine", ec.Name, "error", err)
-		return
+		return false
 	}
 	if auth := []string{"Bearer " + key}; !slices.Equal(e.Auth(), auth) {
 		e.auth.Store(&auth)
 		e.key.Store(&key)
 		f.log.Info("engine's key changed; used from the next request", "engine", ec.Name)
+		return true
 	}
+	return false
 }
 
 // Base returns the engine's base URL without a trailing slash and without

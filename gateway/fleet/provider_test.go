@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -205,8 +206,12 @@ func TestProviderKeyRotation(t *testing.T) {
 	if err := os.WriteFile(path, []byte("az-two"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := f.SetConfigured([]EngineConfig{ec}, nil); err != nil {
+	ch, err := f.SetConfigured([]EngineConfig{ec}, nil)
+	if err != nil {
 		t.Fatal(err)
+	}
+	if !slices.Equal(ch.Changed, []string{"az"}) {
+		t.Errorf("a reload that rotated the key reports changes %+v, want the engine changed", ch)
 	}
 	if got := key(); got != "az-two" || f.engines[0] != first {
 		t.Errorf("after the rotation and a reload: %q (same incarnation %v), want az-two on the same engine", got, f.engines[0] == first)
