@@ -84,6 +84,9 @@ type Config struct {
 	// Pricing is the top-level `pricing` list: what an exchange costs
 	// on an engine, from its usage (PriceConfig). Reloadable.
 	Pricing []PriceConfig `koanf:"-"`
+	// AdminAuth is `admin.auth` (the loader fills it in): the admin
+	// listener's tokens; a reload reads them again.
+	AdminAuth AdminAuthConfig `koanf:"-"`
 	// MaxPendingPerModel caps, per model, the generative requests (chat,
 	// completions, Responses, Messages, ...) in flight with no first token
 	// yet: queued or prefilling in an engine. A non-streaming request shows
@@ -420,6 +423,9 @@ func (c Config) ValidateSettings() error {
 		errs = append(errs, err)
 	}
 	errs = append(errs, validatePricing(c.Pricing)...)
+	if err := c.AdminAuth.validate(); err != nil {
+		errs = append(errs, err)
+	}
 	if err := c.Disaggregation.Validate(); err != nil {
 		errs = append(errs, err)
 	}

@@ -114,6 +114,9 @@ func testConfig(engines ...fleet.EngineConfig) Config {
 	// No background scraping: fake engines would see GET /metrics every
 	// second. Stats tests turn it on or call ScrapeNow.
 	cfg.EngineStats.Enabled = false
+	// Admin write actions without a token, as before admin tokens (the
+	// admin auth tests set their own).
+	cfg.AdminAuth.OpenWrites = true
 	return cfg
 }
 

@@ -89,6 +89,12 @@ func (s *Server) Reload(cfg Config, policy routing.Policy) (ReloadReport, error)
 		return ReloadReport{}, fmt.Errorf("with the running values of the settings that need a restart (%s): %w",
 			strings.Join(rep.Restart, ", "), err)
 	}
+	if tokens, err := eff.AdminAuth.adminTokens(); err != nil {
+		// As for an engine's key: the tokens in use are kept.
+		s.log.Warn("cannot read the admin tokens again; the ones in use are kept", "error", err)
+	} else {
+		s.admin.set(tokens)
+	}
 	changes, err := s.fleet.SetConfigured(eff.Engines, eff.Models.Aliases)
 	switch {
 	case errors.Is(err, fleet.ErrEngineLeftOut):

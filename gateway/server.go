@@ -120,6 +120,8 @@ type Server struct {
 	// providerAuthLog bounds the log lines of providers refusing the
 	// gateway's credentials (providerAnswer).
 	providerAuthLog loglimit.Limiter
+	// admin is the admin listener's token check (adminauth.go).
+	admin adminGate
 }
 
 type config struct {
@@ -301,6 +303,11 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 
 		providerAuthLog: loglimit.Limiter{Interval: time.Second},
 	}
+	tokens, err := cfg.AdminAuth.adminTokens()
+	if err != nil {
+		return nil, err
+	}
+	s.admin.set(tokens)
 	s.retries.inflight = &s.inflight
 	s.set.Store(newSettings(cfg, policy))
 	s.base, s.abort = context.WithCancelCause(context.Background())
@@ -599,6 +606,7 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) error {
 // Serve it on a separate, private listener.
 func (s *Server) AdminHandler(prom http.Handler) http.Handler {
 	r := chi.NewRouter()
+	r.Use(s.adminAuth)
 	if prom != nil {
 		r.Method(http.MethodGet, "/metrics", prom)
 	}

@@ -159,6 +159,7 @@ type Metrics struct {
 	kv             kvInstruments
 	cost           costInstruments
 	tier           tierInstruments
+	admin          adminInstruments
 	fallback       fallbackInstruments
 	keys           keyInstruments
 	http           httpServer
@@ -303,6 +304,7 @@ func NewMetrics(mp metric.MeterProvider, opts ...MetricsOption) (*Metrics, error
 	errs = append(errs, m.kv.init(m.meter)...)
 	errs = append(errs, m.cost.init(m.meter)...)
 	errs = append(errs, m.tier.init(m.meter)...)
+	errs = append(errs, m.admin.init(m.meter)...)
 	errs = append(errs, m.fallback.init(m.meter)...)
 	errs = append(errs, m.keys.init(m.meter)...)
 	errs = append(errs, m.http.init(m.meter)...)

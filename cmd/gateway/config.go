@@ -84,6 +84,9 @@ type ServerConfig struct {
 // /debug/pprof).
 type AdminConfig struct {
 	Listen string `koanf:"listen"` // "" disables the admin listener
+	// Auth is the admin listener's tokens: write actions need one, reads
+	// when auth.reads is "token" (gateway.AdminAuthConfig).
+	Auth gateway.AdminAuthConfig `koanf:"auth"`
 }
 
 // LogConfig selects the log level and format, and the access log.
@@ -133,7 +136,7 @@ func defaults() Config {
 			IdleTimeout:       120 * time.Second,
 			Config:            gateway.DefaultConfig(),
 		},
-		Admin:          AdminConfig{Listen: "127.0.0.1:9464"},
+		Admin:          AdminConfig{Listen: "127.0.0.1:9464", Auth: gateway.AdminAuthConfig{Reads: gateway.AdminReadsOpen}},
 		Models:         gateway.ModelsConfig{Aliases: map[string]string{}, Fallbacks: map[string][]string{}, ContextFallbacks: map[string][]string{}},
 		Limits:         gateway.DefaultLimitsConfig(),
 		Migration:      gateway.DefaultMigrationConfig(),

@@ -383,6 +383,7 @@ func TestShippedConfigs(t *testing.T) {
 		want.Routing.Policy = routing.LeastLoadedName
 		want.Simulate = SimulateConfig{Engines: 2, Models: []string{"demo-model"}, TTFT: 150 * time.Millisecond,
 			ITL: 40 * time.Millisecond, OutputTokens: 24, MaxNumSeqs: 64}
+		want.Admin.Auth.OpenWrites = true // loopback only
 		if !reflect.DeepEqual(cfg, want) {
 			t.Errorf("demo.yaml\n got: %+v\nwant: %+v", cfg, want)
 		}

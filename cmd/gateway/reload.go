@@ -58,6 +58,7 @@ func gatewayConfig(cfg Config, extra []fleet.EngineConfig) gateway.Config {
 	g.Disaggregation = cfg.Disaggregation
 	g.KVEvents = cfg.KVEvents
 	g.Pricing = cfg.Pricing
+	g.AdminAuth = cfg.Admin.Auth
 	g.AccessLog = cfg.Log.Access
 	return g
 }

@@ -1,0 +1,197 @@
+package gateway
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"fmt"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/switchboard-gw/switchboard/telemetry"
+)
+
+// The values of AdminAuthConfig.Reads.
+const (
+	// AdminReadsOpen: the admin listener's reads (GET and HEAD: /metrics,
+	// /admin/engines, /admin/keys, /debug/pprof) need no token.
+	AdminReadsOpen = "open"
+	// AdminReadsToken: they need an admin token too.
+	AdminReadsToken = "token"
+)
+
+// AdminAuthConfig is the admin listener's authentication (`admin.auth`).
+// Every write action (any method but GET and HEAD: drain, undrain, sleep,
+// wake_up, LoRA loading, prefix cache reset) needs an admin token, sent as
+// `Authorization: Bearer <token>`; reads need one when Reads is
+// AdminReadsToken. Tokens are compared in constant time on their SHA-256,
+// never logged; failed attempts are counted
+// (telemetry.AdminAuthFailuresName) and limited to maxAdminFailures a
+// second, past which every attempt is answered 429 until the next second.
+// A reload reads the tokens again.
+type AdminAuthConfig struct {
+	// TokensEnv names an environment variable holding the admin tokens,
+	// separated by commas, spaces or new lines. Set, it must hold one.
+	TokensEnv string `koanf:"tokens_env"`
+	// TokensFile names a file holding the admin tokens, one a line (blank
+	// lines and lines starting with # ignored), such as a mounted
+	// Kubernetes Secret. Set, it must be readable and hold one.
+	TokensFile string `koanf:"tokens_file"`
+	// Reads is AdminReadsOpen (the default: a Prometheus scrape needs no
+	// token) or AdminReadsToken.
+	Reads string `koanf:"reads"`
+	// OpenWrites lets write actions through without a token while no
+	// token is configured: the admin listener as it was before admin
+	// tokens, for one only trusted hosts reach (the demo's loopback).
+	// Default false: without tokens, write actions are refused (403).
+	OpenWrites bool `koanf:"open_writes"`
+}
+
+// maxAdminFailures is how many failed admin authentications a second the
+// gateway answers; past it every attempt gets 429 until the next second,
+// so a token cannot be guessed faster.
+const maxAdminFailures = 10
+
+// validate checks c's fields, not its tokens (adminTokens reads them).
+func (c AdminAuthConfig) validate() error {
+	switch c.Reads {
+	case "", AdminReadsOpen, AdminReadsToken:
+	default:
+		return fmt.Errorf("%w: admin.auth.reads must be %q or %q, got %q", ErrInvalidConfig, AdminReadsOpen, AdminReadsToken, c.Reads)
+	}
+	if c.Reads == AdminReadsToken && c.TokensEnv == "" && c.TokensFile == "" {
+		return fmt.Errorf("%w: admin.auth.reads %q needs admin tokens (admin.auth.tokens_env or tokens_file)", ErrInvalidConfig, AdminReadsToken)
+	}
+	return nil
+}
+
+// adminTokens reads c's tokens and returns their SHA-256 digests; none
+// when c configures no source. Errors (wrapping ErrInvalidConfig) name
+// the variable or the file, never a token.
+func (c AdminAuthConfig) adminTokens() ([][32]byte, error) {
+	var raw []string
+	if c.TokensEnv != "" {
+		toks := strings.FieldsFunc(os.Getenv(c.TokensEnv), func(r rune) bool { return r == ',' || r == ' ' || r == '\n' || r == '\r' || r == '\t' })
+		if len(toks) == 0 {
+			return nil, fmt.Errorf("%w: admin.auth.tokens_env: %s is unset or holds no token", ErrInvalidConfig, c.TokensEnv)
+		}
+		raw = append(raw, toks...)
+	}
+	if c.TokensFile != "" {
+		b, err := os.ReadFile(c.TokensFile)
+		if err != nil {
+			return nil, fmt.Errorf("%w: admin.auth.tokens_file %s cannot be read", ErrInvalidConfig, c.TokensFile)
+		}
+		n := 0
+		for _, line := range strings.Split(string(b), "\n") {
+			if line = strings.TrimSpace(line); line != "" && !strings.HasPrefix(line, "#") {
+				raw = append(raw, line)
+				n++
+			}
+		}
+		if n == 0 {
+			return nil, fmt.Errorf("%w: admin.auth.tokens_file %s holds no token", ErrInvalidConfig, c.TokensFile)
+		}
+	}
+	out := make([][32]byte, len(raw))
+	for i, t := range raw {
+		out[i] = sha256.Sum256([]byte(t))
+	}
+	return out, nil
+}
+
+// adminGate is the admin listener's token check: the digests of the
+// tokens in use (swapped by a reload) and the failure limiter.
+type adminGate struct {
+	mu     sync.Mutex
+	tokens [][32]byte
+	second int64 // the Unix second failures are counted in
+	fails  int
+}
+
+// set installs tokens.
+func (g *adminGate) set(tokens [][32]byte) {
+	g.mu.Lock()
+	g.tokens = tokens
+	g.mu.Unlock()
+}
+
+// check reports whether presented is one of the tokens, comparing its
+// digest with every one in constant time; limited is set, and nothing
+// compared, when the second's failures are spent (a failure is counted
+// here).
+func (g *adminGate) check(presented string, now time.Time) (ok, limited bool) {
+	d := sha256.Sum256([]byte(presented))
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	sec := now.Unix()
+	if sec != g.second {
+		g.second, g.fails = sec, 0
+	}
+	if g.fails >= maxAdminFailures {
+		return false, true
+	}
+	match := 0
+	for i := range g.tokens {
+		match |= subtle.ConstantTimeCompare(d[:], g.tokens[i][:])
+	}
+	if match == 1 {
+		return true, false
+	}
+	g.fails++
+	return false, false
+}
+
+// configured reports whether any token is installed.
+func (g *adminGate) configured() bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.tokens) > 0
+}
+
+// adminAuth is the admin listener's middleware (AdminAuthConfig).
+func (s *Server) adminAuth(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		cfg := s.set.Load().cfg.AdminAuth
+		write := r.Method != http.MethodGet && r.Method != http.MethodHead
+		if !write && cfg.Reads != AdminReadsToken {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if !s.admin.configured() {
+			if write && cfg.OpenWrites {
+				next.ServeHTTP(w, r)
+				return
+			}
+			writeError(w, r, &APIError{Status: http.StatusForbidden, Type: TypeInvalidRequest, Code: "admin_token_required",
+				Message: "admin write actions need an admin token, and none is configured: set admin.auth.tokens_env or admin.auth.tokens_file"})
+			return
+		}
+		tok, found := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !found || tok == "" {
+			s.metrics.RecordAdminAuthFailure(r.Context(), telemetry.AdminAuthMissing)
+			w.Header().Set("WWW-Authenticate", `Bearer realm="switchboard-admin"`)
+			writeError(w, r, &APIError{Status: http.StatusUnauthorized, Type: TypeInvalidRequest, Code: "missing_admin_token",
+				Message: "this admin action needs an admin token: Authorization: Bearer <token>"})
+			return
+		}
+		ok, limited := s.admin.check(strings.TrimSpace(tok), time.Now())
+		switch {
+		case ok:
+			next.ServeHTTP(w, r)
+		case limited:
+			s.metrics.RecordAdminAuthFailure(r.Context(), telemetry.AdminAuthLimited)
+			w.Header().Set("Retry-After", strconv.Itoa(1))
+			writeError(w, r, &APIError{Status: http.StatusTooManyRequests, Type: "requests", Code: "admin_auth_rate_limited",
+				Message: "too many failed admin authentications this second; retry in 1s"})
+		default:
+			s.metrics.RecordAdminAuthFailure(r.Context(), telemetry.AdminAuthInvalid)
+			w.Header().Set("WWW-Authenticate", `Bearer realm="switchboard-admin", error="invalid_token"`)
+			writeError(w, r, &APIError{Status: http.StatusUnauthorized, Type: TypeInvalidRequest, Code: "invalid_admin_token",
+				Message: "the admin token is not valid"})
+		}
+	})
+}

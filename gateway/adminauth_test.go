@@ -1,0 +1,160 @@
+package gateway
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/switchboard-gw/switchboard/gateway/fleet"
+	"github.com/switchboard-gw/switchboard/internal/enginesim"
+	"github.com/switchboard-gw/switchboard/routing"
+	"github.com/switchboard-gw/switchboard/telemetry"
+	"go.opentelemetry.io/otel/attribute"
+)
+
+// adminDo sends method path to the gateway's admin handler with token
+// ("" for none).
+func adminDo(h *harness, method, path, token string) (int, http.Header, string) {
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(method, path, nil)
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	h.gw.AdminHandler(nil).ServeHTTP(rec, req)
+	return rec.Code, rec.Header(), rec.Body.String()
+}
+
+// TestAdminAuth: with admin tokens, a write action needs one of them (401
+// without, or with another; the tokens from the file and the variable
+// both work), reads are open unless reads: token; a reload reads the
+// file again (a rotated token works at once, the old one no longer);
+// failures are counted and no token is ever logged.
+func TestAdminAuth(t *testing.T) {
+	const a, b, c = "adm-token-one-4f1e", "adm-token-two-9c2d", "adm-token-three-77aa"
+	dir := t.TempDir()
+	file := filepath.Join(dir, "admin-tokens")
+	if err := os.WriteFile(file, []byte("# admin\n"+a+"\n\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("SB_TEST_ADMIN_TOKENS", b)
+	_, srv := sim(t, enginesim.Config{Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+	cfg.AdminAuth = AdminAuthConfig{TokensFile: file, TokensEnv: "SB_TEST_ADMIN_TOKENS", Reads: AdminReadsOpen}
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	h := newHarnessWith(t, cfg, []Option{WithLogger(slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, &slog.HandlerOptions{Level: slog.LevelDebug})))})
+
+	if st, _, _ := adminDo(h, http.MethodGet, "/admin/engines", ""); st != http.StatusOK {
+		t.Errorf("read without a token: %d, want 200 (reads: open)", st)
+	}
+	if st, hdr, body := adminDo(h, http.MethodPost, "/admin/engines/e1/drain", ""); st != http.StatusUnauthorized || !strings.Contains(body, "missing_admin_token") || hdr.Get("WWW-Authenticate") == "" {
+		t.Errorf("drain without a token: %d %s, want 401 missing_admin_token with WWW-Authenticate", st, body)
+	}
+	if st, _, body := adminDo(h, http.MethodPost, "/admin/engines/e1/drain", c); st != http.StatusUnauthorized || !strings.Contains(body, "invalid_admin_token") {
+		t.Errorf("drain with another token: %d %s, want 401 invalid_admin_token", st, body)
+	}
+	if h.engineStates()["e1"] != "ready" {
+		t.Fatalf("a refused drain drained: %v", h.engineStates())
+	}
+	for _, tok := range []string{a, b} {
+		if st, _, body := adminDo(h, http.MethodPost, "/admin/engines/e1/drain", tok); st != http.StatusOK {
+			t.Errorf("drain with an admin token: %d %s", st, body)
+		}
+		if st, _, body := adminDo(h, http.MethodPost, "/admin/engines/e1/undrain", tok); st != http.StatusOK {
+			t.Errorf("undrain with an admin token: %d %s", st, body)
+		}
+	}
+	if n := h.counter(telemetry.AdminAuthFailuresName, attribute.String("reason", "missing")); n != 1 {
+		t.Errorf("missing-token failures %d, want 1", n)
+	}
+	if n := h.counter(telemetry.AdminAuthFailuresName, attribute.String("reason", "invalid")); n != 1 {
+		t.Errorf("invalid-token failures %d, want 1", n)
+	}
+
+	// Rotated in the file, then a reload: c works, a no longer.
+	if err := os.WriteFile(file, []byte(c+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg2 := cfg
+	cfg2.AdminAuth.Reads = AdminReadsToken
+	h.reload(cfg2, routing.NewRoundRobin())
+	if st, _, _ := adminDo(h, http.MethodPost, "/admin/engines/e1/undrain", a); st != http.StatusUnauthorized {
+		t.Errorf("the rotated-out token after the reload: %d, want 401", st)
+	}
+	if st, _, _ := adminDo(h, http.MethodPost, "/admin/engines/e1/undrain", c); st != http.StatusOK {
+		t.Errorf("the new token after the reload: %d, want 200", st)
+	}
+	if st, _, _ := adminDo(h, http.MethodGet, "/admin/engines", ""); st != http.StatusUnauthorized {
+		t.Errorf("a read without a token with reads: token: %d, want 401", st)
+	}
+	if st, _, _ := adminDo(h, http.MethodGet, "/admin/engines", c); st != http.StatusOK {
+		t.Errorf("a read with a token: %d, want 200", st)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	for _, tok := range []string{a, b, c} {
+		if strings.Contains(logs.String(), tok) {
+			t.Errorf("token %q logged", tok)
+		}
+	}
+}
+
+// TestAdminAuthNoTokens: without admin tokens a write action is refused
+// (403 admin_token_required) unless admin.auth.open_writes; reads are
+// open.
+func TestAdminAuthNoTokens(t *testing.T) {
+	_, srv := sim(t, enginesim.Config{Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+	cfg.AdminAuth = AdminAuthConfig{}
+	h := newHarness(t, cfg)
+	if st, _, body := adminDo(h, http.MethodPost, "/admin/engines/e1/drain", ""); st != http.StatusForbidden || !strings.Contains(body, "admin_token_required") {
+		t.Errorf("drain without tokens configured: %d %s, want 403 admin_token_required", st, body)
+	}
+	if st, _, _ := adminDo(h, http.MethodGet, "/admin/engines", ""); st != http.StatusOK {
+		t.Errorf("read: %d, want 200", st)
+	}
+	cfg.AdminAuth.OpenWrites = true
+	h.reload(cfg, routing.NewRoundRobin())
+	if st, _, body := adminDo(h, http.MethodPost, "/admin/engines/e1/drain", ""); st != http.StatusOK {
+		t.Errorf("drain with open_writes: %d %s, want 200", st, body)
+	}
+	m, _ := telemetry.NewMetrics(nil)
+	bad := cfg
+	bad.AdminAuth = AdminAuthConfig{Reads: AdminReadsToken}
+	if _, err := New(bad, routing.NewRoundRobin(), m); err == nil || !strings.Contains(err.Error(), "needs admin tokens") {
+		t.Errorf("reads: token without tokens: %v", err)
+	}
+	bad.AdminAuth = AdminAuthConfig{TokensEnv: "SB_TEST_UNSET_ADMIN"}
+	t.Setenv("SB_TEST_UNSET_ADMIN", "")
+	if _, err := New(bad, routing.NewRoundRobin(), m); err == nil || !strings.Contains(err.Error(), "SB_TEST_UNSET_ADMIN") {
+		t.Errorf("an empty tokens variable: %v, want an error naming it", err)
+	}
+}
+
+// TestAdminGateLimitsFailures: past maxAdminFailures failures in a second
+// every attempt, a valid one too, is refused unchecked until the next
+// second.
+func TestAdminGateLimitsFailures(t *testing.T) {
+	var g adminGate
+	g.set([][32]byte{sha256.Sum256([]byte("good"))})
+	now := time.Unix(1_800_000_000, 0)
+	for i := range maxAdminFailures {
+		if ok, limited := g.check("bad", now); ok || limited {
+			t.Fatalf("failure %d: ok %v limited %v", i, ok, limited)
+		}
+	}
+	if ok, limited := g.check("good", now.Add(500*time.Millisecond)); ok || !limited {
+		t.Errorf("past the limit in the same second: ok %v limited %v, want refused unchecked", ok, limited)
+	}
+	if ok, limited := g.check("good", now.Add(time.Second)); !ok || limited {
+		t.Errorf("the next second: ok %v limited %v, want accepted", ok, limited)
+	}
+}
