@@ -31,10 +31,13 @@ const (
 // never logged; failed attempts are counted
 // (telemetry.AdminAuthFailuresName) and limited to maxAdminFailures a
 // second, past which every attempt is answered 429 until the next second.
-// A reload reads the tokens again.
+// The profiles under /debug/pprof need a token whenever tokens are
+// configured. A reload reads the tokens again (one that cannot read them
+// is rejected).
 type AdminAuthConfig struct {
 	// TokensEnv names an environment variable holding the admin tokens,
-	// separated by commas, spaces or new lines. Set, it must hold one.
+	// separated by commas, spaces or new lines, each at least
+	// minAdminToken characters. Set, it must hold one.
 	TokensEnv string `koanf:"tokens_env"`
 	// TokensFile names a file holding the admin tokens, one a line (blank
 	// lines and lines starting with # ignored), such as a mounted
@@ -49,6 +52,11 @@ type AdminAuthConfig struct {
 	// Default false: without tokens, write actions are refused (403).
 	OpenWrites bool `koanf:"open_writes"`
 }
+
+// minAdminToken is the shortest admin token accepted, in characters: a
+// random one of that length cannot be guessed at maxAdminFailures a
+// second, whatever number of replicas answer.
+const minAdminToken = 24
 
 // maxAdminFailures is how many failed admin authentications a second the
 // gateway answers; past it every attempt gets 429 until the next second,
@@ -98,6 +106,10 @@ func (c AdminAuthConfig) adminTokens() ([][32]byte, error) {
 	}
 	out := make([][32]byte, len(raw))
 	for i, t := range raw {
+		if len(t) < minAdminToken {
+			return nil, fmt.Errorf("%w: admin token %d of admin.auth is %d characters long, shorter than %d: make a random one (openssl rand -hex 24)",
+				ErrInvalidConfig, i+1, len(t), minAdminToken)
+		}
 		out[i] = sha256.Sum256([]byte(t))
 	}
 	return out, nil
@@ -157,7 +169,10 @@ func (s *Server) adminAuth(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		cfg := s.set.Load().cfg.AdminAuth
 		write := r.Method != http.MethodGet && r.Method != http.MethodHead
-		if !write && cfg.Reads != AdminReadsToken {
+		// The profiles (CPU and execution traces cost, goroutine dumps
+		// tell) need a token whenever tokens are configured.
+		pprof := strings.HasPrefix(r.URL.Path, "/debug/pprof")
+		if !write && cfg.Reads != AdminReadsToken && !(pprof && s.admin.configured()) {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -170,15 +185,16 @@ func (s *Server) adminAuth(next http.Handler) http.Handler {
 				Message: "admin write actions need an admin token, and none is configured: set admin.auth.tokens_env or admin.auth.tokens_file"})
 			return
 		}
-		tok, found := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if !found || tok == "" {
+		scheme, tok, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+		tok = strings.TrimSpace(tok)
+		if !strings.EqualFold(scheme, "Bearer") || tok == "" { // the scheme is case-insensitive (RFC 9110 11.1)
 			s.metrics.RecordAdminAuthFailure(r.Context(), telemetry.AdminAuthMissing)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="switchboard-admin"`)
 			writeError(w, r, &APIError{Status: http.StatusUnauthorized, Type: TypeInvalidRequest, Code: "missing_admin_token",
 				Message: "this admin action needs an admin token: Authorization: Bearer <token>"})
 			return
 		}
-		ok, limited := s.admin.check(strings.TrimSpace(tok), time.Now())
+		ok, limited := s.admin.check(tok, time.Now())
 		switch {
 		case ok:
 			next.ServeHTTP(w, r)

@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -38,7 +39,7 @@ func adminDo(h *harness, method, path, token string) (int, http.Header, string) 
 // file again (a rotated token works at once, the old one no longer);
 // failures are counted and no token is ever logged.
 func TestAdminAuth(t *testing.T) {
-	const a, b, c = "adm-token-one-4f1e", "adm-token-two-9c2d", "adm-token-three-77aa"
+	const a, b, c = "adm-token-one-4f1e-0a9b8c7d", "adm-token-two-9c2d-1e2f3a4b", "adm-token-three-77aa-5c6d"
 	dir := t.TempDir()
 	file := filepath.Join(dir, "admin-tokens")
 	if err := os.WriteFile(file, []byte("# admin\n"+a+"\n\n"), 0o600); err != nil {
@@ -54,6 +55,9 @@ func TestAdminAuth(t *testing.T) {
 
 	if st, _, _ := adminDo(h, http.MethodGet, "/admin/engines", ""); st != http.StatusOK {
 		t.Errorf("read without a token: %d, want 200 (reads: open)", st)
+	}
+	if st, _, _ := adminDo(h, http.MethodGet, "/debug/pprof/", ""); st != http.StatusUnauthorized {
+		t.Errorf("pprof without a token, tokens configured: %d, want 401", st)
 	}
 	if st, hdr, body := adminDo(h, http.MethodPost, "/admin/engines/e1/drain", ""); st != http.StatusUnauthorized || !strings.Contains(body, "missing_admin_token") || hdr.Get("WWW-Authenticate") == "" {
 		t.Errorf("drain without a token: %d %s, want 401 missing_admin_token with WWW-Authenticate", st, body)
@@ -72,8 +76,8 @@ func TestAdminAuth(t *testing.T) {
 			t.Errorf("undrain with an admin token: %d %s", st, body)
 		}
 	}
-	if n := h.counter(telemetry.AdminAuthFailuresName, attribute.String("reason", "missing")); n != 1 {
-		t.Errorf("missing-token failures %d, want 1", n)
+	if n := h.counter(telemetry.AdminAuthFailuresName, attribute.String("reason", "missing")); n != 2 { // the drain and the profile
+		t.Errorf("missing-token failures %d, want 2", n)
 	}
 	if n := h.counter(telemetry.AdminAuthFailuresName, attribute.String("reason", "invalid")); n != 1 {
 		t.Errorf("invalid-token failures %d, want 1", n)
@@ -98,6 +102,25 @@ func TestAdminAuth(t *testing.T) {
 	if st, _, _ := adminDo(h, http.MethodGet, "/admin/engines", c); st != http.StatusOK {
 		t.Errorf("a read with a token: %d, want 200", st)
 	}
+	// The scheme is case-insensitive.
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodPost, "/admin/engines/e1/undrain", nil)
+	req.Header.Set("Authorization", "bearer "+c)
+	h.gw.AdminHandler(nil).ServeHTTP(rec, req)
+	if rec.Code != http.StatusOK {
+		t.Errorf("a lower-case bearer scheme: %d, want 200", rec.Code)
+	}
+	// A reload whose tokens cannot be read is rejected: the tokens and
+	// settings in force stay.
+	if err := os.Remove(file); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.gw.Reload(cfg2, routing.NewRoundRobin()); err == nil || !strings.Contains(err.Error(), "tokens_file") {
+		t.Errorf("a reload with an unreadable tokens file: %v, want it rejected", err)
+	}
+	if st, _, _ := adminDo(h, http.MethodPost, "/admin/engines/e1/undrain", c); st != http.StatusOK {
+		t.Errorf("the token in force after a rejected reload: %d, want 200", st)
+	}
 	mu.Lock()
 	defer mu.Unlock()
 	for _, tok := range []string{a, b, c} {
@@ -121,10 +144,24 @@ func TestAdminAuthNoTokens(t *testing.T) {
 	if st, _, _ := adminDo(h, http.MethodGet, "/admin/engines", ""); st != http.StatusOK {
 		t.Errorf("read: %d, want 200", st)
 	}
+	// A reload that changes only admin.auth, with the same policy (as the
+	// binary reloads an unchanged routing section), applies it.
+	pol := routing.NewRoundRobin()
+	h.reload(cfg, pol)
 	cfg.AdminAuth.OpenWrites = true
-	h.reload(cfg, routing.NewRoundRobin())
+	if rep := h.reload(cfg, pol); !slices.Contains(rep.Settings, "admin.auth") {
+		t.Errorf("reload report %+v, want admin.auth among the settings changed", rep)
+	}
 	if st, _, body := adminDo(h, http.MethodPost, "/admin/engines/e1/drain", ""); st != http.StatusOK {
 		t.Errorf("drain with open_writes: %d %s, want 200", st, body)
+	}
+	cfg.AdminAuth.OpenWrites = false
+	h.reload(cfg, pol)
+	if st, _, _ := adminDo(h, http.MethodPost, "/admin/engines/e1/undrain", ""); st != http.StatusForbidden {
+		t.Errorf("undrain after open_writes was turned off by a reload: %d, want 403", st)
+	}
+	if st, _, _ := adminDo(h, http.MethodGet, "/debug/pprof/", ""); st != http.StatusOK {
+		t.Errorf("pprof without tokens configured: %d, want 200 (reads open)", st)
 	}
 	m, _ := telemetry.NewMetrics(nil)
 	bad := cfg
@@ -136,6 +173,10 @@ func TestAdminAuthNoTokens(t *testing.T) {
 	t.Setenv("SB_TEST_UNSET_ADMIN", "")
 	if _, err := New(bad, routing.NewRoundRobin(), m); err == nil || !strings.Contains(err.Error(), "SB_TEST_UNSET_ADMIN") {
 		t.Errorf("an empty tokens variable: %v, want an error naming it", err)
+	}
+	t.Setenv("SB_TEST_UNSET_ADMIN", "short-token")
+	if _, err := New(bad, routing.NewRoundRobin(), m); err == nil || !strings.Contains(err.Error(), "shorter than") || strings.Contains(err.Error(), "short-token") {
+		t.Errorf("a short token: %v, want it refused without showing it", err)
 	}
 }
 

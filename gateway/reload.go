@@ -89,11 +89,12 @@ func (s *Server) Reload(cfg Config, policy routing.Policy) (ReloadReport, error)
 		return ReloadReport{}, fmt.Errorf("with the running values of the settings that need a restart (%s): %w",
 			strings.Join(rep.Restart, ", "), err)
 	}
-	if tokens, err := eff.AdminAuth.adminTokens(); err != nil {
-		// As for an engine's key: the tokens in use are kept.
-		s.log.Warn("cannot read the admin tokens again; the ones in use are kept", "error", err)
-	} else {
-		s.admin.set(tokens)
+	// Admin tokens that cannot be read reject the reload, as they keep
+	// the gateway from starting: the configuration in force stays, rather
+	// than one whose admin actions would be open or closed unintended.
+	tokens, err := eff.AdminAuth.adminTokens()
+	if err != nil {
+		return ReloadReport{}, err
 	}
 	changes, err := s.fleet.SetConfigured(eff.Engines, eff.Models.Aliases)
 	switch {
@@ -105,6 +106,7 @@ func (s *Server) Reload(cfg Config, policy routing.Policy) (ReloadReport, error)
 		return ReloadReport{}, err
 	}
 	rep.Changes = changes
+	s.admin.set(tokens) // with the settings below: past the last failure
 	if un := unservedFallbacks(eff.Models, s.fleet.Snapshot()); len(un) > 0 {
 		// Allowed (engines come and go), but worth knowing: a request
 		// falling back finds none of these until an engine serves them.
@@ -174,6 +176,9 @@ func configDiff(a, b Config) []string {
 	}
 	if !maps.Equal(a.Models.Aliases, b.Models.Aliases) {
 		keys = append(keys, "models.aliases")
+	}
+	if a.AdminAuth != b.AdminAuth {
+		keys = append(keys, "admin.auth")
 	}
 	if !reflect.DeepEqual(a.Models.Fallbacks, b.Models.Fallbacks) && len(a.Models.Fallbacks)+len(b.Models.Fallbacks) > 0 {
 		keys = append(keys, "models.fallbacks")

@@ -209,7 +209,8 @@ func restartKeys(running, next Config) []string {
 	cfgdiff.Diff("", reflect.ValueOf(running), reflect.ValueOf(next), func(key, opts string) bool {
 		return opts == "squash" || key == "engines" || key == "models" || key == "auth" || key == "routing" || key == "log.access" ||
 			key == "limits.default_max_tokens" || key == "limits.fail_mode" || // applied at once; limits.redis needs a restart
-			key == "migration" || key == "disaggregation" || key == "pricing" // the settings snapshot: applied at once
+			key == "migration" || key == "disaggregation" || key == "pricing" || // the settings snapshot: applied at once
+			key == "admin.auth" // its tokens are read again, its switches in the snapshot
 	}, &keys)
 	return keys
 }
