@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"strconv"
@@ -30,7 +31,8 @@ const (
 // AdminReadsToken. Tokens are compared in constant time on their SHA-256,
 // never logged; failed attempts are counted
 // (telemetry.AdminAuthFailuresName) and limited to maxAdminFailures a
-// second, past which every attempt is answered 429 until the next second.
+// second from one client address (10 times that from all together), past
+// which that address's attempts are answered 429 until the next second.
 // The profiles under /debug/pprof need a token whenever tokens are
 // configured. A reload reads the tokens again (one that cannot read them
 // is rejected).
@@ -120,9 +122,14 @@ func (c AdminAuthConfig) adminTokens() ([][32]byte, error) {
 type adminGate struct {
 	mu     sync.Mutex
 	tokens [][32]byte
-	second int64 // the Unix second failures are counted in
-	fails  int
+	second int64          // the Unix second failures are counted in
+	fails  int            // this second's failures, from every client
+	byPeer map[string]int // this second's failures by client address (at most maxAdminPeers)
 }
+
+// maxAdminPeers bounds adminGate's per-address counts in one second: past
+// it new addresses share the global count alone.
+const maxAdminPeers = 4096
 
 // set installs tokens.
 func (g *adminGate) set(tokens [][32]byte) {
@@ -131,19 +138,26 @@ func (g *adminGate) set(tokens [][32]byte) {
 	g.mu.Unlock()
 }
 
-// check reports whether presented is one of the tokens, comparing its
-// digest with every one in constant time; limited is set, and nothing
-// compared, when the second's failures are spent (a failure is counted
-// here).
-func (g *adminGate) check(presented string, now time.Time) (ok, limited bool) {
+// check reports whether presented, sent from the client address peer, is
+// one of the tokens, comparing its digest with every one in constant
+// time. limited is set, and nothing compared, when peer has spent its
+// maxAdminFailures failures this second, or every client together
+// maxAdminFailures x 10: a flood from one address does not lock out an
+// admin calling from another, and no number of addresses guesses faster
+// than the global count allows. A failure is counted here.
+func (g *adminGate) check(presented, peer string, now time.Time) (ok, limited bool) {
 	d := sha256.Sum256([]byte(presented))
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	sec := now.Unix()
-	if sec != g.second {
+	if sec != g.second || g.byPeer == nil {
 		g.second, g.fails = sec, 0
+		clear(g.byPeer)
+		if g.byPeer == nil {
+			g.byPeer = make(map[string]int)
+		}
 	}
-	if g.fails >= maxAdminFailures {
+	if g.byPeer[peer] >= maxAdminFailures || g.fails >= 10*maxAdminFailures {
 		return false, true
 	}
 	match := 0
@@ -154,6 +168,9 @@ func (g *adminGate) check(presented string, now time.Time) (ok, limited bool) {
 		return true, false
 	}
 	g.fails++
+	if _, seen := g.byPeer[peer]; seen || len(g.byPeer) < maxAdminPeers {
+		g.byPeer[peer]++
+	}
 	return false, false
 }
 
@@ -194,7 +211,11 @@ func (s *Server) adminAuth(next http.Handler) http.Handler {
 				Message: "this admin action needs an admin token: Authorization: Bearer <token>"})
 			return
 		}
-		ok, limited := s.admin.check(tok, time.Now())
+		peer, _, err := net.SplitHostPort(r.RemoteAddr)
+		if err != nil {
+			peer = r.RemoteAddr
+		}
+		ok, limited := s.admin.check(tok, peer, time.Now())
 		switch {
 		case ok:
 			next.ServeHTTP(w, r)

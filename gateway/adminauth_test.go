@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -181,21 +182,35 @@ func TestAdminAuthNoTokens(t *testing.T) {
 }
 
 // TestAdminGateLimitsFailures: past maxAdminFailures failures in a second
-// every attempt, a valid one too, is refused unchecked until the next
-// second.
+// from one address, every attempt from it, a valid one too, is refused
+// unchecked until the next second; another address is not locked out
+// until every address together has failed 10 times as often.
 func TestAdminGateLimitsFailures(t *testing.T) {
 	var g adminGate
 	g.set([][32]byte{sha256.Sum256([]byte("good"))})
 	now := time.Unix(1_800_000_000, 0)
 	for i := range maxAdminFailures {
-		if ok, limited := g.check("bad", now); ok || limited {
+		if ok, limited := g.check("bad", "10.0.0.1", now); ok || limited {
 			t.Fatalf("failure %d: ok %v limited %v", i, ok, limited)
 		}
 	}
-	if ok, limited := g.check("good", now.Add(500*time.Millisecond)); ok || !limited {
+	if ok, limited := g.check("good", "10.0.0.1", now.Add(500*time.Millisecond)); ok || !limited {
 		t.Errorf("past the limit in the same second: ok %v limited %v, want refused unchecked", ok, limited)
 	}
-	if ok, limited := g.check("good", now.Add(time.Second)); !ok || limited {
+	if ok, limited := g.check("good", "10.0.0.2", now.Add(500*time.Millisecond)); !ok || limited {
+		t.Errorf("another address: ok %v limited %v, want accepted", ok, limited)
+	}
+	if ok, limited := g.check("good", "10.0.0.1", now.Add(time.Second)); !ok || limited {
 		t.Errorf("the next second: ok %v limited %v, want accepted", ok, limited)
+	}
+	// Many addresses together: 10 x maxAdminFailures, then everyone waits.
+	later := now.Add(2 * time.Second)
+	for i := range 10 * maxAdminFailures {
+		if _, limited := g.check("bad", "10.1.0."+strconv.Itoa(i%maxAdminFailures*10+i/maxAdminFailures), later); limited {
+			t.Fatalf("failure %d limited before the global count", i)
+		}
+	}
+	if ok, limited := g.check("good", "10.9.9.9", later); ok || !limited {
+		t.Errorf("past the global count: ok %v limited %v, want refused", ok, limited)
 	}
 }
