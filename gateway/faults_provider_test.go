@@ -1,9 +1,6 @@
 package gateway
 
 import (
-	"io"
-	"net/http"
-	"strings"
 	"testing"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
@@ -61,26 +58,14 @@ func faultProvider(t *testing.T, fc faultCase, simCfg enginesim.Config) (*engine
 	p := startProvider(t, enginesim.ProviderOpenAI, faultProviderKey, nil, rpm, func(c *enginesim.Config) {
 		c.Models, c.TTFT, c.ITL, c.OutputTokens = simCfg.Models, simCfg.TTFT, simCfg.ITL, simCfg.OutputTokens
 	})
-	ec := fleet.EngineConfig{Name: "e1", Provider: fleet.ProviderOpenAI, URL: p.srv.URL + "/v1", CAFile: p.caFile,
-		APIKey: faultProviderKey, Models: []string{"m"}}
+	ec := p.openAI("e1", faultProviderKey)
 	switch fc.setup {
 	case deadEngine:
 		ec.URL = "https://" + testutil.RefusedAddr + "/v1"
 	case wrongKey:
 		ec.APIKey = "sk-not-the-providers-key"
 	case rpmSpent:
-		direct := providerClient(t, p.caFile)
-		req, _ := http.NewRequest(http.MethodPost, p.srv.URL+"/v1/chat/completions", strings.NewReader(provChat))
-		req.Header.Set("Authorization", "Bearer "+faultProviderKey)
-		resp, err := direct.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("spending the provider's minute: status %d", resp.StatusCode)
-		}
+		p.spendMinute(t, faultProviderKey)
 	case simEngine:
 	default:
 		t.Fatalf("case %q: setup %d has no provider form", fc.name, fc.setup)

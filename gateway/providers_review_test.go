@@ -25,7 +25,7 @@ func TestTierFallbackPastRetryAfter(t *testing.T) {
 	_, srv := sim(t, enginesim.Config{Name: "local", Models: []string{"m"}, Fault: "status=503,retry-after=30"})
 	h := newHarness(t, testConfig(
 		fleet.EngineConfig{Name: "local", URL: srv.URL, Models: []string{"m"}},
-		fleet.EngineConfig{Name: "openai", URL: p.srv.URL + "/v1", Provider: fleet.ProviderOpenAI, APIKey: key, CAFile: p.caFile, Models: []string{"m"}},
+		p.openAI("openai", key),
 	))
 	st, hdr, b := h.do(http.MethodPost, "/v1/chat/completions", provChat)
 	if st != http.StatusOK || hdr.Get("X-Switchboard-Engine") != "openai" {
@@ -55,7 +55,7 @@ func TestContinuationOntoQueuedEngine(t *testing.T) {
 			{Name: "breaker", URL: ksrv.URL, Models: []string{"m"}},
 		}
 		if withProvider {
-			engines = append(engines, fleet.EngineConfig{Name: "openai", URL: p.srv.URL + "/v1", Provider: fleet.ProviderOpenAI, APIKey: key, CAFile: p.caFile, Models: []string{"m"}})
+			engines = append(engines, p.openAI("openai", key))
 		}
 		h := newHarness(t, testConfig(engines...))
 		long := `{"model":"m","messages":[{"role":"user","content":"hold"}],"max_tokens":40,"stream":true}`
@@ -133,7 +133,7 @@ func TestDisaggregationNeverOnProvider(t *testing.T) {
 		}
 	}, "prefill", "decode")
 	cfg.Engines[0].MaxInFlight = 1
-	cfg.Engines = append(cfg.Engines, fleet.EngineConfig{Name: "openai", URL: p.srv.URL + "/v1", Provider: fleet.ProviderOpenAI, APIKey: key, CAFile: p.caFile, Models: []string{"m"}})
+	cfg.Engines = append(cfg.Engines, p.openAI("openai", key))
 	h := newHarness(t, cfg)
 	body := `{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"` + longPrompt + `"}]}`
 	first := make(chan int, 1)

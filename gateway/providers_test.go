@@ -94,6 +94,30 @@ func startProvider(t *testing.T, kind, key string, models map[string]string, rpm
 	return p
 }
 
+// openAI returns the engine config of an OpenAI provider engine named
+// name that reaches p (its base URL with /v1, its CA) with key, serving
+// model m.
+func (p *providerSim) openAI(name, key string) fleet.EngineConfig {
+	return fleet.EngineConfig{Name: name, URL: p.srv.URL + "/v1", Provider: fleet.ProviderOpenAI, APIKey: key, CAFile: p.caFile, Models: []string{"m"}}
+}
+
+// spendMinute spends p's one request of the minute (its rpm 1) from
+// another client than the gateway, with key.
+func (p *providerSim) spendMinute(t *testing.T, key string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, p.srv.URL+"/v1/chat/completions", strings.NewReader(provChat))
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := providerClient(t, p.caFile).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("spending the provider's minute: status %d", resp.StatusCode)
+	}
+}
+
 // keyFile writes key to a file for engines[].api_key_file.
 func keyFile(t *testing.T, key string) string {
 	t.Helper()
@@ -256,8 +280,8 @@ func TestProviderAuthFailureHidesKey(t *testing.T) {
 	var logMu sync.Mutex
 	log := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logs}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	cfg := testConfig(
-		fleet.EngineConfig{Name: "bad", URL: p.srv.URL + "/v1", Provider: fleet.ProviderOpenAI, APIKey: bad, CAFile: p.caFile, Models: []string{"m"}},
-		fleet.EngineConfig{Name: "good", URL: p.srv.URL + "/v1", Provider: fleet.ProviderOpenAI, APIKey: good, CAFile: p.caFile, Models: []string{"m"}},
+		p.openAI("bad", bad),
+		p.openAI("good", good),
 	)
 	h := newHarnessWith(t, cfg, []Option{WithLogger(log)})
 	// Round robin: the first request goes to bad, refused unrun, and is
@@ -334,7 +358,7 @@ func TestTierOverflow(t *testing.T) {
 	local, srv := sim(t, enginesim.Config{Name: "local", Models: []string{"m"}, ITL: 20 * time.Millisecond})
 	h := newHarness(t, testConfig(
 		fleet.EngineConfig{Name: "local", URL: srv.URL, Models: []string{"m"}, MaxInFlight: 1},
-		fleet.EngineConfig{Name: "openai", URL: p.srv.URL + "/v1", Provider: fleet.ProviderOpenAI, APIKey: key, CAFile: p.caFile, Models: []string{"m"}},
+		p.openAI("openai", key),
 	))
 	long := `{"model":"m","messages":[{"role":"user","content":"hello"}],"max_tokens":50,"stream":true}`
 	held := h.post("/v1/chat/completions", long)
@@ -390,7 +414,7 @@ func TestTierFallback(t *testing.T) {
 	_, srv := sim(t, enginesim.Config{Name: "local", Models: []string{"m"}, Fault: "status=500"})
 	cfg := testConfig(
 		fleet.EngineConfig{Name: "local", URL: srv.URL, Models: []string{"m"}},
-		fleet.EngineConfig{Name: "openai", URL: p.srv.URL + "/v1", Provider: fleet.ProviderOpenAI, APIKey: key, CAFile: p.caFile, Models: []string{"m"}},
+		p.openAI("openai", key),
 	)
 	cfg.Retry.On = []string{"500"}
 	h := newHarness(t, cfg)
@@ -422,19 +446,11 @@ func TestProviderBackOff(t *testing.T) {
 			limited := startProvider(t, enginesim.ProviderOpenAI, key, nil, 1)
 			other := startProvider(t, enginesim.ProviderOpenAI, key, nil, 0)
 			if tc.spent {
-				direct := providerClient(t, limited.caFile)
-				req, _ := http.NewRequest(http.MethodPost, limited.srv.URL+"/v1/chat/completions", strings.NewReader(provChat))
-				req.Header.Set("Authorization", "Bearer "+key)
-				resp, err := direct.Do(req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
+				limited.spendMinute(t, key)
 			}
 			h := newHarness(t, testConfig(
-				fleet.EngineConfig{Name: "limited", URL: limited.srv.URL + "/v1", Provider: fleet.ProviderOpenAI, APIKey: key, CAFile: limited.caFile, Models: []string{"m"}},
-				fleet.EngineConfig{Name: "other", URL: other.srv.URL + "/v1", Provider: fleet.ProviderOpenAI, APIKey: key, CAFile: other.caFile, Models: []string{"m"}},
+				limited.openAI("limited", key),
+				other.openAI("other", key),
 			))
 			for i := range 6 {
 				if st, _, b := h.do(http.MethodPost, "/v1/chat/completions", provChat); st != http.StatusOK {
@@ -531,7 +547,7 @@ func TestTierOverflowOnQueueDepth(t *testing.T) {
 		_, srv := sim(t, enginesim.Config{Name: "local", Models: []string{"m"}, MaxNumSeqs: 1, ITL: 20 * time.Millisecond})
 		engines := []fleet.EngineConfig{{Name: "local", URL: srv.URL, Models: []string{"m"}, MaxQueueDepth: 1}}
 		if withProvider {
-			engines = append(engines, fleet.EngineConfig{Name: "openai", URL: p.srv.URL + "/v1", Provider: fleet.ProviderOpenAI, APIKey: key, CAFile: p.caFile, Models: []string{"m"}})
+			engines = append(engines, p.openAI("openai", key))
 		}
 		h := newHarness(t, testConfig(engines...))
 		long := `{"model":"m","messages":[{"role":"user","content":"hello"}],"max_tokens":25,"stream":true}`
@@ -652,7 +668,7 @@ func TestTierOverflowUnderLoad(t *testing.T) {
 	h := newHarness(t, testConfig(
 		fleet.EngineConfig{Name: "l1", URL: s1.URL, Models: []string{"m"}, MaxInFlight: 2},
 		fleet.EngineConfig{Name: "l2", URL: s2.URL, Models: []string{"m"}, MaxInFlight: 2},
-		fleet.EngineConfig{Name: "openai", URL: p.srv.URL + "/v1", Provider: fleet.ProviderOpenAI, APIKey: key, CAFile: p.caFile, Models: []string{"m"}},
+		p.openAI("openai", key),
 	))
 	const n = 16
 	body := `{"model":"m","messages":[{"role":"user","content":"load"}],"max_tokens":30,"stream":true}`
