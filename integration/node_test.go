@@ -76,23 +76,10 @@ func TestNodeOpenAIClient(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, node, filepath.Join("node", "clients.mjs"))
 	// No output limit: both calls end naturally ("stop", "completed") after
 	// the engines' outputTokens tokens.
-	cmd.Env = append(cleanEnv(), "SB_URL=http://"+public, "SB_MODEL="+model)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		var exit *exec.ExitError
-		if errors.As(err, &exit) {
-			t.Fatalf("node clients.mjs exited %d:\n%s%s", exit.ExitCode(), stderr.String(), stdout.String())
-		}
-		t.Fatalf("node clients.mjs: %v\n%s", err, stderr.String())
-	}
 	var got nodeResult
-	if err := json.Unmarshal(bytes.TrimSpace(stdout.Bytes()), &got); err != nil {
-		t.Fatalf("clients.mjs printed %q: %v (stderr %q)", stdout.String(), err, stderr.String())
-	}
+	printed := runNode(t, ctx, node, "clients.mjs", &got, "SB_URL=http://"+public, "SB_MODEL="+model)
 
 	var want strings.Builder
 	for i := range outputTokens {
@@ -115,7 +102,7 @@ func TestNodeOpenAIClient(t *testing.T) {
 		t.Errorf("responses usage %+v, want 3 input and %d output tokens", r.Usage, outputTokens)
 	}
 	if t.Failed() || testing.Verbose() {
-		t.Logf("clients.mjs: %s%s", stdout.String(), stderr.String())
+		t.Logf("clients.mjs: %s", printed)
 	}
 }
 
@@ -132,4 +119,28 @@ func nodeWithClient(t *testing.T) string {
 		t.Fatalf("integration/node/node_modules has no openai package (%v): run `(cd integration/node && npm ci)`, or integration/run.sh, which does it", err)
 	}
 	return node
+}
+
+// runNode runs integration/node/script with node and env added to a clean
+// environment, and decodes the one JSON line it prints into out; a
+// failed run or output that is not that JSON fails the test, with the
+// script's stderr. It returns what the script printed (stdout, then
+// stderr).
+func runNode(t *testing.T, ctx context.Context, node, script string, out any, env ...string) string {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, node, filepath.Join("node", script))
+	cmd.Env = append(cleanEnv(), env...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		var exit *exec.ExitError
+		if errors.As(err, &exit) {
+			t.Fatalf("node %s exited %d:\n%s%s", script, exit.ExitCode(), stderr.String(), stdout.String())
+		}
+		t.Fatalf("node %s: %v\n%s", script, err, stderr.String())
+	}
+	if err := json.Unmarshal(bytes.TrimSpace(stdout.Bytes()), out); err != nil {
+		t.Fatalf("%s printed %q: %v (stderr %q)", script, stdout.String(), err, stderr.String())
+	}
+	return stdout.String() + stderr.String()
 }

@@ -4,19 +4,16 @@ package integration
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -136,17 +133,6 @@ engines:
 		}
 	}
 
-	cmd := exec.CommandContext(ctx, node, filepath.Join("node", "chat_stream.mjs"))
-	cmd.Env = append(cleanEnv(), "SB_URL=http://"+public, "SB_MODEL="+model)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	if err := cmd.Run(); err != nil {
-		var exit *exec.ExitError
-		if errors.As(err, &exit) {
-			t.Fatalf("node chat_stream.mjs exited %d:\n%s%s", exit.ExitCode(), stderr.String(), stdout.String())
-		}
-		t.Fatalf("node chat_stream.mjs: %v\n%s", err, stderr.String())
-	}
 	var got struct {
 		Model         string `json:"model"`
 		Content       string `json:"content"`
@@ -158,9 +144,7 @@ engines:
 			TotalTokens      int `json:"total_tokens"`
 		} `json:"usage"`
 	}
-	if err := json.Unmarshal(bytes.TrimSpace(stdout.Bytes()), &got); err != nil {
-		t.Fatalf("chat_stream.mjs printed %q: %v (stderr %q)", stdout.String(), err, stderr.String())
-	}
+	printed := runNode(t, ctx, node, "chat_stream.mjs", &got, "SB_URL=http://"+public, "SB_MODEL="+model)
 	var want strings.Builder
 	for i := range outputTokens {
 		fmt.Fprintf(&want, "tok%d ", i)
@@ -211,7 +195,7 @@ engines:
 		}
 	}
 	if t.Failed() || testing.Verbose() {
-		t.Logf("chat_stream.mjs: %s%s", stdout.String(), stderr.String())
+		t.Logf("chat_stream.mjs: %s", printed)
 	}
 }
 
