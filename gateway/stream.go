@@ -21,7 +21,6 @@ type streamState struct {
 	framing  framing
 	now      time.Time
 	done     bool // saw the framing's end event ([DONE], response.completed, message_stop, ...)
-	complete bool // answerComplete was called for it
 	errEvent bool // the engine sent an error event
 	// injected is set when the gateway asked for the usage chunk on the
 	// client's behalf; that chunk is then recorded but not forwarded.
@@ -451,12 +450,11 @@ func (s *Server) stream(w http.ResponseWriter, r *http.Request, resp *http.Respo
 				}
 				out, st.held = out[:st.heldAt], false
 			}
-			if (st.done || st.errEvent) && st.tail == nil && !st.complete {
+			if (st.done || st.errEvent) && st.tail == nil {
 				// The end event (or the engine's own error event, which
 				// ends a Messages or Responses stream with no end event)
 				// is in out: the request's concurrency lease goes back
-				// before the client can read it.
-				st.complete = true
+				// before the client can read it (once: leaseBack).
 				s.answerComplete(r)
 			}
 			if !a.first.IsZero() || a.class != classGenerative || !c.stream {
