@@ -458,6 +458,10 @@ func roomOf(e *fleet.Engine, ep *routing.Endpoint, now time.Time) room {
 	return roomFree
 }
 
+// admitMemo is how many candidates admit remembers between its passes:
+// more than a model's engines in most fleets.
+const admitMemo = 32
+
 // admit returns the candidates a leg of operation op (its name; "" for
 // any) may go to at now: the engines that serve op (a provider serves
 // its API's routes only), of the lowest tier that has one with room
@@ -475,15 +479,38 @@ func admit(rt *fleet.Route, cands []*routing.Endpoint, op string, now time.Time)
 	}
 	const none = int(^uint(0) >> 1)
 	lowest, free, queued, served := none, none, none, 0
-	for _, ep := range cands {
+	// What the first pass found of each candidate, for the second: a
+	// candidate is kept on the same reading of its room (counts move
+	// under concurrent requests), and nothing is looked up twice. The
+	// first admitMemo candidates; any beyond are read again.
+	var memo [admitMemo]struct {
+		e    *fleet.Engine // nil: not read yet, or not serving op
+		tier int
+		room room
+	}
+	// look returns ep's engine (nil when it does not serve op), tier and
+	// room, the i-th candidate's from memo when read already.
+	look := func(i int, ep *routing.Endpoint) (*fleet.Engine, int, room) {
+		if i < admitMemo && memo[i].e != nil {
+			return memo[i].e, memo[i].tier, memo[i].room
+		}
 		e := rt.Engine(ep)
 		if e == nil || op != "" && !e.ServesOperation(op) {
+			return nil, 0, roomNone
+		}
+		return e, e.Tier(), roomOf(e, ep, now)
+	}
+	for i, ep := range cands {
+		e, t, r := look(i, ep)
+		if e == nil {
 			continue
 		}
+		if i < admitMemo {
+			memo[i].e, memo[i].tier, memo[i].room = e, t, r
+		}
 		served++
-		t := e.Tier()
 		lowest = min(lowest, t)
-		switch roomOf(e, ep, now) {
+		switch r {
 		case roomFree:
 			free = min(free, t)
 			queued = min(queued, t)
@@ -511,13 +538,13 @@ func admit(rt *fleet.Route, cands []*routing.Endpoint, op string, now time.Time)
 	if tier > lowest {
 		ad.spill = lowest
 	}
-	keep := func(ep *routing.Endpoint) bool {
-		e := rt.Engine(ep)
-		return e != nil && (op == "" || e.ServesOperation(op)) && e.Tier() == tier && roomOf(e, ep, now) >= want
+	keep := func(i int, ep *routing.Endpoint) bool {
+		e, t, r := look(i, ep)
+		return e != nil && t == tier && r >= want
 	}
 	drop := -1
 	for i, ep := range cands {
-		if !keep(ep) {
+		if !keep(i, ep) {
 			drop = i
 			break
 		}
@@ -527,8 +554,8 @@ func admit(rt *fleet.Route, cands []*routing.Endpoint, op string, now time.Time)
 	}
 	out = make([]*routing.Endpoint, 0, len(cands)-1)
 	out = append(out, cands[:drop]...)
-	for _, ep := range cands[drop+1:] {
-		if keep(ep) {
+	for i, ep := range cands[drop+1:] {
+		if keep(drop+1+i, ep) {
 			out = append(out, ep)
 		}
 	}
