@@ -10,6 +10,7 @@
 // exits 0; on any failure it prints "clients.mjs: FAIL: ..." to stderr and
 // exits 1.
 import OpenAI from 'openai';
+import { pathToFileURL } from 'node:url';
 
 const url = process.env.SB_URL;
 const model = process.env.SB_MODEL;
@@ -19,10 +20,12 @@ function fail(msg) {
   throw new Error(msg);
 }
 
-// chatStream streams a chat completion with include_usage: at least one
-// chunk with content, then exactly one usage chunk (empty choices) after
-// the last content chunk.
-async function chatStream(client) {
+// chatStream streams a chat completion of model with include_usage: at
+// least one chunk with content, then exactly one usage chunk (empty
+// choices) after the last content chunk. It returns the text, the number
+// of content chunks, the finish reason, the usage and the model the
+// chunks named. Exported for chat_stream.mjs.
+export async function chatStream(client, model, maxTokens) {
   const stream = await client.chat.completions.create({
     model,
     messages: [{ role: 'user', content: 'hello from node' }],
@@ -35,10 +38,12 @@ async function chatStream(client) {
   let finishReason = null;
   let usage = null;
   let usageChunks = 0;
+  let answeredBy = null;
   for await (const chunk of stream) {
     if (usage !== null) {
       fail(`chat: a chunk after the usage chunk: ${JSON.stringify(chunk)}`);
     }
+    answeredBy ??= chunk.model;
     for (const choice of chunk.choices ?? []) {
       if (choice.delta?.content) {
         content += choice.delta.content;
@@ -65,7 +70,30 @@ async function chatStream(client) {
   if (!finishReason) {
     fail('chat: no chunk had a finish_reason');
   }
-  return { content, contentChunks, finishReason, usage };
+  return { model: answeredBy, content, contentChunks, finishReason, usage };
+}
+
+// newClient returns the official client for the gateway at url (its
+// /v1), with no retries of its own. Exported for chat_stream.mjs.
+export function newClient(url) {
+  return new OpenAI({
+    baseURL: url.replace(/\/+$/, '') + '/v1',
+    apiKey: 'unused',
+    maxRetries: 0,
+    timeout: 30_000,
+  });
+}
+
+// run runs main, printing "<name>: FAIL: ..." and exiting 1 on any
+// failure. Exported for chat_stream.mjs.
+export async function run(name, main) {
+  try {
+    await main();
+  } catch (err) {
+    const detail = err instanceof OpenAI.APIError && err.status !== undefined ? ` (status ${err.status}: ${JSON.stringify(err.error)})` : '';
+    console.error(`${name}: FAIL: ${err?.message ?? err}${detail}`);
+    process.exit(1);
+  }
 }
 
 // responsesStream streams a Responses API call: the text is the
@@ -115,21 +143,12 @@ async function main() {
   if (!url || !model) {
     fail('set SB_URL (the gateway base URL) and SB_MODEL');
   }
-  const client = new OpenAI({
-    baseURL: url.replace(/\/+$/, '') + '/v1',
-    apiKey: 'unused',
-    maxRetries: 0,
-    timeout: 30_000,
-  });
-  const chat = await chatStream(client);
+  const client = newClient(url);
+  const chat = await chatStream(client, model, maxTokens);
   const responses = await responsesStream(client);
   console.log(JSON.stringify({ chat, responses }));
 }
 
-try {
-  await main();
-} catch (err) {
-  const detail = err instanceof OpenAI.APIError && err.status !== undefined ? ` (status ${err.status}: ${JSON.stringify(err.error)})` : '';
-  console.error(`clients.mjs: FAIL: ${err?.message ?? err}${detail}`);
-  process.exit(1);
+if (import.meta.url === pathToFileURL(process.argv[1]).href) {
+  await run('clients.mjs', main); // run, not imported
 }
