@@ -144,3 +144,32 @@ bench_commit() {
 jq_fmt='def fixed($d): pow(10; $d) as $m | (. * $m | round) as $n | ($n | fabs) as $a
 	| (if $n < 0 then "-" else "" end) + ($a / $m | floor | tostring)
 	+ (if $d > 0 then "." + (($a % $m) | tostring | (if length < $d then ("0" * ($d - length)) else "" end) + .) else "" end);'
+
+# buckets METRICS NAME [FILTER]: histogram NAME's cumulative buckets in the
+# Prometheus text file METRICS, the series whose labels match the regexp
+# FILTER (default: every series) summed, as "le count" lines in le order
+# (+Inf as inf, last).
+buckets() {
+	awk -v name="${2}_bucket" -v f="${3:-}" 'index($0, name "{") == 1 && $0 ~ f {
+		match($0, /le="[^"]*"/); le = substr($0, RSTART + 4, RLENGTH - 5)
+		n[le == "+Inf" ? "inf" : le] += $NF
+	} END { for (le in n) print le, n[le] }' "$1" | sort -g
+}
+
+# quantile Q: the bucket of the "le count" lines on stdin that holds the Q
+# quantile, as "LO-HI" in ms (the histogram says no more); "-" without
+# samples, ">LO" past the last finite bucket.
+quantile() {
+	awk -v q="$1" '
+		NF { les[++n] = $1; c[n] = $2 }
+		END {
+			total = c[n]
+			if (n == 0 || total == 0) { print "-"; exit }
+			rank = q * total; prev = 0
+			for (j = 1; j < n; j++) {
+				if (c[j] >= rank) { printf "%g-%g\n", 1000 * prev, 1000 * les[j]; exit }
+				prev = les[j]
+			}
+			printf ">%g\n", 1000 * prev
+		}'
+}

@@ -180,31 +180,6 @@ chaos() {
 	done
 }
 
-# buckets METRICS NAME: histogram NAME's cumulative buckets, every series
-# summed, as "le count" lines in le order (+Inf as inf, last).
-buckets() {
-	awk -v name="${2}_bucket" 'index($0, name "{") == 1 {
-		match($0, /le="[^"]*"/); le = substr($0, RSTART + 4, RLENGTH - 5)
-		n[le == "+Inf" ? "inf" : le] += $NF
-	} END { for (le in n) print le, n[le] }' "$1" | sort -g
-}
-# quantile Q: the bucket of the "le count" lines on stdin that holds the
-# Q quantile, as "LO-HI" in ms (the histogram says no more); "-" without
-# samples, ">LO" past the last finite bucket.
-quantile() {
-	awk -v q="$1" '
-		NF { les[++n] = $1; c[n] = $2 }
-		END {
-			total = c[n]
-			if (n == 0 || total == 0) { print "-"; exit }
-			rank = q * total; prev = 0
-			for (j = 1; j < n; j++) {
-				if (c[j] >= rank) { printf "%g-%g\n", 1000 * prev, 1000 * les[j]; exit }
-				prev = les[j]
-			}
-			printf ">%g\n", 1000 * prev
-		}'
-}
 
 # next_scrape DIR T: the scrape that ends chaos turn T's window.
 next_scrape() { if [[ -e "$1/scrape-$(($2 + 1)).txt" ]]; then echo "$1/scrape-$(($2 + 1)).txt"; else echo "$1/metrics.txt"; fi; }

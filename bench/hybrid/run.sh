@@ -183,32 +183,6 @@ phase() {
 phase self-hosted
 phase hybrid
 
-# buckets METRICS NAME FILTER: histogram NAME's cumulative buckets, the
-# series whose labels match the regexp FILTER summed, as "le count" lines in
-# le order (+Inf as inf, last).
-buckets() {
-	awk -v name="${2}_bucket" -v f="$3" 'index($0, name "{") == 1 && $0 ~ f {
-		match($0, /le="[^"]*"/); le = substr($0, RSTART + 4, RLENGTH - 5)
-		n[le == "+Inf" ? "inf" : le] += $NF
-	} END { for (le in n) print le, n[le] }' "$1" | sort -g
-}
-# quantile Q: the bucket of the "le count" lines on stdin that holds the Q
-# quantile, as "LO-HI" in ms; "-" without samples, ">LO" past the last
-# finite bucket.
-quantile() {
-	awk -v q="$1" '
-		NF { les[++n] = $1; c[n] = $2 }
-		END {
-			total = c[n]
-			if (n == 0 || total == 0) { print "-"; exit }
-			rank = q * total; prev = 0
-			for (j = 1; j < n; j++) {
-				if (c[j] >= rank) { printf "%g-%g\n", 1000 * prev, 1000 * les[j]; exit }
-				prev = les[j]
-			}
-			printf ">%g\n", 1000 * prev
-		}'
-}
 # counter METRICS NAME FILTER: the sum of NAME's series whose labels match
 # the regexp FILTER.
 counter() { awk -v name="$2" -v f="$3" 'index($0, name "{") == 1 && $0 ~ f { s += $NF } END { print s + 0 }' "$1"; }
