@@ -26,16 +26,22 @@ const (
 
 // AdminAuthConfig is the admin listener's authentication (`admin.auth`).
 // Every write action (any method but GET and HEAD: drain, undrain, sleep,
-// wake_up, LoRA loading, prefix cache reset) needs an admin token, sent as
-// `Authorization: Bearer <token>`; reads need one when Reads is
-// AdminReadsToken. Tokens are compared in constant time on their SHA-256,
-// never logged; failed attempts are counted
+// wake_up, LoRA loading, prefix cache reset, the keys API) needs an admin
+// token, sent as `Authorization: Bearer <token>`; a read-only token
+// (ReadTokensEnv, ReadTokensFile) is refused there with 403. Reads need a
+// token, of either kind, when Reads is AdminReadsToken; the console's data
+// (/admin/console/...) and the profiles under /debug/pprof need one
+// whenever tokens are configured. Tokens are compared in constant time on
+// their SHA-256, never logged; failed attempts are counted
 // (telemetry.AdminAuthFailuresName) and limited to maxAdminFailures a
 // second from one client address (10 times that from all together), past
 // which that address's attempts are answered 429 until the next second.
-// The profiles under /debug/pprof need a token whenever tokens are
-// configured. A reload reads the tokens again (one that cannot read them
-// is rejected).
+// Non-safe requests a browser sends from another origin are refused with
+// 403 cross_origin_request (http.CrossOriginProtection: Sec-Fetch-Site,
+// else Origin against Host), so no page elsewhere can drive the admin
+// API through an operator's browser, even on a listener with open writes.
+// A reload reads the tokens again (one that cannot read them is
+// rejected).
 type AdminAuthConfig struct {
 	// TokensEnv names an environment variable holding the admin tokens,
 	// separated by commas, spaces or new lines, each at least
@@ -45,6 +51,13 @@ type AdminAuthConfig struct {
 	// lines and lines starting with # ignored), such as a mounted
 	// Kubernetes Secret. Set, it must be readable and hold one.
 	TokensFile string `koanf:"tokens_file"`
+	// ReadTokensEnv and ReadTokensFile hold read-only admin tokens, in the
+	// same forms: they open what a token opens for reading (reads under
+	// AdminReadsToken, the console's data, pprof) and never a write
+	// action, which answers them 403 admin_token_read_only. For
+	// dashboards, scrapers and on-call viewers.
+	ReadTokensEnv  string `koanf:"read_tokens_env"`
+	ReadTokensFile string `koanf:"read_tokens_file"`
 	// Reads is AdminReadsOpen (the default: a Prometheus scrape needs no
 	// token) or AdminReadsToken.
 	Reads string `koanf:"reads"`
@@ -72,28 +85,51 @@ func (c AdminAuthConfig) validate() error {
 	default:
 		return fmt.Errorf("%w: admin.auth.reads must be %q or %q, got %q", ErrInvalidConfig, AdminReadsOpen, AdminReadsToken, c.Reads)
 	}
-	if c.Reads == AdminReadsToken && c.TokensEnv == "" && c.TokensFile == "" {
-		return fmt.Errorf("%w: admin.auth.reads %q needs admin tokens (admin.auth.tokens_env or tokens_file)", ErrInvalidConfig, AdminReadsToken)
+	if c.Reads == AdminReadsToken && c.TokensEnv == "" && c.TokensFile == "" && c.ReadTokensEnv == "" && c.ReadTokensFile == "" {
+		return fmt.Errorf("%w: admin.auth.reads %q needs admin tokens (admin.auth.tokens_env, tokens_file, read_tokens_env or read_tokens_file)", ErrInvalidConfig, AdminReadsToken)
 	}
 	return nil
 }
 
-// adminTokens reads c's tokens and returns their SHA-256 digests; none
-// when c configures no source. Errors (wrapping ErrInvalidConfig) name
-// the variable or the file, never a token.
-func (c AdminAuthConfig) adminTokens() ([][32]byte, error) {
+// adminTokens are the SHA-256 digests of the admin tokens in use.
+type adminTokens struct {
+	write [][32]byte // every action
+	read  [][32]byte // reads only
+}
+
+// count is how many tokens there are, of both kinds.
+func (t adminTokens) count() int { return len(t.write) + len(t.read) }
+
+// adminTokens reads c's tokens and returns their digests; none when c
+// configures no source. Errors (wrapping ErrInvalidConfig) name the
+// setting, the variable or the file, never a token.
+func (c AdminAuthConfig) adminTokens() (adminTokens, error) {
+	var t adminTokens
+	var err error
+	if t.write, err = readAdminTokens("tokens", c.TokensEnv, c.TokensFile); err != nil {
+		return adminTokens{}, err
+	}
+	if t.read, err = readAdminTokens("read_tokens", c.ReadTokensEnv, c.ReadTokensFile); err != nil {
+		return adminTokens{}, err
+	}
+	return t, nil
+}
+
+// readAdminTokens reads the tokens of admin.auth.<kind>_env (the variable
+// env) and <kind>_file (file) and returns their digests.
+func readAdminTokens(kind, env, file string) ([][32]byte, error) {
 	var raw []string
-	if c.TokensEnv != "" {
-		toks := strings.FieldsFunc(os.Getenv(c.TokensEnv), func(r rune) bool { return r == ',' || r == ' ' || r == '\n' || r == '\r' || r == '\t' })
+	if env != "" {
+		toks := strings.FieldsFunc(os.Getenv(env), func(r rune) bool { return r == ',' || r == ' ' || r == '\n' || r == '\r' || r == '\t' })
 		if len(toks) == 0 {
-			return nil, fmt.Errorf("%w: admin.auth.tokens_env: %s is unset or holds no token", ErrInvalidConfig, c.TokensEnv)
+			return nil, fmt.Errorf("%w: admin.auth.%s_env: %s is unset or holds no token", ErrInvalidConfig, kind, env)
 		}
 		raw = append(raw, toks...)
 	}
-	if c.TokensFile != "" {
-		b, err := os.ReadFile(c.TokensFile)
+	if file != "" {
+		b, err := os.ReadFile(file)
 		if err != nil {
-			return nil, fmt.Errorf("%w: admin.auth.tokens_file %s cannot be read", ErrInvalidConfig, c.TokensFile)
+			return nil, fmt.Errorf("%w: admin.auth.%s_file %s cannot be read", ErrInvalidConfig, kind, file)
 		}
 		n := 0
 		for _, line := range strings.Split(string(b), "\n") {
@@ -103,14 +139,14 @@ func (c AdminAuthConfig) adminTokens() ([][32]byte, error) {
 			}
 		}
 		if n == 0 {
-			return nil, fmt.Errorf("%w: admin.auth.tokens_file %s holds no token", ErrInvalidConfig, c.TokensFile)
+			return nil, fmt.Errorf("%w: admin.auth.%s_file %s holds no token", ErrInvalidConfig, kind, file)
 		}
 	}
 	out := make([][32]byte, len(raw))
 	for i, t := range raw {
 		if len(t) < minAdminToken {
-			return nil, fmt.Errorf("%w: admin token %d of admin.auth is %d characters long, shorter than %d: make a random one (openssl rand -hex 24)",
-				ErrInvalidConfig, i+1, len(t), minAdminToken)
+			return nil, fmt.Errorf("%w: admin token %d of admin.auth.%s is %d characters long, shorter than %d: make a random one (openssl rand -hex 24)",
+				ErrInvalidConfig, i+1, kind, len(t), minAdminToken)
 		}
 		out[i] = sha256.Sum256([]byte(t))
 	}
@@ -121,7 +157,7 @@ func (c AdminAuthConfig) adminTokens() ([][32]byte, error) {
 // tokens in use (swapped by a reload) and the failure limiter.
 type adminGate struct {
 	mu     sync.Mutex
-	tokens [][32]byte
+	tokens adminTokens
 	second int64          // the Unix second failures are counted in
 	fails  int            // this second's failures, from every client
 	byPeer map[string]int // this second's failures by client address (at most maxAdminPeers)
@@ -132,20 +168,28 @@ type adminGate struct {
 const maxAdminPeers = 4096
 
 // set installs tokens.
-func (g *adminGate) set(tokens [][32]byte) {
+func (g *adminGate) set(tokens adminTokens) {
 	g.mu.Lock()
 	g.tokens = tokens
 	g.mu.Unlock()
 }
 
-// check reports whether presented, sent from the client address peer, is
-// one of the tokens, comparing its digest with every one in constant
-// time. limited is set, and nothing compared, when peer has spent its
-// maxAdminFailures failures this second, or every client together
-// maxAdminFailures x 10: a flood from one address does not lock out an
-// admin calling from another, and no number of addresses guesses faster
-// than the global count allows. A failure is counted here.
-func (g *adminGate) check(presented, peer string, now time.Time) (ok, limited bool) {
+// The kinds of admin token adminGate.check finds.
+const (
+	adminNone  = iota // no token of either kind
+	adminRead         // a read-only token
+	adminWrite        // a token for every action
+)
+
+// check reports which kind of token presented, sent from the client
+// address peer, is (adminNone, adminRead, adminWrite), comparing its
+// digest with every token in constant time. limited is set, and nothing
+// compared, when peer has spent its maxAdminFailures failures this second,
+// or every client together maxAdminFailures x 10: a flood from one
+// address does not lock out an admin calling from another, and no number
+// of addresses guesses faster than the global count allows. A failure is
+// counted here.
+func (g *adminGate) check(presented, peer string, now time.Time) (kind int, limited bool) {
 	d := sha256.Sum256([]byte(presented))
 	g.mu.Lock()
 	defer g.mu.Unlock()
@@ -158,48 +202,80 @@ func (g *adminGate) check(presented, peer string, now time.Time) (ok, limited bo
 		}
 	}
 	if g.byPeer[peer] >= maxAdminFailures || g.fails >= 10*maxAdminFailures {
-		return false, true
+		return adminNone, true
 	}
-	match := 0
-	for i := range g.tokens {
-		match |= subtle.ConstantTimeCompare(d[:], g.tokens[i][:])
+	write, read := 0, 0
+	for i := range g.tokens.write {
+		write |= subtle.ConstantTimeCompare(d[:], g.tokens.write[i][:])
 	}
-	if match == 1 {
-		return true, false
+	for i := range g.tokens.read {
+		read |= subtle.ConstantTimeCompare(d[:], g.tokens.read[i][:])
+	}
+	switch {
+	case write == 1:
+		return adminWrite, false
+	case read == 1:
+		return adminRead, false
 	}
 	g.fails++
 	if _, seen := g.byPeer[peer]; seen || len(g.byPeer) < maxAdminPeers {
 		g.byPeer[peer]++
 	}
-	return false, false
+	return adminNone, false
 }
 
-// configured reports whether any token is installed.
+// configured reports whether any token, of either kind, is installed.
 func (g *adminGate) configured() bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return len(g.tokens) > 0
+	return g.tokens.count() > 0
 }
 
-// adminAuth is the admin listener's middleware (AdminAuthConfig).
+// consolePath reports whether path is the console's data, which needs a
+// token (reads too) whenever tokens are configured: keys, recent requests
+// and the configuration are more than a scrape needs.
+func consolePath(path string) bool {
+	return strings.HasPrefix(path, "/admin/console/")
+}
+
+// adminAuth is the admin listener's middleware (AdminAuthConfig): the
+// cross-origin check, then the token check.
 func (s *Server) adminAuth(next http.Handler) http.Handler {
+	cop := http.NewCrossOriginProtection()
+	cop.SetDenyHandler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.metrics.RecordAdminAuthFailure(r.Context(), telemetry.AdminAuthCrossOrigin)
+		writeError(w, r, &APIError{Status: http.StatusForbidden, Type: TypeInvalidRequest, Code: "cross_origin_request",
+			Message: "admin write actions are refused from a page of another origin"})
+	}))
+	return cop.Handler(s.adminTokenCheck(next))
+}
+
+// adminTokenCheck is the token check of adminAuth.
+func (s *Server) adminTokenCheck(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		cfg := s.set.Load().cfg.AdminAuth
 		write := r.Method != http.MethodGet && r.Method != http.MethodHead
 		// The profiles (CPU and execution traces cost, goroutine dumps
-		// tell) need a token whenever tokens are configured.
+		// tell) need a token whenever tokens are configured; the console's
+		// data (keys, recent requests, the configuration) always does, or
+		// open writes when none is.
+		console := consolePath(r.URL.Path)
 		pprof := strings.HasPrefix(r.URL.Path, "/debug/pprof")
-		if !write && cfg.Reads != AdminReadsToken && !(pprof && s.admin.configured()) {
+		if !write && !console && cfg.Reads != AdminReadsToken && !(pprof && s.admin.configured()) {
 			next.ServeHTTP(w, r)
 			return
 		}
 		if !s.admin.configured() {
-			if write && cfg.OpenWrites {
+			if cfg.OpenWrites {
 				next.ServeHTTP(w, r)
 				return
 			}
+			what := "admin write actions need"
+			if !write {
+				what = "the console needs"
+			}
 			writeError(w, r, &APIError{Status: http.StatusForbidden, Type: TypeInvalidRequest, Code: "admin_token_required",
-				Message: "admin write actions need an admin token, and none is configured: set admin.auth.tokens_env or admin.auth.tokens_file"})
+				Message: what + " an admin token, and none is configured: set admin.auth.tokens_env or admin.auth.tokens_file"})
 			return
 		}
 		scheme, tok, _ := strings.Cut(r.Header.Get("Authorization"), " ")
@@ -215,10 +291,14 @@ func (s *Server) adminAuth(next http.Handler) http.Handler {
 		if err != nil {
 			peer = r.RemoteAddr
 		}
-		ok, limited := s.admin.check(tok, peer, time.Now())
+		kind, limited := s.admin.check(tok, peer, time.Now())
 		switch {
-		case ok:
+		case kind == adminWrite || kind == adminRead && !write:
 			next.ServeHTTP(w, r)
+		case kind == adminRead:
+			s.metrics.RecordAdminAuthFailure(r.Context(), telemetry.AdminAuthReadOnly)
+			writeError(w, r, &APIError{Status: http.StatusForbidden, Type: TypeInvalidRequest, Code: "admin_token_read_only",
+				Message: "this admin token may only read; " + r.Method + " " + r.URL.Path + " needs a token of admin.auth.tokens_env or tokens_file"})
 		case limited:
 			s.metrics.RecordAdminAuthFailure(r.Context(), telemetry.AdminAuthLimited)
 			w.Header().Set("Retry-After", strconv.Itoa(1))

@@ -187,21 +187,21 @@ func TestAdminAuthNoTokens(t *testing.T) {
 // until every address together has failed 10 times as often.
 func TestAdminGateLimitsFailures(t *testing.T) {
 	var g adminGate
-	g.set([][32]byte{sha256.Sum256([]byte("good"))})
+	g.set(adminTokens{write: [][32]byte{sha256.Sum256([]byte("good"))}})
 	now := time.Unix(1_800_000_000, 0)
 	for i := range maxAdminFailures {
-		if ok, limited := g.check("bad", "10.0.0.1", now); ok || limited {
-			t.Fatalf("failure %d: ok %v limited %v", i, ok, limited)
+		if kind, limited := g.check("bad", "10.0.0.1", now); kind != adminNone || limited {
+			t.Fatalf("failure %d: kind %d limited %v", i, kind, limited)
 		}
 	}
-	if ok, limited := g.check("good", "10.0.0.1", now.Add(500*time.Millisecond)); ok || !limited {
-		t.Errorf("past the limit in the same second: ok %v limited %v, want refused unchecked", ok, limited)
+	if kind, limited := g.check("good", "10.0.0.1", now.Add(500*time.Millisecond)); kind != adminNone || !limited {
+		t.Errorf("past the limit in the same second: kind %d limited %v, want refused unchecked", kind, limited)
 	}
-	if ok, limited := g.check("good", "10.0.0.2", now.Add(500*time.Millisecond)); !ok || limited {
-		t.Errorf("another address: ok %v limited %v, want accepted", ok, limited)
+	if kind, limited := g.check("good", "10.0.0.2", now.Add(500*time.Millisecond)); kind != adminWrite || limited {
+		t.Errorf("another address: kind %d limited %v, want accepted", kind, limited)
 	}
-	if ok, limited := g.check("good", "10.0.0.1", now.Add(time.Second)); !ok || limited {
-		t.Errorf("the next second: ok %v limited %v, want accepted", ok, limited)
+	if kind, limited := g.check("good", "10.0.0.1", now.Add(time.Second)); kind != adminWrite || limited {
+		t.Errorf("the next second: kind %d limited %v, want accepted", kind, limited)
 	}
 	// Many addresses together: 10 x maxAdminFailures, then everyone waits.
 	later := now.Add(2 * time.Second)
@@ -210,7 +210,121 @@ func TestAdminGateLimitsFailures(t *testing.T) {
 			t.Fatalf("failure %d limited before the global count", i)
 		}
 	}
-	if ok, limited := g.check("good", "10.9.9.9", later); ok || !limited {
-		t.Errorf("past the global count: ok %v limited %v, want refused", ok, limited)
+	if kind, limited := g.check("good", "10.9.9.9", later); kind != adminNone || !limited {
+		t.Errorf("past the global count: kind %d limited %v, want refused", kind, limited)
+	}
+}
+
+// adminSend sends method path with the headers hdr (name, value, ...) and
+// body to the gateway's admin handler.
+func adminSend(h *harness, method, path, body string, hdr ...string) (int, string) {
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(method, path, strings.NewReader(body))
+	for i := 0; i+1 < len(hdr); i += 2 {
+		req.Header.Set(hdr[i], hdr[i+1])
+	}
+	h.gw.AdminHandler(nil).ServeHTTP(rec, req)
+	return rec.Code, rec.Body.String()
+}
+
+// TestAdminAuthReadOnlyToken: a read-only token opens reads (under reads:
+// token, the console's data, pprof) and is refused 403 on every write;
+// the console's data needs a token even while reads are open.
+func TestAdminAuthReadOnlyToken(t *testing.T) {
+	const w, r = "adm-write-token-5e6f-7a8b9c0d", "adm-read-token-1a2b-3c4d5e6f"
+	t.Setenv("SB_TEST_ADMIN_W", w)
+	t.Setenv("SB_TEST_ADMIN_R", r)
+	_, srv := sim(t, enginesim.Config{Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+	cfg.AdminAuth = AdminAuthConfig{TokensEnv: "SB_TEST_ADMIN_W", ReadTokensEnv: "SB_TEST_ADMIN_R", Reads: AdminReadsOpen, OpenWrites: true}
+	h := newHarness(t, cfg)
+	for _, path := range []string{"/admin/engines/e1/drain", "/admin/engines/e1/sleep?level=1", "/admin/engines/e1/wake_up"} {
+		if st, _, body := adminDo(h, http.MethodPost, path, r); st != http.StatusForbidden || !strings.Contains(body, "admin_token_read_only") {
+			t.Errorf("POST %s with a read-only token: %d %s, want 403 admin_token_read_only", path, st, body)
+		}
+	}
+	if h.engineStates()["e1"] != "ready" {
+		t.Fatalf("a read-only token drained: %v", h.engineStates())
+	}
+	if n := h.counter(telemetry.AdminAuthFailuresName, attribute.String("reason", "read_only")); n != 3 {
+		t.Errorf("read_only failures %d, want 3", n)
+	}
+	if st, _, _ := adminDo(h, http.MethodPost, "/admin/engines/e1/drain", w); st != http.StatusOK {
+		t.Errorf("drain with the write token: %d, want 200", st)
+	}
+	// The console's data: a token of either kind, even with reads open
+	// (and with open_writes, which matters only without tokens).
+	if st, _, _ := adminDo(h, http.MethodGet, "/admin/console/engines", ""); st != http.StatusUnauthorized {
+		t.Errorf("console data without a token: %d, want 401", st)
+	}
+	for _, tok := range []string{r, w} {
+		if st, _, _ := adminDo(h, http.MethodGet, "/admin/console/engines", tok); st == http.StatusUnauthorized || st == http.StatusForbidden {
+			t.Errorf("console data with a token: %d, want it through", st)
+		}
+		if st, _, _ := adminDo(h, http.MethodGet, "/debug/pprof/", tok); st != http.StatusOK {
+			t.Errorf("pprof with a token: %d, want 200", st)
+		}
+	}
+	cfg.AdminAuth.Reads = AdminReadsToken
+	h.reload(cfg, routing.NewRoundRobin())
+	if st, _, _ := adminDo(h, http.MethodGet, "/admin/engines", r); st != http.StatusOK {
+		t.Errorf("a read with the read-only token under reads: token: %d, want 200", st)
+	}
+	if st, _, _ := adminDo(h, http.MethodGet, "/admin/engines", ""); st != http.StatusUnauthorized {
+		t.Errorf("a read without a token under reads: token: %d, want 401", st)
+	}
+	// Without tokens the console's data follows open_writes.
+	cfg.AdminAuth = AdminAuthConfig{}
+	h.reload(cfg, routing.NewRoundRobin())
+	if st, _, body := adminDo(h, http.MethodGet, "/admin/console/engines", ""); st != http.StatusForbidden || !strings.Contains(body, "admin_token_required") {
+		t.Errorf("console data without tokens or open_writes: %d %s, want 403 admin_token_required", st, body)
+	}
+}
+
+// TestAdminAuthCrossOrigin: a write a browser sends from a page of another
+// origin (a CSRF form post) is refused 403 cross_origin_request before
+// the token is looked at, even on a listener with open writes; the same
+// form post from the admin listener's own origin still needs the bearer
+// token a form cannot carry; a same-origin fetch with the token works.
+func TestAdminAuthCrossOrigin(t *testing.T) {
+	const w = "adm-write-token-0f1e-2d3c4b5a"
+	t.Setenv("SB_TEST_ADMIN_W", w)
+	_, srv := sim(t, enginesim.Config{Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+	cfg.AdminAuth = AdminAuthConfig{Reads: AdminReadsOpen, OpenWrites: true} // no tokens: writes open
+	h := newHarness(t, cfg)
+	form := "application/x-www-form-urlencoded"
+	cases := []struct {
+		name string
+		hdr  []string
+	}{
+		{"Sec-Fetch-Site cross-site", []string{"Content-Type", form, "Sec-Fetch-Site", "cross-site", "Origin", "https://evil.example"}},
+		{"Sec-Fetch-Site same-site", []string{"Content-Type", form, "Sec-Fetch-Site", "same-site", "Origin", "http://other.example.com"}},
+		{"Origin only", []string{"Content-Type", form, "Origin", "https://evil.example"}},
+	}
+	for _, c := range cases {
+		if st, body := adminSend(h, http.MethodPost, "/admin/engines/e1/drain", "x=1", c.hdr...); st != http.StatusForbidden || !strings.Contains(body, "cross_origin_request") {
+			t.Errorf("%s: %d %s, want 403 cross_origin_request", c.name, st, body)
+		}
+	}
+	if h.engineStates()["e1"] != "ready" {
+		t.Fatalf("a cross-origin form post drained: %v", h.engineStates())
+	}
+	if n := h.counter(telemetry.AdminAuthFailuresName, attribute.String("reason", "cross_origin")); n != int64(len(cases)) {
+		t.Errorf("cross_origin failures %d, want %d", n, len(cases))
+	}
+	// A cross-origin read is harmless and allowed (the browser keeps the
+	// answer from the other page).
+	if st, _ := adminSend(h, http.MethodGet, "/admin/engines", "", "Sec-Fetch-Site", "cross-site"); st != http.StatusOK {
+		t.Errorf("cross-site GET: %d, want 200", st)
+	}
+	// With a token configured, a same-origin form post (no bearer) is 401.
+	cfg.AdminAuth = AdminAuthConfig{TokensEnv: "SB_TEST_ADMIN_W", Reads: AdminReadsOpen}
+	h.reload(cfg, routing.NewRoundRobin())
+	if st, body := adminSend(h, http.MethodPost, "/admin/engines/e1/drain", "x=1", "Content-Type", form, "Sec-Fetch-Site", "same-origin"); st != http.StatusUnauthorized {
+		t.Errorf("same-origin form post without a token: %d %s, want 401", st, body)
+	}
+	if st, body := adminSend(h, http.MethodPost, "/admin/engines/e1/drain", "", "Sec-Fetch-Site", "same-origin", "Authorization", "Bearer "+w); st != http.StatusOK {
+		t.Errorf("same-origin fetch with the token: %d %s, want 200", st, body)
 	}
 }

@@ -308,8 +308,8 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 		return nil, err
 	}
 	s.admin.set(tokens)
-	if len(tokens) > 0 {
-		c.log.Info("admin write actions need one of the admin tokens", "tokens", len(tokens), "reads", cfg.AdminAuth.Reads)
+	if tokens.count() > 0 {
+		c.log.Info("admin write actions need one of the admin tokens", "tokens", len(tokens.write), "read_only_tokens", len(tokens.read), "reads", cfg.AdminAuth.Reads)
 	}
 	s.retries.inflight = &s.inflight
 	s.set.Store(newSettings(cfg, policy))

@@ -13,8 +13,10 @@ import (
 const AdminAuthFailuresName = "switchboard.admin.auth_failures"
 
 // AttrAdminAuthReason is why an admin request was refused: missing (no
-// bearer token), invalid (not an admin token) or rate_limited (the
-// second's failures were spent, nothing was compared).
+// bearer token), invalid (not an admin token), rate_limited (the second's
+// failures were spent, nothing was compared), read_only (a read-only token
+// on a write action) or cross_origin (a browser's write from a page of
+// another origin).
 const AttrAdminAuthReason = attribute.Key("reason")
 
 // The values of AttrAdminAuthReason.
@@ -22,6 +24,11 @@ const (
 	AdminAuthMissing = "missing"
 	AdminAuthInvalid = "invalid"
 	AdminAuthLimited = "rate_limited"
+	// AdminAuthReadOnly: a read-only token sent for a write action.
+	AdminAuthReadOnly = "read_only"
+	// AdminAuthCrossOrigin: a write a browser sent from another origin
+	// (CSRF).
+	AdminAuthCrossOrigin = "cross_origin"
 )
 
 type adminInstruments struct {
