@@ -38,6 +38,10 @@
 #   IT_MODEL           the model they serve (it-model)
 #   IT_GATEWAY_BIN, IT_ENGINESIM_BIN, IT_OTELCOL_BIN, IT_JAEGER_BIN,
 #   IT_PROM_BIN        the binaries
+#   IT_ARTIFACTS       where a failed test leaves files to look at (the
+#                      console test's screenshots): $run/artifacts
+#   IT_CHROMIUM        (optional) the browser for the console test; else
+#                      chromium on PATH (Debian's chromium package)
 #   IT_KUBE_URL, IT_KUBE_TOKEN, IT_KUBE_CA, IT_KUBE_CONFIG, IT_KUBE_ETCD_URL,
 #   IT_KUBE_DIR, IT_KUBE_SCRIPT
 #                      the control plane, as integration/kube.sh describes
@@ -270,6 +274,7 @@ export IT_ENGINESIM_BIN="$run/enginesim"
 export IT_OTELCOL_BIN="$bin/otelcol"
 export IT_JAEGER_BIN="$bin/jaeger"
 export IT_PROM_BIN="$bin/prometheus"
+export IT_ARTIFACTS="$run/artifacts" # screenshots of a failed browser test (the run directory is kept on failure)
 echo "stack ready: gateway $IT_GATEWAY_URL (admin $IT_GATEWAY_ADMIN_URL), Jaeger $IT_JAEGER_URL, Prometheus $IT_PROM_URL, kube-apiserver $IT_KUBE_URL"
 
 cd "$root"
