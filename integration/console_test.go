@@ -398,7 +398,10 @@ func TestConsoleBrowser(t *testing.T) {
 		chromedp.Click(chromedp.CSS(row+` button[data-action="revoke"]`)),
 		chromedp.WaitVisible(chromedp.CSS(row+` button[data-action="revoke-confirm"]`)),
 		chromedp.Click(chromedp.CSS(row+` button[data-action="revoke-confirm"]`)),
-		func(context.Context, *chromedp.Target) (chromedp.Void, error) { revokedAt = time.Now(); return chromedp.Void{}, nil },
+		func(context.Context, *chromedp.Target) (chromedp.Void, error) {
+			revokedAt = time.Now()
+			return chromedp.Void{}, nil
+		},
 		chromedp.WaitNotPresent(chromedp.CSS(row)),
 	); err != nil {
 		t.Fatalf("revoking the key in the page: %v", err)
