@@ -190,8 +190,10 @@ type redisKeys struct {
 }
 
 // newKeysAPI builds the keys API of s. With limits.redis set it reads the
-// keys from Redis once (a Redis down at start holds /ready, and keyed
-// requests get 503, until a read succeeds) and starts the poll.
+// keys from Redis once and starts the poll. Until a read succeeds a key
+// not in the configuration gets 503 keys_unavailable, and with no key
+// configured every request does and /ready is held: whether auth is on
+// is not known.
 func newKeysAPI(s *Server, cfg Config, readFile func(string) ([]KeyConfig, error), log *slog.Logger) (*keysAPI, error) {
 	k := &keysAPI{readFile: readFile, log: log}
 	rc := cfg.Limits.Redis
@@ -228,8 +230,13 @@ func newKeysAPI(s *Server, cfg Config, readFile func(string) ([]KeyConfig, error
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
 	if err := r.reload(ctx); err != nil {
-		log.Warn("cannot read the api keys from redis: keyed requests get 503 and /ready waits until it answers", "error", err)
-		r.unhold = s.HoldReady("the api keys in redis")
+		// Until the keys are read, a key not in the configuration gets
+		// 503. With no key configured whether auth is on is not known:
+		// every request gets 503, and /ready waits.
+		log.Warn("cannot read the api keys from redis: a key not in the configuration gets 503 until it answers", "error", err)
+		if len(cfg.Auth.Keys) == 0 {
+			r.unhold = s.HoldReady("the api keys in redis")
+		}
 	}
 	go r.poll(ctx)
 	return k, nil

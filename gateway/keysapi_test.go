@@ -484,3 +484,29 @@ func TestKeysAPIRedisDownAtStart(t *testing.T) {
 		t.Errorf("/ready once the keys were read: %d %s", st, body)
 	}
 }
+
+// TestKeysAPIRedisDownAtStartConfigKeys: with keys configured, a Redis
+// down at start leaves the gateway ready and the configured keys served;
+// only a key it does not know is 503 (it may be one kept in Redis).
+func TestKeysAPIRedisDownAtStartConfigKeys(t *testing.T) {
+	var rec recorder
+	url := okEngine(t, &rec)
+	rds := redistest.Start(t)
+	rds.Stop()
+	cfg, _ := redisKeysConfig(url, rds.Addr())
+	cfg.Auth = AuthConfig{Keys: []KeyConfig{{Name: "team-cfg", SHA256: sha("k-cfg"), Models: []string{"*"}}}}
+	h := newHarness(t, cfg)
+	if st := chatWith(h, "k-cfg", chatM); st != http.StatusOK {
+		t.Errorf("a configured key: %d, want 200", st)
+	}
+	if st := chatWith(h, "", chatM); st != http.StatusUnauthorized {
+		t.Errorf("no key: %d, want 401", st)
+	}
+	st, _, body := h.do(http.MethodPost, "/v1/chat/completions", chatM, "Authorization", "Bearer sk-sb-unknown")
+	if code, _, _ := adminErr(t, body); st != http.StatusServiceUnavailable || code != "keys_unavailable" {
+		t.Errorf("an unknown key before the keys were read: %d %s, want 503 keys_unavailable", st, body)
+	}
+	if st, _, body := h.do(http.MethodGet, "/ready", ""); st != http.StatusOK {
+		t.Errorf("/ready: %d %s, want 200", st, body)
+	}
+}
