@@ -13,6 +13,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.opentelemetry.io/otel/trace"
 
@@ -33,6 +34,11 @@ type AuthConfig struct {
 	// key may not use as an unknown model (404 model_not_found) instead of
 	// 403 permission_denied, so a key cannot learn what else is served.
 	HideUnauthorizedModels bool `koanf:"hide_unauthorized_models"`
+	// KeysFilePath is auth.keys_file as the loader read it ("" = none; not
+	// a key of this section: the loader fills it in). Without
+	// limits.redis the keys API writes the keys it manages there
+	// (keysapi.go).
+	KeysFilePath string `koanf:"-"`
 }
 
 // KeyConfig is one API key.
@@ -49,6 +55,13 @@ type KeyConfig struct {
 	// Limits are the key's limits (none by default), shared by the fleet
 	// when LimitsConfig.Redis is set, per process otherwise.
 	Limits KeyLimits `koanf:"limits"`
+	// Source is where the key was read from: KeySourceConfig ("" counts
+	// as it) or KeySourceKeysFile, set by the loader; not a config key.
+	Source string `koanf:"-"`
+	// CreatedAt is when the keys API created the key (UTC, whole
+	// seconds); zero for a key written by hand. Not a config key: the
+	// keys file's created_at.
+	CreatedAt time.Time `koanf:"-"`
 }
 
 // KeyLimits are one key's limits; 0 means no limit of that kind.
@@ -229,9 +242,16 @@ func errPermissionDenied(model string) *APIError {
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return door(func(w http.ResponseWriter, r *http.Request) error {
 		set := s.set.Load()
-		if len(set.keys) == 0 {
+		api := s.keys.current()
+		if len(set.keys) == 0 && api.none() {
 			next.ServeHTTP(w, r)
 			return nil
+		}
+		if len(set.keys) == 0 && !api.loaded {
+			// Whether auth is on depends on the keys in Redis, not read
+			// yet: refusing is safe, serving everyone is not.
+			closeAfterUnreadBody(w, http.NewResponseController(w))
+			return errKeysUnavailable()
 		}
 		st := stateFrom(r.Context())
 		key, err := presentedKey(r)
@@ -243,8 +263,14 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			ae = errUnauthorized("no api key: send it as `Authorization: Bearer <key>` or `x-api-key`")
 			ae.Code = "missing_api_key"
 		default:
-			if i := matchKey(set.keys, sha256.Sum256([]byte(key))); i >= 0 {
-				k := &set.keys[i]
+			sum := sha256.Sum256([]byte(key))
+			var k *apiKey
+			if i := matchKey(set.keys, sum); i >= 0 {
+				k = &set.keys[i]
+			} else {
+				k = api.match(set, sum)
+			}
+			if k != nil {
 				if st != nil {
 					st.key = k
 				}
@@ -253,6 +279,12 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 				}
 				next.ServeHTTP(w, r)
 				return nil
+			}
+			if !api.loaded {
+				// Perhaps a key of the keys API not read yet: a 503 the
+				// client retries, not a 401 it believes.
+				closeAfterUnreadBody(w, http.NewResponseController(w))
+				return errKeysUnavailable()
 			}
 			ae = errUnauthorized("incorrect api key provided")
 		}

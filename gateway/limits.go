@@ -481,6 +481,13 @@ type KeyStatus struct {
 	Name   string    `json:"name"`
 	Models []string  `json:"models"`
 	Limits KeyLimits `json:"limits"` // 0 = no limit
+	// Source is where the key lives: "config" (auth.keys of the config
+	// file, changed only there), "keys_file" (auth.keys_file) or "api"
+	// (created by the keys API and kept in Redis).
+	Source string `json:"source"`
+	// CreatedAt is when the keys API created the key (RFC 3339, UTC);
+	// absent for a key written by hand.
+	CreatedAt *time.Time `json:"created_at,omitempty"`
 	// Shared says the limits are kept in Redis for every replica; false:
 	// in this process only.
 	Shared bool `json:"shared"`
@@ -499,18 +506,32 @@ type KeyStatus struct {
 	Spend float64 `json:"spend_usd"`
 }
 
-// Keys returns every configured key's status, in configuration order.
-// Safe for concurrent use.
+// Keys returns every key's status: the configuration's (auth.keys, then
+// auth.keys_file) in configuration order, then the keys API's kept in
+// Redis, by name. Safe for concurrent use.
 func (s *Server) Keys() []KeyStatus {
 	set := s.set.Load()
 	shared := set.cfg.Limits.Redis.Address != ""
 	out := make([]KeyStatus, len(set.cfg.Auth.Keys))
 	for i, k := range set.cfg.Auth.Keys {
-		u := s.limits.usageOf(k.Name)
-		out[i] = KeyStatus{Name: k.Name, Models: k.Models, Limits: k.Limits, Shared: shared,
-			Admitted: u.admitted.Load(), Refused: u.refused.Load(), Unavailable: u.unavailable.Load(),
-			InFlight: u.inFlight.Load(), TokensIn: u.tokensIn.Load(), TokensOut: u.tokensOut.Load(),
-			Spend: float64(u.spendNano.Load()) / 1e9}
+		out[i] = s.keyStatus(k, shared)
 	}
-	return out
+	return append(out, s.apiKeyStatuses(set, shared)...)
+}
+
+// keyStatus is k's status with this process's counts.
+func (s *Server) keyStatus(k KeyConfig, shared bool) KeyStatus {
+	u := s.limits.usageOf(k.Name)
+	st := KeyStatus{Name: k.Name, Models: k.Models, Limits: k.Limits, Source: k.Source, Shared: shared,
+		Admitted: u.admitted.Load(), Refused: u.refused.Load(), Unavailable: u.unavailable.Load(),
+		InFlight: u.inFlight.Load(), TokensIn: u.tokensIn.Load(), TokensOut: u.tokensOut.Load(),
+		Spend: float64(u.spendNano.Load()) / 1e9}
+	if st.Source == "" {
+		st.Source = KeySourceConfig
+	}
+	if !k.CreatedAt.IsZero() {
+		t := k.CreatedAt
+		st.CreatedAt = &t
+	}
+	return st
 }

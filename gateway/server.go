@@ -122,6 +122,9 @@ type Server struct {
 	providerAuthLog loglimit.Limiter
 	// admin is the admin listener's token check (adminauth.go).
 	admin adminGate
+	// keys is the keys API's state: its writes' lock and the keys kept in
+	// Redis (keysapi.go).
+	keys *keysAPI
 }
 
 type config struct {
@@ -129,11 +132,12 @@ type config struct {
 	prop      propagation.TextMapPropagator
 	transport http.RoundTripper
 	log       *slog.Logger
-	now       func() time.Time // the engine stats clock; tests inject one
-	dynamic   bool             // WithDynamicEngines
-	store     quota.Store      // WithQuotaStore
-	fleet     []fleet.Option   // tests: more options for the fleet
-	kv        *routing.KVIndex // WithKVIndex
+	now       func() time.Time                       // the engine stats clock; tests inject one
+	dynamic   bool                                   // WithDynamicEngines
+	store     quota.Store                            // WithQuotaStore
+	fleet     []fleet.Option                         // tests: more options for the fleet
+	kv        *routing.KVIndex                       // WithKVIndex
+	keysFile  func(path string) ([]KeyConfig, error) // WithKeysFileReader
 }
 
 // WithKVIndex gives the server the precise prefix index that the policy
@@ -351,6 +355,11 @@ func New(cfg Config, policy routing.Policy, m *telemetry.Metrics, opts ...Option
 			return nil, fmt.Errorf("register engine connections gauge: %w", err)
 		}
 	}
+	// Last: it starts the poll of the keys in Redis, which Close stops.
+	if s.keys, err = newKeysAPI(s, cfg, c.keysFile, c.log); err != nil {
+		_ = s.Close()
+		return nil, err
+	}
 	return s, nil
 }
 
@@ -453,6 +462,7 @@ func (s *Server) Close() error {
 			s.tok.close()
 		}
 		s.client.CloseIdleConnections()
+		err = errors.Join(err, s.keys.close())
 		s.limits.wg.Wait() // the background releases, before the caller closes its store
 		if s.limits.owned {
 			err = errors.Join(err, s.limits.store.Close())
@@ -631,6 +641,7 @@ func (s *Server) AdminHandler(prom http.Handler) http.Handler {
 		}{s.Keys()})
 	})
 	s.mountEngineAdmin(r)
+	s.mountKeysAPI(r)
 	r.HandleFunc("/debug/pprof/", pprof.Index)
 	r.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	r.HandleFunc("/debug/pprof/profile", pprof.Profile)

@@ -8,6 +8,11 @@ package main
 // the file's keys names the file and its index there. The file is read on
 // every load (start, SIGHUP, a watched change of either file): the keys of
 // both sources are applied together, by the one reload path.
+//
+// Without limits.redis the gateway's keys API (POST/PATCH/DELETE
+// /admin/keys) rewrites this file atomically, in the same format with a
+// created_at on the keys it creates, and puts the keys in force in its own
+// process at once; the watch then finds the file as the process has it.
 
 import (
 	"errors"
@@ -15,6 +20,7 @@ import (
 	"reflect"
 	"regexp"
 	"strconv"
+	"time"
 
 	"github.com/knadh/koanf/parsers/yaml"
 	"github.com/knadh/koanf/providers/file"
@@ -41,7 +47,18 @@ type AuthConfig struct {
 
 // keysDoc is the content of a keys file.
 type keysDoc struct {
-	Keys []gateway.KeyConfig `koanf:"keys"`
+	Keys []fileKey `koanf:"keys"`
+}
+
+// fileKey is one key of a keys file: auth.keys' items and created_at,
+// which the gateway's keys API writes (gateway.KeysFileYAML) for the keys
+// it creates.
+type fileKey struct {
+	gateway.KeyConfig `koanf:",squash"`
+	// Created is when the keys API created the key, RFC 3339 (absent for
+	// a key written by hand): a string, or the time the YAML parser makes
+	// of an unquoted one.
+	Created any `koanf:"created_at"`
 }
 
 var keysDocType = reflect.TypeFor[keysDoc]()
@@ -84,7 +101,26 @@ func loadKeysFile(path string) ([]gateway.KeyConfig, [32]byte, error) {
 	if err := k.UnmarshalWithConf("", &doc, koanf.UnmarshalConf{Tag: "koanf", DecoderConfig: dc}); err != nil {
 		return nil, src.sum, fmt.Errorf("keys_file %s: %w", path, err)
 	}
-	return doc.Keys, src.sum, nil
+	keys := make([]gateway.KeyConfig, len(doc.Keys))
+	for i, fk := range doc.Keys {
+		keys[i] = fk.KeyConfig
+		keys[i].Source = gateway.KeySourceKeysFile
+		switch c := fk.Created.(type) {
+		case nil:
+		case time.Time:
+			keys[i].CreatedAt = c.UTC()
+		default:
+			t, err := time.Parse(time.RFC3339, fmt.Sprint(c))
+			if err != nil {
+				errs = append(errs, fmt.Errorf("keys_file %s: keys[%d].created_at: %q is not an RFC 3339 time (2006-01-02T15:04:05Z)", path, i, fmt.Sprint(c)))
+			}
+			keys[i].CreatedAt = t.UTC()
+		}
+	}
+	if len(errs) > 0 {
+		return nil, src.sum, errors.Join(errs...)
+	}
+	return keys, src.sum, nil
 }
 
 // Validate reports every bad key of both sources (gateway.AuthConfig's

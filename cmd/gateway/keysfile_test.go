@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/switchboard-gw/switchboard/gateway"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
@@ -51,6 +53,9 @@ func TestLoadKeysFile(t *testing.T) {
 	want := []gateway.KeyConfig{testKey("alice"), testKey("carol"), testKey("bob"),
 		{Name: "dave", SHA256: hashKey("sk-dave"), Models: []string{"demo-model"},
 			Limits: gateway.KeyLimits{RequestsPerMinute: 60, TokensPerMinute: 1000, Concurrent: 2}}}
+	for i := 1; i < len(want); i++ {
+		want[i].Source = gateway.KeySourceKeysFile
+	}
 
 	cfgPath := writeConfig(t, "simulate: {engines: 1}\nauth:\n  keys_file: "+keys+"\n"+keysYAML("  ", "alice"))
 	cfg, from, _, err := loadConfigSum([]string{"--config", cfgPath}, environ())
@@ -392,4 +397,118 @@ func TestRunKeysFileSIGHUP(t *testing.T) {
 	}
 	waitReloads(t, client, p, map[string]float64{"applied": 1})
 	waitKeys(t, client, p, map[string]int{"alice": 401, "bob": 200})
+}
+
+// TestKeysFileWrittenLoads: the keys file as the keys API writes it
+// (gateway.KeysFileYAML) loads through the loader to the same keys:
+// names that need quoting, globs, every limit (the smallest and largest
+// spend), created_at; a file with no key is `keys: []`. A created_at
+// written by hand may be unquoted; a bad one names the file and the key.
+func TestKeysFileWrittenLoads(t *testing.T) {
+	created := time.Date(2026, 12, 5, 18, 0, 1, 0, time.UTC)
+	keys := []gateway.KeyConfig{
+		{Name: `team "a": #1 ünï`, SHA256: hashKey("sk-a"), Models: []string{"*", "meta-llama/*", "[ab]-m?"},
+			Limits: gateway.KeyLimits{RequestsPerMinute: 60, TokensPerMinute: 1 << 40, Concurrent: 3, MaxSpendPerDay: 0.000001, MaxSpendPerMonth: 9e6},
+			Source: gateway.KeySourceKeysFile, CreatedAt: created},
+		{Name: "- yes", SHA256: hashKey("sk-b"), Models: []string{"m"}, Source: gateway.KeySourceKeysFile},
+		{Name: "x", SHA256: hashKey("sk-x"), Models: []string{"*"}, Limits: gateway.KeyLimits{MaxSpendPerDay: 12.5}, Source: gateway.KeySourceKeysFile},
+	}
+	got, _, err := loadKeysFile(writeKeysFile(t, string(gateway.KeysFileYAML(keys))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, keys) {
+		t.Errorf("loaded\n%+v\nwant\n%+v\nfrom:\n%s", got, keys, gateway.KeysFileYAML(keys))
+	}
+	got, _, err = loadKeysFile(writeKeysFile(t, string(gateway.KeysFileYAML(nil))))
+	if err != nil || len(got) != 0 {
+		t.Errorf("no key: %v %v", got, err)
+	}
+	got, _, err = loadKeysFile(writeKeysFile(t, "keys:\n  - {name: a, sha256: "+hashKey("sk-a")+", models: [\"*\"], created_at: 2026-12-05T18:00:01Z}\n"))
+	if err != nil || len(got) != 1 || !got[0].CreatedAt.Equal(created) {
+		t.Errorf("unquoted created_at: %+v %v", got, err)
+	}
+	path := writeKeysFile(t, "keys:\n  - {name: a, sha256: "+hashKey("sk-a")+", models: [\"*\"], created_at: \"yesterday\"}\n")
+	if _, _, err := loadKeysFile(path); err == nil || !strings.Contains(err.Error(), "keys_file "+path+": keys[0].created_at") {
+		t.Errorf("a bad created_at: %v", err)
+	}
+}
+
+// adminDo sends method path with body to the admin listener of p and
+// returns the status and body.
+func adminDo(t *testing.T, client *http.Client, p *gatewayProc, method, path, body string) (int, []byte) {
+	t.Helper()
+	req, err := http.NewRequest(method, p.admin+path, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, b
+}
+
+// TestRunKeysAPIKeysFile: the gateway run with auth.keys_file and no
+// Redis: a key created through the admin API is served at once and
+// written to the keys file, which loads through the loader (and its
+// reload by the watch changes nothing); a revoked key is refused at once
+// and gone from the file.
+func TestRunKeysAPIKeysFile(t *testing.T) {
+	testutil.UnsetOTEL(t)
+	e := startSim(t)
+	dir := t.TempDir()
+	keys := filepath.Join(dir, "keys.yaml")
+	writeFile(t, keys, keysYAML("", "alice"))
+	path := filepath.Join(dir, "gateway.yaml")
+	writeFile(t, path, keysFileConfig(e, keys, "{debounce: 50ms}")+"admin: {auth: {open_writes: true}}\n")
+	p := startRun(t, []string{"--config", path, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, nil)
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr}
+	waitKeys(t, client, p, map[string]int{"alice": 200})
+
+	st, b := adminDo(t, client, p, http.MethodPost, "/admin/keys", `{"name":"bob","models":["demo-model"],"limits":{"requests_per_minute":100}}`)
+	var created struct {
+		Name, Key, Source string
+		CreatedAt         time.Time `json:"created_at"`
+	}
+	if st != http.StatusCreated || json.Unmarshal(b, &created) != nil || created.Source != gateway.KeySourceKeysFile {
+		t.Fatalf("POST /admin/keys: %d %s", st, b)
+	}
+	if got := chatStatus(t, client, p.public, created.Key); got != http.StatusOK {
+		t.Errorf("the created key at once: %d, want 200", got)
+	}
+	loaded, _, err := loadKeysFile(keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []gateway.KeyConfig{testKey("alice"),
+		{Name: "bob", SHA256: hashKey(created.Key), Models: []string{"demo-model"}, Limits: gateway.KeyLimits{RequestsPerMinute: 100}, CreatedAt: created.CreatedAt}}
+	for i := range want {
+		want[i].Source = gateway.KeySourceKeysFile
+	}
+	if !reflect.DeepEqual(loaded, want) {
+		t.Errorf("keys file loads as\n%+v\nwant\n%+v", loaded, want)
+	}
+	st, b = adminDo(t, client, p, http.MethodDelete, "/admin/keys/bob", "")
+	if st != http.StatusOK {
+		t.Fatalf("DELETE: %d %s", st, b)
+	}
+	if got := chatStatus(t, client, p.public, created.Key); got != http.StatusUnauthorized {
+		t.Errorf("the revoked key at once: %d, want 401", got)
+	}
+	if loaded, _, err := loadKeysFile(keys); err != nil || len(loaded) != 1 || loaded[0].Name != "alice" {
+		t.Errorf("keys file after the revocation: %+v %v", loaded, err)
+	}
+	// The watch reloads the file the API wrote: accepted, the same keys.
+	waitKeys(t, client, p, map[string]int{"alice": 200})
+	if logs := p.logs.String(); strings.Contains(logs, "rejected") || strings.Contains(logs, created.Key) {
+		t.Errorf("logs reject a reload or show the secret:\n%s", logs)
+	}
+	if logs := p.logsWith(t, "api key revoked"); !strings.Contains(logs, "api key created") {
+		t.Errorf("logs lack the creation:\n%s", logs)
+	}
 }

@@ -199,6 +199,12 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 		gateway.WithPropagator(providers.Propagator),
 		gateway.WithLogger(log),
 		gateway.WithKVIndex(kv),
+		// The keys API reads the keys file as this loader does before it
+		// rewrites it: a hand edit not reloaded yet is kept.
+		gateway.WithKeysFileReader(func(path string) ([]gateway.KeyConfig, error) {
+			keys, _, err := loadKeysFile(path)
+			return keys, err
+		}),
 	}
 	kube := cfg.Discovery.Kubernetes
 	if kube.Enabled {

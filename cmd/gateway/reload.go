@@ -53,6 +53,7 @@ func gatewayConfig(cfg Config, extra []fleet.EngineConfig) gateway.Config {
 	g.Engines = append(slices.Clone(cfg.Engines), extra...)
 	g.Models = cfg.Models
 	g.Auth = cfg.Auth.AuthConfig
+	g.Auth.KeysFilePath = cfg.Auth.KeysFile // where the keys API writes without Redis
 	g.Limits = cfg.Limits
 	g.Migration = cfg.Migration
 	g.Disaggregation = cfg.Disaggregation
