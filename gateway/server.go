@@ -122,6 +122,8 @@ type Server struct {
 	providerAuthLog loglimit.Limiter
 	// admin is the admin listener's token check (adminauth.go).
 	admin adminGate
+	// reloadFn is what POST /admin/reload runs (SetReloader); nil: none.
+	reloadFn atomic.Pointer[ReloadFunc]
 	// keys is the keys API's state: its writes' lock and the keys kept in
 	// Redis (keysapi.go).
 	keys *keysAPI
@@ -612,6 +614,7 @@ func (s *Server) ready(w http.ResponseWriter, r *http.Request) error {
 //	                     attempts, requests in flight and buffered bytes
 //	GET /admin/keys      JSON: every API key's name, models, limits and this process's usage
 //	                     (KeyStatus); never a key or its hash
+//	POST /admin/reload   the configuration loaded and applied again, as on SIGHUP (SetReloader)
 //	GET /debug/pprof/*   the runtime profiles
 //	/admin/engines/{name}/... and /admin/models/...  engine admin (sleep, wake_up, is_sleeping,
 //	                     reset_prefix_cache, LoRA load/unload, drain, undrain): see mountEngineAdmin
@@ -641,6 +644,7 @@ func (s *Server) AdminHandler(prom http.Handler) http.Handler {
 		}{s.Keys()})
 	})
 	s.mountEngineAdmin(r)
+	s.mountAdminReload(r)
 	s.mountKeysAPI(r)
 	r.HandleFunc("/debug/pprof/", pprof.Index)
 	r.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)

@@ -17,6 +17,7 @@ package integration
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
 	"io"
@@ -64,8 +65,11 @@ type consoleGateway struct {
 
 // startConsoleGateways starts n gateway replicas in front of the stack's
 // engines (sim-a, sim-b), their keys and limits in the Redis at redisAddr
-// under a prefix of this run, their admin listeners behind token.
-func startConsoleGateways(t *testing.T, s *stack, n int, redisAddr, token string) []*consoleGateway {
+// under a prefix of this run, their admin listeners behind token, with one
+// configured API key, key (the load's: auth is on from the start, and the
+// key created in the page is not the last one, which the keys API never
+// revokes).
+func startConsoleGateways(t *testing.T, s *stack, n int, redisAddr, token, key string) []*consoleGateway {
 	t.Helper()
 	if len(s.engines) < 2 {
 		t.Fatalf("the console test needs two engines, IT_ENGINE_URLS has %d", len(s.engines))
@@ -85,6 +89,11 @@ admin:
     tokens_env: IT_CONSOLE_ADMIN_TOKEN
 routing:
   policy: round-robin
+auth:
+  keys:
+    - name: it-load
+      sha256: %s
+      models: ["*"]
 limits:
   redis:
     address: %q
@@ -96,7 +105,7 @@ engines:
   - name: sim-b
     url: %s
     models: [%s]
-`, g.public, g.admin, redisAddr, prefix, s.engines[0], s.model, s.engines[1], s.model)
+`, g.public, g.admin, hashHex(key), redisAddr, prefix, s.engines[0], s.model, s.engines[1], s.model)
 		path := filepath.Join(t.TempDir(), "gateway.yaml")
 		if err := os.WriteFile(path, []byte(cfg), 0o600); err != nil {
 			t.Fatal(err)
@@ -113,6 +122,12 @@ engines:
 
 // consoleChat sends one short chat request to g with key ("" for none)
 // and returns its status and the engine that answered it.
+// hashHex is the hex SHA-256 of key, as auth.keys[].sha256 holds it.
+func hashHex(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return hex.EncodeToString(sum[:])
+}
+
 func consoleChat(g *consoleGateway, model, key string) (int, string, error) {
 	body := `{"model":"` + model + `","max_tokens":4,"messages":[{"role":"user","content":"hello console"}]}`
 	req, err := http.NewRequest(http.MethodPost, "http://"+g.public+"/v1/chat/completions", strings.NewReader(body))
@@ -206,7 +221,9 @@ func TestConsoleBrowser(t *testing.T) {
 	tb := make([]byte, 24)
 	_, _ = rand.Read(tb)
 	token := hex.EncodeToString(tb)
-	gws := startConsoleGateways(t, s, 2, rd.Addr(), token)
+	_, _ = rand.Read(tb)
+	loadKey := "sk-it-load-" + hex.EncodeToString(tb)
+	gws := startConsoleGateways(t, s, 2, rd.Addr(), token, loadKey)
 	a, b := gws[0], gws[1]
 	loadgen := build(t, t.TempDir(), "./cmd/loadgen")
 
@@ -308,7 +325,7 @@ func TestConsoleBrowser(t *testing.T) {
 	lctx, lcancel := context.WithCancel(context.Background())
 	defer lcancel()
 	lg := exec.CommandContext(lctx, loadgen, "--url", "http://"+a.public, "--model", s.model, "--stream",
-		"--concurrency", "8", "--max-tokens", "150", "--duration", "8s", "--max-error-rate", "0")
+		"--concurrency", "8", "--max-tokens", "150", "--duration", "8s", "--max-error-rate", "0", "--api-key", loadKey)
 	lgOut := &strings.Builder{}
 	lg.Stdout, lg.Stderr = lgOut, lgOut
 	if err := lg.Start(); err != nil {
@@ -351,7 +368,7 @@ func TestConsoleBrowser(t *testing.T) {
 		t.Errorf("sim-a after the drain button: %+v, want draining", engines()["sim-a"])
 	}
 	for i := range 10 {
-		st, eng, err := consoleChat(a, s.model, "")
+		st, eng, err := consoleChat(a, s.model, loadKey)
 		if err != nil || st != 200 || eng != "sim-b" {
 			t.Errorf("request %d after the drain: %d from %q (%v), want 200 from sim-b", i, st, eng, err)
 		}
@@ -389,7 +406,7 @@ func TestConsoleBrowser(t *testing.T) {
 		t.Errorf("the created key never served a request on the second replica")
 	}
 	if st, _, _ := consoleChat(b, s.model, ""); st != 401 {
-		t.Errorf("a request without a key once a key exists: %d, want 401", st)
+		t.Errorf("a request without a key: %d, want 401", st)
 	}
 	var revokedAt time.Time
 	row := `tr[data-key="` + keyName + `"]`

@@ -284,6 +284,8 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 	rl := &reloader{args: args, environ: environ, log: log, gw: gw, metrics: metrics, sims: simEngines, kv: kv,
 		started: cfg, routing: cfg.Routing, policy: policy, shadowed: shadow}
 	defer rl.startReloads(ctx, hup, configFile(args), loaded, cfg.Reload.Watch, cfg.Reload.Debounce)()
+	gw.SetReloader(rl.adminReload) // POST /admin/reload
+	defer gw.SetReloader(nil)      // before the reloads stop (defers run last first)
 	log.Info("switchboard listening", "addr", ln.Addr().String(), "policy", cfg.Routing.Policy, "engines", gw.Fleet().String())
 	if ready != nil {
 		ready(ln.Addr().String(), adminAddr)

@@ -86,10 +86,24 @@ type reloader struct {
 }
 
 // reload loads the configuration again and applies it, logging and
-// counting the result. trigger says what asked for it ("SIGHUP", "file").
+// counting the result. trigger says what asked for it ("SIGHUP", "file",
+// "admin").
 // It returns what it loaded the configuration from, applied or rejected:
 // the content the watch compares the files with next.
 func (r *reloader) reload(trigger string) (loaded loadedFrom) {
+	_, loaded, _ = r.reloadResult(trigger)
+	return loaded
+}
+
+// adminReload is reload for POST /admin/reload (gateway.ReloadFunc): the
+// result's name, or why the configuration was rejected.
+func (r *reloader) adminReload(trigger string) (string, error) {
+	res, _, err := r.reloadResult(trigger)
+	return res.String(), err
+}
+
+// reloadResult is reload returning the result and the rejection too.
+func (r *reloader) reloadResult(trigger string) (telemetry.ReloadResult, loadedFrom, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	res, loaded, err := r.apply(trigger)
@@ -99,7 +113,7 @@ func (r *reloader) reload(trigger string) (loaded loadedFrom) {
 		r.log.Error("config reload rejected; the running config is kept", "trigger", trigger, "error", msg)
 	}
 	r.metrics.RecordReload(context.Background(), res)
-	return loaded
+	return res, loaded, err
 }
 
 // apply is reload's work: the result, what was loaded, and why the config

@@ -805,3 +805,56 @@ func TestRunSIGHUPDuringStart(t *testing.T) {
 	waitEngines(t, client, p, []string{"e1", "e2"})
 	p.logsWith(t, "trigger=SIGHUP")
 }
+
+// TestRunAdminReload: POST /admin/reload reloads the configuration as
+// SIGHUP does, answering applied, unchanged, or 422 with the reasons of a
+// rejection (the running configuration kept); it is a write action, so
+// it needs the admin token, and a refused call reloads nothing.
+func TestRunAdminReload(t *testing.T) {
+	testutil.UnsetOTEL(t)
+	const token = "admin-reload-token-3f9c2a7e51"
+	e1, e2 := startSim(t), startSim(t)
+	path := filepath.Join(t.TempDir(), "gateway.yaml")
+	base := "reload: {watch: false}\nlog: {access: false}\nadmin: {auth: {tokens_env: SB_TEST_RELOAD_TOKEN}}\nengines:\n  - {name: e1, url: \"" + e1.url + "\"}\n"
+	writeFile(t, path, base)
+	t.Setenv("SB_TEST_RELOAD_TOKEN", token) // read from the process's environment, as the gateway reads it
+	p := startRun(t, []string{"--config", path, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, nil)
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	post := func(tok string) (int, string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, p.admin+"/admin/reload", nil)
+		if tok != "" {
+			req.Header.Set("Authorization", "Bearer "+tok)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+
+	writeFile(t, path, base+"  - {name: e2, url: \""+e2.url+"\"}\n")
+	if st, body := post(""); st != http.StatusUnauthorized {
+		t.Errorf("reload without the token: %d %s, want 401", st, body)
+	}
+	if got := reloads(t, client, p.admin); len(got) != 0 {
+		t.Fatalf("reloads %v after a refused call", got)
+	}
+	if st, body := post(token); st != http.StatusOK || !strings.Contains(body, `"result":"applied"`) {
+		t.Errorf("reload: %d %s, want 200 applied", st, body)
+	}
+	waitEngines(t, client, p, []string{"e1", "e2"})
+	if st, body := post(token); st != http.StatusOK || !strings.Contains(body, `"result":"unchanged"`) {
+		t.Errorf("reload of the same file: %d %s, want 200 unchanged", st, body)
+	}
+	writeFile(t, path, base+"  - {name: e2, url: \"not a url\"}\n")
+	if st, body := post(token); st != http.StatusUnprocessableEntity || !strings.Contains(body, "config_rejected") || !strings.Contains(body, "e2") {
+		t.Errorf("reload of a bad file: %d %s, want 422 config_rejected naming e2", st, body)
+	}
+	waitReloads(t, client, p, map[string]float64{"applied": 1, "unchanged": 1, "rejected": 1})
+	waitEngines(t, client, p, []string{"e1", "e2"})
+}
