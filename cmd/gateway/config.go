@@ -330,6 +330,17 @@ type loadedFrom struct {
 	// keys is the contentSum of the keys file's bytes (or of their read
 	// error); zero without one.
 	keys [32]byte
+	// tokensFile and readTokensFile are admin.auth.tokens_file and
+	// read_tokens_file as loaded ("" when none), tokens and readTokens the
+	// contentSum of their bytes: a rotated Secret reloads the tokens.
+	tokensFile, readTokensFile string
+	tokens, readTokens         [32]byte
+}
+
+// files are the files of from other than the config file: the keys file
+// and the admin token files, "" for those not set.
+func (from loadedFrom) files() []string {
+	return []string{from.keysFile, from.tokensFile, from.readTokensFile}
 }
 
 // shadowed maps each key that the config file sets and an environment
@@ -418,6 +429,14 @@ func loadConfigSum(args []string, environ func() []string) (Config, loadedFrom, 
 	dc.ErrorUnused = true
 	if err := k.UnmarshalWithConf("", &cfg, koanf.UnmarshalConf{Tag: "koanf", DecoderConfig: dc}); err != nil {
 		return Config{}, from, nil, fmt.Errorf("config: %w", err)
+	}
+	// The admin tokens are read by the gateway (and again on each reload);
+	// their files are summed here for the watch.
+	if from.tokensFile = cfg.Admin.Auth.TokensFile; from.tokensFile != "" {
+		from.tokens = fileSum(from.tokensFile)
+	}
+	if from.readTokensFile = cfg.Admin.Auth.ReadTokensFile; from.readTokensFile != "" {
+		from.readTokens = fileSum(from.readTokensFile)
 	}
 	if path := cfg.Auth.KeysFile; path != "" {
 		keys, ksum, err := loadKeysFile(path)

@@ -68,7 +68,7 @@ func TestLoadKeysFile(t *testing.T) {
 	if got := gatewayConfig(cfg, nil).Auth.Keys; !reflect.DeepEqual(got, want) {
 		t.Errorf("the gateway's keys: %+v", got)
 	}
-	if now := filesNow(cfgPath, keys); from != now {
+	if now := filesNow(cfgPath, loadedFrom{keysFile: keys}); from != now {
 		t.Errorf("loaded from %+v, want the files as they are (%+v)", from, now)
 	}
 
@@ -80,7 +80,7 @@ func TestLoadKeysFile(t *testing.T) {
 		if !reflect.DeepEqual(cfg.Auth.Keys, want[1:]) || cfg.Auth.KeysFile != keys {
 			t.Errorf("auth = %+v, want the file's keys", cfg.Auth)
 		}
-		if from != filesNow("", keys) {
+		if from != filesNow("", loadedFrom{keysFile: keys}) {
 			t.Errorf("loaded from %+v", from)
 		}
 	})

@@ -1,7 +1,8 @@
 package main
 
 // This file reloads the configuration while the gateway runs: on SIGHUP,
-// and when the config file or auth.keys_file changes (reload.watch). Each
+// POST /admin/reload, and when the config file, auth.keys_file or an
+// admin tokens file changes (reload.watch). Each
 // reload runs the whole load of start-up again (defaults < file <
 // environment < flags, then the keys file), validates it, builds the
 // routing policy when its section changed and hands the gateway section to
@@ -280,7 +281,7 @@ func (r *reloader) startReloads(ctx context.Context, hup <-chan os.Signal, path 
 	r.auth = r.started.Auth
 	r.mu.Unlock()
 	var w *fsnotify.Watcher
-	if watch && (path != "" || loaded.keysFile != "") {
+	if watch && (path != "" || slices.ContainsFunc(loaded.files(), func(f string) bool { return f != "" })) {
 		var attrs []any
 		if path != "" {
 			attrs = append(attrs, "path", path)
@@ -288,8 +289,14 @@ func (r *reloader) startReloads(ctx context.Context, hup <-chan os.Signal, path 
 		if loaded.keysFile != "" {
 			attrs = append(attrs, "keys_file", loaded.keysFile)
 		}
+		if loaded.tokensFile != "" {
+			attrs = append(attrs, "admin_tokens_file", loaded.tokensFile)
+		}
+		if loaded.readTokensFile != "" {
+			attrs = append(attrs, "admin_read_tokens_file", loaded.readTokensFile)
+		}
 		var err error
-		if w, err = newFileWatch(path, loaded.keysFile); err != nil {
+		if w, err = newFileWatch(append([]string{path}, loaded.files()...)...); err != nil {
 			r.log.Warn("config files not watched; reload with SIGHUP", append(attrs, "error", err)...)
 			w = nil
 		} else {
@@ -385,14 +392,21 @@ func concerns(name, path string) bool {
 }
 
 // filesNow is what a load would read now: the config file at path (""
-// = none) and the keys file keysFile ("" = none), as loadedFrom.
-func filesNow(path, keysFile string) loadedFrom {
-	now := loadedFrom{keysFile: keysFile}
+// = none) and the other files names has (the keys file, the admin token
+// files; "" = none), as loadedFrom.
+func filesNow(path string, names loadedFrom) loadedFrom {
+	now := loadedFrom{keysFile: names.keysFile, tokensFile: names.tokensFile, readTokensFile: names.readTokensFile}
 	if path != "" {
 		now.config = fileSum(path)
 	}
-	if keysFile != "" {
-		now.keys = fileSum(keysFile)
+	if now.keysFile != "" {
+		now.keys = fileSum(now.keysFile)
+	}
+	if now.tokensFile != "" {
+		now.tokens = fileSum(now.tokensFile)
+	}
+	if now.readTokensFile != "" {
+		now.readTokens = fileSum(now.readTokensFile)
 	}
 	return now
 }
@@ -442,7 +456,7 @@ func watchLoop(ctx context.Context, w *fsnotify.Watcher, path string, last loade
 	// follow watches the directories of the files last names; one added
 	// is looked at after debounce.
 	follow := func() {
-		if w != nil && watchDirs(w, path, last.keysFile) {
+		if w != nil && watchDirs(w, append([]string{path}, last.files()...)...) {
 			timer.Reset(debounce)
 		}
 	}
@@ -458,7 +472,7 @@ func watchLoop(ctx context.Context, w *fsnotify.Watcher, path string, last loade
 				events = nil
 				continue
 			}
-			if concerns(ev.Name, path) || concerns(ev.Name, last.keysFile) {
+			if concerns(ev.Name, path) || slices.ContainsFunc(last.files(), func(f string) bool { return concerns(ev.Name, f) }) {
 				timer.Reset(debounce)
 			}
 		case err, ok := <-errs:
@@ -473,7 +487,7 @@ func watchLoop(ctx context.Context, w *fsnotify.Watcher, path string, last loade
 			timer.Reset(debounce) // events were lost: look at the files
 		case <-timer.C:
 			follow()
-			if filesNow(path, last.keysFile) != last {
+			if filesNow(path, last) != last {
 				last = reload("file")
 				follow()
 			}

@@ -35,7 +35,7 @@ type watched struct {
 
 func watch(t *testing.T, path string, debounce time.Duration) *watched {
 	t.Helper()
-	return watchFrom(t, path, filesNow(path, ""), debounce)
+	return watchFrom(t, path, filesNow(path, loadedFrom{}), debounce)
 }
 
 // watchFrom is watch with loaded what the running configuration was
@@ -43,7 +43,7 @@ func watch(t *testing.T, path string, debounce time.Duration) *watched {
 // the files as they are.
 func watchFrom(t *testing.T, path string, loaded loadedFrom, debounce time.Duration) *watched {
 	t.Helper()
-	w, err := newFileWatch(path, loaded.keysFile)
+	w, err := newFileWatch(append([]string{path}, loaded.files()...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,7 +56,7 @@ func watchFrom(t *testing.T, path string, loaded loadedFrom, debounce time.Durat
 			wd.mu.Lock()
 			wd.triggers = append(wd.triggers, trigger)
 			wd.mu.Unlock()
-			return filesNow(path, loaded.keysFile)
+			return filesNow(path, loaded)
 		})
 	}()
 	t.Cleanup(func() {
@@ -857,4 +857,58 @@ func TestRunAdminReload(t *testing.T) {
 	}
 	waitReloads(t, client, p, map[string]float64{"applied": 1, "unchanged": 1, "rejected": 1})
 	waitEngines(t, client, p, []string{"e1", "e2"})
+}
+
+// TestRunAdminTokensFileRotated: the admin tokens files are watched like
+// the config file: a token rotated in admin.auth.tokens_file (a mounted
+// Secret updated in place) works without a SIGHUP, the old one no longer;
+// the read-only tokens file likewise.
+func TestRunAdminTokensFileRotated(t *testing.T) {
+	testutil.UnsetOTEL(t)
+	const old, rotated = "admin-token-before-6b1d8e0f2a", "admin-token-after-93c47a5e1d"
+	const readOld, readNew = "admin-read-before-0c2e4f6a8b", "admin-read-after-1d3f5a7b9c"
+	e1 := startSim(t)
+	dir := t.TempDir()
+	tokens, readTokens := filepath.Join(dir, "admin-tokens"), filepath.Join(dir, "admin-read-tokens")
+	writeFile(t, tokens, old+"\n")
+	writeFile(t, readTokens, readOld+"\n")
+	path := filepath.Join(dir, "gateway.yaml")
+	writeFile(t, path, "reload: {debounce: 50ms}\nlog: {access: false}\nadmin: {auth: {reads: token, tokens_file: \""+tokens+
+		"\", read_tokens_file: \""+readTokens+"\"}}\nengines:\n  - {name: e1, url: \""+e1.url+"\"}\n")
+	p := startRun(t, []string{"--config", path, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, nil)
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	client := &http.Client{Transport: tr, Timeout: 10 * time.Second}
+	status := func(method, path, tok string) int {
+		t.Helper()
+		req, _ := http.NewRequest(method, p.admin+path, nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	if st := status(http.MethodPost, "/admin/engines/e1/undrain", old); st != http.StatusOK {
+		t.Fatalf("the configured token: %d, want 200", st)
+	}
+	if st := status(http.MethodGet, "/admin/engines", readOld); st != http.StatusOK {
+		t.Fatalf("the configured read-only token: %d, want 200", st)
+	}
+	replaceFile(t, tokens, rotated+"\n")
+	replaceFile(t, readTokens, readNew+"\n")
+	pollFor(t, func() (bool, string) {
+		a, b := status(http.MethodPost, "/admin/engines/e1/undrain", rotated), status(http.MethodGet, "/admin/engines", readNew)
+		return a == http.StatusOK && b == http.StatusOK, fmt.Sprintf("rotated tokens: %d and %d, want 200; logs:\n%s", a, b, p.logs)
+	})
+	if st := status(http.MethodPost, "/admin/engines/e1/undrain", old); st != http.StatusUnauthorized {
+		t.Errorf("the rotated-out token: %d, want 401", st)
+	}
+	if st := status(http.MethodGet, "/admin/engines", readOld); st != http.StatusUnauthorized {
+		t.Errorf("the rotated-out read-only token: %d, want 401", st)
+	}
+	if strings.Contains(p.logs.String(), rotated) || strings.Contains(p.logs.String(), old) {
+		t.Error("an admin token is in the logs")
+	}
 }
