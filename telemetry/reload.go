@@ -9,7 +9,7 @@ import (
 )
 
 // ConfigReloadsName counts configuration reloads (the config file changed,
-// or SIGHUP), unit {reload}, by AttrResult.
+// SIGHUP or POST /admin/reload), unit {reload}, by AttrResult.
 const ConfigReloadsName = "switchboard.config.reloads"
 
 // AttrResult is the outcome of a configuration reload: "applied",
@@ -52,7 +52,7 @@ func (r *reloadInstruments) init(meter metric.Meter) []error {
 	var errs []error
 	var err error
 	if r.reloads, err = meter.Int64Counter(ConfigReloadsName, metric.WithUnit("{reload}"),
-		metric.WithDescription("Configuration reloads (config file changed, or SIGHUP), by result: applied, rejected or unchanged.")); err != nil {
+		metric.WithDescription("Configuration reloads (a watched file changed, SIGHUP, or POST /admin/reload), by result: applied, rejected or unchanged.")); err != nil {
 		errs = append(errs, err)
 		r.reloads, _ = noop.NewMeterProvider().Meter("").Int64Counter(ConfigReloadsName)
 	}

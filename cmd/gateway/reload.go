@@ -36,8 +36,9 @@ import (
 // ReloadConfig is the `reload` section: how configuration changes reach the
 // running gateway (SIGHUP always reloads).
 type ReloadConfig struct {
-	// Watch, when true (the default), reloads when the --config file or
-	// the auth.keys_file changes: their directories are watched, so an
+	// Watch, when true (the default), reloads when the --config file, the
+	// auth.keys_file or an admin tokens file (admin.auth.tokens_file,
+	// read_tokens_file) changes: their directories are watched, so an
 	// editor's rename into place and a Kubernetes ConfigMap's or Secret's
 	// symlink swap are seen, not only writes.
 	Watch bool `koanf:"watch"`
