@@ -80,12 +80,18 @@ func helmTemplate(t *testing.T, release, ns string, args ...string) []*unstructu
 }
 
 // TestHelmLint runs helm lint --strict on the chart with its defaults and
-// with every optional part on: a warning fails it, as an error does.
+// with every optional part on (a warning fails it, as an error does), and
+// renders its NOTES.txt with a client-side dry-run install.
 func TestHelmLint(t *testing.T) {
 	for _, args := range [][]string{nil, {"-f", allValuesFile}} {
 		out, stderr, err := helm(t, append([]string{"lint", "--strict", chartDir}, args...)...)
 		if err != nil {
 			t.Errorf("helm lint --strict %v: %v\n%s%s", args, err, out, stderr)
+		}
+		out, stderr, err = helm(t, append([]string{"install", "switchboard", chartDir, "--namespace", "gw", "--dry-run=client"}, args...)...)
+		_, notes, _ := strings.Cut(out, "NOTES:")
+		if err != nil || !strings.Contains(notes, "kubectl -n gw rollout status deployment/switchboard") {
+			t.Errorf("helm install --dry-run=client %v: %v, want NOTES with the rollout command:\n%s%s", args, err, notes, stderr)
 		}
 	}
 }
@@ -160,8 +166,9 @@ func TestHelmDryRun(t *testing.T) {
 	}{
 		{"defaults", nil, []string{"ConfigMap", "Deployment", "PodDisruptionBudget", "Role", "RoleBinding", "Service", "Service", "ServiceAccount"}},
 		{"all", []string{"-f", allValuesFile}, []string{"ConfigMap", "Deployment", "PodDisruptionBudget", "Role", "RoleBinding", "Secret", "Service", "Service", "ServiceAccount", "ServiceMonitor"}},
-		{"no discovery", []string{"--set", "discovery.enabled=false", "--set", "podDisruptionBudget.enabled=false",
-			"--set", "config.engines[0].name=vllm-0", "--set", "config.engines[0].url=http://vllm-0.vllm:8000"},
+		{"no discovery, existing admin Secret", []string{"--set", "discovery.enabled=false", "--set", "podDisruptionBudget.enabled=false",
+			"--set", "config.engines[0].name=vllm-0", "--set", "config.engines[0].url=http://vllm-0.vllm:8000",
+			"--set", "adminToken.existingSecret=" + existingAdminSecret},
 			[]string{"ConfigMap", "Deployment", "Service", "Service", "ServiceAccount"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -210,11 +217,14 @@ func TestHelmDryRun(t *testing.T) {
 	}
 }
 
+// existingAdminSecret is the admin tokens Secret TestHelmDryRun names in
+// adminToken.existingSecret: the chart mounts it without rendering it.
+const existingAdminSecret = "ops-admin-tokens"
+
 // checkChartWiring checks the references between the chart's objects and
 // into the gateway's config: every $(VAR) in the environment is defined
 // before it; the ConfigMap, the ServiceAccount, the Role and the Secrets
-// the pods use are the rendered ones (or, for the Redis password, the
-// Secret the values name); the RoleBinding binds the pods' account in NS;
+// the pods mount are the rendered ones (or existingAdminSecret); the RoleBinding binds the pods' account in NS;
 // the token is mounted exactly when discovery is on; the config's
 // listeners are the container's ports, its admin.auth.tokens_file is the
 // mounted Secret's file and its limits.redis.password_env a variable the
@@ -269,7 +279,7 @@ func checkChartWiring(t *testing.T, ns string, r renderedObjects) {
 			}
 		}
 		if name, ok, _ := unstructured.NestedString(v, "secret", "secretName"); ok {
-			if !r.has("Secret", name) {
+			if !r.has("Secret", name) && name != existingAdminSecret {
 				t.Errorf("volume %v mounts Secret %s, which the rendering does not have", v["name"], name)
 			}
 			items, _, _ := unstructured.NestedSlice(v, "secret", "items")
