@@ -58,5 +58,9 @@
 // run.sh starts it for the whole suite. The tests on it (kube_test.go,
 // kube_discovery_test.go: EndpointSlice discovery with the gateway binary
 // under the shipped Role, the KV-event ports of the slices included; manifests_test.go: server-side dry-run of
-// deploy/kubernetes) skip when those variables are not set.
+// deploy/kubernetes; helm_test.go: the same for the Helm chart
+// deploy/helm/switchboard, rendered by the Helm that run.sh builds from
+// integration/tools/helm, IT_HELM_BIN) skip when those variables are not
+// set. helm_test.go's lint, schema and agreement tests (the chart's
+// defaults against deploy/kubernetes/base) need only IT_HELM_BIN.
 package integration
