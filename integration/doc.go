@@ -32,6 +32,11 @@
 // redis-server on PATH: internal/redistest starts a private one per test
 // and fails the test, rather than skipping it, without it.
 //
+// console_test.go opens the operator console in headless Chromium
+// (Debian's chromium, or IT_CHROMIUM; driven by chromedp) on two gateway
+// replicas over the stack's simulators and a private Redis, and fails
+// without a browser; a failing run leaves screenshots in IT_ARTIFACTS.
+//
 // # A real Kubernetes control plane for tests
 //
 // integration/kube.sh builds etcd and kube-apiserver from the Go module proxy
