@@ -23,10 +23,17 @@ import (
 )
 
 // AuthConfig is the top-level `auth` section (the loader fills it in): the
-// API keys clients present. With no key configured auth is off and every
-// request is served; with one or more, every route but /health and /ready
-// needs a configured key.
+// API keys clients present. With no key configured and Required false,
+// auth is off and every request is served; with a key, or Required,
+// every route but /health and /ready needs a key.
 type AuthConfig struct {
+	// Required, when true, keeps auth on with no key at all: every
+	// request needs a key, and none is answered 401. The keys API keeps
+	// its keys in Redis (limits.redis) only with it set, so that a Redis
+	// that loses them (a restart without persistence, a flush, an
+	// eviction) leaves the gateway refusing requests rather than serving
+	// everyone. Default false.
+	Required bool `koanf:"required"`
 	// Keys are the API keys, by the SHA-256 of their value (the gateway
 	// never holds a key itself).
 	Keys []KeyConfig `koanf:"keys"`
@@ -44,7 +51,8 @@ type AuthConfig struct {
 // KeyConfig is one API key.
 type KeyConfig struct {
 	// Name identifies the key on the access log and the server span
-	// (switchboard.key): configured names only, so the set is bounded.
+	// (switchboard.key): the configured names and those of the keys API,
+	// at most MaxAPIKeys of them, so the set is bounded.
 	Name string `koanf:"name"`
 	// SHA256 is the hex SHA-256 of the key (`switchboard keys hash`).
 	SHA256 string `koanf:"sha256"`
@@ -242,14 +250,20 @@ func errPermissionDenied(model string) *APIError {
 func (s *Server) authenticate(next http.Handler) http.Handler {
 	return door(func(w http.ResponseWriter, r *http.Request) error {
 		set := s.set.Load()
-		api := s.keys.current()
-		if len(set.keys) == 0 && api.none() {
+		if len(set.keys) == 0 && !set.cfg.Auth.Required {
 			next.ServeHTTP(w, r)
 			return nil
 		}
-		if len(set.keys) == 0 && !api.loaded {
-			// Whether auth is on depends on the keys in Redis, not read
-			// yet: refusing is safe, serving everyone is not.
+		// The keys API's keys in Redis count under auth.required only;
+		// unread, or not checked for longer than keysMaxStale (a revoked
+		// key may be among them), they are not trusted.
+		api, apiOK := noAPIKeys, true
+		if set.cfg.Auth.Required {
+			api, apiOK = s.keys.current(), s.keys.trusted(time.Now())
+		}
+		if len(set.keys) == 0 && !apiOK {
+			// Every key is in Redis, which cannot be trusted now:
+			// refusing is safe, serving everyone is not.
 			closeAfterUnreadBody(w, http.NewResponseController(w))
 			return errKeysUnavailable()
 		}
@@ -267,7 +281,7 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 			var k *apiKey
 			if i := matchKey(set.keys, sum); i >= 0 {
 				k = &set.keys[i]
-			} else {
+			} else if apiOK {
 				k = api.match(set, sum)
 			}
 			if k != nil {
@@ -280,9 +294,9 @@ func (s *Server) authenticate(next http.Handler) http.Handler {
 				next.ServeHTTP(w, r)
 				return nil
 			}
-			if !api.loaded {
-				// Perhaps a key of the keys API not read yet: a 503 the
-				// client retries, not a 401 it believes.
+			if !apiOK {
+				// Perhaps a key of the keys API not read, or not checked,
+				// lately: a 503 the client retries, not a 401 it believes.
 				closeAfterUnreadBody(w, http.NewResponseController(w))
 				return errKeysUnavailable()
 			}

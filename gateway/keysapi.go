@@ -6,17 +6,23 @@ package gateway
 //
 // Where the keys it manages live:
 //
-//   - With limits.redis set, in Redis: a hash of name -> JSON record
-//     (keyRecord) at <limits.redis.key_prefix>{keys} and a version counter
-//     at <limits.redis.key_prefix>{keys}:version, incremented by every
-//     change. Every replica polls the counter (keysPollInterval) and reads
-//     the hash again when it moves, so a revoked key is refused on every
-//     replica within a poll. A replica that cannot reach Redis keeps the
-//     keys it read last.
-//   - Without Redis, in auth.keys_file, rewritten atomically (a temporary
+//   - With limits.redis set and auth.required, in Redis: a hash of name ->
+//     JSON record (keyRecord) at <limits.redis.key_prefix>{keys} and a
+//     version counter at <limits.redis.key_prefix>{keys}:version,
+//     incremented by every change. Every replica polls the counter
+//     (keysPollInterval) and reads the hash again when it moves, and all
+//     of it every keysFullReload whatever the counter says, so a revoked
+//     key is refused on every replica within a poll. A replica that has
+//     not heard from Redis for keysMaxStale answers the keys API's keys
+//     503 keys_unavailable (a revocation may be among what it missed);
+//     the keys of the configuration keep working. auth.required is what
+//     makes a Redis that lost its keys (a restart without persistence, a
+//     flush) refuse every request instead of turning auth off.
+//   - Otherwise, in auth.keys_file, rewritten atomically (a temporary
 //     file in its directory, fsync, rename): the keys file's keys are the
 //     ones the API edits, and its file watch reloads any other process
-//     reading the file.
+//     reading the file. A file changed by hand since it was read is not
+//     overwritten (409 keys_file_changed).
 //   - With neither, the write routes answer 409 keys_api_unavailable.
 //
 // Keys of every source share one name space. Keys of the main config file
@@ -79,6 +85,18 @@ const MaxAPIKeys = 10000
 // counter of the keys.
 const keysPollInterval = 250 * time.Millisecond
 
+// keysFullReload is how often each replica reads every key from Redis
+// whatever the version counter says: a Redis that lost writes (a
+// failover to a replica behind, a restored backup) may show a counter
+// equal to the one read last with other keys.
+const keysFullReload = 30 * time.Second
+
+// keysMaxStale is how long a replica trusts the keys it read from Redis
+// without a successful check: past it the keys API's keys are answered
+// 503 keys_unavailable until Redis answers, so a key revoked meanwhile is
+// never served for longer. Four polls: one slow answer does not trip it.
+const keysMaxStale = 4 * keysPollInterval
+
 // keysMinTimeout is the shortest wait for a Redis call of the keys API:
 // limits.redis.timeout is sized for an admission (50 ms by default), a
 // read of every key may take longer.
@@ -135,8 +153,25 @@ func (k *keysAPI) current() *apiKeySet {
 	return k.rds.set.Load()
 }
 
-// none reports that there is no key in Redis, for certain.
-func (a *apiKeySet) none() bool { return a.loaded && len(a.byHash) == 0 }
+// trusted reports whether the keys read from Redis may be used at now:
+// read at least once, and checked against Redis within keysMaxStale.
+// Always true without Redis.
+func (k *keysAPI) trusted(now time.Time) bool {
+	if k == nil || k.rds == nil {
+		return true
+	}
+	return k.rds.set.Load().loaded && now.UnixNano()-k.rds.synced.Load() <= int64(keysMaxStale)
+}
+
+// LockKeysFile takes the lock the keys API holds while it reads,
+// rewrites and applies auth.keys_file, and returns its release. A
+// reloader that reads the keys file and then applies what it read
+// (Server.Reload) holds it across both, so a revocation written
+// meanwhile is never undone by keys read before it.
+func (s *Server) LockKeysFile() (unlock func()) {
+	s.keys.mu.Lock()
+	return s.keys.mu.Unlock
+}
 
 // match returns the key whose hash is sum, nil when none (or when a key of
 // the configuration has its name: the configuration wins). A map lookup,
@@ -176,12 +211,17 @@ type redisKeys struct {
 	hash, version string
 	timeout       time.Duration
 	set           atomic.Pointer[apiKeySet]
+	// synced is when (Unix ns) Redis last answered a check or a read.
+	synced atomic.Int64
 	// reloadMu makes reads of the hash one at a time, so an older read
 	// never replaces a newer one.
 	reloadMu sync.Mutex
 	log      *slog.Logger
 	errLog   loglimit.Limiter // Redis failures of the poll
 	badLog   loglimit.Limiter // records that are not valid keys
+	// required reports whether auth.required is on: the keys in Redis
+	// are in use, and the poll's failures worth a warning.
+	required func() bool
 	cancel   context.CancelFunc
 	done     chan struct{}
 	// unhold releases /ready, held until the first read.
@@ -190,10 +230,9 @@ type redisKeys struct {
 }
 
 // newKeysAPI builds the keys API of s. With limits.redis set it reads the
-// keys from Redis once and starts the poll. Until a read succeeds a key
-// not in the configuration gets 503 keys_unavailable, and with no key
-// configured every request does and /ready is held: whether auth is on
-// is not known.
+// keys from Redis once and starts the poll. Under auth.required, until a
+// read succeeds a key not in the configuration gets 503 keys_unavailable,
+// and with no key configured every request does and /ready is held.
 func newKeysAPI(s *Server, cfg Config, readFile func(string) ([]KeyConfig, error), log *slog.Logger) (*keysAPI, error) {
 	k := &keysAPI{readFile: readFile, log: log}
 	rc := cfg.Limits.Redis
@@ -224,15 +263,19 @@ func newKeysAPI(s *Server, cfg Config, readFile func(string) ([]KeyConfig, error
 		timeout: timeout, log: log,
 		errLog: loglimit.Limiter{Interval: time.Minute}, badLog: loglimit.Limiter{Interval: time.Minute},
 		done: make(chan struct{}),
+		required: func() bool {
+			set := s.set.Load()
+			return set != nil && set.cfg.Auth.Required
+		},
 	}
 	r.set.Store(&apiKeySet{})
 	k.rds = r
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
-	if err := r.reload(ctx); err != nil {
+	if err := r.reload(ctx); err != nil && cfg.Auth.Required {
 		// Until the keys are read, a key not in the configuration gets
-		// 503. With no key configured whether auth is on is not known:
-		// every request gets 503, and /ready waits.
+		// 503. With no key configured every request does, and /ready
+		// waits. (Without auth.required the keys in Redis are not used.)
 		log.Warn("cannot read the api keys from redis: a key not in the configuration gets 503 until it answers", "error", err)
 		if len(cfg.Auth.Keys) == 0 {
 			r.unhold = s.HoldReady("the api keys in redis")
@@ -258,13 +301,21 @@ func (r *redisKeys) poll(ctx context.Context) {
 	defer close(r.done)
 	t := time.NewTicker(keysPollInterval)
 	defer t.Stop()
+	full := time.Now()
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		if err := r.check(ctx); err != nil && ctx.Err() == nil {
+		var err error
+		if time.Since(full) >= keysFullReload {
+			full = time.Now()
+			err = r.reload(ctx)
+		} else {
+			err = r.check(ctx)
+		}
+		if err != nil && ctx.Err() == nil && r.required() {
 			if suppressed, ok := r.errLog.Allow(time.Now()); ok {
 				r.log.Warn("cannot read the api keys from redis: the keys read last stay in force", "error", err, "suppressed", suppressed)
 			}
@@ -286,7 +337,16 @@ func (r *redisKeys) check(ctx context.Context) error {
 			return err
 		}
 		if v == cur.version {
+			r.synced.Store(time.Now().UnixNano())
 			return nil
+		}
+		if v < cur.version && r.required() {
+			// The counter only grows: Redis lost its keys (a restart
+			// without persistence, a flush, an eviction, a failover to
+			// a replica behind). What it holds now is in force, none
+			// at all meaning every request is refused (auth.required).
+			r.log.Error("the api keys in redis were lost or rolled back: the keys redis holds now are in force; configure redis with persistence and maxmemory-policy noeviction",
+				"version_was", cur.version, "version_now", v, "keys_were", len(cur.entries))
 		}
 	}
 	return r.reload(ctx)
@@ -313,6 +373,7 @@ func (r *redisKeys) reload(ctx context.Context) error {
 		return err
 	}
 	r.set.Store(r.compile(all.Val(), v))
+	r.synced.Store(time.Now().UnixNano())
 	r.unholdOnce.Do(func() {
 		if r.unhold != nil {
 			r.unhold()
@@ -400,6 +461,9 @@ func (r *redisKeys) applied(ctx context.Context, name, record string) {
 	r.reloadMu.Lock()
 	defer r.reloadMu.Unlock()
 	cur := r.set.Load()
+	if !cur.loaded {
+		return // never read: one change is not the whole set; the poll reads it
+	}
 	recs := make(map[string]string, len(cur.records)+1)
 	for n, v := range cur.records {
 		recs[n] = v
@@ -444,14 +508,23 @@ func errKeysFile(msg string, err error) *APIError {
 // keyStore is where the keys API writes: Redis, the keys file, or
 // nowhere (409 keys_api_unavailable).
 func (s *Server) keyStore(set *settings) (file string, err error) {
-	if s.keys.rds != nil {
+	if s.redisKeysOn(set) {
 		return "", nil
 	}
 	if p := set.cfg.Auth.KeysFilePath; p != "" {
 		return p, nil
 	}
-	return "", &APIError{Status: http.StatusConflict, Type: TypeInvalidRequest, Code: "keys_api_unavailable",
-		Message: "the keys api needs somewhere to keep its keys: set limits.redis.address (shared by every replica) or auth.keys_file (this file, rewritten)"}
+	msg := "the keys api needs somewhere to keep its keys: set limits.redis.address and auth.required (shared by every replica) or auth.keys_file (this file, rewritten)"
+	if s.keys.rds != nil {
+		msg = "the keys api keeps its keys in redis only with auth.required: true (so that a redis that loses them refuses every request instead of turning auth off); set it, or auth.keys_file"
+	}
+	return "", &APIError{Status: http.StatusConflict, Type: TypeInvalidRequest, Code: "keys_api_unavailable", Message: msg}
+}
+
+// redisKeysOn reports whether the keys API keeps its keys in Redis:
+// limits.redis is set and auth.required is on.
+func (s *Server) redisKeysOn(set *settings) bool {
+	return s.keys.rds != nil && set.cfg.Auth.Required
 }
 
 // mountKeysAPI adds the keys API to the admin router:
@@ -520,7 +593,7 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	first := len(set.keys) == 0 && s.keys.current().none()
+	first := len(set.keys) == 0 && !set.cfg.Auth.Required
 	if configHas(set.keys, kc.Name) {
 		return errKeyExists(kc.Name)
 	}
@@ -540,7 +613,7 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) error {
 		s.keys.rds.applied(r.Context(), kc.Name, string(rec))
 	} else {
 		kc.Source = KeySourceKeysFile
-		keys, err := s.fileKeys(set, path)
+		keys, ver, err := s.fileKeys(set, path)
 		if err != nil {
 			return err
 		}
@@ -549,7 +622,7 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) error {
 				return errKeyExists(kc.Name)
 			}
 		}
-		if err := s.writeFileKeys(set, path, append(keys, kc)); err != nil {
+		if err := s.writeFileKeys(set, path, append(keys, kc), ver); err != nil {
 			return err
 		}
 	}
@@ -609,7 +682,7 @@ func (s *Server) editable(set *settings, name string) error {
 		if k.Name != name {
 			continue
 		}
-		if k.Source == KeySourceKeysFile && s.keys.rds == nil {
+		if k.Source == KeySourceKeysFile && !s.redisKeysOn(set) {
 			return nil
 		}
 		if k.Source == KeySourceKeysFile {
@@ -647,7 +720,7 @@ func (s *Server) updateKey(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	} else {
-		keys, err := s.fileKeys(set, path)
+		keys, ver, err := s.fileKeys(set, path)
 		if err != nil {
 			return err
 		}
@@ -659,7 +732,7 @@ func (s *Server) updateKey(w http.ResponseWriter, r *http.Request) error {
 		if err := checkKey(keys[i]); err != nil {
 			return err
 		}
-		if err := s.writeFileKeys(set, path, keys); err != nil {
+		if err := s.writeFileKeys(set, path, keys, ver); err != nil {
 			return err
 		}
 	}
@@ -710,7 +783,7 @@ func (s *Server) updateRedisKey(ctx context.Context, name string, change keyChan
 
 func errLastKey(name string) *APIError {
 	return &APIError{Status: http.StatusConflict, Type: TypeInvalidRequest, Code: "last_key",
-		Message: "the api key " + strconv.Quote(name) + " is the last one: without a key auth is off and every request is served; create another key first"}
+		Message: "the api key " + strconv.Quote(name) + " is the last one: without a key auth is off and every request is served; create another key first, or set auth.required: true (no key then refuses every request)"}
 }
 
 func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) error {
@@ -729,7 +802,9 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	if path == "" {
-		v, err := s.keys.rds.run(r.Context(), deleteKeyScript, name, len(set.keys))
+		// Under auth.required (always so here) no key left means every
+		// request is refused: the last key may go.
+		v, err := s.keys.rds.run(r.Context(), deleteKeyScript, name, 1)
 		switch {
 		case err != nil:
 			return errKeysStore(err)
@@ -740,7 +815,7 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) error {
 		}
 		s.keys.rds.applied(r.Context(), name, "")
 	} else {
-		keys, err := s.fileKeys(set, path)
+		keys, ver, err := s.fileKeys(set, path)
 		if err != nil {
 			return err
 		}
@@ -754,10 +829,10 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) error {
 				others++
 			}
 		}
-		if others+len(keys) == 1 {
+		if others+len(keys) == 1 && !set.cfg.Auth.Required {
 			return errLastKey(name)
 		}
-		if err := s.writeFileKeys(set, path, append(keys[:i:i], keys[i+1:]...)); err != nil {
+		if err := s.writeFileKeys(set, path, append(keys[:i:i], keys[i+1:]...), ver); err != nil {
 			return err
 		}
 	}
@@ -815,7 +890,7 @@ func decodeAdminBody(w http.ResponseWriter, r *http.Request, v any) error {
 	var te *json.UnmarshalTypeError
 	switch {
 	case errors.As(err, &mbe):
-		return &APIError{Status: http.StatusBadRequest, Type: TypeInvalidRequest, Code: "body_too_large",
+		return &APIError{Status: http.StatusRequestEntityTooLarge, Type: TypeInvalidRequest, Code: "body_too_large",
 			Message: fmt.Sprintf("the body is larger than %d bytes", maxAdminBody), Err: err}
 	case errors.Is(err, io.EOF):
 		return &APIError{Status: http.StatusBadRequest, Type: TypeInvalidRequest, Code: "invalid_json", Message: "the body is empty: send a JSON object", Err: err}
@@ -847,7 +922,25 @@ func jsonKind(k string) string {
 // fileKeys returns the keys of the keys file at path: as the file says
 // now when a reader is set (WithKeysFileReader), else as the settings
 // hold them.
-func (s *Server) fileKeys(set *settings, path string) ([]KeyConfig, error) {
+func (s *Server) fileKeys(set *settings, path string) ([]KeyConfig, fileVersion, error) {
+	ver := fileVersionOf(path)
+	keys, err := s.fileKeysNow(set, path)
+	return keys, ver, err
+}
+
+// fileVersion is the SHA-256 of a file's bytes (of its read error when it
+// cannot be read): what the keys API read, compared before it rewrites.
+type fileVersion [sha256.Size]byte
+
+func fileVersionOf(path string) fileVersion {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return sha256.Sum256([]byte("error: " + err.Error()))
+	}
+	return sha256.Sum256(b)
+}
+
+func (s *Server) fileKeysNow(set *settings, path string) ([]KeyConfig, error) {
 	if s.keys.readFile != nil {
 		keys, err := s.keys.readFile(path)
 		if err != nil {
@@ -871,8 +964,10 @@ func (s *Server) fileKeys(set *settings, path string) ([]KeyConfig, error) {
 // writeFileKeys rewrites the keys file with keys (atomically: a temporary
 // file in its directory, synced, renamed over it, the directory synced)
 // and puts them in force in this process at once, with the main config
-// file's keys first, as the loader does.
-func (s *Server) writeFileKeys(set *settings, path string, keys []KeyConfig) error {
+// file's keys first, as the loader does. read is the file's version the
+// keys were read from: a file changed since (by hand) is not overwritten,
+// 409 keys_file_changed.
+func (s *Server) writeFileKeys(set *settings, path string, keys []KeyConfig, read fileVersion) error {
 	all := make([]KeyConfig, 0, len(set.cfg.Auth.Keys)+len(keys))
 	for _, k := range set.cfg.Auth.Keys {
 		if k.Source != KeySourceKeysFile {
@@ -883,6 +978,10 @@ func (s *Server) writeFileKeys(set *settings, path string, keys []KeyConfig) err
 	if err := (AuthConfig{Keys: all}).Validate(); err != nil {
 		return &APIError{Status: http.StatusConflict, Type: TypeInvalidRequest, Code: "keys_file_invalid",
 			Message: "the keys would not be valid, so the keys file is not rewritten: " + err.Error(), Err: err}
+	}
+	if fileVersionOf(path) != read {
+		return &APIError{Status: http.StatusConflict, Type: TypeInvalidRequest, Code: "keys_file_changed",
+			Message: "the keys file " + path + " changed while the keys api read it (an edit by hand?): nothing was written; retry"}
 	}
 	if err := writeFileAtomic(path, KeysFileYAML(keys)); err != nil {
 		return errKeysFile("the keys file "+path+" could not be written: "+err.Error(), err)

@@ -298,8 +298,12 @@ func TestKeysAPIBadBodies(t *testing.T) {
 	} {
 		st, b := adminCall(t, h, c.method, c.path, c.body)
 		code, param, msg := adminErr(t, b)
-		if st != http.StatusBadRequest || code != c.code || param != c.param || msg == "" {
-			t.Errorf("%s: %d code %q param %q (%s), want 400 %q %q", c.name, st, code, param, msg, c.code, c.param)
+		want := http.StatusBadRequest
+		if c.code == "body_too_large" {
+			want = http.StatusRequestEntityTooLarge
+		}
+		if st != want || code != c.code || param != c.param || msg == "" {
+			t.Errorf("%s: %d code %q param %q (%s), want %d %q %q", c.name, st, code, param, msg, want, c.code, c.param)
 		}
 	}
 	if after, _ := os.ReadFile(path); string(after) != string(before) {
@@ -351,9 +355,11 @@ func TestKeysAPIConcurrentCreatesConcurrentSafe(t *testing.T) {
 }
 
 // redisKeysConfig: an engine serving m and other, limits in Redis at
-// addr, no configured key (auth off until the first key is created).
+// addr, no configured key, auth.required (the keys API keeps its keys in
+// Redis only then; no key refuses every request).
 func redisKeysConfig(url, addr string) (Config, quota.RedisConfig) {
 	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: url, Models: []string{"m", "other"}})
+	cfg.Auth.Required = true
 	rc := quota.DefaultRedisConfig()
 	rc.Address = addr
 	rc.Timeout = 5 * time.Second // -race on a slow machine
@@ -373,17 +379,20 @@ func redisReplica(t *testing.T, url, addr string) *harness {
 	return newHarnessWith(t, cfg, []Option{WithQuotaStore(st)})
 }
 
-// TestKeysAPIRedisReplicas: two replicas sharing one Redis. The first key
-// created on A turns auth on on both; a change on A reaches B through the
-// version poll; a revocation on A gets 401 on B; with Redis down the keys
-// read last stay in force and writes answer 503.
+// TestKeysAPIRedisReplicas: two replicas sharing one Redis, under
+// auth.required. A key created on A serves on B after B's poll; a change
+// on A reaches B; a revocation on A gets 401 on B; the last key may go
+// (no key refuses every request). With Redis down the keys read last stay
+// in force for keysMaxStale, then the keys API's keys get 503; a Redis
+// back without its keys (no persistence) refuses them all: it never turns
+// auth off.
 func TestKeysAPIRedisReplicas(t *testing.T) {
 	var rec recorder
 	url := okEngine(t, &rec)
 	rds := redistest.Start(t)
 	a, b := redisReplica(t, url, rds.Addr()), redisReplica(t, url, rds.Addr())
-	if st := chatWith(b, "", chatM); st != http.StatusOK {
-		t.Fatalf("no key at all: %d, want 200 (auth off)", st)
+	if st := chatWith(b, "", chatM); st != http.StatusUnauthorized {
+		t.Fatalf("no key at all under auth.required: %d, want 401", st)
 	}
 
 	ka := createKey(t, a, `{"name":"team-a","models":["*"],"limits":{"requests_per_minute":1000}}`)
@@ -394,16 +403,11 @@ func TestKeysAPIRedisReplicas(t *testing.T) {
 	if st := chatWith(a, ka.Key, chatM); st != http.StatusOK {
 		t.Fatalf("A, the new key: %d, want 200", st)
 	}
-	if st := chatWith(a, "", chatM); st != http.StatusUnauthorized {
-		t.Errorf("A, no key after the first was created: %d, want 401", st)
+	start := time.Now()
+	if !testutil.Poll(5*time.Second, func() bool { return chatWith(b, ka.Key, chatM) == http.StatusOK }) {
+		t.Fatal("B never served the key created on A")
 	}
-	// With auth off B serves any key: it has the key once it asks for one.
-	if !testutil.Poll(5*time.Second, func() bool { return chatWith(b, "", chatM) == http.StatusUnauthorized }) {
-		t.Fatal("B never turned auth on after the first key was created on A")
-	}
-	if st := chatWith(b, ka.Key, chatM); st != http.StatusOK {
-		t.Errorf("B, the key created on A: %d, want 200", st)
-	}
+	t.Logf("B served the key created on A %v after its creation", time.Since(start).Round(time.Millisecond))
 	if st := chatWith(b, "sk-sb-nope", chatM); st != http.StatusUnauthorized {
 		t.Errorf("B, an unknown key: %d, want 401", st)
 	}
@@ -432,7 +436,7 @@ func TestKeysAPIRedisReplicas(t *testing.T) {
 	}
 
 	// A revocation on A: 401 on A at once, on B after its next poll.
-	start := time.Now()
+	start = time.Now()
 	if st, body := adminCall(t, a, http.MethodDelete, "/admin/keys/team-a", ""); st != http.StatusOK {
 		t.Fatalf("DELETE on A: %d %s", st, body)
 	}
@@ -443,25 +447,57 @@ func TestKeysAPIRedisReplicas(t *testing.T) {
 		t.Fatal("B still serves the key revoked on A")
 	}
 	t.Logf("B refused the revoked key %v after the revocation", time.Since(start).Round(time.Millisecond))
-	st, body := adminCall(t, b, http.MethodDelete, "/admin/keys/team-b", "")
-	if code, _, _ := adminErr(t, body); st != http.StatusConflict || code != "last_key" {
-		t.Errorf("DELETE the last key: %d %s, want 409 last_key", st, body)
-	}
 
-	// Redis down: the keys read last stay in force; writes answer 503.
+	// Redis down: the keys read last stay in force until keysMaxStale,
+	// then the keys API's keys get 503 (a revocation may have been
+	// missed); writes answer 503.
 	rds.Stop()
-	if st := chatWith(a, kb.Key, chatM); st != http.StatusOK {
-		t.Errorf("Redis down, team-b on A: %d, want 200", st)
-	}
-	st, body = adminCall(t, a, http.MethodPost, "/admin/keys", `{"name":"team-c","models":["*"]}`)
+	st, body := adminCall(t, a, http.MethodPost, "/admin/keys", `{"name":"team-c","models":["*"]}`)
 	if code, _, _ := adminErr(t, body); st != http.StatusServiceUnavailable || code != "keys_store_unavailable" {
 		t.Errorf("create with Redis down: %d %s, want 503 keys_store_unavailable", st, body)
 	}
+	if !testutil.Poll(10*time.Second, func() bool { return chatWith(b, kb.Key, chatM) == http.StatusServiceUnavailable }) {
+		t.Errorf("Redis down: B still serves team-b past keysMaxStale")
+	}
+	// Back without its keys (no persistence): every key is gone, and with
+	// auth.required nothing is served.
+	rds.Restart()
+	if !testutil.Poll(10*time.Second, func() bool { return chatWith(b, kb.Key, chatM) == http.StatusUnauthorized }) {
+		t.Errorf("Redis back empty: team-b on B is not 401")
+	}
+	if st := chatWith(a, "", chatM); st != http.StatusUnauthorized {
+		t.Errorf("Redis back empty, no key: %d, want 401 (auth stays on)", st)
+	}
 }
 
-// TestKeysAPIRedisDownAtStart: until the keys in Redis are read once, a
-// keyed request is 503 keys_unavailable (not served: auth may be on) and
-// /ready waits; once Redis answers, the keys apply.
+// TestKeysAPIRedisNotRequired: with limits.redis but no auth.required the
+// keys in Redis are not used: a gateway with no key serves every request
+// even with Redis down at start (Redis for the limits alone), and the
+// keys API names auth.required.
+func TestKeysAPIRedisNotRequired(t *testing.T) {
+	var rec recorder
+	url := okEngine(t, &rec)
+	rds := redistest.Start(t)
+	rds.Stop()
+	cfg, _ := redisKeysConfig(url, rds.Addr())
+	cfg.Auth.Required = false
+	h := newHarness(t, cfg)
+	if st := chatWith(h, "", chatM); st != http.StatusOK {
+		t.Errorf("no key, Redis down, auth.required off: %d, want 200", st)
+	}
+	if st, _, body := h.do(http.MethodGet, "/ready", ""); st != http.StatusOK {
+		t.Errorf("/ready: %d %s, want 200", st, body)
+	}
+	st, body := adminCall(t, h, http.MethodPost, "/admin/keys", `{"name":"team-a","models":["*"]}`)
+	if code, _, msg := adminErr(t, body); st != http.StatusConflict || code != "keys_api_unavailable" || !strings.Contains(msg, "auth.required") {
+		t.Errorf("create without auth.required: %d %s, want 409 keys_api_unavailable naming auth.required", st, body)
+	}
+}
+
+// TestKeysAPIRedisDownAtStart: under auth.required with no configured
+// key, until the keys in Redis are read once a request is 503
+// keys_unavailable and /ready waits; once Redis answers, the keys apply
+// (none: every request is 401).
 func TestKeysAPIRedisDownAtStart(t *testing.T) {
 	var rec recorder
 	url := okEngine(t, &rec)
@@ -477,8 +513,8 @@ func TestKeysAPIRedisDownAtStart(t *testing.T) {
 		t.Errorf("/ready before the keys were read: %d %s", st, body)
 	}
 	rds.Restart()
-	if !testutil.Poll(10*time.Second, func() bool { return chatWith(h, "", chatM) == http.StatusOK }) {
-		t.Error("no key in Redis: requests never served once Redis answered")
+	if !testutil.Poll(10*time.Second, func() bool { return chatWith(h, "", chatM) == http.StatusUnauthorized }) {
+		t.Error("no key in Redis: requests not refused 401 once Redis answered")
 	}
 	if st, _, body := h.do(http.MethodGet, "/ready", ""); st != http.StatusOK {
 		t.Errorf("/ready once the keys were read: %d %s", st, body)
@@ -494,7 +530,7 @@ func TestKeysAPIRedisDownAtStartConfigKeys(t *testing.T) {
 	rds := redistest.Start(t)
 	rds.Stop()
 	cfg, _ := redisKeysConfig(url, rds.Addr())
-	cfg.Auth = AuthConfig{Keys: []KeyConfig{{Name: "team-cfg", SHA256: sha("k-cfg"), Models: []string{"*"}}}}
+	cfg.Auth = AuthConfig{Required: true, Keys: []KeyConfig{{Name: "team-cfg", SHA256: sha("k-cfg"), Models: []string{"*"}}}}
 	h := newHarness(t, cfg)
 	if st := chatWith(h, "k-cfg", chatM); st != http.StatusOK {
 		t.Errorf("a configured key: %d, want 200", st)

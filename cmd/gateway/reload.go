@@ -108,7 +108,11 @@ func (r *reloader) adminReload(trigger string) (string, error) {
 func (r *reloader) reloadResult(trigger string) (telemetry.ReloadResult, loadedFrom, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	// The keys file is read and applied under the keys API's lock, so a
+	// key it writes meanwhile is never undone by keys read before.
+	unlock := r.gw.LockKeysFile()
 	res, loaded, err := r.apply(trigger)
+	unlock()
 	if err != nil {
 		// One line, however many problems the config has.
 		msg := strings.ReplaceAll(err.Error(), "\n", "; ")
