@@ -479,7 +479,7 @@ func (r *redisKeys) applied(ctx context.Context, name, record string) {
 // Errors of the keys API.
 func errKeysUnavailable() *APIError {
 	return &APIError{Status: http.StatusServiceUnavailable, Type: TypeUnavailable, Code: "keys_unavailable",
-		Message: "the gateway cannot read its api keys from redis yet; retry shortly"}
+		Message: "the gateway cannot check its api keys in redis right now (not read since start, or no answer for a second); retry shortly"}
 }
 
 func errKeyNotFound(name string) *APIError {
