@@ -122,6 +122,8 @@ type Server struct {
 	providerAuthLog loglimit.Limiter
 	// admin is the admin listener's token check (adminauth.go).
 	admin adminGate
+	// console is the operator console's history (consolering.go).
+	console consoleState
 }
 
 type config struct {
@@ -631,6 +633,7 @@ func (s *Server) AdminHandler(prom http.Handler) http.Handler {
 		}{s.Keys()})
 	})
 	s.mountEngineAdmin(r)
+	s.mountConsole(r)
 	r.HandleFunc("/debug/pprof/", pprof.Index)
 	r.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	r.HandleFunc("/debug/pprof/profile", pprof.Profile)
