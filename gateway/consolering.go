@@ -250,8 +250,8 @@ type modelStats struct {
 // second) and its latency quantiles (seconds; NaN when the period had no
 // sample).
 type modelPoint struct {
-	at                                           int64 // end of the period, Unix milliseconds; 0: no point
-	reqRate, errRate                             float64
+	at                                         int64 // end of the period, Unix milliseconds; 0: no point
+	reqRate, errRate                           float64
 	ttft50, ttft99, itl50, itl99, e2e50, e2e99 float64
 }
 
