@@ -571,7 +571,7 @@ func secretField(name string) bool {
 		return false
 	}
 	for _, s := range []string{"api_key", "apikey", "sha256", "password", "secret", "token", "credential", "private_key"} {
-		if name == s || strings.HasSuffix(name, "_"+s) {
+		if name == s || strings.HasSuffix(name, "_"+s) && !strings.HasSuffix(name, "per_"+s) { // not bytes_per_token
 			return true
 		}
 	}

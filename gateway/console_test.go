@@ -398,7 +398,8 @@ func TestConsoleConfigRedaction(t *testing.T) {
 		name string
 		want bool
 	}{{"api_key", true}, {"sha256", true}, {"password", true}, {"admin_token", true}, {"api_key_env", false},
-		{"password_env", false}, {"tokens_file", false}, {"tokens_per_minute", false}, {"max_tokens", false}, {"key_prefix", false}} {
+		{"password_env", false}, {"tokens_file", false}, {"tokens_per_minute", false}, {"max_tokens", false}, {"key_prefix", false},
+		{"bytes_per_token", false}, {"access_token", true}} {
 		if got := secretField(c.name); got != c.want {
 			t.Errorf("secretField(%q) = %v", c.name, got)
 		}
