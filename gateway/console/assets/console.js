@@ -344,9 +344,25 @@
   });
 
   // ---- recent requests ----
-  const reqRows = new Map();
+  // A fixed set of rows, rewritten in place: a busy gateway replaces the
+  // whole list every second, and new nodes each time would cost more.
+  const reqRows = [];
   const reqBody = $('#requests-table tbody');
   const REQ_FIELDS = ['time', 'key', 'model', 'status', 'outcome', 'engines', 'ttft', 'duration', 'tokens', 'retries', 'continued', 'id'];
+  const REQ_NUM = new Set(['status', 'ttft', 'duration', 'tokens', 'retries', 'continued']);
+
+  function reqRow(i) {
+    if (reqRows[i]) return reqRows[i];
+    const tr = el('tr', { 'data-request': '' });
+    const cells = REQ_FIELDS.map((f) => {
+      const td = el('td', { 'data-field': f });
+      if (REQ_NUM.has(f)) td.classList.add('num');
+      tr.appendChild(td);
+      return td;
+    });
+    reqRows[i] = { tr, cells, bad: false };
+    return reqRows[i];
+  }
 
   async function pollRequests() {
     const q = new URLSearchParams({ limit: '200' });
@@ -355,32 +371,20 @@
     if (key) q.set('key', key);
     if (model) q.set('model', model);
     const data = await apiJSON('/admin/console/requests?' + q.toString());
-    const seen = new Set();
-    let prev = null;
-    for (const r of data.requests) {
-      const id = r.id + '|' + r.time;
-      seen.add(id);
-      let tr = reqRows.get(id);
-      if (!tr) {
-        tr = el('tr', { 'data-request': r.id });
-        const tok = r.input_tokens === null ? '–' : r.input_tokens + ' / ' + r.output_tokens;
-        const vals = [new Date(r.time).toLocaleTimeString(), r.key || '', r.model || '', r.status, r.outcome,
-          (r.engines || []).join(', '), r.ttft_ms === null ? '–' : r.ttft_ms.toFixed(1), r.duration_ms.toFixed(1),
-          tok, r.retries, r.continued, r.id];
-        REQ_FIELDS.forEach((f, i) => {
-          const td = el('td', { 'data-field': f }, vals[i]);
-          if (['status', 'ttft', 'duration', 'tokens', 'retries', 'continued'].includes(f)) td.classList.add('num');
-          if (f === 'outcome' && r.outcome !== 'ok') td.classList.add('error');
-          tr.appendChild(td);
-        });
-        reqRows.set(id, tr);
-      }
-      const want = prev ? prev.nextSibling : reqBody.firstChild;
-      if (want !== tr) reqBody.insertBefore(tr, want);
-      prev = tr;
-    }
-    for (const [id, tr] of reqRows) {
-      if (!seen.has(id)) { tr.remove(); reqRows.delete(id); }
+    data.requests.forEach((r, i) => {
+      const row = reqRow(i);
+      if (row.tr.getAttribute('data-request') !== r.id) row.tr.setAttribute('data-request', r.id);
+      const tok = r.input_tokens === null ? '–' : r.input_tokens + ' / ' + r.output_tokens;
+      const vals = [new Date(r.time).toLocaleTimeString(), r.key || '', r.model || '', r.status, r.outcome,
+        (r.engines || []).join(', '), r.ttft_ms === null ? '–' : r.ttft_ms.toFixed(1), r.duration_ms.toFixed(1),
+        tok, r.retries, r.continued, r.id];
+      vals.forEach((v, j) => setText(row.cells[j], v));
+      const bad = r.outcome !== 'ok';
+      if (bad !== row.bad) { row.cells[4].classList.toggle('error', bad); row.bad = bad; }
+      if (!row.tr.parentNode) reqBody.appendChild(row.tr);
+    });
+    for (let i = data.requests.length; i < reqRows.length; i++) {
+      if (reqRows[i].tr.parentNode) reqRows[i].tr.remove();
     }
   }
 
