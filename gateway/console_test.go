@@ -481,3 +481,40 @@ func prefixAwareConfig() routing.Config {
 	c.Policy = routing.PrefixAwareName
 	return c
 }
+
+// BenchmarkConsoleRecord measures what the console adds to each request
+// on the request path (recordRequest: the ring's copy, the model's
+// counters and histograms), one goroutine and many; it allocates nothing.
+func BenchmarkConsoleRecord(b *testing.B) {
+	s := &Server{}
+	row := s.console.models.row("m")
+	key := &apiKey{name: "team-a"}
+	op := opNamed(b, "chat")
+	mk := func() *reqState {
+		return &reqState{id: "0123456789abcdef0123456789abcdef", model: "m", key: key, op: op, start: time.Now(), attempts: 1,
+			tried: [maxLoggedEngines]string{"e1"}, ttft: 150 * time.Millisecond, inTok: 10, outTok: 16, console: row}
+	}
+	b.Run("serial", func(b *testing.B) {
+		st := mk()
+		b.ReportAllocs()
+		for b.Loop() {
+			s.recordRequest(st, "/v1/chat/completions", 200, time.Now())
+		}
+	})
+	b.Run("parallel", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			st := mk()
+			for pb.Next() {
+				s.recordRequest(st, "/v1/chat/completions", 200, time.Now())
+			}
+		})
+	})
+	b.Run("itl", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			s.console.models.maybeAdvance(time.Now())
+			row.itl.observe(0.03)
+		}
+	})
+}
