@@ -124,7 +124,7 @@ func TestConsoleData(t *testing.T) {
 	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m", "n"}, Tier: new(int)})
 	cfg.Auth = AuthConfig{Keys: []KeyConfig{
 		{Name: "team-a", SHA256: sha("k-a"), Models: []string{"*"}},
-		{Name: "team-b", SHA256: sha("k-b"), Models: []string{"*"}},
+		{Name: "team-b", SHA256: sha("k-b"), Models: []string{"m"}},
 	}}
 	h := newHarness(t, cfg)
 	admin := httptest.NewServer(h.gw.AdminHandler(nil))
@@ -139,6 +139,10 @@ func TestConsoleData(t *testing.T) {
 	send("k-a", "m", true)
 	send("k-a", "n", false)
 	send("k-b", "m", true)
+	// Refused before an engine: counted in n's rate, not in its latencies.
+	if st, _, b := h.do(http.MethodPost, "/v1/chat/completions", `{"model":"n","messages":[{"role":"user","content":"hi"}]}`, "Authorization", "Bearer k-b"); st/100 != 4 {
+		t.Fatalf("team-b to n: %d %s", st, b)
+	}
 	if st, _, _ := h.do(http.MethodPost, "/v1/chat/completions", `{"model":"m","messages":[]}`, "Authorization", "Bearer wrong"); st != 401 {
 		t.Fatalf("wrong key: %d", st)
 	}
@@ -187,13 +191,16 @@ func TestConsoleData(t *testing.T) {
 		return r
 	}
 	all := get("")
-	if len(all.Requests) != 4 {
-		t.Fatalf("%d requests, want 4: %+v", len(all.Requests), all.Requests)
+	if len(all.Requests) != 5 {
+		t.Fatalf("%d requests, want 5: %+v", len(all.Requests), all.Requests)
 	}
 	if r := all.Requests[0]; r.Status != 401 || r.Outcome != "invalid_api_key" || r.Key != "" || len(r.Engines) != 0 {
 		t.Errorf("newest: %+v", r)
 	}
-	if r := all.Requests[1]; r.Key != "team-b" || r.Model != "m" || r.Status != 200 || r.Outcome != "ok" ||
+	if r := all.Requests[1]; r.Key != "team-b" || r.Model != "n" || r.Status/100 != 4 || len(r.Engines) != 0 {
+		t.Errorf("team-b's refused request: %+v", r)
+	}
+	if r := all.Requests[2]; r.Key != "team-b" || r.Model != "m" || r.Status != 200 || r.Outcome != "ok" ||
 		len(r.Engines) != 1 || r.Engines[0] != "e1" || r.Attempts != 1 || r.Retries != 0 || r.TTFTMS == nil || *r.TTFTMS <= 0 ||
 		r.OutputTokens == nil || *r.OutputTokens != 4 || r.DurationMS < *r.TTFTMS || r.Operation != "chat" {
 		t.Errorf("team-b's request: %+v", r)
@@ -220,6 +227,7 @@ func TestConsoleData(t *testing.T) {
 			Err     []*float64 `json:"errors_per_second"`
 			TTFTP50 []*float64 `json:"ttft_p50"`
 			ITLP50  []*float64 `json:"itl_p50"`
+			E2EP50  []*float64 `json:"e2e_p50"`
 			E2EP99  []*float64 `json:"e2e_p99"`
 		}
 	}
@@ -234,7 +242,7 @@ func TestConsoleData(t *testing.T) {
 		m.E2EP99[0] == nil || *m.E2EP99[0] < *m.TTFTP50[0] {
 		t.Errorf("model m: %s", body)
 	}
-	if n := mod.Models[1]; *n.Req[0] != 0.1 || n.TTFTP50[0] == nil {
+	if n := mod.Models[1]; *n.Req[0] != 0.2 || *n.Err[0] != 0 || n.TTFTP50[0] == nil || n.E2EP50[0] == nil || *n.E2EP50[0] < *n.TTFTP50[0] {
 		t.Errorf("model n: %s", body)
 	}
 

@@ -105,10 +105,20 @@ func (s *Server) recordRequest(st *reqState, route string, status int, now time.
 	s.console.requests.add(&e)
 	ms := st.console
 	if ms == nil && st.model != "" {
-		ms = s.console.models.lookup(st.model)
+		// Refused before any engine (a limit, no engine up): counted,
+		// but its latency is not the model's.
+		if ms = s.console.models.lookup(st.model); ms == nil {
+			return // not a model's request (a listing, an unknown model)
+		}
+		s.console.models.maybeAdvance(now)
+		ms.requests.Add(1)
+		if requestFailed(status, st.errType) {
+			ms.errors.Add(1)
+		}
+		return
 	}
 	if ms == nil {
-		return // not a model's request (a listing, an unmatched route)
+		return
 	}
 	s.console.models.maybeAdvance(now)
 	ms.requests.Add(1)

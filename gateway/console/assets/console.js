@@ -429,8 +429,11 @@
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
     ctx.clearRect(0, 0, w, h);
     const pad = { l: 4, r: 4, t: 14, b: 14 };
+    // The last 15 minutes, or since the first point when there is less.
     const now = Date.now();
-    const t0 = now - 15 * 60 * 1000;
+    const first = t.length ? t[0] - 10000 : now;
+    const t0 = Math.max(now - 15 * 60 * 1000, Math.min(first, now - 60 * 1000));
+    const span = Math.round((now - t0) / 60000);
     let max = 0;
     for (const s of series) for (const v of s) if (v !== null && v > max) max = v;
     if (max <= 0) max = 1;
@@ -446,7 +449,7 @@
     ctx.fillStyle = '#5f6b7a';
     ctx.font = '10px system-ui, sans-serif';
     ctx.fillText('max ' + label(max / 1.1), pad.l, 10);
-    ctx.fillText('-15 min', pad.l, h - 2);
+    ctx.fillText('-' + span + ' min', pad.l, h - 2);
     ctx.fillText('now', w - pad.r - 18, h - 2);
     series.forEach((s, i) => {
       ctx.strokeStyle = COLORS[i];
