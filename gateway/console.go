@@ -543,10 +543,28 @@ func (s *Server) consoleConfig(w http.ResponseWriter, _ *http.Request) {
 		}
 		reloads = append(reloads, c)
 	}
+	var cfg any = s.set.Load().cfg
+	if p := s.console.config.Load(); p != nil {
+		cfg = *p
+	}
 	writeConsoleJSON(w, struct {
 		Config  any             `json:"config"`
 		Reloads []consoleReload `json:"reloads"`
-	}{redactConfig(s.set.Load().cfg), reloads})
+	}{redactValue(reflect.ValueOf(cfg), "", 0), reloads})
+}
+
+// SetConsoleConfig sets the configuration the console's Config panel
+// shows in place of the gateway's own section (the Config given to New or
+// the last Reload): typically the whole file as loaded, a struct with
+// koanf tags, set again after each applied reload. It is redacted as the
+// gateway's section is (redactConfig) each time it is served; nil shows
+// the gateway's section again. Safe for concurrent use.
+func (s *Server) SetConsoleConfig(cfg any) {
+	if cfg == nil {
+		s.console.config.Store(nil)
+		return
+	}
+	s.console.config.Store(&cfg)
 }
 
 // redacted replaces a secret's value.

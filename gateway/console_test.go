@@ -449,6 +449,23 @@ func TestConsoleReloads(t *testing.T) {
 	if strings.Contains(rec.Body.String(), "sk-provider-secret") {
 		t.Error("the engine's key reached the console")
 	}
+	// A whole file's configuration set in its place, redacted too.
+	type telemetrySection struct {
+		Headers map[string]string `koanf:"headers"`
+	}
+	type file struct {
+		Gateway   Config           `koanf:"server"`
+		Telemetry telemetrySection `koanf:"telemetry"`
+	}
+	h.gw.SetConsoleConfig(file{Gateway: next, Telemetry: telemetrySection{Headers: map[string]string{"authorization": "Bearer otlp-secret"}}})
+	rec = httptest.NewRecorder()
+	h.gw.AdminHandler(nil).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/admin/console/config", nil))
+	if body := rec.Body.String(); strings.Contains(body, "otlp-secret") || strings.Contains(body, "sk-provider-secret") ||
+		!strings.Contains(body, `"authorization":"[redacted]"`) || !strings.Contains(body, `"server":{`) {
+		t.Errorf("the file's config: %s", body)
+	}
+	h.gw.SetConsoleConfig(nil)
+
 	// Bounded: the history keeps the last reloadHistorySize.
 	for range 2 * reloadHistorySize {
 		h.gw.console.reloads.note(time.Now(), ReloadReport{}, nil)

@@ -20,6 +20,9 @@ type consoleState struct {
 	requests requestRing
 	models   modelTable
 	reloads  reloadHistory
+	// config is the configuration shown instead of the gateway's own
+	// section (SetConsoleConfig); nil: the gateway's.
+	config atomic.Pointer[any]
 }
 
 // requestRingSize is how many requests the console keeps (the last ones).

@@ -499,7 +499,7 @@
       rows.push(['KV index', d.kv_index.blocks + ' blocks, ' + d.kv_index.engines + ' engines (' + d.kv_index.stale + ' stale)']);
     }
     rows.push(['Prefix cache hit rate', d.prefix_cache_hit_ratio === null ? '– (no engine reports one)'
-      : (d.prefix_cache_hit_ratio * 100).toFixed(1) + '% (mean of ' + d.engines_reporting + ' engines)']);
+      : (d.prefix_cache_hit_ratio * 100).toFixed(1) + '% (mean of ' + d.engines_reporting + (d.engines_reporting === 1 ? ' engine)' : ' engines)')]);
     dl.replaceChildren(...rows.flatMap(([k, v]) => [el('dt', {}, k), el('dd', {}, v)]));
     $('#tiers-table tbody').replaceChildren(...(d.tiers || []).map((t) => {
       const tr = el('tr', { 'data-tier': String(t.tier) });
