@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -542,4 +543,51 @@ func BenchmarkConsoleRecord(b *testing.B) {
 			row.itl.observe(0.03)
 		}
 	})
+}
+
+// TestConsoleConcurrentSafe records requests and inter-token gaps from
+// several goroutines while others read the ring and the series and
+// create rows (run with -race).
+func TestConsoleConcurrentSafe(t *testing.T) {
+	s := &Server{}
+	done := make(chan struct{})
+	var writers, reader sync.WaitGroup
+	reader.Add(1)
+	go func() {
+		defer reader.Done()
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			_ = s.console.models.series(time.Now())
+			_ = s.console.requests.last(50, "", "m1")
+			s.console.reloads.note(time.Now(), ReloadReport{}, nil)
+			_ = s.console.reloads.list()
+		}
+	}()
+	for g := range 4 {
+		writers.Add(1)
+		go func() {
+			defer writers.Done()
+			for i := range 2000 {
+				row := s.console.models.row(fmt.Sprint("m", (g+i)%40))
+				st := &reqState{id: "x", model: row.name, start: time.Now(), inTok: -1, console: row, ttft: time.Millisecond}
+				now := time.Now().Add(time.Duration(i) * time.Second)
+				s.console.models.maybeAdvance(now)
+				row.itl.observe(0.01)
+				s.recordRequest(st, "/v1/chat/completions", 200, now)
+			}
+		}()
+	}
+	writers.Wait()
+	close(done)
+	reader.Wait()
+	if n := len(s.console.requests.last(requestRingSize, "", "")); n != requestRingSize {
+		t.Errorf("%d requests kept", n)
+	}
+	if n := len(s.console.models.series(time.Now().Add(3 * time.Hour))); n != maxConsoleModels+1 {
+		t.Errorf("%d model rows", n)
+	}
 }
