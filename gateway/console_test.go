@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -431,6 +432,8 @@ func TestConsoleReloads(t *testing.T) {
 	if _, err := h.gw.Reload(bad, routing.NewRoundRobin()); err == nil {
 		t.Fatal("a bad config was applied")
 	}
+	h.gw.NoteRejectedReload(errors.New("configs/gateway.yaml: yaml: line 3: did not find expected key"))
+	h.gw.NoteRejectedReload(nil) // nothing to note
 	rec := httptest.NewRecorder()
 	h.gw.AdminHandler(nil).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/admin/console/config", nil))
 	var out struct {
@@ -440,8 +443,9 @@ func TestConsoleReloads(t *testing.T) {
 	if err := json.Unmarshal(rec.Body.Bytes(), &out); err != nil {
 		t.Fatal(err)
 	}
-	if len(out.Reloads) != 2 || out.Reloads[0].Outcome != "rejected" || out.Reloads[0].Error == "" ||
-		out.Reloads[1].Outcome != "ok" || !strings.Contains(strings.Join(out.Reloads[1].Changed, ","), "server.max_attempts") {
+	if len(out.Reloads) != 3 || out.Reloads[0].Outcome != "rejected" || !strings.Contains(out.Reloads[0].Error, "yaml: line 3") ||
+		out.Reloads[1].Outcome != "rejected" || out.Reloads[1].Error == "" ||
+		out.Reloads[2].Outcome != "ok" || !strings.Contains(strings.Join(out.Reloads[2].Changed, ","), "server.max_attempts") {
 		t.Errorf("reloads: %s", rec.Body)
 	}
 	if out.Config["max_attempts"] != float64(next.MaxAttempts) {

@@ -79,6 +79,16 @@ func (s *Server) Reload(cfg Config, policy routing.Policy) (ReloadReport, error)
 	return rep, err
 }
 
+// NoteRejectedReload puts a reload rejected before [Server.Reload] was
+// called (a config file that does not parse or load) in the console's
+// reload history, with its error; Reload records its own results. Safe
+// for concurrent use.
+func (s *Server) NoteRejectedReload(err error) {
+	if err != nil {
+		s.console.reloads.note(time.Now(), ReloadReport{}, err)
+	}
+}
+
 // reload is Reload without its entry in the console's history.
 func (s *Server) reload(cfg Config, policy routing.Policy) (ReloadReport, error) {
 	if policy == nil {
