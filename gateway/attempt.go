@@ -84,6 +84,9 @@ type attempt struct {
 	// engine from its KV-cache events, checked at the end against the
 	// cached tokens its usage reports; -1 when none was predicted.
 	predicted int
+	// console is the model's row on the console's models panel (its
+	// inter-token gaps).
+	console *modelStats
 }
 
 // startAttempt starts the engine span and, unless the route is light,
@@ -136,8 +139,14 @@ func (s *Server) startAttempt(ctx context.Context, eng *fleet.Engine, op *operat
 	}
 	s.live.Add(1)
 	a.start = time.Now()
+	if op.class == classGenerative {
+		a.console = s.console.models.row(in.target)
+	}
 	if st := stateFrom(ctx); st != nil {
 		st.triedEngine(eng.Name())
+		if st.console == nil {
+			st.console = a.console
+		}
 	}
 	return ctx, a
 }
@@ -170,7 +179,12 @@ func (a *attempt) onContent(now time.Time) {
 		}
 		return
 	}
-	a.s.metrics.RecordInterToken(a.ctx, a.attrs, now.Sub(a.last).Seconds())
+	gap := now.Sub(a.last).Seconds()
+	a.s.metrics.RecordInterToken(a.ctx, a.attrs, gap)
+	if a.console != nil {
+		a.s.console.models.maybeAdvance(now)
+		a.console.itl.observe(gap)
+	}
 	a.last = now
 }
 

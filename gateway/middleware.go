@@ -70,6 +70,9 @@ type reqState struct {
 	// continuedOn their engines.
 	continued   int
 	continuedOn []string
+	// console is the model's row on the console's models panel, set by
+	// the request's first attempt; nil before one.
+	console *modelStats
 
 	// For the key's token limit (limits.go): the request's prompt
 	// estimate, and the tokens its attempts used (countUsage).
@@ -288,6 +291,9 @@ func (s *Server) endRequest(r *http.Request, st *reqState, span trace.Span) {
 	}
 	if s.cfg.AccessLog {
 		s.logRequest(r, st, route, status)
+	}
+	if r.URL.Path != "/health" && r.URL.Path != "/ready" {
+		s.recordRequest(st, route, status, time.Now())
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"reflect"
 	"strings"
+	"time"
 
 	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/cfgdiff"
@@ -73,6 +74,23 @@ func (r ReloadReport) Applied() bool {
 // ReloadReport.Restart. Call Reload after [Server.Start]; it is safe for
 // concurrent use (reloads are applied one at a time).
 func (s *Server) Reload(cfg Config, policy routing.Policy) (ReloadReport, error) {
+	rep, err := s.reload(cfg, policy)
+	s.console.reloads.note(time.Now(), rep, err) // the console's reload history
+	return rep, err
+}
+
+// NoteRejectedReload puts a reload rejected before [Server.Reload] was
+// called (a config file that does not parse or load) in the console's
+// reload history, with its error; Reload records its own results. Safe
+// for concurrent use.
+func (s *Server) NoteRejectedReload(err error) {
+	if err != nil {
+		s.console.reloads.note(time.Now(), ReloadReport{}, err)
+	}
+}
+
+// reload is Reload without its entry in the console's history.
+func (s *Server) reload(cfg Config, policy routing.Policy) (ReloadReport, error) {
 	if policy == nil {
 		return ReloadReport{}, fmt.Errorf("%w: nil routing policy", ErrInvalidConfig)
 	}

@@ -127,6 +127,8 @@ type Server struct {
 	// keys is the keys API's state: its writes' lock and the keys kept in
 	// Redis (keysapi.go).
 	keys *keysAPI
+	// console is the operator console's history (consolering.go).
+	console consoleState
 }
 
 type config struct {
@@ -646,6 +648,7 @@ func (s *Server) AdminHandler(prom http.Handler) http.Handler {
 	s.mountEngineAdmin(r)
 	s.mountAdminReload(r)
 	s.mountKeysAPI(r)
+	s.mountConsole(r)
 	r.HandleFunc("/debug/pprof/", pprof.Index)
 	r.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
 	r.HandleFunc("/debug/pprof/profile", pprof.Profile)
