@@ -66,6 +66,31 @@ type AdminAuthConfig struct {
 	// tokens, for one only trusted hosts reach (the demo's loopback).
 	// Default false: without tokens, write actions are refused (403).
 	OpenWrites bool `koanf:"open_writes"`
+	// AllowedHosts are the host names (the request's Host, its port
+	// ignored, case-insensitive) the listener answers under open writes
+	// (OpenWrites with no token), besides IP addresses and localhost:
+	// anything else is refused 403 admin_host_not_allowed, so a web page
+	// that rebinds its own name to the listener's address (DNS
+	// rebinding) cannot drive it through an operator's browser.
+	AllowedHosts []string `koanf:"allowed_hosts"`
+}
+
+// allowedAdminHost reports whether host (a request's Host, with or
+// without a port) is an IP address, localhost or one of allowed.
+func allowedAdminHost(host string, allowed []string) bool {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.Trim(host, "[]"), ".")
+	if net.ParseIP(host) != nil || strings.EqualFold(host, "localhost") {
+		return true
+	}
+	for _, a := range allowed {
+		if strings.EqualFold(host, a) {
+			return true
+		}
+	}
+	return false
 }
 
 // minAdminToken is the shortest admin token accepted, in characters: a
@@ -261,12 +286,26 @@ func (s *Server) adminTokenCheck(next http.Handler) http.Handler {
 		// open writes when none is.
 		console := consolePath(r.URL.Path)
 		pprof := strings.HasPrefix(r.URL.Path, "/debug/pprof")
-		if !write && !console && cfg.Reads != AdminReadsToken && !(pprof && s.admin.configured()) {
+		open := !s.admin.configured() && cfg.OpenWrites
+		if open && !allowedAdminHost(r.Host, cfg.AllowedHosts) {
+			// Nothing on this listener asks who calls: a page that
+			// rebinds its own name to the listener's address would be
+			// same-origin to it. Only names the operator listed, and
+			// addresses, are served.
+			s.metrics.RecordAdminAuthFailure(r.Context(), telemetry.AdminAuthHost)
+			writeError(w, r, &APIError{Status: http.StatusForbidden, Type: TypeInvalidRequest, Code: "admin_host_not_allowed",
+				Message: "with open admin writes this listener answers only requests to an IP address, localhost or a name in admin.auth.allowed_hosts"})
+			return
+		}
+		// The console's page and its scripts hold no data: a browser must
+		// load them before it can send a token.
+		static := !write && (r.URL.Path == "/console" || strings.HasPrefix(r.URL.Path, "/console/"))
+		if static || !write && !console && cfg.Reads != AdminReadsToken && !(pprof && s.admin.configured()) {
 			next.ServeHTTP(w, r)
 			return
 		}
 		if !s.admin.configured() {
-			if cfg.OpenWrites {
+			if open {
 				next.ServeHTTP(w, r)
 				return
 			}

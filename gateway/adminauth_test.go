@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-chi/chi/v5"
+
 	"github.com/switchboard-gw/switchboard/gateway/fleet"
 	"github.com/switchboard-gw/switchboard/internal/enginesim"
 	"github.com/switchboard-gw/switchboard/routing"
@@ -150,6 +152,7 @@ func TestAdminAuthNoTokens(t *testing.T) {
 	pol := routing.NewRoundRobin()
 	h.reload(cfg, pol)
 	cfg.AdminAuth.OpenWrites = true
+	cfg.AdminAuth.AllowedHosts = []string{"example.com"} // httptest.NewRequest's Host
 	if rep := h.reload(cfg, pol); !slices.Contains(rep.Settings, "admin.auth") {
 		t.Errorf("reload report %+v, want admin.auth among the settings changed", rep)
 	}
@@ -236,7 +239,7 @@ func TestAdminAuthReadOnlyToken(t *testing.T) {
 	t.Setenv("SB_TEST_ADMIN_R", r)
 	_, srv := sim(t, enginesim.Config{Models: []string{"m"}})
 	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
-	cfg.AdminAuth = AdminAuthConfig{TokensEnv: "SB_TEST_ADMIN_W", ReadTokensEnv: "SB_TEST_ADMIN_R", Reads: AdminReadsOpen, OpenWrites: true}
+	cfg.AdminAuth = AdminAuthConfig{TokensEnv: "SB_TEST_ADMIN_W", ReadTokensEnv: "SB_TEST_ADMIN_R", Reads: AdminReadsOpen, OpenWrites: true, AllowedHosts: []string{"example.com"}}
 	h := newHarness(t, cfg)
 	for _, path := range []string{"/admin/engines/e1/drain", "/admin/engines/e1/sleep?level=1", "/admin/engines/e1/wake_up"} {
 		if st, _, body := adminDo(h, http.MethodPost, path, r); st != http.StatusForbidden || !strings.Contains(body, "admin_token_read_only") {
@@ -291,7 +294,7 @@ func TestAdminAuthCrossOrigin(t *testing.T) {
 	t.Setenv("SB_TEST_ADMIN_W", w)
 	_, srv := sim(t, enginesim.Config{Models: []string{"m"}})
 	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
-	cfg.AdminAuth = AdminAuthConfig{Reads: AdminReadsOpen, OpenWrites: true} // no tokens: writes open
+	cfg.AdminAuth = AdminAuthConfig{Reads: AdminReadsOpen, OpenWrites: true, AllowedHosts: []string{"example.com"}} // no tokens: writes open
 	h := newHarness(t, cfg)
 	form := "application/x-www-form-urlencoded"
 	cases := []struct {
@@ -326,5 +329,115 @@ func TestAdminAuthCrossOrigin(t *testing.T) {
 	}
 	if st, body := adminSend(h, http.MethodPost, "/admin/engines/e1/drain", "", "Sec-Fetch-Site", "same-origin", "Authorization", "Bearer "+w); st != http.StatusOK {
 		t.Errorf("same-origin fetch with the token: %d %s, want 200", st, body)
+	}
+}
+
+// TestAdminWriteRoutesNeedWriteToken walks every route of the admin
+// handler: each write method of each route (engine admin, drain, the
+// keys API, reload, whatever is added later) is refused without a token
+// (401), with a read-only token (403 admin_token_read_only) and from
+// another origin (403 cross_origin_request), and nothing changes.
+func TestAdminWriteRoutesNeedWriteToken(t *testing.T) {
+	const w, r = "adm-walk-write-token-8d7c6b5a", "adm-walk-read-token-4e3f2a1b0c"
+	t.Setenv("SB_TEST_ADMIN_W", w)
+	t.Setenv("SB_TEST_ADMIN_R", r)
+	_, srv := sim(t, enginesim.Config{Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+	cfg.AdminAuth = AdminAuthConfig{TokensEnv: "SB_TEST_ADMIN_W", ReadTokensEnv: "SB_TEST_ADMIN_R", Reads: AdminReadsOpen}
+	h := newHarness(t, cfg)
+	routes, ok := h.gw.AdminHandler(nil).(chi.Routes)
+	if !ok {
+		t.Fatal("the admin handler is not a chi router")
+	}
+	type call struct{ method, path string }
+	var calls []call
+	err := chi.Walk(routes, func(method, route string, _ http.Handler, _ ...func(http.Handler) http.Handler) error {
+		path := strings.NewReplacer("{name}", "e1", "{action}", "sleep", "/*", "/x").Replace(route)
+		if method == http.MethodGet || method == http.MethodHead || method == http.MethodOptions || method == http.MethodTrace || method == http.MethodConnect {
+			return nil
+		}
+		calls = append(calls, call{method, path})
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, c := range calls {
+		seen[c.path] = true
+		if st, body := adminSend(h, c.method, c.path, "{}"); st != http.StatusUnauthorized {
+			t.Errorf("%s %s without a token: %d %s, want 401", c.method, c.path, st, body)
+		}
+		if st, body := adminSend(h, c.method, c.path, "{}", "Authorization", "Bearer "+r); st != http.StatusForbidden || !strings.Contains(body, "admin_token_read_only") {
+			t.Errorf("%s %s with a read-only token: %d %s, want 403 admin_token_read_only", c.method, c.path, st, body)
+		}
+		if st, body := adminSend(h, c.method, c.path, "{}", "Authorization", "Bearer "+w, "Sec-Fetch-Site", "cross-site"); st != http.StatusForbidden || !strings.Contains(body, "cross_origin_request") {
+			t.Errorf("%s %s cross-site with the write token: %d %s, want 403 cross_origin_request", c.method, c.path, st, body)
+		}
+	}
+	for _, want := range []string{"/admin/engines/e1/drain", "/admin/keys", "/admin/reload", "/admin/models/sleep"} {
+		if !seen[want] {
+			t.Errorf("the walk found no write route %s (routes: %v)", want, calls)
+		}
+	}
+	if h.engineStates()["e1"] != "ready" {
+		t.Errorf("a refused call changed e1: %v", h.engineStates())
+	}
+}
+
+// TestAdminOpenWritesHosts: under open writes (no token) the listener
+// answers only requests to an address, localhost or an allowed name, so
+// a page rebinding its own name to the listener (DNS rebinding) is
+// refused even though the browser sees it as same-origin; with a token
+// configured the Host does not matter.
+func TestAdminOpenWritesHosts(t *testing.T) {
+	_, srv := sim(t, enginesim.Config{Models: []string{"m"}})
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}})
+	cfg.AdminAuth = AdminAuthConfig{Reads: AdminReadsOpen, OpenWrites: true, AllowedHosts: []string{"gw-admin.internal"}}
+	h := newHarness(t, cfg)
+	send := func(method, host, path string, hdr ...string) (int, string) {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(method, path, nil)
+		req.Host = host
+		for i := 0; i+1 < len(hdr); i += 2 {
+			req.Header.Set(hdr[i], hdr[i+1])
+		}
+		h.gw.AdminHandler(nil).ServeHTTP(rec, req)
+		return rec.Code, rec.Body.String()
+	}
+	rebound := "rebind.evil.example:9464"
+	if st, body := send(http.MethodPost, rebound, "/admin/engines/e1/drain", "Origin", "http://"+rebound, "Sec-Fetch-Site", "same-origin"); st != http.StatusForbidden || !strings.Contains(body, "admin_host_not_allowed") {
+		t.Errorf("a rebound name's same-origin drain: %d %s, want 403 admin_host_not_allowed", st, body)
+	}
+	if st, _ := send(http.MethodGet, rebound, "/admin/keys"); st != http.StatusForbidden {
+		t.Errorf("a rebound name's read: %d, want 403", st)
+	}
+	if h.engineStates()["e1"] != "ready" {
+		t.Fatalf("a rebound page drained e1: %v", h.engineStates())
+	}
+	if n := h.counter(telemetry.AdminAuthFailuresName, attribute.String("reason", "host_not_allowed")); n != 2 {
+		t.Errorf("host_not_allowed failures %d, want 2", n)
+	}
+	for _, host := range []string{"127.0.0.1:9464", "[::1]:9464", "localhost:9464", "LOCALHOST", "10.1.2.3", "GW-ADMIN.internal:9464"} {
+		if st, _ := send(http.MethodGet, host, "/admin/engines"); st != http.StatusOK {
+			t.Errorf("host %s: %d, want 200", host, st)
+		}
+	}
+	// With a token the Host is not looked at: the token is the check.
+	t.Setenv("SB_TEST_ADMIN_W", "adm-host-write-token-1f2e3d4c5b")
+	cfg.AdminAuth = AdminAuthConfig{TokensEnv: "SB_TEST_ADMIN_W", Reads: AdminReadsOpen}
+	h.reload(cfg, routing.NewRoundRobin())
+	if st, _ := send(http.MethodGet, "switchboard-admin.ns.svc:9464", "/admin/engines"); st != http.StatusOK {
+		t.Errorf("a service name's read with tokens configured: %d, want 200", st)
+	}
+	// The console's page loads without a token (it holds no data), even
+	// under reads: token.
+	cfg.AdminAuth.Reads = AdminReadsToken
+	h.reload(cfg, routing.NewRoundRobin())
+	if st, _ := send(http.MethodGet, "127.0.0.1", "/console/"); st != http.StatusOK {
+		t.Errorf("the console page under reads: token: %d, want 200", st)
+	}
+	if st, _ := send(http.MethodGet, "127.0.0.1", "/admin/console/engines"); st != http.StatusUnauthorized {
+		t.Errorf("the console's data without a token: %d, want 401", st)
 	}
 }

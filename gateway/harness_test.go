@@ -117,6 +117,7 @@ func testConfig(engines ...fleet.EngineConfig) Config {
 	// Admin write actions without a token, as before admin tokens (the
 	// admin auth tests set their own).
 	cfg.AdminAuth.OpenWrites = true
+	cfg.AdminAuth.AllowedHosts = []string{"example.com"} // httptest.NewRequest's Host
 	return cfg
 }
 

@@ -195,7 +195,7 @@ func configDiff(a, b Config) []string {
 	if !maps.Equal(a.Models.Aliases, b.Models.Aliases) {
 		keys = append(keys, "models.aliases")
 	}
-	if a.AdminAuth != b.AdminAuth {
+	if !reflect.DeepEqual(a.AdminAuth, b.AdminAuth) {
 		keys = append(keys, "admin.auth")
 	}
 	if !reflect.DeepEqual(a.Models.Fallbacks, b.Models.Fallbacks) && len(a.Models.Fallbacks)+len(b.Models.Fallbacks) > 0 {

@@ -15,8 +15,9 @@ const AdminAuthFailuresName = "switchboard.admin.auth_failures"
 // AttrAdminAuthReason is why an admin request was refused: missing (no
 // bearer token), invalid (not an admin token), rate_limited (the second's
 // failures were spent, nothing was compared), read_only (a read-only token
-// on a write action) or cross_origin (a browser's write from a page of
-// another origin).
+// on a write action), cross_origin (a browser's write from a page of
+// another origin) or host_not_allowed (under open writes, a Host that is
+// not an address or an allowed name).
 const AttrAdminAuthReason = attribute.Key("reason")
 
 // The values of AttrAdminAuthReason.
@@ -29,6 +30,9 @@ const (
 	// AdminAuthCrossOrigin: a write a browser sent from another origin
 	// (CSRF).
 	AdminAuthCrossOrigin = "cross_origin"
+	// AdminAuthHost: under open writes, a request to a host name not
+	// allowed (DNS rebinding).
+	AdminAuthHost = "host_not_allowed"
 )
 
 type adminInstruments struct {

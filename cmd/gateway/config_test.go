@@ -409,6 +409,7 @@ func TestShippedConfigs(t *testing.T) {
 			GPUHour: &gateway.GPUHourPrice{USD: 2.5, GPUs: 1, InputTokensPerSecond: 20000, OutputTokensPerSecond: 2500}}}
 		// The file writes the empty lists as [] (the default is nil).
 		want.Server.StripRequestHeaders, want.Server.TrustedProxies = []string{}, []string{}
+		want.Admin.Auth.AllowedHosts = []string{}
 		if !reflect.DeepEqual(cfg, want) {
 			t.Errorf("gateway.yaml drifted from the defaults\n got: %+v\nwant: %+v", cfg, want)
 		}
