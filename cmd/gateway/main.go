@@ -285,6 +285,7 @@ func run(ctx context.Context, args []string, environ func() []string, logw io.Wr
 		started: cfg, routing: cfg.Routing, policy: policy, shadowed: shadow}
 	defer rl.startReloads(ctx, hup, configFile(args), loaded, cfg.Reload.Watch, cfg.Reload.Debounce)()
 	gw.SetReloader(rl.adminReload) // POST /admin/reload
+	gw.SetConsoleConfig(cfg)       // the console's Config panel: the whole file, redacted
 	defer gw.SetReloader(nil)      // before the reloads stop (defers run last first)
 	log.Info("switchboard listening", "addr", ln.Addr().String(), "policy", cfg.Routing.Policy, "engines", gw.Fleet().String())
 	if ready != nil {

@@ -127,6 +127,7 @@ func (r *reloader) reloadResult(trigger string) (telemetry.ReloadResult, loadedF
 func (r *reloader) apply(trigger string) (telemetry.ReloadResult, loadedFrom, error) {
 	cfg, loaded, shadow, err := loadConfigSum(r.args, r.environ)
 	if err != nil {
+		r.gw.NoteRejectedReload(err) // the console's reload history (Reload notes its own)
 		return telemetry.ReloadRejected, loaded, err
 	}
 	policy := r.policy
@@ -135,6 +136,7 @@ func (r *reloader) apply(trigger string) (telemetry.ReloadResult, loadedFrom, er
 		// session ring, prefix index), so it is built only when its
 		// section changed.
 		if policy, err = routing.NewPolicy(cfg.Routing, routing.WithKVIndex(r.kv, r.started.KVEvents.BlockSize)); err != nil {
+			r.gw.NoteRejectedReload(err)
 			return telemetry.ReloadRejected, loaded, err
 		}
 	}
@@ -142,6 +144,7 @@ func (r *reloader) apply(trigger string) (telemetry.ReloadResult, loadedFrom, er
 	if err != nil {
 		return telemetry.ReloadRejected, loaded, err
 	}
+	r.gw.SetConsoleConfig(cfg) // the console shows the whole file, redacted
 	r.policy, r.routing = policy, cfg.Routing
 	prevAuth := r.auth
 	r.auth = cfg.Auth
