@@ -292,7 +292,7 @@ func checkAllValues(t *testing.T, r renderedObjects) {
 	if s == nil {
 		t.Fatalf("the rendering has no Secret %s", secret)
 	}
-	if got, want := secretValue(t, s, "tokens"), "it-read-token-0123456789abcdef\n"; got != want {
+	if got, want := secretValue(t, s, "tokens"), "it-read-token-0123456789abcdef"; got != want { // the token alone, as the ServiceMonitor sends it
 		t.Errorf("Secret %s's tokens = %q, want %q", secret, got, want)
 	}
 	gw := chartConfig(t, r)
@@ -348,8 +348,8 @@ const existingAdminSecret = "ops-admin-tokens"
 // its limits.redis.password_env is a variable the container has; the
 // Services, the PodDisruptionBudget and the ServiceMonitor select what
 // they should; and the ServiceMonitor sends a bearer token when reads need
-// one, never of the write tokens' Secret, and one token only when it is a
-// rendered Secret.
+// one, never of the write tokens' Secret, and, when it is a rendered
+// Secret, one token alone.
 func checkChartWiring(t *testing.T, ns string, r renderedObjects) {
 	t.Helper()
 	dep := r.one(t, "Deployment")
@@ -540,8 +540,8 @@ func checkChartWiring(t *testing.T, ns string, r renderedObjects) {
 				if named[secret] != "admin.auth.read_tokens_file" {
 					t.Errorf("ServiceMonitor %s sends Secret %s, which is not the read-only tokens file's", sm.GetName(), secret)
 				}
-				if tokens := strings.Fields(secretValue(t, s, key)); len(tokens) != 1 {
-					t.Errorf("ServiceMonitor %s sends Secret %s's key %s, which holds %d tokens, want exactly one", sm.GetName(), secret, key, len(tokens))
+				if v := secretValue(t, s, key); len(strings.Fields(v)) != 1 || strings.TrimSpace(v) != v {
+					t.Errorf("ServiceMonitor %s sends Secret %s's key %s, %q: want exactly one token and nothing around it (the header carries the whole value)", sm.GetName(), secret, key, v)
 				}
 			}
 		}
