@@ -5,6 +5,10 @@ package integration
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
+	"io"
+	"maps"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -12,9 +16,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+	"github.com/switchboard-gw/switchboard/internal/redistest"
 	"github.com/switchboard-gw/switchboard/internal/testutil"
 	"go.yaml.in/yaml/v3"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -108,6 +115,16 @@ func TestHelmSchemaRejects(t *testing.T) {
 		{"short admin token", "adminToken:\n  create: true\n  tokens: [short]\n", "at '/adminToken/tokens/0'"},
 		{"redis address without a port", "redis:\n  address: redis\n", "at '/redis/address'"},
 		{"enabled under discovery.kubernetes", "discovery:\n  kubernetes:\n    enabled: false\n", "at '/discovery/kubernetes/enabled'"},
+		{"typo under discovery.kubernetes", "discovery:\n  kubernetes:\n    servce: vllm\n", "'servce' not allowed"},
+		{"redis IPv6 address without brackets", "redis:\n  address: \"::1:6379\"\n", "at '/redis/address'"},
+		{"admin token key ..data", "adminToken:\n  key: ..data\n", "at '/adminToken/key'"},
+		{"admin token key with a slash", "adminToken:\n  key: a/tokens\n", "at '/adminToken/key'"},
+		{"read token key ..2026_12_05", "adminReadToken:\n  key: ..2026_12_05\n", "at '/adminReadToken/key'"},
+		{"read token key with a slash", "adminReadToken:\n  key: ../tokens\n", "at '/adminReadToken/key'"},
+		{"short read token", "adminReadToken:\n  create: true\n  tokens: [short]\n", "at '/adminReadToken/tokens/0'"},
+		{"unknown adminReadToken key", "adminReadToken:\n  secret: x\n", "'secret' not allowed"},
+		{"ServiceMonitor authorization without a key", "serviceMonitor:\n  authorization:\n    name: metrics-token\n", "at '/serviceMonitor/authorization'"},
+		{"ServiceMonitor authorization type", "serviceMonitor:\n  authorization:\n    type: Basic\n", "'type' not allowed"},
 		{"unknown serviceMonitor key", "serviceMonitor:\n  enable: true\n", "'enable' not allowed"},
 		{"service type", "service:\n  type: ExternalName\n", "at '/service/type'"},
 	} {
@@ -126,9 +143,43 @@ func TestHelmSchemaRejects(t *testing.T) {
 		})
 	}
 	// Not a schema matter: create without tokens fails with the chart's message.
-	_, stderr, err := helm(t, "template", "switchboard", chartDir, "--set", "adminToken.create=true")
-	if err == nil || !strings.Contains(stderr, "adminToken.tokens is empty") {
-		t.Errorf("helm template with adminToken.create and no tokens: %v, want the chart's message:\n%s", err, stderr)
+	for _, v := range []string{"adminToken", "adminReadToken"} {
+		_, stderr, err := helm(t, "template", "switchboard", chartDir, "--set", v+".create=true")
+		if err == nil || !strings.Contains(stderr, v+".tokens is empty") {
+			t.Errorf("helm template with %s.create and no tokens: %v, want the chart's message:\n%s", v, err, stderr)
+		}
+	}
+}
+
+// TestHelmSchemaAccepts: values the schema must let through render into
+// the config as given: Redis at a bracketed IPv6 address, token keys
+// with a single leading dot, and every discovery.kubernetes key the
+// gateway has.
+func TestHelmSchemaAccepts(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		set  []string
+		key  string // the config key the first --set value lands in
+		want any
+	}{
+		{"redis IPv6 loopback", []string{"redis.address=[::1]:6379"}, "limits.redis.address", "[::1]:6379"},
+		{"redis IPv6", []string{"redis.address=[fd00:10:96::a]:6380"}, "limits.redis.address", "[fd00:10:96::a]:6380"},
+		{"redis IPv4", []string{"redis.address=10.0.0.7:6379"}, "limits.redis.address", "10.0.0.7:6379"},
+		{"admin token key with a dot", []string{"adminToken.existingSecret=ops", "adminToken.key=.tokens"}, "admin.auth.tokens_file", "/etc/switchboard-admin/.tokens"},
+		{"read token key", []string{"adminReadToken.existingSecret=ops-read", "adminReadToken.key=read.tokens"}, "admin.auth.read_tokens_file", "/etc/switchboard-admin-read/read.tokens"},
+		{"discovery.kubernetes models_label", []string{"discovery.kubernetes.models_label=example.com/model"}, "discovery.kubernetes.models_label", "example.com/model"},
+		{"discovery.kubernetes kv_events_port", []string{"discovery.kubernetes.kv_events_port=zmq"}, "discovery.kubernetes.kv_events_port", "zmq"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var args []string
+			for _, kv := range tc.set {
+				args = append(args, "--set", kv)
+			}
+			cfg := chartConfig(t, rendered(helmTemplate(t, "switchboard", "gw", args...)))
+			if got := lookup(cfg, tc.key); got != tc.want {
+				t.Errorf("with %v, config %s = %v, want %v", tc.set, tc.key, got, tc.want)
+			}
+		})
 	}
 }
 
@@ -163,13 +214,16 @@ func TestHelmDryRun(t *testing.T) {
 		name  string
 		args  []string
 		kinds []string // what the rendering must hold, sorted
+		check func(t *testing.T, r renderedObjects)
 	}{
-		{"defaults", nil, []string{"ConfigMap", "Deployment", "PodDisruptionBudget", "Role", "RoleBinding", "Service", "Service", "ServiceAccount"}},
-		{"all", []string{"-f", allValuesFile}, []string{"ConfigMap", "Deployment", "PodDisruptionBudget", "Role", "RoleBinding", "Secret", "Service", "Service", "ServiceAccount", "ServiceMonitor"}},
+		{"defaults", nil, []string{"ConfigMap", "Deployment", "PodDisruptionBudget", "Role", "RoleBinding", "Service", "Service", "ServiceAccount"}, nil},
+		{"all", []string{"-f", allValuesFile}, []string{"ConfigMap", "Deployment", "PodDisruptionBudget", "Role", "RoleBinding", "Secret", "Secret", "Service", "Service", "ServiceAccount", "ServiceMonitor"}, checkAllValues},
+		{"fsGroup", []string{"--set", "podSecurityContext.fsGroup=65532", "--set", "adminToken.existingSecret=" + existingAdminSecret},
+			[]string{"ConfigMap", "Deployment", "PodDisruptionBudget", "Role", "RoleBinding", "Service", "Service", "ServiceAccount"}, nil},
 		{"no discovery, existing admin Secret", []string{"--set", "discovery.enabled=false", "--set", "podDisruptionBudget.enabled=false",
 			"--set", "config.engines[0].name=vllm-0", "--set", "config.engines[0].url=http://vllm-0.vllm:8000",
 			"--set", "adminToken.existingSecret=" + existingAdminSecret},
-			[]string{"ConfigMap", "Deployment", "Service", "Service", "ServiceAccount"}},
+			[]string{"ConfigMap", "Deployment", "Service", "Service", "ServiceAccount"}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ns := "switchboard-it-" + utilrand.String(6)
@@ -212,8 +266,69 @@ func TestHelmDryRun(t *testing.T) {
 			}
 			r := rendered(objs)
 			checkChartWiring(t, ns, r)
+			if tc.check != nil {
+				tc.check(t, r)
+			}
 			checkPodAdmission(ctx, t, dyn, warns, ns, r, created)
 		})
+	}
+}
+
+// checkAllValues checks, in the rendering of ci/all-values.yaml, what
+// checkChartWiring checks in general, by value: the read-only tokens'
+// Secret the chart creates holds the listed token, is mounted (mode 0444)
+// as /etc/switchboard-admin-read, apart from the config and the write
+// tokens, and named in admin.auth.read_tokens_file; and the
+// ServiceMonitor's endpoint sends it as a bearer token.
+func checkAllValues(t *testing.T, r renderedObjects) {
+	t.Helper()
+	const secret, dir = "switchboard-admin-read-token", "/etc/switchboard-admin-read"
+	var s *unstructured.Unstructured
+	for _, o := range r["Secret"] {
+		if o.GetName() == secret {
+			s = o
+		}
+	}
+	if s == nil {
+		t.Fatalf("the rendering has no Secret %s", secret)
+	}
+	if got, want := secretValue(t, s, "tokens"), "it-read-token-0123456789abcdef"; got != want { // the token alone, as the ServiceMonitor sends it
+		t.Errorf("Secret %s's tokens = %q, want %q", secret, got, want)
+	}
+	gw := chartConfig(t, r)
+	for key, want := range map[string]any{
+		"admin.auth.read_tokens_file": dir + "/tokens",
+		"admin.auth.tokens_file":      "/etc/switchboard-admin/tokens",
+		"admin.auth.reads":            "token",
+	} {
+		if got := lookup(gw, key); got != want {
+			t.Errorf("config %s = %v, want %v", key, got, want)
+		}
+	}
+	var mount, vol map[string]any
+	vms, _, _ := unstructured.NestedSlice(gatewayContainer(t, r), "volumeMounts")
+	for _, m := range vms {
+		if m := m.(map[string]any); m["mountPath"] == dir {
+			mount = m
+		}
+	}
+	vols, _, _ := unstructured.NestedSlice(r.one(t, "Deployment").Object, "spec", "template", "spec", "volumes")
+	for _, v := range vols {
+		if v := v.(map[string]any); mount != nil && v["name"] == mount["name"] {
+			vol = v
+		}
+	}
+	wantVol := map[string]any{"name": "admin-read-token", "secret": map[string]any{
+		"secretName": secret, "defaultMode": int64(0o444),
+		"items": []any{map[string]any{"key": "tokens", "path": "tokens"}},
+	}}
+	if mount == nil || mount["readOnly"] != true || !reflect.DeepEqual(vol, wantVol) {
+		t.Errorf("the read-only tokens are mounted at %s as %v from volume %v, want a read-only mount of %v", dir, mount, vol, wantVol)
+	}
+	eps, _, _ := unstructured.NestedSlice(r.one(t, "ServiceMonitor").Object, "spec", "endpoints")
+	wantAuth := map[string]any{"type": "Bearer", "credentials": map[string]any{"name": secret, "key": "tokens"}}
+	if len(eps) != 1 || !reflect.DeepEqual(eps[0].(map[string]any)["authorization"], wantAuth) {
+		t.Errorf("the ServiceMonitor's endpoints are %v, want one with authorization %v", eps, wantAuth)
 	}
 }
 
@@ -224,12 +339,17 @@ const existingAdminSecret = "ops-admin-tokens"
 // checkChartWiring checks the references between the chart's objects and
 // into the gateway's config: every $(VAR) in the environment is defined
 // before it; the ConfigMap, the ServiceAccount, the Role and the Secrets
-// the pods mount are the rendered ones (or existingAdminSecret); the RoleBinding binds the pods' account in NS;
-// the token is mounted exactly when discovery is on; the config's
-// listeners are the container's ports, its admin.auth.tokens_file is the
-// mounted Secret's file and its limits.redis.password_env a variable the
-// container has; and the Services, the PodDisruptionBudget and the
-// ServiceMonitor select what they should.
+// the pods mount are the rendered ones (or existingAdminSecret); the
+// RoleBinding binds the pods' account in NS; the token is mounted exactly
+// when discovery is on; the config's listeners are the container's ports;
+// its admin.auth.tokens_file and read_tokens_file are the files of two
+// different mounted Secrets, each a directory of its own with the mode
+// the pod's fsGroup calls for, and every rendered Secret is one of them;
+// its limits.redis.password_env is a variable the container has; the
+// Services, the PodDisruptionBudget and the ServiceMonitor select what
+// they should; and the ServiceMonitor sends a bearer token when reads need
+// one, never of the write tokens' Secret, and, when it is a rendered
+// Secret, one token alone.
 func checkChartWiring(t *testing.T, ns string, r renderedObjects) {
 	t.Helper()
 	dep := r.one(t, "Deployment")
@@ -267,7 +387,11 @@ func checkChartWiring(t *testing.T, ns string, r renderedObjects) {
 		mounts[m["name"].(string)] = m["mountPath"].(string)
 	}
 	vols, _, _ := unstructured.NestedSlice(pod, "volumes")
-	var tokensFile string
+	secretFiles := map[string]string{} // mounted file -> its Secret
+	wantMode := int64(0o444)           // no fsGroup: the files are root's, 0440 would hide them from uid 65532
+	if psc, _, _ := unstructured.NestedMap(pod, "securityContext"); psc["fsGroup"] != nil {
+		wantMode = 0o440
+	}
 	for _, v := range vols {
 		v := v.(map[string]any)
 		if name, ok, _ := unstructured.NestedString(v, "configMap", "name"); ok {
@@ -282,18 +406,45 @@ func checkChartWiring(t *testing.T, ns string, r renderedObjects) {
 			if !r.has("Secret", name) && name != existingAdminSecret {
 				t.Errorf("volume %v mounts Secret %s, which the rendering does not have", v["name"], name)
 			}
+			dir := mounts[v["name"].(string)]
+			for other := range maps.Values(mounts) {
+				if other != dir && (strings.HasPrefix(dir, other+"/") || strings.HasPrefix(other, dir+"/")) {
+					t.Errorf("Secret %s is mounted at %s, nested with the mount %s: each is a directory of its own", name, dir, other)
+				}
+			}
+			if mode, _, _ := unstructured.NestedInt64(v, "secret", "defaultMode"); mode != wantMode {
+				t.Errorf("Secret %s's volume has defaultMode %#o, want %#o", name, mode, wantMode)
+			}
 			items, _, _ := unstructured.NestedSlice(v, "secret", "items")
 			for _, it := range items {
-				tokensFile = mounts[v["name"].(string)] + "/" + it.(map[string]any)["path"].(string)
+				secretFiles[dir+"/"+it.(map[string]any)["path"].(string)] = name
 			}
 		}
 	}
-	if got := lookup(gw, "admin.auth.tokens_file"); (got != nil || tokensFile != "") && got != tokensFile {
-		t.Errorf("config admin.auth.tokens_file = %v, the mounted Secret's file is %q", got, tokensFile)
+	// Each admin tokens file in the config is a mounted Secret's file, each
+	// mounted file is one of them, and the two are different Secrets.
+	named := map[string]string{} // Secret -> the config key naming its file
+	for _, key := range []string{"admin.auth.tokens_file", "admin.auth.read_tokens_file"} {
+		got, _ := lookup(gw, key).(string)
+		if got == "" {
+			continue
+		}
+		secret, ok := secretFiles[got]
+		if !ok {
+			t.Errorf("config %s = %q, not a mounted Secret's file (those are %v)", key, got, secretFiles)
+			continue
+		}
+		if other, dup := named[secret]; dup {
+			t.Errorf("config %s and %s both name Secret %s's file", other, key, secret)
+		}
+		named[secret] = key
+	}
+	if len(named) != len(secretFiles) {
+		t.Errorf("the mounted Secrets' files %v, the config names %v", secretFiles, named)
 	}
 	for _, s := range r["Secret"] {
-		if tokensFile == "" {
-			t.Errorf("Secret %s is rendered but not mounted", s.GetName())
+		if _, ok := named[s.GetName()]; !ok {
+			t.Errorf("Secret %s is rendered but not mounted as an admin tokens file", s.GetName())
 		}
 	}
 	if pw := lookup(gw, "limits.redis.password_env"); pw != nil {
@@ -364,7 +515,49 @@ func checkChartWiring(t *testing.T, ns string, r renderedObjects) {
 		if want := dep.GetName() + "-admin"; !slices.Equal(scraped, []string{want}) {
 			t.Errorf("ServiceMonitor %s scrapes the Services %v, want only %s", sm.GetName(), scraped, want)
 		}
+		// With reads behind a token the scrape sends one: a read-only one,
+		// the whole value of its Secret key.
+		for _, ep := range eps {
+			auth, hasAuth, _ := unstructured.NestedMap(ep.(map[string]any), "authorization")
+			if lookup(gw, "admin.auth.reads") == "token" && !hasAuth {
+				t.Errorf("ServiceMonitor %s scrapes without authorization, but admin.auth.reads is token", sm.GetName())
+			}
+			if !hasAuth {
+				continue
+			}
+			secret, _, _ := unstructured.NestedString(auth, "credentials", "name")
+			key, _, _ := unstructured.NestedString(auth, "credentials", "key")
+			if auth["type"] != "Bearer" || secret == "" || key == "" {
+				t.Errorf("ServiceMonitor %s's authorization is %v, want type Bearer and credentials {name, key}", sm.GetName(), auth)
+			}
+			if named[secret] == "admin.auth.tokens_file" {
+				t.Errorf("ServiceMonitor %s sends a token of Secret %s, the write tokens: want a read-only one", sm.GetName(), secret)
+			}
+			for _, s := range r["Secret"] {
+				if s.GetName() != secret {
+					continue
+				}
+				if named[secret] != "admin.auth.read_tokens_file" {
+					t.Errorf("ServiceMonitor %s sends Secret %s, which is not the read-only tokens file's", sm.GetName(), secret)
+				}
+				if v := secretValue(t, s, key); len(strings.Fields(v)) != 1 || strings.TrimSpace(v) != v {
+					t.Errorf("ServiceMonitor %s sends Secret %s's key %s, %q: want exactly one token and nothing around it (the header carries the whole value)", sm.GetName(), secret, key, v)
+				}
+			}
+		}
 	}
+}
+
+// secretValue is the decoded value of a rendered Secret's key ("" when it
+// has none).
+func secretValue(t *testing.T, s *unstructured.Unstructured, key string) string {
+	t.Helper()
+	enc, _, _ := unstructured.NestedString(s.Object, "data", key)
+	b, err := base64.StdEncoding.DecodeString(enc)
+	if err != nil {
+		t.Errorf("Secret %s's %s is not base64: %v", s.GetName(), key, err)
+	}
+	return string(b)
 }
 
 // chartConfig is the gateway's config in the rendered ConfigMap, decoded
@@ -486,4 +679,181 @@ func TestHelmAgreesWithKustomize(t *testing.T) {
 	if len(rules) != 1 || !reflect.DeepEqual(rules[0], field(base, "Role", "rules").([]any)[0]) {
 		t.Errorf("with role_label \"\" the Role's rules are %v, want only the base's endpointslices rule", rules)
 	}
+}
+
+// TestHelmGatewayStartsOnConfig starts the gateway binary (IT_GATEWAY_BIN,
+// else a fresh build) on the gateway.yaml the chart renders, with its
+// defaults and with ci/all-values.yaml, and waits for /ready: the
+// gateway's own loader accepts the rendering as it is, every key and
+// value, where TestHelmDryRun only shows the API server takes the
+// ConfigMap. What the pod would have is made here: the Secrets' files
+// are written out and named by their config keys' variables, Redis is a
+// local one (internal/redistest) with the password in the variable
+// limits.redis.password_env names, and the listeners are overridden by
+// --listen and --admin-listen. With no API server, discovery is turned
+// off and one simulated engine serves instead. Through the admin
+// listener it then checks the tokens took effect: with all-values,
+// reads need a token and the read-only one reads but may not write (403
+// admin_token_read_only), the admin one may; with the defaults, reads
+// are open and writes refused (no token configured). SIGTERM ends it
+// with status 0.
+func TestHelmGatewayStartsOnConfig(t *testing.T) {
+	helmBin(t)
+	bin := build(t, t.TempDir(), "./cmd/gateway")
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"defaults", nil},
+		{"all", []string{"-f", allValuesFile}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := rendered(helmTemplate(t, "switchboard", "gw", tc.args...))
+			dir := t.TempDir()
+			text, _, _ := unstructured.NestedString(r.one(t, "ConfigMap").Object, "data", "gateway.yaml")
+			cfgPath := filepath.Join(dir, "gateway.yaml")
+			if err := os.WriteFile(cfgPath, []byte(text), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			gw := chartConfig(t, r)
+			env := []string{
+				"OTEL_METRICS_EXPORTER=none", "OTEL_TRACES_EXPORTER=none", "OTEL_LOGS_EXPORTER=none",
+				"SWITCHBOARD_DISCOVERY__KUBERNETES__ENABLED=false", "SWITCHBOARD_SIMULATE__ENGINES=1",
+				"SWITCHBOARD_SERVER__DRAIN_DELAY=0s",
+			}
+			files, tokens := writeSecretFiles(t, r, dir)
+			for key, name := range map[string]string{
+				"admin.auth.tokens_file":      "SWITCHBOARD_ADMIN__AUTH__TOKENS_FILE",
+				"admin.auth.read_tokens_file": "SWITCHBOARD_ADMIN__AUTH__READ_TOKENS_FILE",
+			} {
+				if f, _ := lookup(gw, key).(string); f != "" {
+					local, ok := files[f]
+					if !ok {
+						t.Fatalf("config %s = %s, which no rendered Secret's file is (%v)", key, f, files)
+					}
+					env = append(env, name+"="+local)
+				}
+			}
+			if lookup(gw, "limits.redis.address") != nil {
+				rd := redistest.Start(t)
+				env = append(env, "SWITCHBOARD_LIMITS__REDIS__ADDRESS="+rd.Addr())
+				if pwEnv, _ := lookup(gw, "limits.redis.password_env").(string); pwEnv != "" {
+					const pw = "it-helm-redis-password"
+					c := redis.NewClient(&redis.Options{Addr: rd.Addr()})
+					err := c.ConfigSet(context.Background(), "requirepass", pw).Err()
+					_ = c.Close()
+					if err != nil {
+						t.Fatalf("redis CONFIG SET requirepass: %v", err)
+					}
+					env = append(env, pwEnv+"="+pw)
+				}
+			}
+			public, admin := freePort(t), freePort(t)
+			p := start(t, env, bin, "--config", cfgPath, "--listen", public, "--admin-listen", admin)
+			waitHTTP(t, "http://"+public+"/ready", http.StatusOK)
+
+			call := func(method, path, token string) (int, string) {
+				t.Helper()
+				req, err := http.NewRequest(method, "http://"+admin+path, nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if token != "" {
+					req.Header.Set("Authorization", "Bearer "+token)
+				}
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatalf("%s %s: %v", method, path, err)
+				}
+				defer resp.Body.Close()
+				b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<16))
+				return resp.StatusCode, string(b)
+			}
+			type want struct {
+				method, path, token string
+				status              int
+				body                string // a part of the body, "" for any
+			}
+			var wants []want
+			if lookup(gw, "admin.auth.reads") == "token" {
+				read, write := tokens[lookup(gw, "admin.auth.read_tokens_file").(string)], tokens[lookup(gw, "admin.auth.tokens_file").(string)]
+				wants = []want{
+					{"GET", "/metrics", "", http.StatusUnauthorized, "missing_admin_token"},
+					{"GET", "/metrics", read, http.StatusOK, "switchboard_"},
+					{"POST", "/admin/reload", read, http.StatusForbidden, "admin_token_read_only"},
+					{"POST", "/admin/reload", write, http.StatusOK, `"result"`},
+				}
+			} else {
+				wants = []want{
+					{"GET", "/metrics", "", http.StatusOK, "switchboard_"},
+					{"POST", "/admin/reload", "", http.StatusForbidden, ""},
+				}
+			}
+			for _, w := range wants {
+				if status, body := call(w.method, w.path, w.token); status != w.status || !strings.Contains(body, w.body) {
+					t.Errorf("%s %s with token %q: %d, want %d with %q:\n%.500s", w.method, w.path, w.token, status, w.status, w.body, body)
+				}
+			}
+
+			if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+				t.Fatal(err)
+			}
+			exited := make(chan error, 1)
+			go func() { exited <- p.cmd.Wait() }()
+			select {
+			case err := <-exited:
+				if err != nil {
+					t.Errorf("the gateway ended with %v after SIGTERM, want status 0", err)
+				}
+			case <-time.After(time.Minute):
+				t.Fatal("the gateway did not exit within a minute of SIGTERM")
+			}
+		})
+	}
+}
+
+// writeSecretFiles writes, under dir, the file of each rendered Secret the
+// Deployment mounts, where the pod would have it (dir + the mount path +
+// the item's path). It returns the pod's path of each file -> the local
+// one, and the pod's path -> the file's first token.
+func writeSecretFiles(t *testing.T, r renderedObjects, dir string) (files, first map[string]string) {
+	t.Helper()
+	files, first = map[string]string{}, map[string]string{}
+	mounts := map[string]string{}
+	vms, _, _ := unstructured.NestedSlice(gatewayContainer(t, r), "volumeMounts")
+	for _, m := range vms {
+		m := m.(map[string]any)
+		mounts[m["name"].(string)] = m["mountPath"].(string)
+	}
+	vols, _, _ := unstructured.NestedSlice(r.one(t, "Deployment").Object, "spec", "template", "spec", "volumes")
+	for _, v := range vols {
+		v := v.(map[string]any)
+		name, ok, _ := unstructured.NestedString(v, "secret", "secretName")
+		if !ok {
+			continue
+		}
+		for _, s := range r["Secret"] {
+			if s.GetName() != name {
+				continue
+			}
+			items, _, _ := unstructured.NestedSlice(v, "secret", "items")
+			for _, it := range items {
+				it := it.(map[string]any)
+				pod := mounts[v["name"].(string)] + "/" + it["path"].(string)
+				local := filepath.Join(dir, filepath.FromSlash(pod))
+				value := secretValue(t, s, it["key"].(string))
+				if err := os.MkdirAll(filepath.Dir(local), 0o700); err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(local, []byte(value), 0o400); err != nil {
+					t.Fatal(err)
+				}
+				files[pod] = local
+				if f := strings.Fields(value); len(f) > 0 {
+					first[pod] = f[0]
+				}
+			}
+		}
+	}
+	return files, first
 }

@@ -87,6 +87,33 @@ app.kubernetes.io/component: admin
 /etc/switchboard-admin
 {{- end }}
 
+{{/* The read-only admin tokens' Secret: existingSecret, else the one the chart creates, else "". */}}
+{{- define "switchboard.adminReadTokenSecret" -}}
+{{- if .Values.adminReadToken.existingSecret }}
+{{- .Values.adminReadToken.existingSecret }}
+{{- else if .Values.adminReadToken.create }}
+{{- printf "%s-admin-read-token" (include "switchboard.fullname" .) }}
+{{- end }}
+{{- end }}
+
+{{/* Where the read-only admin tokens' Secret is mounted (beside, not inside, the other mounts). */}}
+{{- define "switchboard.adminReadTokenDir" -}}
+/etc/switchboard-admin-read
+{{- end }}
+
+{{/*
+The token volumes' file mode, in decimal (the API takes an integer). The
+files are owned by root, group root unless the pod sets fsGroup: with
+podSecurityContext.fsGroup, 0440 (owner and that group; the gateway, uid
+65532, reads them through the group the kubelet gives them and adds to
+the container's groups); without it, as in the base, 0444, since 0440
+would leave them unreadable to the non-root gateway. The container runs
+the gateway alone, so "others" is nobody else.
+*/}}
+{{- define "switchboard.tokenFileMode" -}}
+{{- if (.Values.podSecurityContext | default dict).fsGroup }}288{{ else }}292{{ end }}
+{{- end }}
+
 {{/* The variable holding the Redis password (not SWITCHBOARD_*: the gateway reads those as config keys). */}}
 {{- define "switchboard.redisPasswordEnv" -}}
 REDIS_PASSWORD
@@ -106,7 +133,8 @@ needs list and watch on pods.
 {{/*
 The gateway's config: .Values.config with the listeners from
 containerPorts, discovery.kubernetes from .Values.discovery, Redis from
-.Values.redis and the admin tokens file from .Values.adminToken. Set with
+.Values.redis and the admin tokens files from .Values.adminToken and
+.Values.adminReadToken. Set with
 `set`, not mergeOverwrite, which would not write a false.
 */}}
 {{- define "switchboard.config" -}}
@@ -119,6 +147,11 @@ containerPorts, discovery.kubernetes from .Values.discovery, Redis from
 {{- if include "switchboard.adminTokenSecret" . }}
 {{- $auth := get $admin "auth" | default dict }}
 {{- $_ = set $auth "tokens_file" (printf "%s/%s" (include "switchboard.adminTokenDir" .) .Values.adminToken.key) }}
+{{- $_ = set $admin "auth" $auth }}
+{{- end }}
+{{- if include "switchboard.adminReadTokenSecret" . }}
+{{- $auth := get $admin "auth" | default dict }}
+{{- $_ = set $auth "read_tokens_file" (printf "%s/%s" (include "switchboard.adminReadTokenDir" .) .Values.adminReadToken.key) }}
 {{- $_ = set $admin "auth" $auth }}
 {{- end }}
 {{- $_ = set $cfg "admin" $admin }}
