@@ -66,9 +66,8 @@ type consoleGateway struct {
 // startConsoleGateways starts n gateway replicas in front of the stack's
 // engines (sim-a, sim-b), their keys and limits in the Redis at redisAddr
 // under a prefix of this run, their admin listeners behind token, with one
-// configured API key, key (the load's: auth is on from the start, and the
-// key created in the page is not the last one, which the keys API never
-// revokes).
+// configured API key, key (the load's), under auth.required (the keys API
+// keeps its keys in Redis only then).
 func startConsoleGateways(t *testing.T, s *stack, n int, redisAddr, token, key string) []*consoleGateway {
 	t.Helper()
 	if len(s.engines) < 2 {
@@ -90,6 +89,7 @@ admin:
 routing:
   policy: round-robin
 auth:
+  required: true
   keys:
     - name: it-load
       sha256: %s
@@ -396,8 +396,8 @@ func TestConsoleBrowser(t *testing.T) {
 		t.Fatalf("waiting for the created key's secret: %v", err)
 	}
 	secret = strings.TrimSpace(secret)
-	if secret == "" {
-		t.Fatal("the page showed no secret for the created key")
+	if !strings.HasPrefix(secret, "sk-sb-") || len(secret) != len("sk-sb-")+43 {
+		t.Fatalf("the page showed %q as the created key's secret, want sk-sb- and 43 base64url characters", secret)
 	}
 	if st, _, err := consoleChat(a, s.model, secret); err != nil || st != 200 {
 		t.Errorf("a request with the created key on the first replica: %d (%v), want 200", st, err)
@@ -445,8 +445,17 @@ func TestConsoleBrowser(t *testing.T) {
 	if len(csp) > 0 {
 		t.Errorf("CSP violations: %q", csp)
 	}
-	if strings.Contains(html, token) {
+	if strings.Contains(html, token) || strings.Contains(html, secret) && !strings.Contains(html, `id="key-secret"`) {
 		t.Error("the admin token is in the page's DOM")
+	}
+	// The token lives for the tab only (sessionStorage), never in
+	// localStorage or a cookie another tab or a restart would keep.
+	kept, err := chromedp.Run(ctx, chromedp.Evaluate[string](`JSON.stringify(Object.assign({}, localStorage)) + document.cookie`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(kept, token) {
+		t.Error("the admin token is kept in localStorage or a cookie")
 	}
 	for _, p := range problems.all() {
 		t.Errorf("the page logged: %s", p)
