@@ -837,6 +837,7 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) error {
 		}
 	}
 	s.log.Info("api key revoked", "name", name)
+	s.Keys() // drops the revoked key's usage (limiter.prune)
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(struct {
 		Name    string `json:"name"`

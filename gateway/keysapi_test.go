@@ -546,3 +546,51 @@ func TestKeysAPIRedisDownAtStartConfigKeys(t *testing.T) {
 		t.Errorf("/ready: %d %s, want 200", st, body)
 	}
 }
+
+// TestKeysAPIRevokedUsageDropped: a revoked key's usage is dropped, so
+// names made and revoked at run time do not pile up, and a key made again
+// under a revoked name starts from zero; a hand edit of the keys file
+// made while the API writes is never overwritten.
+func TestKeysAPIRevokedUsageDropped(t *testing.T) {
+	var rec recorder
+	cfg, path := fileKeysConfig(t, okEngine(t, &rec))
+	h := newHarness(t, cfg)
+	k := createKey(t, h, `{"name":"churn","models":["*"]}`)
+	for range 3 {
+		if st := chatWith(h, k.Key, chatM); st != http.StatusOK {
+			t.Fatalf("the new key: %d", st)
+		}
+	}
+	if keys, _ := listKeys(t, h); keys["churn"].Admitted != 3 {
+		t.Fatalf("admitted %d, want 3", keys["churn"].Admitted)
+	}
+	if st, body := adminCall(t, h, http.MethodDelete, "/admin/keys/churn", ""); st != http.StatusOK {
+		t.Fatalf("revoke: %d %s", st, body)
+	}
+	if _, ok := h.gw.limits.usage.Load("churn"); ok {
+		t.Error("the revoked key's usage is still held")
+	}
+	k = createKey(t, h, `{"name":"churn","models":["*"]}`)
+	if keys, _ := listKeys(t, h); keys["churn"].Admitted != 0 {
+		t.Errorf("the key made again: admitted %d, want 0 (a fresh start)", keys["churn"].Admitted)
+	}
+
+	// A hand edit between the API's read and its write: 409, the edit kept.
+	h.gw.keys.readFile = func(p string) ([]KeyConfig, error) {
+		var keys []KeyConfig
+		for _, k := range h.gw.set.Load().cfg.Auth.Keys {
+			if k.Source == KeySourceKeysFile {
+				keys = append(keys, k)
+			}
+		}
+		b, _ := os.ReadFile(p)
+		return keys, os.WriteFile(p, append(b, []byte("# edited by hand\n")...), 0o600)
+	}
+	st, body := adminCall(t, h, http.MethodPost, "/admin/keys", `{"name":"late","models":["*"]}`)
+	if code, _, _ := adminErr(t, body); st != http.StatusConflict || code != "keys_file_changed" {
+		t.Errorf("a create racing a hand edit: %d %s, want 409 keys_file_changed", st, body)
+	}
+	if b, _ := os.ReadFile(path); !strings.Contains(string(b), "# edited by hand") || strings.Contains(string(b), `"late"`) {
+		t.Errorf("the keys file after the refused write:\n%s", b)
+	}
+}

@@ -516,7 +516,27 @@ func (s *Server) Keys() []KeyStatus {
 	for i, k := range set.cfg.Auth.Keys {
 		out[i] = s.keyStatus(k, shared)
 	}
-	return append(out, s.apiKeyStatuses(set, shared)...)
+	out = append(out, s.apiKeyStatuses(set, shared)...)
+	s.limits.prune(out)
+	return out
+}
+
+// prune drops the usage of every key name not among keys that has no
+// request in flight: a revoked key's counts go (the keys API makes and
+// revokes names at run time, so they would grow without bound), and a key
+// made again under its name starts from zero. A grant in flight keeps its
+// own *keyUsage, so dropping the map's entry loses none of its counts.
+func (l *limiter) prune(keys []KeyStatus) {
+	live := make(map[string]bool, len(keys))
+	for _, k := range keys {
+		live[k.Name] = true
+	}
+	l.usage.Range(func(name, u any) bool {
+		if !live[name.(string)] && u.(*keyUsage).inFlight.Load() == 0 {
+			l.usage.Delete(name)
+		}
+		return true
+	})
 }
 
 // keyStatus is k's status with this process's counts.
