@@ -41,7 +41,7 @@ func TestRecordReload(t *testing.T) {
 	}
 	want := metricdata.Metrics{
 		Name:        ConfigReloadsName,
-		Description: "Configuration reloads (config file changed, or SIGHUP), by result: applied, rejected or unchanged.",
+		Description: "Configuration reloads (a watched file changed, SIGHUP, or POST /admin/reload), by result: applied, rejected or unchanged.",
 		Unit:        "{reload}",
 		Data: metricdata.Sum[int64]{
 			Temporality: metricdata.CumulativeTemporality,
