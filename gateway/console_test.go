@@ -8,6 +8,8 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -600,5 +602,34 @@ func TestConsoleConcurrentSafe(t *testing.T) {
 	}
 	if n := len(s.console.models.series(time.Now().Add(3 * time.Hour))); n != maxConsoleModels+1 {
 		t.Errorf("%d model rows", n)
+	}
+}
+
+// TestConsoleRingKeepsNoClientHeaders: 500 requests, each with a 256 KB
+// X-Request-Id, leave the console's ring holding
+// their ids cut to MaxRequestIDLen, not the headers they were cut from
+// (125 MB): memory is bounded by what the ring keeps.
+func TestConsoleRingKeepsNoClientHeaders(t *testing.T) {
+	_, srv := sim(t, enginesim.Config{Models: []string{"m"}})
+	h := newHarness(t, testConfig(fleet.EngineConfig{Name: "e1", URL: srv.URL, Models: []string{"m"}}))
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	for i := range 500 {
+		id := strconv.Itoa(i) + strings.Repeat("x", 256<<10)
+		if st, _, _ := h.do(http.MethodGet, "/v1/models", "", "X-Request-Id", id); st != http.StatusOK {
+			t.Fatalf("request %d: %d, want 200", i, st)
+		}
+	}
+	var after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	grown := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	if grown > 32<<20 {
+		t.Errorf("the heap grew %d MB after 500 requests with 256 KB ids, want the ring's few hundred KB", grown>>20)
+	}
+	_, _, body := adminDo(h, http.MethodGet, "/admin/console/requests?limit=1", "")
+	if !strings.Contains(body, `"id":"499`+strings.Repeat("x", MaxRequestIDLen-3)+`"`) {
+		t.Errorf("the newest entry's id is not the cut id: %.300s", body)
 	}
 }

@@ -478,7 +478,10 @@ func (s *Server) admit(next http.Handler) http.Handler {
 // spaces, truncated to MaxRequestIDLen bytes; otherwise it returns "".
 func sanitizeRequestID(id string) string {
 	if len(id) > MaxRequestIDLen {
-		id = id[:MaxRequestIDLen]
+		// A copy: a slice would keep the client's whole header alive for
+		// as long as the id is kept (the console's ring of recent
+		// requests keeps hundreds).
+		id = strings.Clone(id[:MaxRequestIDLen])
 	}
 	for i := 0; i < len(id); i++ {
 		if c := id[i]; c <= ' ' || c > '~' {
