@@ -18,7 +18,8 @@ import (
 // The values of AdminAuthConfig.Reads.
 const (
 	// AdminReadsOpen: the admin listener's reads (GET and HEAD: /metrics,
-	// /admin/engines, /admin/keys, /debug/pprof) need no token.
+	// /admin/engines) need no token; /admin/keys, the console's data and
+	// /debug/pprof need one whenever tokens are configured.
 	AdminReadsOpen = "open"
 	// AdminReadsToken: they need an admin token too.
 	AdminReadsToken = "token"
@@ -256,11 +257,12 @@ func (g *adminGate) configured() bool {
 	return g.tokens.count() > 0
 }
 
-// consolePath reports whether path is the console's data, which needs a
-// token (reads too) whenever tokens are configured: keys, recent requests
-// and the configuration are more than a scrape needs.
+// consolePath reports whether path is the console's data or the API
+// keys' list, which need a token (reads too) whenever tokens are
+// configured: keys, recent requests and the configuration are more than a
+// scrape needs.
 func consolePath(path string) bool {
-	return strings.HasPrefix(path, "/admin/console/")
+	return strings.HasPrefix(path, "/admin/console/") || path == "/admin/keys" || strings.HasPrefix(path, "/admin/keys/")
 }
 
 // adminAuth is the admin listener's middleware (AdminAuthConfig): the

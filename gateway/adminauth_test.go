@@ -257,8 +257,13 @@ func TestAdminAuthReadOnlyToken(t *testing.T) {
 	}
 	// The console's data: a token of either kind, even with reads open
 	// (and with open_writes, which matters only without tokens).
-	if st, _, _ := adminDo(h, http.MethodGet, "/admin/console/engines", ""); st != http.StatusUnauthorized {
-		t.Errorf("console data without a token: %d, want 401", st)
+	for _, path := range []string{"/admin/console/engines", "/admin/keys", "/admin/keys/team-a"} {
+		if st, _, _ := adminDo(h, http.MethodGet, path, ""); st != http.StatusUnauthorized {
+			t.Errorf("GET %s without a token: %d, want 401", path, st)
+		}
+	}
+	if st, _, _ := adminDo(h, http.MethodGet, "/admin/keys", r); st != http.StatusOK {
+		t.Errorf("GET /admin/keys with a read-only token: %d, want 200", st)
 	}
 	for _, tok := range []string{r, w} {
 		if st, _, _ := adminDo(h, http.MethodGet, "/admin/console/engines", tok); st == http.StatusUnauthorized || st == http.StatusForbidden {

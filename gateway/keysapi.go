@@ -1102,6 +1102,9 @@ func KeysFileYAML(keys []KeyConfig) []byte {
 // apiKeyStatuses returns the status of the keys kept in Redis that no key
 // of the configuration shadows, by name (Keys appends them).
 func (s *Server) apiKeyStatuses(set *settings, shared bool) []KeyStatus {
+	if !s.redisKeysOn(set) {
+		return nil // not in force without auth.required: not listed as if they were
+	}
 	api := s.keys.current()
 	out := make([]KeyStatus, 0, len(api.entries))
 	for i := range api.entries {
