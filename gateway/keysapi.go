@@ -94,8 +94,14 @@ const keysFullReload = 30 * time.Second
 // keysMaxStale is how long a replica trusts the keys it read from Redis
 // without a successful check: past it the keys API's keys are answered
 // 503 keys_unavailable until Redis answers, so a key revoked meanwhile is
-// never served for longer. Four polls: one slow answer does not trip it.
+// never served for longer. Four polls: a check that fails or times out
+// (keysCheckTimeout) leaves the next ones time to answer.
 const keysMaxStale = 4 * keysPollInterval
+
+// keysCheckTimeout bounds one check of the version counter: under
+// keysMaxStale less a poll, so one slow answer does not make the keys
+// untrusted before the next check can answer.
+const keysCheckTimeout = keysMaxStale/2 - keysPollInterval/2
 
 // keysMinTimeout is the shortest wait for a Redis call of the keys API:
 // limits.redis.timeout is sized for an admission (50 ms by default), a
@@ -117,8 +123,9 @@ func WithKeysFileReader(read func(path string) ([]KeyConfig, error)) Option {
 
 // keysAPI is the server's side of the keys API.
 type keysAPI struct {
-	// mu serializes the writes of this process, so two creates never
-	// rewrite the keys file from the same old content.
+	// mu serializes the keys file's writes of this process, so two
+	// creates never rewrite it from the same old content, and a reload
+	// (LockKeysFile) never applies keys read before a write.
 	mu       sync.Mutex
 	readFile func(path string) ([]KeyConfig, error) // nil: the settings' keys
 	rds      *redisKeys                             // nil without limits.redis
@@ -161,6 +168,26 @@ func (k *keysAPI) trusted(now time.Time) bool {
 		return true
 	}
 	return k.rds.set.Load().loaded && now.UnixNano()-k.rds.synced.Load() <= int64(keysMaxStale)
+}
+
+// lockFor takes the keys file's lock when the keys API writes to the keys
+// file (a read, a rewrite and an apply that must not interleave with
+// another or with a reload), and returns the settings as they are under
+// it and the release (a no-op for Redis, whose scripts are atomic: no
+// reload waits behind a slow Redis).
+func (s *Server) lockFor() (*settings, string, func(), error) {
+	set := s.set.Load()
+	path, err := s.keyStore(set)
+	if err != nil || path == "" {
+		return set, path, func() {}, err
+	}
+	s.keys.mu.Lock()
+	set = s.set.Load() // what a reload applied while this waited
+	if path, err = s.keyStore(set); err != nil || path == "" {
+		s.keys.mu.Unlock()
+		return set, path, func() {}, err
+	}
+	return set, path, s.keys.mu.Unlock, nil
 }
 
 // LockKeysFile takes the lock the keys API holds while it reads,
@@ -219,6 +246,7 @@ type redisKeys struct {
 	log      *slog.Logger
 	errLog   loglimit.Limiter // Redis failures of the poll
 	badLog   loglimit.Limiter // records that are not valid keys
+	idleLog  loglimit.Limiter // keys in Redis while auth.required is off
 	// required reports whether auth.required is on: the keys in Redis
 	// are in use, and the poll's failures worth a warning.
 	required func() bool
@@ -261,7 +289,7 @@ func newKeysAPI(s *Server, cfg Config, readFile func(string) ([]KeyConfig, error
 	r := &redisKeys{
 		client: redis.NewClient(ro), hash: rc.KeyPrefix + "{keys}", version: rc.KeyPrefix + "{keys}:version",
 		timeout: timeout, log: log,
-		errLog: loglimit.Limiter{Interval: time.Minute}, badLog: loglimit.Limiter{Interval: time.Minute},
+		errLog: loglimit.Limiter{Interval: time.Minute}, badLog: loglimit.Limiter{Interval: time.Minute}, idleLog: loglimit.Limiter{Interval: time.Hour},
 		done: make(chan struct{}),
 		required: func() bool {
 			set := s.set.Load()
@@ -272,7 +300,10 @@ func newKeysAPI(s *Server, cfg Config, readFile func(string) ([]KeyConfig, error
 	k.rds = r
 	ctx, cancel := context.WithCancel(context.Background())
 	r.cancel = cancel
-	if err := r.reload(ctx); err != nil && cfg.Auth.Required {
+	if !cfg.Auth.Required {
+		// The keys in Redis are not in force: the poll reads them, no
+		// one waits for it.
+	} else if err := r.reload(ctx); err != nil {
 		// Until the keys are read, a key not in the configuration gets
 		// 503. With no key configured every request does, and /ready
 		// waits. (Without auth.required the keys in Redis are not used.)
@@ -317,7 +348,7 @@ func (r *redisKeys) poll(ctx context.Context) {
 		}
 		if err != nil && ctx.Err() == nil && r.required() {
 			if suppressed, ok := r.errLog.Allow(time.Now()); ok {
-				r.log.Warn("cannot read the api keys from redis: the keys read last stay in force", "error", err, "suppressed", suppressed)
+				r.log.Warn("cannot check the api keys in redis: keys of the keys api get 503 keys_unavailable until it answers (the configured keys still work)", "error", err, "suppressed", suppressed)
 			}
 		}
 	}
@@ -327,7 +358,11 @@ func (r *redisKeys) poll(ctx context.Context) {
 func (r *redisKeys) check(ctx context.Context) error {
 	cur := r.set.Load()
 	if cur.loaded {
-		cctx, cancel := context.WithTimeout(ctx, r.timeout)
+		// Stamped with the time it was sent: an answer proves the keys
+		// current as of then, not of when it arrived. Bounded well under
+		// keysMaxStale, so one slow answer leaves time for the next.
+		sent := time.Now()
+		cctx, cancel := context.WithTimeout(ctx, min(r.timeout, keysCheckTimeout))
 		v, err := r.client.Get(cctx, r.version).Int64()
 		cancel()
 		if errors.Is(err, redis.Nil) {
@@ -337,7 +372,7 @@ func (r *redisKeys) check(ctx context.Context) error {
 			return err
 		}
 		if v == cur.version {
-			r.synced.Store(time.Now().UnixNano())
+			r.synced.Store(sent.UnixNano())
 			return nil
 		}
 		if v < cur.version && r.required() {
@@ -357,6 +392,7 @@ func (r *redisKeys) check(ctx context.Context) error {
 func (r *redisKeys) reload(ctx context.Context) error {
 	r.reloadMu.Lock()
 	defer r.reloadMu.Unlock()
+	sent := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, r.timeout)
 	defer cancel()
 	pipe := r.client.TxPipeline()
@@ -373,7 +409,13 @@ func (r *redisKeys) reload(ctx context.Context) error {
 		return err
 	}
 	r.set.Store(r.compile(all.Val(), v))
-	r.synced.Store(time.Now().UnixNano())
+	r.synced.Store(sent.UnixNano())
+	if n := len(all.Val()); n > 0 && !r.required() {
+		if suppressed, ok := r.idleLog.Allow(time.Now()); ok {
+			r.log.Warn("api keys in redis are not in force: auth.required is off, so only the configured keys are checked (set auth.required: true on every replica)",
+				"keys", n, "suppressed", suppressed)
+		}
+	}
 	r.unholdOnce.Do(func() {
 		if r.unhold != nil {
 			r.unhold()
@@ -586,10 +628,8 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) error {
 	if err := checkKey(kc); err != nil {
 		return err
 	}
-	s.keys.mu.Lock()
-	defer s.keys.mu.Unlock()
-	set := s.set.Load()
-	path, err := s.keyStore(set)
+	set, path, unlock, err := s.lockFor()
+	defer unlock()
 	if err != nil {
 		return err
 	}
@@ -705,14 +745,12 @@ func (s *Server) updateKey(w http.ResponseWriter, r *http.Request) error {
 	if change.Models == nil && change.Limits == nil {
 		return errBadRequest("", "nothing to change: send models, limits or both")
 	}
-	s.keys.mu.Lock()
-	defer s.keys.mu.Unlock()
-	set := s.set.Load()
-	if err := s.editable(set, name); err != nil {
+	set, path, unlock, err := s.lockFor()
+	defer unlock()
+	if err != nil {
 		return err
 	}
-	path, err := s.keyStore(set)
-	if err != nil {
+	if err := s.editable(set, name); err != nil {
 		return err
 	}
 	if path == "" {
@@ -791,14 +829,12 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	s.keys.mu.Lock()
-	defer s.keys.mu.Unlock()
-	set := s.set.Load()
-	if err := s.editable(set, name); err != nil {
+	set, path, unlock, err := s.lockFor()
+	defer unlock()
+	if err != nil {
 		return err
 	}
-	path, err := s.keyStore(set)
-	if err != nil {
+	if err := s.editable(set, name); err != nil {
 		return err
 	}
 	if path == "" {
