@@ -142,11 +142,17 @@ func TestHelmSchemaRejects(t *testing.T) {
 			}
 		})
 	}
-	// Not a schema matter: create without tokens fails with the chart's message.
+	// Not a schema matter: create without tokens, or with existingSecret
+	// too (one would be ignored), fails with the chart's message.
 	for _, v := range []string{"adminToken", "adminReadToken"} {
 		_, stderr, err := helm(t, "template", "switchboard", chartDir, "--set", v+".create=true")
 		if err == nil || !strings.Contains(stderr, v+".tokens is empty") {
 			t.Errorf("helm template with %s.create and no tokens: %v, want the chart's message:\n%s", v, err, stderr)
+		}
+		_, stderr, err = helm(t, "template", "switchboard", chartDir, "--set", v+".create=true",
+			"--set", v+".tokens[0]=it-both-token-0123456789abcdef", "--set", v+".existingSecret=ops-tokens")
+		if want := v + ".existingSecret (ops-tokens) and " + v + ".create are both set"; err == nil || !strings.Contains(stderr, want) {
+			t.Errorf("helm template with %s.create and %s.existingSecret: %v, want the chart's message %q:\n%s", v, v, err, want, stderr)
 		}
 	}
 }
