@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"io"
 	"maps"
 	"net/http"
@@ -306,6 +307,7 @@ func checkAllValues(t *testing.T, r renderedObjects) {
 		"admin.auth.read_tokens_file": dir + "/tokens",
 		"admin.auth.tokens_file":      "/etc/switchboard-admin/tokens",
 		"admin.auth.reads":            "token",
+		"auth.required":               true, // the keys API keeps its keys in Redis only with it
 	} {
 		if got := lookup(gw, key); got != want {
 			t.Errorf("config %s = %v, want %v", key, got, want)
@@ -701,7 +703,10 @@ func TestHelmAgreesWithKustomize(t *testing.T) {
 // listener it then checks the tokens took effect: with all-values,
 // reads need a token and the read-only one reads but may not write (403
 // admin_token_read_only), the admin one may; with the defaults, reads
-// are open and writes refused (no token configured). SIGTERM ends it
+// are open and writes refused (no token configured). On the public
+// listener: with the defaults (no key) /v1/models is open; with
+// all-values (auth.required, Redis) it is 401 without a key, and a key
+// the keys API creates with the admin token serves. SIGTERM ends it
 // with status 0.
 func TestHelmGatewayStartsOnConfig(t *testing.T) {
 	helmBin(t)
@@ -758,9 +763,11 @@ func TestHelmGatewayStartsOnConfig(t *testing.T) {
 			p := start(t, env, bin, "--config", cfgPath, "--listen", public, "--admin-listen", admin)
 			waitHTTP(t, "http://"+public+"/ready", http.StatusOK)
 
-			call := func(method, path, token string) (int, string) {
+			// call sends method to path on the listener at addr, with a
+			// bearer token unless token is "", and the body, if any.
+			call := func(addr, method, path, token, body string) (int, string) {
 				t.Helper()
-				req, err := http.NewRequest(method, "http://"+admin+path, nil)
+				req, err := http.NewRequest(method, "http://"+addr+path, strings.NewReader(body))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -796,9 +803,30 @@ func TestHelmGatewayStartsOnConfig(t *testing.T) {
 				}
 			}
 			for _, w := range wants {
-				if status, body := call(w.method, w.path, w.token); status != w.status || !strings.Contains(body, w.body) {
+				if status, body := call(admin, w.method, w.path, w.token, ""); status != w.status || !strings.Contains(body, w.body) {
 					t.Errorf("%s %s with token %q: %d, want %d with %q:\n%.500s", w.method, w.path, w.token, status, w.status, w.body, body)
 				}
+			}
+
+			// The public API: open with no key and auth.required off (the
+			// defaults); with auth.required and Redis (all-values), no key
+			// is 401 until the keys API creates one in Redis, which then
+			// serves.
+			if lookup(gw, "auth.required") == true {
+				if status, body := call(public, "GET", "/v1/models", "", ""); status != http.StatusUnauthorized {
+					t.Errorf("GET /v1/models without a key under auth.required: %d, want 401:\n%.500s", status, body)
+				}
+				write := tokens[lookup(gw, "admin.auth.tokens_file").(string)]
+				status, body := call(admin, "POST", "/admin/keys", write, `{"name":"it-helm","models":["*"]}`)
+				var created struct{ Key, Source string }
+				if err := json.Unmarshal([]byte(body), &created); status != http.StatusCreated || err != nil || !strings.HasPrefix(created.Key, "sk-sb-") || created.Source != "api" {
+					t.Fatalf("POST /admin/keys: %d (%v), want 201 with an sk-sb- key from source api:\n%.500s", status, err, body)
+				}
+				if status, body := call(public, "GET", "/v1/models", created.Key, ""); status != http.StatusOK || !strings.Contains(body, `"object":"list"`) {
+					t.Errorf("GET /v1/models with the keys API's key: %d, want 200 with the model list:\n%.500s", status, body)
+				}
+			} else if status, body := call(public, "GET", "/v1/models", "", ""); status != http.StatusOK || !strings.Contains(body, `"object":"list"`) {
+				t.Errorf("GET /v1/models with no key configured: %d, want 200 with the model list:\n%.500s", status, body)
 			}
 
 			if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
