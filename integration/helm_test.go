@@ -89,17 +89,36 @@ func helmTemplate(t *testing.T, release, ns string, args ...string) []*unstructu
 
 // TestHelmLint runs helm lint --strict on the chart with its defaults and
 // with every optional part on (a warning fails it, as an error does), and
-// renders its NOTES.txt with a client-side dry-run install.
+// renders its NOTES.txt with a client-side dry-run install: the rollout
+// command, the console's port-forward and address, and a curl that sends
+// an API key exactly when keys are on (all-values: auth.required).
 func TestHelmLint(t *testing.T) {
-	for _, args := range [][]string{nil, {"-f", allValuesFile}} {
+	const curlKey = `curl -s localhost:8080/v1/models -H "Authorization: Bearer $API_KEY"`
+	for _, tc := range []struct {
+		args    []string
+		withKey bool
+	}{{nil, false}, {[]string{"-f", allValuesFile}, true}} {
+		args := tc.args
 		out, stderr, err := helm(t, append([]string{"lint", "--strict", chartDir}, args...)...)
 		if err != nil {
 			t.Errorf("helm lint --strict %v: %v\n%s%s", args, err, out, stderr)
 		}
 		out, stderr, err = helm(t, append([]string{"install", "switchboard", chartDir, "--namespace", "gw", "--dry-run=client"}, args...)...)
 		_, notes, _ := strings.Cut(out, "NOTES:")
-		if err != nil || !strings.Contains(notes, "kubectl -n gw rollout status deployment/switchboard") {
-			t.Errorf("helm install --dry-run=client %v: %v, want NOTES with the rollout command:\n%s%s", args, err, notes, stderr)
+		if err != nil {
+			t.Errorf("helm install --dry-run=client %v: %v\n%s", args, err, stderr)
+		}
+		for _, want := range []string{
+			"kubectl -n gw rollout status deployment/switchboard",
+			"kubectl -n gw port-forward svc/switchboard-admin 9464:9464",
+			"open http://127.0.0.1:9464/console/",
+		} {
+			if !strings.Contains(notes, want) {
+				t.Errorf("helm install --dry-run=client %v: NOTES without %q:\n%s", args, want, notes)
+			}
+		}
+		if strings.Contains(notes, curlKey) != tc.withKey {
+			t.Errorf("helm install --dry-run=client %v: NOTES with %q is %v, want %v:\n%s", args, curlKey, !tc.withKey, tc.withKey, notes)
 		}
 	}
 }
