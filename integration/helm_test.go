@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/base64"
+	"encoding/json"
 	"io"
 	"maps"
 	"net/http"
@@ -88,17 +89,36 @@ func helmTemplate(t *testing.T, release, ns string, args ...string) []*unstructu
 
 // TestHelmLint runs helm lint --strict on the chart with its defaults and
 // with every optional part on (a warning fails it, as an error does), and
-// renders its NOTES.txt with a client-side dry-run install.
+// renders its NOTES.txt with a client-side dry-run install: the rollout
+// command, the console's port-forward and address, and a curl that sends
+// an API key exactly when keys are on (all-values: auth.required).
 func TestHelmLint(t *testing.T) {
-	for _, args := range [][]string{nil, {"-f", allValuesFile}} {
+	const curlKey = `curl -s localhost:8080/v1/models -H "Authorization: Bearer $API_KEY"`
+	for _, tc := range []struct {
+		args    []string
+		withKey bool
+	}{{nil, false}, {[]string{"-f", allValuesFile}, true}} {
+		args := tc.args
 		out, stderr, err := helm(t, append([]string{"lint", "--strict", chartDir}, args...)...)
 		if err != nil {
 			t.Errorf("helm lint --strict %v: %v\n%s%s", args, err, out, stderr)
 		}
 		out, stderr, err = helm(t, append([]string{"install", "switchboard", chartDir, "--namespace", "gw", "--dry-run=client"}, args...)...)
 		_, notes, _ := strings.Cut(out, "NOTES:")
-		if err != nil || !strings.Contains(notes, "kubectl -n gw rollout status deployment/switchboard") {
-			t.Errorf("helm install --dry-run=client %v: %v, want NOTES with the rollout command:\n%s%s", args, err, notes, stderr)
+		if err != nil {
+			t.Errorf("helm install --dry-run=client %v: %v\n%s", args, err, stderr)
+		}
+		for _, want := range []string{
+			"kubectl -n gw rollout status deployment/switchboard",
+			"kubectl -n gw port-forward svc/switchboard-admin 9464:9464",
+			"open http://127.0.0.1:9464/console/",
+		} {
+			if !strings.Contains(notes, want) {
+				t.Errorf("helm install --dry-run=client %v: NOTES without %q:\n%s", args, want, notes)
+			}
+		}
+		if strings.Contains(notes, curlKey) != tc.withKey {
+			t.Errorf("helm install --dry-run=client %v: NOTES with %q is %v, want %v:\n%s", args, curlKey, !tc.withKey, tc.withKey, notes)
 		}
 	}
 }
@@ -142,11 +162,17 @@ func TestHelmSchemaRejects(t *testing.T) {
 			}
 		})
 	}
-	// Not a schema matter: create without tokens fails with the chart's message.
+	// Not a schema matter: create without tokens, or with existingSecret
+	// too (one would be ignored), fails with the chart's message.
 	for _, v := range []string{"adminToken", "adminReadToken"} {
 		_, stderr, err := helm(t, "template", "switchboard", chartDir, "--set", v+".create=true")
 		if err == nil || !strings.Contains(stderr, v+".tokens is empty") {
 			t.Errorf("helm template with %s.create and no tokens: %v, want the chart's message:\n%s", v, err, stderr)
+		}
+		_, stderr, err = helm(t, "template", "switchboard", chartDir, "--set", v+".create=true",
+			"--set", v+".tokens[0]=it-both-token-0123456789abcdef", "--set", v+".existingSecret=ops-tokens")
+		if want := v + ".existingSecret (ops-tokens) and " + v + ".create are both set"; err == nil || !strings.Contains(stderr, want) {
+			t.Errorf("helm template with %s.create and %s.existingSecret: %v, want the chart's message %q:\n%s", v, v, err, want, stderr)
 		}
 	}
 }
@@ -300,6 +326,7 @@ func checkAllValues(t *testing.T, r renderedObjects) {
 		"admin.auth.read_tokens_file": dir + "/tokens",
 		"admin.auth.tokens_file":      "/etc/switchboard-admin/tokens",
 		"admin.auth.reads":            "token",
+		"auth.required":               true, // the keys API keeps its keys in Redis only with it
 	} {
 		if got := lookup(gw, key); got != want {
 			t.Errorf("config %s = %v, want %v", key, got, want)
@@ -695,7 +722,10 @@ func TestHelmAgreesWithKustomize(t *testing.T) {
 // listener it then checks the tokens took effect: with all-values,
 // reads need a token and the read-only one reads but may not write (403
 // admin_token_read_only), the admin one may; with the defaults, reads
-// are open and writes refused (no token configured). SIGTERM ends it
+// are open and writes refused (no token configured). On the public
+// listener: with the defaults (no key) /v1/models is open; with
+// all-values (auth.required, Redis) it is 401 without a key, and a key
+// the keys API creates with the admin token serves. SIGTERM ends it
 // with status 0.
 func TestHelmGatewayStartsOnConfig(t *testing.T) {
 	helmBin(t)
@@ -752,9 +782,11 @@ func TestHelmGatewayStartsOnConfig(t *testing.T) {
 			p := start(t, env, bin, "--config", cfgPath, "--listen", public, "--admin-listen", admin)
 			waitHTTP(t, "http://"+public+"/ready", http.StatusOK)
 
-			call := func(method, path, token string) (int, string) {
+			// call sends method to path on the listener at addr, with a
+			// bearer token unless token is "", and the body, if any.
+			call := func(addr, method, path, token, body string) (int, string) {
 				t.Helper()
-				req, err := http.NewRequest(method, "http://"+admin+path, nil)
+				req, err := http.NewRequest(method, "http://"+addr+path, strings.NewReader(body))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -790,9 +822,30 @@ func TestHelmGatewayStartsOnConfig(t *testing.T) {
 				}
 			}
 			for _, w := range wants {
-				if status, body := call(w.method, w.path, w.token); status != w.status || !strings.Contains(body, w.body) {
+				if status, body := call(admin, w.method, w.path, w.token, ""); status != w.status || !strings.Contains(body, w.body) {
 					t.Errorf("%s %s with token %q: %d, want %d with %q:\n%.500s", w.method, w.path, w.token, status, w.status, w.body, body)
 				}
+			}
+
+			// The public API: open with no key and auth.required off (the
+			// defaults); with auth.required and Redis (all-values), no key
+			// is 401 until the keys API creates one in Redis, which then
+			// serves.
+			if lookup(gw, "auth.required") == true {
+				if status, body := call(public, "GET", "/v1/models", "", ""); status != http.StatusUnauthorized {
+					t.Errorf("GET /v1/models without a key under auth.required: %d, want 401:\n%.500s", status, body)
+				}
+				write := tokens[lookup(gw, "admin.auth.tokens_file").(string)]
+				status, body := call(admin, "POST", "/admin/keys", write, `{"name":"it-helm","models":["*"]}`)
+				var created struct{ Key, Source string }
+				if err := json.Unmarshal([]byte(body), &created); status != http.StatusCreated || err != nil || !strings.HasPrefix(created.Key, "sk-sb-") || created.Source != "api" {
+					t.Fatalf("POST /admin/keys: %d (%v), want 201 with an sk-sb- key from source api:\n%.500s", status, err, body)
+				}
+				if status, body := call(public, "GET", "/v1/models", created.Key, ""); status != http.StatusOK || !strings.Contains(body, `"object":"list"`) {
+					t.Errorf("GET /v1/models with the keys API's key: %d, want 200 with the model list:\n%.500s", status, body)
+				}
+			} else if status, body := call(public, "GET", "/v1/models", "", ""); status != http.StatusOK || !strings.Contains(body, `"object":"list"`) {
+				t.Errorf("GET /v1/models with no key configured: %d, want 200 with the model list:\n%.500s", status, body)
 			}
 
 			if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {

@@ -73,8 +73,14 @@ app.kubernetes.io/component: admin
 {{- end }}
 {{- end }}
 
-{{/* The admin tokens' Secret: existingSecret, else the one the chart creates, else "". */}}
+{{/*
+The admin tokens' Secret: existingSecret, else the one the chart creates,
+else "". Both set fails: one of them would be ignored.
+*/}}
 {{- define "switchboard.adminTokenSecret" -}}
+{{- if and .Values.adminToken.existingSecret .Values.adminToken.create }}
+{{- fail (printf "adminToken.existingSecret (%s) and adminToken.create are both set: keep existingSecret and set create to false, or drop existingSecret to let the chart create the Secret from adminToken.tokens" .Values.adminToken.existingSecret) }}
+{{- end }}
 {{- if .Values.adminToken.existingSecret }}
 {{- .Values.adminToken.existingSecret }}
 {{- else if .Values.adminToken.create }}
@@ -87,8 +93,14 @@ app.kubernetes.io/component: admin
 /etc/switchboard-admin
 {{- end }}
 
-{{/* The read-only admin tokens' Secret: existingSecret, else the one the chart creates, else "". */}}
+{{/*
+The read-only admin tokens' Secret: existingSecret, else the one the
+chart creates, else "". Both set fails: one of them would be ignored.
+*/}}
 {{- define "switchboard.adminReadTokenSecret" -}}
+{{- if and .Values.adminReadToken.existingSecret .Values.adminReadToken.create }}
+{{- fail (printf "adminReadToken.existingSecret (%s) and adminReadToken.create are both set: keep existingSecret and set create to false, or drop existingSecret to let the chart create the Secret from adminReadToken.tokens" .Values.adminReadToken.existingSecret) }}
+{{- end }}
 {{- if .Values.adminReadToken.existingSecret }}
 {{- .Values.adminReadToken.existingSecret }}
 {{- else if .Values.adminReadToken.create }}
