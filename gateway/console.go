@@ -9,9 +9,9 @@ import (
 	"io/fs"
 	"math"
 	"net/http"
-	"net/url"
 	"path"
 	"reflect"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -260,7 +260,7 @@ func (s *Server) appendEngines(b []byte) []byte {
 		b = append(b, `,"provider":`...)
 		b = appendJSONString(b, e.Provider)
 		b = append(b, `,"last_error":`...)
-		le := e.LastError
+		le := redactString(e.LastError) // a transport error quotes the URL it called
 		if len(le) > 200 {
 			le = le[:200]
 		}
@@ -531,7 +531,7 @@ type consoleReload struct {
 func (s *Server) consoleConfig(w http.ResponseWriter, _ *http.Request) {
 	reloads := []consoleReload{}
 	for _, e := range s.console.reloads.list() {
-		c := consoleReload{Time: e.at, Outcome: "ok", Changed: e.changed, Restart: e.restart, Error: e.errorMsg}
+		c := consoleReload{Time: e.at, Outcome: "ok", Changed: e.changed, Restart: e.restart, Error: redactString(e.errorMsg)}
 		if !e.ok {
 			c.Outcome = "rejected"
 		}
@@ -596,13 +596,22 @@ func secretField(name string) bool {
 	return name == "tokens" || name == "authorization"
 }
 
+// secretKind reports whether a value of type t can hold a secret: text,
+// a list or map of texts (timeouts.first_token, a duration, cannot).
+func secretKind(t reflect.Type) bool {
+	for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice || t.Kind() == reflect.Array || t.Kind() == reflect.Map {
+		t = t.Elem()
+	}
+	return t.Kind() == reflect.String || t.Kind() == reflect.Interface || t.Kind() == reflect.Struct
+}
+
 // redactValue converts v (under field name, depth levels down) for
 // redactConfig.
 func redactValue(v reflect.Value, name string, depth int) any {
 	if depth > 16 {
 		return nil
 	}
-	if name != "" && secretField(name) {
+	if name != "" && secretField(name) && secretKind(v.Type()) {
 		if v.IsZero() {
 			return ""
 		}
@@ -721,18 +730,17 @@ func toString(v reflect.Value) string {
 
 // redactString returns s with the user info of a URL in it replaced.
 func redactString(s string) string {
-	if !strings.Contains(s, "@") || !strings.Contains(s, "://") {
+	if !strings.Contains(s, "://") {
 		return s
 	}
-	u, err := url.Parse(s)
-	if err != nil || u.User == nil {
-		if i := strings.Index(s, "://"); i >= 0 {
-			if at := strings.LastIndex(s, "@"); at > i {
-				return s[:i+3] + redacted + s[at:]
-			}
-		}
-		return s
-	}
-	u.User = url.User(redacted)
-	return u.String()
+	s = urlUserinfo.ReplaceAllString(s, "${1}"+redacted+"@")
+	return secretQuery.ReplaceAllString(s, "${1}"+redacted)
 }
+
+// urlUserinfo finds the user information of a URL anywhere in a text
+// (scheme://user:password@host); secretQuery a query parameter whose name
+// says it carries a secret (Google's ?key=, SAS signatures, tokens).
+var (
+	urlUserinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s"']+@`)
+	secretQuery = regexp.MustCompile(`(?i)([?&](?:key|api[-_]?key|apikey|token|access[-_]?token|auth|sig|signature|password|passwd|secret|client[-_]?secret|code)=)[^&#\s"']+`)
+)

@@ -416,6 +416,21 @@ func TestConsoleConfigRedaction(t *testing.T) {
 			t.Errorf("secretField(%q) = %v", c.name, got)
 		}
 	}
+	// A duration whose name ends in _token is not a secret; a URL's
+	// secret query parameters and user info are, wherever they appear.
+	if !strings.Contains(out, `"first_token":"5m0s"`) {
+		t.Errorf("timeouts.first_token redacted: %s", out)
+	}
+	for _, c := range []struct{ in, secret, keep string }{
+		{"https://generativelanguage.googleapis.com/v1?key=AIzaSecret123&alt=sse", "AIzaSecret123", "alt=sse"},
+		{`Post "https://acct.blob.core.windows.net/c?sv=2024&sig=SASsecret%3D&se=x": dial tcp: timeout`, "SASsecret", "sv=2024"},
+		{`limits.redis.address "redis://default:hunter2@redis:6379": too many colons in address`, "hunter2", "redis:6379"},
+		{"wss://h/ws?access_token=tok-secret", "tok-secret", "wss://h/ws"},
+	} {
+		if got := redactString(c.in); strings.Contains(got, c.secret) || !strings.Contains(got, c.keep) || !strings.Contains(got, redacted) {
+			t.Errorf("redactString(%q) = %q", c.in, got)
+		}
+	}
 }
 
 // TestConsoleReloads: the config endpoint lists the reloads, applied and
@@ -435,6 +450,7 @@ func TestConsoleReloads(t *testing.T) {
 		t.Fatal("a bad config was applied")
 	}
 	h.gw.NoteRejectedReload(errors.New("configs/gateway.yaml: yaml: line 3: did not find expected key"))
+	h.gw.NoteRejectedReload(errors.New(`limits.redis.address "redis://default:hunter2@redis:6379": too many colons`))
 	h.gw.NoteRejectedReload(nil) // nothing to note
 	rec := httptest.NewRecorder()
 	h.gw.AdminHandler(nil).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/admin/console/config", nil))
@@ -445,9 +461,10 @@ func TestConsoleReloads(t *testing.T) {
 	if err := json.Unmarshal(rec.Body.Bytes(), &out); err != nil {
 		t.Fatal(err)
 	}
-	if len(out.Reloads) != 3 || out.Reloads[0].Outcome != "rejected" || !strings.Contains(out.Reloads[0].Error, "yaml: line 3") ||
-		out.Reloads[1].Outcome != "rejected" || out.Reloads[1].Error == "" ||
-		out.Reloads[2].Outcome != "ok" || !strings.Contains(strings.Join(out.Reloads[2].Changed, ","), "server.max_attempts") {
+	if len(out.Reloads) != 4 || out.Reloads[0].Outcome != "rejected" || !strings.Contains(out.Reloads[0].Error, "redis:6379") ||
+		strings.Contains(rec.Body.String(), "hunter2") || !strings.Contains(out.Reloads[1].Error, "yaml: line 3") ||
+		out.Reloads[2].Outcome != "rejected" || out.Reloads[2].Error == "" ||
+		out.Reloads[3].Outcome != "ok" || !strings.Contains(strings.Join(out.Reloads[3].Changed, ","), "server.max_attempts") {
 		t.Errorf("reloads: %s", rec.Body)
 	}
 	if out.Config["max_attempts"] != float64(next.MaxAttempts) {

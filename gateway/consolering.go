@@ -285,6 +285,9 @@ type modelTable struct {
 	end   int64 // the current period's end, Unix nanoseconds; 0: not started
 	// scratch is advance's copy of one histogram.
 	scratch histCounts
+	// otherNamed: other.name is set; full: the table has
+	// maxConsoleModels rows (both only ever turn true, under mu).
+	otherNamed, full atomic.Bool
 }
 
 // lookup returns model's row, nil when it has none.
@@ -301,6 +304,12 @@ func (t *modelTable) row(model string) *modelStats {
 	if ms := t.lookup(model); ms != nil {
 		return ms
 	}
+	// A full table's misses, and requests naming no model, go to the
+	// shared row without the lock, which series and advance hold while
+	// they compute: no request waits on a console read.
+	if t.otherNamed.Load() && (model == "" || t.full.Load()) {
+		return &t.other
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	cur := t.rows.Load()
@@ -311,8 +320,12 @@ func (t *modelTable) row(model string) *modelStats {
 	}
 	if t.other.name == "" {
 		t.other.name = otherModel
+		t.otherNamed.Store(true)
 	}
 	if cur != nil && len(*cur) >= maxConsoleModels || model == "" {
+		if model != "" {
+			t.full.Store(true)
+		}
 		return &t.other
 	}
 	next := make(map[string]*modelStats, 1+lenOf(cur))

@@ -42,7 +42,10 @@
       credentials: 'same-origin',
       redirect: 'error',
     });
-    if (resp.status === 401 || resp.status === 403) {
+    // Only a 401 asks for a token: a 403 (a read-only token on a write,
+    // a cross-origin or host refusal, no token configured at all) is not
+    // one a token typed in would cure, so it is shown and polling goes on.
+    if (resp.status === 401) {
       let msg = 'admin token needed';
       try { msg = (await resp.json()).error.message || msg; } catch (_) { /* not JSON */ }
       askToken(msg);
@@ -100,10 +103,13 @@
     } catch (err) {
       if (err instanceof AuthError) { pending = () => act(fn); return; }
       setStatus(err.message, false);
+      holdStatus = Date.now() + 8000; // the polls' "live" does not hide it at once
     }
   }
 
+  let holdStatus = 0;
   function setStatus(text, ok) {
+    if (ok && Date.now() < holdStatus) return;
     const s = $('#status');
     setText(s, text);
     s.classList.toggle('live', !!ok);
