@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -145,12 +146,14 @@ func (c AdminAuthConfig) adminTokens() (adminTokens, error) {
 // env) and <kind>_file (file) and returns their digests.
 func readAdminTokens(kind, env, file string) ([][32]byte, error) {
 	var raw []string
+	nEnv := 0
 	if env != "" {
 		toks := strings.FieldsFunc(os.Getenv(env), func(r rune) bool { return r == ',' || r == ' ' || r == '\n' || r == '\r' || r == '\t' })
 		if len(toks) == 0 {
 			return nil, fmt.Errorf("%w: admin.auth.%s_env: %s is unset or holds no token", ErrInvalidConfig, kind, env)
 		}
 		raw = append(raw, toks...)
+		nEnv = len(toks)
 	}
 	if file != "" {
 		b, err := os.ReadFile(file)
@@ -171,8 +174,12 @@ func readAdminTokens(kind, env, file string) ([][32]byte, error) {
 	out := make([][32]byte, len(raw))
 	for i, t := range raw {
 		if len(t) < minAdminToken {
-			return nil, fmt.Errorf("%w: admin token %d of admin.auth.%s is %d characters long, shorter than %d: make a random one (openssl rand -hex 24)",
-				ErrInvalidConfig, i+1, kind, len(t), minAdminToken)
+			where := fmt.Sprintf("token %d of admin.auth.%s_env (%s)", i+1, kind, env)
+			if i >= nEnv {
+				where = fmt.Sprintf("token %d of admin.auth.%s_file (%s)", i+1-nEnv, kind, file)
+			}
+			return nil, fmt.Errorf("%w: admin %s is %d characters long, shorter than %d: make a random one (openssl rand -hex 24)",
+				ErrInvalidConfig, where, len(t), minAdminToken)
 		}
 		out[i] = sha256.Sum256([]byte(t))
 	}
@@ -192,6 +199,16 @@ type adminGate struct {
 // maxAdminPeers bounds adminGate's per-address counts in one second: past
 // it new addresses share the global count alone.
 const maxAdminPeers = 4096
+
+// swap installs tokens and reports whether they differ from those in
+// force (a rotation).
+func (g *adminGate) swap(tokens adminTokens) (changed bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	changed = !slices.Equal(g.tokens.write, tokens.write) || !slices.Equal(g.tokens.read, tokens.read)
+	g.tokens = tokens
+	return changed
+}
 
 // set installs tokens.
 func (g *adminGate) set(tokens adminTokens) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
+	"slices"
 	"strings"
 	"time"
 
@@ -124,7 +125,7 @@ func (s *Server) reload(cfg Config, policy routing.Policy) (ReloadReport, error)
 		return ReloadReport{}, err
 	}
 	rep.Changes = changes
-	s.admin.set(tokens) // with the settings below: past the last failure
+	rotated := s.admin.swap(tokens) // with the settings below: past the last failure
 	if un := unservedFallbacks(eff.Models, s.fleet.Snapshot()); len(un) > 0 {
 		// Allowed (engines come and go), but worth knowing: a request
 		// falling back finds none of these until an engine serves them.
@@ -137,6 +138,11 @@ func (s *Server) reload(cfg Config, policy routing.Policy) (ReloadReport, error)
 	}
 	rep.PolicyChanged = !samePolicy(policy, cur.policy)
 	rep.Settings = configDiff(cur.cfg, eff)
+	if rotated && !slices.Contains(rep.Settings, "admin.auth") {
+		// The files' names are the same, their tokens are not: a
+		// rotated Secret is a change applied.
+		rep.Settings = append(rep.Settings, "admin.auth")
+	}
 	if rep.Applied() {
 		s.set.Store(newSettings(eff, policy))
 	}

@@ -127,14 +127,16 @@ func loadKeysFile(path string) ([]gateway.KeyConfig, [32]byte, error) {
 // checks of the merged list), a problem with one of the file's keys worded
 // for the file: "keys_file /etc/sb/keys.yaml: keys[2].name: duplicate key
 // name ..." (a duplicate is always reported on the later key, so on the
-// file's). It also refuses a keys file that leaves no key at all: auth
-// would be off and every request served, which a file meant to hold the
-// keys must not do by being emptied.
+// file's). Without auth.required it also refuses a keys file that leaves
+// no key at all: auth would be off and every request served, which a file
+// meant to hold the keys must not do by being emptied (under
+// auth.required no key refuses every request: the file may be empty, and
+// the keys API fill it).
 func (a AuthConfig) Validate() error {
 	var errs []error
-	if a.KeysFile != "" && len(a.Keys) == 0 {
+	if a.KeysFile != "" && len(a.Keys) == 0 && !a.Required {
 		errs = append(errs, fmt.Errorf("keys_file %s: no key in it nor in auth.keys: auth would be off (every request served); "+
-			"add a key, or remove auth.keys_file to run without auth", a.KeysFile))
+			"add a key, set auth.required: true (no key then refuses every request), or remove auth.keys_file to run without auth", a.KeysFile))
 	}
 	err := a.AuthConfig.Validate()
 	if a.fromFile > 0 && err != nil {

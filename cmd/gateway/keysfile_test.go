@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -510,5 +511,25 @@ func TestRunKeysAPIKeysFile(t *testing.T) {
 	}
 	if logs := p.logsWith(t, "api key revoked"); !strings.Contains(logs, "api key created") {
 		t.Errorf("logs lack the creation:\n%s", logs)
+	}
+}
+
+// TestLoadKeysFileEmptyRequired: under auth.required an empty keys file
+// loads (no key refuses every request, and the keys API fills the file);
+// without it, it is refused (auth would be off).
+func TestLoadKeysFileEmptyRequired(t *testing.T) {
+	dir := t.TempDir()
+	keys := filepath.Join(dir, "keys.yaml")
+	writeFile(t, keys, "keys: []\n")
+	for _, required := range []bool{true, false} {
+		path := filepath.Join(dir, "gateway.yaml")
+		writeFile(t, path, "auth: {required: "+strconv.FormatBool(required)+", keys_file: \""+keys+"\"}\nengines:\n  - {name: e1, url: \"http://127.0.0.1:1\", models: [m]}\n")
+		cfg, err := loadConfig([]string{"--config", path}, environ())
+		switch {
+		case required && (err != nil || !cfg.Auth.Required || len(cfg.Auth.Keys) != 0):
+			t.Errorf("required, empty keys file: %v, %+v", err, cfg.Auth)
+		case !required && (err == nil || !strings.Contains(err.Error(), "auth would be off") || !strings.Contains(err.Error(), "auth.required")):
+			t.Errorf("not required, empty keys file: %v, want refused naming auth.required", err)
+		}
 	}
 }

@@ -902,6 +902,10 @@ func TestRunAdminTokensFileRotated(t *testing.T) {
 		a, b := status(http.MethodPost, "/admin/engines/e1/undrain", rotated), status(http.MethodGet, "/admin/engines", readNew)
 		return a == http.StatusOK && b == http.StatusOK, fmt.Sprintf("rotated tokens: %d and %d, want 200; logs:\n%s", a, b, p.logs)
 	})
+	// A rotation is a change applied, not "unchanged".
+	if logs := p.logsWith(t, "trigger=file result=applied"); strings.Contains(logs, "result=unchanged") || strings.Contains(logs, "reload rejected") {
+		t.Errorf("reloads after the rotation, want applied only:\n%s", logs)
+	}
 	if st := status(http.MethodPost, "/admin/engines/e1/undrain", old); st != http.StatusUnauthorized {
 		t.Errorf("the rotated-out token: %d, want 401", st)
 	}
