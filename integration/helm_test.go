@@ -499,29 +499,7 @@ func checkChartWiring(t *testing.T, ns string, r renderedObjects) {
 	if discoveryOn != (len(r["Role"]) == 1 && len(r["RoleBinding"]) == 1) {
 		t.Errorf("discovery.kubernetes.enabled %v, %d Roles and %d RoleBindings: want one each exactly with discovery", discoveryOn, len(r["Role"]), len(r["RoleBinding"]))
 	}
-	for _, rb := range r["RoleBinding"] {
-		if ref, _, _ := unstructured.NestedString(rb.Object, "roleRef", "name"); !r.has("Role", ref) {
-			t.Errorf("RoleBinding %s refers to Role %s, which the rendering does not have", rb.GetName(), ref)
-		}
-		subjects, _, _ := unstructured.NestedSlice(rb.Object, "subjects")
-		for _, s := range subjects {
-			s := s.(map[string]any)
-			if s["kind"] == "ServiceAccount" && (s["name"] != sa || s["namespace"] != ns) {
-				t.Errorf("RoleBinding %s binds ServiceAccount %v/%v; the gateway runs as %s/%s", rb.GetName(), s["namespace"], s["name"], ns, sa)
-			}
-		}
-	}
-
-	for _, svc := range r["Service"] {
-		if sel, _, _ := unstructured.NestedStringMap(svc.Object, "spec", "selector"); !testutil.Selects(sel, podLabels) {
-			t.Errorf("Service %s selects %v, not the gateway's pods %v", svc.GetName(), sel, podLabels)
-		}
-	}
-	for _, pdb := range r["PodDisruptionBudget"] {
-		if sel, _, _ := unstructured.NestedStringMap(pdb.Object, "spec", "selector", "matchLabels"); !testutil.Selects(sel, podLabels) {
-			t.Errorf("PodDisruptionBudget %s selects %v, not the gateway's pods %v", pdb.GetName(), sel, podLabels)
-		}
-	}
+	checkBindingsAndSelectors(t, r, ns, sa, podLabels)
 	for _, sm := range r["ServiceMonitor"] {
 		sel, _, _ := unstructured.NestedStringMap(sm.Object, "spec", "selector", "matchLabels")
 		eps, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")

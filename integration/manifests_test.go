@@ -530,29 +530,7 @@ func checkWiring(t *testing.T, dir, ns string, r renderedObjects) {
 	if !r.has("ServiceAccount", sa) {
 		t.Errorf("the Deployment runs as ServiceAccount %q, which the rendering does not have", sa)
 	}
-	for _, rb := range r["RoleBinding"] {
-		if ref, _, _ := unstructured.NestedString(rb.Object, "roleRef", "name"); !r.has("Role", ref) {
-			t.Errorf("RoleBinding %s refers to Role %s, which the rendering does not have", rb.GetName(), ref)
-		}
-		subjects, _, _ := unstructured.NestedSlice(rb.Object, "subjects")
-		for _, s := range subjects {
-			s := s.(map[string]any)
-			if s["kind"] == "ServiceAccount" && (s["name"] != sa || s["namespace"] != ns) {
-				t.Errorf("RoleBinding %s binds ServiceAccount %v/%v; the gateway runs as %s/%s", rb.GetName(), s["namespace"], s["name"], ns, sa)
-			}
-		}
-	}
-
-	for _, svc := range r["Service"] {
-		if sel, _, _ := unstructured.NestedStringMap(svc.Object, "spec", "selector"); !testutil.Selects(sel, podLabels) {
-			t.Errorf("Service %s selects %v, not the gateway's pods %v", svc.GetName(), sel, podLabels)
-		}
-	}
-	for _, pdb := range r["PodDisruptionBudget"] {
-		if sel, _, _ := unstructured.NestedStringMap(pdb.Object, "spec", "selector", "matchLabels"); !testutil.Selects(sel, podLabels) {
-			t.Errorf("PodDisruptionBudget %s selects %v, not the gateway's pods %v", pdb.GetName(), sel, podLabels)
-		}
-	}
+	checkBindingsAndSelectors(t, r, ns, sa, podLabels)
 	for _, sm := range r["ServiceMonitor"] {
 		sel, _, _ := unstructured.NestedStringMap(sm.Object, "spec", "selector", "matchLabels")
 		eps, _, _ := unstructured.NestedSlice(sm.Object, "spec", "endpoints")
@@ -582,6 +560,37 @@ func checkWiring(t *testing.T, dir, ns string, r renderedObjects) {
 // warns), so this is what shows that the gateway's pods start in their
 // namespace. A copy with hostNetwork, which every enforced level refuses,
 // shows the enforcement is on.
+// checkBindingsAndSelectors checks that every RoleBinding of r refers to
+// a Role r has and binds only the gateway's ServiceAccount ns/sa, and that
+// every Service and PodDisruptionBudget selects the gateway's pods
+// (podLabels).
+func checkBindingsAndSelectors(t *testing.T, r renderedObjects, ns, sa string, podLabels map[string]string) {
+	t.Helper()
+	for _, rb := range r["RoleBinding"] {
+		if ref, _, _ := unstructured.NestedString(rb.Object, "roleRef", "name"); !r.has("Role", ref) {
+			t.Errorf("RoleBinding %s refers to Role %s, which the rendering does not have", rb.GetName(), ref)
+		}
+		subjects, _, _ := unstructured.NestedSlice(rb.Object, "subjects")
+		for _, s := range subjects {
+			s := s.(map[string]any)
+			if s["kind"] == "ServiceAccount" && (s["name"] != sa || s["namespace"] != ns) {
+				t.Errorf("RoleBinding %s binds ServiceAccount %v/%v; the gateway runs as %s/%s", rb.GetName(), s["namespace"], s["name"], ns, sa)
+			}
+		}
+	}
+
+	for _, svc := range r["Service"] {
+		if sel, _, _ := unstructured.NestedStringMap(svc.Object, "spec", "selector"); !testutil.Selects(sel, podLabels) {
+			t.Errorf("Service %s selects %v, not the gateway's pods %v", svc.GetName(), sel, podLabels)
+		}
+	}
+	for _, pdb := range r["PodDisruptionBudget"] {
+		if sel, _, _ := unstructured.NestedStringMap(pdb.Object, "spec", "selector", "matchLabels"); !testutil.Selects(sel, podLabels) {
+			t.Errorf("PodDisruptionBudget %s selects %v, not the gateway's pods %v", pdb.GetName(), sel, podLabels)
+		}
+	}
+}
+
 func checkPodAdmission(ctx context.Context, t *testing.T, dyn dynamic.Interface, warns *warningRecorder, ns string, r renderedObjects, created map[string]*unstructured.Unstructured) {
 	t.Helper()
 	dep, ns0 := created[objKey(r.one(t, "Deployment"))], created["Namespace/"+ns]
