@@ -274,12 +274,18 @@ func (g *adminGate) configured() bool {
 	return g.tokens.count() > 0
 }
 
-// consolePath reports whether path is the console's data or the API
-// keys' list, which need a token (reads too) whenever tokens are
-// configured: keys, recent requests and the configuration are more than a
-// scrape needs.
+// consolePath reports whether path is the console's data, which needs a
+// token (reads too) whenever tokens are configured, and with none is open
+// only under open writes: recent requests and the configuration are more
+// than a scrape needs.
 func consolePath(path string) bool {
-	return strings.HasPrefix(path, "/admin/console/") || path == "/admin/keys" || strings.HasPrefix(path, "/admin/keys/")
+	return strings.HasPrefix(path, "/admin/console/")
+}
+
+// keysPath reports whether path is the API keys' list or one key, which
+// need a token (reads too) whenever tokens are configured, as pprof does.
+func keysPath(path string) bool {
+	return path == "/admin/keys" || strings.HasPrefix(path, "/admin/keys/")
 }
 
 // adminAuth is the admin listener's middleware (AdminAuthConfig): the
@@ -300,11 +306,11 @@ func (s *Server) adminTokenCheck(next http.Handler) http.Handler {
 		cfg := s.set.Load().cfg.AdminAuth
 		write := r.Method != http.MethodGet && r.Method != http.MethodHead
 		// The profiles (CPU and execution traces cost, goroutine dumps
-		// tell) need a token whenever tokens are configured; the console's
-		// data (keys, recent requests, the configuration) always does, or
-		// open writes when none is.
+		// tell) and the API keys need a token whenever tokens are
+		// configured; the console's data (recent requests, the
+		// configuration) always does, or open writes when none is.
 		console := consolePath(r.URL.Path)
-		pprof := strings.HasPrefix(r.URL.Path, "/debug/pprof")
+		pprof := strings.HasPrefix(r.URL.Path, "/debug/pprof") || keysPath(r.URL.Path)
 		open := !s.admin.configured() && cfg.OpenWrites
 		if open && !allowedAdminHost(r.Host, cfg.AllowedHosts) {
 			// Nothing on this listener asks who calls: a page that
