@@ -161,7 +161,7 @@
     }
     const actions = el('td', { 'data-field': 'actions' });
     for (const [a, label] of [['drain', 'Drain'], ['undrain', 'Undrain'], ['sleep', 'Sleep'], ['wake', 'Wake']]) {
-      actions.appendChild(el('button', { type: 'button', 'data-action': a }, label));
+      actions.appendChild(el('button', { type: 'button', 'data-action': a, 'aria-label': label + ' ' + name }, label));
     }
     tr.appendChild(actions);
     row = { tr, cells, state: '' };
@@ -249,9 +249,9 @@
       tr.appendChild(td);
     }
     const actions = el('td', { 'data-field': 'actions' });
-    const revoke = el('button', { type: 'button', 'data-action': 'revoke', class: 'danger' }, 'Revoke');
-    const confirm = el('button', { type: 'button', 'data-action': 'revoke-confirm', class: 'danger hidden' }, 'Confirm revoke');
-    const cancel = el('button', { type: 'button', 'data-action': 'revoke-cancel', class: 'hidden' }, 'Cancel');
+    const revoke = el('button', { type: 'button', 'data-action': 'revoke', class: 'danger', 'aria-label': 'Revoke key ' + name }, 'Revoke');
+    const confirm = el('button', { type: 'button', 'data-action': 'revoke-confirm', class: 'danger hidden', 'aria-label': 'Confirm revoking key ' + name }, 'Confirm revoke');
+    const cancel = el('button', { type: 'button', 'data-action': 'revoke-cancel', class: 'hidden', 'aria-label': 'Keep key ' + name }, 'Cancel');
     actions.append(revoke, confirm, cancel);
     tr.appendChild(actions);
     row = { tr, cells };
@@ -298,6 +298,8 @@
       $('button[data-action="revoke"]', tr).classList.toggle('hidden', confirming);
       $('button[data-action="revoke-confirm"]', tr).classList.toggle('hidden', !confirming);
       $('button[data-action="revoke-cancel"]', tr).classList.toggle('hidden', !confirming);
+      // The clicked button is hidden: the focus goes to what replaced it.
+      $(confirming ? 'button[data-action="revoke-confirm"]' : 'button[data-action="revoke"]', tr).focus();
     };
     switch (b.getAttribute('data-action')) {
       case 'revoke': show(true); return;
