@@ -29,8 +29,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime/schema"
 	utilrand "k8s.io/apimachinery/pkg/util/rand"
-	"k8s.io/client-go/discovery"
-	"k8s.io/client-go/dynamic"
 )
 
 // chartDir is the Helm chart; its ci/all-values.yaml turns every optional
@@ -220,21 +218,7 @@ func TestHelmSchemaAccepts(t *testing.T) {
 // rendering's wiring and that the Deployment's pod is admitted.
 func TestHelmDryRun(t *testing.T) {
 	helmBin(t)
-	cfg := kubeConfig(t)
-	warns := &warningRecorder{}
-	cfg.WarningHandlerWithContext = warns
-	dyn, err := dynamic.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dc, err := discovery.NewDiscoveryClientForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	installCRD(ctx, t, dyn, promOperatorCRD(ctx, t, serviceMonitorCRD))
-	mapper := restMapper(ctx, t, dc, schema.GroupKind{Group: "monitoring.coreos.com", Kind: "ServiceMonitor"})
+	ctx, dyn, mapper, warns := dryRunClients(t)
 
 	for _, tc := range []struct {
 		name  string

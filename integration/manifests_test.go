@@ -67,7 +67,13 @@ var crdGVR = schema.GroupVersionResource{Group: "apiextensions.k8s.io", Version:
 // It then checks what kustomize must keep wired for the gateway (the image,
 // the patched environment, the references between the objects) and that the
 // Deployment's pods would be admitted in their namespace.
-func TestKubeManifestsDryRun(t *testing.T) {
+// dryRunClients returns what a server-side dry-run test needs against
+// kube.sh's kube-apiserver: a context ended with the test (2 minutes at
+// most), a dynamic client recording the server's warnings in warns, and a
+// REST mapper that knows the Prometheus operator's ServiceMonitor, whose
+// real CRD it installs.
+func dryRunClients(t *testing.T) (context.Context, dynamic.Interface, meta.RESTMapper, *warningRecorder) {
+	t.Helper()
 	cfg := kubeConfig(t)
 	warns := &warningRecorder{}
 	cfg.WarningHandlerWithContext = warns
@@ -80,10 +86,13 @@ func TestKubeManifestsDryRun(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-
+	t.Cleanup(cancel)
 	installCRD(ctx, t, dyn, promOperatorCRD(ctx, t, serviceMonitorCRD))
-	mapper := restMapper(ctx, t, dc, schema.GroupKind{Group: "monitoring.coreos.com", Kind: "ServiceMonitor"})
+	return ctx, dyn, restMapper(ctx, t, dc, schema.GroupKind{Group: "monitoring.coreos.com", Kind: "ServiceMonitor"}), warns
+}
+
+func TestKubeManifestsDryRun(t *testing.T) {
+	ctx, dyn, mapper, warns := dryRunClients(t)
 
 	dirs := []string{"base"}
 	overlays, err := filepath.Glob(filepath.Join(deployDir, "overlays", "*", "kustomization.yaml"))
