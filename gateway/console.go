@@ -602,7 +602,7 @@ func secretKind(t reflect.Type) bool {
 	for t.Kind() == reflect.Pointer || t.Kind() == reflect.Slice || t.Kind() == reflect.Array || t.Kind() == reflect.Map {
 		t = t.Elem()
 	}
-	return t.Kind() == reflect.String || t.Kind() == reflect.Interface || t.Kind() == reflect.Struct
+	return t.Kind() == reflect.String || t.Kind() == reflect.Interface || t.Kind() == reflect.Struct || t.Kind() == reflect.Uint8 // []byte
 }
 
 // redactValue converts v (under field name, depth levels down) for
@@ -738,9 +738,13 @@ func redactString(s string) string {
 }
 
 // urlUserinfo finds the user information of a URL anywhere in a text
-// (scheme://user:password@host); secretQuery a query parameter whose name
-// says it carries a secret (Google's ?key=, SAS signatures, tokens).
+// (scheme://user:password@host), to the last "@" of the URL so that a
+// password holding "@", "/" or "#" is covered whole (a path with an "@"
+// loses its host too, which a console can spare); secretQuery a query or
+// fragment parameter whose name ends in one that carries a secret
+// (Google's ?key=, SAS and AWS signatures, X-Amz-Security-Token,
+// #access_token=, refresh_token).
 var (
-	urlUserinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)[^/?#@\s"']+@`)
-	secretQuery = regexp.MustCompile(`(?i)([?&](?:key|api[-_]?key|apikey|token|access[-_]?token|auth|sig|signature|password|passwd|secret|client[-_]?secret|code)=)[^&#\s"']+`)
+	urlUserinfo = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)[^\s"']+@`)
+	secretQuery = regexp.MustCompile(`(?i)([?&#;](?:[a-z0-9_.-]*[-_.])?(?:key|api[-_]?key|apikey|token|auth|sig|signature|password|passwd|pwd|secret|credential|code)=)[^&#\s"']+`)
 )

@@ -416,6 +416,10 @@ func TestConsoleConfigRedaction(t *testing.T) {
 			t.Errorf("secretField(%q) = %v", c.name, got)
 		}
 	}
+	// Names that only end like a secret's word stay.
+	if got := redactString("https://h/?keyword=a&monkey=b"); got != "https://h/?keyword=a&monkey=b" {
+		t.Errorf("redactString over-redacts: %q", got)
+	}
 	// A duration whose name ends in _token is not a secret; a URL's
 	// secret query parameters and user info are, wherever they appear.
 	if !strings.Contains(out, `"first_token":"5m0s"`) {
@@ -426,6 +430,13 @@ func TestConsoleConfigRedaction(t *testing.T) {
 		{`Post "https://acct.blob.core.windows.net/c?sv=2024&sig=SASsecret%3D&se=x": dial tcp: timeout`, "SASsecret", "sv=2024"},
 		{`limits.redis.address "redis://default:hunter2@redis:6379": too many colons in address`, "hunter2", "redis:6379"},
 		{"wss://h/ws?access_token=tok-secret", "tok-secret", "wss://h/ws"},
+		{"redis://default:p@ss@redis:6379", "p@ss", "redis:6379"},
+		{"redis://default:pa/ss#x@redis:6379/0", "pa/ss", "redis:6379"},
+		{"https://b.s3.amazonaws.com/o?X-Amz-Credential=AKIAcred&X-Amz-Signature=abcsig&X-Amz-Security-Token=sectok&x=1", "AKIAcred", "x=1"},
+		{"https://b.s3.amazonaws.com/o?X-Amz-Signature=abcsig&x=1", "abcsig", "x=1"},
+		{"https://b.s3.amazonaws.com/o?X-Amz-Security-Token=sectok", "sectok", "b.s3"},
+		{"https://idp/cb#access_token=frag-secret&state=s", "frag-secret", "state=s"},
+		{"https://idp/t?refresh_token=rt-secret", "rt-secret", "idp/t"},
 	} {
 		if got := redactString(c.in); strings.Contains(got, c.secret) || !strings.Contains(got, c.keep) || !strings.Contains(got, redacted) {
 			t.Errorf("redactString(%q) = %q", c.in, got)

@@ -98,10 +98,16 @@ const keysFullReload = 30 * time.Second
 // (keysCheckTimeout) leaves the next ones time to answer.
 const keysMaxStale = 4 * keysPollInterval
 
-// keysCheckTimeout bounds one check of the version counter: under
-// keysMaxStale less a poll, so one slow answer does not make the keys
-// untrusted before the next check can answer.
-const keysCheckTimeout = keysMaxStale/2 - keysPollInterval/2
+// keysCheckTimeout bounds one check of the version counter (375 ms), and
+// keysPollReadTimeout one read of every key by the poll (500 ms): both
+// well under keysMaxStale, so a slow answer, which holds up the poll,
+// does not make the keys untrusted before the next check can answer.
+// Reads outside the poll (at start, after a write) wait up to
+// limits.redis.timeout (at least keysMinTimeout).
+const (
+	keysCheckTimeout    = keysMaxStale/2 - keysPollInterval/2
+	keysPollReadTimeout = keysMaxStale - 2*keysPollInterval
+)
 
 // keysMinTimeout is the shortest wait for a Redis call of the keys API:
 // limits.redis.timeout is sized for an admission (50 ms by default), a
@@ -174,7 +180,9 @@ func (k *keysAPI) trusted(now time.Time) bool {
 // file (a read, a rewrite and an apply that must not interleave with
 // another or with a reload), and returns the settings as they are under
 // it and the release (a no-op for Redis, whose scripts are atomic: no
-// reload waits behind a slow Redis).
+// reload waits behind a slow Redis; a write racing a reload that turns
+// auth.required off may then answer for a key that is not in force, which
+// fails closed).
 func (s *Server) lockFor() (*settings, string, func(), error) {
 	set := s.set.Load()
 	path, err := s.keyStore(set)
@@ -342,7 +350,7 @@ func (r *redisKeys) poll(ctx context.Context) {
 		var err error
 		if time.Since(full) >= keysFullReload {
 			full = time.Now()
-			err = r.reload(ctx)
+			err = r.reloadWithin(ctx, min(r.timeout, keysPollReadTimeout))
 		} else {
 			err = r.check(ctx)
 		}
@@ -384,16 +392,19 @@ func (r *redisKeys) check(ctx context.Context) error {
 				"version_was", cur.version, "version_now", v, "keys_were", len(cur.entries))
 		}
 	}
-	return r.reload(ctx)
+	return r.reloadWithin(ctx, min(r.timeout, keysPollReadTimeout))
 }
 
 // reload reads the version and every key in one transaction and puts
-// them in force.
-func (r *redisKeys) reload(ctx context.Context) error {
+// them in force, waiting for Redis up to its timeout.
+func (r *redisKeys) reload(ctx context.Context) error { return r.reloadWithin(ctx, r.timeout) }
+
+// reloadWithin is reload waiting for Redis up to d.
+func (r *redisKeys) reloadWithin(ctx context.Context, d time.Duration) error {
 	r.reloadMu.Lock()
 	defer r.reloadMu.Unlock()
 	sent := time.Now()
-	ctx, cancel := context.WithTimeout(ctx, r.timeout)
+	ctx, cancel := context.WithTimeout(ctx, d)
 	defer cancel()
 	pipe := r.client.TxPipeline()
 	ver := pipe.Get(ctx, r.version)
