@@ -1,9 +1,11 @@
 package gateway
 
 import (
+	"bytes"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -592,5 +594,39 @@ func TestKeysAPIRevokedUsageDropped(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(path); !strings.Contains(string(b), "# edited by hand") || strings.Contains(string(b), `"late"`) {
 		t.Errorf("the keys file after the refused write:\n%s", b)
+	}
+}
+
+// TestKeysAPIRedisUnusedKeysWarned: a replica without auth.required on a
+// Redis holding the keys API's keys (made by a replica with it) does not
+// use or list them, serves without a key, and says so in a warning.
+func TestKeysAPIRedisUnusedKeysWarned(t *testing.T) {
+	var rec recorder
+	url := okEngine(t, &rec)
+	rds := redistest.Start(t)
+	a := redisReplica(t, url, rds.Addr())
+	k := createKey(t, a, `{"name":"team-a","models":["*"]}`)
+	cfg, _ := redisKeysConfig(url, rds.Addr())
+	cfg.Auth.Required = false
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	b := newHarnessWith(t, cfg, []Option{WithLogger(slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil)))})
+	if !testutil.Poll(5*time.Second, func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return strings.Contains(logs.String(), "api keys in redis are not in force") && strings.Contains(logs.String(), "keys=1")
+	}) {
+		mu.Lock()
+		t.Errorf("no warning about the unused keys:\n%s", logs.String())
+		mu.Unlock()
+	}
+	if st := chatWith(b, "", chatM); st != http.StatusOK {
+		t.Errorf("no key, auth.required off, no configured key: %d, want 200", st)
+	}
+	if keys, _ := listKeys(t, b); len(keys) != 0 {
+		t.Errorf("keys listed while not in force: %v", keys)
+	}
+	if st := chatWith(a, k.Key, chatM); st != http.StatusOK {
+		t.Errorf("the key on the replica with auth.required: %d, want 200", st)
 	}
 }
