@@ -178,24 +178,35 @@ func (k *keysAPI) trusted(now time.Time) bool {
 
 // lockFor takes the keys file's lock when the keys API writes to the keys
 // file (a read, a rewrite and an apply that must not interleave with
-// another or with a reload), and returns the settings as they are under
-// it and the release (a no-op for Redis, whose scripts are atomic: no
+// another or with a reload), checks that the key named edit ("" for a new
+// one) is the API's to change (Server.editable), and returns the settings
+// as they are under the lock and the release (a no-op for Redis, whose scripts are atomic: no
 // reload waits behind a slow Redis; a write racing a reload that turns
 // auth.required off may then answer for a key that is not in force, which
 // fails closed).
-func (s *Server) lockFor() (*settings, string, func(), error) {
+func (s *Server) lockFor(edit string) (*settings, string, func(), error) {
 	set := s.set.Load()
 	path, err := s.keyStore(set)
-	if err != nil || path == "" {
+	if err != nil {
 		return set, path, func() {}, err
 	}
-	s.keys.mu.Lock()
-	set = s.set.Load() // what a reload applied while this waited
-	if path, err = s.keyStore(set); err != nil || path == "" {
-		s.keys.mu.Unlock()
-		return set, path, func() {}, err
+	unlock := func() {}
+	if path != "" {
+		s.keys.mu.Lock()
+		set = s.set.Load() // what a reload applied while this waited
+		if path, err = s.keyStore(set); err != nil || path == "" {
+			s.keys.mu.Unlock()
+			return set, path, func() {}, err
+		}
+		unlock = s.keys.mu.Unlock
 	}
-	return set, path, s.keys.mu.Unlock, nil
+	if edit != "" {
+		if err := s.editable(set, edit); err != nil {
+			unlock()
+			return set, path, func() {}, err
+		}
+	}
+	return set, path, unlock, nil
 }
 
 // LockKeysFile takes the lock the keys API holds while it reads,
@@ -639,7 +650,7 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) error {
 	if err := checkKey(kc); err != nil {
 		return err
 	}
-	set, path, unlock, err := s.lockFor()
+	set, path, unlock, err := s.lockFor("")
 	defer unlock()
 	if err != nil {
 		return err
@@ -756,12 +767,9 @@ func (s *Server) updateKey(w http.ResponseWriter, r *http.Request) error {
 	if change.Models == nil && change.Limits == nil {
 		return errBadRequest("", "nothing to change: send models, limits or both")
 	}
-	set, path, unlock, err := s.lockFor()
+	set, path, unlock, err := s.lockFor(name)
 	defer unlock()
 	if err != nil {
-		return err
-	}
-	if err := s.editable(set, name); err != nil {
 		return err
 	}
 	if path == "" {
@@ -840,12 +848,9 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	set, path, unlock, err := s.lockFor()
+	set, path, unlock, err := s.lockFor(name)
 	defer unlock()
 	if err != nil {
-		return err
-	}
-	if err := s.editable(set, name); err != nil {
 		return err
 	}
 	if path == "" {
