@@ -630,3 +630,30 @@ func TestKeysAPIRedisUnusedKeysWarned(t *testing.T) {
 		t.Errorf("the key on the replica with auth.required: %d, want 200", st)
 	}
 }
+
+// TestKeysAPIRedisWritesTakeNoFileLock: with the keys in Redis, a write
+// does not wait for the keys file's lock (which a reload holds while it
+// loads and applies the configuration), so a slow Redis never holds up a
+// reload, and a reload never holds up a revocation.
+func TestKeysAPIRedisWritesTakeNoFileLock(t *testing.T) {
+	var rec recorder
+	url := okEngine(t, &rec)
+	rds := redistest.Start(t)
+	h := redisReplica(t, url, rds.Addr())
+	unlock := h.gw.LockKeysFile() // as a reload in progress holds it
+	done := make(chan int, 1)
+	go func() {
+		st, _ := adminCall(t, h, http.MethodPost, "/admin/keys", `{"name":"team-a","models":["*"]}`)
+		done <- st
+	}()
+	select {
+	case st := <-done:
+		if st != http.StatusCreated {
+			t.Errorf("create while the keys file's lock is held: %d, want 201", st)
+		}
+	case <-time.After(10 * time.Second):
+		unlock()
+		t.Fatal("a Redis create waited for the keys file's lock")
+	}
+	unlock()
+}

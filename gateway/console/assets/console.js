@@ -307,9 +307,15 @@
       case 'revoke-confirm':
         act(async () => {
           const resp = await api('/admin/keys/' + encodeURIComponent(name), { method: 'DELETE' });
-          if (!resp.ok && resp.status !== 404) throw new Error(name + ': ' + await errorText(resp));
+          if (!resp.ok && resp.status !== 404) {
+            show(false); // back to Revoke: the key stays
+            throw new Error(name + ': ' + await errorText(resp));
+          }
           setText($('#keys-error'), '');
           await pollKeys();
+          // The row and its focused button are gone: the focus goes to the
+          // form that makes the next key, not to the page's start.
+          $('#key-create input[name="name"]').focus();
         });
     }
   });
