@@ -106,19 +106,13 @@ func (s *Server) recordRequest(st *reqState, route string, status int, now time.
 		e.key = st.key.name
 	}
 	s.console.requests.add(&e)
-	ms := st.console
+	// The model's row: the one its first attempt found, else (refused
+	// before any engine: a limit, no engine up) the row of the model it
+	// named, which counts it but not its latency; none for a listing or
+	// an unknown model.
+	ms, measured := st.console, st.console != nil
 	if ms == nil && st.model != "" {
-		// Refused before any engine (a limit, no engine up): counted,
-		// but its latency is not the model's.
-		if ms = s.console.models.lookup(st.model); ms == nil {
-			return // not a model's request (a listing, an unknown model)
-		}
-		s.console.models.maybeAdvance(now)
-		ms.requests.Add(1)
-		if requestFailed(status, st.errType) {
-			ms.errors.Add(1)
-		}
-		return
+		ms = s.console.models.lookup(st.model)
 	}
 	if ms == nil {
 		return
@@ -127,6 +121,9 @@ func (s *Server) recordRequest(st *reqState, route string, status int, now time.
 	ms.requests.Add(1)
 	if requestFailed(status, st.errType) {
 		ms.errors.Add(1)
+	}
+	if !measured {
+		return
 	}
 	ms.e2e.observe(e.dur.Seconds())
 	if st.ttft > 0 {

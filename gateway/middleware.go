@@ -259,11 +259,12 @@ func (s *Server) endRequest(r *http.Request, st *reqState, span trace.Span) {
 	if rc := chi.RouteContext(r.Context()); rc != nil {
 		route = rc.RoutePattern()
 	}
+	now := time.Now() // one clock read for the duration metric and the console
 	if span != nil {
 		reqBytes := st.body.n
 		s.metrics.RecordHTTPServer(r.Context(), telemetry.HTTPRequest{Route: route, Method: r.Method, Status: status,
 			TLS: r.TLS != nil, ProtoMajor: r.ProtoMajor, ProtoMinor: r.ProtoMinor},
-			time.Since(st.start).Seconds(), reqBytes, st.rw.bytes)
+			now.Sub(st.start).Seconds(), reqBytes, st.rw.bytes)
 		if span.IsRecording() {
 			if route != "" {
 				span.SetName(spanMethod(r.Method) + " " + route)
@@ -293,7 +294,7 @@ func (s *Server) endRequest(r *http.Request, st *reqState, span trace.Span) {
 		s.logRequest(r, st, route, status)
 	}
 	if r.URL.Path != "/health" && r.URL.Path != "/ready" {
-		s.recordRequest(st, route, status, time.Now())
+		s.recordRequest(st, route, status, now)
 	}
 }
 
