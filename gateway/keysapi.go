@@ -679,10 +679,8 @@ func (s *Server) createKey(w http.ResponseWriter, r *http.Request) error {
 		if err != nil {
 			return err
 		}
-		for _, k := range keys {
-			if k.Name == kc.Name {
-				return errKeyExists(kc.Name)
-			}
+		if indexKey(keys, kc.Name) >= 0 {
+			return errKeyExists(kc.Name)
 		}
 		if err := s.writeFileKeys(set, path, append(keys, kc), ver); err != nil {
 			return err
@@ -777,13 +775,9 @@ func (s *Server) updateKey(w http.ResponseWriter, r *http.Request) error {
 			return err
 		}
 	} else {
-		keys, ver, err := s.fileKeys(set, path)
+		keys, i, ver, err := s.fileKey(set, path, name)
 		if err != nil {
 			return err
-		}
-		i := indexKey(keys, name)
-		if i < 0 {
-			return errKeyNotFound(name)
 		}
 		keys[i] = change.apply(keys[i])
 		if err := checkKey(keys[i]); err != nil {
@@ -867,13 +861,9 @@ func (s *Server) revokeKey(w http.ResponseWriter, r *http.Request) error {
 		}
 		s.keys.rds.applied(r.Context(), name, "")
 	} else {
-		keys, ver, err := s.fileKeys(set, path)
+		keys, i, ver, err := s.fileKey(set, path, name)
 		if err != nil {
 			return err
-		}
-		i := indexKey(keys, name)
-		if i < 0 {
-			return errKeyNotFound(name)
 		}
 		others := 0
 		for _, k := range set.cfg.Auth.Keys {
@@ -979,6 +969,20 @@ func (s *Server) fileKeys(set *settings, path string) ([]KeyConfig, fileVersion,
 	ver := fileVersionOf(path)
 	keys, err := s.fileKeysNow(set, path)
 	return keys, ver, err
+}
+
+// fileKey is fileKeys with the index of the key named name in them: 404
+// key_not_found when it is not there.
+func (s *Server) fileKey(set *settings, path, name string) ([]KeyConfig, int, fileVersion, error) {
+	keys, ver, err := s.fileKeys(set, path)
+	if err != nil {
+		return nil, -1, ver, err
+	}
+	i := indexKey(keys, name)
+	if i < 0 {
+		return nil, -1, ver, errKeyNotFound(name)
+	}
+	return keys, i, ver, nil
 }
 
 // fileVersion is the SHA-256 of a file's bytes (of its read error when it
