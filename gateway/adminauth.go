@@ -348,7 +348,7 @@ func (s *Server) adminTokenCheck(next http.Handler) http.Handler {
 			s.metrics.RecordAdminAuthFailure(r.Context(), telemetry.AdminAuthMissing)
 			w.Header().Set("WWW-Authenticate", `Bearer realm="switchboard-admin"`)
 			writeError(w, r, &APIError{Status: http.StatusUnauthorized, Type: TypeInvalidRequest, Code: "missing_admin_token",
-				Message: "this admin action needs an admin token: Authorization: Bearer <token>"})
+				Message: "this admin call needs an admin token: Authorization: Bearer <token>"})
 			return
 		}
 		peer, _, err := net.SplitHostPort(r.RemoteAddr)

@@ -417,6 +417,9 @@ func (c Config) ValidateSettings() error {
 	}
 	errs = append(errs, c.Models.Validate())
 	errs = append(errs, c.Auth.Validate(), c.Limits.Validate())
+	if c.Auth.Required && len(c.Auth.Keys) == 0 && c.Limits.Redis.Address == "" && c.Auth.KeysFilePath == "" {
+		bad("auth.required with no key and nowhere for the keys api to keep one (limits.redis.address or auth.keys_file) would refuse every request for good: configure a key, or one of those")
+	}
 	errs = append(errs, c.Retry.validate()...)
 	errs = append(errs, c.Migration.validate()...)
 	if err := c.KVEvents.Validate(); err != nil {

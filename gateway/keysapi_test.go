@@ -658,3 +658,19 @@ func TestKeysAPIRedisWritesTakeNoFileLock(t *testing.T) {
 	}
 	unlock()
 }
+
+// TestAuthRequiredNeedsAKeyOrAStore: auth.required with no key, no Redis
+// and no keys file would refuse every request for good (no key could
+// ever be made): the configuration is refused, naming the settings.
+func TestAuthRequiredNeedsAKeyOrAStore(t *testing.T) {
+	cfg := testConfig(fleet.EngineConfig{Name: "e1", URL: "http://127.0.0.1:1", Models: []string{"m"}})
+	cfg.Auth.Required = true
+	err := cfg.Validate()
+	if err == nil || !strings.Contains(err.Error(), "limits.redis.address or auth.keys_file") {
+		t.Errorf("auth.required alone: %v, want refused naming the key stores", err)
+	}
+	cfg.Auth.KeysFilePath = "/etc/switchboard/keys.yaml"
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("auth.required with a keys file: %v", err)
+	}
+}
